@@ -1,0 +1,314 @@
+//! The shared broker state and the publish path.
+//!
+//! [`Broker`] is a cheap handle (`Arc` inside) given to every connection task and
+//! service. Who owns what:
+//! * the session table (`DashMap`, sharded locks) maps client ids to sessions;
+//! * the subscription trie sits behind a `RwLock`: publishes take it shared, only
+//!   (un)subscribes and session ends take it exclusively;
+//! * retained messages sit behind their own `RwLock`;
+//! * each session's queue has its own short mutex (see `session.rs`).
+//!
+//! No lock is held across an `.await`, and the lock order is always
+//! trie → session, so the publish path cannot deadlock.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use dashmap::DashMap;
+use parking_lot::RwLock;
+use statehub_mqtt_codec::{ByteString, Publish, ReasonCode, SubscriptionOptions};
+use tokio_util::sync::CancellationToken;
+
+use crate::auth::{AllowAll, Authenticator};
+use crate::config::BrokerConfig;
+use crate::message::{Delivery, Message, SharedVia};
+use crate::metrics::Metrics;
+use crate::service::Service;
+use crate::session::{Enqueued, QueueLimits, Session};
+use crate::topic;
+use crate::trie::{SubEntry, SubscriptionTrie};
+
+/// Handle to the broker. Clone freely.
+#[derive(Debug, Clone)]
+pub struct Broker {
+    pub(crate) inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+pub(crate) struct Inner {
+    pub config: BrokerConfig,
+    pub limits: QueueLimits,
+    pub sessions: DashMap<ByteString, Arc<Session>>,
+    pub trie: RwLock<SubscriptionTrie>,
+    pub retained: RwLock<HashMap<ByteString, Arc<Message>>>,
+    pub services: RwLock<Vec<(String, Arc<dyn Service>)>>,
+    pub authenticator: RwLock<Arc<dyn Authenticator>>,
+    pub metrics: Metrics,
+    pub generation: AtomicU64,
+    pub connections: AtomicUsize,
+    pub shutdown: CancellationToken,
+}
+
+/// Why [`Broker::deliver_to`] could not deliver.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DeliverError {
+    #[error("no session for client {0}")]
+    NoSession(String),
+    #[error("session queue of {0} is full")]
+    QueueFull(String),
+}
+
+impl Broker {
+    pub fn new(config: BrokerConfig) -> Broker {
+        let limits = QueueLimits {
+            max_messages: config.max_queued_messages,
+            max_bytes: config.max_queued_bytes,
+            queue_qos0_offline: config.queue_qos0_offline,
+        };
+        Broker {
+            inner: Arc::new(Inner {
+                config,
+                limits,
+                sessions: DashMap::new(),
+                trie: RwLock::new(SubscriptionTrie::default()),
+                retained: RwLock::new(HashMap::new()),
+                services: RwLock::new(Vec::new()),
+                authenticator: RwLock::new(Arc::new(AllowAll)),
+                metrics: Metrics::default(),
+                generation: AtomicU64::new(1),
+                connections: AtomicUsize::new(0),
+                shutdown: CancellationToken::new(),
+            }),
+        }
+    }
+
+    pub fn config(&self) -> &BrokerConfig {
+        &self.inner.config
+    }
+
+    pub fn metrics(&self) -> &Metrics {
+        &self.inner.metrics
+    }
+
+    /// The token that, once cancelled, makes every connection send DISCONNECT 0x8B
+    /// and close. Cancel it to shut the broker down.
+    pub fn shutdown_token(&self) -> CancellationToken {
+        self.inner.shutdown.clone()
+    }
+
+    /// Number of open client connections.
+    pub fn connection_count(&self) -> usize {
+        self.inner.connections.load(Ordering::Relaxed)
+    }
+
+    /// Number of subscriptions in the index (a shared-group member counts as one).
+    pub fn subscription_count(&self) -> usize {
+        self.inner.trie.read().len()
+    }
+
+    /// Installs the authentication hook (replacing the allow-all default).
+    pub fn set_authenticator(&self, auth: Arc<dyn Authenticator>) {
+        *self.inner.authenticator.write() = auth;
+    }
+
+    /// Gives `filter`'s topics to a built-in service (see `service.rs`).
+    pub fn register_service(&self, filter: &str, service: Arc<dyn Service>) {
+        self.inner.services.write().push((filter.to_owned(), service));
+    }
+
+    pub(crate) fn service_for(&self, topic_name: &str) -> Option<Arc<dyn Service>> {
+        let services = self.inner.services.read();
+        services.iter().find(|(f, _)| topic::matches(f, topic_name)).map(|(_, s)| s.clone())
+    }
+
+    pub(crate) fn notify_services_closed(&self, client_id: &str) {
+        let services: Vec<_> = self.inner.services.read().iter().map(|(_, s)| s.clone()).collect();
+        for s in services {
+            s.on_connection_closed(self, client_id);
+        }
+    }
+
+    /// Publishes into one client's session, with or without a matching subscription
+    /// (the service answer path). The message is delivered once.
+    pub fn deliver_to(&self, client_id: &str, publish: Publish) -> Result<(), DeliverError> {
+        let session = self
+            .inner
+            .sessions
+            .get(client_id)
+            .map(|s| s.clone())
+            .ok_or_else(|| DeliverError::NoSession(client_id.to_owned()))?;
+        let msg = Arc::new(Message::from_publish(publish, None, Instant::now()));
+        let d = Delivery { qos: msg.qos, retain: msg.retain, msg, subscription_ids: Vec::new(), shared: None };
+        match session.enqueue(d, &self.inner.limits) {
+            Enqueued::Queued | Enqueued::SlowConsumer => Ok(()),
+            Enqueued::SkippedOffline | Enqueued::DroppedOffline | Enqueued::DroppedQoS0 => {
+                self.inner.metrics.dropped.fetch_add(1, Ordering::Relaxed);
+                Err(DeliverError::QueueFull(client_id.to_owned()))
+            }
+        }
+    }
+
+    /// Asks a client's connection to close with `reason`. False if not connected.
+    pub fn disconnect_client(&self, client_id: &str, reason: ReasonCode) -> bool {
+        let session = self.inner.sessions.get(client_id).map(|s| s.clone());
+        session.is_some_and(|s| s.kick(reason))
+    }
+
+    /// Publishes a message as if a client had (retained handling included) and
+    /// returns how many sessions it was delivered to.
+    pub fn publish(&self, msg: Message) -> usize {
+        let msg = Arc::new(msg);
+        if msg.retain {
+            self.store_retained(&msg);
+        }
+        self.route(&msg)
+    }
+
+    pub(crate) fn store_retained(&self, msg: &Arc<Message>) {
+        let mut retained = self.inner.retained.write();
+        if msg.payload.is_empty() {
+            retained.remove(&msg.topic);
+        } else {
+            retained.insert(msg.topic.clone(), msg.clone());
+        }
+    }
+
+    /// Retained messages matching `filter`, oldest topic order not guaranteed.
+    pub(crate) fn retained_matching(&self, filter: &str, now: Instant) -> Vec<Arc<Message>> {
+        let retained = self.inner.retained.read();
+        if !topic::has_wildcard(filter) {
+            return retained.get(filter).filter(|m| !m.is_expired(now)).cloned().into_iter().collect();
+        }
+        retained
+            .iter()
+            .filter(|(t, m)| topic::matches(filter, t) && !m.is_expired(now))
+            .map(|(_, m)| m.clone())
+            .collect()
+    }
+
+    /// Delivers `msg` to every matching subscription; returns the number of sessions
+    /// it went to. Overlapping subscriptions of one client produce one copy with the
+    /// highest QoS and every subscription identifier; each shared group gets one copy.
+    pub(crate) fn route(&self, msg: &Arc<Message>) -> usize {
+        let metrics = &self.inner.metrics;
+        metrics.messages_in.fetch_add(1, Ordering::Relaxed);
+        let trie = self.inner.trie.read();
+        let matches = trie.matches(&msg.topic);
+        let mut targets: Vec<(&SubEntry, Delivery)> = Vec::with_capacity(matches.plain.len());
+        for (client, entry) in &matches.plain {
+            if entry.options.no_local && msg.publisher.as_deref() == Some(*client) {
+                continue;
+            }
+            let qos = msg.qos.min(entry.options.qos);
+            let retain = entry.options.retain_as_published && msg.retain;
+            if let Some((_, d)) = targets.iter_mut().find(|(e, _)| e.session.client_id() == *client) {
+                d.qos = d.qos.max(qos);
+                d.retain |= retain;
+                d.subscription_ids.extend(entry.identifier);
+                continue;
+            }
+            let d = Delivery {
+                msg: msg.clone(),
+                qos,
+                retain,
+                subscription_ids: entry.identifier.into_iter().collect(),
+                shared: None,
+            };
+            targets.push((entry, d));
+        }
+        for group in &matches.shared {
+            if let Some(entry) = group.pick(None) {
+                let d = Delivery {
+                    msg: msg.clone(),
+                    qos: msg.qos.min(entry.options.qos),
+                    retain: entry.options.retain_as_published && msg.retain,
+                    subscription_ids: entry.identifier.into_iter().collect(),
+                    shared: Some(SharedVia { filter: group.filter.as_ref().into(), group: group.name.as_ref().into() }),
+                };
+                targets.push((entry, d));
+            }
+        }
+        let n = targets.len();
+        for (entry, d) in targets {
+            self.offer(&entry.session, d);
+        }
+        n
+    }
+
+    /// Enqueues one delivery and counts what the queue bounds did to it.
+    pub(crate) fn offer(&self, session: &Session, d: Delivery) {
+        let m = &self.inner.metrics;
+        match session.enqueue(d, &self.inner.limits) {
+            Enqueued::Queued => m.messages_out.fetch_add(1, Ordering::Relaxed),
+            Enqueued::SkippedOffline => 0,
+            Enqueued::DroppedQoS0 | Enqueued::DroppedOffline => {
+                tracing::debug!(client = session.client_id(), "session queue full; message dropped");
+                m.dropped.fetch_add(1, Ordering::Relaxed)
+            }
+            Enqueued::SlowConsumer => {
+                tracing::info!(client = session.client_id(), "slow consumer; disconnecting with 0x97");
+                m.slow_consumers.fetch_add(1, Ordering::Relaxed)
+            }
+        };
+    }
+
+    /// Hands a delivery that came through a shared group to another member, if any
+    /// other member exists; returns false when it should stay where it is.
+    pub(crate) fn reroute_shared(&self, d: &Delivery, via: &SharedVia, from_client: &str) -> bool {
+        let trie = self.inner.trie.read();
+        let Some(group) = trie.shared_group(&via.filter, &via.group) else { return false };
+        let Some(entry) = group.pick(Some(from_client)) else { return false };
+        let mut d = d.clone();
+        d.qos = d.msg.qos.min(entry.options.qos);
+        self.offer(&entry.session, d);
+        true
+    }
+
+    /// Records a subscription in the trie.
+    pub(crate) fn index_subscription(&self, session: &Arc<Session>, filter: &str, options: SubscriptionOptions, identifier: Option<u32>) -> bool {
+        let (group, f) = split_shared(filter);
+        let entry = SubEntry { session: session.clone(), options, identifier };
+        self.inner.trie.write().insert(f, group, entry)
+    }
+
+    pub(crate) fn unindex_subscription(&self, client_id: &str, filter: &str) -> bool {
+        let (group, f) = split_shared(filter);
+        self.inner.trie.write().remove(f, group, client_id)
+    }
+
+    /// Ends a session: removes it from the table (if it is still this one) and its
+    /// subscriptions from the trie.
+    pub(crate) fn end_session(&self, session: &Arc<Session>) {
+        let removed = self
+            .inner
+            .sessions
+            .remove_if(session.client_id_bytes(), |_, s| Arc::ptr_eq(s, session))
+            .is_some();
+        if !removed {
+            return;
+        }
+        session.ended.cancel();
+        let filters: Vec<ByteString> = session.state.lock().subscriptions.keys().cloned().collect();
+        let mut trie = self.inner.trie.write();
+        for f in filters {
+            let (group, filter) = split_shared(&f);
+            trie.remove(filter, group, session.client_id());
+        }
+    }
+
+    pub(crate) fn next_generation(&self) -> u64 {
+        self.inner.generation.fetch_add(1, Ordering::Relaxed)
+    }
+}
+
+/// Splits `$share/{group}/{filter}` into its group and filter.
+pub(crate) fn split_shared(filter: &str) -> (Option<&str>, &str) {
+    if let Some(rest) = filter.strip_prefix("$share/") {
+        if let Some((group, f)) = rest.split_once('/') {
+            return (Some(group), f);
+        }
+    }
+    (None, filter)
+}

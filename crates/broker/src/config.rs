@@ -1,0 +1,66 @@
+//! Broker settings. Defaults are what a production broker should do; the Eclipse
+//! Paho interoperability suite expects a few reference-broker quirks, which are
+//! switches here (see `tests/paho-interop.toml`).
+
+use serde::Deserialize;
+
+/// Everything the broker core can be told. Deserialized from the `[mqtt]` table of
+/// the TOML config file; every field has a default.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct BrokerConfig {
+    /// Largest packet accepted from a client (advertised as Maximum Packet Size).
+    pub max_packet_size: u32,
+    /// Receive Maximum advertised to clients: QoS 2 messages a client may have
+    /// un-released at once. Exceeding it is DISCONNECT 0x93.
+    pub receive_maximum: u16,
+    /// Topic Alias Maximum advertised to clients (aliases they may use towards us).
+    pub topic_alias_maximum: u16,
+    /// Assign topic aliases on messages to clients that allow them.
+    pub server_topic_aliases: bool,
+    /// Largest keep alive a client may ask for; a larger (or zero, if
+    /// `keep_alive_zero_allowed` is false) request is answered with Server Keep Alive.
+    pub max_keep_alive: u16,
+    /// Whether a client may disable keep alive with 0.
+    pub keep_alive_zero_allowed: bool,
+    /// Upper bound on Session Expiry Interval a client may ask for (seconds).
+    pub max_session_expiry: u32,
+    /// Messages queued per session (pending and in flight) before the slow-consumer
+    /// policy applies.
+    pub max_queued_messages: usize,
+    /// Bytes of payload queued per session before the slow-consumer policy applies.
+    pub max_queued_bytes: usize,
+    /// Queue QoS 0 messages for offline sessions (Mosquitto's `queue_qos0_messages`).
+    pub queue_qos0_offline: bool,
+    /// Topic filters whose subscription is refused with 0x80 (Not authorized is
+    /// 0x87; the Paho suite expects the generic 0x80 for `test/nosubscribe`).
+    pub refused_filters: Vec<String>,
+    /// Bytes buffered for a socket before the broker stops draining the session
+    /// queue into it (the queue then fills and the slow-consumer policy applies).
+    pub socket_write_high_water: usize,
+    /// Seconds a client has to send CONNECT after the TCP connection opens.
+    pub connect_timeout_secs: u64,
+    /// Maximum concurrent client connections; further ones are refused (0x97).
+    pub max_connections: usize,
+}
+
+impl Default for BrokerConfig {
+    fn default() -> Self {
+        BrokerConfig {
+            max_packet_size: 1024 * 1024,
+            receive_maximum: 1024,
+            topic_alias_maximum: 64,
+            server_topic_aliases: false,
+            max_keep_alive: 0,
+            keep_alive_zero_allowed: true,
+            max_session_expiry: u32::MAX,
+            max_queued_messages: 10_000,
+            max_queued_bytes: 64 * 1024 * 1024,
+            queue_qos0_offline: false,
+            refused_filters: Vec::new(),
+            socket_write_high_water: 1024 * 1024,
+            connect_timeout_secs: 10,
+            max_connections: 100_000,
+        }
+    }
+}

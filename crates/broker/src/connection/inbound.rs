@@ -1,0 +1,248 @@
+//! Packets from the client, once connected.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use statehub_mqtt_codec::{
+    validate, Auth, Packet, ProtocolVersion, PubResponse, Publish, QoS, ReasonCode, SubAck, Subscribe, UnsubAck,
+    Unsubscribe,
+};
+
+use super::{Close, Conn};
+use crate::auth::AuthDecision;
+use crate::broker::split_shared;
+use crate::message::{Delivery, Message};
+use crate::session::{Stage, Subscription};
+
+impl Conn {
+    pub(super) async fn handle(&mut self, p: Packet) -> Result<(), Close> {
+        match p {
+            Packet::Publish(p) => self.on_publish(p).await,
+            Packet::PubAck(a) => {
+                self.complete(a.packet_id, Stage::AwaitPubAck);
+                Ok(())
+            }
+            Packet::PubRec(r) => self.on_pubrec(r),
+            Packet::PubRel(r) => {
+                let known = self.session.state.lock().incoming_qos2.remove(&r.packet_id);
+                let code = if known { ReasonCode::SUCCESS } else { ReasonCode::PACKET_IDENTIFIER_NOT_FOUND };
+                self.send(&Packet::PubComp(PubResponse { reason_code: code, ..PubResponse::ok(r.packet_id) }))
+            }
+            Packet::PubComp(c) => {
+                self.complete(c.packet_id, Stage::AwaitPubComp);
+                Ok(())
+            }
+            Packet::Subscribe(s) => self.on_subscribe(s),
+            Packet::Unsubscribe(u) => self.on_unsubscribe(u),
+            Packet::PingReq => self.send(&Packet::PingResp),
+            Packet::Disconnect(d) => Err(self.on_disconnect(d.reason_code, d.session_expiry_interval)),
+            Packet::Auth(a) => self.on_auth(a),
+            Packet::Connect(_) => Err(Close::ByServer(ReasonCode::PROTOCOL_ERROR, "second CONNECT [MQTT-3.1.0-2]")),
+            Packet::ConnAck(_) | Packet::SubAck(_) | Packet::UnsubAck(_) | Packet::PingResp => {
+                Err(Close::ByServer(ReasonCode::PROTOCOL_ERROR, "server-to-client packet sent by a client"))
+            }
+        }
+    }
+
+    async fn on_publish(&mut self, mut p: Publish) -> Result<(), Close> {
+        self.resolve_alias(&mut p)?;
+        if validate::topic_name(&p.topic).is_err() {
+            return Err(Close::ByServer(ReasonCode::TOPIC_NAME_INVALID, "invalid topic name [MQTT-3.3.2-2]"));
+        }
+        let pid = p.packet_id.unwrap_or(0);
+        if p.qos == QoS::ExactlyOnce {
+            let st = self.session.state.lock();
+            if st.incoming_qos2.contains(&pid) {
+                drop(st);
+                return self.send(&Packet::PubRec(PubResponse::ok(pid)));
+            }
+            if st.incoming_qos2.len() >= usize::from(self.broker.config().receive_maximum) {
+                return Err(Close::ByServer(ReasonCode::RECEIVE_MAXIMUM_EXCEEDED, "receive maximum exceeded [MQTT-3.3.4-9]"));
+            }
+        }
+        if let Err(code) = validate::payload_utf8(&p) {
+            if p.qos == QoS::AtMostOnce {
+                return Err(Close::ByServer(code, "payload is not UTF-8 [MQTT-3.3.2-4]"));
+            }
+            return self.ack_publish(p.qos, pid, code);
+        }
+        let qos = p.qos;
+        let code = if let Some(service) = self.broker.service_for(&p.topic) {
+            service.on_publish(&self.broker, &self.info, p).await;
+            ReasonCode::SUCCESS
+        } else {
+            let msg = Arc::new(Message::from_publish(p, Some(self.info.client_id.clone()), Instant::now()));
+            if msg.retain {
+                self.broker.store_retained(&msg);
+            }
+            if self.broker.route(&msg) == 0 {
+                ReasonCode::NO_MATCHING_SUBSCRIBERS
+            } else {
+                ReasonCode::SUCCESS
+            }
+        };
+        self.ack_publish(qos, pid, code)
+    }
+
+    fn ack_publish(&mut self, qos: QoS, pid: u16, code: ReasonCode) -> Result<(), Close> {
+        let ack = PubResponse { reason_code: code, ..PubResponse::ok(pid) };
+        match qos {
+            QoS::AtMostOnce => Ok(()),
+            QoS::AtLeastOnce => self.send(&Packet::PubAck(ack)),
+            QoS::ExactlyOnce => {
+                if code.is_success() {
+                    self.session.state.lock().incoming_qos2.insert(pid);
+                }
+                self.send(&Packet::PubRec(ack))
+            }
+        }
+    }
+
+    /// Applies an incoming Topic Alias [MQTT-3.3.2-7..12].
+    fn resolve_alias(&mut self, p: &mut Publish) -> Result<(), Close> {
+        let Some(alias) = p.properties.topic_alias.take() else {
+            if p.topic.is_empty() {
+                return Err(Close::ByServer(ReasonCode::PROTOCOL_ERROR, "empty topic without alias [MQTT-3.3.2-1]"));
+            }
+            return Ok(());
+        };
+        if alias == 0 || alias > self.broker.config().topic_alias_maximum {
+            return Err(Close::ByServer(ReasonCode::TOPIC_ALIAS_INVALID, "topic alias out of range [MQTT-3.3.2-9]"));
+        }
+        if p.topic.is_empty() {
+            match self.in_aliases.get(&alias) {
+                Some(t) => p.topic = t.clone(),
+                None => return Err(Close::ByServer(ReasonCode::PROTOCOL_ERROR, "unknown topic alias [MQTT-3.3.4-?]")),
+            }
+        } else {
+            self.in_aliases.insert(alias, p.topic.clone());
+        }
+        Ok(())
+    }
+
+    fn on_pubrec(&mut self, r: PubResponse) -> Result<(), Close> {
+        let found = {
+            let mut st = self.session.state.lock();
+            match st.inflight_position(r.packet_id) {
+                Some(i) if st.inflight[i].stage == Stage::AwaitPubRec => {
+                    if r.reason_code.is_success() {
+                        st.inflight[i].stage = Stage::AwaitPubComp;
+                        true
+                    } else {
+                        st.inflight.remove(i);
+                        return Ok(());
+                    }
+                }
+                _ => false,
+            }
+        };
+        let code = if found { ReasonCode::SUCCESS } else { ReasonCode::PACKET_IDENTIFIER_NOT_FOUND };
+        self.send(&Packet::PubRel(PubResponse { reason_code: code, ..PubResponse::ok(r.packet_id) }))
+    }
+
+    /// Finishes an outgoing QoS 1/2 exchange at `stage`; unknown ids are ignored.
+    fn complete(&mut self, packet_id: u16, stage: Stage) {
+        let mut st = self.session.state.lock();
+        if let Some(i) = st.inflight_position(packet_id) {
+            if st.inflight[i].stage == stage {
+                st.inflight.remove(i);
+            }
+        }
+    }
+
+    fn on_subscribe(&mut self, s: Subscribe) -> Result<(), Close> {
+        let v5 = self.version == ProtocolVersion::V5;
+        let mut codes = Vec::with_capacity(s.filters.len());
+        let mut retained = Vec::new();
+        let now = Instant::now();
+        for (filter, options) in &s.filters {
+            let valid = validate::topic_filter(filter).is_ok() && validate::shared_filter(filter).is_ok();
+            if !valid {
+                codes.push(if v5 { ReasonCode::TOPIC_FILTER_INVALID } else { ReasonCode::UNSPECIFIED_ERROR });
+                continue;
+            }
+            let (group, plain) = split_shared(filter);
+            if group.is_some() && options.no_local {
+                return Err(Close::ByServer(ReasonCode::PROTOCOL_ERROR, "No Local on a shared subscription [MQTT-3.8.3-4]"));
+            }
+            if self.broker.config().refused_filters.iter().any(|f| f == &**filter) {
+                codes.push(ReasonCode::UNSPECIFIED_ERROR);
+                continue;
+            }
+            let sub = Subscription { options: *options, identifier: s.subscription_identifier };
+            let existed = self.session.state.lock().subscriptions.insert(filter.clone(), sub).is_some();
+            self.broker.index_subscription(&self.session, filter, *options, s.subscription_identifier);
+            codes.push(ReasonCode(options.qos as u8));
+            let send_retained = group.is_none()
+                && match options.retain_handling {
+                    0 => true,
+                    1 => !existed,
+                    _ => false,
+                };
+            if send_retained {
+                for msg in self.broker.retained_matching(plain, now) {
+                    retained.push(Delivery {
+                        qos: msg.qos.min(options.qos),
+                        retain: true,
+                        subscription_ids: s.subscription_identifier.into_iter().collect(),
+                        shared: None,
+                        msg,
+                    });
+                }
+            }
+        }
+        self.send(&Packet::SubAck(SubAck { packet_id: s.packet_id, reason_codes: codes, ..Default::default() }))?;
+        for d in retained {
+            self.broker.offer(&self.session, d);
+        }
+        Ok(())
+    }
+
+    fn on_unsubscribe(&mut self, u: Unsubscribe) -> Result<(), Close> {
+        let mut codes = Vec::with_capacity(u.filters.len());
+        for filter in &u.filters {
+            if validate::topic_filter(filter).is_err() || validate::shared_filter(filter).is_err() {
+                codes.push(ReasonCode::TOPIC_FILTER_INVALID);
+                continue;
+            }
+            let existed = self.session.state.lock().subscriptions.remove(filter).is_some();
+            if existed {
+                self.broker.unindex_subscription(self.session.client_id(), filter);
+            }
+            codes.push(if existed { ReasonCode::SUCCESS } else { ReasonCode::NO_SUBSCRIPTION_EXISTED });
+        }
+        self.send(&Packet::UnsubAck(UnsubAck { packet_id: u.packet_id, reason_codes: codes, ..Default::default() }))
+    }
+
+    fn on_disconnect(&mut self, code: ReasonCode, expiry: Option<u32>) -> Close {
+        if let Some(e) = expiry {
+            if self.connect_expiry_zero && e != 0 {
+                return Close::ByServer(ReasonCode::PROTOCOL_ERROR, "session expiry set on DISCONNECT after 0 at CONNECT [MQTT-3.14.2-2]");
+            }
+            self.session_expiry = e.min(self.broker.config().max_session_expiry);
+        }
+        Close::ByClient { will: code == ReasonCode::DISCONNECT_WITH_WILL }
+    }
+
+    /// AUTH after CONNECT: re-authentication (0x19) [MQTT-4.12.1].
+    fn on_auth(&mut self, a: Auth) -> Result<(), Close> {
+        let Some(method) = self.auth_method.clone() else {
+            return Err(Close::ByServer(ReasonCode::PROTOCOL_ERROR, "AUTH without an authentication method [MQTT-4.12.0-7]"));
+        };
+        if a.authentication_method.as_ref() != Some(&method) {
+            return Err(Close::ByServer(ReasonCode::PROTOCOL_ERROR, "AUTH method differs from CONNECT's [MQTT-4.12.1-1]"));
+        }
+        let auth = self.broker.inner.authenticator.read().clone();
+        let (code, data) = match auth.auth(&self.info.client_id, &method, &a) {
+            AuthDecision::Success { data } => (ReasonCode::SUCCESS, data),
+            AuthDecision::Continue { data } => (ReasonCode::CONTINUE_AUTHENTICATION, data),
+            AuthDecision::Deny(code) => return Err(Close::ByServer(code, "re-authentication failed")),
+        };
+        self.send(&Packet::Auth(Auth {
+            reason_code: code,
+            authentication_method: Some(method),
+            authentication_data: data,
+            ..Default::default()
+        }))
+    }
+}

@@ -1,0 +1,306 @@
+//! One task per client connection; the only place that touches its socket.
+//!
+//! The task reads and writes concurrently from one `select!` loop (borrowed halves
+//! of the `TcpStream`): decoded packets are handled in place and their answers
+//! appended to one write buffer, and deliveries from the session queue are encoded
+//! into the same buffer, so many packets leave in one `write` call. The loop stops
+//! draining the session queue while the write buffer is above its high-water mark;
+//! the queue then fills and the session's bounds decide (see `session.rs`).
+
+mod handshake;
+mod inbound;
+mod outbound;
+mod teardown;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::BytesMut;
+use statehub_mqtt_codec::{
+    ByteString, Codec, DecodeError, Disconnect, LastWill, Packet, ProtocolVersion, ReasonCode,
+};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::sync::mpsc;
+use tokio::time::{sleep_until, Instant};
+
+use crate::service::ClientInfo;
+use crate::session::Session;
+use crate::Broker;
+
+use handshake::{AuthStep, Refused};
+
+/// Why a connection ends; decides the DISCONNECT sent and whether the will goes out.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Close {
+    /// The client sent DISCONNECT; `will` is true for reason 0x04.
+    ByClient { will: bool },
+    /// The server closes with this reason code (MQTT 5 peers get a DISCONNECT).
+    ByServer(ReasonCode, &'static str),
+    /// The socket closed or failed without a DISCONNECT.
+    Lost,
+}
+
+impl Close {
+    fn from_decode(e: &DecodeError) -> Close {
+        Close::ByServer(e.reason_code(), "malformed or invalid packet")
+    }
+}
+
+/// The state of one accepted connection.
+#[derive(Debug)]
+pub(crate) struct Conn {
+    broker: Broker,
+    codec: Codec,
+    wbuf: BytesMut,
+    session: Arc<Session>,
+    generation: u64,
+    info: ClientInfo,
+    version: ProtocolVersion,
+    client_receive_max: u16,
+    client_max_packet: u32,
+    client_alias_max: u16,
+    out_aliases: HashMap<ByteString, u16>,
+    in_aliases: HashMap<u16, ByteString>,
+    will: Option<LastWill>,
+    auth_method: Option<ByteString>,
+    session_expiry: u32,
+    connect_expiry_zero: bool,
+    kick_rx: mpsc::Receiver<ReasonCode>,
+    keep_alive: Duration,
+}
+
+/// Serves one TCP connection until it closes. Never panics on peer input.
+pub(crate) async fn serve(broker: Broker, mut stream: TcpStream, peer: SocketAddr) {
+    broker.inner.connections.fetch_add(1, Ordering::Relaxed);
+    broker.inner.metrics.connections_total.fetch_add(1, Ordering::Relaxed);
+    let _ = stream.set_nodelay(true);
+    if broker.connection_count() > broker.config().max_connections {
+        tracing::warn!(%peer, "connection limit reached; refusing");
+    } else if let Some((conn, rbuf)) = connect(&broker, &mut stream).await {
+        let client = conn.info.client_id.clone();
+        tracing::debug!(%peer, client = %client, "client connected");
+        run(conn, stream, rbuf).await;
+        tracing::debug!(%peer, client = %client, "client gone");
+    }
+    broker.inner.connections.fetch_sub(1, Ordering::Relaxed);
+}
+
+/// Reads CONNECT (and any AUTH rounds), answers CONNACK. `None` if refused.
+async fn connect(broker: &Broker, stream: &mut TcpStream) -> Option<(Conn, BytesMut)> {
+    let cfg = broker.config();
+    let deadline = Instant::now() + Duration::from_secs(cfg.connect_timeout_secs);
+    let mut codec = Codec::new_server(cfg.max_packet_size);
+    let mut rbuf = BytesMut::with_capacity(4096);
+    let first = match read_packet(stream, &mut codec, &mut rbuf, deadline).await {
+        Ok(Some(p)) => p,
+        Ok(None) => return None,
+        Err(DecodeError::UnsupportedProtocolVersion(level)) => {
+            let answer: &[u8] = if level >= 5 { &[0x20, 0x03, 0x00, 0x84, 0x00] } else { &[0x20, 0x02, 0x00, 0x01] };
+            let _ = stream.write_all(answer).await;
+            return None;
+        }
+        Err(e) => {
+            tracing::debug!(error = %e, "bad first packet");
+            return None;
+        }
+    };
+    let Packet::Connect(mut connect) = first else { return None };
+    let version = connect.protocol;
+    let mut wbuf = BytesMut::with_capacity(1024);
+    let refuse = |code: ReasonCode, wbuf: &mut BytesMut, codec: &Codec| {
+        let ack = statehub_mqtt_codec::ConnAck { reason_code: code, ..Default::default() };
+        let _ = codec.encode(&Packet::ConnAck(ack), wbuf);
+    };
+    if broker.inner.shutdown.is_cancelled() {
+        refuse(ReasonCode::SERVER_UNAVAILABLE, &mut wbuf, &codec);
+        let _ = stream.write_all(&wbuf).await;
+        return None;
+    }
+    let auth_data = match handshake::check(&connect).and_then(|()| handshake::authenticate(broker, &connect)) {
+        Ok(AuthStep::Done(data)) => data,
+        Ok(AuthStep::Challenge(challenge)) => {
+            match auth_rounds(broker, stream, &mut codec, &mut rbuf, &connect, challenge, deadline).await {
+                Ok(data) => data,
+                Err(Some(Refused(code))) => {
+                    refuse(code, &mut wbuf, &codec);
+                    let _ = stream.write_all(&wbuf).await;
+                    return None;
+                }
+                Err(None) => return None,
+            }
+        }
+        Err(Refused(code)) => {
+            refuse(code, &mut wbuf, &codec);
+            let _ = stream.write_all(&wbuf).await;
+            return None;
+        }
+    };
+    let accepted = handshake::accept(broker, &mut connect, auth_data);
+    if codec.encode(&Packet::ConnAck(accepted.connack.clone()), &mut wbuf).is_err() {
+        return None;
+    }
+    let p = &connect.properties;
+    let conn = Conn {
+        broker: broker.clone(),
+        codec,
+        wbuf,
+        session: accepted.session,
+        generation: accepted.generation,
+        info: ClientInfo { client_id: connect.client_id.clone(), username: connect.username.clone(), protocol: version },
+        version,
+        client_receive_max: p.receive_maximum.unwrap_or(u16::MAX).max(1),
+        client_max_packet: p.maximum_packet_size.unwrap_or(u32::MAX),
+        client_alias_max: if broker.config().server_topic_aliases { p.topic_alias_maximum.unwrap_or(0) } else { 0 },
+        out_aliases: HashMap::new(),
+        in_aliases: HashMap::new(),
+        will: connect.will.take(),
+        auth_method: p.authentication_method.clone(),
+        session_expiry: accepted.session_expiry,
+        connect_expiry_zero: accepted.session_expiry == 0,
+        kick_rx: accepted.kick_rx,
+        keep_alive: accepted.keep_alive,
+    };
+    Some((conn, rbuf))
+}
+
+/// Extra AUTH exchanges during connect (MQTT 5 enhanced authentication).
+async fn auth_rounds(
+    broker: &Broker,
+    stream: &mut TcpStream,
+    codec: &mut Codec,
+    rbuf: &mut BytesMut,
+    connect: &statehub_mqtt_codec::Connect,
+    mut challenge: Packet,
+    deadline: Instant,
+) -> Result<Option<bytes::Bytes>, Option<Refused>> {
+    let method = connect.properties.authentication_method.clone().unwrap_or_default();
+    let authenticator = broker.inner.authenticator.read().clone();
+    loop {
+        let mut out = BytesMut::new();
+        codec.encode(&challenge, &mut out).map_err(|_| None)?;
+        stream.write_all(&out).await.map_err(|_| None)?;
+        let Ok(Some(Packet::Auth(auth))) = read_packet(stream, codec, rbuf, deadline).await else {
+            return Err(None);
+        };
+        if auth.reason_code != ReasonCode::CONTINUE_AUTHENTICATION || auth.authentication_method.as_ref() != Some(&method) {
+            return Err(Some(Refused(ReasonCode::PROTOCOL_ERROR)));
+        }
+        match authenticator.auth(&connect.client_id, &method, &auth) {
+            crate::AuthDecision::Success { data } => return Ok(data),
+            crate::AuthDecision::Continue { data } => {
+                challenge = Packet::Auth(statehub_mqtt_codec::Auth {
+                    reason_code: ReasonCode::CONTINUE_AUTHENTICATION,
+                    authentication_method: Some(method.clone()),
+                    authentication_data: data,
+                    ..Default::default()
+                });
+            }
+            crate::AuthDecision::Deny(code) => return Err(Some(Refused(code))),
+        }
+    }
+}
+
+/// Reads until one whole packet is decoded, the peer closes (Ok(None)), or the deadline.
+async fn read_packet(
+    stream: &mut TcpStream,
+    codec: &mut Codec,
+    rbuf: &mut BytesMut,
+    deadline: Instant,
+) -> Result<Option<Packet>, DecodeError> {
+    loop {
+        if let Some(p) = codec.decode(rbuf)? {
+            return Ok(Some(p));
+        }
+        rbuf.reserve(4096);
+        match tokio::time::timeout_at(deadline, stream.read_buf(rbuf)).await {
+            Ok(Ok(n)) if n > 0 => {}
+            _ => return Ok(None),
+        }
+    }
+}
+
+/// The connected phase: the select loop, then teardown.
+async fn run(mut conn: Conn, mut stream: TcpStream, mut rbuf: BytesMut) {
+    conn.resume();
+    let close = conn.pump(&mut stream, &mut rbuf).await;
+    conn.finish(&mut stream, close).await;
+}
+
+impl Conn {
+    async fn pump(&mut self, stream: &mut TcpStream, rbuf: &mut BytesMut) -> Close {
+        let shutdown = self.broker.inner.shutdown.clone();
+        let session = self.session.clone();
+        let keep_alive = self.keep_alive.mul_f32(1.5);
+        let mut deadline = Instant::now() + keep_alive;
+        let high_water = self.broker.config().socket_write_high_water;
+        let (mut rd, mut wr) = stream.split();
+        loop {
+            if self.wbuf.len() < high_water {
+                self.drain();
+            }
+            rbuf.reserve(8192);
+            let writing = !self.wbuf.is_empty();
+            let reading = self.wbuf.len() < 4 * high_water;
+            tokio::select! {
+                biased;
+                () = shutdown.cancelled() => return Close::ByServer(ReasonCode::SERVER_SHUTTING_DOWN, "server shutting down"),
+                Some(code) = self.kick_rx.recv() => return Close::ByServer(code, kick_text(code)),
+                r = wr.write_buf(&mut self.wbuf), if writing => {
+                    if !matches!(r, Ok(n) if n > 0) {
+                        return Close::Lost;
+                    }
+                }
+                r = rd.read_buf(rbuf), if reading => {
+                    if !matches!(r, Ok(n) if n > 0) {
+                        return Close::Lost;
+                    }
+                    deadline = Instant::now() + keep_alive;
+                    loop {
+                        match self.codec.decode(rbuf) {
+                            Ok(Some(p)) => {
+                                if let Err(close) = self.handle(p).await {
+                                    return close;
+                                }
+                            }
+                            Ok(None) => break,
+                            Err(e) => {
+                                tracing::debug!(client = %self.info.client_id, error = %e, "decode error");
+                                self.broker.inner.metrics.protocol_errors.fetch_add(1, Ordering::Relaxed);
+                                return Close::from_decode(&e);
+                            }
+                        }
+                    }
+                }
+                () = session.wake.notified() => {}
+                () = sleep_until(deadline), if !keep_alive.is_zero() => {
+                    return Close::ByServer(ReasonCode::KEEP_ALIVE_TIMEOUT, "keep alive timeout");
+                }
+            }
+        }
+    }
+
+    /// Appends one packet to the write buffer. An encode failure is our bug, not the
+    /// peer's: it closes the connection with 0x83.
+    fn send(&mut self, p: &Packet) -> Result<(), Close> {
+        self.codec.encode(p, &mut self.wbuf).map_err(|e| {
+            tracing::error!(error = %e, "encode failed");
+            Close::ByServer(ReasonCode::IMPLEMENTATION_SPECIFIC_ERROR, "encode failed")
+        })
+    }
+
+    fn disconnect_packet(&self, code: ReasonCode, text: &'static str) -> Packet {
+        Packet::Disconnect(Disconnect { reason_code: code, reason_string: Some(text.into()), ..Default::default() })
+    }
+}
+
+fn kick_text(code: ReasonCode) -> &'static str {
+    match code {
+        ReasonCode::SESSION_TAKEN_OVER => "session taken over by another connection",
+        ReasonCode::QUOTA_EXCEEDED => "slow consumer: session queue full",
+        _ => "disconnected by the server",
+    }
+}

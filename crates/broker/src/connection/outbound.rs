@@ -1,0 +1,91 @@
+//! Deliveries from the session to the socket: flow control (the client's Receive
+//! Maximum), server-assigned topic aliases, the client's Maximum Packet Size, and
+//! resending what was in flight when a session resumes.
+
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+use statehub_mqtt_codec::{Packet, PubResponse, Publish, QoS};
+
+use super::Conn;
+use crate::session::{Inflight, Stage};
+
+impl Conn {
+    /// On attach: resend unacknowledged PUBLISHes (DUP set) and PUBRELs in their
+    /// original order [MQTT-4.4.0-1], before any new message.
+    pub(super) fn resume(&mut self) {
+        let now = Instant::now();
+        let pending: Vec<Inflight> = self.session.state.lock().inflight.iter().cloned().collect();
+        for i in pending {
+            let packet = match i.stage {
+                Stage::AwaitPubComp => Packet::PubRel(PubResponse::ok(i.packet_id)),
+                Stage::AwaitPubAck | Stage::AwaitPubRec => {
+                    Packet::Publish(i.delivery.to_publish(Some(i.packet_id), true, now))
+                }
+            };
+            if self.send(&packet).is_err() {
+                return;
+            }
+        }
+    }
+
+    /// Moves queued deliveries into the write buffer while the client's receive
+    /// window and our high-water mark allow.
+    pub(super) fn drain(&mut self) {
+        let high_water = self.broker.config().socket_write_high_water;
+        let now = Instant::now();
+        let session = self.session.clone();
+        let mut st = session.state.lock();
+        while self.wbuf.len() < high_water {
+            let Some(front) = st.queue.front() else { break };
+            if front.qos != QoS::AtMostOnce && st.inflight.len() >= usize::from(self.client_receive_max) {
+                break;
+            }
+            let Some(d) = st.pop_queue() else { break };
+            if d.msg.is_expired(now) {
+                continue;
+            }
+            let packet_id = (d.qos != QoS::AtMostOnce).then(|| st.next_packet_id());
+            let mut publish = d.to_publish(packet_id, false, now);
+            let new_alias = self.apply_alias(&mut publish);
+            let start = self.wbuf.len();
+            if self.codec.encode(&Packet::Publish(publish), &mut self.wbuf).is_err() {
+                self.wbuf.truncate(start);
+                continue;
+            }
+            if self.wbuf.len() - start > self.client_max_packet as usize {
+                // Over the client's Maximum Packet Size: discard as if delivered [MQTT-3.1.2-25].
+                self.wbuf.truncate(start);
+                if let Some(topic) = new_alias {
+                    self.out_aliases.remove(&topic);
+                }
+                self.broker.inner.metrics.oversize_dropped.fetch_add(1, Ordering::Relaxed);
+                continue;
+            }
+            if let Some(packet_id) = packet_id {
+                let stage = if d.qos == QoS::ExactlyOnce { Stage::AwaitPubRec } else { Stage::AwaitPubAck };
+                st.inflight.push_back(Inflight { packet_id, stage, delivery: d });
+            }
+        }
+    }
+
+    /// Uses or assigns a topic alias for a client that allows them. Returns the
+    /// topic if a new alias was assigned by this call.
+    fn apply_alias(&mut self, p: &mut Publish) -> Option<statehub_mqtt_codec::ByteString> {
+        if self.client_alias_max == 0 {
+            return None;
+        }
+        if let Some(&alias) = self.out_aliases.get(&p.topic) {
+            p.properties.topic_alias = Some(alias);
+            p.topic = Default::default();
+            return None;
+        }
+        let next = u16::try_from(self.out_aliases.len() + 1).ok()?;
+        if next > self.client_alias_max {
+            return None;
+        }
+        self.out_aliases.insert(p.topic.clone(), next);
+        p.properties.topic_alias = Some(next);
+        Some(p.topic.clone())
+    }
+}

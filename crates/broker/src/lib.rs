@@ -1,0 +1,35 @@
+//! statehub's MQTT broker core.
+//!
+//! * [`Broker`] (`broker.rs`): shared state and the publish path (routing into
+//!   session queues, retained messages, built-in services).
+//! * `session.rs`: what survives a connection: subscriptions, queued and in-flight
+//!   messages, packet ids, expiry.
+//! * `trie.rs`: the subscription index, including shared-subscription groups.
+//! * `connection/`: one task per client: handshake, inbound packets, outbound
+//!   flow control, teardown (wills, session expiry).
+//! * [`MqttListener`] (`server.rs`): accept loop and graceful shutdown.
+//! * [`Service`] (`service.rs`) and [`Authenticator`] (`auth.rs`): the hooks other
+//!   layers (the state store, security) plug into.
+//!
+//! See ARCHITECTURE.md at the repository root for the journey of one PUBLISH.
+
+mod auth;
+mod broker;
+mod config;
+mod connection;
+mod message;
+mod metrics;
+mod server;
+mod service;
+mod session;
+pub mod topic;
+mod trie;
+
+pub use auth::{AllowAll, AuthDecision, Authenticator};
+pub use broker::{Broker, DeliverError};
+pub use config::BrokerConfig;
+pub use message::Message;
+pub use metrics::Metrics;
+pub use server::MqttListener;
+pub use service::{BoxFuture, ClientInfo, Service};
+pub use statehub_mqtt_codec as codec;

@@ -1,0 +1,103 @@
+//! An application message as the broker routes it, and one delivery of it to one
+//! session. A [`Message`] is built once per PUBLISH received and shared by `Arc`
+//! across every subscriber: the payload and properties are never copied per
+//! subscriber, only the few per-delivery fields (QoS, subscription ids) differ.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use statehub_mqtt_codec::{ByteString, Publish, PublishProperties, QoS};
+
+/// A message in flight through the broker.
+#[derive(Debug, Clone)]
+pub struct Message {
+    pub topic: ByteString,
+    pub payload: Bytes,
+    pub qos: QoS,
+    pub retain: bool,
+    /// As received, minus Topic Alias and Subscription Identifiers (per-hop fields).
+    pub properties: PublishProperties,
+    /// Deadline from the Message Expiry Interval, counted from receipt.
+    pub expires_at: Option<Instant>,
+    /// Client id of the publisher (for No Local); `None` for broker-made messages.
+    pub publisher: Option<ByteString>,
+}
+
+impl Message {
+    /// Builds the routed form of a received PUBLISH (topic alias already resolved).
+    pub fn from_publish(p: Publish, publisher: Option<ByteString>, now: Instant) -> Message {
+        let mut properties = p.properties;
+        properties.topic_alias = None;
+        properties.subscription_identifiers.clear();
+        let expires_at = properties
+            .message_expiry_interval
+            .map(|s| now + Duration::from_secs(u64::from(s)));
+        Message {
+            topic: p.topic,
+            payload: p.payload,
+            qos: p.qos,
+            retain: p.retain,
+            properties,
+            expires_at,
+            publisher,
+        }
+    }
+
+    pub fn is_expired(&self, now: Instant) -> bool {
+        self.expires_at.is_some_and(|t| t <= now)
+    }
+
+    /// Seconds left of the Message Expiry Interval, rounded up so a message is never
+    /// forwarded with 0 (which would read as "no expiry" to nobody but is odd).
+    pub fn remaining_expiry(&self, now: Instant) -> Option<u32> {
+        self.expires_at.map(|t| {
+            let left = t.saturating_duration_since(now);
+            let secs = left.as_secs() + u64::from(left.subsec_nanos() > 0);
+            u32::try_from(secs.max(1)).unwrap_or(u32::MAX)
+        })
+    }
+
+    /// Bytes this message accounts for in a session queue.
+    pub fn weight(&self) -> usize {
+        self.payload.len() + self.topic.len()
+    }
+}
+
+/// The shared-subscription group a delivery came through, so that an unacknowledged
+/// message can be handed to another member when its receiver goes away.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SharedVia {
+    pub filter: Arc<str>,
+    pub group: Arc<str>,
+}
+
+/// One message bound for one session.
+#[derive(Debug, Clone)]
+pub struct Delivery {
+    pub msg: Arc<Message>,
+    /// min(message QoS, subscription QoS).
+    pub qos: QoS,
+    /// The RETAIN flag as it goes on the wire to this subscriber.
+    pub retain: bool,
+    pub subscription_ids: Vec<u32>,
+    pub shared: Option<SharedVia>,
+}
+
+impl Delivery {
+    /// The PUBLISH for this delivery (topic alias and packet id set by the caller).
+    pub fn to_publish(&self, packet_id: Option<u16>, dup: bool, now: Instant) -> Publish {
+        let mut properties = self.msg.properties.clone();
+        properties.subscription_identifiers.clone_from(&self.subscription_ids);
+        properties.message_expiry_interval = self.msg.remaining_expiry(now);
+        Publish {
+            dup,
+            qos: self.qos,
+            retain: self.retain,
+            topic: self.msg.topic.clone(),
+            packet_id,
+            payload: self.msg.payload.clone(),
+            properties,
+        }
+    }
+}

@@ -1,0 +1,19 @@
+//! Broker counters (atomics; read by the HTTP metrics endpoint in a later issue).
+
+use std::sync::atomic::AtomicU64;
+
+/// Monotonic counters. Relaxed ordering: they are statistics, not synchronization.
+#[derive(Debug, Default)]
+pub struct Metrics {
+    pub connections_total: AtomicU64,
+    pub messages_in: AtomicU64,
+    pub messages_out: AtomicU64,
+    /// Messages not delivered because a session queue was full (QoS 0) or the
+    /// session was offline and full (QoS 1/2).
+    pub dropped: AtomicU64,
+    /// Messages over a client's Maximum Packet Size, discarded as the spec says.
+    pub oversize_dropped: AtomicU64,
+    /// Connections closed with 0x97 because they did not keep up.
+    pub slow_consumers: AtomicU64,
+    pub protocol_errors: AtomicU64,
+}

@@ -1,0 +1,42 @@
+//! Built-in services: code inside the broker that owns a set of topics.
+//!
+//! The state store is the first user. A service receives every PUBLISH on its topic
+//! filters (together with who sent it and all its properties) instead of the normal
+//! subscribers; it answers by publishing straight into a client's session with
+//! [`crate::Broker::deliver_to`], whether or not that client subscribed; it hears
+//! when a client's connection ends; and it may disconnect a client with a reason
+//! code through [`crate::Broker::disconnect_client`].
+//!
+//! `on_publish` is awaited by the publisher's connection task before it acknowledges
+//! the PUBLISH (PUBACK/PUBREC), so a service that must make a write durable before
+//! the client hears "done" can do so, and a slow service back-pressures only the
+//! clients that use it.
+
+use std::future::Future;
+use std::pin::Pin;
+
+use statehub_mqtt_codec::{ByteString, ProtocolVersion, Publish};
+
+use crate::Broker;
+
+/// A boxed future, as returned by [`Service::on_publish`].
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// Who sent a PUBLISH.
+#[derive(Debug, Clone)]
+pub struct ClientInfo {
+    pub client_id: ByteString,
+    pub username: Option<ByteString>,
+    pub protocol: ProtocolVersion,
+}
+
+/// A built-in service. Implementations must not block the thread; long work goes in
+/// the returned future.
+pub trait Service: Send + Sync + std::fmt::Debug + 'static {
+    /// Handles one PUBLISH on one of the service's topics. The topic alias has been
+    /// resolved; the packet id is the publisher's.
+    fn on_publish<'a>(&'a self, broker: &'a Broker, from: &'a ClientInfo, publish: Publish) -> BoxFuture<'a, ()>;
+
+    /// The client's network connection ended (for any reason, including takeover).
+    fn on_connection_closed(&self, _broker: &Broker, _client_id: &str) {}
+}

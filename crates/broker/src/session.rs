@@ -1,0 +1,210 @@
+//! Session state: what survives a client's network connection (MQTT 5 section 4.1).
+//!
+//! Ownership: a [`Session`] lives in the broker's session table behind an `Arc`. Its
+//! mutable state sits behind a `parking_lot::Mutex` held only for short, non-async
+//! critical sections (enqueue one delivery, drain a batch into a socket buffer), so
+//! a blocking mutex is cheaper than an async one here. Producers (the router,
+//! built-in services) push [`Delivery`]s and wake the attached connection task via
+//! a `Notify`; the connection task is the only consumer.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use parking_lot::Mutex;
+use statehub_mqtt_codec::{ByteString, QoS, ReasonCode, SubscriptionOptions};
+use tokio::sync::{mpsc, Notify};
+use tokio_util::sync::CancellationToken;
+
+use crate::message::Delivery;
+
+/// A subscription as the session remembers it (for resume and UNSUBSCRIBE).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Subscription {
+    pub options: SubscriptionOptions,
+    pub identifier: Option<u32>,
+}
+
+/// Where an outgoing QoS 1/2 message stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stage {
+    /// QoS 1 PUBLISH sent, waiting for PUBACK.
+    AwaitPubAck,
+    /// QoS 2 PUBLISH sent, waiting for PUBREC.
+    AwaitPubRec,
+    /// PUBREL sent, waiting for PUBCOMP.
+    AwaitPubComp,
+}
+
+#[derive(Debug, Clone)]
+pub struct Inflight {
+    pub packet_id: u16,
+    pub stage: Stage,
+    pub delivery: Delivery,
+}
+
+/// The link from a session to the connection currently attached to it.
+#[derive(Debug)]
+pub struct Attachment {
+    /// Unique per connection, so a late cleanup of an old connection can tell it no
+    /// longer owns the session.
+    pub generation: u64,
+    /// Asks the connection to close with this reason code.
+    pub kick: mpsc::Sender<ReasonCode>,
+}
+
+/// What happened to a delivery offered to a session.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Enqueued {
+    Queued,
+    /// QoS 0 while offline, not queued per configuration (not an error: MQTT 5 allows it).
+    SkippedOffline,
+    /// The queue is full: QoS 0 dropped (counted) ...
+    DroppedQoS0,
+    /// ... or a QoS 1/2 message for an offline session dropped (counted and logged).
+    DroppedOffline,
+    /// Full while connected: the consumer is too slow and is being disconnected
+    /// with 0x97 (Quota exceeded); the message stays queued for the session.
+    SlowConsumer,
+}
+
+/// Mutable session state; see the module docs for who locks it.
+#[derive(Debug, Default)]
+pub struct SessionState {
+    pub subscriptions: HashMap<ByteString, Subscription>,
+    /// Deliveries not yet written to the client.
+    pub queue: VecDeque<Delivery>,
+    pub queued_bytes: usize,
+    /// QoS 1/2 deliveries written and not yet completed, in send order.
+    pub inflight: VecDeque<Inflight>,
+    next_packet_id: u16,
+    /// QoS 2 packet ids received (PUBREC sent) awaiting PUBREL.
+    pub incoming_qos2: HashSet<u16>,
+    /// Session Expiry Interval in seconds (u32::MAX: never).
+    pub expiry_interval: u32,
+    pub attached: Option<Attachment>,
+    /// Generation of the last connection attached (see [`Attachment`]).
+    pub last_generation: u64,
+    /// Counters for what was not delivered.
+    pub dropped_qos0: u64,
+    pub dropped_offline: u64,
+}
+
+impl SessionState {
+    /// A packet id not used by any in-flight message [MQTT-2.2.1-3].
+    pub fn next_packet_id(&mut self) -> u16 {
+        loop {
+            self.next_packet_id = self.next_packet_id.wrapping_add(1);
+            if self.next_packet_id == 0 {
+                continue;
+            }
+            let id = self.next_packet_id;
+            if !self.inflight.iter().any(|i| i.packet_id == id) {
+                return id;
+            }
+        }
+    }
+
+    pub fn inflight_position(&self, packet_id: u16) -> Option<usize> {
+        self.inflight.iter().position(|i| i.packet_id == packet_id)
+    }
+
+    pub fn pop_queue(&mut self) -> Option<Delivery> {
+        let d = self.queue.pop_front()?;
+        self.queued_bytes = self.queued_bytes.saturating_sub(d.msg.weight());
+        Some(d)
+    }
+}
+
+/// A session: identity, connection flag, state and the wake-up for its connection.
+#[derive(Debug)]
+pub struct Session {
+    client_id: ByteString,
+    connected: AtomicBool,
+    pub state: Mutex<SessionState>,
+    /// Wakes the attached connection task when deliveries arrive or it is kicked.
+    pub wake: Notify,
+    /// Cancelled when the session ends (expiry, clean start, takeover by a new
+    /// session); a delayed will waits on it.
+    pub ended: CancellationToken,
+}
+
+/// Queue bounds, copied from the broker config.
+#[derive(Debug, Clone, Copy)]
+pub struct QueueLimits {
+    pub max_messages: usize,
+    pub max_bytes: usize,
+    pub queue_qos0_offline: bool,
+}
+
+impl Session {
+    pub fn new(client_id: ByteString, expiry_interval: u32) -> Session {
+        Session {
+            client_id,
+            connected: AtomicBool::new(false),
+            state: Mutex::new(SessionState { expiry_interval, ..Default::default() }),
+            wake: Notify::new(),
+            ended: CancellationToken::new(),
+        }
+    }
+
+    pub fn client_id(&self) -> &str {
+        &self.client_id
+    }
+
+    pub fn client_id_bytes(&self) -> &ByteString {
+        &self.client_id
+    }
+
+    pub fn is_connected(&self) -> bool {
+        self.connected.load(Ordering::Acquire)
+    }
+
+    pub fn set_connected(&self, on: bool) {
+        self.connected.store(on, Ordering::Release);
+    }
+
+    /// Offers one delivery, applying the queue bounds (see [`Enqueued`]).
+    pub fn enqueue(&self, d: Delivery, limits: &QueueLimits) -> Enqueued {
+        let connected = self.is_connected();
+        let outcome = {
+            let mut st = self.state.lock();
+            if !connected && d.qos == QoS::AtMostOnce && !limits.queue_qos0_offline {
+                return Enqueued::SkippedOffline;
+            }
+            let full = st.queue.len() + st.inflight.len() >= limits.max_messages
+                || st.queued_bytes + d.msg.weight() > limits.max_bytes;
+            if full && d.qos == QoS::AtMostOnce {
+                st.dropped_qos0 += 1;
+                Enqueued::DroppedQoS0
+            } else if full && !connected {
+                st.dropped_offline += 1;
+                Enqueued::DroppedOffline
+            } else {
+                st.queued_bytes += d.msg.weight();
+                st.queue.push_back(d);
+                if full {
+                    if let Some(a) = &st.attached {
+                        // A full kick channel means a kick is already pending.
+                        let _ = a.kick.try_send(ReasonCode::QUOTA_EXCEEDED);
+                    }
+                    Enqueued::SlowConsumer
+                } else {
+                    Enqueued::Queued
+                }
+            }
+        };
+        if connected {
+            self.wake.notify_one();
+        }
+        outcome
+    }
+
+    /// Asks the attached connection, if any, to close with `reason`.
+    pub fn kick(&self, reason: ReasonCode) -> bool {
+        let st = self.state.lock();
+        match &st.attached {
+            Some(a) => a.kick.try_send(reason).is_ok(),
+            None => false,
+        }
+    }
+}

@@ -1,0 +1,52 @@
+//! Topic name and filter matching (MQTT 5 section 4.7).
+
+/// Whether `filter` matches `topic`. Topics starting with `$` are not matched by a
+/// filter starting with a wildcard [MQTT-4.7.2-1].
+pub fn matches(filter: &str, topic: &str) -> bool {
+    if topic.starts_with('$') && (filter.starts_with('+') || filter.starts_with('#')) {
+        return false;
+    }
+    let mut f = filter.split('/');
+    let mut t = topic.split('/');
+    loop {
+        match (f.next(), t.next()) {
+            (Some("#"), _) => return true,
+            (Some("+"), Some(_)) => {}
+            (Some(a), Some(b)) if a == b => {}
+            (None, None) => return true,
+            _ => return false,
+        }
+    }
+}
+
+/// Whether a filter contains a wildcard.
+pub fn has_wildcard(filter: &str) -> bool {
+    filter.contains(['+', '#'])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::matches;
+
+    #[test]
+    fn wildcards() {
+        assert!(matches("a/+/c", "a/b/c"));
+        assert!(matches("a/#", "a"));
+        assert!(matches("a/#", "a/b/c"));
+        assert!(matches("#", "a/b"));
+        assert!(matches("+", ""));
+        assert!(matches("+/+", "/"));
+        assert!(!matches("a/+", "a/b/c"));
+        assert!(!matches("a/b", "a/b/c"));
+        assert!(matches("/+", "/x"));
+        assert!(!matches("+", "/x"));
+    }
+
+    #[test]
+    fn dollar_topics_not_matched_by_leading_wildcards() {
+        assert!(!matches("#", "$SYS/x"));
+        assert!(!matches("+/x", "$SYS/x"));
+        assert!(matches("$SYS/#", "$SYS/x"));
+        assert!(matches("$SYS/+", "$SYS/x"));
+    }
+}

@@ -1,0 +1,198 @@
+//! The subscription index: a trie over topic levels.
+//!
+//! Publishing walks the trie under a read lock (readers never wait for each other);
+//! only SUBSCRIBE/UNSUBSCRIBE and session ends take the write lock. Each leaf holds
+//! the plain subscriptions by client id and the shared-subscription groups by name.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use statehub_mqtt_codec::{ByteString, SubscriptionOptions};
+
+use crate::session::Session;
+
+/// One client's subscription as stored in the index.
+#[derive(Debug, Clone)]
+pub struct SubEntry {
+    pub session: Arc<Session>,
+    pub options: SubscriptionOptions,
+    pub identifier: Option<u32>,
+}
+
+/// A `$share/{group}/{filter}` group: one member gets each message.
+#[derive(Debug)]
+pub struct SharedGroup {
+    /// The group name and the filter it shares: together they name the group.
+    pub name: Box<str>,
+    pub filter: Box<str>,
+    pub members: Vec<SubEntry>,
+    next: AtomicUsize,
+}
+
+impl SharedGroup {
+    /// Round-robin pick, preferring members whose client is connected and not `except`.
+    pub fn pick(&self, except: Option<&str>) -> Option<&SubEntry> {
+        let n = self.members.len();
+        if n == 0 {
+            return None;
+        }
+        let start = self.next.fetch_add(1, Ordering::Relaxed);
+        let eligible = |e: &&SubEntry| except != Some(e.session.client_id());
+        let online = (0..n)
+            .map(|i| &self.members[(start + i) % n])
+            .filter(eligible)
+            .find(|e| e.session.is_connected());
+        online.or_else(|| (0..n).map(|i| &self.members[(start + i) % n]).find(eligible))
+    }
+}
+
+#[derive(Debug, Default)]
+struct Node {
+    children: HashMap<Box<str>, Node>,
+    plain: HashMap<ByteString, SubEntry>,
+    shared: HashMap<Box<str>, SharedGroup>,
+}
+
+impl Node {
+    fn is_empty(&self) -> bool {
+        self.children.is_empty() && self.plain.is_empty() && self.shared.is_empty()
+    }
+}
+
+/// What a topic matched: plain subscriptions and shared groups.
+#[derive(Debug, Default)]
+pub struct Matches<'a> {
+    pub plain: Vec<(&'a str, &'a SubEntry)>,
+    pub shared: Vec<&'a SharedGroup>,
+}
+
+/// The index itself. Not synchronized: the router wraps it in a lock.
+#[derive(Debug, Default)]
+pub struct SubscriptionTrie {
+    root: Node,
+    count: usize,
+}
+
+impl SubscriptionTrie {
+    /// Adds or replaces a subscription; returns true if one existed already.
+    pub fn insert(&mut self, filter: &str, group: Option<&str>, entry: SubEntry) -> bool {
+        let mut node = &mut self.root;
+        for level in filter.split('/') {
+            node = node.children.entry(level.into()).or_default();
+        }
+        let client: ByteString = entry.session.client_id().into();
+        let existed = match group {
+            None => node.plain.insert(client, entry).is_some(),
+            Some(g) => {
+                let grp = node.shared.entry(g.into()).or_insert_with(|| SharedGroup {
+                    name: g.into(),
+                    filter: filter.into(),
+                    members: Vec::new(),
+                    next: AtomicUsize::new(0),
+                });
+                match grp.members.iter_mut().find(|m| m.session.client_id() == &*client) {
+                    Some(m) => {
+                        *m = entry;
+                        true
+                    }
+                    None => {
+                        grp.members.push(entry);
+                        false
+                    }
+                }
+            }
+        };
+        if !existed {
+            self.count += 1;
+        }
+        existed
+    }
+
+    /// Removes a client's subscription; returns true if it existed.
+    pub fn remove(&mut self, filter: &str, group: Option<&str>, client_id: &str) -> bool {
+        let levels: Vec<&str> = filter.split('/').collect();
+        let removed = remove_at(&mut self.root, &levels, group, client_id);
+        if removed {
+            self.count -= 1;
+        }
+        removed
+    }
+
+    /// Number of subscriptions (a shared group member counts as one).
+    pub fn len(&self) -> usize {
+        self.count
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.count == 0
+    }
+
+    /// The shared group `name` on `filter`, if it has members.
+    pub fn shared_group(&self, filter: &str, name: &str) -> Option<&SharedGroup> {
+        let mut node = &self.root;
+        for level in filter.split('/') {
+            node = node.children.get(level)?;
+        }
+        node.shared.get(name)
+    }
+
+    /// Everything that matches `topic`.
+    pub fn matches<'a>(&'a self, topic: &str) -> Matches<'a> {
+        let mut out = Matches::default();
+        let levels: Vec<&str> = topic.split('/').collect();
+        let dollar = topic.starts_with('$');
+        collect(&self.root, &levels, 0, dollar, &mut out);
+        out
+    }
+}
+
+fn remove_at(node: &mut Node, levels: &[&str], group: Option<&str>, client_id: &str) -> bool {
+    let Some((first, rest)) = levels.split_first() else {
+        return match group {
+            None => node.plain.remove(client_id).is_some(),
+            Some(g) => {
+                let Some(grp) = node.shared.get_mut(g) else { return false };
+                let before = grp.members.len();
+                grp.members.retain(|m| m.session.client_id() != client_id);
+                let removed = grp.members.len() != before;
+                if grp.members.is_empty() {
+                    node.shared.remove(g);
+                }
+                removed
+            }
+        };
+    };
+    let Some(child) = node.children.get_mut(*first) else { return false };
+    let removed = remove_at(child, rest, group, client_id);
+    if child.is_empty() {
+        node.children.remove(*first);
+    }
+    removed
+}
+
+fn collect<'a>(node: &'a Node, levels: &[&str], depth: usize, dollar: bool, out: &mut Matches<'a>) {
+    let wildcard_ok = !(dollar && depth == 0);
+    if wildcard_ok {
+        if let Some(hash) = node.children.get("#") {
+            push_leaf(hash, out);
+        }
+    }
+    let Some(level) = levels.get(depth) else {
+        push_leaf(node, out);
+        return;
+    };
+    if let Some(child) = node.children.get(*level) {
+        collect(child, levels, depth + 1, dollar, out);
+    }
+    if wildcard_ok {
+        if let Some(plus) = node.children.get("+") {
+            collect(plus, levels, depth + 1, dollar, out);
+        }
+    }
+}
+
+fn push_leaf<'a>(node: &'a Node, out: &mut Matches<'a>) {
+    out.plain.extend(node.plain.iter().map(|(k, v)| (&**k, v)));
+    out.shared.extend(node.shared.values());
+}

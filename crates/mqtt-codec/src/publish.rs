@@ -1,0 +1,337 @@
+//! PUBLISH, written by hand for both versions instead of going through rmqtt-codec.
+//!
+//! Why: rmqtt-codec stores Message Expiry Interval and Topic Alias as `NonZero*`,
+//! so a Message Expiry Interval of 0 (legal on the wire) is refused as malformed and
+//! cannot be encoded, and Topic Alias 0 comes back as a generic "malformed packet"
+//! when the spec makes it a Protocol Error [MQTT-3.3.2-8]. PUBLISH is also the hot
+//! path; decoding here goes straight into our struct with the payload as a slice of
+//! the received frame (no `Box`, no intermediate struct).
+//!
+//! Checks done while decoding: QoS 3 [MQTT-3.3.1-4], DUP on QoS 0 [MQTT-3.3.1-2],
+//! packet identifier 0 [MQTT-2.2.1-3], topic name syntax [MQTT-3.3.2-2] (empty only
+//! with a Topic Alias, MQTT 5), Topic Alias 0 [MQTT-3.3.2-8], Subscription Identifier
+//! 0, duplicated single-valued properties, and — for a server codec — Subscription
+//! Identifiers from a client [MQTT-3.3.4-6].
+
+use bytes::{Buf, BufMut, Bytes, BytesMut};
+use bytestring::ByteString;
+
+use crate::wire::{
+    check_len, read_binary, read_string, read_u16, read_u32, read_u8, read_varint, varint_len,
+    write_binary, write_varint, MAX_VARINT,
+};
+use crate::{validate, DecodeError, EncodeError, ProtocolVersion, Publish, PublishProperties, QoS};
+
+const CLAUSE: &str = "MQTT-3.3.2";
+
+mod id {
+    pub const PAYLOAD_FORMAT: u8 = 0x01;
+    pub const MESSAGE_EXPIRY: u8 = 0x02;
+    pub const CONTENT_TYPE: u8 = 0x03;
+    pub const RESPONSE_TOPIC: u8 = 0x08;
+    pub const CORRELATION_DATA: u8 = 0x09;
+    pub const SUBSCRIPTION_ID: u8 = 0x0B;
+    pub const TOPIC_ALIAS: u8 = 0x23;
+    pub const USER_PROPERTY: u8 = 0x26;
+}
+
+const fn duplicate(detail: &'static str) -> DecodeError {
+    DecodeError::Protocol {
+        clause: "MQTT-2.2.2",
+        detail,
+    }
+}
+
+/// Decodes a PUBLISH body. `flags` is the low nibble of the first byte;
+/// `from_client` turns on the checks a server applies to what clients send.
+pub(crate) fn decode(
+    flags: u8,
+    mut body: Bytes,
+    version: ProtocolVersion,
+    from_client: bool,
+) -> Result<Publish, DecodeError> {
+    let qos = QoS::from_u8((flags >> 1) & 0b11).ok_or(DecodeError::Malformed {
+        clause: "MQTT-3.3.1-4",
+        detail: "PUBLISH with QoS 3",
+    })?;
+    let dup = flags & 0b1000 != 0;
+    if dup && qos == QoS::AtMostOnce {
+        return Err(DecodeError::Malformed {
+            clause: "MQTT-3.3.1-2",
+            detail: "DUP set on a QoS 0 PUBLISH",
+        });
+    }
+    let topic = read_string(&mut body, CLAUSE)?;
+    let packet_id = if qos == QoS::AtMostOnce {
+        None
+    } else {
+        match read_u16(&mut body, CLAUSE)? {
+            0 => {
+                return Err(DecodeError::Protocol {
+                    clause: "MQTT-2.2.1-3",
+                    detail: "PUBLISH with QoS > 0 and packet identifier 0",
+                })
+            }
+            id => Some(id),
+        }
+    };
+    let properties = match version {
+        ProtocolVersion::V311 => PublishProperties::default(),
+        ProtocolVersion::V5 => decode_properties(&mut body)?,
+    };
+    if !(topic.is_empty() && properties.topic_alias.is_some()) {
+        validate::topic_name(&topic)?;
+    }
+    if from_client && !properties.subscription_identifiers.is_empty() {
+        return Err(DecodeError::Protocol {
+            clause: "MQTT-3.3.4-6",
+            detail: "a client PUBLISH must not carry Subscription Identifiers",
+        });
+    }
+    Ok(Publish {
+        dup,
+        qos,
+        retain: flags & 1 != 0,
+        topic,
+        packet_id,
+        payload: body,
+        properties,
+    })
+}
+
+fn decode_properties(body: &mut Bytes) -> Result<PublishProperties, DecodeError> {
+    let len = read_varint(body, CLAUSE)? as usize;
+    if body.len() < len {
+        return Err(crate::wire::truncated(CLAUSE));
+    }
+    let mut src = body.split_to(len);
+    let mut p = PublishProperties::default();
+    let mut seen_format = false;
+    while src.has_remaining() {
+        match src.get_u8() {
+            id::PAYLOAD_FORMAT => {
+                if seen_format {
+                    return Err(duplicate("Payload Format Indicator included twice"));
+                }
+                seen_format = true;
+                p.payload_format_utf8 = match read_u8(&mut src, CLAUSE)? {
+                    0 => false,
+                    1 => true,
+                    _ => {
+                        return Err(DecodeError::Protocol {
+                            clause: "MQTT-3.3.2.3.2",
+                            detail: "Payload Format Indicator other than 0 or 1",
+                        })
+                    }
+                };
+            }
+            id::MESSAGE_EXPIRY => {
+                let v = read_u32(&mut src, CLAUSE)?;
+                set_once(
+                    &mut p.message_expiry_interval,
+                    v,
+                    "Message Expiry Interval included twice",
+                )?;
+            }
+            id::CONTENT_TYPE => {
+                let v = read_string(&mut src, CLAUSE)?;
+                set_once(&mut p.content_type, v, "Content Type included twice")?;
+            }
+            id::RESPONSE_TOPIC => {
+                let v = read_string(&mut src, CLAUSE)?;
+                set_once(&mut p.response_topic, v, "Response Topic included twice")?;
+            }
+            id::CORRELATION_DATA => {
+                let v = read_binary(&mut src, CLAUSE)?;
+                set_once(
+                    &mut p.correlation_data,
+                    v,
+                    "Correlation Data included twice",
+                )?;
+            }
+            id::SUBSCRIPTION_ID => match read_varint(&mut src, CLAUSE)? {
+                0 => {
+                    return Err(DecodeError::Protocol {
+                        clause: "MQTT-3.3.2.3.8",
+                        detail: "Subscription Identifier 0",
+                    })
+                }
+                v => p.subscription_identifiers.push(v),
+            },
+            id::TOPIC_ALIAS => match read_u16(&mut src, CLAUSE)? {
+                0 => {
+                    return Err(DecodeError::Protocol {
+                        clause: "MQTT-3.3.2-8",
+                        detail: "Topic Alias 0",
+                    })
+                }
+                v => set_once(&mut p.topic_alias, v, "Topic Alias included twice")?,
+            },
+            id::USER_PROPERTY => {
+                let k = read_string(&mut src, CLAUSE)?;
+                let v = read_string(&mut src, CLAUSE)?;
+                p.user_properties.push((k, v));
+            }
+            _ => {
+                return Err(DecodeError::Malformed {
+                    clause: "MQTT-2.2.2",
+                    detail: "property identifier not valid in PUBLISH",
+                })
+            }
+        }
+    }
+    Ok(p)
+}
+
+fn set_once<T>(slot: &mut Option<T>, value: T, detail: &'static str) -> Result<(), DecodeError> {
+    if slot.is_some() {
+        return Err(duplicate(detail));
+    }
+    *slot = Some(value);
+    Ok(())
+}
+
+/// Appends one PUBLISH. For 3.1.1 the properties are dropped.
+pub(crate) fn encode(
+    p: &Publish,
+    version: ProtocolVersion,
+    dst: &mut BytesMut,
+) -> Result<(), EncodeError> {
+    match (p.qos, p.packet_id) {
+        (QoS::AtMostOnce, Some(_)) => {
+            return Err(EncodeError::Invalid(
+                "QoS 0 PUBLISH with a packet identifier",
+            ))
+        }
+        (QoS::AtLeastOnce | QoS::ExactlyOnce, None | Some(0)) => {
+            return Err(EncodeError::Invalid(
+                "QoS > 0 PUBLISH needs a non-zero packet identifier",
+            ))
+        }
+        _ => {}
+    }
+    if p.topic.is_empty()
+        && (version == ProtocolVersion::V311 || p.properties.topic_alias.is_none())
+    {
+        return Err(EncodeError::Invalid(
+            "PUBLISH with an empty topic and no Topic Alias",
+        ));
+    }
+    check_len(p.topic.as_bytes())?;
+    let props_len = match version {
+        ProtocolVersion::V311 => None,
+        ProtocolVersion::V5 => Some(properties_len(&p.properties)?),
+    };
+    let mut remaining = 2 + p.topic.len() + p.payload.len();
+    if p.packet_id.is_some() {
+        remaining += 2;
+    }
+    if let Some(len) = props_len {
+        remaining += varint_len(len) + len;
+    }
+    if remaining > MAX_VARINT as usize {
+        return Err(EncodeError::Invalid(
+            "PUBLISH larger than the maximum packet size",
+        ));
+    }
+    dst.reserve(5 + remaining);
+    let qos = p.qos as u8;
+    dst.put_u8(0x30 | (u8::from(p.dup) << 3) | (qos << 1) | u8::from(p.retain));
+    write_varint(remaining, dst);
+    write_binary(p.topic.as_bytes(), dst);
+    if let Some(id) = p.packet_id {
+        dst.put_u16(id);
+    }
+    if let Some(len) = props_len {
+        write_varint(len, dst);
+        write_properties(&p.properties, dst);
+    }
+    dst.put_slice(&p.payload);
+    Ok(())
+}
+
+fn string_prop_len(v: &Option<impl AsRef<[u8]>>) -> Result<usize, EncodeError> {
+    match v {
+        Some(s) => {
+            check_len(s.as_ref())?;
+            Ok(3 + s.as_ref().len())
+        }
+        None => Ok(0),
+    }
+}
+
+/// Property length (without its own varint) of a PUBLISH's properties.
+fn properties_len(p: &PublishProperties) -> Result<usize, EncodeError> {
+    let mut len = if p.payload_format_utf8 { 2 } else { 0 };
+    if p.message_expiry_interval.is_some() {
+        len += 5;
+    }
+    len += string_prop_len(&p.content_type.as_ref().map(ByteString::as_bytes))?;
+    len += string_prop_len(&p.response_topic.as_ref().map(ByteString::as_bytes))?;
+    len += string_prop_len(&p.correlation_data)?;
+    for &sid in &p.subscription_identifiers {
+        if sid == 0 || sid > MAX_VARINT {
+            return Err(EncodeError::Invalid(
+                "Subscription Identifier outside 1..=268435455",
+            ));
+        }
+        len += 1 + varint_len(sid as usize);
+    }
+    if p.topic_alias == Some(0) {
+        return Err(EncodeError::Invalid("Topic Alias 0"));
+    }
+    if p.topic_alias.is_some() {
+        len += 3;
+    }
+    len += user_properties_len(&p.user_properties)?;
+    Ok(len)
+}
+
+pub(crate) fn user_properties_len(props: &crate::UserProperties) -> Result<usize, EncodeError> {
+    let mut len = 0;
+    for (k, v) in props {
+        check_len(k.as_bytes())?;
+        check_len(v.as_bytes())?;
+        len += 5 + k.len() + v.len();
+    }
+    Ok(len)
+}
+
+pub(crate) fn write_user_properties(props: &crate::UserProperties, dst: &mut BytesMut) {
+    for (k, v) in props {
+        dst.put_u8(id::USER_PROPERTY);
+        write_binary(k.as_bytes(), dst);
+        write_binary(v.as_bytes(), dst);
+    }
+}
+
+fn write_properties(p: &PublishProperties, dst: &mut BytesMut) {
+    if p.payload_format_utf8 {
+        dst.put_slice(&[id::PAYLOAD_FORMAT, 1]);
+    }
+    if let Some(v) = p.message_expiry_interval {
+        dst.put_u8(id::MESSAGE_EXPIRY);
+        dst.put_u32(v);
+    }
+    if let Some(v) = &p.content_type {
+        dst.put_u8(id::CONTENT_TYPE);
+        write_binary(v.as_bytes(), dst);
+    }
+    if let Some(v) = &p.response_topic {
+        dst.put_u8(id::RESPONSE_TOPIC);
+        write_binary(v.as_bytes(), dst);
+    }
+    if let Some(v) = &p.correlation_data {
+        dst.put_u8(id::CORRELATION_DATA);
+        write_binary(v, dst);
+    }
+    for &sid in &p.subscription_identifiers {
+        dst.put_u8(id::SUBSCRIPTION_ID);
+        write_varint(sid as usize, dst);
+    }
+    if let Some(v) = p.topic_alias {
+        dst.put_u8(id::TOPIC_ALIAS);
+        dst.put_u16(v);
+    }
+    write_user_properties(&p.user_properties, dst);
+}

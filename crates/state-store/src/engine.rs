@@ -1,0 +1,175 @@
+//! The storage engine beneath the state machine, and its contract.
+//!
+//! The [`crate::Machine`] owns one engine and calls it from a single thread of control:
+//! every command is one or two engine calls made back to back with nothing interleaved,
+//! so an engine needs no transactions across calls. What an engine must guarantee:
+//!
+//! - **Atomic single-key writes.** After [`Engine::put`] or [`Engine::remove`] returns
+//!   `Ok`, the whole [`Entry`] (value, version, fencing token, expiry) and the expiry
+//!   index and [`Stats`] reflect the write; after `Err`, the key is either fully the old
+//!   entry or fully the new one (a persistent engine must not tear an entry), and the
+//!   machine treats the node as broken ([`crate::FatalError`]).
+//! - **Read your writes.** A read after a successful write sees it.
+//! - **No copies of values.** Values are [`Bytes`]; [`Engine::get`] returns the stored
+//!   `Bytes` (a reference-count bump), never a fresh copy, for in-memory engines. Engines
+//!   that must deserialize may allocate, once.
+//! - **Expiry is data, not behaviour.** An engine never drops a key by itself;
+//!   [`Engine::expired`] lists keys whose `expires_at_ms <= now`, ordered by expiry time
+//!   then key, and the machine removes them (so it can notify observers).
+//! - **Scans are resumable.** [`Engine::scan`] returns at most `count` keys after a
+//!   cursor, plus the cursor to resume from (`None` once every key has been visited). A
+//!   key present for the whole scan is returned at least once; a key written or removed
+//!   meanwhile may or may not be. Cursors are opaque bytes, sent to clients as SCAN
+//!   continuation tokens, so an engine must treat any cursor, even garbage, as a position
+//!   (never panic on it).
+//! - **Stats are exact and cheap.** [`Engine::stats`] is the count of keys and the sum of
+//!   `key.len() + value.len()` over all keys, kept up to date by every write (the machine
+//!   checks quotas against it on every SET).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::ops::Bound;
+
+use bytes::Bytes;
+
+use crate::error::EngineError;
+use crate::hlc::Hlc;
+
+/// What the store keeps for one key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Entry {
+    /// The value, arbitrary bytes.
+    pub value: Bytes,
+    /// The version the server issued for the write that produced this entry.
+    pub version: Hlc,
+    /// The fencing token protecting the key, if one was ever set on it.
+    pub fencing_token: Option<Hlc>,
+    /// When the key expires, in milliseconds since the Unix epoch.
+    pub expires_at_ms: Option<u64>,
+}
+
+/// Size of the store, for quotas.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Stats {
+    /// Number of keys.
+    pub keys: u64,
+    /// Sum of `key.len() + value.len()` over all keys.
+    pub bytes: u64,
+}
+
+/// One batch of a scan.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ScanBatch {
+    /// Keys visited by this batch (unfiltered).
+    pub keys: Vec<Bytes>,
+    /// Where the next batch starts; `None` when the scan is complete.
+    pub cursor: Option<Bytes>,
+}
+
+/// Key-value storage for the state store. See the module docs for the contract.
+pub trait Engine {
+    /// The entry of `key`, if any (expired entries included until removed).
+    fn get(&self, key: &[u8]) -> Result<Option<Entry>, EngineError>;
+    /// Stores `entry` under `key`, replacing and returning any previous entry.
+    fn put(&mut self, key: Bytes, entry: Entry) -> Result<Option<Entry>, EngineError>;
+    /// Removes `key`, returning its entry if it had one.
+    fn remove(&mut self, key: &[u8]) -> Result<Option<Entry>, EngineError>;
+    /// Up to `count` keys (`count >= 1`) after `cursor` (from the start if `None`).
+    fn scan(&self, cursor: Option<&[u8]>, count: usize) -> Result<ScanBatch, EngineError>;
+    /// The earliest `expires_at_ms` of any key.
+    fn next_expiry(&self) -> Result<Option<u64>, EngineError>;
+    /// Up to `limit` keys with `expires_at_ms <= now_ms`, earliest first (ties by key).
+    fn expired(&self, now_ms: u64, limit: usize) -> Result<Vec<Bytes>, EngineError>;
+    /// Current key count and byte total.
+    fn stats(&self) -> Stats;
+    /// The greatest version of any entry, so a restarted node's clock resumes past it.
+    fn max_version(&self) -> Result<Option<Hlc>, EngineError>;
+}
+
+/// An in-memory engine: an ordered map (so scan cursors are simply the last key visited)
+/// and an expiry index ordered by time.
+#[derive(Debug, Default)]
+pub struct MemoryEngine {
+    entries: BTreeMap<Bytes, Entry>,
+    expiries: BTreeSet<(u64, Bytes)>,
+    stats: Stats,
+}
+
+impl MemoryEngine {
+    /// An empty engine.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn size(key: &[u8], entry: &Entry) -> u64 {
+        (key.len() + entry.value.len()) as u64
+    }
+
+    fn forget(&mut self, key: &Bytes, old: &Entry) {
+        if let Some(at) = old.expires_at_ms {
+            self.expiries.remove(&(at, key.clone()));
+        }
+        self.stats.keys -= 1;
+        self.stats.bytes -= Self::size(key, old);
+    }
+}
+
+impl Engine for MemoryEngine {
+    fn get(&self, key: &[u8]) -> Result<Option<Entry>, EngineError> {
+        Ok(self.entries.get(key).cloned())
+    }
+
+    fn put(&mut self, key: Bytes, entry: Entry) -> Result<Option<Entry>, EngineError> {
+        let old = self.remove(&key)?;
+        if let Some(at) = entry.expires_at_ms {
+            self.expiries.insert((at, key.clone()));
+        }
+        self.stats.keys += 1;
+        self.stats.bytes += Self::size(&key, &entry);
+        self.entries.insert(key, entry);
+        Ok(old)
+    }
+
+    fn remove(&mut self, key: &[u8]) -> Result<Option<Entry>, EngineError> {
+        let Some((key, old)) = self.entries.remove_entry(key) else {
+            return Ok(None);
+        };
+        self.forget(&key, &old);
+        Ok(Some(old))
+    }
+
+    fn scan(&self, cursor: Option<&[u8]>, count: usize) -> Result<ScanBatch, EngineError> {
+        let start = cursor.map_or(Bound::Unbounded, Bound::Excluded);
+        let mut range = self
+            .entries
+            .range::<[u8], _>((start, Bound::Unbounded))
+            .map(|(k, _)| k.clone());
+        let keys: Vec<Bytes> = range.by_ref().take(count.max(1)).collect();
+        let cursor = match range.next() {
+            Some(_) => keys.last().cloned(),
+            None => None,
+        };
+        Ok(ScanBatch { keys, cursor })
+    }
+
+    fn next_expiry(&self) -> Result<Option<u64>, EngineError> {
+        Ok(self.expiries.first().map(|(at, _)| *at))
+    }
+
+    fn expired(&self, now_ms: u64, limit: usize) -> Result<Vec<Bytes>, EngineError> {
+        Ok(self
+            .expiries
+            .iter()
+            .take_while(|(at, _)| *at <= now_ms)
+            .take(limit)
+            .map(|(_, k)| k.clone())
+            .collect())
+    }
+
+    fn stats(&self) -> Stats {
+        self.stats
+    }
+
+    fn max_version(&self) -> Result<Option<Hlc>, EngineError> {
+        Ok(self.entries.values().map(|e| &e.version).max().cloned())
+    }
+}

@@ -1,0 +1,337 @@
+//! The state store as a pure state machine.
+//!
+//! [`Machine::handle`] takes one request and the current time and returns the [`Reply`]
+//! plus the [`Effect`]s the shell must carry out; it never does I/O nor reads a clock, so
+//! tests can assert exact bytes and effects and drive time by hand.
+//!
+//! A request goes through these checks, in order, the first failure becoming the reply
+//! `-ERR <text>`: payload ([`Command::parse`]), `__ts` and `__ft` syntax
+//! (`malformed timestamp`), their skew, `missing timestamp` on SET, authorization, then
+//! the command itself (fencing, conditions, quotas).
+//!
+//! Expiry is active: before every request, and whenever the shell calls
+//! [`Machine::expire`] (at [`Machine::next_expiry`]), keys whose PX has elapsed are removed
+//! and observers get `NOTIFY DELETE` carrying the deletion's version.
+
+mod commands;
+mod observers;
+
+use bytes::Bytes;
+
+use crate::authz::{AllowAll, Authorizer, Operation};
+use crate::command::Command;
+use crate::engine::{Engine, MemoryEngine};
+use crate::error::{EngineError, FatalError, Refusal};
+use crate::hlc::{check_skew, Hlc, HlcClock, DEFAULT_MAX_SKEW_MS, DEFAULT_NODE_ID};
+use crate::notify;
+use crate::resp::Response;
+use observers::Observers;
+
+/// Tunables of the store.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    /// The node id of every version issued (`state-store` by default).
+    pub node_id: String,
+    /// Most keys the store holds; a SET adding one more is refused with
+    /// `the quota has been exceeded`.
+    pub max_keys: Option<u64>,
+    /// Most bytes (sum of key and value lengths) the store holds.
+    pub max_bytes: Option<u64>,
+    /// Most keys one client may observe at once (KEYNOTIFY beyond it is refused with
+    /// `the quota has been exceeded`).
+    pub max_observations_per_client: Option<usize>,
+    /// How far ahead of the server clock `__ts` and `__ft` may be, in milliseconds.
+    pub max_skew_ms: u64,
+    /// Keys visited per SCAN request; a page holds the matching ones among them.
+    pub scan_count: usize,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            node_id: DEFAULT_NODE_ID.to_owned(),
+            max_keys: None,
+            max_bytes: None,
+            max_observations_per_client: None,
+            max_skew_ms: DEFAULT_MAX_SKEW_MS,
+            scan_count: 100,
+        }
+    }
+}
+
+/// One request, as read from the MQTT PUBLISH.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Request {
+    /// The requesting MQTT client id: observations belong to it and notifications go to it.
+    pub client_id: String,
+    /// The PUBLISH payload.
+    pub payload: Bytes,
+    /// The `__ts` user property, if present.
+    pub timestamp: Option<String>,
+    /// The `__ft` user property, if present.
+    pub fencing_token: Option<String>,
+}
+
+/// What to send back on the request's Response Topic.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reply {
+    /// The response payload.
+    pub payload: Bytes,
+    /// The `__ts` user property to attach (`version.to_string()`), if any.
+    pub version: Option<Hlc>,
+}
+
+impl Reply {
+    fn plain(response: &Response) -> Self {
+        Self {
+            payload: response.encode(),
+            version: None,
+        }
+    }
+
+    fn versioned(response: &Response, version: Hlc) -> Self {
+        Self {
+            payload: response.encode(),
+            version: Some(version),
+        }
+    }
+}
+
+/// A notification to publish.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Notification {
+    /// The observing client; the topic is [`notify::notify_topic`] of it and `key`.
+    pub client_id: String,
+    /// The key that changed.
+    pub key: Bytes,
+    /// The exact NOTIFY payload.
+    pub payload: Bytes,
+    /// The `__ts` user property to attach: the version of the write or deletion.
+    pub version: Hlc,
+}
+
+impl Notification {
+    /// The topic to publish on.
+    pub fn topic(&self) -> String {
+        notify::notify_topic(self.client_id.as_bytes(), &self.key)
+    }
+}
+
+/// Something the shell must do, in order, after a call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Effect {
+    /// Publish a notification (QoS 1, Content Type `application/octet-stream`, `__ts`),
+    /// straight into the observing client's session.
+    Notify(Notification),
+    /// `key` now expires at `at_ms`: make sure [`Machine::expire`] runs by then
+    /// (equivalently, re-arm the timer at [`Machine::next_expiry`]).
+    ArmExpiry {
+        /// The key.
+        key: Bytes,
+        /// Milliseconds since the Unix epoch.
+        at_ms: u64,
+    },
+}
+
+/// The result of one request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Outcome {
+    /// The response.
+    pub reply: Reply,
+    /// What else to do (expiry notifications due before this request come first).
+    pub effects: Vec<Effect>,
+}
+
+/// Why a request did not produce a normal reply.
+enum Failure {
+    Refused(Refusal),
+    Fatal(FatalError),
+}
+
+impl From<Refusal> for Failure {
+    fn from(refusal: Refusal) -> Self {
+        Self::Refused(refusal)
+    }
+}
+
+impl From<EngineError> for Failure {
+    fn from(error: EngineError) -> Self {
+        Self::Fatal(error.into())
+    }
+}
+
+/// The state store.
+#[derive(Debug)]
+pub struct Machine<E, A = AllowAll> {
+    engine: E,
+    authorizer: A,
+    clock: HlcClock,
+    observers: Observers,
+    config: Config,
+}
+
+impl Machine<MemoryEngine, AllowAll> {
+    /// An empty in-memory store that allows everything.
+    pub fn in_memory(config: Config) -> Self {
+        Self {
+            engine: MemoryEngine::new(),
+            authorizer: AllowAll,
+            clock: HlcClock::new(config.node_id.clone()),
+            observers: Observers::default(),
+            config,
+        }
+    }
+}
+
+impl<E: Engine, A: Authorizer> Machine<E, A> {
+    /// A store over `engine`; its clock resumes past the greatest stored version.
+    pub fn new(engine: E, authorizer: A, config: Config) -> Result<Self, FatalError> {
+        let mut clock = HlcClock::new(config.node_id.clone());
+        if let Some(max) = engine.max_version()? {
+            clock.observe(&max);
+        }
+        Ok(Self {
+            engine,
+            authorizer,
+            clock,
+            observers: Observers::default(),
+            config,
+        })
+    }
+
+    /// The engine, for inspection.
+    pub fn engine(&self) -> &E {
+        &self.engine
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// Processes one request at `now_ms` (milliseconds since the Unix epoch).
+    ///
+    /// Refusals are replies (`-ERR ...`); `Err` means the engine failed and the node must
+    /// stop serving the store.
+    pub fn handle(&mut self, request: Request, now_ms: u64) -> Result<Outcome, FatalError> {
+        let mut effects = self.expire(now_ms)?;
+        let reply = match self.execute(&request, now_ms, &mut effects) {
+            Ok(reply) => reply,
+            Err(Failure::Refused(refusal)) => Reply::plain(&Response::Error(refusal)),
+            Err(Failure::Fatal(error)) => return Err(error),
+        };
+        Ok(Outcome { reply, effects })
+    }
+
+    /// Removes every key whose expiry is `<= now_ms`, returning the `NOTIFY DELETE`s.
+    pub fn expire(&mut self, now_ms: u64) -> Result<Vec<Effect>, FatalError> {
+        let mut effects = Vec::new();
+        for key in self.engine.expired(now_ms, usize::MAX)? {
+            if self.engine.remove(&key)?.is_some() {
+                let version = self.clock.tick(now_ms);
+                self.notify(&key, &notify::delete_payload(), &version, &mut effects);
+            }
+        }
+        Ok(effects)
+    }
+
+    /// When [`Machine::expire`] must next run, in milliseconds since the Unix epoch.
+    pub fn next_expiry(&self) -> Result<Option<u64>, FatalError> {
+        Ok(self.engine.next_expiry()?)
+    }
+
+    /// Drops every observation of `client_id` (its MQTT connection ended).
+    pub fn client_disconnected(&mut self, client_id: &str) {
+        self.observers.drop_client(client_id);
+    }
+
+    fn execute(
+        &mut self,
+        request: &Request,
+        now_ms: u64,
+        effects: &mut Vec<Effect>,
+    ) -> Result<Reply, Failure> {
+        let command = Command::parse(&request.payload)?;
+        let timestamp = parse_hlc(request.timestamp.as_deref())?;
+        let fencing_token = parse_hlc(request.fencing_token.as_deref())?;
+        let skew = self.config.max_skew_ms;
+        if timestamp
+            .as_ref()
+            .is_some_and(|ts| !check_skew(ts, now_ms, skew))
+        {
+            return Err(Refusal::TimestampSkew.into());
+        }
+        if fencing_token
+            .as_ref()
+            .is_some_and(|ft| !check_skew(ft, now_ms, skew))
+        {
+            return Err(Refusal::FencingTokenSkew.into());
+        }
+        if matches!(command, Command::Set { .. }) && timestamp.is_none() {
+            return Err(Refusal::MissingTimestamp.into());
+        }
+        if let Some(key) = command.key() {
+            if !self
+                .authorizer
+                .authorize(&request.client_id, key, operation(&command))
+            {
+                return Err(Refusal::NotAuthorized.into());
+            }
+        }
+        if let Some(ts) = &timestamp {
+            self.clock.observe(ts);
+        }
+        let client = request.client_id.as_str();
+        match command {
+            Command::Set {
+                key,
+                value,
+                condition,
+                px_ms,
+            } => self.set(
+                key,
+                &value,
+                condition,
+                px_ms,
+                fencing_token,
+                now_ms,
+                effects,
+            ),
+            Command::Get { key } => self.get(&key),
+            Command::Del { key } => self.del(&key, None, fencing_token, now_ms, effects),
+            Command::VDel { key, value } => {
+                self.del(&key, Some(&value), fencing_token, now_ms, effects)
+            }
+            Command::KeyNotify { key, stop } => self.key_notify(client, &key, stop),
+            Command::Scan { pattern, token } => self.scan(client, &pattern, token.as_deref()),
+        }
+    }
+
+    /// One effect per observer of `key`, in client id order.
+    fn notify(&self, key: &Bytes, payload: &Bytes, version: &Hlc, effects: &mut Vec<Effect>) {
+        for client_id in self.observers.of(key) {
+            effects.push(Effect::Notify(Notification {
+                client_id: client_id.clone(),
+                key: key.clone(),
+                payload: payload.clone(),
+                version: version.clone(),
+            }));
+        }
+    }
+}
+
+fn parse_hlc(property: Option<&str>) -> Result<Option<Hlc>, Refusal> {
+    property
+        .map(|s| s.parse().map_err(|_| Refusal::MalformedTimestamp))
+        .transpose()
+}
+
+fn operation(command: &Command) -> Operation {
+    match command {
+        Command::Set { .. } => Operation::Set,
+        Command::Get { .. } => Operation::Get,
+        Command::Del { .. } | Command::VDel { .. } => Operation::Delete,
+        Command::KeyNotify { .. } => Operation::KeyNotify,
+        Command::Scan { .. } => Operation::Scan,
+    }
+}

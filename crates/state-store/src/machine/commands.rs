@@ -1,0 +1,179 @@
+//! The commands themselves, once a request has passed the generic checks.
+//!
+//! Keys and values are copied out of the request payload before they are stored: the
+//! payload may be a slice of a larger network buffer, and keeping a slice would pin that
+//! whole buffer for as long as the key lives (and hide it from the byte quota).
+
+use bytes::Bytes;
+
+use super::{Effect, Failure, Machine, Reply};
+use crate::authz::{Authorizer, Operation};
+use crate::command::SetCondition;
+use crate::engine::{Engine, Entry};
+use crate::error::Refusal;
+use crate::glob::glob_match;
+use crate::hlc::Hlc;
+use crate::notify;
+use crate::resp::Response;
+
+/// The fencing rule: returns the token the key carries after an accepted write.
+fn fence(existing: Option<&Entry>, request: Option<Hlc>) -> Result<Option<Hlc>, Refusal> {
+    match (existing.and_then(|e| e.fencing_token.as_ref()), request) {
+        (None, request) => Ok(request),
+        (Some(_), None) => Err(Refusal::FencingTokenRequired),
+        (Some(current), Some(request)) if request < *current => {
+            Err(Refusal::FencingTokenLowerVersion)
+        }
+        (Some(_), Some(request)) => Ok(Some(request)),
+    }
+}
+
+impl<E: Engine, A: Authorizer> Machine<E, A> {
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn set(
+        &mut self,
+        key: Bytes,
+        value: &[u8],
+        condition: SetCondition,
+        px_ms: Option<u64>,
+        fencing_token: Option<Hlc>,
+        now_ms: u64,
+        effects: &mut Vec<Effect>,
+    ) -> Result<Reply, Failure> {
+        let existing = self.engine.get(&key)?;
+        let fencing_token = fence(existing.as_ref(), fencing_token)?;
+        if let Some(current) = &existing {
+            let blocked = match condition {
+                SetCondition::Always => false,
+                SetCondition::IfAbsent => true,
+                SetCondition::IfAbsentOrEqual => current.value != value,
+            };
+            if blocked {
+                return Ok(Reply::versioned(
+                    &Response::Integer(-1),
+                    current.version.clone(),
+                ));
+            }
+        }
+        self.check_quota(&key, value, existing.as_ref())?;
+        let version = self.clock.tick(now_ms);
+        let key = Bytes::copy_from_slice(&key);
+        let value = Bytes::copy_from_slice(value);
+        let expires_at_ms = px_ms.map(|px| now_ms.saturating_add(px));
+        let entry = Entry {
+            value: value.clone(),
+            version: version.clone(),
+            fencing_token,
+            expires_at_ms,
+        };
+        self.engine.put(key.clone(), entry)?;
+        if let Some(at_ms) = expires_at_ms {
+            effects.push(Effect::ArmExpiry {
+                key: key.clone(),
+                at_ms,
+            });
+        }
+        self.notify(&key, &notify::set_payload(&value), &version, effects);
+        Ok(Reply::versioned(&Response::Ok, version))
+    }
+
+    fn check_quota(
+        &self,
+        key: &[u8],
+        value: &[u8],
+        existing: Option<&Entry>,
+    ) -> Result<(), Refusal> {
+        let stats = self.engine.stats();
+        let new_size = (key.len() + value.len()) as u64;
+        let old_size = existing.map_or(0, |e| (key.len() + e.value.len()) as u64);
+        let too_many_keys = existing.is_none()
+            && self
+                .config
+                .max_keys
+                .is_some_and(|max| stats.keys.saturating_add(1) > max);
+        let too_many_bytes = new_size > old_size
+            && self
+                .config
+                .max_bytes
+                .is_some_and(|max| (stats.bytes - old_size).saturating_add(new_size) > max);
+        if too_many_keys || too_many_bytes {
+            return Err(Refusal::QuotaExceeded);
+        }
+        Ok(())
+    }
+
+    pub(super) fn get(&self, key: &[u8]) -> Result<Reply, Failure> {
+        Ok(match self.engine.get(key)? {
+            Some(entry) => Reply::versioned(&Response::Bulk(entry.value), entry.version),
+            None => Reply::plain(&Response::Null),
+        })
+    }
+
+    /// DEL, or VDEL when `expected` is given.
+    pub(super) fn del(
+        &mut self,
+        key: &Bytes,
+        expected: Option<&[u8]>,
+        fencing_token: Option<Hlc>,
+        now_ms: u64,
+        effects: &mut Vec<Effect>,
+    ) -> Result<Reply, Failure> {
+        let Some(current) = self.engine.get(key)? else {
+            return Ok(Reply::plain(&Response::Integer(0)));
+        };
+        fence(Some(&current), fencing_token)?;
+        if expected.is_some_and(|expected| current.value != expected) {
+            return Ok(Reply::versioned(&Response::Integer(-1), current.version));
+        }
+        self.engine.remove(key)?;
+        let version = self.clock.tick(now_ms);
+        self.notify(key, &notify::delete_payload(), &version, effects);
+        Ok(Reply::versioned(&Response::Integer(1), version))
+    }
+
+    pub(super) fn key_notify(
+        &mut self,
+        client: &str,
+        key: &[u8],
+        stop: bool,
+    ) -> Result<Reply, Failure> {
+        if stop {
+            let response = if self.observers.remove(client, key) {
+                Response::Ok
+            } else {
+                Response::Integer(0)
+            };
+            return Ok(Reply::plain(&response));
+        }
+        let is_new = !self.observers.contains(client, key);
+        let at_limit = self
+            .config
+            .max_observations_per_client
+            .is_some_and(|max| self.observers.count(client) >= max);
+        if is_new && at_limit {
+            return Err(Refusal::QuotaExceeded.into());
+        }
+        self.observers.add(client, Bytes::copy_from_slice(key));
+        Ok(Reply::plain(&Response::Ok))
+    }
+
+    pub(super) fn scan(
+        &self,
+        client: &str,
+        pattern: &[u8],
+        token: Option<&[u8]>,
+    ) -> Result<Reply, Failure> {
+        let batch = self.engine.scan(token, self.config.scan_count.max(1))?;
+        let keys = batch
+            .keys
+            .into_iter()
+            .filter(|key| {
+                glob_match(pattern, key) && self.authorizer.authorize(client, key, Operation::Scan)
+            })
+            .collect();
+        Ok(Reply::plain(&Response::Scan {
+            keys,
+            token: batch.cursor,
+        }))
+    }
+}

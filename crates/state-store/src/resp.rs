@@ -1,0 +1,165 @@
+//! The RESP3-like framing of state store payloads.
+//!
+//! Requests are one array of bulk strings, `*N\r\n` then N times `$len\r\n<bytes>\r\n`,
+//! binary-safe, nothing before or after. Anything else is a [`Refusal::Syntax`]: the
+//! protocol page lists "illegal RESP3" and "integer overflow" as invalid payloads, and the
+//! notes give `syntax error` as the text for a payload that does not conform. Arguments are
+//! zero-copy slices of the request payload.
+//!
+//! Responses are the few forms the SDK clients parse: simple string `+OK`, integers,
+//! bulk strings, the null bulk string `$-1`, errors `-ERR <text>` and, for SCAN, an array
+//! holding an array of keys and an optional continuation token.
+
+use bytes::{BufMut, Bytes, BytesMut};
+
+use crate::error::Refusal;
+
+/// Reads a request payload as its array of arguments.
+pub fn parse_request(payload: &Bytes) -> Result<Vec<Bytes>, Refusal> {
+    let mut reader = Reader {
+        buf: payload,
+        pos: 0,
+    };
+    let count = reader.header(b'*')?;
+    if count == 0 {
+        return Err(Refusal::Syntax);
+    }
+    // Never trust `count` for an allocation: a 10-byte payload may claim 2^60 items.
+    let mut args = Vec::with_capacity(count.min(8));
+    for _ in 0..count {
+        let len = reader.header(b'$')?;
+        let arg = reader.take(len)?;
+        reader.crlf()?;
+        args.push(arg);
+    }
+    if reader.pos != payload.len() {
+        return Err(Refusal::Syntax);
+    }
+    Ok(args)
+}
+
+struct Reader<'a> {
+    buf: &'a Bytes,
+    pos: usize,
+}
+
+impl Reader<'_> {
+    /// `<prefix><decimal digits>\r\n`, the number fitting in a usize.
+    fn header(&mut self, prefix: u8) -> Result<usize, Refusal> {
+        if self.buf.get(self.pos) != Some(&prefix) {
+            return Err(Refusal::Syntax);
+        }
+        self.pos += 1;
+        let start = self.pos;
+        let mut value: usize = 0;
+        while let Some(&b) = self.buf.get(self.pos) {
+            if !b.is_ascii_digit() {
+                break;
+            }
+            value = value
+                .checked_mul(10)
+                .and_then(|v| v.checked_add(usize::from(b - b'0')))
+                .ok_or(Refusal::Syntax)?;
+            self.pos += 1;
+        }
+        if self.pos == start {
+            return Err(Refusal::Syntax);
+        }
+        self.crlf()?;
+        Ok(value)
+    }
+
+    fn take(&mut self, len: usize) -> Result<Bytes, Refusal> {
+        let end = self.pos.checked_add(len).ok_or(Refusal::Syntax)?;
+        if end > self.buf.len() {
+            return Err(Refusal::Syntax);
+        }
+        let out = self.buf.slice(self.pos..end);
+        self.pos = end;
+        Ok(out)
+    }
+
+    fn crlf(&mut self) -> Result<(), Refusal> {
+        if self.buf.get(self.pos..self.pos + 2) != Some(b"\r\n") {
+            return Err(Refusal::Syntax);
+        }
+        self.pos += 2;
+        Ok(())
+    }
+}
+
+/// One response payload.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Response {
+    /// `+OK\r\n`
+    Ok,
+    /// `:<n>\r\n`
+    Integer(i64),
+    /// `$<len>\r\n<bytes>\r\n`
+    Bulk(Bytes),
+    /// `$-1\r\n`
+    Null,
+    /// `-ERR <text>\r\n`
+    Error(Refusal),
+    /// `*1\r\n*<n>\r\n<n bulk keys>` or, with a token, `*2\r\n*<n>\r\n<n bulk keys>$<len>\r\n<token>\r\n`.
+    Scan {
+        /// The keys of this page.
+        keys: Vec<Bytes>,
+        /// Present when more pages may follow.
+        token: Option<Bytes>,
+    },
+}
+
+impl Response {
+    /// The exact payload bytes.
+    pub fn encode(&self) -> Bytes {
+        match self {
+            Self::Ok => Bytes::from_static(b"+OK\r\n"),
+            Self::Integer(0) => Bytes::from_static(b":0\r\n"),
+            Self::Integer(1) => Bytes::from_static(b":1\r\n"),
+            Self::Integer(-1) => Bytes::from_static(b":-1\r\n"),
+            Self::Integer(n) => Bytes::from(format!(":{n}\r\n")),
+            Self::Null => Bytes::from_static(b"$-1\r\n"),
+            Self::Bulk(value) => {
+                let mut out = BytesMut::with_capacity(value.len() + 16);
+                put_bulk(&mut out, value);
+                out.freeze()
+            }
+            Self::Error(refusal) => Bytes::from(format!("-ERR {refusal}\r\n")),
+            Self::Scan { keys, token } => {
+                let mut out = BytesMut::new();
+                put_header(&mut out, b'*', if token.is_some() { 2 } else { 1 });
+                put_header(&mut out, b'*', keys.len());
+                for key in keys {
+                    put_bulk(&mut out, key);
+                }
+                if let Some(token) = token {
+                    put_bulk(&mut out, token);
+                }
+                out.freeze()
+            }
+        }
+    }
+}
+
+/// A request-shaped array of bulk strings (also the shape of NOTIFY payloads).
+pub fn encode_array(items: &[&[u8]]) -> Bytes {
+    let mut out = BytesMut::with_capacity(items.iter().map(|i| i.len() + 16).sum::<usize>() + 8);
+    put_header(&mut out, b'*', items.len());
+    for item in items {
+        put_bulk(&mut out, item);
+    }
+    out.freeze()
+}
+
+fn put_header(out: &mut BytesMut, prefix: u8, n: usize) {
+    out.put_u8(prefix);
+    out.put_slice(n.to_string().as_bytes());
+    out.put_slice(b"\r\n");
+}
+
+fn put_bulk(out: &mut BytesMut, item: &[u8]) {
+    put_header(out, b'$', item.len());
+    out.put_slice(item);
+    out.put_slice(b"\r\n");
+}

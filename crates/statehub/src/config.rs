@@ -1,0 +1,74 @@
+//! Settings from three places, strongest first: command-line flags, `STATEHUB_*`
+//! environment variables (clap reads both), and the TOML file given by `--config`.
+//! Anything none of them sets keeps its default.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+use statehub_broker::BrokerConfig;
+
+/// `statehub serve` flags. Each has an environment variable of the same name.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ServeArgs {
+    /// TOML configuration file.
+    #[arg(long, env = "STATEHUB_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// MQTT listener address (default 0.0.0.0:1883; port 0 picks a free port).
+    #[arg(long, env = "STATEHUB_MQTT_LISTEN")]
+    pub mqtt_listen: Option<SocketAddr>,
+    /// HTTP listener address (default 0.0.0.0:8080; port 0 picks a free port).
+    #[arg(long, env = "STATEHUB_HTTP_LISTEN")]
+    pub http_listen: Option<SocketAddr>,
+    /// Seconds to wait for connections to close on shutdown (default 5).
+    #[arg(long, env = "STATEHUB_SHUTDOWN_GRACE_SECS")]
+    pub shutdown_grace_secs: Option<u64>,
+}
+
+/// The TOML file's shape.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct FileConfig {
+    pub mqtt_listen: Option<SocketAddr>,
+    pub http_listen: Option<SocketAddr>,
+    pub shutdown_grace_secs: Option<u64>,
+    pub mqtt: BrokerConfig,
+}
+
+/// Why the configuration could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    Read { path: PathBuf, source: std::io::Error },
+    #[error("invalid config file {path}: {source}")]
+    Parse { path: PathBuf, source: Box<toml::de::Error> },
+}
+
+/// Everything `serve` needs, resolved.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub mqtt_listen: SocketAddr,
+    pub http_listen: SocketAddr,
+    pub shutdown_grace_secs: u64,
+    pub broker: BrokerConfig,
+}
+
+impl Settings {
+    pub fn resolve(args: &ServeArgs) -> Result<Settings, ConfigError> {
+        let file = match &args.config {
+            Some(path) => load(path)?,
+            None => FileConfig::default(),
+        };
+        Ok(Settings {
+            mqtt_listen: args.mqtt_listen.or(file.mqtt_listen).unwrap_or(([0, 0, 0, 0], 1883).into()),
+            http_listen: args.http_listen.or(file.http_listen).unwrap_or(([0, 0, 0, 0], 8080).into()),
+            shutdown_grace_secs: args.shutdown_grace_secs.or(file.shutdown_grace_secs).unwrap_or(5),
+            broker: file.mqtt,
+        })
+    }
+}
+
+fn load(path: &Path) -> Result<FileConfig, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.into(), source })?;
+    toml::from_str(&text).map_err(|source| ConfigError::Parse { path: path.into(), source: Box::new(source) })
+}

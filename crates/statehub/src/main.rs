@@ -1,0 +1,107 @@
+//! The `statehub` binary: parses settings, starts the MQTT and HTTP listeners, and
+//! turns SIGINT/SIGTERM into one shutdown signal fanned out to every task.
+
+mod config;
+mod http;
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+use statehub_broker::{Broker, MqttListener};
+use tokio::net::TcpListener;
+use tracing_subscriber::EnvFilter;
+
+use config::{ServeArgs, Settings};
+
+#[derive(Debug, Parser)]
+#[command(name = "statehub", version, about = "MQTT 5 broker with a built-in state store")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the server.
+    Serve(ServeArgs),
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")))
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let Command::Serve(args) = cli.command;
+    let settings = match Settings::resolve(&args) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::error!("{e}");
+            return ExitCode::from(2);
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            tracing::error!("cannot start runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(serve(settings)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn serve(settings: Settings) -> std::io::Result<()> {
+    let broker = Broker::new(settings.broker.clone());
+    let shutdown = broker.shutdown_token();
+    let mqtt = MqttListener::bind(broker.clone(), settings.mqtt_listen).await?;
+    let http = TcpListener::bind(settings.http_listen).await?;
+    tracing::info!("mqtt listening on {}", mqtt.local_addr()?);
+    tracing::info!("http listening on {}", http.local_addr()?);
+
+    let signals = tokio::spawn({
+        let shutdown = shutdown.clone();
+        async move {
+            wait_for_signal().await;
+            tracing::info!("shutdown requested");
+            shutdown.cancel();
+        }
+    });
+    let http_task = tokio::spawn(http::serve(http, shutdown.clone()));
+    mqtt.serve(Duration::from_secs(settings.shutdown_grace_secs)).await;
+    signals.abort();
+    match http_task.await {
+        Ok(r) => r?,
+        Err(e) => tracing::error!("http task failed: {e}"),
+    }
+    tracing::info!("stopped");
+    Ok(())
+}
+
+async fn wait_for_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = ctrl_c => {}
+                    _ = term.recv() => {}
+                }
+            }
+            Err(_) => {
+                let _ = ctrl_c.await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = ctrl_c.await;
+    }
+}

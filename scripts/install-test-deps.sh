@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# Install what the test suite and the benchmark scripts need, idempotently.
+#
+#   Debian packages : mosquitto, mosquitto-clients (reference broker + CLI
+#                     clients for interop tests and benchmarks)
+#   Python          : paho-mqtt 2.x in a venv at <repo>/.venv
+#
+# Each step is skipped quickly when already satisfied. Works non-interactively
+# (CI=true, no stdin). Run as root, or as a user with password-less sudo.
+#
+# Python scripts in the tests should run with <repo>/.venv/bin/python
+# (scripts/test.sh puts <repo>/.venv/bin first on PATH).
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="$ROOT/.venv"
+PAHO_SPEC='paho-mqtt>=2,<3'
+
+log() { printf '[install-test-deps] %s\n' "$*" >&2; }
+
+as_root() {
+    if [ "$(id -u)" -eq 0 ]; then
+        "$@"
+    elif command -v sudo >/dev/null 2>&1; then
+        sudo -n "$@"
+    else
+        log "need root for: $*"
+        return 1
+    fi
+}
+
+# ---- Debian packages -------------------------------------------------------
+APT_PACKAGES=(mosquitto mosquitto-clients)
+
+missing=()
+for pkg in "${APT_PACKAGES[@]}"; do
+    if ! dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'install ok installed'; then
+        missing+=("$pkg")
+    fi
+done
+
+if [ "${#missing[@]}" -gt 0 ]; then
+    log "installing Debian packages: ${missing[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    as_root apt-get update -q </dev/null
+    as_root apt-get install -y -q --no-install-recommends "${missing[@]}" </dev/null
+else
+    log "Debian packages already installed: ${APT_PACKAGES[*]}"
+fi
+
+# The Debian package may start a system-wide mosquitto on port 1883 where
+# services can start; tests and benchmarks always start their own instance on
+# a free port, so that one is neither needed nor touched here.
+
+# ---- Python: paho-mqtt 2.x in a venv ---------------------------------------
+paho_ok() {
+    "$VENV/bin/python" - <<'PY' 2>/dev/null
+import sys
+import paho.mqtt
+sys.exit(0 if int(paho.mqtt.__version__.split(".")[0]) == 2 else 1)
+PY
+}
+
+if [ -x "$VENV/bin/python" ] && paho_ok; then
+    log "paho-mqtt 2.x already in $VENV"
+else
+    PYTHON="$(command -v python3 || true)"
+    if [ -z "$PYTHON" ]; then
+        log "python3 not found"
+        exit 1
+    fi
+    if [ ! -x "$VENV/bin/python" ]; then
+        log "creating venv $VENV with $PYTHON ($("$PYTHON" --version 2>&1))"
+        if ! "$PYTHON" -m venv "$VENV" </dev/null; then
+            # Debian's system python needs python3-venv for ensurepip.
+            log "venv creation failed; installing python3-venv and retrying"
+            rm -rf "$VENV"
+            export DEBIAN_FRONTEND=noninteractive
+            as_root apt-get update -q </dev/null
+            as_root apt-get install -y -q --no-install-recommends python3-venv </dev/null
+            "$PYTHON" -m venv "$VENV" </dev/null
+        fi
+    fi
+    log "installing $PAHO_SPEC into $VENV"
+    "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check \
+        --no-input "$PAHO_SPEC" </dev/null
+    paho_ok || { log "paho-mqtt 2.x still not importable from $VENV"; exit 1; }
+fi
+
+log "done"

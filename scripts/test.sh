@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Run the whole test suite: the one command to use locally and in CI.
+#
+#   1. install the test dependencies (mosquitto, paho-mqtt venv; idempotent)
+#   2. cargo nextest run --workspace   (or cargo test --workspace without nextest)
+#   3. the doc tests (nextest does not run them)
+#
+# Exits non-zero on any failure. Builds use 2 jobs by default (CARGO_BUILD_JOBS).
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+
+bash scripts/install-test-deps.sh
+
+# Python helpers used by tests run from the project's venv.
+export VIRTUAL_ENV="$ROOT/.venv"
+export PATH="$ROOT/.venv/bin:$PATH"
+export CARGO_BUILD_JOBS="${CARGO_BUILD_JOBS:-2}"
+export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
+export RUST_BACKTRACE="${RUST_BACKTRACE:-1}"
+
+if cargo nextest --version >/dev/null 2>&1; then
+    echo "== cargo nextest run --workspace"
+    cargo nextest run --workspace --no-fail-fast --no-tests=warn
+    # Doc tests exist only for library targets (cargo errors out without one).
+    if cargo metadata --no-deps --format-version 1 | grep -q '"kind":\["lib"\]'; then
+        echo "== cargo test --workspace --doc"
+        cargo test --workspace --doc
+    fi
+else
+    echo "== cargo test --workspace (cargo-nextest not installed)"
+    cargo test --workspace --no-fail-fast
+fi
