@@ -6,6 +6,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use tokio::net::TcpListener;
+use tokio::runtime::Handle;
 
 use crate::connection;
 use crate::Broker;
@@ -15,13 +16,26 @@ use crate::Broker;
 pub struct MqttListener {
     listener: TcpListener,
     broker: Broker,
+    workers: Vec<Handle>,
 }
 
 impl MqttListener {
     /// Binds `addr` (port 0 picks a free port; see [`MqttListener::local_addr`]).
     pub async fn bind(broker: Broker, addr: SocketAddr) -> std::io::Result<MqttListener> {
         let listener = TcpListener::bind(addr).await?;
-        Ok(MqttListener { listener, broker })
+        Ok(MqttListener { listener, broker, workers: Vec::new() })
+    }
+
+    /// Runs connection tasks on these runtimes, round-robin, instead of the
+    /// caller's. The binary gives one single-threaded runtime per core: its
+    /// scheduler runs woken tasks first-in first-out, so packets that arrive on
+    /// different connections of one thread are handled in arrival order (the
+    /// multi-threaded scheduler's LIFO slot can invert two wake-ups, letting a
+    /// PUBLISH overtake a SUBSCRIBE sent just before it by another client), and no
+    /// task is ever stolen across threads.
+    pub fn with_workers(mut self, workers: Vec<Handle>) -> Self {
+        self.workers = workers;
+        self
     }
 
     pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
@@ -32,13 +46,29 @@ impl MqttListener {
     /// waits up to `drain` for open connections to close.
     pub async fn serve(self, drain: Duration) {
         let shutdown = self.broker.shutdown_token();
+        let mut next = 0usize;
         loop {
             tokio::select! {
                 biased;
                 () = shutdown.cancelled() => break,
                 accepted = self.listener.accept() => match accepted {
                     Ok((stream, peer)) => {
-                        tokio::spawn(connection::serve(self.broker.clone(), stream, peer));
+                        if self.workers.is_empty() {
+                            tokio::spawn(connection::serve(self.broker.clone(), stream, peer));
+                            continue;
+                        }
+                        // A tokio stream belongs to the reactor it was accepted on; hand
+                        // it over as a std stream so the worker's own reactor drives it.
+                        let Ok(std_stream) = stream.into_std() else { continue };
+                        let worker = &self.workers[next % self.workers.len()];
+                        next = next.wrapping_add(1);
+                        let broker = self.broker.clone();
+                        worker.spawn(async move {
+                            match tokio::net::TcpStream::from_std(std_stream) {
+                                Ok(stream) => connection::serve(broker, stream, peer).await,
+                                Err(e) => tracing::warn!(error = %e, "cannot register connection"),
+                            }
+                        });
                     }
                     Err(e) => {
                         // EMFILE and friends: back off instead of spinning.

@@ -183,6 +183,10 @@ impl Session {
                 st.queued_bytes += d.msg.weight();
                 st.queue.push_back(d);
                 if full {
+                    // The consumer is not keeping up: from now on the session is treated
+                    // as offline (further messages follow the offline bounds), and its
+                    // connection is closed with 0x97. Reported once per connection.
+                    self.set_connected(false);
                     if let Some(a) = &st.attached {
                         // A full kick channel means a kick is already pending.
                         let _ = a.kick.try_send(ReasonCode::QUOTA_EXCEEDED);

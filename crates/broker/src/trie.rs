@@ -124,10 +124,6 @@ impl SubscriptionTrie {
         self.count
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.count == 0
-    }
-
     /// The shared group `name` on `filter`, if it has members.
     pub fn shared_group(&self, filter: &str, name: &str) -> Option<&SharedGroup> {
         let mut node = &self.root;

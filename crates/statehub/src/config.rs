@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 use statehub_broker::BrokerConfig;
+use statehub_state_store_service::Settings as StateStoreSettings;
 
 /// `statehub serve` flags. Each has an environment variable of the same name.
 #[derive(Debug, Clone, clap::Args)]
@@ -20,6 +21,9 @@ pub struct ServeArgs {
     /// HTTP listener address (default 0.0.0.0:8080; port 0 picks a free port).
     #[arg(long, env = "STATEHUB_HTTP_LISTEN")]
     pub http_listen: Option<SocketAddr>,
+    /// MQTT worker threads, each a single-threaded runtime (default: one per core).
+    #[arg(long, env = "STATEHUB_MQTT_THREADS")]
+    pub mqtt_threads: Option<usize>,
     /// Seconds to wait for connections to close on shutdown (default 5).
     #[arg(long, env = "STATEHUB_SHUTDOWN_GRACE_SECS")]
     pub shutdown_grace_secs: Option<u64>,
@@ -32,7 +36,10 @@ pub struct FileConfig {
     pub mqtt_listen: Option<SocketAddr>,
     pub http_listen: Option<SocketAddr>,
     pub shutdown_grace_secs: Option<u64>,
+    pub mqtt_threads: Option<usize>,
     pub mqtt: BrokerConfig,
+    /// The `[state_store]` table: quotas, node id, duplicate-request cache.
+    pub state_store: StateStoreSettings,
 }
 
 /// Why the configuration could not be loaded.
@@ -50,7 +57,9 @@ pub struct Settings {
     pub mqtt_listen: SocketAddr,
     pub http_listen: SocketAddr,
     pub shutdown_grace_secs: u64,
+    pub mqtt_threads: usize,
     pub broker: BrokerConfig,
+    pub state_store: StateStoreSettings,
 }
 
 impl Settings {
@@ -63,7 +72,13 @@ impl Settings {
             mqtt_listen: args.mqtt_listen.or(file.mqtt_listen).unwrap_or(([0, 0, 0, 0], 1883).into()),
             http_listen: args.http_listen.or(file.http_listen).unwrap_or(([0, 0, 0, 0], 8080).into()),
             shutdown_grace_secs: args.shutdown_grace_secs.or(file.shutdown_grace_secs).unwrap_or(5),
+            mqtt_threads: args
+                .mqtt_threads
+                .or(file.mqtt_threads)
+                .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()))
+                .max(1),
             broker: file.mqtt,
+            state_store: file.state_store,
         })
     }
 }

@@ -5,10 +5,12 @@ mod config;
 mod http;
 
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use statehub_broker::{Broker, MqttListener};
+use statehub_state_store_service::{StateStoreService, REQUEST_TOPIC};
 use tokio::net::TcpListener;
 use tracing_subscriber::EnvFilter;
 
@@ -60,7 +62,13 @@ fn main() -> ExitCode {
 async fn serve(settings: Settings) -> std::io::Result<()> {
     let broker = Broker::new(settings.broker.clone());
     let shutdown = broker.shutdown_token();
-    let mqtt = MqttListener::bind(broker.clone(), settings.mqtt_listen).await?;
+    let store = StateStoreService::in_memory(&settings.state_store)
+        .map(Arc::new)
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
+    broker.register_service(REQUEST_TOPIC, store.clone());
+    let expiry = tokio::spawn(store.run_expiry(broker.clone()));
+    let workers = Workers::start(settings.mqtt_threads)?;
+    let mqtt = MqttListener::bind(broker.clone(), settings.mqtt_listen).await?.with_workers(workers.handles());
     let http = TcpListener::bind(settings.http_listen).await?;
     tracing::info!("mqtt listening on {}", mqtt.local_addr()?);
     tracing::info!("http listening on {}", http.local_addr()?);
@@ -76,12 +84,52 @@ async fn serve(settings: Settings) -> std::io::Result<()> {
     let http_task = tokio::spawn(http::serve(http, shutdown.clone()));
     mqtt.serve(Duration::from_secs(settings.shutdown_grace_secs)).await;
     signals.abort();
+    workers.stop();
+    expiry.abort();
     match http_task.await {
         Ok(r) => r?,
         Err(e) => tracing::error!("http task failed: {e}"),
     }
     tracing::info!("stopped");
     Ok(())
+}
+
+/// One single-threaded runtime per MQTT worker thread (see
+/// `MqttListener::with_workers` for why), each parked on a stop token.
+struct Workers {
+    handles: Vec<tokio::runtime::Handle>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+    stop: tokio_util::sync::CancellationToken,
+}
+
+impl Workers {
+    fn start(n: usize) -> std::io::Result<Workers> {
+        let stop = tokio_util::sync::CancellationToken::new();
+        let mut handles = Vec::with_capacity(n);
+        let mut threads = Vec::with_capacity(n);
+        for i in 0..n {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+            handles.push(rt.handle().clone());
+            let stop = stop.clone();
+            let thread = std::thread::Builder::new()
+                .name(format!("mqtt-worker-{i}"))
+                .spawn(move || rt.block_on(stop.cancelled()))?;
+            threads.push(thread);
+        }
+        Ok(Workers { handles, threads, stop })
+    }
+
+    fn handles(&self) -> Vec<tokio::runtime::Handle> {
+        self.handles.clone()
+    }
+
+    /// Stops the worker runtimes (after the listener drained its connections).
+    fn stop(self) {
+        self.stop.cancel();
+        for t in self.threads {
+            let _ = t.join();
+        }
+    }
 }
 
 async fn wait_for_signal() {

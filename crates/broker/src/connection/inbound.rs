@@ -16,6 +16,7 @@ use crate::session::{Stage, Subscription};
 
 impl Conn {
     pub(super) async fn handle(&mut self, p: Packet) -> Result<(), Close> {
+        tracing::trace!(client = %self.info.client_id, packet = ?p, "received");
         match p {
             Packet::Publish(p) => self.on_publish(p).await,
             Packet::PubAck(a) => {

@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use bytes::BytesMut;
 use statehub_mqtt_codec::{
-    ByteString, Codec, DecodeError, Disconnect, LastWill, Packet, ProtocolVersion, ReasonCode,
+    ByteString, Codec, DecodeError, LastWill, Packet, ProtocolVersion, ReasonCode,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -105,6 +105,7 @@ async fn connect(broker: &Broker, stream: &mut TcpStream) -> Option<(Conn, Bytes
         }
         Err(e) => {
             tracing::debug!(error = %e, "bad first packet");
+            refuse_bad_connect(stream, &codec, &e).await;
             return None;
         }
     };
@@ -165,6 +166,26 @@ async fn connect(broker: &Broker, stream: &mut TcpStream) -> Option<(Conn, Bytes
         keep_alive: accepted.keep_alive,
     };
     Some((conn, rbuf))
+}
+
+/// Answers a CONNECT that failed to decode with a refusing CONNACK where the
+/// protocol has a code for it (any for MQTT 5 [MQTT-3.2.2-7]; 3.1.1 only for the
+/// identifier case, return code 2 [MQTT-3.1.3-8]), then the caller closes.
+async fn refuse_bad_connect(stream: &mut TcpStream, codec: &Codec, e: &DecodeError) {
+    let code = e.reason_code();
+    let answer = match codec.version() {
+        Some(ProtocolVersion::V5) => true,
+        Some(ProtocolVersion::V311) => code == ReasonCode::CLIENT_IDENTIFIER_NOT_VALID,
+        None => false,
+    };
+    if !answer {
+        return;
+    }
+    let mut out = BytesMut::new();
+    let ack = statehub_mqtt_codec::ConnAck { reason_code: code, ..Default::default() };
+    if codec.encode(&Packet::ConnAck(ack), &mut out).is_ok() {
+        let _ = stream.write_all(&out).await;
+    }
 }
 
 /// Extra AUTH exchanges during connect (MQTT 5 enhanced authentication).
@@ -290,10 +311,6 @@ impl Conn {
             tracing::error!(error = %e, "encode failed");
             Close::ByServer(ReasonCode::IMPLEMENTATION_SPECIFIC_ERROR, "encode failed")
         })
-    }
-
-    fn disconnect_packet(&self, code: ReasonCode, text: &'static str) -> Packet {
-        Packet::Disconnect(Disconnect { reason_code: code, reason_string: Some(text.into()), ..Default::default() })
     }
 }
 

@@ -36,6 +36,10 @@ impl Conn {
         let now = Instant::now();
         let session = self.session.clone();
         let mut st = session.state.lock();
+        if st.attached.as_ref().is_none_or(|a| a.generation != self.generation) {
+            // Taken over: the queue belongs to the new connection now.
+            return;
+        }
         while self.wbuf.len() < high_water {
             let Some(front) = st.queue.front() else { break };
             if front.qos != QoS::AtMostOnce && st.inflight.len() >= usize::from(self.client_receive_max) {

@@ -4,7 +4,9 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use statehub_mqtt_codec::{ByteString, LastWill, ProtocolVersion, Publish, PublishProperties, QoS};
+use statehub_mqtt_codec::{
+    ByteString, Disconnect, LastWill, Packet, ProtocolVersion, Publish, PublishProperties, QoS, ReasonCode,
+};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -17,8 +19,7 @@ impl Conn {
     pub(super) async fn finish(mut self, stream: &mut TcpStream, close: Close) {
         if let Close::ByServer(code, text) = &close {
             if self.version == ProtocolVersion::V5 {
-                let p = self.disconnect_packet(*code, text);
-                let _ = self.send(&p);
+                self.send_disconnect(*code, text);
             }
             tracing::debug!(client = %self.info.client_id, code = code.0, reason = text, "server closes connection");
         }
@@ -41,6 +42,19 @@ impl Conn {
             schedule_expiry(&self.broker, &self.session, self.generation, self.session_expiry);
         }
         self.broker.notify_services_closed(&self.info.client_id);
+    }
+
+    /// Appends our DISCONNECT, without its reason string if that would exceed the
+    /// client's Maximum Packet Size [MQTT-3.14.2-3].
+    fn send_disconnect(&mut self, code: ReasonCode, text: &'static str) {
+        let start = self.wbuf.len();
+        let mut packet = Disconnect { reason_code: code, reason_string: Some(text.into()), ..Default::default() };
+        let _ = self.send(&Packet::Disconnect(packet.clone()));
+        if self.wbuf.len() - start > self.client_max_packet as usize {
+            self.wbuf.truncate(start);
+            packet.reason_string = None;
+            let _ = self.send(&Packet::Disconnect(packet));
+        }
     }
 
     /// Detaches from the session if this connection still owns it.

@@ -1,0 +1,145 @@
+//! Responses remembered per (client id, Correlation Data), so that a QoS 1 redelivery of
+//! a request (the SDKs re-publish unacknowledged requests after a reconnect) is answered
+//! with the same response instead of being executed twice: a repeated `SET k v NX`
+//! must not turn `+OK` into `:-1`, nor a repeated DEL `:1` into `:0`.
+//!
+//! An entry lives until its request's deadline plus a grace period (as the SDK executor
+//! does); a duplicate arriving after the deadline is dropped, since its caller has given
+//! up. The cache is bounded: when full, the entry closest to its end goes first.
+
+use std::collections::{BTreeSet, HashMap};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use statehub_broker::Message;
+
+/// How long past its deadline an entry still suppresses re-execution.
+const GRACE: Duration = Duration::from_secs(60);
+
+/// Who asked, and which call.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct CacheKey {
+    pub client_id: String,
+    pub correlation: Bytes,
+}
+
+/// What the cache knows about a request.
+#[derive(Debug)]
+pub enum Lookup {
+    /// Never seen (or forgotten): execute it.
+    Miss,
+    /// Seen and still awaited: send this response again.
+    Hit(Message),
+    /// Seen, but its deadline has passed: nobody is waiting any more.
+    Late,
+}
+
+#[derive(Debug)]
+struct Entry {
+    response: Message,
+    deadline: Instant,
+    forget_at: Instant,
+}
+
+/// The bounded cache.
+#[derive(Debug)]
+pub struct ResponseCache {
+    capacity: usize,
+    entries: HashMap<CacheKey, Entry>,
+    by_end: BTreeSet<(Instant, CacheKey)>,
+}
+
+impl ResponseCache {
+    pub fn new(capacity: usize) -> Self {
+        Self { capacity, entries: HashMap::new(), by_end: BTreeSet::new() }
+    }
+
+    #[cfg(test)]
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn lookup(&mut self, key: &CacheKey, now: Instant) -> Lookup {
+        self.prune(now);
+        match self.entries.get(key) {
+            None => Lookup::Miss,
+            Some(e) if e.deadline <= now => Lookup::Late,
+            Some(e) => Lookup::Hit(e.response.clone()),
+        }
+    }
+
+    /// Remembers `response` (whose `expires_at` is the request's deadline).
+    pub fn insert(&mut self, key: CacheKey, response: Message, now: Instant) {
+        if self.capacity == 0 {
+            return;
+        }
+        self.prune(now);
+        while self.entries.len() >= self.capacity {
+            let Some(first) = self.by_end.pop_first() else { break };
+            self.entries.remove(&first.1);
+        }
+        let deadline = response.expires_at.unwrap_or(now);
+        let forget_at = deadline + GRACE;
+        if let Some(old) = self.entries.insert(key.clone(), Entry { response, deadline, forget_at }) {
+            self.by_end.remove(&(old.forget_at, key.clone()));
+        }
+        self.by_end.insert((forget_at, key));
+    }
+
+    fn prune(&mut self, now: Instant) {
+        while let Some((end, _)) = self.by_end.first() {
+            if *end > now {
+                break;
+            }
+            if let Some((_, key)) = self.by_end.pop_first() {
+                self.entries.remove(&key);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use statehub_broker::codec::{PublishProperties, QoS};
+
+    fn message(deadline: Instant) -> Message {
+        Message {
+            topic: "t".into(),
+            payload: Bytes::from_static(b"+OK\r\n"),
+            qos: QoS::AtLeastOnce,
+            retain: false,
+            properties: PublishProperties::default(),
+            expires_at: Some(deadline),
+            publisher: None,
+        }
+    }
+
+    fn key(n: u8) -> CacheKey {
+        CacheKey { client_id: "c".into(), correlation: Bytes::from(vec![n; 16]) }
+    }
+
+    #[test]
+    fn hit_late_and_forgotten() {
+        let now = Instant::now();
+        let mut cache = ResponseCache::new(4);
+        assert!(matches!(cache.lookup(&key(1), now), Lookup::Miss));
+        cache.insert(key(1), message(now + Duration::from_secs(5)), now);
+        assert!(matches!(cache.lookup(&key(1), now), Lookup::Hit(_)));
+        assert!(matches!(cache.lookup(&key(1), now + Duration::from_secs(6)), Lookup::Late));
+        assert!(matches!(cache.lookup(&key(1), now + Duration::from_secs(70)), Lookup::Miss));
+        assert_eq!(cache.len(), 0);
+    }
+
+    #[test]
+    fn bounded() {
+        let now = Instant::now();
+        let mut cache = ResponseCache::new(2);
+        for n in 0..5 {
+            cache.insert(key(n), message(now + Duration::from_secs(u64::from(n) + 1)), now);
+        }
+        assert_eq!(cache.len(), 2);
+        assert!(matches!(cache.lookup(&key(4), now), Lookup::Hit(_)));
+        assert!(matches!(cache.lookup(&key(0), now), Lookup::Miss));
+    }
+}

@@ -1,0 +1,192 @@
+//! The SDKs' command protocol around the state store's payloads.
+//!
+//! The Azure IoT Operations clients do not speak raw MQTT request/response: they wrap
+//! every call in their RPC convention (`doc/reference/command-errors.md` in the SDK
+//! repository), and fail a call whose response lacks `__stat`. This module checks a
+//! request the way the SDKs' own command executor does (same order, same status codes,
+//! same property names) and builds the response messages.
+
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use statehub_broker::codec::{ByteString, PublishProperties, QoS, UserProperties};
+use statehub_broker::Message;
+use statehub_state_store::{REQUEST_TOPIC, TIMESTAMP_PROPERTY};
+
+/// Content Type of every response and notification.
+pub const CONTENT_TYPE: &str = "application/octet-stream";
+/// Status of the call (`200` or a fault code).
+pub const STATUS_PROPERTY: &str = "__stat";
+/// Human-readable reason of a fault.
+pub const STATUS_MESSAGE_PROPERTY: &str = "__stMsg";
+/// Whether a fault comes from the application rather than the protocol.
+pub const APPLICATION_ERROR_PROPERTY: &str = "__apErr";
+/// Name of the property that made a request invalid.
+pub const PROPERTY_NAME_PROPERTY: &str = "__propName";
+/// RPC protocol version of a request or response.
+pub const PROTOCOL_VERSION_PROPERTY: &str = "__protVer";
+/// Major versions the server supports (space separated), on a 505.
+pub const SUPPORTED_MAJOR_PROPERTY: &str = "__supProtMajVer";
+/// The version the request asked for, on a 505.
+pub const REQUEST_VERSION_PROPERTY: &str = "__requestProtVer";
+/// The version this server speaks.
+pub const PROTOCOL_VERSION: &str = "1.0";
+/// Response topics under this prefix are the store's own (notifications).
+pub const RESERVED_RESPONSE_PREFIX: &str = "clients/statestore/v1/FA9AE35F-2F64-47CD-9BFF-08E2B32A0FE8";
+/// Lifetime the SDK executor assumes for a request without Message Expiry.
+const DEFAULT_EXPIRY: Duration = Duration::from_secs(10);
+
+/// A request the store refuses at the RPC level (before reading its payload).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fault {
+    /// `__stat`.
+    pub status: u16,
+    /// `__stMsg`.
+    pub message: String,
+    /// `__propName`.
+    pub property_name: Option<&'static str>,
+    /// `__requestProtVer` (and then `__supProtMajVer=1`).
+    pub request_version: Option<String>,
+}
+
+impl Fault {
+    fn bad_request(message: &str, property: &'static str) -> Self {
+        Self { status: 400, message: message.to_owned(), property_name: Some(property), request_version: None }
+    }
+
+    fn version(message: String, requested: &str) -> Self {
+        Self { status: 505, message, property_name: None, request_version: Some(requested.to_owned()) }
+    }
+
+    /// The store failed (its engine broke): every request gets this from then on.
+    pub fn unavailable() -> Self {
+        Self { status: 503, message: "the state store is unavailable".to_owned(), property_name: None, request_version: None }
+    }
+}
+
+/// Whether a Response Topic is one a client may never use: the request topic itself or
+/// the store's notification space. The protocol page says such clients are disconnected.
+pub fn is_forbidden_response_topic(topic: &str) -> bool {
+    topic == REQUEST_TOPIC || topic.starts_with(RESERVED_RESPONSE_PREFIX)
+}
+
+/// Whether `topic` can be published to at all (non-empty, no wildcards, no NUL).
+pub fn is_publishable(topic: &str) -> bool {
+    !topic.is_empty() && !topic.contains(['+', '#', '\0'])
+}
+
+/// First value of user property `name`.
+pub fn user_property<'a>(props: &'a PublishProperties, name: &str) -> Option<&'a str> {
+    props.user_properties.iter().find(|(k, _)| k == name).map(|(_, v)| &**v)
+}
+
+/// The request's deadline: receipt plus its Message Expiry (or the SDK default).
+pub fn deadline(props: &PublishProperties, received: Instant) -> Instant {
+    let lifetime = props.message_expiry_interval.map_or(DEFAULT_EXPIRY, |s| Duration::from_secs(u64::from(s)));
+    received + lifetime
+}
+
+/// The checks of the SDKs' command executor, in its order: Correlation Data, Message
+/// Expiry, then `__protVer` (absent means 1.0).
+pub fn check(props: &PublishProperties) -> Result<(), Fault> {
+    if props.correlation_data.is_none() {
+        return Err(Fault::bad_request("Correlation data missing", "Correlation Data"));
+    }
+    if props.message_expiry_interval.is_none() {
+        return Err(Fault::bad_request("Message expiry interval missing", "Message Expiry"));
+    }
+    let Some(version) = user_property(props, PROTOCOL_VERSION_PROPERTY) else { return Ok(()) };
+    let major = version.split_once('.').and_then(|(major, minor)| {
+        minor.parse::<u16>().ok()?;
+        major.parse::<u16>().ok()
+    });
+    match major {
+        Some(1) => Ok(()),
+        Some(_) => Err(Fault::version(
+            format!("The command executor that received the request only supports major protocol versions '[1]', but '{version}' was sent on the request."),
+            version,
+        )),
+        None => Err(Fault::version(format!("Unparsable protocol version value provided: {version}."), version)),
+    }
+}
+
+fn pair(k: &str, v: &str) -> (ByteString, ByteString) {
+    (ByteString::from(k), ByteString::from(v))
+}
+
+/// A response on `topic` (QoS 1, same Correlation Data) expiring at `deadline`.
+fn response(topic: ByteString, correlation: Option<Bytes>, payload: Bytes, user: UserProperties, deadline: Instant) -> Message {
+    Message {
+        topic,
+        payload,
+        qos: QoS::AtLeastOnce,
+        retain: false,
+        properties: PublishProperties {
+            correlation_data: correlation,
+            content_type: Some(ByteString::from(CONTENT_TYPE)),
+            user_properties: user,
+            ..PublishProperties::default()
+        },
+        expires_at: Some(deadline),
+        publisher: None,
+    }
+}
+
+/// A `__stat=200` response carrying the store's reply (and `__ts` when it has a version).
+pub fn ok_response(topic: ByteString, correlation: Option<Bytes>, payload: Bytes, version: Option<String>, deadline: Instant) -> Message {
+    let mut user = vec![pair(STATUS_PROPERTY, "200"), pair(PROTOCOL_VERSION_PROPERTY, PROTOCOL_VERSION)];
+    if let Some(v) = version {
+        user.push(pair(TIMESTAMP_PROPERTY, &v));
+    }
+    response(topic, correlation, payload, user, deadline)
+}
+
+/// A fault response, with the properties the SDK invoker reads for that status.
+pub fn fault_response(topic: ByteString, correlation: Option<Bytes>, fault: &Fault, deadline: Instant) -> Message {
+    let mut user = vec![
+        pair(APPLICATION_ERROR_PROPERTY, "false"),
+        pair(STATUS_PROPERTY, &fault.status.to_string()),
+        pair(PROTOCOL_VERSION_PROPERTY, PROTOCOL_VERSION),
+        pair(STATUS_MESSAGE_PROPERTY, &fault.message),
+    ];
+    if let Some(name) = fault.property_name {
+        user.push(pair(PROPERTY_NAME_PROPERTY, name));
+    }
+    if let Some(requested) = &fault.request_version {
+        user.push(pair(SUPPORTED_MAJOR_PROPERTY, "1"));
+        user.push(pair(REQUEST_VERSION_PROPERTY, requested));
+    }
+    response(topic, correlation, Bytes::new(), user, deadline)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn props(correlation: bool, expiry: Option<u32>, version: Option<&str>) -> PublishProperties {
+        PublishProperties {
+            correlation_data: correlation.then(|| Bytes::from_static(&[7; 16])),
+            message_expiry_interval: expiry,
+            user_properties: version.map(|v| pair(PROTOCOL_VERSION_PROPERTY, v)).into_iter().collect(),
+            ..PublishProperties::default()
+        }
+    }
+
+    #[test]
+    fn checks_follow_the_executor_order() {
+        assert_eq!(check(&props(false, None, Some("2.0"))).unwrap_err().property_name, Some("Correlation Data"));
+        assert_eq!(check(&props(true, None, Some("2.0"))).unwrap_err().property_name, Some("Message Expiry"));
+        assert_eq!(check(&props(true, Some(5), Some("2.0"))).unwrap_err().status, 505);
+        assert_eq!(check(&props(true, Some(5), Some("x"))).unwrap_err().request_version.as_deref(), Some("x"));
+        assert!(check(&props(true, Some(5), Some("1.7"))).is_ok());
+        assert!(check(&props(true, Some(5), None)).is_ok());
+    }
+
+    #[test]
+    fn reserved_response_topics() {
+        assert!(is_forbidden_response_topic(REQUEST_TOPIC));
+        assert!(is_forbidden_response_topic("clients/statestore/v1/FA9AE35F-2F64-47CD-9BFF-08E2B32A0FE8/x"));
+        assert!(!is_forbidden_response_topic("clients/me/services/statestore/_any_/command/invoke/response"));
+        assert!(!is_publishable("a/+/b") && !is_publishable("") && is_publishable("a/b"));
+    }
+}

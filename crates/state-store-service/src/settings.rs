@@ -1,0 +1,99 @@
+//! The `[state_store]` table of statehub's configuration file.
+//!
+//! Kept apart from the core's [`Config`] because it also holds what only the MQTT shell
+//! needs (the duplicate-request cache) and because it is read from TOML, so every field
+//! has a default and unknown fields are an error rather than silently ignored. Bad
+//! settings are the only error of this crate: a request the store cannot answer gets an
+//! RPC fault (see `rpc.rs`), never an `Err`.
+
+use serde::Deserialize;
+use statehub_state_store::hlc::{DEFAULT_MAX_SKEW_MS, DEFAULT_NODE_ID};
+use statehub_state_store::Config;
+
+/// Settings of the state store service.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Settings {
+    /// Node id of every version the store issues (`state-store`, as the real one).
+    pub node_id: String,
+    /// Most keys held; a SET adding one more gets `the quota has been exceeded`.
+    pub max_keys: Option<u64>,
+    /// Most bytes (keys plus values) held.
+    pub max_bytes: Option<u64>,
+    /// Most keys one client may observe at once.
+    pub max_observations_per_client: Option<usize>,
+    /// How far ahead of the server clock `__ts` and `__ft` may be, in milliseconds.
+    pub max_skew_ms: u64,
+    /// Keys visited per SCAN request.
+    pub scan_count: usize,
+    /// Responses remembered to answer QoS 1 redeliveries without running them twice.
+    pub response_cache_entries: usize,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            node_id: DEFAULT_NODE_ID.to_owned(),
+            max_keys: None,
+            max_bytes: None,
+            max_observations_per_client: None,
+            max_skew_ms: DEFAULT_MAX_SKEW_MS,
+            scan_count: 100,
+            response_cache_entries: 10_000,
+        }
+    }
+}
+
+impl Settings {
+    /// Checks the settings and returns the core's configuration.
+    pub fn machine_config(&self) -> Result<Config, SettingsError> {
+        if self.node_id.is_empty() || self.node_id.contains(':') {
+            return Err(SettingsError::NodeId(self.node_id.clone()));
+        }
+        if self.scan_count == 0 {
+            return Err(SettingsError::ScanCount);
+        }
+        Ok(Config {
+            node_id: self.node_id.clone(),
+            max_keys: self.max_keys,
+            max_bytes: self.max_bytes,
+            max_observations_per_client: self.max_observations_per_client,
+            max_skew_ms: self.max_skew_ms,
+            scan_count: self.scan_count,
+        })
+    }
+}
+
+/// The `[state_store]` settings cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SettingsError {
+    /// Versions are `{wall}:{counter}:{node}`: a node id with ':' would be unparsable.
+    #[error("state store node id {0:?} must be non-empty and contain no ':'")]
+    NodeId(String),
+    /// A SCAN page must visit at least one key or it never ends.
+    #[error("state store scan_count must be at least 1")]
+    ScanCount,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_match_the_core() {
+        let config = Settings::default().machine_config().unwrap();
+        assert_eq!(config, Config::default());
+    }
+
+    #[test]
+    fn node_id_with_colon_is_refused() {
+        let settings = Settings {
+            node_id: "a:b".into(),
+            ..Settings::default()
+        };
+        assert!(matches!(
+            settings.machine_config(),
+            Err(SettingsError::NodeId(_))
+        ));
+    }
+}

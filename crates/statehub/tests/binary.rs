@@ -1,0 +1,277 @@
+//! The `statehub` binary end to end: listeners on port 0 (addresses parsed from
+//! the log), /healthz, graceful SIGTERM (clients get DISCONNECT 0x8B, exit 0),
+//! configuration from environment variables and from a TOML file, and a bad
+//! config file refused with exit code 2.
+//!
+//! Plain std (threads, blocking sockets with timeouts): every wait is bounded.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_statehub");
+
+/// A running `statehub serve`, killed on drop if still alive.
+struct Server {
+    child: Child,
+    mqtt: SocketAddr,
+    http: SocketAddr,
+    log: mpsc::Receiver<String>,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+fn strip_ansi(s: &str) -> String {
+    let mut out = String::new();
+    let mut chars = s.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            for d in chars.by_ref() {
+                if d.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+fn command(args: &[&str], env: &[(&str, &str)]) -> Command {
+    let mut cmd = Command::new(BIN);
+    cmd.arg("serve").args(args);
+    for (k, _) in std::env::vars() {
+        if k.starts_with("STATEHUB_") {
+            cmd.env_remove(k);
+        }
+    }
+    cmd.env("RUST_LOG", "info").env("NO_COLOR", "1");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped());
+    cmd
+}
+
+/// Starts the binary and waits (max 10 s) for both "listening on" lines.
+fn start(args: &[&str], env: &[(&str, &str)]) -> Server {
+    let mut child = command(args, env).spawn().expect("spawn statehub");
+    let stderr = child.stderr.take().unwrap();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines() {
+            let Ok(line) = line else { break };
+            if tx.send(strip_ansi(&line)).is_err() {
+                break;
+            }
+        }
+    });
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let (mut mqtt, mut http) = (None, None);
+    let mut seen = Vec::new();
+    while mqtt.is_none() || http.is_none() {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let line = match rx.recv_timeout(left) {
+            Ok(l) => l,
+            Err(_) => {
+                let _ = child.kill();
+                panic!("statehub did not log its listen addresses within 10 s; log so far:\n{}", seen.join("\n"));
+            }
+        };
+        let addr_after = |marker: &str| {
+            line.find(marker).map(|i| {
+                let rest = &line[i + marker.len()..];
+                rest.split_whitespace().next().unwrap_or("").parse::<SocketAddr>().expect("address in log line")
+            })
+        };
+        mqtt = mqtt.or_else(|| addr_after("mqtt listening on "));
+        http = http.or_else(|| addr_after("http listening on "));
+        seen.push(line);
+    }
+    Server { child, mqtt: mqtt.unwrap(), http: http.unwrap(), log: rx }
+}
+
+fn wait_exit(child: &mut Child, limit: Duration) -> ExitStatus {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            panic!("statehub did not exit within {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn connect_tcp(addr: SocketAddr) -> TcpStream {
+    let s = TcpStream::connect_timeout(&addr, Duration::from_secs(3)).expect("tcp connect");
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    s
+}
+
+fn http_get(addr: SocketAddr, path: &str) -> String {
+    let mut s = connect_tcp(addr);
+    write!(s, "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).expect("read HTTP response");
+    out
+}
+
+/// Opens an MQTT 5 connection (keep alive 60) and returns it with the CONNACK bytes.
+fn mqtt5_connect(addr: SocketAddr, client_id: &str) -> (TcpStream, Vec<u8>) {
+    let mut s = connect_tcp(addr);
+    let id = client_id.as_bytes();
+    let mut body = vec![0, 4, b'M', b'Q', b'T', b'T', 5, 0x02, 0, 60, 0];
+    body.extend_from_slice(&(id.len() as u16).to_be_bytes());
+    body.extend_from_slice(id);
+    let mut packet = vec![0x10, body.len() as u8];
+    packet.extend_from_slice(&body);
+    s.write_all(&packet).unwrap();
+    let mut head = [0u8; 2];
+    s.read_exact(&mut head).expect("CONNACK header");
+    assert_eq!(head[0], 0x20, "expected CONNACK");
+    assert!(head[1] < 128, "CONNACK unexpectedly long");
+    let mut rest = vec![0u8; usize::from(head[1])];
+    s.read_exact(&mut rest).expect("CONNACK body");
+    assert_eq!(rest[1], 0x00, "CONNACK reason code");
+    (s, rest)
+}
+
+fn temp_file(name: &str, contents: &str) -> PathBuf {
+    let path = std::env::temp_dir().join(format!("statehub-test-{}-{name}", std::process::id()));
+    std::fs::write(&path, contents).unwrap();
+    path
+}
+
+const LOCAL: [&str; 4] = ["--mqtt-listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0"];
+
+#[test]
+fn healthz_answers_200_ok() {
+    let server = start(&LOCAL, &[]);
+    assert_ne!(server.mqtt.port(), 0);
+    assert_ne!(server.http.port(), 0);
+    let resp = http_get(server.http, "/healthz");
+    assert!(resp.starts_with("HTTP/1.1 200"), "{resp}");
+    assert!(resp.trim_end().ends_with("ok"), "{resp}");
+    let resp = http_get(server.http, "/nope");
+    assert!(resp.starts_with("HTTP/1.1 404"), "{resp}");
+}
+
+#[test]
+fn sigterm_disconnects_clients_with_0x8b_and_exits_0() {
+    let mut server = start(&[&LOCAL[..], &["--shutdown-grace-secs", "3"]].concat(), &[]);
+    let (mut client, _) = mqtt5_connect(server.mqtt, "bye");
+    let pid = server.child.id().to_string();
+    let start = Instant::now();
+    let killed = Command::new("kill").args(["-TERM", &pid]).status().expect("run kill");
+    assert!(killed.success());
+    // Everything the server sends until it closes: must be DISCONNECT 0x8B.
+    let mut got = Vec::new();
+    let _ = client.read_to_end(&mut got);
+    assert!(got.len() >= 3, "expected a DISCONNECT, got {got:02X?}");
+    assert_eq!(got[0], 0xE0, "expected DISCONNECT, got {got:02X?}");
+    assert_eq!(got[2], 0x8B, "DISCONNECT reason should be 0x8B (server shutting down): {got:02X?}");
+    drop(client);
+    let status = wait_exit(&mut server.child, Duration::from_secs(5));
+    assert!(status.success(), "exit status {status:?}");
+    assert!(start.elapsed() < Duration::from_secs(4), "took {:?}, grace is 3 s", start.elapsed());
+    let log: Vec<String> = server.log.try_iter().collect();
+    assert!(log.iter().any(|l| l.contains("shutdown requested")), "log: {log:?}");
+}
+
+#[test]
+fn sigterm_with_no_clients_exits_0_promptly() {
+    let mut server = start(&LOCAL, &[]);
+    let start = Instant::now();
+    Command::new("kill").args(["-TERM", &server.child.id().to_string()]).status().unwrap();
+    let status = wait_exit(&mut server.child, Duration::from_secs(5));
+    assert!(status.success(), "exit status {status:?}");
+    assert!(start.elapsed() < Duration::from_secs(2), "took {:?}", start.elapsed());
+}
+
+#[test]
+fn listen_addresses_from_environment_variables() {
+    let server = start(&[], &[("STATEHUB_MQTT_LISTEN", "127.0.0.1:0"), ("STATEHUB_HTTP_LISTEN", "127.0.0.1:0")]);
+    assert_eq!(server.mqtt.ip().to_string(), "127.0.0.1");
+    assert_ne!(server.mqtt.port(), 0);
+    assert_ne!(server.mqtt.port(), 1883, "STATEHUB_MQTT_LISTEN ignored");
+    assert_eq!(server.http.ip().to_string(), "127.0.0.1");
+    mqtt5_connect(server.mqtt, "env");
+    assert!(http_get(server.http, "/healthz").starts_with("HTTP/1.1 200"));
+}
+
+#[test]
+fn settings_from_a_toml_file() {
+    let path = temp_file(
+        "good.toml",
+        "mqtt_listen = \"127.0.0.1:0\"\nhttp_listen = \"127.0.0.1:0\"\n\n[mqtt]\nmax_keep_alive = 7\n",
+    );
+    let server = start(&["--config", path.to_str().unwrap()], &[]);
+    assert_eq!(server.mqtt.ip().to_string(), "127.0.0.1");
+    assert_ne!(server.mqtt.port(), 1883, "mqtt_listen from the file ignored");
+    let (_c, connack) = mqtt5_connect(server.mqtt, "toml");
+    // Server Keep Alive (0x13) = 7: the client asked for 60 and [mqtt] caps it.
+    assert!(
+        connack.windows(3).any(|w| w == [0x13, 0x00, 0x07]),
+        "CONNACK lacks Server Keep Alive 7 from the config file: {connack:02X?}"
+    );
+    let _ = std::fs::remove_file(path);
+}
+
+#[test]
+fn environment_overrides_the_file() {
+    let path = temp_file("override.toml", "mqtt_listen = \"127.0.0.1:1\"\nhttp_listen = \"127.0.0.1:0\"\n");
+    let server = start(&["--config", path.to_str().unwrap()], &[("STATEHUB_MQTT_LISTEN", "127.0.0.1:0")]);
+    assert_ne!(server.mqtt.port(), 1, "STATEHUB_MQTT_LISTEN should win over the file");
+    mqtt5_connect(server.mqtt, "override");
+    let _ = std::fs::remove_file(path);
+}
+
+fn run_to_exit(args: &[&str]) -> (ExitStatus, String) {
+    let mut child = command(args, &[]).spawn().expect("spawn");
+    let mut stderr = child.stderr.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = stderr.read_to_string(&mut s);
+        s
+    });
+    let status = wait_exit(&mut child, Duration::from_secs(5));
+    (status, strip_ansi(&reader.join().unwrap()))
+}
+
+#[test]
+fn bad_config_file_exits_2_with_a_clear_error() {
+    let path = temp_file("bad.toml", "mqtt_listen = \"127.0.0.1:0\"\nno_such_setting = 1\n");
+    let (status, err) = run_to_exit(&["--config", path.to_str().unwrap()]);
+    assert_eq!(status.code(), Some(2), "stderr: {err}");
+    assert!(err.contains("invalid config file"), "stderr: {err}");
+    assert!(err.contains(path.to_str().unwrap()), "error should name the file: {err}");
+    assert!(err.contains("no_such_setting"), "error should name the bad key: {err}");
+    let _ = std::fs::remove_file(&path);
+
+    let path = temp_file("badtype.toml", "[mqtt]\nmax_keep_alive = \"soon\"\n");
+    let (status, err) = run_to_exit(&["--config", path.to_str().unwrap()]);
+    assert_eq!(status.code(), Some(2), "stderr: {err}");
+    assert!(err.contains("max_keep_alive"), "stderr: {err}");
+    let _ = std::fs::remove_file(&path);
+}
+
+#[test]
+fn missing_config_file_exits_2() {
+    let (status, err) = run_to_exit(&["--config", "/nonexistent/statehub.toml"]);
+    assert_eq!(status.code(), Some(2), "stderr: {err}");
+    assert!(err.contains("cannot read config file") && err.contains("/nonexistent/statehub.toml"), "stderr: {err}");
+}
