@@ -30,7 +30,8 @@ as_root() {
 }
 
 # ---- Debian packages -------------------------------------------------------
-APT_PACKAGES=(mosquitto mosquitto-clients)
+# pkg-config and libssl-dev: the Azure IoT Operations SDK dev-dependencies build openssl-sys.
+APT_PACKAGES=(mosquitto mosquitto-clients pkg-config libssl-dev)
 
 missing=()
 for pkg in "${APT_PACKAGES[@]}"; do

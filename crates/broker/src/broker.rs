@@ -22,7 +22,7 @@ use statehub_mqtt_codec::{ByteString, Publish, ReasonCode, SubscriptionOptions};
 use tokio_util::sync::CancellationToken;
 
 use crate::auth::{AllowAll, Authenticator};
-use crate::config::BrokerConfig;
+use crate::config::{BrokerConfig, Overlap};
 use crate::message::{Delivery, Message, SharedVia};
 use crate::metrics::Metrics;
 use crate::service::Service;
@@ -203,7 +203,9 @@ impl Broker {
             }
             let qos = msg.qos.min(entry.options.qos);
             let retain = entry.options.retain_as_published && msg.retain;
-            if let Some((_, d)) = targets.iter_mut().find(|(e, _)| e.session.client_id() == *client) {
+            let merge = self.inner.config.overlapping_subscriptions == Overlap::Single;
+            let existing = targets.iter_mut().find(|(e, _)| merge && e.session.client_id() == *client);
+            if let Some((_, d)) = existing {
                 d.qos = d.qos.max(qos);
                 d.retain |= retain;
                 d.subscription_ids.extend(entry.identifier);

@@ -42,6 +42,20 @@ pub struct BrokerConfig {
     pub connect_timeout_secs: u64,
     /// Maximum concurrent client connections; further ones are refused (0x97).
     pub max_connections: usize,
+    /// How a message matching several subscriptions of one client is delivered
+    /// (MQTT 5 allows both [MQTT-3.3.4-2], [MQTT-3.3.4-3]).
+    pub overlapping_subscriptions: Overlap,
+}
+
+/// Delivery of a message that matches several subscriptions of one client.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Overlap {
+    /// One copy with the highest QoS and every matching subscription identifier.
+    #[default]
+    Single,
+    /// One copy per matching subscription, each with its own QoS and identifier.
+    PerSubscription,
 }
 
 impl Default for BrokerConfig {
@@ -61,6 +75,7 @@ impl Default for BrokerConfig {
             socket_write_high_water: 1024 * 1024,
             connect_timeout_secs: 10,
             max_connections: 100_000,
+            overlapping_subscriptions: Overlap::Single,
         }
     }
 }

@@ -27,7 +27,7 @@ mod trie;
 
 pub use auth::{AllowAll, AuthDecision, Authenticator};
 pub use broker::{Broker, DeliverError};
-pub use config::BrokerConfig;
+pub use config::{BrokerConfig, Overlap};
 pub use message::Message;
 pub use metrics::Metrics;
 pub use server::MqttListener;

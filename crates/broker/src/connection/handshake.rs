@@ -62,6 +62,9 @@ pub(crate) fn check(connect: &Connect) -> Result<(), Refused> {
         if validate::topic_name(&w.topic).is_err() {
             return Err(Refused(ReasonCode::TOPIC_NAME_INVALID));
         }
+        if w.properties.response_topic.as_deref().is_some_and(|t| validate::topic_name(t).is_err()) {
+            return Err(Refused(ReasonCode::PROTOCOL_ERROR));
+        }
         if w.properties.payload_format_utf8 && std::str::from_utf8(&w.payload).is_err() {
             return Err(Refused(ReasonCode::PAYLOAD_FORMAT_INVALID));
         }
@@ -135,8 +138,12 @@ fn take_session(broker: &Broker, connect: &Connect, expiry: u32) -> (Arc<Session
     let sessions = &broker.inner.sessions;
     let existing = sessions.get(&connect.client_id).map(|s| s.clone());
     if let Some(old) = existing {
-        if let Some(a) = old.state.lock().attached.take() {
+        let kicked = old.state.lock().attached.take();
+        if let Some(a) = kicked {
             let _ = a.kick.try_send(ReasonCode::SESSION_TAKEN_OVER);
+            // The old connection's teardown no longer owns the session and stays
+            // quiet; services hear of its end now, before the new one can act.
+            broker.notify_services_closed(&connect.client_id);
         }
         old.set_connected(false);
         if !connect.clean_start {

@@ -50,6 +50,9 @@ impl Conn {
         if validate::topic_name(&p.topic).is_err() {
             return Err(Close::ByServer(ReasonCode::TOPIC_NAME_INVALID, "invalid topic name [MQTT-3.3.2-2]"));
         }
+        if p.properties.response_topic.as_deref().is_some_and(|t| validate::topic_name(t).is_err()) {
+            return Err(Close::ByServer(ReasonCode::PROTOCOL_ERROR, "invalid Response Topic [MQTT-3.3.2-14]"));
+        }
         let pid = p.packet_id.unwrap_or(0);
         if p.qos == QoS::ExactlyOnce {
             let st = self.session.state.lock();

@@ -258,6 +258,10 @@ impl Conn {
         let keep_alive = self.keep_alive.mul_f32(1.5);
         let mut deadline = Instant::now() + keep_alive;
         let high_water = self.broker.config().socket_write_high_water;
+        // Packets the client pipelined behind CONNECT are already in the buffer.
+        if let Err(close) = self.handle_buffered(rbuf).await {
+            return close;
+        }
         let (mut rd, mut wr) = stream.split();
         loop {
             if self.wbuf.len() < high_water {
@@ -271,6 +275,7 @@ impl Conn {
                 () = shutdown.cancelled() => return Close::ByServer(ReasonCode::SERVER_SHUTTING_DOWN, "server shutting down"),
                 Some(code) = self.kick_rx.recv() => return Close::ByServer(code, kick_text(code)),
                 r = wr.write_buf(&mut self.wbuf), if writing => {
+                    tracing::trace!(client = %self.info.client_id, written = ?r, left = self.wbuf.len(), "write");
                     if !matches!(r, Ok(n) if n > 0) {
                         return Close::Lost;
                     }
@@ -280,20 +285,8 @@ impl Conn {
                         return Close::Lost;
                     }
                     deadline = Instant::now() + keep_alive;
-                    loop {
-                        match self.codec.decode(rbuf) {
-                            Ok(Some(p)) => {
-                                if let Err(close) = self.handle(p).await {
-                                    return close;
-                                }
-                            }
-                            Ok(None) => break,
-                            Err(e) => {
-                                tracing::debug!(client = %self.info.client_id, error = %e, "decode error");
-                                self.broker.inner.metrics.protocol_errors.fetch_add(1, Ordering::Relaxed);
-                                return Close::from_decode(&e);
-                            }
-                        }
+                    if let Err(close) = self.handle_buffered(rbuf).await {
+                        return close;
                     }
                 }
                 () = session.wake.notified() => {}
@@ -304,9 +297,25 @@ impl Conn {
         }
     }
 
+    /// Decodes and handles every whole packet in `rbuf`.
+    async fn handle_buffered(&mut self, rbuf: &mut BytesMut) -> Result<(), Close> {
+        loop {
+            match self.codec.decode(rbuf) {
+                Ok(Some(p)) => self.handle(p).await?,
+                Ok(None) => return Ok(()),
+                Err(e) => {
+                    tracing::debug!(client = %self.info.client_id, error = %e, "decode error");
+                    self.broker.inner.metrics.protocol_errors.fetch_add(1, Ordering::Relaxed);
+                    return Err(Close::from_decode(&e));
+                }
+            }
+        }
+    }
+
     /// Appends one packet to the write buffer. An encode failure is our bug, not the
     /// peer's: it closes the connection with 0x83.
     fn send(&mut self, p: &Packet) -> Result<(), Close> {
+        tracing::trace!(client = %self.info.client_id, packet = ?p, "sending");
         self.codec.encode(p, &mut self.wbuf).map_err(|e| {
             tracing::error!(error = %e, "encode failed");
             Close::ByServer(ReasonCode::IMPLEMENTATION_SPECIFIC_ERROR, "encode failed")

@@ -40,8 +40,8 @@ impl Conn {
         if owner {
             self.hand_over_shared();
             schedule_expiry(&self.broker, &self.session, self.generation, self.session_expiry);
+            self.broker.notify_services_closed(&self.info.client_id);
         }
-        self.broker.notify_services_closed(&self.info.client_id);
     }
 
     /// Appends our DISCONNECT, without its reason string if that would exceed the
