@@ -2,14 +2,15 @@
 //!
 //! Scenarios are subcommands; each lives in its own module and produces a
 //! [`report::Report`], which is printed human-readable and, with `--json`, as one
-//! JSON line on stdout for scripts. Today there is one scenario, `mqtt`
-//! (publish/subscribe fan-out over MQTT 3.1.1 or 5.0, against any broker).
-//! New scenarios (for example a state-store one) add a module, a variant of
-//! [`Command`] and a match arm in [`main`].
+//! JSON line on stdout for scripts. Scenarios: `mqtt` (publish/subscribe fan-out
+//! over MQTT 3.1.1 or 5.0, against any broker) and `statestore` (SET/GET requests
+//! to the Azure IoT Operations state store, as the SDKs send them). New scenarios
+//! add a module, a variant of [`Command`] and a match arm in [`main`].
 
 mod mqtt;
 mod proto;
 mod report;
+mod statestore;
 
 use std::io::Write;
 use std::process::ExitCode;
@@ -36,6 +37,9 @@ struct Cli {
 enum Command {
     /// MQTT publish/subscribe throughput and end-to-end latency.
     Mqtt(mqtt::MqttArgs),
+    /// Azure IoT Operations state store SET/GET throughput and request latency,
+    /// over MQTT 5 as the SDKs call it.
+    Statestore(statestore::StateStoreArgs),
 }
 
 fn main() -> ExitCode {
@@ -70,6 +74,10 @@ fn main() -> ExitCode {
         Command::Mqtt(args) => {
             let json = args.json;
             (runtime.block_on(mqtt::run(args)), json)
+        }
+        Command::Statestore(args) => {
+            let json = args.json;
+            (runtime.block_on(statestore::run(args)), json)
         }
     };
     // Do not wait for stragglers (tasks of timed-out connections).

@@ -118,20 +118,20 @@ pub struct MqttArgs {
 
 static TIME_BASE: OnceLock<Instant> = OnceLock::new();
 
-fn base() -> Instant {
+pub(crate) fn base() -> Instant {
     *TIME_BASE.get_or_init(Instant::now)
 }
 
 #[inline]
-fn now_ns() -> u64 {
+pub(crate) fn now_ns() -> u64 {
     base().elapsed().as_nanos() as u64
 }
 
-fn secs(s: f64) -> Result<Duration, String> {
+pub(crate) fn secs(s: f64) -> Result<Duration, String> {
     Duration::try_from_secs_f64(s).map_err(|e| format!("bad duration {s}: {e}"))
 }
 
-fn err_str(context: &str, e: impl std::fmt::Display) -> String {
+pub(crate) fn err_str(context: &str, e: impl std::fmt::Display) -> String {
     format!("{context}: {e}")
 }
 
@@ -146,7 +146,10 @@ struct Conn {
 }
 
 /// Reads one whole packet during setup; returns its first byte and body.
-async fn read_packet(stream: &mut TcpStream, buf: &mut BytesMut) -> Result<(u8, Vec<u8>), String> {
+pub(crate) async fn read_packet(
+    stream: &mut TcpStream,
+    buf: &mut BytesMut,
+) -> Result<(u8, Vec<u8>), String> {
     loop {
         if let Some((first, hl, rl)) = proto::frame(buf).map_err(|e| e.to_string())? {
             let body = buf[hl..hl + rl].to_vec();
@@ -723,7 +726,12 @@ async fn publish_qos1(
 // ---------------------------------------------------------------------------
 
 /// Runs `f(i)` for i in 0..n concurrently with a deadline; the first error wins.
-async fn all<T, F, Fut>(n: usize, deadline: Instant, what: &str, f: F) -> Result<Vec<T>, String>
+pub(crate) async fn all<T, F, Fut>(
+    n: usize,
+    deadline: Instant,
+    what: &str,
+    f: F,
+) -> Result<Vec<T>, String>
 where
     T: Send + 'static,
     F: Fn(usize) -> Fut,

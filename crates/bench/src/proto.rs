@@ -138,6 +138,85 @@ pub fn encode_disconnect(out: &mut Vec<u8>) {
     out.extend_from_slice(&[DISCONNECT, 0]);
 }
 
+/// Bytes of `n` as a variable byte integer.
+#[inline]
+pub fn varint_len(n: usize) -> usize {
+    match n {
+        0..=127 => 1,
+        128..=16_383 => 2,
+        16_384..=2_097_151 => 3,
+        _ => 4,
+    }
+}
+
+/// MQTT 5 CONNECT with a Session Expiry Interval and an explicit clean-start flag
+/// (the Azure IoT Operations SDKs connect with clean start false and 3600 s).
+pub fn encode_connect_v5_session(
+    out: &mut Vec<u8>,
+    client_id: &str,
+    keep_alive: u16,
+    clean_start: bool,
+    session_expiry: u32,
+) {
+    let mut body = Vec::with_capacity(32 + client_id.len());
+    put_str(&mut body, b"MQTT");
+    body.push(5);
+    body.push(if clean_start { 0x02 } else { 0x00 });
+    body.extend_from_slice(&keep_alive.to_be_bytes());
+    body.push(5); // properties: session expiry interval
+    body.push(0x11);
+    body.extend_from_slice(&session_expiry.to_be_bytes());
+    put_str(&mut body, client_id.as_bytes());
+    out.push(0x10);
+    put_varint(out, body.len());
+    out.extend_from_slice(&body);
+}
+
+/// MQTT 5 DISCONNECT (normal) that also ends the session (Session Expiry 0).
+pub fn encode_disconnect_v5_end_session(out: &mut Vec<u8>) {
+    out.extend_from_slice(&[DISCONNECT, 7, 0x00, 5, 0x11, 0, 0, 0, 0]);
+}
+
+/// Appends an MQTT 5 property with a binary / UTF-8 value.
+#[inline]
+pub fn put_prop_bin(out: &mut Vec<u8>, id: u8, value: &[u8]) {
+    out.push(id);
+    put_str(out, value);
+}
+
+/// Appends an MQTT 5 user property.
+#[inline]
+pub fn put_user_prop(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
+    out.push(0x26);
+    put_str(out, name);
+    put_str(out, value);
+}
+
+/// Bytes of a user property as [`put_user_prop`] writes it.
+#[inline]
+pub fn user_prop_len(name: &[u8], value: &[u8]) -> usize {
+    5 + name.len() + value.len()
+}
+
+/// Writes the fixed header, topic, packet id and the properties' length of an
+/// MQTT 5 QoS 1 PUBLISH; the caller appends `props_len` bytes of properties and
+/// then `payload_len` bytes of payload.
+#[inline]
+pub fn encode_publish_v5_qos1_header(
+    out: &mut Vec<u8>,
+    topic: &[u8],
+    packet_id: u16,
+    props_len: usize,
+    payload_len: usize,
+) {
+    out.push(PUBLISH | (1 << 1));
+    let remaining = 2 + topic.len() + 2 + varint_len(props_len) + props_len + payload_len;
+    put_varint(out, remaining);
+    put_str(out, topic);
+    out.extend_from_slice(&packet_id.to_be_bytes());
+    put_varint(out, props_len);
+}
+
 /// If `buf` starts with a complete packet, returns `(first_byte, header_len, remaining_len)`.
 #[inline]
 pub fn frame(buf: &[u8]) -> Result<Option<(u8, usize, usize)>, ProtoError> {
@@ -231,7 +310,7 @@ pub struct ConnAck {
 
 /// v5 properties: calls `f(id, cursor)` is overkill here; we decode the few we use
 /// and skip the rest by type.
-fn parse_props(c: &mut Cur<'_>, mut on: impl FnMut(u8, PropVal<'_>)) -> Result<(), ProtoError> {
+fn parse_props<'a>(c: &mut Cur<'a>, mut on: impl FnMut(u8, PropVal<'a>)) -> Result<(), ProtoError> {
     let len = c.varint()?;
     let body = c.take(len)?;
     let mut p = Cur::new(body);
@@ -246,8 +325,8 @@ fn parse_props(c: &mut Cur<'_>, mut on: impl FnMut(u8, PropVal<'_>)) -> Result<(
             0x0B => PropVal::Int(p.varint()? as u32),
             0x03 | 0x08 | 0x12 | 0x15 | 0x1A | 0x1C | 0x1F | 0x09 | 0x16 => PropVal::Bin(p.bin()?),
             0x26 => {
-                p.bin()?;
-                PropVal::Bin(p.bin()?)
+                let name = p.bin()?;
+                PropVal::Pair(name, p.bin()?)
             }
             other => return err(format!("unknown property id 0x{other:02x}")),
         };
@@ -259,6 +338,8 @@ fn parse_props(c: &mut Cur<'_>, mut on: impl FnMut(u8, PropVal<'_>)) -> Result<(
 enum PropVal<'a> {
     Int(u32),
     Bin(&'a [u8]),
+    /// A user property: name, value.
+    Pair(&'a [u8], &'a [u8]),
 }
 
 pub fn parse_connack(v: Version, body: &[u8]) -> Result<ConnAck, ProtoError> {
@@ -313,6 +394,39 @@ pub fn parse_publish(v: Version, first: u8, body: &[u8]) -> Result<Publish<'_>, 
     Ok(Publish {
         qos,
         packet_id,
+        payload: c.rest(),
+    })
+}
+
+/// A received MQTT 5 PUBLISH with what an RPC response needs.
+#[derive(Debug)]
+pub struct RpcPublish<'a> {
+    pub qos: u8,
+    pub packet_id: u16,
+    pub correlation: Option<&'a [u8]>,
+    /// The `__stat` user property.
+    pub status: Option<&'a [u8]>,
+    pub payload: &'a [u8],
+}
+
+#[inline]
+pub fn parse_publish_rpc(first: u8, body: &[u8]) -> Result<RpcPublish<'_>, ProtoError> {
+    let qos = (first >> 1) & 0x03;
+    let mut c = Cur::new(body);
+    let _topic = c.bin()?;
+    let packet_id = if qos > 0 { c.u16()? } else { 0 };
+    let mut correlation = None;
+    let mut status = None;
+    parse_props(&mut c, |id, val| match (id, val) {
+        (0x09, PropVal::Bin(b)) => correlation = Some(b),
+        (0x26, PropVal::Pair(b"__stat", v)) => status = Some(v),
+        _ => {}
+    })?;
+    Ok(RpcPublish {
+        qos,
+        packet_id,
+        correlation,
+        status,
         payload: c.rest(),
     })
 }
@@ -391,6 +505,34 @@ mod tests {
         assert_eq!(ack.reason, 0);
         assert_eq!(ack.receive_maximum, Some(20));
         assert_eq!(ack.reason_string.as_deref(), Some("ok"));
+    }
+
+    #[test]
+    fn rpc_publish_roundtrip() {
+        let mut props = Vec::new();
+        put_prop_bin(&mut props, 0x09, &[7u8; 16]);
+        put_user_prop(&mut props, b"__ts", b"x");
+        put_user_prop(&mut props, b"__stat", b"200");
+        assert_eq!(
+            props.len(),
+            19 + user_prop_len(b"__ts", b"x") + user_prop_len(b"__stat", b"200")
+        );
+        let mut out = Vec::new();
+        encode_publish_v5_qos1_header(&mut out, b"r/t", 9, props.len(), 5);
+        out.extend_from_slice(&props);
+        out.extend_from_slice(b"+OK\r\n");
+        let (first, hl, rl) = frame(&out).unwrap().unwrap();
+        assert_eq!(hl + rl, out.len());
+        let p = parse_publish_rpc(first, &out[hl..]).unwrap();
+        assert_eq!((p.qos, p.packet_id), (1, 9));
+        assert_eq!(p.correlation, Some(&[7u8; 16][..]));
+        assert_eq!(p.status, Some(&b"200"[..]));
+        assert_eq!(p.payload, b"+OK\r\n");
+        for n in [0usize, 127, 128, 16_383, 16_384, 2_097_151, 2_097_152] {
+            let mut v = Vec::new();
+            put_varint(&mut v, n);
+            assert_eq!(v.len(), varint_len(n));
+        }
     }
 
     #[test]

@@ -1,0 +1,175 @@
+//! What a client's upstream messages do, without the socket: each frame (JSON or
+//! protobuf, decoded to the same [`Request`]) becomes the replies to queue and whether
+//! the connection must close. Tested directly in `dispatch_test.rs`.
+//!
+//! Acks: a message with an `ackId` is answered once processed. An `ackId` already
+//! processed on this session is answered `Duplicate` and not processed again (a client
+//! resends with the same id after a recovery). Failures are not remembered, so a
+//! message refused as `Forbidden` may be retried with the same id.
+
+use crate::hub::{Hub, Session, CLOSE_POLICY};
+use crate::protocol::codec::{decode_binary, decode_text, Request};
+use crate::protocol::json::{DataMessageRef, Downstream, MessageSource};
+use crate::protocol::ProtocolError;
+
+/// Longest group name accepted.
+pub const MAX_GROUP_NAME: usize = 1024;
+
+/// Why a message with an `ackId` failed: the `error.name` the client sees.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AckFailure {
+    /// The token's roles do not allow it.
+    #[error("{0}")]
+    Forbidden(String),
+    /// The message is malformed.
+    #[error("{0}")]
+    BadRequest(String),
+}
+
+impl AckFailure {
+    /// The `error.name`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::Forbidden(_) => "Forbidden",
+            Self::BadRequest(_) => "BadRequest",
+        }
+    }
+}
+
+/// The connection must close with this code, after a `disconnected` message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Close {
+    /// WebSocket close code.
+    pub code: u16,
+    /// Reason.
+    pub reason: String,
+}
+
+/// The effects of one frame.
+#[derive(Debug, Default, PartialEq)]
+pub struct Effects {
+    /// Frames to send back, in order.
+    pub replies: Vec<Downstream>,
+    /// Set when the connection must close (protocol violation: the session is deleted).
+    pub close: Option<Close>,
+}
+
+/// Handles one text frame from a JSON-subprotocol client.
+pub fn handle_text(hub: &Hub, session: &Session, text: &str) -> Effects {
+    handle(hub, session, decode_text(text))
+}
+
+/// Handles one binary frame from a protobuf-subprotocol client.
+pub fn handle_binary(hub: &Hub, session: &Session, bytes: &[u8]) -> Effects {
+    handle(hub, session, decode_binary(bytes))
+}
+
+/// Handles one decoded (or undecodable) request.
+pub fn handle(hub: &Hub, session: &Session, request: Result<Request, ProtocolError>) -> Effects {
+    let mut fx = Effects::default();
+    let msg = match request {
+        Ok(msg) => msg,
+        Err(ProtocolError::Invalid {
+            ack_id: Some(id),
+            reason,
+        }) => {
+            fx.replies
+                .push(Downstream::ack_err(id, "BadRequest", reason));
+            return fx;
+        }
+        Err(e) => {
+            fx.close = Some(Close {
+                code: CLOSE_POLICY,
+                reason: format!("Invalid message: {e}"),
+            });
+            return fx;
+        }
+    };
+    let ack_id = msg.ack_id();
+    if let Some(id) = ack_id {
+        if session.is_duplicate(id) {
+            fx.replies.push(Downstream::ack_err(
+                id,
+                "Duplicate",
+                format!("Message with ack-id: {id} has been processed"),
+            ));
+            return fx;
+        }
+    }
+    let bad = |e: ProtocolError| AckFailure::BadRequest(e.to_string());
+    let result = match msg {
+        Request::JoinGroup { group, .. } => {
+            check_group(&group, session.permissions().can_join_leave(&group), "join")
+                .map(|()| hub.join(session, &group))
+        }
+        Request::LeaveGroup { group, .. } => check_group(
+            &group,
+            session.permissions().can_join_leave(&group),
+            "leave",
+        )
+        .map(|()| hub.leave(session, &group)),
+        Request::SendToGroup {
+            group,
+            no_echo,
+            payload,
+            ..
+        } => {
+            check_group(&group, session.permissions().can_send(&group), "send to").and_then(|()| {
+                let payload = payload.map_err(bad)?;
+                let msg = DataMessageRef {
+                    from: MessageSource::Group,
+                    group: Some(&group),
+                    from_user_id: session.user_id(),
+                    payload: &payload,
+                };
+                hub.send_to_group(&group, &msg, no_echo.then(|| session.id()));
+                Ok(())
+            })
+        }
+        Request::Event { event, payload, .. } => {
+            // No upstream event handler is wired yet: the event is validated and dropped.
+            if event.is_empty() {
+                Err(AckFailure::BadRequest("event name is empty".into()))
+            } else {
+                payload.map(drop).map_err(bad)
+            }
+        }
+        Request::SequenceAck { sequence_id } => {
+            session.sequence_ack(sequence_id);
+            Ok(())
+        }
+        Request::Ping => {
+            fx.replies.push(Downstream::Pong);
+            Ok(())
+        }
+        Request::Unknown => Ok(()),
+    };
+    if let Some(id) = ack_id {
+        fx.replies.push(match result {
+            Ok(()) => {
+                session.processed(id);
+                Downstream::ack_ok(id)
+            }
+            Err(e) => Downstream::ack_err(id, e.name(), e.to_string()),
+        });
+    }
+    fx
+}
+
+fn check_group(group: &str, allowed: bool, verb: &str) -> Result<(), AckFailure> {
+    if group.is_empty() || group.len() > MAX_GROUP_NAME {
+        return Err(AckFailure::BadRequest(format!(
+            "group name must be 1 to {MAX_GROUP_NAME} bytes"
+        )));
+    }
+    if !allowed {
+        return Err(AckFailure::Forbidden(format!(
+            "The connection has no permission to {verb} group '{group}'"
+        )));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+#[path = "dispatch_test.rs"]
+mod tests;

@@ -1,0 +1,73 @@
+//! An Azure Web PubSub-compatible WebSocket service, for the official client SDKs.
+//!
+//! What lives where, from the wire inwards:
+//! - [`ws`]: the axum router, the handshake (token, subprotocol, recovery parameters).
+//! - [`connection`]: one socket's reader and writer tasks.
+//! - [`dispatch`]: what each client request does (acks, permissions, publish), no I/O.
+//! - [`protocol`]: frame formats (JSON and protobuf subprotocols, raw), no I/O.
+//! - [`token`] and [`permissions`]: access tokens and what their roles allow.
+//! - [`hub`]: hubs, groups, sessions; [`session`]: the reliable-session bookkeeping;
+//!   [`outbox`]: the bounded per-socket send queue.
+//!
+//! Build it with [`WebPubSub::new`] from a [`Config`] and serve [`ws::router`].
+
+pub mod config;
+pub mod connection;
+pub mod dispatch;
+pub mod hub;
+pub mod outbox;
+pub mod permissions;
+pub mod protocol;
+pub mod session;
+pub mod token;
+pub mod ws;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+
+pub use config::{Config, Limits};
+pub use hub::Hub;
+pub use ws::router;
+
+/// The service state shared by every connection; cheap to clone.
+#[derive(Debug, Clone)]
+pub struct WebPubSub {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    config: Config,
+    hubs: Mutex<HashMap<String, Arc<Hub>>>,
+}
+
+impl WebPubSub {
+    /// A service with no hubs yet; hubs appear when first used.
+    pub fn new(config: Config) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                config,
+                hubs: Mutex::new(HashMap::new()),
+            }),
+        }
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &Config {
+        &self.inner.config
+    }
+
+    /// The hub of this name (case-insensitive, as the service's hub names are), created
+    /// on first use.
+    pub fn hub(&self, name: &str) -> Arc<Hub> {
+        let key = name.to_ascii_lowercase();
+        let mut hubs = self
+            .inner
+            .hubs
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        hubs.entry(key.clone())
+            .or_insert_with(|| Arc::new(Hub::new(&key, self.inner.config.limits.clone())))
+            .clone()
+    }
+}

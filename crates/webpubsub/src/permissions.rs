@@ -1,0 +1,165 @@
+//! What a client connection may do, from the `role` claims of its access token.
+//!
+//! Roles: `webpubsub.joinLeaveGroup` and `webpubsub.sendToGroup` grant every group;
+//! `webpubsub.joinLeaveGroup.<group>` / `webpubsub.sendToGroup.<group>` grant one group;
+//! `webpubsub.joinLeaveGroups.<pattern>` / `webpubsub.sendToGroups.<pattern>` grant the
+//! groups matching a glob pattern (`*` any run of characters, `?` one character).
+//! Unknown roles are ignored, as the service does.
+
+use std::collections::HashSet;
+
+const JOIN_LEAVE: &str = "webpubsub.joinLeaveGroup";
+const SEND: &str = "webpubsub.sendToGroup";
+const JOIN_LEAVE_PATTERN: &str = "webpubsub.joinLeaveGroups.";
+const SEND_PATTERN: &str = "webpubsub.sendToGroups.";
+
+/// One permission's grants.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct Grant {
+    all: bool,
+    groups: HashSet<String>,
+    patterns: Vec<String>,
+}
+
+impl Grant {
+    fn allows(&self, group: &str) -> bool {
+        self.all
+            || self.groups.contains(group)
+            || self
+                .patterns
+                .iter()
+                .any(|p| glob(p.as_bytes(), group.as_bytes()))
+    }
+}
+
+/// A connection's permissions.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Permissions {
+    join_leave: Grant,
+    send: Grant,
+}
+
+impl Permissions {
+    /// Builds the permissions from role claims.
+    pub fn from_roles<S: AsRef<str>>(roles: &[S]) -> Self {
+        let mut p = Self::default();
+        for role in roles {
+            p.grant(role.as_ref());
+        }
+        p
+    }
+
+    /// Adds one role.
+    pub fn grant(&mut self, role: &str) {
+        if role == JOIN_LEAVE {
+            self.join_leave.all = true;
+        } else if role == SEND {
+            self.send.all = true;
+        } else if let Some(pattern) = role.strip_prefix(JOIN_LEAVE_PATTERN) {
+            self.join_leave.patterns.push(pattern.to_owned());
+        } else if let Some(pattern) = role.strip_prefix(SEND_PATTERN) {
+            self.send.patterns.push(pattern.to_owned());
+        } else if let Some(group) = role
+            .strip_prefix(JOIN_LEAVE)
+            .and_then(|r| r.strip_prefix('.'))
+        {
+            self.join_leave.groups.insert(group.to_owned());
+        } else if let Some(group) = role.strip_prefix(SEND).and_then(|r| r.strip_prefix('.')) {
+            self.send.groups.insert(group.to_owned());
+        }
+    }
+
+    /// May the connection join or leave `group`?
+    pub fn can_join_leave(&self, group: &str) -> bool {
+        self.join_leave.allows(group)
+    }
+
+    /// May the connection publish to `group`?
+    pub fn can_send(&self, group: &str) -> bool {
+        self.send.allows(group)
+    }
+}
+
+/// Glob match with `*` and `?`, iterative with one backtrack point (linear in practice,
+/// never exponential).
+fn glob(pattern: &[u8], text: &[u8]) -> bool {
+    let (mut p, mut t) = (0, 0);
+    let mut star: Option<(usize, usize)> = None;
+    while t < text.len() {
+        if p < pattern.len() && (pattern[p] == b'?' || pattern[p] == text[t]) {
+            p += 1;
+            t += 1;
+        } else if p < pattern.len() && pattern[p] == b'*' {
+            star = Some((p, t));
+            p += 1;
+        } else if let Some((sp, st)) = star {
+            p = sp + 1;
+            t = st + 1;
+            star = Some((sp, st + 1));
+        } else {
+            return false;
+        }
+    }
+    pattern[p..].iter().all(|&c| c == b'*')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nothing_by_default() {
+        let p = Permissions::default();
+        assert!(!p.can_join_leave("g"));
+        assert!(!p.can_send("g"));
+    }
+
+    #[test]
+    fn all_groups() {
+        let p = Permissions::from_roles(&["webpubsub.joinLeaveGroup", "webpubsub.sendToGroup"]);
+        assert!(p.can_join_leave("anything"));
+        assert!(p.can_send("anything"));
+    }
+
+    #[test]
+    fn one_group() {
+        let p =
+            Permissions::from_roles(&["webpubsub.joinLeaveGroup.a", "webpubsub.sendToGroup.b.c"]);
+        assert!(p.can_join_leave("a"));
+        assert!(!p.can_join_leave("b.c"));
+        assert!(p.can_send("b.c"));
+        assert!(!p.can_send("a"));
+    }
+
+    #[test]
+    fn patterns() {
+        let p = Permissions::from_roles(&[
+            "webpubsub.joinLeaveGroups.room-*",
+            "webpubsub.sendToGroups.r?",
+        ]);
+        assert!(p.can_join_leave("room-1"));
+        assert!(p.can_join_leave("room-"));
+        assert!(!p.can_join_leave("lobby"));
+        assert!(p.can_send("r1"));
+        assert!(!p.can_send("r12"));
+    }
+
+    #[test]
+    fn unknown_roles_are_ignored() {
+        let p = Permissions::from_roles(&[
+            "admin",
+            "webpubsub.joinLeaveGroupX",
+            "webpubsub.sendToGroupsX",
+        ]);
+        assert_eq!(p, Permissions::default());
+    }
+
+    #[test]
+    fn glob_cases() {
+        assert!(glob(b"*", b""));
+        assert!(glob(b"a*b*c", b"axxbyyc"));
+        assert!(!glob(b"a*b*c", b"axxbyy"));
+        assert!(glob(b"*a", b"aaa"));
+        assert!(!glob(b"", b"a"));
+    }
+}

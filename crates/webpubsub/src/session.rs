@@ -1,0 +1,201 @@
+//! The bookkeeping of a reliable session, pure and synchronous: the sequenced,
+//! unacknowledged messages and the processed `ackId`s. The hub holds one of each per
+//! session under the session's lock; nothing here does I/O, so the limits are tested
+//! directly.
+
+use std::collections::{HashSet, VecDeque};
+
+use axum::extract::ws::Message;
+
+use crate::outbox::frame_len;
+
+/// The unacknowledged buffer went past a limit: the session must be deleted and the
+/// client told with close code 1008.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("more than {max_messages} unacknowledged messages or {max_bytes} bytes")]
+pub struct Overflow {
+    /// The message limit.
+    pub max_messages: usize,
+    /// The byte limit.
+    pub max_bytes: usize,
+}
+
+/// Sequence ids (from 1) and the frames the client has not acknowledged yet, in order.
+#[derive(Debug)]
+pub struct Sequencer {
+    next: u64,
+    unacked: VecDeque<(u64, Message)>,
+    bytes: usize,
+    max_messages: usize,
+    max_bytes: usize,
+}
+
+impl Sequencer {
+    /// An empty sequencer with its limits.
+    pub fn new(max_messages: usize, max_bytes: usize) -> Self {
+        Self {
+            next: 1,
+            unacked: VecDeque::new(),
+            bytes: 0,
+            max_messages,
+            max_bytes,
+        }
+    }
+
+    /// Gives the next message its sequence id, encodes it with `encode` and keeps the
+    /// frame until acknowledged. Past a limit nothing is kept and `Overflow` returned.
+    pub fn push(&mut self, encode: impl FnOnce(u64) -> Message) -> Result<Message, Overflow> {
+        let id = self.next;
+        let frame = encode(id);
+        let len = frame_len(&frame);
+        if self.unacked.len() >= self.max_messages || self.bytes + len > self.max_bytes {
+            return Err(Overflow {
+                max_messages: self.max_messages,
+                max_bytes: self.max_bytes,
+            });
+        }
+        self.next += 1;
+        self.bytes += len;
+        self.unacked.push_back((id, frame.clone()));
+        Ok(frame)
+    }
+
+    /// The client has every message up to `sequence_id`: forget them.
+    pub fn ack(&mut self, sequence_id: u64) {
+        while let Some((id, frame)) = self.unacked.front() {
+            if *id > sequence_id {
+                break;
+            }
+            self.bytes -= frame_len(frame);
+            self.unacked.pop_front();
+        }
+    }
+
+    /// The unacknowledged frames, oldest first, for replay after a recovery.
+    pub fn pending(&self) -> impl Iterator<Item = &Message> {
+        self.unacked.iter().map(|(_, f)| f)
+    }
+
+    /// How many messages wait for an ack.
+    pub fn len(&self) -> usize {
+        self.unacked.len()
+    }
+
+    /// Whether nothing waits for an ack.
+    pub fn is_empty(&self) -> bool {
+        self.unacked.is_empty()
+    }
+}
+
+/// The last `capacity` processed `ackId`s, so a resent message is answered `Duplicate`.
+#[derive(Debug)]
+pub struct ProcessedAcks {
+    order: VecDeque<u64>,
+    set: HashSet<u64>,
+    capacity: usize,
+}
+
+impl ProcessedAcks {
+    /// Remembers at most `capacity` ids.
+    pub fn new(capacity: usize) -> Self {
+        Self {
+            order: VecDeque::new(),
+            set: HashSet::new(),
+            capacity,
+        }
+    }
+
+    /// Was `ack_id` processed already?
+    pub fn contains(&self, ack_id: u64) -> bool {
+        self.set.contains(&ack_id)
+    }
+
+    /// Records `ack_id`, forgetting the oldest past the capacity.
+    pub fn insert(&mut self, ack_id: u64) {
+        if self.capacity == 0 || !self.set.insert(ack_id) {
+            return;
+        }
+        self.order.push_back(ack_id);
+        if self.order.len() > self.capacity {
+            if let Some(old) = self.order.pop_front() {
+                self.set.remove(&old);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn frames(s: &Sequencer) -> Vec<String> {
+        s.pending()
+            .map(|f| f.to_text().unwrap().to_owned())
+            .collect()
+    }
+
+    #[test]
+    fn ids_start_at_one_and_acks_trim() {
+        let mut s = Sequencer::new(10, 1000);
+        for _ in 0..4 {
+            s.push(|id| Message::from(format!("m{id}"))).unwrap();
+        }
+        assert_eq!(frames(&s), ["m1", "m2", "m3", "m4"]);
+        s.ack(2);
+        assert_eq!(frames(&s), ["m3", "m4"]);
+        s.ack(1);
+        assert_eq!(s.len(), 2);
+        s.ack(u64::MAX);
+        assert!(s.is_empty());
+        assert_eq!(s.bytes, 0);
+        assert_eq!(
+            s.push(|id| Message::from(format!("m{id}")))
+                .unwrap()
+                .to_text()
+                .unwrap(),
+            "m5"
+        );
+    }
+
+    #[test]
+    fn count_limit() {
+        let mut s = Sequencer::new(2, 1000);
+        s.push(|_| Message::from("a")).unwrap();
+        s.push(|_| Message::from("b")).unwrap();
+        assert_eq!(
+            s.push(|_| Message::from("c")),
+            Err(Overflow {
+                max_messages: 2,
+                max_bytes: 1000
+            })
+        );
+        s.ack(1);
+        assert_eq!(
+            s.push(|id| Message::from(format!("{id}")))
+                .unwrap()
+                .to_text()
+                .unwrap(),
+            "3"
+        );
+    }
+
+    #[test]
+    fn byte_limit() {
+        let mut s = Sequencer::new(100, 10);
+        s.push(|_| Message::from("12345")).unwrap();
+        s.push(|_| Message::from("12345")).unwrap();
+        assert!(s.push(|_| Message::from("1")).is_err());
+    }
+
+    #[test]
+    fn processed_acks_forget_the_oldest() {
+        let mut a = ProcessedAcks::new(3);
+        for id in [1, 2, 3, 2] {
+            a.insert(id);
+        }
+        assert!(a.contains(1) && a.contains(2) && a.contains(3));
+        a.insert(4);
+        assert!(!a.contains(1));
+        assert!(a.contains(2) && a.contains(4));
+    }
+}

@@ -1,0 +1,301 @@
+//! Client access tokens: HS256 JWTs signed with the UTF-8 bytes of an access key, the
+//! way the server SDKs mint them from a connection string.
+//!
+//! The audience is `http(s)://host[:port]/client/hubs/{hub}`. Only the path is compared
+//! (hub case-insensitively): one server answers under several host names (localhost,
+//! 127.0.0.1, a proxy's name) and the SDK puts whatever endpoint it was configured with;
+//! the signature already proves the key holder issued it, the path binds it to the hub.
+//! `exp` is checked at connect only; recovery never re-validates the token.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use jsonwebtoken::errors::ErrorKind;
+use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation};
+use serde::{Deserialize, Serialize};
+
+use crate::permissions::Permissions;
+
+/// Why a token was refused. Every variant becomes HTTP 401.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TokenError {
+    /// No `access_token` query parameter nor bearer header.
+    #[error("no access token")]
+    Missing,
+    /// Not signed by any configured key.
+    #[error("signature does not match any access key")]
+    BadSignature,
+    /// Past its `exp`.
+    #[error("token expired")]
+    Expired,
+    /// `aud` is not this hub's client endpoint.
+    #[error("audience {0:?} is not this hub's client endpoint")]
+    Audience(String),
+    /// Malformed, wrong algorithm or missing claims.
+    #[error("invalid token: {0}")]
+    Malformed(String),
+}
+
+/// A claim that may be one string or an array of strings.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+enum OneOrMany {
+    #[default]
+    None,
+    One(String),
+    Many(Vec<String>),
+}
+
+impl OneOrMany {
+    fn into_vec(self) -> Vec<String> {
+        match self {
+            Self::None => Vec::new(),
+            Self::One(s) => vec![s],
+            Self::Many(v) => v,
+        }
+    }
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct RawClaims {
+    #[serde(default)]
+    aud: OneOrMany,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    sub: Option<String>,
+    exp: u64,
+    #[serde(default)]
+    iat: Option<u64>,
+    #[serde(default)]
+    role: OneOrMany,
+    #[serde(default, rename = "webpubsub.group")]
+    group: OneOrMany,
+}
+
+/// What a valid client token grants.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClientClaims {
+    /// `sub`, when present and not empty.
+    pub user_id: Option<String>,
+    /// The `role` claims.
+    pub roles: Vec<String>,
+    /// The `webpubsub.group` claims: groups joined on connect.
+    pub groups: Vec<String>,
+}
+
+impl ClientClaims {
+    /// The permissions the roles grant.
+    pub fn permissions(&self) -> Permissions {
+        Permissions::from_roles(&self.roles)
+    }
+}
+
+/// Validates a client token for `hub` against each key in turn (primary, secondary).
+pub fn validate_client_token(
+    keys: &[String],
+    token: &str,
+    hub: &str,
+) -> Result<ClientClaims, TokenError> {
+    let mut validation = Validation::new(Algorithm::HS256);
+    validation.validate_aud = false;
+    validation.leeway = 5;
+    let mut last = TokenError::BadSignature;
+    for key in keys {
+        match jsonwebtoken::decode::<RawClaims>(
+            token,
+            &DecodingKey::from_secret(key.as_bytes()),
+            &validation,
+        ) {
+            Ok(data) => return claims_for_hub(data.claims, hub),
+            Err(e) => {
+                last = match e.kind() {
+                    ErrorKind::InvalidSignature => TokenError::BadSignature,
+                    ErrorKind::ExpiredSignature => TokenError::Expired,
+                    _ => TokenError::Malformed(e.to_string()),
+                };
+                if last != TokenError::BadSignature {
+                    return Err(last);
+                }
+            }
+        }
+    }
+    Err(last)
+}
+
+fn claims_for_hub(raw: RawClaims, hub: &str) -> Result<ClientClaims, TokenError> {
+    let auds = raw.aud.into_vec();
+    if !auds.iter().any(|a| audience_matches(a, hub)) {
+        return Err(TokenError::Audience(auds.join(",")));
+    }
+    Ok(ClientClaims {
+        user_id: raw.sub.filter(|s| !s.is_empty()),
+        roles: raw.role.into_vec(),
+        groups: raw.group.into_vec(),
+    })
+}
+
+/// `scheme://authority/client/hubs/{hub}` with any scheme and authority, extra slashes
+/// and a trailing slash tolerated.
+fn audience_matches(aud: &str, hub: &str) -> bool {
+    let Some((_, rest)) = aud.split_once("://") else {
+        return false;
+    };
+    let Some((_, path)) = rest.split_once('/') else {
+        return false;
+    };
+    let path = path.trim_matches('/');
+    let Some(rest) = path.strip_prefix("client/hubs/") else {
+        return false;
+    };
+    rest.eq_ignore_ascii_case(hub)
+}
+
+/// Mints a client token as the server SDKs do: for tests and a future `:generateToken`.
+pub fn issue_client_token(
+    key: &str,
+    endpoint: &str,
+    hub: &str,
+    claims: &ClientClaims,
+    ttl: Duration,
+) -> String {
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_secs();
+    let raw = RawClaims {
+        aud: OneOrMany::One(format!(
+            "{}/client/hubs/{hub}",
+            endpoint.trim_end_matches('/')
+        )),
+        sub: claims.user_id.clone(),
+        exp: now + ttl.as_secs(),
+        iat: Some(now),
+        role: OneOrMany::Many(claims.roles.clone()),
+        group: OneOrMany::Many(claims.groups.clone()),
+    };
+    // HS256 with an in-memory key and serializable claims cannot fail.
+    jsonwebtoken::encode(
+        &Header::new(Algorithm::HS256),
+        &raw,
+        &EncodingKey::from_secret(key.as_bytes()),
+    )
+    .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    const KEY: &str = "secret-key";
+
+    fn sign(claims: serde_json::Value, key: &str) -> String {
+        jsonwebtoken::encode(
+            &Header::new(Algorithm::HS256),
+            &claims,
+            &EncodingKey::from_secret(key.as_bytes()),
+        )
+        .unwrap()
+    }
+
+    fn now() -> u64 {
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_secs()
+    }
+
+    fn keys() -> Vec<String> {
+        vec!["other".into(), KEY.into()]
+    }
+
+    #[test]
+    fn valid_token_with_single_role_and_group_strings() {
+        let t = sign(
+            json!({"aud":"http://localhost:8080/client/hubs/Chat","sub":"u1","exp":now()+60,
+                   "role":"webpubsub.sendToGroup","webpubsub.group":"g1"}),
+            KEY,
+        );
+        let c = validate_client_token(&keys(), &t, "chat").unwrap();
+        assert_eq!(c.user_id.as_deref(), Some("u1"));
+        assert_eq!(c.roles, ["webpubsub.sendToGroup"]);
+        assert_eq!(c.groups, ["g1"]);
+        assert!(c.permissions().can_send("x"));
+    }
+
+    #[test]
+    fn arrays_and_anonymous() {
+        let t = sign(
+            json!({"aud":"https://h/client/hubs/chat/","exp":now()+60,"role":["a","b"],"webpubsub.group":["g1","g2"]}),
+            KEY,
+        );
+        let c = validate_client_token(&keys(), &t, "chat").unwrap();
+        assert_eq!(
+            c,
+            ClientClaims {
+                user_id: None,
+                roles: vec!["a".into(), "b".into()],
+                groups: vec!["g1".into(), "g2".into()]
+            }
+        );
+    }
+
+    #[test]
+    fn refusals() {
+        let aud = "http://h/client/hubs/chat";
+        let wrong_key = sign(json!({"aud":aud,"exp":now()+60}), "nope");
+        assert_eq!(
+            validate_client_token(&keys(), &wrong_key, "chat"),
+            Err(TokenError::BadSignature)
+        );
+        let expired = sign(json!({"aud":aud,"exp":now()-3600}), KEY);
+        assert_eq!(
+            validate_client_token(&keys(), &expired, "chat"),
+            Err(TokenError::Expired)
+        );
+        let other_hub = sign(json!({"aud":aud,"exp":now()+60}), KEY);
+        assert!(matches!(
+            validate_client_token(&keys(), &other_hub, "news"),
+            Err(TokenError::Audience(_))
+        ));
+        let no_exp = sign(json!({"aud":aud}), KEY);
+        assert!(matches!(
+            validate_client_token(&keys(), &no_exp, "chat"),
+            Err(TokenError::Malformed(_))
+        ));
+        assert!(matches!(
+            validate_client_token(&keys(), "garbage", "chat"),
+            Err(TokenError::Malformed(_))
+        ));
+    }
+
+    #[test]
+    fn audience_forms() {
+        assert!(audience_matches(
+            "http://localhost:8080/client/hubs/chat",
+            "chat"
+        ));
+        assert!(audience_matches(
+            "https://x.example//client/hubs/CHAT",
+            "chat"
+        ));
+        assert!(!audience_matches("http://h/client/hubs/chat/extra", "chat"));
+        assert!(!audience_matches("http://h/api/hubs/chat", "chat"));
+        assert!(!audience_matches("chat", "chat"));
+    }
+
+    #[test]
+    fn issued_tokens_validate() {
+        let claims = ClientClaims {
+            user_id: Some("u".into()),
+            roles: vec!["webpubsub.joinLeaveGroup".into()],
+            groups: vec![],
+        };
+        let t = issue_client_token(
+            KEY,
+            "http://localhost:1/",
+            "chat",
+            &claims,
+            Duration::from_secs(60),
+        );
+        assert_eq!(validate_client_token(&keys(), &t, "chat").unwrap(), claims);
+    }
+}

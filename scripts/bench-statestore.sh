@@ -1,0 +1,362 @@
+#!/usr/bin/env bash
+# Benchmark statehub's state store (SET / GET over MQTT 5, as the Azure IoT
+# Operations SDKs call it) against redis-server (SET / GET over RESP with
+# redis-benchmark) in one run, and print a markdown table on stdout.
+#
+# Usage: scripts/bench-statestore.sh      (from anywhere; builds in release first)
+#
+# What runs, REPEAT times, servers alternating within each repetition:
+#   statehub : statehub-bench statestore --clients $CLIENTS --pipeline P
+#              --ratio-get 0 (SET) and --ratio-get 1 (GET; the keys are SET first,
+#              unmeasured, so every GET hits), --keys $KEYS --value-size $VALUE
+#   redis    : redis-benchmark -c $CLIENTS -n $N -t set,get -d $VALUE -r $KEYS -P P --csv
+# for P in $PIPELINES (default "1 16"; 1 is strict request/response, like an SDK
+# caller awaiting each call and like redis-benchmark's default -P 1).
+# Both tools send $N requests per command in total ($N / $CLIENTS per client for
+# statehub-bench). Keys are `key:` + 12 digits and values are `x` * $VALUE in both.
+# The table shows, per server, pipeline and command, the run with the median ops/s.
+#
+# CPU pinning: the machine has 2 cores. If server and load generator float
+# freely, the scheduler lets them steal each other's core and the result depends
+# on how much CPU the load generator happened to burn. Pinning the server to one
+# core and the load tool to the other gives each server exactly one dedicated core,
+# the same for both (redis-server executes commands on one thread anyway, and
+# statehub, which sizes its MQTT workers from the cores it may use, gets one
+# worker and no unfair extra core), and keeps the client from perturbing the
+# server. The CPU columns show how busy each side was (% of one core, from
+# /proc/<pid>/stat and /usr/bin/time): a load tool near 100% means the client, not
+# the server, limits the numbers.
+#
+# redis-server runs with --save '' --appendonly no: no persistence, matching
+# statehub's in-memory state store (its default).
+#
+# Environment knobs:
+#   SERVERS       default "statehub redis" (redis is skipped if it cannot be installed)
+#   SERVER_CPU    core for the server under test (default 0)
+#   BENCH_CPU     core for the load tool (default 1)
+#   CLIENTS       connections (default 64)
+#   N             requests per command and run, all clients together (default 200000)
+#   KEYS          key space (default 10000)
+#   VALUE         value bytes (default 100)
+#   PIPELINES     requests outstanding per connection, one table section each (default "1 16")
+#   BENCH_THREADS tokio threads of statehub-bench (default 1: it has one core)
+#   REPEAT        repetitions (default 3)
+#   SKIP_BUILD=1  do not run cargo; use existing binaries
+#   SKIP_INSTALL=1 do not apt-get redis-server / redis-tools
+#   BENCH_BIN     statehub-bench binary (default: $TARGET/release/statehub-bench)
+#   STATEHUB_BIN  statehub binary (default: $TARGET/release/statehub)
+#   OUT_DIR       where logs and raw results go (default: a fresh temp dir, printed)
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+TARGET="${CARGO_TARGET_DIR:-$ROOT/target}"
+BENCH_BIN="${BENCH_BIN:-$TARGET/release/statehub-bench}"
+STATEHUB_BIN="${STATEHUB_BIN:-$TARGET/release/statehub}"
+SERVERS="${SERVERS:-statehub redis}"
+SERVER_CPU="${SERVER_CPU:-0}"
+BENCH_CPU="${BENCH_CPU:-1}"
+CLIENTS="${CLIENTS:-64}"
+N="${N:-200000}"
+KEYS="${KEYS:-10000}"
+VALUE="${VALUE:-100}"
+PIPELINES="${PIPELINES:-1 16}"
+BENCH_THREADS="${BENCH_THREADS:-1}"
+REPEAT="${REPEAT:-3}"
+OUT_DIR="${OUT_DIR:-$(mktemp -d /tmp/statehub-bench-ss.XXXXXX)}"
+mkdir -p "$OUT_DIR"
+RESULTS="$OUT_DIR/results.jsonl"
+: >"$RESULTS"
+PER_CLIENT=$(((N + CLIENTS - 1) / CLIENTS))
+
+log() { printf '[bench-statestore] %s\n' "$*" >&2; }
+
+PIDS=()
+cleanup() {
+    for pid in "${PIDS[@]}"; do
+        kill "$pid" 2>/dev/null || true
+    done
+    for pid in "${PIDS[@]}"; do
+        wait "$pid" 2>/dev/null || true
+    done
+}
+trap cleanup EXIT
+
+has_server() { [[ " $SERVERS " == *" $1 "* ]]; }
+
+# Plain arrays (no shell function) so that `$!` is the server itself: taskset execs it.
+if command -v taskset >/dev/null 2>&1; then
+    PIN_SERVER=(taskset -c "$SERVER_CPU")
+    PIN_BENCH=(taskset -c "$BENCH_CPU")
+else
+    log "WARNING: taskset not found; server and load tool are not pinned"
+    PIN_SERVER=()
+    PIN_BENCH=()
+fi
+# Per-run CPU time of the load tool.
+if [ -x /usr/bin/time ]; then
+    TIMER=(/usr/bin/time -f '%U %S %e' -o)
+else
+    TIMER=()
+fi
+
+free_port() {
+    python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'
+}
+
+wait_port() { # wait_port PORT PID: until something accepts on 127.0.0.1:PORT
+    local port="$1" pid="$2"
+    for _ in $(seq 1 100); do
+        kill -0 "$pid" 2>/dev/null || return 1
+        if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+            return 0
+        fi
+        sleep 0.1
+    done
+    return 1
+}
+
+cpu_ticks() { # utime + stime of PID in clock ticks
+    awk '{ sub(/^.*\) /, ""); print $12 + $13 }' "/proc/$1/stat" 2>/dev/null || echo 0
+}
+now_s() { date +%s.%N; }
+
+# ---- dependencies -----------------------------------------------------------
+as_root() {
+    if [ "$(id -u)" -eq 0 ]; then
+        "$@"
+    elif command -v sudo >/dev/null 2>&1; then
+        sudo -n "$@"
+    else
+        log "need root for: $*"
+        return 1
+    fi
+}
+
+install_redis() {
+    local missing=() pkg
+    for pkg in redis-server redis-tools; do
+        dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'install ok installed' || missing+=("$pkg")
+    done
+    [ "${#missing[@]}" -eq 0 ] && return 0
+    log "installing ${missing[*]} (apt-get)"
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq &&
+        as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
+}
+
+if has_server redis && [ "${SKIP_INSTALL:-0}" != 1 ]; then
+    install_redis || log "WARNING: could not install redis-server / redis-tools"
+fi
+
+# ---- build ------------------------------------------------------------------
+if [ "${SKIP_BUILD:-0}" != 1 ]; then
+    log "building statehub and statehub-bench (release)"
+    cargo build --release -j 2 -p statehub -p statehub-bench
+fi
+[ -x "$BENCH_BIN" ] || { log "no statehub-bench binary at $BENCH_BIN"; exit 1; }
+
+# ---- servers ----------------------------------------------------------------
+declare -A PORT=() SPID=()
+
+start_statehub() {
+    [ -x "$STATEHUB_BIN" ] || { log "skipping statehub: no binary at $STATEHUB_BIN"; return 1; }
+    local logf="$OUT_DIR/statehub.log"
+    # Port 0: the OS picks free ports; the MQTT one is read back from the log line
+    # "mqtt listening on 127.0.0.1:PORT" (tracing, INFO; ANSI colours stripped).
+    NO_COLOR=1 RUST_LOG="${RUST_LOG:-info}" "${PIN_SERVER[@]}" "$STATEHUB_BIN" serve \
+        --mqtt-listen 127.0.0.1:0 --http-listen 127.0.0.1:0 >"$logf" 2>&1 &
+    local pid=$!
+    PIDS+=("$pid")
+    local port=""
+    for _ in $(seq 1 100); do
+        port="$(sed 's/\x1b\[[0-9;]*m//g' "$logf" |
+            grep -oE 'mqtt listening on 127\.0\.0\.1:[0-9]+' | head -n1 | sed 's/.*://')" || true
+        [ -n "$port" ] && break
+        kill -0 "$pid" 2>/dev/null || break
+        sleep 0.1
+    done
+    if [ -z "$port" ] || ! wait_port "$port" "$pid"; then
+        log "statehub did not start (log: $logf):"
+        tail -n 20 "$logf" >&2 || true
+        return 1
+    fi
+    PORT[statehub]="$port"
+    SPID[statehub]="$pid"
+    log "statehub pid $pid on 127.0.0.1:$port (cpu $SERVER_CPU)"
+}
+
+start_redis() {
+    command -v redis-server >/dev/null 2>&1 && command -v redis-benchmark >/dev/null 2>&1 ||
+        { log "skipping redis: redis-server / redis-benchmark not installed"; return 1; }
+    local port
+    port="$(free_port)"
+    "${PIN_SERVER[@]}" redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no \
+        --daemonize no --logfile "$OUT_DIR/redis.log" >/dev/null 2>&1 &
+    local pid=$!
+    PIDS+=("$pid")
+    if ! wait_port "$port" "$pid"; then
+        log "redis-server did not start (log: $OUT_DIR/redis.log)"
+        return 1
+    fi
+    PORT[redis]="$port"
+    SPID[redis]="$pid"
+    log "$(redis-server --version | awk '{print $1, $2, $3}') pid $pid on 127.0.0.1:$port (cpu $SERVER_CPU)"
+}
+
+for s in $SERVERS; do
+    case "$s" in
+        statehub) start_statehub || log "WARNING: statehub skipped" ;;
+        redis) start_redis || log "WARNING: redis skipped" ;;
+        *) log "unknown server $s" ;;
+    esac
+done
+[ "${#PORT[@]}" -gt 0 ] || { log "no server to benchmark"; exit 1; }
+
+# ---- runs -------------------------------------------------------------------
+# Each run appends one JSON line per command:
+# {"server","pipeline","run","command","ops","p50_us","p99_us","errors","server_cpu","tool_cpu","ok","note"}
+# server_cpu / tool_cpu: % of one core over the whole invocation (for statehub GET
+# runs this includes the unmeasured populate phase; the `bench_cpu_pct` of the
+# raw statehub-bench JSON covers the measured phase only).
+
+emit() { printf '%s\n' "$1" >>"$RESULTS"; }
+
+# run_measured SERVER OUTFILE CMD...: runs CMD pinned to the bench core; sets
+# SRV_CPU and TOOL_CPU (percent of one core) for the invocation.
+run_measured() {
+    local server="$1" out="$2"
+    shift 2
+    local pid="${SPID[$server]}" t0 t1 c0 c1 tf="$OUT_DIR/time.txt" rc=0
+    c0="$(cpu_ticks "$pid")"
+    t0="$(now_s)"
+    : >"$tf"
+    if [ "${#TIMER[@]}" -gt 0 ]; then
+        "${PIN_BENCH[@]}" "${TIMER[@]}" "$tf" timeout 600 "$@" >"$out" 2>>"$OUT_DIR/$server-stderr.txt" || rc=$?
+    else
+        "${PIN_BENCH[@]}" timeout 600 "$@" >"$out" 2>>"$OUT_DIR/$server-stderr.txt" || rc=$?
+    fi
+    t1="$(now_s)"
+    c1="$(cpu_ticks "$pid")"
+    read -r SRV_CPU TOOL_CPU < <(python3 - "$t0" "$t1" "$c0" "$c1" "$tf" <<'PY'
+import os, sys
+t0, t1, c0, c1, tf = float(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4]), sys.argv[5]
+wall = max(t1 - t0, 1e-9)
+hz = os.sysconf("SC_CLK_TCK")
+srv = (c1 - c0) / hz * 100 / wall
+tool = -1.0
+try:
+    parts = [l for l in open(tf).read().split("\n") if l.strip()][-1].split()
+    u, s, e = map(float, parts[:3])
+    tool = (u + s) * 100 / max(e, 1e-9)
+except Exception:
+    pass
+print(f"{srv:.0f} {tool:.0f}")
+PY
+)
+    return "$rc"
+}
+
+bench_statehub() { # PIPELINE RUN
+    local p="$1" run="$2" cmd ratio out line
+    for cmd in SET GET; do
+        ratio=0
+        [ "$cmd" = GET ] && ratio=1
+        out="$OUT_DIR/statehub-p$p-$cmd-$run.json"
+        run_measured statehub "$out" "$BENCH_BIN" --threads "$BENCH_THREADS" statestore \
+            --port "${PORT[statehub]}" --clients "$CLIENTS" --requests-per-client "$PER_CLIENT" \
+            --ratio-get "$ratio" --keys "$KEYS" --value-size "$VALUE" --pipeline "$p" \
+            --fail-on-error --json --quiet || true
+        line="$(tail -n1 "$out")"
+        [ -n "$line" ] || line='{"ok":false,"errors":["statehub-bench produced no result"]}'
+        python3 - "$line" "$cmd" "$p" "$run" "$SRV_CPU" "$TOOL_CPU" >>"$RESULTS" <<'PY'
+import json, sys
+r = json.loads(sys.argv[1]); cmd = sys.argv[2]; c = cmd.lower()
+print(json.dumps({
+    "server": "statehub", "pipeline": int(sys.argv[3]), "run": int(sys.argv[4]), "command": cmd,
+    "ops": r.get(f"{c}_per_sec", 0.0), "p50_us": r.get(f"{c}_latency_p50_us"),
+    "p99_us": r.get(f"{c}_latency_p99_us"), "errors": r.get("error_count", 0),
+    "server_cpu": float(sys.argv[5]), "tool_cpu": float(sys.argv[6]),
+    "bench_cpu_pct": r.get("bench_cpu_pct"), "ok": r.get("ok", False),
+    "note": "; ".join(r.get("errors", []) + r.get("warnings", [])),
+}))
+PY
+    done
+}
+
+bench_redis() { # PIPELINE RUN
+    local p="$1" run="$2" out="$OUT_DIR/redis-p$1-$2.csv"
+    run_measured redis "$out" redis-benchmark -h 127.0.0.1 -p "${PORT[redis]}" -c "$CLIENTS" -n "$N" \
+        -t set,get -d "$VALUE" -r "$KEYS" -P "$p" --csv || true
+    python3 - "$out" "$p" "$run" "$SRV_CPU" "$TOOL_CPU" >>"$RESULTS" <<'PY'
+import csv, json, sys
+path, p, run, srv, tool = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]), float(sys.argv[5])
+seen = set()
+for row in csv.DictReader(open(path)):
+    cmd = row.get("test", "").strip().upper()
+    if cmd not in ("SET", "GET"):
+        continue
+    seen.add(cmd)
+    ms = lambda k: float(row[k]) * 1000 if row.get(k) not in (None, "") else None
+    # redis-benchmark runs SET then GET in one process: the CPU figures cover both.
+    print(json.dumps({"server": "redis", "pipeline": p, "run": run, "command": cmd,
+                      "ops": float(row["rps"]), "p50_us": ms("p50_latency_ms"), "p99_us": ms("p99_latency_ms"),
+                      "errors": 0, "server_cpu": srv, "tool_cpu": tool, "ok": True, "note": ""}))
+for cmd in ("SET", "GET"):
+    if cmd not in seen:
+        print(json.dumps({"server": "redis", "pipeline": p, "run": run, "command": cmd, "ops": 0.0,
+                          "ok": False, "note": "redis-benchmark produced no result"}))
+PY
+}
+
+for p in $PIPELINES; do
+    for run in $(seq 1 "$REPEAT"); do
+        for s in $SERVERS; do
+            [ -n "${PORT[$s]:-}" ] || continue
+            log "pipeline $p, run $run/$REPEAT: $s"
+            case "$s" in
+                statehub) bench_statehub "$p" "$run" ;;
+                redis) bench_redis "$p" "$run" ;;
+            esac
+        done
+    done
+done
+
+# ---- table ------------------------------------------------------------------
+printf '\nState store SET/GET: %s connections, %s requests per command, %s keys, %s-byte values; median of %s runs (by ops/s); server on cpu %s, load tool on cpu %s\n\n' \
+    "$CLIENTS" "$N" "$KEYS" "$VALUE" "$REPEAT" "$SERVER_CPU" "$BENCH_CPU"
+python3 - "$RESULTS" <<'PY'
+import json, sys
+
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+groups = {}
+for r in rows:
+    groups.setdefault((r["pipeline"], r["command"], r["server"]), []).append(r)
+med = {}
+for k, rs in groups.items():
+    rs = sorted(rs, key=lambda x: x.get("ops", 0.0) if x.get("ok") else 0.0)
+    med[k] = rs[len(rs) // 2]
+
+def lat(us):
+    if us is None:
+        return "-"
+    return f"{us / 1000:.2f} ms" if us >= 1000 else f"{us:.0f} µs"
+
+def pct(v):
+    return "-" if v is None or v < 0 else f"{v:.0f}%"
+
+print("| pipeline | command | server | ops/s | p50 | p99 | errors | server CPU | load tool CPU | statehub/redis ops/s | statehub/redis p50 |")
+print("|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+for (p, cmd, server) in sorted(med, key=lambda k: (k[0], k[1] != "SET", k[2] != "statehub")):
+    r = med[(p, cmd, server)]
+    rd = med.get((p, cmd, "redis"))
+    ratio_ops = ratio_p50 = ""
+    if server == "statehub" and rd and rd.get("ops") and r.get("ops"):
+        ratio_ops = f"{r['ops'] / rd['ops']:.2f}x"
+        if rd.get("p50_us") and r.get("p50_us"):
+            ratio_p50 = f"{r['p50_us'] / rd['p50_us']:.2f}x"
+    name = server if r.get("ok") else f"{server} (FAILED: {r.get('note', '')})"
+    print(f"| {p} | {cmd} | {name} | {r.get('ops', 0):,.0f} | {lat(r.get('p50_us'))} | {lat(r.get('p99_us'))} | "
+          f"{r.get('errors', 0)} | {pct(r.get('server_cpu'))} | {pct(r.get('tool_cpu'))} | {ratio_ops} | {ratio_p50} |")
+PY
+printf '\nCPU columns: %% of one core over the whole invocation (statehub GET runs include the unmeasured SET populate; redis-benchmark runs SET and GET in one invocation).\n'
+log "raw results: $RESULTS (logs in $OUT_DIR)"

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Runs LabOverWire's mqtt5-conformance-cli against statehub (tests/conformance.toml).
+# Build the runner from a checkout of github.com/LabOverWire/mqtt-lib with
+#   cargo build --profile conformance -p mqtt5-conformance-cli
+# and pass the binary's path:
+#   scripts/interop/conformance.sh /path/to/mqtt5-conformance [filter...]
+set -u
+RUNNER=${1:?path to the mqtt5-conformance binary}
+shift
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+BIN=${BIN:-$ROOT/target/release/statehub}
+[ -x "$BIN" ] || (cd "$ROOT" && cargo build --release -p statehub)
+"$BIN" serve --config "$ROOT/tests/conformance.toml" --mqtt-listen 127.0.0.1:19600 --http-listen 127.0.0.1:0 >/tmp/conformance-broker.log 2>&1 &
+bp=$!
+sleep 0.5
+"$RUNNER" --sut "$ROOT/scripts/interop/conformance-sut.toml" "$@"
+rc=$?
+kill $bp 2>/dev/null; wait $bp 2>/dev/null
+exit $rc
