@@ -7,6 +7,7 @@
 //! to the Azure IoT Operations state store, as the SDKs send them). New scenarios
 //! add a module, a variant of [`Command`] and a match arm in [`main`].
 
+mod common;
 mod mqtt;
 mod proto;
 mod report;

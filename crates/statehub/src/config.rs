@@ -24,6 +24,11 @@ pub struct ServeArgs {
     /// MQTT worker threads, each a single-threaded runtime (default: one per core).
     #[arg(long, env = "STATEHUB_MQTT_THREADS")]
     pub mqtt_threads: Option<usize>,
+    /// Web PubSub access key (give it twice for primary and secondary; the env
+    /// variable takes a comma-separated list). Client tokens signed with any of
+    /// them are accepted on `/client/hubs/{hub}`.
+    #[arg(long = "access-key", env = "STATEHUB_ACCESS_KEYS", value_delimiter = ',')]
+    pub access_keys: Vec<String>,
     /// Seconds to wait for connections to close on shutdown (default 5).
     #[arg(long, env = "STATEHUB_SHUTDOWN_GRACE_SECS")]
     pub shutdown_grace_secs: Option<u64>,
@@ -40,6 +45,8 @@ pub struct FileConfig {
     pub mqtt: BrokerConfig,
     /// The `[state_store]` table: quotas, node id, duplicate-request cache.
     pub state_store: StateStoreSettings,
+    /// Web PubSub access keys (see `ServeArgs::access_keys`).
+    pub access_keys: Vec<String>,
 }
 
 /// Why the configuration could not be loaded.
@@ -60,6 +67,7 @@ pub struct Settings {
     pub mqtt_threads: usize,
     pub broker: BrokerConfig,
     pub state_store: StateStoreSettings,
+    pub access_keys: Vec<String>,
 }
 
 impl Settings {
@@ -79,6 +87,7 @@ impl Settings {
                 .max(1),
             broker: file.mqtt,
             state_store: file.state_store,
+            access_keys: if args.access_keys.is_empty() { file.access_keys } else { args.access_keys.clone() },
         })
     }
 }

@@ -81,7 +81,10 @@ async fn serve(settings: Settings) -> std::io::Result<()> {
             shutdown.cancel();
         }
     });
-    let http_task = tokio::spawn(http::serve(http, shutdown.clone()));
+    if !settings.access_keys.is_empty() {
+        tracing::info!("web pubsub client endpoint on /client/hubs/{{hub}}");
+    }
+    let http_task = tokio::spawn(http::serve(http, http::router(&settings.access_keys), shutdown.clone()));
     mqtt.serve(Duration::from_secs(settings.shutdown_grace_secs)).await;
     signals.abort();
     workers.stop();

@@ -1,0 +1,228 @@
+//! Helpers shared by every scenario: the process' time base, argument parsing
+//! helpers, MQTT connection setup (CONNECT/CONNACK, SUBSCRIBE/SUBACK) and task
+//! orchestration (start N tasks under a deadline, collect their results).
+//!
+//! They live here, not in one scenario, so that each scenario uses the same code
+//! and reports setup failures with the same wording.
+
+use std::net::SocketAddr;
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use bytes::{Buf, BytesMut};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::task::JoinHandle;
+use tokio::time::timeout_at;
+
+use crate::proto::{self, ConnAck, Version};
+use crate::report::Report;
+
+static TIME_BASE: OnceLock<Instant> = OnceLock::new();
+
+pub(crate) fn base() -> Instant {
+    *TIME_BASE.get_or_init(Instant::now)
+}
+
+#[inline]
+pub(crate) fn now_ns() -> u64 {
+    base().elapsed().as_nanos() as u64
+}
+
+pub(crate) fn secs(s: f64) -> Result<Duration, String> {
+    Duration::try_from_secs_f64(s).map_err(|e| format!("bad duration {s}: {e}"))
+}
+
+pub(crate) fn err_str(context: &str, e: impl std::fmt::Display) -> String {
+    format!("{context}: {e}")
+}
+
+/// Resolves `--host`/`--port` to the first address found.
+pub(crate) async fn resolve(host: &str, port: u16) -> Result<SocketAddr, String> {
+    tokio::net::lookup_host((host, port))
+        .await
+        .map_err(|e| err_str(&format!("resolve {host}"), e))?
+        .next()
+        .ok_or_else(|| format!("{host} did not resolve"))
+}
+
+/// Prints a progress line on stderr unless `quiet`.
+pub(crate) fn progress(quiet: bool, msg: String) {
+    if !quiet {
+        eprintln!("[statehub-bench] {msg}");
+    }
+}
+
+/// A connected MQTT client: its stream, what was read past the CONNACK, and the
+/// CONNACK itself.
+#[derive(Debug)]
+pub(crate) struct Conn {
+    pub stream: TcpStream,
+    pub buf: BytesMut,
+    pub ack: ConnAck,
+}
+
+/// Reads one whole packet during setup; returns its first byte and body.
+pub(crate) async fn read_packet(
+    stream: &mut TcpStream,
+    buf: &mut BytesMut,
+) -> Result<(u8, Vec<u8>), String> {
+    loop {
+        if let Some((first, hl, rl)) = proto::frame(buf).map_err(|e| e.to_string())? {
+            let body = buf[hl..hl + rl].to_vec();
+            buf.advance(hl + rl);
+            return Ok((first, body));
+        }
+        if stream.read_buf(buf).await.map_err(|e| err_str("read", e))? == 0 {
+            return Err("connection closed by the broker".into());
+        }
+    }
+}
+
+/// Calls `f(first byte, body)` for every complete packet at the start of `buf`,
+/// consuming each packet once `f` accepted it; stops at the first error (a
+/// malformed frame, `f`'s, or a DISCONNECT from the broker, described).
+pub(crate) fn for_each_packet(
+    buf: &mut BytesMut,
+    v: Version,
+    mut f: impl FnMut(u8, &[u8]) -> Result<(), String>,
+) -> Result<(), String> {
+    while let Some((first, hl, rl)) = proto::frame(buf).map_err(|e| e.to_string())? {
+        let body = &buf[hl..hl + rl];
+        if first & 0xF0 == proto::DISCONNECT {
+            return Err(proto::describe_disconnect(v, body));
+        }
+        f(first, body)?;
+        buf.advance(hl + rl);
+    }
+    Ok(())
+}
+
+/// Opens a TCP connection, sends the encoded CONNECT `connect` and waits for a
+/// successful CONNACK.
+pub(crate) async fn connect(addr: SocketAddr, v: Version, connect: &[u8]) -> Result<Conn, String> {
+    let mut stream = TcpStream::connect(addr)
+        .await
+        .map_err(|e| err_str("connect", e))?;
+    stream
+        .set_nodelay(true)
+        .map_err(|e| err_str("set_nodelay", e))?;
+    stream
+        .write_all(connect)
+        .await
+        .map_err(|e| err_str("write CONNECT", e))?;
+    let mut buf = BytesMut::with_capacity(64 * 1024);
+    let (first, body) = read_packet(&mut stream, &mut buf).await?;
+    if first & 0xF0 != proto::CONNACK {
+        return Err(format!("expected CONNACK, got packet type 0x{first:02x}"));
+    }
+    let ack = proto::parse_connack(v, &body).map_err(|e| err_str("CONNACK", e))?;
+    if ack.reason != 0 {
+        return Err(format!(
+            "broker refused the connection: reason 0x{:02x}{}",
+            ack.reason,
+            ack.reason_string
+                .as_deref()
+                .map(|s| format!(" ({s})"))
+                .unwrap_or_default()
+        ));
+    }
+    Ok(Conn { stream, buf, ack })
+}
+
+/// Sends SUBSCRIBE (packet id 1) for `filters` and returns the SUBACK's reason
+/// codes; packets other than SUBACK or DISCONNECT before it are ignored.
+pub(crate) async fn subscribe(
+    conn: &mut Conn,
+    v: Version,
+    filters: &[String],
+    qos: u8,
+) -> Result<Vec<u8>, String> {
+    let mut out = Vec::new();
+    proto::encode_subscribe(&mut out, v, 1, filters, qos);
+    conn.stream
+        .write_all(&out)
+        .await
+        .map_err(|e| err_str("write SUBSCRIBE", e))?;
+    loop {
+        let (first, body) = read_packet(&mut conn.stream, &mut conn.buf).await?;
+        match first & 0xF0 {
+            proto::SUBACK => {
+                let (_, codes) = proto::parse_suback(v, &body).map_err(|e| err_str("SUBACK", e))?;
+                return Ok(codes);
+            }
+            proto::DISCONNECT => return Err(proto::describe_disconnect(v, &body)),
+            _ => {} // nothing else is expected before SUBACK; ignore
+        }
+    }
+}
+
+/// Fails if any SUBACK reason code refuses the subscription.
+pub(crate) fn check_granted(codes: &[u8]) -> Result<(), String> {
+    match codes.iter().find(|c| **c >= 0x80) {
+        Some(bad) => Err(format!("subscription refused: reason 0x{bad:02x}")),
+        None => Ok(()),
+    }
+}
+
+/// Runs `f(i)` for i in 0..n concurrently with a deadline; the first error wins.
+pub(crate) async fn all<T, F, Fut>(
+    n: usize,
+    deadline: Instant,
+    what: &str,
+    f: F,
+) -> Result<Vec<T>, String>
+where
+    T: Send + 'static,
+    F: Fn(usize) -> Fut,
+    Fut: std::future::Future<Output = Result<T, String>> + Send + 'static,
+{
+    let handles: Vec<JoinHandle<Result<T, String>>> = (0..n).map(|i| tokio::spawn(f(i))).collect();
+    let mut out = Vec::with_capacity(n);
+    let mut first_err = None;
+    for (i, h) in handles.into_iter().enumerate() {
+        if first_err.is_some() {
+            h.abort();
+            continue;
+        }
+        let abort = h.abort_handle();
+        match timeout_at(deadline.into(), h).await {
+            Ok(Ok(Ok(v))) => out.push(v),
+            Ok(Ok(Err(e))) => first_err = Some(format!("{what} {i}: {e}")),
+            Ok(Err(e)) => first_err = Some(format!("{what} {i}: task failed: {e}")),
+            Err(_) => {
+                abort.abort();
+                first_err = Some(format!("{what} {i}: timed out (--connect-timeout)"));
+            }
+        }
+    }
+    match first_err {
+        Some(e) => Err(e),
+        None => Ok(out),
+    }
+}
+
+/// Awaits every task in order, all by `deadline`, handing each result to
+/// `done(i, result, report)`. A task that panicked is reported as
+/// `"{what} {i}: task failed: …"`; one still running at the deadline is aborted
+/// and reported as `"{what} {i}: {late}"`.
+pub(crate) async fn join_each<T>(
+    handles: Vec<JoinHandle<T>>,
+    deadline: Instant,
+    what: &str,
+    late: &str,
+    report: &mut Report,
+    mut done: impl FnMut(usize, T, &mut Report),
+) {
+    for (i, h) in handles.into_iter().enumerate() {
+        let abort = h.abort_handle();
+        match timeout_at(deadline.into(), h).await {
+            Ok(Ok(r)) => done(i, r, report),
+            Ok(Err(e)) => report.error(format!("{what} {i}: task failed: {e}")),
+            Err(_) => {
+                abort.abort();
+                report.error(format!("{what} {i}: {late}"));
+            }
+        }
+    }
+}

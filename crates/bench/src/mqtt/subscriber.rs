@@ -1,0 +1,130 @@
+//! The subscriber side of the `mqtt` scenario: one task per subscribing
+//! connection that acknowledges QoS 1 deliveries, decodes the benchmark header
+//! of every message and keeps per-publisher sequence state to count latency,
+//! gaps, duplicates and foreign messages ([`SubStats`]).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use hdrhistogram::Histogram;
+use tokio::io::AsyncWriteExt;
+use tokio::sync::watch;
+
+use super::client::{disconnect, read_or_stop, Read};
+use super::HEADER_LEN;
+use crate::common::{err_str, for_each_packet, now_ns, Conn};
+use crate::proto::{self, Version};
+use crate::report::new_histogram;
+
+#[derive(Debug)]
+pub(super) struct SubStats {
+    pub(super) received: u64,
+    pub(super) duplicates: u64,
+    pub(super) gaps: u64,
+    pub(super) foreign: u64,
+    pub(super) last_recv_ns: u64,
+    pub(super) hist: Histogram<u64>,
+    pub(super) error: Option<String>,
+}
+
+pub(super) async fn run_subscriber(
+    conn: Conn,
+    v: Version,
+    n_publishers: usize,
+    received_total: Arc<AtomicU64>,
+    mut stop: watch::Receiver<bool>,
+) -> SubStats {
+    let (mut rd, mut wr) = conn.stream.into_split();
+    let mut buf = conn.buf;
+    let mut st = SubStats {
+        received: 0,
+        duplicates: 0,
+        gaps: 0,
+        foreign: 0,
+        last_recv_ns: 0,
+        hist: new_histogram(),
+        error: None,
+    };
+    let mut next_seq = vec![0u64; n_publishers];
+    let mut acks: Vec<u8> = Vec::with_capacity(4096);
+
+    loop {
+        let mut n = 0u64;
+        let r = for_each_packet(&mut buf, v, |first, body| {
+            if first & 0xF0 == proto::PUBLISH {
+                let p = match proto::parse_publish(v, first, body) {
+                    Ok(p) => p,
+                    Err(e) => {
+                        return Err(err_str("PUBLISH", e));
+                    }
+                };
+                if p.qos == 1 {
+                    proto::encode_puback(&mut acks, p.packet_id);
+                }
+                let now = now_ns();
+                n += 1;
+                st.last_recv_ns = now;
+                let pl = p.payload;
+                if pl.len() < HEADER_LEN {
+                    st.foreign += 1;
+                } else {
+                    let pub_id = u32::from_le_bytes([pl[0], pl[1], pl[2], pl[3]]) as usize;
+                    let seq = u64::from_le_bytes(pl[4..12].try_into().unwrap_or_default());
+                    let ts = u64::from_le_bytes(pl[12..20].try_into().unwrap_or_default());
+                    match next_seq.get_mut(pub_id) {
+                        None => st.foreign += 1,
+                        Some(next) => {
+                            st.hist.saturating_record(now.saturating_sub(ts).max(1));
+                            if seq == *next {
+                                *next += 1;
+                            } else if seq > *next {
+                                st.gaps += seq - *next;
+                                *next = seq + 1;
+                            } else {
+                                st.duplicates += 1;
+                            }
+                        }
+                    }
+                }
+            }
+            Ok(())
+        });
+        if let Err(e) = r {
+            st.error = Some(e);
+            break;
+        }
+        if n > 0 {
+            st.received += n;
+            received_total.fetch_add(n, Ordering::Relaxed);
+        }
+        if !acks.is_empty() {
+            if let Err(e) = wr.write_all(&acks).await {
+                st.error = Some(err_str("write PUBACK", e));
+                break;
+            }
+            acks.clear();
+        }
+        if *stop.borrow() {
+            break;
+        }
+        if buf.capacity() - buf.len() < 16 * 1024 {
+            buf.reserve(64 * 1024);
+        }
+        match read_or_stop(&mut rd, &mut buf, stop.changed()).await {
+            Read::Data => {}
+            Read::Closed => {
+                if !*stop.borrow() {
+                    st.error = Some("connection closed by the broker".into());
+                }
+                break;
+            }
+            Read::Failed(e) => {
+                st.error = Some(e);
+                break;
+            }
+            Read::Stopped => break,
+        }
+    }
+    disconnect(wr).await;
+    st
+}
