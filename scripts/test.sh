@@ -2,8 +2,8 @@
 # Run the whole test suite: the one command to use locally and in CI.
 #
 #   1. install the test dependencies (mosquitto, paho-mqtt venv; idempotent)
-#   2. cargo nextest run --workspace   (or cargo test --workspace without nextest)
-#   3. the doc tests (nextest does not run them)
+#   2. the doc tests (nextest does not run them)
+#   3. cargo nextest run --workspace   (or cargo test --workspace without nextest)
 #
 # Exits non-zero on any failure. Builds use 2 jobs by default (CARGO_BUILD_JOBS).
 set -euo pipefail
@@ -21,13 +21,12 @@ export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
 export RUST_BACKTRACE="${RUST_BACKTRACE:-1}"
 
 if cargo nextest --version >/dev/null 2>&1; then
+    # Doc tests first (nextest does not run them), so the run closes on nextest's
+    # summary of every other test.
+    echo "== cargo test --workspace --doc"
+    cargo test --workspace --doc
     echo "== cargo nextest run --workspace"
-    cargo nextest run --workspace --no-fail-fast --no-tests=warn
-    # Doc tests exist only for library targets (cargo errors out without one).
-    if cargo metadata --no-deps --format-version 1 | grep -q '"kind":\["lib"\]'; then
-        echo "== cargo test --workspace --doc"
-        cargo test --workspace --doc
-    fi
+    cargo nextest run --workspace --no-fail-fast
 else
     echo "== cargo test --workspace (cargo-nextest not installed)"
     cargo test --workspace --no-fail-fast

@@ -60,6 +60,9 @@ fn main() -> ExitCode {
 }
 
 async fn serve(settings: Settings) -> std::io::Result<()> {
+    // Installed before anything is bound, so a signal sent as soon as the
+    // "listening" lines appear is always a graceful shutdown.
+    let mut signals = Signals::install()?;
     let broker = Broker::new(settings.broker.clone());
     let shutdown = broker.shutdown_token();
     let store = StateStoreService::in_memory(&settings.state_store)
@@ -76,7 +79,7 @@ async fn serve(settings: Settings) -> std::io::Result<()> {
     let signals = tokio::spawn({
         let shutdown = shutdown.clone();
         async move {
-            wait_for_signal().await;
+            signals.recv().await;
             tracing::info!("shutdown requested");
             shutdown.cancel();
         }
@@ -135,24 +138,22 @@ impl Workers {
     }
 }
 
-async fn wait_for_signal() {
-    let ctrl_c = tokio::signal::ctrl_c();
-    #[cfg(unix)]
-    {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut term) => {
-                tokio::select! {
-                    _ = ctrl_c => {}
-                    _ = term.recv() => {}
-                }
-            }
-            Err(_) => {
-                let _ = ctrl_c.await;
-            }
-        }
+/// SIGINT and SIGTERM, registered with the runtime at construction.
+struct Signals {
+    interrupt: tokio::signal::unix::Signal,
+    terminate: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn install() -> std::io::Result<Signals> {
+        use tokio::signal::unix::{signal, SignalKind};
+        Ok(Signals { interrupt: signal(SignalKind::interrupt())?, terminate: signal(SignalKind::terminate())? })
     }
-    #[cfg(not(unix))]
-    {
-        let _ = ctrl_c.await;
+
+    async fn recv(&mut self) {
+        tokio::select! {
+            _ = self.interrupt.recv() => {}
+            _ = self.terminate.recv() => {}
+        }
     }
 }
