@@ -45,6 +45,7 @@ RESULTS="$OUT_DIR/results.jsonl"
 : >"$RESULTS"
 
 log() { printf '[bench-mqtt] %s\n' "$*" >&2; }
+source "$(dirname "${BASH_SOURCE[0]}")/lib/common.sh"
 
 PIDS=()
 cleanup() {
@@ -68,23 +69,7 @@ else
     PIN_BENCH=()
 fi
 
-free_port() {
-    python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'
-}
 
-wait_port() { # wait_port PORT PID: until something accepts on 127.0.0.1:PORT
-    local port="$1" pid="$2"
-    for _ in $(seq 1 100); do
-        if ! kill -0 "$pid" 2>/dev/null; then
-            return 1
-        fi
-        if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
-            return 0
-        fi
-        sleep 0.1
-    done
-    return 1
-}
 
 # ---- build ------------------------------------------------------------------
 has_broker() { [[ " $BROKERS " == *" $1 "* ]]; }
@@ -105,28 +90,10 @@ declare -A PORT=()
 
 start_statehub() {
     [ -x "$STATEHUB_BIN" ] || { log "skipping statehub: no binary at $STATEHUB_BIN"; return 0; }
-    local logf="$OUT_DIR/statehub.log"
-    # Port 0: the OS picks free ports; the MQTT one is read back from the log line
-    # "mqtt listening on 127.0.0.1:PORT" (tracing, INFO).
-    NO_COLOR=1 RUST_LOG="${RUST_LOG:-info}" "${PIN_BROKER[@]}" "$STATEHUB_BIN" serve \
-        --mqtt-listen 127.0.0.1:0 --http-listen 127.0.0.1:0 >"$logf" 2>&1 &
-    local pid=$!
-    PIDS+=("$pid")
-    local port=""
-    for _ in $(seq 1 100); do
-        port="$(sed 's/\x1b\[[0-9;]*m//g' "$logf" |
-            grep -oE 'mqtt listening on 127\.0\.0\.1:[0-9]+' | head -n1 | sed 's/.*://')" || true
-        [ -n "$port" ] && break
-        kill -0 "$pid" 2>/dev/null || break
-        sleep 0.1
-    done
-    if [ -z "$port" ] || ! wait_port "$port" "$pid"; then
-        log "statehub did not start (log: $logf):"
-        tail -n 20 "$logf" >&2 || true
-        return 1
-    fi
-    PORT[statehub]="$port"
-    log "statehub pid $pid on 127.0.0.1:$port (cpu $BROKER_CPU)"
+    launch_statehub "$OUT_DIR/statehub.log" "${PIN_BROKER[@]}" || return 1
+    PIDS+=("$STATEHUB_PID")
+    PORT[statehub]="$STATEHUB_PORT"
+    log "statehub pid $STATEHUB_PID on 127.0.0.1:$STATEHUB_PORT (cpu $BROKER_CPU)"
 }
 
 start_mosquitto() {

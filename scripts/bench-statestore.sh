@@ -70,6 +70,7 @@ RESULTS="$OUT_DIR/results.jsonl"
 PER_CLIENT=$(((N + CLIENTS - 1) / CLIENTS))
 
 log() { printf '[bench-statestore] %s\n' "$*" >&2; }
+source "$(dirname "${BASH_SOURCE[0]}")/lib/common.sh"
 
 PIDS=()
 cleanup() {
@@ -100,21 +101,7 @@ else
     TIMER=()
 fi
 
-free_port() {
-    python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'
-}
 
-wait_port() { # wait_port PORT PID: until something accepts on 127.0.0.1:PORT
-    local port="$1" pid="$2"
-    for _ in $(seq 1 100); do
-        kill -0 "$pid" 2>/dev/null || return 1
-        if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
-            return 0
-        fi
-        sleep 0.1
-    done
-    return 1
-}
 
 cpu_ticks() { # utime + stime of PID in clock ticks
     awk '{ sub(/^.*\) /, ""); print $12 + $13 }' "/proc/$1/stat" 2>/dev/null || echo 0
@@ -122,16 +109,6 @@ cpu_ticks() { # utime + stime of PID in clock ticks
 now_s() { date +%s.%N; }
 
 # ---- dependencies -----------------------------------------------------------
-as_root() {
-    if [ "$(id -u)" -eq 0 ]; then
-        "$@"
-    elif command -v sudo >/dev/null 2>&1; then
-        sudo -n "$@"
-    else
-        log "need root for: $*"
-        return 1
-    fi
-}
 
 install_redis() {
     local missing=() pkg
@@ -160,29 +137,11 @@ declare -A PORT=() SPID=()
 
 start_statehub() {
     [ -x "$STATEHUB_BIN" ] || { log "skipping statehub: no binary at $STATEHUB_BIN"; return 1; }
-    local logf="$OUT_DIR/statehub.log"
-    # Port 0: the OS picks free ports; the MQTT one is read back from the log line
-    # "mqtt listening on 127.0.0.1:PORT" (tracing, INFO; ANSI colours stripped).
-    NO_COLOR=1 RUST_LOG="${RUST_LOG:-info}" "${PIN_SERVER[@]}" "$STATEHUB_BIN" serve \
-        --mqtt-listen 127.0.0.1:0 --http-listen 127.0.0.1:0 >"$logf" 2>&1 &
-    local pid=$!
-    PIDS+=("$pid")
-    local port=""
-    for _ in $(seq 1 100); do
-        port="$(sed 's/\x1b\[[0-9;]*m//g' "$logf" |
-            grep -oE 'mqtt listening on 127\.0\.0\.1:[0-9]+' | head -n1 | sed 's/.*://')" || true
-        [ -n "$port" ] && break
-        kill -0 "$pid" 2>/dev/null || break
-        sleep 0.1
-    done
-    if [ -z "$port" ] || ! wait_port "$port" "$pid"; then
-        log "statehub did not start (log: $logf):"
-        tail -n 20 "$logf" >&2 || true
-        return 1
-    fi
-    PORT[statehub]="$port"
-    SPID[statehub]="$pid"
-    log "statehub pid $pid on 127.0.0.1:$port (cpu $SERVER_CPU)"
+    launch_statehub "$OUT_DIR/statehub.log" "${PIN_SERVER[@]}" || return 1
+    PIDS+=("$STATEHUB_PID")
+    PORT[statehub]="$STATEHUB_PORT"
+    SPID[statehub]="$STATEHUB_PID"
+    log "statehub pid $STATEHUB_PID on 127.0.0.1:$STATEHUB_PORT (cpu $SERVER_CPU)"
 }
 
 start_redis() {

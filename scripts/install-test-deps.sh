@@ -17,17 +17,8 @@ VENV="$ROOT/.venv"
 PAHO_SPEC='paho-mqtt>=2,<3'
 
 log() { printf '[install-test-deps] %s\n' "$*" >&2; }
+source "$(dirname "${BASH_SOURCE[0]}")/lib/common.sh"
 
-as_root() {
-    if [ "$(id -u)" -eq 0 ]; then
-        "$@"
-    elif command -v sudo >/dev/null 2>&1; then
-        sudo -n "$@"
-    else
-        log "need root for: $*"
-        return 1
-    fi
-}
 
 # ---- Debian packages -------------------------------------------------------
 # pkg-config and libssl-dev: the Azure IoT Operations SDK dev-dependencies build openssl-sys.

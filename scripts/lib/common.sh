@@ -1,0 +1,55 @@
+# Helpers shared by the project's scripts; source it, do not run it.
+# Each script defines its own log() before sourcing.
+
+as_root() {
+    if [ "$(id -u)" -eq 0 ]; then
+        "$@"
+    elif command -v sudo >/dev/null 2>&1; then
+        sudo -n "$@"
+    else
+        log "need root for: $*"
+        return 1
+    fi
+}
+
+free_port() {
+    python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'
+}
+
+wait_port() { # wait_port PORT PID: until something accepts on 127.0.0.1:PORT
+    local port="$1" pid="$2"
+    for _ in $(seq 1 100); do
+        kill -0 "$pid" 2>/dev/null || return 1
+        if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+            return 0
+        fi
+        sleep 0.1
+    done
+    return 1
+}
+
+# launch_statehub LOGFILE [PIN COMMAND...]: starts "$STATEHUB_BIN serve" on port 0
+# (both listeners) and sets STATEHUB_PID and STATEHUB_PORT, the MQTT port read back
+# from the log line "mqtt listening on 127.0.0.1:PORT" (ANSI colours stripped).
+# Returns 1, with the log's tail on stderr, if it does not come up.
+launch_statehub() {
+    local logf="$1"
+    shift
+    NO_COLOR=1 RUST_LOG="${RUST_LOG:-info}" "$@" "$STATEHUB_BIN" serve \
+        --mqtt-listen 127.0.0.1:0 --http-listen 127.0.0.1:0 >"$logf" 2>&1 &
+    STATEHUB_PID=$!
+    STATEHUB_PORT=""
+    for _ in $(seq 1 100); do
+        STATEHUB_PORT="$(sed 's/\x1b\[[0-9;]*m//g' "$logf" |
+            grep -oE 'mqtt listening on 127\.0\.0\.1:[0-9]+' | head -n1 | sed 's/.*://')" || true
+        [ -n "$STATEHUB_PORT" ] && break
+        kill -0 "$STATEHUB_PID" 2>/dev/null || break
+        sleep 0.1
+    done
+    if [ -z "$STATEHUB_PORT" ] || ! wait_port "$STATEHUB_PORT" "$STATEHUB_PID"; then
+        log "statehub did not start (log: $logf):"
+        tail -n 20 "$logf" >&2 || true
+        kill "$STATEHUB_PID" 2>/dev/null || true
+        return 1
+    fi
+}
