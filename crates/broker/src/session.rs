@@ -24,15 +24,15 @@ pub struct Subscription {
     pub identifier: Option<u32>,
 }
 
-/// Where an outgoing QoS 1/2 message stands.
+/// Where an outgoing QoS 1/2 message stands: the packet it waits for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Stage {
     /// QoS 1 PUBLISH sent, waiting for PUBACK.
-    AwaitPubAck,
+    Qos1Sent,
     /// QoS 2 PUBLISH sent, waiting for PUBREC.
-    AwaitPubRec,
+    Qos2Sent,
     /// PUBREL sent, waiting for PUBCOMP.
-    AwaitPubComp,
+    Released,
 }
 
 #[derive(Debug, Clone)]

@@ -73,7 +73,7 @@ async fn retained_qos_is_downgraded_and_properties_kept() {
     assert_eq!(got.qos, QoS::AtMostOnce);
     assert!(got.retain);
     let mut props = got.properties.clone();
-    assert!(props.message_expiry_interval.is_some_and(|e| e <= 3600 && e >= 3598));
+    assert!(props.message_expiry_interval.is_some_and(|e| (3598..=3600).contains(&e)));
     props.message_expiry_interval = Some(3600);
     assert_eq!(props, full_properties());
 }

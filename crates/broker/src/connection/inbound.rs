@@ -20,7 +20,7 @@ impl Conn {
         match p {
             Packet::Publish(p) => self.on_publish(p).await,
             Packet::PubAck(a) => {
-                self.complete(a.packet_id, Stage::AwaitPubAck);
+                self.complete(a.packet_id, Stage::Qos1Sent);
                 Ok(())
             }
             Packet::PubRec(r) => self.on_pubrec(r),
@@ -30,7 +30,7 @@ impl Conn {
                 self.send(&Packet::PubComp(PubResponse { reason_code: code, ..PubResponse::ok(r.packet_id) }))
             }
             Packet::PubComp(c) => {
-                self.complete(c.packet_id, Stage::AwaitPubComp);
+                self.complete(c.packet_id, Stage::Released);
                 Ok(())
             }
             Packet::Subscribe(s) => self.on_subscribe(s),
@@ -128,9 +128,9 @@ impl Conn {
         let found = {
             let mut st = self.session.state.lock();
             match st.inflight_position(r.packet_id) {
-                Some(i) if st.inflight[i].stage == Stage::AwaitPubRec => {
+                Some(i) if st.inflight[i].stage == Stage::Qos2Sent => {
                     if r.reason_code.is_success() {
-                        st.inflight[i].stage = Stage::AwaitPubComp;
+                        st.inflight[i].stage = Stage::Released;
                         true
                     } else {
                         st.inflight.remove(i);

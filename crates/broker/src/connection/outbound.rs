@@ -18,8 +18,8 @@ impl Conn {
         let pending: Vec<Inflight> = self.session.state.lock().inflight.iter().cloned().collect();
         for i in pending {
             let packet = match i.stage {
-                Stage::AwaitPubComp => Packet::PubRel(PubResponse::ok(i.packet_id)),
-                Stage::AwaitPubAck | Stage::AwaitPubRec => {
+                Stage::Released => Packet::PubRel(PubResponse::ok(i.packet_id)),
+                Stage::Qos1Sent | Stage::Qos2Sent => {
                     Packet::Publish(i.delivery.to_publish(Some(i.packet_id), true, now))
                 }
             };
@@ -67,7 +67,7 @@ impl Conn {
                 continue;
             }
             if let Some(packet_id) = packet_id {
-                let stage = if d.qos == QoS::ExactlyOnce { Stage::AwaitPubRec } else { Stage::AwaitPubAck };
+                let stage = if d.qos == QoS::ExactlyOnce { Stage::Qos2Sent } else { Stage::Qos1Sent };
                 st.inflight.push_back(Inflight { packet_id, stage, delivery: d });
             }
         }
