@@ -1,0 +1,149 @@
+//! The authentication hook and the AUTH packet plumbing [MQTT-4.12]: a
+//! challenge/response method driven through CONNECT → AUTH 0x18 → AUTH → CONNACK,
+//! re-authentication (AUTH 0x19 → AUTH 0x00), refusals, and the default that
+//! refuses any method with 0x8C.
+
+mod common;
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use common::*;
+use statehub_broker::codec::{Auth, ByteString, Connect, Packet, ReasonCode};
+use statehub_broker::{AuthDecision, Authenticator, BrokerConfig};
+
+/// Method "CHAL": the server challenges with "nonce", the client must answer with
+/// "ecnon" (the nonce reversed). A CONNECT carrying "ecnon" right away is accepted
+/// in one step; "deny" is refused with 0x87.
+#[derive(Debug)]
+struct Challenge;
+
+const METHOD: &str = "CHAL";
+
+impl Authenticator for Challenge {
+    fn connect(&self, connect: &Connect) -> AuthDecision {
+        if connect.properties.authentication_method.as_deref() != Some(METHOD) {
+            return AuthDecision::Deny(ReasonCode::BAD_AUTHENTICATION_METHOD);
+        }
+        match connect.properties.authentication_data.as_deref() {
+            Some(b"ecnon") => AuthDecision::Success { data: Some(Bytes::from_static(b"welcome")) },
+            Some(b"deny") => AuthDecision::Deny(ReasonCode::NOT_AUTHORIZED),
+            _ => AuthDecision::Continue { data: Some(Bytes::from_static(b"nonce")) },
+        }
+    }
+
+    fn auth(&self, _client_id: &ByteString, _method: &ByteString, auth: &Auth) -> AuthDecision {
+        match auth.authentication_data.as_deref() {
+            Some(b"ecnon") => AuthDecision::Success { data: Some(Bytes::from_static(b"welcome")) },
+            _ => AuthDecision::Deny(ReasonCode::NOT_AUTHORIZED),
+        }
+    }
+}
+
+async fn broker_with_challenge() -> std::net::SocketAddr {
+    let (broker, addr) = start_broker(BrokerConfig::default()).await;
+    broker.set_authenticator(Arc::new(Challenge));
+    addr
+}
+
+fn connect_with_method(id: &str, data: Option<&'static [u8]>) -> Connect {
+    let mut c = connect_packet(V5, id);
+    c.properties.authentication_method = Some(bs(METHOD));
+    c.properties.authentication_data = data.map(Bytes::from_static);
+    c
+}
+
+fn auth(code: ReasonCode, data: &'static [u8]) -> Packet {
+    Packet::Auth(Auth {
+        reason_code: code,
+        authentication_method: Some(bs(METHOD)),
+        authentication_data: Some(Bytes::from_static(data)),
+        ..Default::default()
+    })
+}
+
+#[tokio::test]
+async fn challenge_response_during_connect() {
+    let addr = broker_with_challenge().await;
+    let mut c = RawClient::open(addr, V5).await;
+    c.send(&Packet::Connect(Box::new(connect_with_method("auth-1", None)))).await;
+    match c.expect().await {
+        Packet::Auth(a) => {
+            assert_eq!(a.reason_code, ReasonCode::CONTINUE_AUTHENTICATION);
+            assert_eq!(a.authentication_method.as_deref(), Some(METHOD));
+            assert_eq!(a.authentication_data.as_deref(), Some(&b"nonce"[..]));
+        }
+        other => panic!("expected AUTH 0x18, got {other:?}"),
+    }
+    c.send(&auth(ReasonCode::CONTINUE_AUTHENTICATION, b"ecnon")).await;
+    match c.expect().await {
+        Packet::ConnAck(ack) => {
+            assert_eq!(ack.reason_code, ReasonCode::SUCCESS);
+            assert_eq!(ack.properties.authentication_method.as_deref(), Some(METHOD));
+            assert_eq!(ack.properties.authentication_data.as_deref(), Some(&b"welcome"[..]));
+        }
+        other => panic!("expected CONNACK, got {other:?}"),
+    }
+    // The connection works afterwards.
+    c.send(&Packet::PingReq).await;
+    assert_eq!(c.expect().await, Packet::PingResp);
+}
+
+#[tokio::test]
+async fn wrong_answer_during_connect_is_refused_with_the_hook_code() {
+    let addr = broker_with_challenge().await;
+    let mut c = RawClient::open(addr, V5).await;
+    c.send(&Packet::Connect(Box::new(connect_with_method("auth-2", None)))).await;
+    assert!(matches!(c.expect().await, Packet::Auth(_)));
+    c.send(&auth(ReasonCode::CONTINUE_AUTHENTICATION, b"guess")).await;
+    match c.expect().await {
+        Packet::ConnAck(ack) => assert_eq!(ack.reason_code, ReasonCode::NOT_AUTHORIZED),
+        other => panic!("expected CONNACK 0x87, got {other:?}"),
+    }
+    c.expect_closed().await;
+}
+
+#[tokio::test]
+async fn one_step_success_and_denial_on_connect() {
+    let addr = broker_with_challenge().await;
+    let (_ok, ack) = RawClient::connect_with(addr, connect_with_method("auth-3", Some(b"ecnon"))).await;
+    assert_eq!(ack.reason_code, ReasonCode::SUCCESS);
+    let (mut denied, ack) = RawClient::connect_with(addr, connect_with_method("auth-4", Some(b"deny"))).await;
+    assert_eq!(ack.reason_code, ReasonCode::NOT_AUTHORIZED);
+    denied.expect_closed().await;
+}
+
+#[tokio::test]
+async fn re_authentication_after_connect() {
+    let addr = broker_with_challenge().await;
+    let (mut c, ack) = RawClient::connect_with(addr, connect_with_method("auth-5", Some(b"ecnon"))).await;
+    assert_eq!(ack.reason_code, ReasonCode::SUCCESS);
+    c.send(&auth(ReasonCode::RE_AUTHENTICATE, b"ecnon")).await;
+    match c.expect().await {
+        Packet::Auth(a) => {
+            assert_eq!(a.reason_code, ReasonCode::SUCCESS);
+            assert_eq!(a.authentication_data.as_deref(), Some(&b"welcome"[..]));
+        }
+        other => panic!("expected AUTH 0x00, got {other:?}"),
+    }
+    // A failed re-authentication disconnects with the hook's code.
+    c.send(&auth(ReasonCode::RE_AUTHENTICATE, b"guess")).await;
+    c.expect_disconnect(ReasonCode::NOT_AUTHORIZED).await;
+}
+
+#[tokio::test]
+async fn auth_without_a_method_at_connect_is_a_protocol_error() {
+    // A client that named no method at CONNECT (default hook) may not send AUTH.
+    let (_broker, plain) = start_default().await;
+    let mut c = RawClient::connect(plain, V5, "auth-6").await;
+    c.send(&auth(ReasonCode::RE_AUTHENTICATE, b"x")).await;
+    c.expect_disconnect(ReasonCode::PROTOCOL_ERROR).await;
+}
+
+#[tokio::test]
+async fn default_hook_refuses_any_method_with_0x8c() {
+    let (_broker, addr) = start_default().await;
+    let (mut c, ack) = RawClient::connect_with(addr, connect_with_method("auth-7", None)).await;
+    assert_eq!(ack.reason_code, ReasonCode::BAD_AUTHENTICATION_METHOD);
+    c.expect_closed().await;
+}
