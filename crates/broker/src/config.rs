@@ -25,10 +25,10 @@ pub struct BrokerConfig {
     pub keep_alive_zero_allowed: bool,
     /// Upper bound on Session Expiry Interval a client may ask for (seconds).
     pub max_session_expiry: u32,
-    /// Messages queued per session (pending and in flight) before the slow-consumer
-    /// policy applies.
+    /// Messages queued per session (pending and in flight) while it is offline; a
+    /// connected session may hold 1.5x this before it is a slow consumer (0x97).
     pub max_queued_messages: usize,
-    /// Bytes of payload queued per session before the slow-consumer policy applies.
+    /// Bytes of payload queued per offline session (1.5x while connected, as above).
     pub max_queued_bytes: usize,
     /// Queue QoS 0 messages for offline sessions (Mosquitto's `queue_qos0_messages`).
     pub queue_qos0_offline: bool,

@@ -128,7 +128,8 @@ pub struct Session {
     pub ended: CancellationToken,
 }
 
-/// Queue bounds, copied from the broker config.
+/// Queue bounds, copied from the broker config (the offline bounds; a connected
+/// session gets 1.5x, see [`Session::enqueue`]).
 #[derive(Debug, Clone, Copy)]
 pub struct QueueLimits {
     pub max_messages: usize,
@@ -171,8 +172,16 @@ impl Session {
             if !connected && d.qos == QoS::AtMostOnce && !limits.queue_qos0_offline {
                 return Enqueued::SkippedOffline;
             }
-            let full = st.queue.len() + st.inflight.len() >= limits.max_messages
-                || st.queued_bytes + d.msg.weight() > limits.max_bytes;
+            // A connected session may hold half as much again as an offline one, so a
+            // session that resumes with a full queue has room to drain it; only a
+            // consumer that still falls behind by that much is cut off.
+            let (max_messages, max_bytes) = if connected {
+                (limits.max_messages + limits.max_messages / 2, limits.max_bytes + limits.max_bytes / 2)
+            } else {
+                (limits.max_messages, limits.max_bytes)
+            };
+            let full = st.queue.len() + st.inflight.len() >= max_messages
+                || st.queued_bytes + d.msg.weight() > max_bytes;
             if full && d.qos == QoS::AtMostOnce {
                 st.dropped_qos0 += 1;
                 Enqueued::DroppedQoS0

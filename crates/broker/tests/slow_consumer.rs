@@ -165,3 +165,51 @@ async fn slow_consumer_session_queue_stays_bounded() {
         broker.metrics().slow_consumers.load(Ordering::Relaxed)
     );
 }
+
+/// A persistent session whose queue filled to the bound while it was offline must be
+/// able to resume and drain it while new messages keep arriving: resuming is not
+/// being slow.
+#[tokio::test]
+async fn a_session_resuming_with_a_full_queue_is_not_cut_off() {
+    let (broker, addr) = start_broker(config()).await;
+    let mut sub = RawClient::connect_with(addr, {
+        let mut c = connect_packet(V5, "resume-full");
+        c.clean_start = false;
+        c.properties = ConnectProperties { session_expiry_interval: Some(60), ..Default::default() };
+        c
+    })
+    .await
+    .0;
+    sub.subscribe("resume/full", opts(QoS::AtLeastOnce)).await;
+    sub.send(&Packet::Disconnect(Default::default())).await;
+    sub.expect_closed().await;
+
+    // Fill the offline queue to its bound.
+    let mut publisher = RawClient::connect(addr, V5, "resume-pub").await;
+    for i in 0..MAX_QUEUED {
+        publisher.publish(publish("resume/full", QoS::AtLeastOnce, format!("old {i}").as_bytes())).await;
+    }
+
+    // Resume, and keep publishing while the backlog drains.
+    let mut connect = connect_packet(V5, "resume-full");
+    connect.clean_start = false;
+    connect.properties = ConnectProperties { session_expiry_interval: Some(60), ..Default::default() };
+    let (mut sub, ack) = RawClient::connect_with(addr, connect).await;
+    assert!(ack.session_present);
+    for i in 0..10 {
+        publisher.publish(publish("resume/full", QoS::AtLeastOnce, format!("new {i}").as_bytes())).await;
+    }
+    let mut received = 0;
+    while received < MAX_QUEUED + 10 {
+        match sub.next_event(Duration::from_secs(3)).await {
+            Event::Packet(Packet::Publish(p)) => {
+                received += 1;
+                sub.ack(&p).await;
+            }
+            Event::Packet(Packet::Disconnect(d)) => panic!("resumed session was cut off: {d:?} after {received}"),
+            Event::Packet(_) => {}
+            other => panic!("expected the backlog, got {other:?} after {received}"),
+        }
+    }
+    assert_eq!(broker.metrics().slow_consumers.load(Ordering::Relaxed), 0);
+}
