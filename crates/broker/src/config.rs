@@ -40,7 +40,8 @@ pub struct BrokerConfig {
     pub socket_write_high_water: usize,
     /// Seconds a client has to send CONNECT after the TCP connection opens.
     pub connect_timeout_secs: u64,
-    /// Maximum concurrent client connections; further ones are refused (0x97).
+    /// Maximum concurrent client connections; further ones get CONNACK 0x97
+    /// (Quota exceeded; return code 3 for MQTT 3.1.1).
     pub max_connections: usize,
     /// How a message matching several subscriptions of one client is delivered
     /// (MQTT 5 allows both [MQTT-3.3.4-2], [MQTT-3.3.4-3]).

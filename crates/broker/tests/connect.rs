@@ -305,3 +305,16 @@ async fn server_disconnect_respects_the_client_maximum_packet_size() {
     c.codec.encode(&Packet::Disconnect(d.clone()), &mut wire).unwrap();
     assert!(wire.len() <= 16, "DISCONNECT of {} bytes sent to a client with Maximum Packet Size 16: {d:?}", wire.len());
 }
+
+#[tokio::test]
+async fn connections_over_the_limit_get_connack_0x97() {
+    let (_broker, addr) = start_broker(BrokerConfig { max_connections: 1, ..Default::default() }).await;
+    let _first = RawClient::connect(addr, V5, "limit-1").await;
+    let (mut second, ack) = RawClient::connect_with(addr, connect_packet(V5, "limit-2")).await;
+    assert_eq!(ack.reason_code, ReasonCode::QUOTA_EXCEEDED);
+    second.expect_closed().await;
+    let (mut v3, ack) = RawClient::connect_with(addr, connect_packet(V311, "limit-3")).await;
+    // 3.1.1 has no 0x97: return code 3, Server unavailable.
+    assert_eq!(ack.reason_code, ReasonCode::SERVER_UNAVAILABLE);
+    v3.expect_closed().await;
+}

@@ -78,9 +78,7 @@ pub(crate) async fn serve(broker: Broker, mut stream: TcpStream, peer: SocketAdd
     broker.inner.connections.fetch_add(1, Ordering::Relaxed);
     broker.inner.metrics.connections_total.fetch_add(1, Ordering::Relaxed);
     let _ = stream.set_nodelay(true);
-    if broker.connection_count() > broker.config().max_connections {
-        tracing::warn!(%peer, "connection limit reached; refusing");
-    } else if let Some((conn, rbuf)) = connect(&broker, &mut stream).await {
+    if let Some((conn, rbuf)) = connect(&broker, &mut stream).await {
         let client = conn.info.client_id.clone();
         tracing::debug!(%peer, client = %client, "client connected");
         run(conn, stream, rbuf).await;
@@ -116,8 +114,16 @@ async fn connect(broker: &Broker, stream: &mut TcpStream) -> Option<(Conn, Bytes
         let ack = statehub_mqtt_codec::ConnAck { reason_code: code, ..Default::default() };
         let _ = codec.encode(&Packet::ConnAck(ack), wbuf);
     };
-    if broker.inner.shutdown.is_cancelled() {
-        refuse(ReasonCode::SERVER_UNAVAILABLE, &mut wbuf, &codec);
+    let unavailable = if broker.inner.shutdown.is_cancelled() {
+        Some(ReasonCode::SERVER_UNAVAILABLE)
+    } else if broker.connection_count() > cfg.max_connections {
+        tracing::warn!(client = %connect.client_id, "connection limit reached; refusing with 0x97");
+        Some(ReasonCode::QUOTA_EXCEEDED)
+    } else {
+        None
+    };
+    if let Some(code) = unavailable {
+        refuse(code, &mut wbuf, &codec);
         let _ = stream.write_all(&wbuf).await;
         return None;
     }
