@@ -109,11 +109,6 @@ async fn connect(broker: &Broker, stream: &mut TcpStream) -> Option<(Conn, Bytes
     };
     let Packet::Connect(mut connect) = first else { return None };
     let version = connect.protocol;
-    let mut wbuf = BytesMut::with_capacity(1024);
-    let refuse = |code: ReasonCode, wbuf: &mut BytesMut, codec: &Codec| {
-        let ack = statehub_mqtt_codec::ConnAck { reason_code: code, ..Default::default() };
-        let _ = codec.encode(&Packet::ConnAck(ack), wbuf);
-    };
     let unavailable = if broker.inner.shutdown.is_cancelled() {
         Some(ReasonCode::SERVER_UNAVAILABLE)
     } else if broker.connection_count() > cfg.max_connections {
@@ -123,8 +118,7 @@ async fn connect(broker: &Broker, stream: &mut TcpStream) -> Option<(Conn, Bytes
         None
     };
     if let Some(code) = unavailable {
-        refuse(code, &mut wbuf, &codec);
-        let _ = stream.write_all(&wbuf).await;
+        refuse(stream, &codec, code).await;
         return None;
     }
     let auth_data = match handshake::check(&connect).and_then(|()| handshake::authenticate(broker, &connect)) {
@@ -133,20 +127,19 @@ async fn connect(broker: &Broker, stream: &mut TcpStream) -> Option<(Conn, Bytes
             match auth_rounds(broker, stream, &mut codec, &mut rbuf, &connect, challenge, deadline).await {
                 Ok(data) => data,
                 Err(Some(Refused(code))) => {
-                    refuse(code, &mut wbuf, &codec);
-                    let _ = stream.write_all(&wbuf).await;
+                    refuse(stream, &codec, code).await;
                     return None;
                 }
                 Err(None) => return None,
             }
         }
         Err(Refused(code)) => {
-            refuse(code, &mut wbuf, &codec);
-            let _ = stream.write_all(&wbuf).await;
+            refuse(stream, &codec, code).await;
             return None;
         }
     };
     let accepted = handshake::accept(broker, &mut connect, auth_data);
+    let mut wbuf = BytesMut::with_capacity(1024);
     if codec.encode(&Packet::ConnAck(accepted.connack.clone()), &mut wbuf).is_err() {
         return None;
     }
@@ -161,7 +154,7 @@ async fn connect(broker: &Broker, stream: &mut TcpStream) -> Option<(Conn, Bytes
         version,
         client_receive_max: p.receive_maximum.unwrap_or(u16::MAX).max(1),
         client_max_packet: p.maximum_packet_size.unwrap_or(u32::MAX),
-        client_alias_max: if broker.config().server_topic_aliases { p.topic_alias_maximum.unwrap_or(0) } else { 0 },
+        client_alias_max: if cfg.server_topic_aliases { p.topic_alias_maximum.unwrap_or(0) } else { 0 },
         out_aliases: HashMap::new(),
         in_aliases: HashMap::new(),
         will: connect.will.take(),
@@ -184,9 +177,14 @@ async fn refuse_bad_connect(stream: &mut TcpStream, codec: &Codec, e: &DecodeErr
         Some(ProtocolVersion::V311) => code == ReasonCode::CLIENT_IDENTIFIER_NOT_VALID,
         None => false,
     };
-    if !answer {
-        return;
+    if answer {
+        refuse(stream, codec, code).await;
     }
+}
+
+/// Writes a CONNACK refusing the connection with `code` (the codec maps it to a
+/// 3.1.1 return code); the caller then closes.
+async fn refuse(stream: &mut TcpStream, codec: &Codec, code: ReasonCode) {
     let mut out = BytesMut::new();
     let ack = statehub_mqtt_codec::ConnAck { reason_code: code, ..Default::default() };
     if codec.encode(&Packet::ConnAck(ack), &mut out).is_ok() {
