@@ -62,19 +62,6 @@ pub enum Upstream {
     Unknown,
 }
 
-impl Upstream {
-    /// The `ackId` the client expects an answer to, if any.
-    pub fn ack_id(&self) -> Option<u64> {
-        match self {
-            Self::JoinGroup { ack_id, .. }
-            | Self::LeaveGroup { ack_id, .. }
-            | Self::SendToGroup { ack_id, .. }
-            | Self::Event { ack_id, .. } => *ack_id,
-            Self::SequenceAck { .. } | Self::Ping | Self::Unknown => None,
-        }
-    }
-}
-
 /// Decodes one text frame. A frame that is JSON but not a valid message keeps its
 /// `ackId` in the error so the client can still be answered.
 pub fn decode_upstream(text: &str) -> Result<Upstream, ProtocolError> {
