@@ -1,0 +1,148 @@
+//! Errors: [`OpenError`] when a store cannot be opened (statehub refuses to start),
+//! [`StorageError`] afterwards.
+//!
+//! A refused write (a key over the size limit) is [`StorageError::KeyTooLong`] /
+//! [`StorageError::ValueTooLong`] and leaves the store healthy; [`StorageError::Failed`]
+//! means the store is broken for good (see the crate docs). Damaged files are told apart
+//! from other I/O errors so the message can say "damaged" and name the files.
+
+use std::io;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+/// Why [`crate::Store::open`] failed. Every variant names the directory or file.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    /// Another process (or another open in this one) holds `DIR/LOCK`.
+    #[error(
+        "data directory {dir} is in use by another statehub ({holder}); refusing to open it twice"
+    )]
+    Locked {
+        /// The data directory.
+        dir: PathBuf,
+        /// What the lock file says about its owner (`pid N`), or `unknown owner`.
+        holder: String,
+    },
+    /// The directory or a file in it cannot be created, read or written.
+    #[error("cannot use data directory {path}: {source}")]
+    Io {
+        /// The path that failed.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: io::Error,
+    },
+    /// Files in the directory are damaged beyond the torn last write recovery repairs.
+    #[error("data directory {dir} is damaged ({files}): {detail}; refusing to start rather than lose data (restore the directory from a backup, or move it away to start empty)")]
+    Corrupt {
+        /// The data directory.
+        dir: PathBuf,
+        /// The damaged file(s), as precisely as the storage engine tells.
+        files: String,
+        /// What is wrong.
+        detail: String,
+    },
+    /// Any other failure of the storage engine while opening.
+    #[error("cannot open the store in {dir}: {source}")]
+    Backend {
+        /// The data directory.
+        dir: PathBuf,
+        /// The cause.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+}
+
+/// Why a store operation failed after open. Cheap to clone: one failure is handed to
+/// every waiting ticket.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum StorageError {
+    /// A commit or sync failed earlier; the store accepts no more writes.
+    #[error("the store failed and accepts no more writes: {0}")]
+    Failed(Arc<dyn std::error::Error + Send + Sync>),
+    /// The store was closed.
+    #[error("the store is closed")]
+    Closed,
+    /// A key over [`crate::MAX_KEY_LEN`] bytes; the batch is unchanged.
+    #[error("a key of {len} bytes is over the storage limit of {max} bytes")]
+    KeyTooLong {
+        /// The key's length.
+        len: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// A value over [`crate::MAX_VALUE_LEN`] bytes; the batch is unchanged.
+    #[error("a value of {len} bytes is over the storage limit of {max} bytes")]
+    ValueTooLong {
+        /// The value's length.
+        len: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// Reading found damaged data.
+    #[error("damaged data in {files}: {detail}")]
+    Corrupt {
+        /// The damaged file(s), as precisely as the storage engine tells.
+        files: String,
+        /// What is wrong.
+        detail: String,
+    },
+    /// Reading failed for another reason.
+    #[error("reading table {table} failed: {source}")]
+    Read {
+        /// The table.
+        table: String,
+        /// The cause.
+        #[source]
+        source: Arc<dyn std::error::Error + Send + Sync>,
+    },
+    /// Opening a table failed.
+    #[error("cannot open table {table}: {source}")]
+    Table {
+        /// The table.
+        table: String,
+        /// The cause.
+        #[source]
+        source: Arc<dyn std::error::Error + Send + Sync>,
+    },
+}
+
+/// Whether `error` means damaged files rather than an I/O failure of a healthy disk. A
+/// file the database lists but cannot find counts as damage.
+pub(crate) fn is_damage(error: &fjall::Error) -> bool {
+    use fjall::Error as F;
+    use fjall::LsmError as L;
+    let io_damage = |e: &io::Error| {
+        matches!(
+            e.kind(),
+            io::ErrorKind::UnexpectedEof | io::ErrorKind::InvalidData | io::ErrorKind::NotFound
+        )
+    };
+    match error {
+        F::Storage(L::Io(e)) | F::Io(e) => io_damage(e),
+        F::Storage(_)
+        | F::JournalRecovery(_)
+        | F::InvalidVersion(_)
+        | F::Decompress(_)
+        | F::InvalidTrailer
+        | F::InvalidTag(_)
+        | F::Unrecoverable => true,
+        _ => false,
+    }
+}
+
+/// A short description of a fjall error (its `Display` is its `Debug`, with a prefix).
+pub(crate) fn describe(error: &fjall::Error) -> String {
+    use fjall::Error as F;
+    use fjall::LsmError as L;
+    match error {
+        F::JournalRecovery(e) => format!("journal recovery failed: {e:?}"),
+        F::Storage(L::ChecksumMismatch { .. }) => "checksum mismatch".to_owned(),
+        F::Storage(L::Unrecoverable) | F::Unrecoverable => {
+            "table files are missing or unreadable (see the storage engine's log lines above)"
+                .to_owned()
+        }
+        F::Storage(L::Io(e)) | F::Io(e) => e.to_string(),
+        other => format!("{other:?}"),
+    }
+}
