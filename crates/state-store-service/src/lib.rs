@@ -154,6 +154,7 @@ where
                     }
                 }
                 Effect::ArmExpiry { .. } => self.rearm.notify_one(),
+                Effect::AwaitDurable(_) => {}
             }
         }
     }

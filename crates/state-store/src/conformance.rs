@@ -9,13 +9,16 @@
 //!     statehub_state_store::conformance::run_all(|| MyEngine::open_temp());
 //! }
 //! ```
+//!
+//! Persistent engines also run [`run_persistent`], which closes and reopens them on the
+//! same storage (see [`Reopen`]).
 
 use std::collections::BTreeSet;
 
 use bytes::Bytes;
 
 use crate::engine::{Engine, Entry, Stats};
-use crate::hlc::Hlc;
+use crate::hlc::{Hlc, HlcClock};
 
 /// Runs every check of the suite.
 pub fn run_all<E: Engine>(factory: impl Fn() -> E) {
@@ -31,6 +34,8 @@ pub fn run_all<E: Engine>(factory: impl Fn() -> E) {
     scan_tolerates_any_cursor(&mut factory());
     scan_during_writes(&mut factory());
     max_version(&mut factory());
+    longest_key(&mut factory());
+    seal_never_goes_backwards(&mut factory());
 }
 
 fn entry(value: &'static [u8], wall_ms: u64, expires_at_ms: Option<u64>) -> Entry {
@@ -278,4 +283,175 @@ pub fn get_does_not_copy<E: Engine>(engine: &mut E) {
         .expect("put failed");
     let got = engine.get(b"k").expect("get failed").expect("present");
     assert_eq!(got.value.as_ptr(), value.as_ptr());
+}
+
+/// A key of exactly [`Engine::max_key_len`] bytes is stored (when that is testable).
+pub fn longest_key<E: Engine>(engine: &mut E) {
+    let len = engine.max_key_len();
+    assert!(len >= 1024, "an engine must take keys of at least 1 KiB");
+    if len > 1 << 20 {
+        return;
+    }
+    let key = Bytes::from(vec![b'k'; len]);
+    engine
+        .put(key.clone(), entry(b"v", 1, None))
+        .expect("put failed");
+    assert!(engine.get(&key).expect("get failed").is_some());
+}
+
+/// Sealed write sequence numbers never decrease.
+pub fn seal_never_goes_backwards<E: Engine>(engine: &mut E) {
+    let mut clock = HlcClock::new("state-store");
+    let mut last = 0;
+    for i in 0..20u8 {
+        clock.tick(u64::from(i) + 1);
+        if i % 3 != 0 {
+            engine
+                .put(Bytes::from(vec![b'k', i]), entry(b"v", u64::from(i) + 1, None))
+                .expect("put failed");
+        }
+        if let Some(seq) = engine.seal(&clock).expect("seal failed") {
+            assert!(seq >= last, "seal went from {last} back to {seq}");
+            last = seq;
+        }
+    }
+}
+
+/// One persistent engine's storage, opened and closed again by [`run_persistent`].
+pub trait Reopen {
+    /// The engine.
+    type Engine: Engine;
+    /// Opens the engine on this storage (empty the first time).
+    fn open(&self) -> Self::Engine;
+    /// Closes the engine and its storage; returns once every sealed write is durable.
+    fn close(&self, engine: Self::Engine);
+}
+
+/// Runs every reopen check, each on fresh storage from `fresh`.
+pub fn run_persistent<R: Reopen>(fresh: impl Fn() -> R) {
+    reopen_keeps_every_field(&fresh());
+    reopen_forgets_removed_keys(&fresh());
+    reopen_keeps_expired_entries(&fresh());
+    reopen_keeps_the_clock_high_water(&fresh());
+    reopen_twice(&fresh());
+}
+
+/// Everything observable about an engine, for before/after comparisons.
+#[derive(Debug, PartialEq, Eq)]
+struct Snapshot {
+    entries: Vec<(Bytes, Entry)>,
+    stats: Stats,
+    next_expiry: Option<u64>,
+    expired: Vec<Bytes>,
+}
+
+fn snapshot<E: Engine>(engine: &E) -> Snapshot {
+    let entries = scan_all(engine, 3)
+        .into_iter()
+        .map(|k| {
+            let e = engine.get(&k).expect("get failed").expect("scanned key present");
+            (k, e)
+        })
+        .collect();
+    Snapshot {
+        entries,
+        stats: engine.stats(),
+        next_expiry: engine.next_expiry().expect("next_expiry failed"),
+        expired: engine.expired(u64::MAX, usize::MAX).expect("expired failed"),
+    }
+}
+
+fn seal_at<E: Engine>(engine: &mut E, clock: &mut HlcClock, now_ms: u64) {
+    clock.tick(now_ms);
+    engine.seal(clock).expect("seal failed");
+}
+
+/// Every field of every entry, the stats, the expiry index and the scan order come back.
+pub fn reopen_keeps_every_field<R: Reopen>(storage: &R) {
+    let mut engine = storage.open();
+    empty_engine(&engine);
+    let mut clock = HlcClock::new("state-store");
+    let mut fenced = entry(b"fenced value", 10, Some(5_000));
+    fenced.fencing_token = Some(Hlc::new(9, 4, "lock:holder"));
+    put(&mut engine, b"a", entry(b"first", 8, None));
+    put(&mut engine, b"a", fenced);
+    put(&mut engine, b"\x00\xff\r\n", entry(b"", 11, Some(4_000)));
+    put(&mut engine, b"plain", entry(b"\r\n$-1\r\n", 12, None));
+    seal_at(&mut engine, &mut clock, 12);
+    let before = snapshot(&engine);
+    storage.close(engine);
+    let engine = storage.open();
+    assert_eq!(snapshot(&engine), before);
+}
+
+/// Removed keys stay removed; replaced values stay replaced.
+pub fn reopen_forgets_removed_keys<R: Reopen>(storage: &R) {
+    let mut engine = storage.open();
+    let mut clock = HlcClock::new("state-store");
+    put(&mut engine, b"gone", entry(b"v", 1, Some(100)));
+    put(&mut engine, b"kept", entry(b"old", 1, None));
+    seal_at(&mut engine, &mut clock, 1);
+    engine.remove(b"gone").expect("remove failed");
+    put(&mut engine, b"kept", entry(b"new", 2, None));
+    put(&mut engine, b"brief", entry(b"v", 2, None));
+    engine.remove(b"brief").expect("remove failed");
+    seal_at(&mut engine, &mut clock, 2);
+    storage.close(engine);
+    let engine = storage.open();
+    assert_eq!(engine.get(b"gone").expect("get failed"), None);
+    assert_eq!(engine.get(b"brief").expect("get failed"), None);
+    assert_eq!(
+        engine.get(b"kept").expect("get failed").map(|e| e.value),
+        Some(Bytes::from_static(b"new"))
+    );
+    assert_eq!(engine.stats(), Stats { keys: 1, bytes: 7 });
+    assert_eq!(engine.next_expiry().expect("next_expiry failed"), None);
+}
+
+/// An entry that expired while the engine was closed is still there: the machine
+/// removes it, the engine never does.
+pub fn reopen_keeps_expired_entries<R: Reopen>(storage: &R) {
+    let mut engine = storage.open();
+    let mut clock = HlcClock::new("state-store");
+    put(&mut engine, b"old", entry(b"v", 1, Some(2)));
+    seal_at(&mut engine, &mut clock, 1);
+    storage.close(engine);
+    let engine = storage.open();
+    assert!(engine.get(b"old").expect("get failed").is_some());
+    assert_eq!(engine.expired(u64::MAX, 10).expect("expired failed"), vec![&b"old"[..]]);
+}
+
+/// `max_version` after reopening covers the clock sealed with the last write, even when
+/// no entry carries that version (a deletion's).
+pub fn reopen_keeps_the_clock_high_water<R: Reopen>(storage: &R) {
+    let mut engine = storage.open();
+    let mut clock = HlcClock::new("state-store");
+    put(&mut engine, b"k", entry(b"v", 1_000, None));
+    seal_at(&mut engine, &mut clock, 1_000);
+    engine.remove(b"k").expect("remove failed");
+    for _ in 0..3 {
+        clock.tick(900_000);
+    }
+    engine.seal(&clock).expect("seal failed");
+    let high = clock.current();
+    storage.close(engine);
+    let engine = storage.open();
+    let max = engine.max_version().expect("max_version failed").expect("a version");
+    assert!(
+        (max.wall_ms, max.counter) >= (high.wall_ms, high.counter),
+        "max_version {max} is below the sealed clock {high}"
+    );
+}
+
+/// Reopening without writing changes nothing.
+pub fn reopen_twice<R: Reopen>(storage: &R) {
+    let mut engine = storage.open();
+    let mut clock = HlcClock::new("state-store");
+    put(&mut engine, b"k", entry(b"v", 3, Some(77)));
+    seal_at(&mut engine, &mut clock, 3);
+    let before = snapshot(&engine);
+    storage.close(engine);
+    storage.close(storage.open());
+    let engine = storage.open();
+    assert_eq!(snapshot(&engine), before);
 }

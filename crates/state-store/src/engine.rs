@@ -25,6 +25,31 @@
 //! - **Stats are exact and cheap.** [`Engine::stats`] is the count of keys and the sum of
 //!   `key.len() + value.len()` over all keys, kept up to date by every write (the machine
 //!   checks quotas against it on every SET).
+//! - **Key length.** [`Engine::max_key_len`] is the longest key the engine can store; the
+//!   machine refuses a SET of a longer key (`the quota has been exceeded`) rather than
+//!   call `put`.
+//!
+//! Persistent engines add durability, without doing I/O inside any call the machine makes
+//! while it handles a request:
+//!
+//! - **Writes are staged.** `put` and `remove` change the in-memory view at once (reads
+//!   see them) and stage the change; nothing is written yet.
+//! - **Seal.** The machine calls [`Engine::seal`] once at the end of every request and
+//!   expiry run, with its clock. The engine hands what it staged, together with the
+//!   clock's high-water mark, to its storage as one atomic unit (a hand-over, not I/O) and
+//!   returns the [`WriteSeq`] the reply must wait for: `Some` while *any* write handed
+//!   over so far is not yet durable, even when this request wrote nothing, because its
+//!   reply may reveal such a write (a GET of a key whose SET is still in flight waits for
+//!   that SET's commit, as Redis replies only after its AOF write); `None` once everything
+//!   is durable. Sequence numbers never decrease. The machine turns `Some` into
+//!   [`crate::Effect::AwaitDurable`]. Engines that keep nothing (the memory engine)
+//!   always return `None`, so they cost nothing.
+//! - **Reopen.** Reopened after its storage closed, an engine holds exactly the entries
+//!   of the sealed writes that became durable, every field intact; expired entries too
+//!   (expiry stays data: the machine removes them when it starts), and
+//!   [`Engine::max_version`] is at least every clock sealed with a durable write, so a
+//!   restarted node never issues a version it issued before, even if the wall clock went
+//!   back.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::ops::Bound;
@@ -32,7 +57,10 @@ use std::ops::Bound;
 use bytes::Bytes;
 
 use crate::error::EngineError;
-use crate::hlc::Hlc;
+use crate::hlc::{Hlc, HlcClock};
+
+/// A position in a persistent engine's stream of sealed writes (see [`Engine::seal`]).
+pub type WriteSeq = u64;
 
 /// What the store keeps for one key.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -81,8 +109,14 @@ pub trait Engine {
     fn expired(&self, now_ms: u64, limit: usize) -> Result<Vec<Bytes>, EngineError>;
     /// Current key count and byte total.
     fn stats(&self) -> Stats;
-    /// The greatest version of any entry, so a restarted node's clock resumes past it.
+    /// The greatest version of any entry, or of a clock sealed with a durable write, so
+    /// a restarted node's clock resumes past it.
     fn max_version(&self) -> Result<Option<Hlc>, EngineError>;
+    /// The longest key `put` accepts.
+    fn max_key_len(&self) -> usize;
+    /// Ends one request's writes: hands them and `clock`'s high-water mark to durable
+    /// storage and returns what the reply must wait for (see the module docs).
+    fn seal(&mut self, clock: &HlcClock) -> Result<Option<WriteSeq>, EngineError>;
 }
 
 /// An in-memory engine: an ordered map (so scan cursors are simply the last key visited)
@@ -171,5 +205,13 @@ impl Engine for MemoryEngine {
 
     fn max_version(&self) -> Result<Option<Hlc>, EngineError> {
         Ok(self.entries.values().map(|e| &e.version).max().cloned())
+    }
+
+    fn max_key_len(&self) -> usize {
+        usize::MAX
+    }
+
+    fn seal(&mut self, _clock: &HlcClock) -> Result<Option<WriteSeq>, EngineError> {
+        Ok(None)
     }
 }

@@ -34,7 +34,7 @@ pub mod resp;
 
 pub use authz::{AllowAll, Authorizer, Operation};
 pub use command::{Command, SetCondition};
-pub use engine::{Engine, Entry, MemoryEngine, ScanBatch, Stats};
+pub use engine::{Engine, Entry, MemoryEngine, ScanBatch, Stats, WriteSeq};
 pub use error::{EngineError, FatalError, Refusal};
 pub use hlc::{Hlc, HlcClock};
 pub use machine::{Config, Effect, Machine, Notification, Outcome, Reply, Request};

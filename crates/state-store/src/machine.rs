@@ -20,7 +20,7 @@ use bytes::Bytes;
 
 use crate::authz::{AllowAll, Authorizer, Operation};
 use crate::command::Command;
-use crate::engine::{Engine, MemoryEngine};
+use crate::engine::{Engine, MemoryEngine, WriteSeq};
 use crate::error::{EngineError, FatalError, Refusal};
 use crate::hlc::{check_skew, Hlc, HlcClock, DEFAULT_MAX_SKEW_MS, DEFAULT_NODE_ID};
 use crate::notify;
@@ -120,6 +120,11 @@ impl Notification {
 /// Something the shell must do, in order, after a call.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Effect {
+    /// Only from persistent engines, and then always first: the reply and every effect
+    /// after this one may reveal writes that are not durable yet, so the shell must send
+    /// nothing and carry out nothing of this outcome until the engine's writes through
+    /// this sequence number are durable (see [`Engine::seal`]).
+    AwaitDurable(WriteSeq),
     /// Publish a notification (QoS 1, Content Type `application/octet-stream`, `__ts`),
     /// straight into the observing client's session.
     Notify(Notification),
@@ -214,25 +219,49 @@ impl<E: Engine, A: Authorizer> Machine<E, A> {
     /// Refusals are replies (`-ERR ...`); `Err` means the engine failed and the node must
     /// stop serving the store.
     pub fn handle(&mut self, request: Request, now_ms: u64) -> Result<Outcome, FatalError> {
-        let mut effects = self.expire(now_ms)?;
+        let mut effects = Vec::new();
+        self.remove_expired(now_ms, &mut effects)?;
         let reply = match self.execute(&request, now_ms, &mut effects) {
             Ok(reply) => reply,
             Err(Failure::Refused(refusal)) => Reply::plain(&Response::Error(refusal)),
             Err(Failure::Fatal(error)) => return Err(error),
         };
+        self.seal(&mut effects)?;
         Ok(Outcome { reply, effects })
     }
 
-    /// Removes every key whose expiry is `<= now_ms`, returning the `NOTIFY DELETE`s.
+    /// Removes every key whose expiry is `<= now_ms`, returning the `NOTIFY DELETE`s
+    /// (after an [`Effect::AwaitDurable`] when the engine says so).
     pub fn expire(&mut self, now_ms: u64) -> Result<Vec<Effect>, FatalError> {
         let mut effects = Vec::new();
+        self.remove_expired(now_ms, &mut effects)?;
+        self.seal(&mut effects)?;
+        Ok(effects)
+    }
+
+    /// What a reply revealing the store's current state must wait for, when it is not
+    /// produced by [`Machine::handle`] (a cached reply re-sent, for instance): `Some`
+    /// while a write handed to storage is not durable yet.
+    pub fn pending_durability(&mut self) -> Result<Option<WriteSeq>, FatalError> {
+        Ok(self.engine.seal(&self.clock)?)
+    }
+
+    fn remove_expired(&mut self, now_ms: u64, effects: &mut Vec<Effect>) -> Result<(), FatalError> {
         for key in self.engine.expired(now_ms, usize::MAX)? {
             if self.engine.remove(&key)?.is_some() {
                 let version = self.clock.tick(now_ms);
-                self.notify(&key, &notify::delete_payload(), &version, &mut effects);
+                self.notify(&key, &notify::delete_payload(), &version, effects);
             }
         }
-        Ok(effects)
+        Ok(())
+    }
+
+    /// Ends the call's writes; a durability wait goes first.
+    fn seal(&mut self, effects: &mut Vec<Effect>) -> Result<(), FatalError> {
+        if let Some(seq) = self.engine.seal(&self.clock)? {
+            effects.insert(0, Effect::AwaitDurable(seq));
+        }
+        Ok(())
     }
 
     /// When [`Machine::expire`] must next run, in milliseconds since the Unix epoch.

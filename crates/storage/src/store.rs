@@ -117,13 +117,14 @@ fn journal_paths(db_dir: &Path) -> Vec<PathBuf> {
 }
 
 /// How far a journal holds written bytes: the offset after its last non-zero byte.
-/// Journals are preallocated (zero-filled) files, so their length says nothing; this
-/// scans backwards from the end, a megabyte at a time.
+/// Journals are preallocated, zero-filled files, so their length says nothing; this
+/// skips the unwritten hole at the end (`SEEK_HOLE`/`SEEK_DATA`, where the file system
+/// keeps one) and scans the rest backwards, a megabyte at a time.
 fn written_extent(path: &Path) -> std::io::Result<u64> {
     use std::io::{Read, Seek, SeekFrom};
     const CHUNK: u64 = 1 << 20;
     let mut file = std::fs::File::open(path)?;
-    let mut end = file.metadata()?.len();
+    let mut end = data_end(&file)?;
     let mut buf = vec![0u8; CHUNK as usize];
     while end > 0 {
         let start = end.saturating_sub(CHUNK);
@@ -136,6 +137,23 @@ fn written_extent(path: &Path) -> std::io::Result<u64> {
         end = start;
     }
     Ok(0)
+}
+
+/// The end of the file's last data region (its length if it has no holes).
+fn data_end(file: &std::fs::File) -> std::io::Result<u64> {
+    use rustix::fs::{seek, SeekFrom};
+    let len = file.metadata()?.len();
+    let mut end = 0;
+    let mut pos = 0;
+    while pos < len {
+        let Ok(data) = seek(file, SeekFrom::Data(pos)) else {
+            break;
+        };
+        let hole = seek(file, SeekFrom::Hole(data)).map_err(std::io::Error::from)?;
+        end = hole;
+        pos = hole;
+    }
+    Ok(end.min(len))
 }
 
 /// The written extent of every journal, before recovery touches them.

@@ -55,6 +55,9 @@ impl<E: Engine, A: Authorizer> Machine<E, A> {
                 ));
             }
         }
+        if key.len() > self.engine.max_key_len() {
+            return Err(Refusal::QuotaExceeded.into());
+        }
         self.check_quota(&key, value, existing.as_ref())?;
         let version = self.clock.tick(now_ms);
         let key = Bytes::copy_from_slice(&key);

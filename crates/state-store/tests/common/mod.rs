@@ -104,7 +104,7 @@ pub fn notifies(effects: &[Effect]) -> Vec<(String, Vec<u8>, Vec<u8>, String)> {
                 n.payload.to_vec(),
                 n.version.to_string(),
             )),
-            Effect::ArmExpiry { .. } => None,
+            Effect::ArmExpiry { .. } | Effect::AwaitDurable(_) => None,
         })
         .collect()
 }

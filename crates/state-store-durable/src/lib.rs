@@ -1,0 +1,168 @@
+//! The state store's persistent engine: [`DurableEngine`].
+//!
+//! Reads never touch the disk: the engine keeps a [`MemoryEngine`] as its index, so GET
+//! returns the stored `Bytes` without a copy, SCAN pages through the same ordered map and
+//! the expiry index is the same. Every `put` and `remove` also stages the change into a
+//! [`Batch`] (no I/O), and [`Engine::seal`], called by the machine once per request,
+//! adds the clock's high-water mark and submits the batch to the store's committer (no
+//! I/O either: a hand-over). It returns the write sequence the reply must wait for; the
+//! async shell awaits it before it answers. See the engine contract in
+//! `statehub_state_store::engine`.
+//!
+//! On disk: table `state_store` maps each key to its entry (`record.rs`); table
+//! `state_store_meta` holds `hlc`, the last clock sealed with a write, so versions stay
+//! above every version ever issued even for keys since deleted, and even if the wall clock
+//! goes back across a restart. [`DurableEngine::open`] reads both tables once.
+
+mod record;
+
+use bytes::Bytes;
+use statehub_state_store::{
+    Engine, EngineError, Entry, Hlc, HlcClock, MemoryEngine, ScanBatch, Stats, WriteSeq,
+};
+use statehub_storage::{Batch, StorageError, Store, Table, MAX_KEY_LEN};
+
+pub use record::RecordError;
+
+/// The table holding the entries.
+pub const ENTRIES_TABLE: &str = "state_store";
+/// The table holding the clock's high-water mark.
+pub const META_TABLE: &str = "state_store_meta";
+const HLC_KEY: &[u8] = b"hlc";
+
+/// What can go wrong below the engine; wrapped in [`EngineError::Backend`].
+#[derive(Debug, thiserror::Error)]
+pub enum DurableError {
+    /// The store refused or failed.
+    #[error(transparent)]
+    Storage(#[from] StorageError),
+    /// A stored record does not parse.
+    #[error("state store record {key} in {dir} is damaged: {source}")]
+    Record {
+        /// The key, printable (`\xNN` escapes).
+        key: String,
+        /// The data directory.
+        dir: String,
+        /// What is wrong.
+        source: RecordError,
+    },
+}
+
+impl From<DurableError> for EngineError {
+    fn from(error: DurableError) -> Self {
+        EngineError::Backend(Box::new(error))
+    }
+}
+
+fn storage(error: StorageError) -> EngineError {
+    DurableError::Storage(error).into()
+}
+
+/// The persistent engine. See the crate docs.
+#[derive(Debug)]
+pub struct DurableEngine {
+    memory: MemoryEngine,
+    store: Store,
+    entries: Table,
+    meta: Table,
+    staged: Batch,
+    /// The high-water mark read at open.
+    loaded_clock: Option<Hlc>,
+    /// The sequence number of the last batch this engine submitted.
+    submitted: WriteSeq,
+}
+
+impl DurableEngine {
+    /// Loads the state store's tables from `store` into memory. Expired entries are
+    /// loaded too (the machine removes them when it starts).
+    pub fn open(store: &Store) -> Result<Self, EngineError> {
+        let entries = store.table(ENTRIES_TABLE).map_err(storage)?;
+        let meta = store.table(META_TABLE).map_err(storage)?;
+        let damaged = |key: &[u8], source| DurableError::Record {
+            key: key.escape_ascii().to_string(),
+            dir: store.dir().display().to_string(),
+            source,
+        };
+        let mut memory = MemoryEngine::new();
+        for record in entries.iter() {
+            let record = record.map_err(storage)?;
+            let entry =
+                record::decode_entry(record.value()).map_err(|e| damaged(record.key(), e))?;
+            memory.put(Bytes::copy_from_slice(record.key()), entry)?;
+        }
+        let loaded_clock = match meta.get(HLC_KEY).map_err(storage)? {
+            Some(bytes) => Some(record::decode_hlc(&bytes).map_err(|e| damaged(HLC_KEY, e))?),
+            None => None,
+        };
+        Ok(Self {
+            memory,
+            store: store.clone(),
+            entries,
+            meta,
+            staged: Batch::new(),
+            loaded_clock,
+            submitted: 0,
+        })
+    }
+
+    /// The store this engine writes to.
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+}
+
+impl Engine for DurableEngine {
+    fn get(&self, key: &[u8]) -> Result<Option<Entry>, EngineError> {
+        self.memory.get(key)
+    }
+
+    fn put(&mut self, key: Bytes, entry: Entry) -> Result<Option<Entry>, EngineError> {
+        self.staged
+            .put(&self.entries, &key, &record::encode_entry(&entry))
+            .map_err(storage)?;
+        self.memory.put(key, entry)
+    }
+
+    fn remove(&mut self, key: &[u8]) -> Result<Option<Entry>, EngineError> {
+        let old = self.memory.remove(key)?;
+        if old.is_some() {
+            self.staged.delete(&self.entries, key).map_err(storage)?;
+        }
+        Ok(old)
+    }
+
+    fn scan(&self, cursor: Option<&[u8]>, count: usize) -> Result<ScanBatch, EngineError> {
+        self.memory.scan(cursor, count)
+    }
+
+    fn next_expiry(&self) -> Result<Option<u64>, EngineError> {
+        self.memory.next_expiry()
+    }
+
+    fn expired(&self, now_ms: u64, limit: usize) -> Result<Vec<Bytes>, EngineError> {
+        self.memory.expired(now_ms, limit)
+    }
+
+    fn stats(&self) -> Stats {
+        self.memory.stats()
+    }
+
+    fn max_version(&self) -> Result<Option<Hlc>, EngineError> {
+        Ok(self.memory.max_version()?.max(self.loaded_clock.clone()))
+    }
+
+    fn max_key_len(&self) -> usize {
+        MAX_KEY_LEN
+    }
+
+    fn seal(&mut self, clock: &HlcClock) -> Result<Option<WriteSeq>, EngineError> {
+        if !self.staged.is_empty() {
+            let mut batch = std::mem::take(&mut self.staged);
+            batch
+                .put(&self.meta, HLC_KEY, &record::encode_hlc(&clock.current()))
+                .map_err(storage)?;
+            self.submitted = self.store.submit(batch).map_err(storage)?.seq();
+        }
+        Ok((self.submitted > self.store.durable_seq()).then_some(self.submitted))
+    }
+}
