@@ -7,6 +7,33 @@
 //! before they tell a client "done". At start-up they read their tables back once and
 //! rebuild memory from them. Reads are not a cache and are not meant for the request path.
 //!
+//! # Example
+//!
+//! ```
+//! use statehub_storage::{Batch, Options, Store};
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! # let dir = tempfile::tempdir()?;
+//! let store = Store::open(dir.path(), Options::default())?;
+//! let retained = store.table("retained")?;
+//!
+//! // Under the lock that orders the in-memory change: stage it and submit (no I/O).
+//! let mut batch = Batch::new();
+//! batch.put(&retained, b"sensors/1/temp", b"21.5")?;
+//! batch.delete(&retained, b"sensors/2/temp")?;
+//! let ticket = store.submit(batch)?;
+//!
+//! // Outside every lock: wait, then acknowledge (async code: `ticket.durable().await?`).
+//! ticket.wait()?;
+//!
+//! // At the next start-up: rebuild memory from the table.
+//! for record in retained.iter() {
+//!     let record = record?;
+//!     assert_eq!((record.key(), record.value()), (&b"sensors/1/temp"[..], &b"21.5"[..]));
+//! }
+//! # Ok(())
+//! # }
+//! ```
+//!
 //! # The contract
 //!
 //! * **Named tables.** [`Store::table`] opens (or creates) a named keyspace. Keys are
