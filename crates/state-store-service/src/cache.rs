@@ -59,6 +59,12 @@ impl ResponseCache {
         self.entries.len()
     }
 
+    /// Forgets every response (the store failed: they may answer writes now lost).
+    pub fn clear(&mut self) {
+        self.entries.clear();
+        self.by_end.clear();
+    }
+
     pub fn lookup(&mut self, key: &CacheKey, now: Instant) -> Lookup {
         self.prune(now);
         match self.entries.get(key) {

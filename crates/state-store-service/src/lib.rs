@@ -23,8 +23,12 @@
 //! * Expiry is active: [`StateStoreService::run_expiry`] (`expiry.rs`) sleeps until the
 //!   next key expires and sends the `NOTIFY DELETE`s (see its docs for why).
 //! * A client's observations end with its connection.
+//! * With a persistent engine ([`StateStoreService::open_durable`]), nothing is sent
+//!   (reply, notification, PUBACK) before the writes it reveals are durable
+//!   (`durable.rs`).
 
 mod cache;
+mod durable;
 mod rpc;
 mod settings;
 
@@ -36,17 +40,20 @@ use parking_lot::Mutex;
 use statehub_broker::codec::{ByteString, Publish, PublishProperties, QoS, ReasonCode};
 use statehub_broker::{BoxFuture, Broker, ClientInfo, Message, Service};
 use statehub_state_store::{
-    unix_ms, AllowAll, Authorizer, Effect, Engine, Machine, MemoryEngine, Request,
+    unix_ms, AllowAll, Effect, FatalError, Machine, MemoryEngine, Request,
     FENCING_TOKEN_PROPERTY, TIMESTAMP_PROPERTY,
 };
+use statehub_state_store_durable::DurableEngine;
+use statehub_storage::Store;
 use tokio::sync::Notify;
 
 use cache::{CacheKey, Lookup, ResponseCache};
+use durable::{Durability, Next};
 
 pub use settings::SettingsError;
 pub use rpc::{is_forbidden_response_topic, CONTENT_TYPE, PROTOCOL_VERSION};
 pub use settings::Settings;
-pub use statehub_state_store::REQUEST_TOPIC;
+pub use statehub_state_store::{Authorizer, Engine, Stats, REQUEST_TOPIC};
 
 /// The state store as a broker service. Register it on [`REQUEST_TOPIC`] and spawn
 /// [`StateStoreService::run_expiry`].
@@ -55,6 +62,25 @@ pub struct StateStoreService<E = MemoryEngine, A = AllowAll> {
     state: Mutex<State<E, A>>,
     /// Wakes the expiry task when a key gets a new expiry.
     rearm: Notify,
+    /// Set for a persistent engine: replies wait for durability.
+    durability: Option<Durability>,
+}
+
+/// The durable store cannot be opened.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    /// The `[state_store]` settings are invalid.
+    #[error(transparent)]
+    Settings(#[from] SettingsError),
+    /// The stored state could not be loaded.
+    #[error("cannot load the state store from {dir}")]
+    Load {
+        /// The data directory.
+        dir: std::path::PathBuf,
+        /// Why.
+        #[source]
+        source: FatalError,
+    },
 }
 
 #[derive(Debug)]
@@ -72,6 +98,20 @@ impl StateStoreService {
     }
 }
 
+impl StateStoreService<DurableEngine> {
+    /// The store persisted in `store`: loads it, drops the keys that expired while it
+    /// was down (nobody observes yet, so without notifications), and from then on answers
+    /// only once writes are durable.
+    pub fn open_durable(settings: &Settings, store: &Store) -> Result<Self, OpenError> {
+        let config = settings.machine_config()?;
+        let load = |source: FatalError| OpenError::Load { dir: store.dir().to_owned(), source };
+        let engine = DurableEngine::open(store).map_err(|e| load(e.into()))?;
+        let mut machine = Machine::new(engine, AllowAll, config).map_err(load)?;
+        machine.expire(unix_ms(SystemTime::now())).map_err(load)?;
+        Ok(Self::with_storage(machine, settings, store.clone()))
+    }
+}
+
 impl<E, A> StateStoreService<E, A>
 where
     E: Engine + Send + Debug + 'static,
@@ -82,52 +122,97 @@ where
         Self {
             state: Mutex::new(State { machine, cache: ResponseCache::new(settings.response_cache_entries), failed: false }),
             rearm: Notify::new(),
+            durability: None,
         }
     }
 
-    fn handle(&self, broker: &Broker, from: &ClientInfo, publish: Publish) {
+    /// A service over a persistent engine writing to `store`: replies wait for durability.
+    pub fn with_storage(machine: Machine<E, A>, settings: &Settings, store: Store) -> Self {
+        Self { durability: Some(Durability::new(store)), ..Self::with_machine(machine, settings) }
+    }
+
+    /// How many keys and bytes the store holds.
+    pub fn stats(&self) -> Stats {
+        self.state.lock().machine.engine().stats()
+    }
+
+    /// Marks the store failed (it answers 503 from now on) and forgets cached answers.
+    fn fail(&self, reason: &str) {
+        let mut state = self.state.lock();
+        if !state.failed {
+            tracing::error!(reason, "state store failed; it now answers 503");
+            state.failed = true;
+            state.cache.clear();
+        }
+    }
+
+    /// Handles one request; `Some` when its answer is held until that write is durable.
+    fn handle(&self, broker: &Broker, from: &ClientInfo, publish: Publish) -> Option<statehub_state_store::WriteSeq> {
         let client_id = &*from.client_id;
         if publish.qos == QoS::AtMostOnce {
             tracing::debug!(client = client_id, "state store request with QoS 0 ignored");
-            return;
+            return None;
         }
         let props = publish.properties;
         let Some(response_topic) = props.response_topic.clone() else {
             tracing::debug!(client = client_id, "state store request without Response Topic ignored");
-            return;
+            return None;
         };
         if rpc::is_forbidden_response_topic(&response_topic) {
             tracing::info!(client = client_id, topic = &*response_topic, "reserved Response Topic; disconnecting");
             broker.disconnect_client(client_id, ReasonCode::PROTOCOL_ERROR);
-            return;
+            return None;
         }
         if !rpc::is_publishable(&response_topic) {
             tracing::debug!(client = client_id, "state store request with an invalid Response Topic ignored");
-            return;
+            return None;
         }
         let received = Instant::now();
         let deadline = rpc::deadline(&props, received);
         let correlation = props.correlation_data.clone();
         if let Err(fault) = rpc::check(&props) {
             broker.publish(rpc::fault_response(response_topic, correlation, &fault, deadline));
-            return;
+            return None;
         }
         let key = CacheKey { client_id: client_id.to_owned(), correlation: correlation.clone().unwrap_or_default() };
-        let (reply, effects) = {
+        let next = {
             let mut state = self.state.lock();
-            match state.cache.lookup(&key, received) {
-                Lookup::Hit(reply) => (Some(reply), Vec::new()),
+            let (reply, effects) = match state.cache.lookup(&key, received) {
+                Lookup::Hit(reply) => {
+                    let effects = state.resend_effects(self.durability.is_some());
+                    (Some(reply), effects)
+                }
                 Lookup::Late => (None, Vec::new()),
                 Lookup::Miss => {
                     let (reply, effects) = state.execute(client_id, publish.payload, &props, response_topic, deadline);
                     state.cache.insert(key, reply.clone(), received);
                     (Some(reply), effects)
                 }
-            }
+            };
+            self.next(reply, effects)
         };
-        self.carry_out(broker, effects);
-        if let Some(reply) = reply {
-            broker.publish(reply);
+        self.dispatch(broker, next)
+    }
+
+    /// Holds the outcome if a persistent engine says it must wait. Under the state lock.
+    fn next(&self, reply: Option<Message>, effects: Vec<Effect>) -> Next {
+        match &self.durability {
+            Some(durability) => durability.hold(reply, effects),
+            None => Next::Now(reply, effects),
+        }
+    }
+
+    /// Publishes an outcome that need not wait; returns what a held one waits for.
+    fn dispatch(&self, broker: &Broker, next: Next) -> Option<statehub_state_store::WriteSeq> {
+        match next {
+            Next::Now(reply, effects) => {
+                self.carry_out(broker, effects);
+                if let Some(reply) = reply {
+                    broker.publish(reply);
+                }
+                None
+            }
+            Next::Wait(seq) => Some(seq),
         }
     }
 
@@ -161,6 +246,23 @@ where
 }
 
 impl<E: Engine, A: Authorizer> State<E, A> {
+    /// A cached reply re-sent reveals the current state: with a persistent engine it
+    /// waits for whatever is in flight.
+    fn resend_effects(&mut self, durable: bool) -> Vec<Effect> {
+        if !durable || self.failed {
+            return Vec::new();
+        }
+        match self.machine.pending_durability() {
+            Ok(seq) => seq.map(Effect::AwaitDurable).into_iter().collect(),
+            Err(e) => {
+                tracing::error!(error = %e, "state store engine failed; the store now answers 503");
+                self.failed = true;
+                self.cache.clear();
+                Vec::new()
+            }
+        }
+    }
+
     /// Runs one request in the machine and builds its response.
     fn execute(&mut self, client_id: &str, payload: bytes::Bytes, props: &PublishProperties, topic: ByteString, deadline: Instant) -> (Message, Vec<Effect>) {
         let correlation = props.correlation_data.clone();
@@ -181,6 +283,7 @@ impl<E: Engine, A: Authorizer> State<E, A> {
             Err(e) => {
                 tracing::error!(error = %e, "state store engine failed; the store now answers 503");
                 self.failed = true;
+                self.cache.clear();
                 (rpc::fault_response(topic, correlation, &rpc::Fault::unavailable(), deadline), Vec::new())
             }
         }
@@ -193,8 +296,16 @@ where
     A: Authorizer + Send + Debug + 'static,
 {
     fn on_publish<'a>(&'a self, broker: &'a Broker, from: &'a ClientInfo, publish: Publish) -> BoxFuture<'a, ()> {
-        self.handle(broker, from, publish);
-        Box::pin(std::future::ready(()))
+        let Some(durability) = &self.durability else {
+            self.handle(broker, from, publish);
+            return Box::pin(std::future::ready(()));
+        };
+        Box::pin(async move {
+            durability.store().admit().await;
+            if let Some(seq) = self.handle(broker, from, publish) {
+                self.finish(broker, durability, seq).await;
+            }
+        })
     }
 
     fn on_connection_closed(&self, _broker: &Broker, client_id: &str) {
@@ -232,9 +343,9 @@ where
                 () = self.rearm.notified() => continue,
                 () = tokio::time::sleep(wait) => {}
             }
-            let effects = {
+            let next = {
                 let mut state = self.state.lock();
-                if state.failed {
+                let effects = if state.failed {
                     Vec::new()
                 } else {
                     match state.machine.expire(unix_ms(SystemTime::now())) {
@@ -242,12 +353,16 @@ where
                         Err(e) => {
                             tracing::error!(error = %e, "state store engine failed during expiry; the store now answers 503");
                             state.failed = true;
+                            state.cache.clear();
                             Vec::new()
                         }
                     }
-                }
+                };
+                self.next(None, effects)
             };
-            self.carry_out(&broker, effects);
+            if let (Some(seq), Some(durability)) = (self.dispatch(&broker, next), &self.durability) {
+                self.finish(&broker, durability, seq).await;
+            }
         }
     }
 

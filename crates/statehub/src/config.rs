@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 use statehub_broker::BrokerConfig;
 use statehub_state_store_service::Settings as StateStoreSettings;
+use statehub_storage::{SyncPolicy, SyncPolicyParseError};
 
 /// `statehub serve` flags. Each has an environment variable of the same name.
 #[derive(Debug, Clone, clap::Args)]
@@ -32,6 +33,15 @@ pub struct ServeArgs {
     /// Seconds to wait for connections to close on shutdown (default 5).
     #[arg(long, env = "STATEHUB_SHUTDOWN_GRACE_SECS")]
     pub shutdown_grace_secs: Option<u64>,
+    /// Keep the state store in this directory and lose nothing acknowledged across a
+    /// crash or restart (default: in memory only). One statehub per directory.
+    #[arg(long, env = "STATEHUB_DATA_DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// With --data-dir: `always` (fsync before every acknowledgement, shared by
+    /// concurrent writers; the default) or `interval=<ms>` (acknowledge once written to
+    /// the OS, fsync every <ms>: a power failure may lose the last <ms> of writes).
+    #[arg(long, env = "STATEHUB_SYNC")]
+    pub sync: Option<SyncPolicy>,
 }
 
 /// The TOML file's shape.
@@ -47,6 +57,10 @@ pub struct FileConfig {
     pub state_store: StateStoreSettings,
     /// Web PubSub access keys (see `ServeArgs::access_keys`).
     pub access_keys: Vec<String>,
+    /// See `ServeArgs::data_dir`.
+    pub data_dir: Option<PathBuf>,
+    /// See `ServeArgs::sync` (`"always"` or `"interval=<ms>"`).
+    pub sync: Option<String>,
 }
 
 /// Why the configuration could not be loaded.
@@ -56,6 +70,10 @@ pub enum ConfigError {
     Read { path: PathBuf, source: std::io::Error },
     #[error("invalid config file {path}: {source}")]
     Parse { path: PathBuf, source: Box<toml::de::Error> },
+    #[error("invalid config file {path}: sync: {source}")]
+    Sync { path: PathBuf, source: SyncPolicyParseError },
+    #[error("sync is set to {0} but there is no data_dir: an in-memory store has nothing to sync")]
+    SyncWithoutDataDir(SyncPolicy),
 }
 
 /// Everything `serve` needs, resolved.
@@ -68,6 +86,9 @@ pub struct Settings {
     pub broker: BrokerConfig,
     pub state_store: StateStoreSettings,
     pub access_keys: Vec<String>,
+    /// `None`: the in-memory store.
+    pub data_dir: Option<PathBuf>,
+    pub sync: SyncPolicy,
 }
 
 impl Settings {
@@ -76,6 +97,17 @@ impl Settings {
             Some(path) => load(path)?,
             None => FileConfig::default(),
         };
+        let file_sync = match (&file.sync, &args.config) {
+            (Some(text), Some(path)) => {
+                Some(text.parse::<SyncPolicy>().map_err(|source| ConfigError::Sync { path: path.clone(), source })?)
+            }
+            _ => None,
+        };
+        let data_dir = args.data_dir.clone().or(file.data_dir);
+        let sync = args.sync.or(file_sync);
+        if let (None, Some(sync)) = (&data_dir, sync) {
+            return Err(ConfigError::SyncWithoutDataDir(sync));
+        }
         Ok(Settings {
             mqtt_listen: args.mqtt_listen.or(file.mqtt_listen).unwrap_or(([0, 0, 0, 0], 1883).into()),
             http_listen: args.http_listen.or(file.http_listen).unwrap_or(([0, 0, 0, 0], 8080).into()),
@@ -88,6 +120,8 @@ impl Settings {
             broker: file.mqtt,
             state_store: file.state_store,
             access_keys: if args.access_keys.is_empty() { file.access_keys } else { args.access_keys.clone() },
+            data_dir,
+            sync: sync.unwrap_or_default(),
         })
     }
 }

@@ -4,14 +4,18 @@
 mod config;
 mod http;
 
+use std::error::Error;
+use std::fmt::Debug;
 use std::process::ExitCode;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use clap::{Parser, Subcommand};
 use statehub_broker::{Broker, MqttListener};
 use statehub_state_store_service::{StateStoreService, REQUEST_TOPIC};
+use statehub_storage::{Options, Store};
 use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
 use tracing_subscriber::EnvFilter;
 
 use config::{ServeArgs, Settings};
@@ -31,7 +35,7 @@ enum Command {
 
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
-        .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")))
+        .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,fjall=warn,lsm_tree=warn")))
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
@@ -65,11 +69,7 @@ async fn serve(settings: Settings) -> std::io::Result<()> {
     let mut signals = Signals::install()?;
     let broker = Broker::new(settings.broker.clone());
     let shutdown = broker.shutdown_token();
-    let store = StateStoreService::in_memory(&settings.state_store)
-        .map(Arc::new)
-        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
-    broker.register_service(REQUEST_TOPIC, store.clone());
-    let expiry = tokio::spawn(store.run_expiry(broker.clone()));
+    let (expiry, storage) = start_state_store(&settings, &broker)?;
     let workers = Workers::start(settings.mqtt_threads)?;
     let mqtt = MqttListener::bind(broker.clone(), settings.mqtt_listen).await?.with_workers(workers.handles());
     let http = TcpListener::bind(settings.http_listen).await?;
@@ -92,12 +92,61 @@ async fn serve(settings: Settings) -> std::io::Result<()> {
     signals.abort();
     workers.stop();
     expiry.abort();
+    if let Some(store) = storage {
+        if let Err(e) = store.close() {
+            tracing::error!("closing the data directory: {}", chain(&e));
+        }
+    }
     match http_task.await {
         Ok(r) => r?,
         Err(e) => tracing::error!("http task failed: {e}"),
     }
     tracing::info!("stopped");
     Ok(())
+}
+
+/// `error: source: source...`, the whole story in one line.
+fn chain(error: &dyn Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(e) = source {
+        text.push_str(": ");
+        text.push_str(&e.to_string());
+        source = e.source();
+    }
+    text
+}
+
+/// The state store, in memory or loaded from `--data-dir`, registered on the broker with
+/// its expiry task running. Returns the task and the open data directory.
+fn start_state_store(settings: &Settings, broker: &Broker) -> std::io::Result<(JoinHandle<()>, Option<Store>)> {
+    let invalid = |e: &dyn Error| std::io::Error::new(std::io::ErrorKind::InvalidInput, chain(e));
+    let Some(dir) = &settings.data_dir else {
+        let service = StateStoreService::in_memory(&settings.state_store).map_err(|e| invalid(&e))?;
+        return Ok((register(broker, service), None));
+    };
+    let started = Instant::now();
+    let options = Options { sync: settings.sync, ..Options::default() };
+    let store = Store::open(dir, options).map_err(|e| std::io::Error::other(chain(&e)))?;
+    let service = StateStoreService::open_durable(&settings.state_store, &store).map_err(|e| std::io::Error::other(chain(&e)))?;
+    tracing::info!(
+        "state store loaded from {}: {} keys in {} ms (sync {})",
+        dir.display(),
+        service.stats().keys,
+        started.elapsed().as_millis(),
+        settings.sync
+    );
+    Ok((register(broker, service), Some(store)))
+}
+
+fn register<E, A>(broker: &Broker, service: StateStoreService<E, A>) -> JoinHandle<()>
+where
+    E: statehub_state_store_service::Engine + Send + Debug + 'static,
+    A: statehub_state_store_service::Authorizer + Send + Debug + 'static,
+{
+    let service = Arc::new(service);
+    broker.register_service(REQUEST_TOPIC, service.clone());
+    tokio::spawn(service.run_expiry(broker.clone()))
 }
 
 /// One single-threaded runtime per MQTT worker thread (see

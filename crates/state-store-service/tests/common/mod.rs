@@ -27,8 +27,21 @@ pub async fn start() -> (Broker, SocketAddr) {
 }
 
 pub async fn start_with(settings: Settings) -> (Broker, SocketAddr) {
+    serve(Arc::new(StateStoreService::in_memory(&settings).unwrap())).await
+}
+
+/// Starts a broker with the state store persisted in `store` on 127.0.0.1:0.
+pub async fn start_durable(settings: Settings, store: &statehub_storage::Store) -> (Broker, SocketAddr) {
+    let svc = Arc::new(StateStoreService::open_durable(&settings, store).unwrap());
+    serve(svc).await
+}
+
+async fn serve<E, A>(svc: Arc<StateStoreService<E, A>>) -> (Broker, SocketAddr)
+where
+    E: statehub_state_store_service::Engine + Send + std::fmt::Debug + 'static,
+    A: statehub_state_store_service::Authorizer + Send + std::fmt::Debug + 'static,
+{
     let broker = Broker::new(BrokerConfig::default());
-    let svc = Arc::new(StateStoreService::in_memory(&settings).unwrap());
     broker.register_service(REQUEST_TOPIC, svc.clone());
     tokio::spawn(svc.run_expiry(broker.clone()));
     let l = MqttListener::bind(broker.clone(), "127.0.0.1:0".parse().unwrap()).await.unwrap();
