@@ -5,122 +5,15 @@
 //!
 //! Plain std (threads, blocking sockets with timeouts): every wait is bounded.
 
-use std::io::{BufRead, BufReader, Read, Write};
+mod common;
+
+use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::PathBuf;
-use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::mpsc;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-const BIN: &str = env!("CARGO_BIN_EXE_statehub");
-
-/// A running `statehub serve`, killed on drop if still alive.
-struct Server {
-    child: Child,
-    mqtt: SocketAddr,
-    http: SocketAddr,
-    log: mpsc::Receiver<String>,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        if matches!(self.child.try_wait(), Ok(None)) {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-    }
-}
-
-fn strip_ansi(s: &str) -> String {
-    let mut out = String::new();
-    let mut chars = s.chars();
-    while let Some(c) = chars.next() {
-        if c == '\u{1b}' {
-            for d in chars.by_ref() {
-                if d.is_ascii_alphabetic() {
-                    break;
-                }
-            }
-        } else {
-            out.push(c);
-        }
-    }
-    out
-}
-
-fn command(args: &[&str], env: &[(&str, &str)]) -> Command {
-    let mut cmd = Command::new(BIN);
-    cmd.arg("serve").args(args);
-    for (k, _) in std::env::vars() {
-        if k.starts_with("STATEHUB_") {
-            cmd.env_remove(k);
-        }
-    }
-    cmd.env("RUST_LOG", "info").env("NO_COLOR", "1");
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped());
-    cmd
-}
-
-/// Starts the binary and waits (max 10 s) for both "listening on" lines.
-fn start(args: &[&str], env: &[(&str, &str)]) -> Server {
-    let mut child = command(args, env).spawn().expect("spawn statehub");
-    let stderr = child.stderr.take().unwrap();
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines() {
-            let Ok(line) = line else { break };
-            if tx.send(strip_ansi(&line)).is_err() {
-                break;
-            }
-        }
-    });
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let (mut mqtt, mut http) = (None, None);
-    let mut seen = Vec::new();
-    while mqtt.is_none() || http.is_none() {
-        let left = deadline.saturating_duration_since(Instant::now());
-        let line = match rx.recv_timeout(left) {
-            Ok(l) => l,
-            Err(_) => {
-                let _ = child.kill();
-                panic!("statehub did not log its listen addresses within 10 s; log so far:\n{}", seen.join("\n"));
-            }
-        };
-        let addr_after = |marker: &str| {
-            line.find(marker).map(|i| {
-                let rest = &line[i + marker.len()..];
-                rest.split_whitespace().next().unwrap_or("").parse::<SocketAddr>().expect("address in log line")
-            })
-        };
-        mqtt = mqtt.or_else(|| addr_after("mqtt listening on "));
-        http = http.or_else(|| addr_after("http listening on "));
-        seen.push(line);
-    }
-    Server { child, mqtt: mqtt.unwrap(), http: http.unwrap(), log: rx }
-}
-
-fn wait_exit(child: &mut Child, limit: Duration) -> ExitStatus {
-    let deadline = Instant::now() + limit;
-    loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            return status;
-        }
-        if Instant::now() >= deadline {
-            let _ = child.kill();
-            panic!("statehub did not exit within {limit:?}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-fn connect_tcp(addr: SocketAddr) -> TcpStream {
-    let s = TcpStream::connect_timeout(&addr, Duration::from_secs(3)).expect("tcp connect");
-    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    s
-}
+use common::{connect_tcp, run_to_exit, start, wait_exit};
 
 fn http_get(addr: SocketAddr, path: &str) -> String {
     let mut s = connect_tcp(addr);
@@ -238,18 +131,6 @@ fn environment_overrides_the_file() {
     assert_ne!(server.mqtt.port(), 1, "STATEHUB_MQTT_LISTEN should win over the file");
     mqtt5_connect(server.mqtt, "override");
     let _ = std::fs::remove_file(path);
-}
-
-fn run_to_exit(args: &[&str]) -> (ExitStatus, String) {
-    let mut child = command(args, &[]).spawn().expect("spawn");
-    let mut stderr = child.stderr.take().unwrap();
-    let reader = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = stderr.read_to_string(&mut s);
-        s
-    });
-    let status = wait_exit(&mut child, Duration::from_secs(5));
-    (status, strip_ansi(&reader.join().unwrap()))
 }
 
 #[test]

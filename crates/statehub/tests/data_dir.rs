@@ -1,0 +1,337 @@
+//! `--data-dir` end to end: one statehub per directory, and what a damaged directory does
+//! at start-up. The outcome must be one of the two documented in ARCHITECTURE.md:
+//! refuse to start (exit 1) with an error that says the directory is damaged and names
+//! it, or start holding exactly the writes before the damaged point (keys were written
+//! one acknowledged request at a time, so that is a prefix of them) with a warning in the
+//! log if any are missing. Never a gap, never a silent loss.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use common::{command, connect_tcp, start, wait_exit, Server};
+
+/// Keys with 900 KiB values, enough to push a table file out of memory.
+const BIG: usize = 24;
+/// Keys with small values after them, still in the journal at shutdown.
+const SMALL: usize = 40;
+
+fn args(dir: &Path) -> Vec<String> {
+    ["--mqtt-listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0", "--data-dir"]
+        .iter()
+        .map(|s| (*s).to_owned())
+        .chain([dir.display().to_string()])
+        .collect()
+}
+
+fn launch(dir: &Path) -> Server {
+    let args = args(dir);
+    start(&args.iter().map(String::as_str).collect::<Vec<_>>(), &[])
+}
+
+/// A blocking MQTT 5 client: CONNECT, SUBSCRIBE to its response topic, request/response.
+struct Raw {
+    stream: std::net::TcpStream,
+    response_topic: String,
+    next_id: u16,
+}
+
+fn varint(mut n: usize, out: &mut Vec<u8>) {
+    loop {
+        let mut b = (n % 128) as u8;
+        n /= 128;
+        if n > 0 {
+            b |= 0x80;
+        }
+        out.push(b);
+        if n == 0 {
+            return;
+        }
+    }
+}
+
+fn string(s: &[u8], out: &mut Vec<u8>) {
+    out.extend_from_slice(&(s.len() as u16).to_be_bytes());
+    out.extend_from_slice(s);
+}
+
+fn packet(header: u8, body: &[u8]) -> Vec<u8> {
+    let mut out = vec![header];
+    varint(body.len(), &mut out);
+    out.extend_from_slice(body);
+    out
+}
+
+impl Raw {
+    fn connect(addr: SocketAddr, id: &str) -> Raw {
+        let mut stream = connect_tcp(addr);
+        stream.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        let mut body = vec![0, 4, b'M', b'Q', b'T', b'T', 5, 0x02, 0, 60, 0];
+        string(id.as_bytes(), &mut body);
+        stream.write_all(&packet(0x10, &body)).unwrap();
+        let mut raw = Raw { stream, response_topic: format!("clients/{id}/response"), next_id: 1 };
+        let (kind, _) = raw.read_packet();
+        assert_eq!(kind >> 4, 2, "expected CONNACK");
+        let mut body = vec![0, 1, 0];
+        string(raw.response_topic.as_bytes(), &mut body);
+        body.push(0x01);
+        raw.stream.write_all(&packet(0x82, &body)).unwrap();
+        let (kind, _) = raw.read_packet();
+        assert_eq!(kind >> 4, 9, "expected SUBACK");
+        raw
+    }
+
+    fn read_packet(&mut self) -> (u8, Vec<u8>) {
+        let mut head = [0u8; 1];
+        self.stream.read_exact(&mut head).expect("read packet");
+        let (mut len, mut shift) = (0usize, 0);
+        loop {
+            let mut b = [0u8; 1];
+            self.stream.read_exact(&mut b).unwrap();
+            len |= usize::from(b[0] & 0x7f) << shift;
+            shift += 7;
+            if b[0] & 0x80 == 0 {
+                break;
+            }
+        }
+        let mut body = vec![0u8; len];
+        self.stream.read_exact(&mut body).unwrap();
+        (head[0], body)
+    }
+
+    /// One request (QoS 1, as the SDKs send it); returns the response payload.
+    fn call(&mut self, args: &[&[u8]]) -> Vec<u8> {
+        let mut payload = format!("*{}\r\n", args.len()).into_bytes();
+        for a in args {
+            payload.extend_from_slice(format!("${}\r\n", a.len()).as_bytes());
+            payload.extend_from_slice(a);
+            payload.extend_from_slice(b"\r\n");
+        }
+        let ms = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis();
+        let mut props = vec![0x08];
+        string(self.response_topic.as_bytes(), &mut props);
+        props.push(0x09);
+        string(&self.next_id.to_be_bytes(), &mut props);
+        props.extend_from_slice(&[0x02, 0, 0, 0, 10]);
+        props.push(0x26);
+        string(b"__ts", &mut props);
+        string(format!("{ms:015}:00000:client").as_bytes(), &mut props);
+        let mut body = Vec::new();
+        string(b"statestore/v1/FA9AE35F-2F64-47CD-9BFF-08E2B32A0FE8/command/invoke", &mut body);
+        body.extend_from_slice(&self.next_id.to_be_bytes());
+        varint(props.len(), &mut body);
+        body.extend_from_slice(&props);
+        body.extend_from_slice(&payload);
+        self.stream.write_all(&packet(0x32, &body)).unwrap();
+        self.next_id += 1;
+        loop {
+            let (kind, body) = self.read_packet();
+            if kind >> 4 != 3 {
+                continue;
+            }
+            // PUBLISH QoS 1: topic, packet id, properties, payload. Acknowledge it.
+            let topic_len = usize::from(u16::from_be_bytes([body[0], body[1]]));
+            let id = [body[2 + topic_len], body[3 + topic_len]];
+            self.stream.write_all(&[0x40, 2, id[0], id[1]]).unwrap();
+            let mut at = 4 + topic_len;
+            let (mut props_len, mut shift) = (0usize, 0);
+            loop {
+                let b = body[at];
+                at += 1;
+                props_len |= usize::from(b & 0x7f) << shift;
+                shift += 7;
+                if b & 0x80 == 0 {
+                    break;
+                }
+            }
+            return body[at + props_len..].to_vec();
+        }
+    }
+}
+
+/// Every key, through SCAN (pages of keys without their values).
+fn scan(c: &mut Raw) -> std::collections::HashSet<Vec<u8>> {
+    let mut keys = std::collections::HashSet::new();
+    let mut token: Vec<u8> = Vec::new();
+    loop {
+        let page = c.call(&[b"SCAN", b"*", &token]);
+        let mut lines = page.split(|&b| b == b'\n').map(|l| l.strip_suffix(b"\r").unwrap_or(l));
+        let parts = lines.next().expect("array header") == b"*2";
+        let count: usize = std::str::from_utf8(&lines.next().expect("keys header")[1..]).unwrap().parse().unwrap();
+        for _ in 0..count {
+            lines.next();
+            keys.insert(lines.next().expect("key").to_vec());
+        }
+        if !parts {
+            return keys;
+        }
+        lines.next();
+        token = lines.next().expect("token").to_vec();
+    }
+}
+
+fn key(i: usize) -> Vec<u8> {
+    format!("k{i:04}").into_bytes()
+}
+
+/// Writes the keys one acknowledged SET at a time, then stops the server gracefully.
+fn fill(dir: &Path) {
+    let mut server = launch(dir);
+    let mut c = Raw::connect(server.mqtt, "filler");
+    for i in 0..BIG + SMALL {
+        let value = vec![b'a' + (i % 26) as u8; if i < BIG { 900 << 10 } else { 100 }];
+        assert_eq!(c.call(&[b"SET", &key(i), &value]), b"+OK\r\n");
+    }
+    drop(c);
+    // The memtable is flushed to a table file in the background; wait for one.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while !files(dir).iter().any(|f| f.parent().is_some_and(|p| p.ends_with("tables")) && std::fs::metadata(f).unwrap().len() > 1 << 20) {
+        assert!(std::time::Instant::now() < deadline, "no table file after writing {} MiB", BIG * 900 >> 10);
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::process::Command::new("kill").args(["-TERM", &server.child.id().to_string()]).status().unwrap();
+    assert!(wait_exit(&mut server.child, Duration::from_secs(10)).success());
+}
+
+fn files(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_owned()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                stack.push(p);
+            } else {
+                out.push(p);
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    for f in files(from) {
+        let dest = to.join(f.strip_prefix(from).unwrap());
+        std::fs::create_dir_all(dest.parent().unwrap()).unwrap();
+        std::fs::copy(&f, dest).unwrap();
+    }
+}
+
+/// Where a (preallocated, zero-filled) journal's written bytes end.
+fn written(path: &Path) -> usize {
+    std::fs::read(path).unwrap().iter().rposition(|&b| b != 0).map_or(0, |i| i + 1)
+}
+
+fn flip_middle(path: &Path) {
+    let mut bytes = std::fs::read(path).unwrap();
+    let len = if path.extension().is_some_and(|x| x == "jnl") { written(path) } else { bytes.len() };
+    if len == 0 {
+        return;
+    }
+    let at = len / 2;
+    for b in &mut bytes[at..(at + 4).min(len)] {
+        *b ^= 0x5A;
+    }
+    std::fs::write(path, bytes).unwrap();
+}
+
+/// Starts statehub on a damaged copy and checks the outcome is a documented one.
+fn outcome_is_documented(dir: &Path, what: &str) -> &'static str {
+    let args = args(dir);
+    let mut child = command(&args.iter().map(String::as_str).collect::<Vec<_>>(), &[]).spawn().unwrap();
+    let mut stderr = child.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut log = String::new();
+        let mut buf = [0u8; 4096];
+        while let Ok(n) = stderr.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            log.push_str(&String::from_utf8_lossy(&buf[..n]));
+            let _ = tx.send(log.clone());
+        }
+    });
+    // Either it exits, or it logs its MQTT address.
+    let mut log = String::new();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Ok(l) = rx.recv_timeout(Duration::from_millis(50)) {
+            log = l;
+        }
+        if let Some(status) = child.try_wait().unwrap() {
+            while let Ok(l) = rx.recv_timeout(Duration::from_millis(200)) {
+                log = l;
+            }
+            assert_eq!(status.code(), Some(1), "{what}: exit {status:?}\n{log}");
+            assert!(log.contains("damaged") && log.contains(&dir.display().to_string()), "{what}: refusal must say damaged and name the directory:\n{log}");
+            return "refused";
+        }
+        if let Some(i) = log.find("mqtt listening on ") {
+            let addr: SocketAddr = log[i + 18..].split_whitespace().next().unwrap().parse().unwrap();
+            let stored = scan(&mut Raw::connect(addr, "checker"));
+            let present: Vec<bool> = (0..BIG + SMALL).map(|i| stored.contains(&key(i))).collect();
+            let kept = present.iter().take_while(|p| **p).count();
+            assert!(present[kept..].iter().all(|p| !p), "{what}: recovered keys have a gap: {kept} then more");
+            if kept < BIG + SMALL {
+                assert!(log.contains("recovery discarded"), "{what}: {} keys lost without a warning:\n{log}", BIG + SMALL - kept);
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+            return if kept == BIG + SMALL { "started, all kept" } else { "started, recovered a prefix" };
+        }
+        assert!(std::time::Instant::now() < deadline, "{what}: neither started nor exited:\n{log}");
+    }
+}
+
+#[test]
+fn a_second_statehub_on_the_same_directory_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let first = launch(dir.path());
+    let args = args(dir.path());
+    let mut child = command(&args.iter().map(String::as_str).collect::<Vec<_>>(), &[]).spawn().unwrap();
+    let status = wait_exit(&mut child, Duration::from_secs(10));
+    let mut err = String::new();
+    child.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+    assert_eq!(status.code(), Some(1), "{err}");
+    assert!(err.contains("in use by another statehub") && err.contains(&format!("pid {}", first.child.id())), "{err}");
+    // The first one is unharmed.
+    let mut c = Raw::connect(first.mqtt, "still-here");
+    assert_eq!(c.call(&[b"SET", b"k", b"v"]), b"+OK\r\n");
+}
+
+#[test]
+fn every_damaged_file_gives_a_documented_outcome() {
+    let source = tempfile::tempdir().unwrap();
+    fill(source.path());
+    let all = files(source.path());
+    let mut seen = std::collections::BTreeMap::<&str, usize>::new();
+    for file in all.iter().filter(|f| !f.ends_with("LOCK") && !f.ends_with("lock")) {
+        let rel = file.strip_prefix(source.path()).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        copy_dir(source.path(), dir.path());
+        flip_middle(&dir.path().join(rel));
+        *seen.entry(outcome_is_documented(dir.path(), &format!("flipped {}", rel.display()))).or_default() += 1;
+        let dir = tempfile::tempdir().unwrap();
+        copy_dir(source.path(), dir.path());
+        let target = dir.path().join(rel);
+        if target.extension().is_some_and(|x| x == "jnl") {
+            // A torn last write: bytes of a batch that never completed.
+            let mut bytes = std::fs::read(&target).unwrap();
+            let end = written(&target);
+            bytes[end..end + 4].copy_from_slice(&[0x01, 0x09, 0x00, 0x07]);
+            std::fs::write(&target, bytes).unwrap();
+            assert_eq!(outcome_is_documented(dir.path(), "torn journal tail"), "started, all kept");
+        } else {
+            let len = std::fs::metadata(&target).unwrap().len();
+            std::fs::OpenOptions::new().write(true).open(&target).unwrap().set_len(len / 2).unwrap();
+            *seen.entry(outcome_is_documented(dir.path(), &format!("truncated {}", rel.display()))).or_default() += 1;
+        }
+    }
+    eprintln!("damaged-file outcomes: {seen:?}");
+    assert!(seen.get("refused").is_some_and(|n| *n > 0), "no damage was detected at all: {seen:?}");
+}
