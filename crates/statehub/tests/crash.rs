@@ -263,7 +263,7 @@ async fn check(addr: SocketAddr, known: &mut HashMap<Vec<u8>, Known>, iteration:
 }
 
 fn launch(dir: &std::path::Path, iteration: u32) -> Server {
-    let sync = if iteration % 2 == 0 { "always" } else { "interval=50" };
+    let sync = if iteration.is_multiple_of(2) { "always" } else { "interval=50" };
     start(
         &["--mqtt-listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0", "--data-dir", dir.to_str().unwrap(), "--sync", sync],
         &[],

@@ -189,7 +189,7 @@ fn fill(dir: &Path) {
     // The memtable is flushed to a table file in the background; wait for one.
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
     while !files(dir).iter().any(|f| f.parent().is_some_and(|p| p.ends_with("tables")) && std::fs::metadata(f).unwrap().len() > 1 << 20) {
-        assert!(std::time::Instant::now() < deadline, "no table file after writing {} MiB", BIG * 900 >> 10);
+        assert!(std::time::Instant::now() < deadline, "no table file after writing {} MiB", (BIG * 900) >> 10);
         std::thread::sleep(Duration::from_millis(50));
     }
     std::process::Command::new("kill").args(["-TERM", &server.child.id().to_string()]).status().unwrap();
