@@ -83,13 +83,17 @@ impl DurableEngine {
             dir: store.dir().display().to_string(),
             source,
         };
-        let mut memory = MemoryEngine::new();
-        for record in entries.iter() {
-            let record = record.map_err(storage)?;
-            let entry =
-                record::decode_entry(record.value()).map_err(|e| damaged(record.key(), e))?;
-            memory.put(Bytes::copy_from_slice(record.key()), entry)?;
-        }
+        let memory = MemoryEngine::from_entries(
+            entries
+                .iter()
+                .map(|record| {
+                    let record = record.map_err(storage)?;
+                    let entry = record::decode_entry(record.value())
+                        .map_err(|e| damaged(record.key(), e))?;
+                    Ok((Bytes::copy_from_slice(record.key()), entry))
+                })
+                .collect::<Result<Vec<_>, EngineError>>()?,
+        );
         let loaded_clock = match meta.get(HLC_KEY).map_err(storage)? {
             Some(bytes) => Some(record::decode_hlc(&bytes).map_err(|e| damaged(HLC_KEY, e))?),
             None => None,

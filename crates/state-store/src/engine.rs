@@ -134,6 +134,27 @@ impl MemoryEngine {
         Self::default()
     }
 
+    /// An engine holding `entries` (as a persistent engine reads them back at start-up),
+    /// built in one pass: much faster than one `put` per key when they come in ascending
+    /// key order. Of equal keys the last wins.
+    pub fn from_entries(entries: impl IntoIterator<Item = (Bytes, Entry)>) -> Self {
+        let entries: BTreeMap<Bytes, Entry> = entries.into_iter().collect();
+        let mut stats = Stats::default();
+        let mut expiries = Vec::new();
+        for (key, entry) in &entries {
+            stats.keys += 1;
+            stats.bytes += Self::size(key, entry);
+            if let Some(at) = entry.expires_at_ms {
+                expiries.push((at, key.clone()));
+            }
+        }
+        Self {
+            entries,
+            expiries: expiries.into_iter().collect(),
+            stats,
+        }
+    }
+
     fn size(key: &[u8], entry: &Entry) -> u64 {
         (key.len() + entry.value.len()) as u64
     }
