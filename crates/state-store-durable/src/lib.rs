@@ -10,9 +10,10 @@
 //! `statehub_state_store::engine`.
 //!
 //! On disk: table `state_store` maps each key to its entry (`record.rs`); table
-//! `state_store_meta` holds `hlc`, the last clock sealed with a write, so versions stay
-//! above every version ever issued even for keys since deleted, and even if the wall clock
-//! goes back across a restart. [`DurableEngine::open`] reads both tables once.
+//! `state_store_meta` holds `hlc`, the clock sealed with the last write whose version no
+//! entry carries (a deletion's), so that the greatest stored version is at least every
+//! version ever issued, even for keys since deleted, and even if the wall clock goes back
+//! across a restart. [`DurableEngine::open`] reads both tables once.
 
 mod record;
 
@@ -66,6 +67,8 @@ pub struct DurableEngine {
     entries: Table,
     meta: Table,
     staged: Batch,
+    /// `(wall_ms, counter)` of the version of the last entry staged, if any.
+    staged_version: Option<(u64, u64)>,
     /// The high-water mark read at open.
     loaded_clock: Option<Hlc>,
     /// The sequence number of the last batch this engine submitted.
@@ -104,6 +107,7 @@ impl DurableEngine {
             entries,
             meta,
             staged: Batch::new(),
+            staged_version: None,
             loaded_clock,
             submitted: 0,
         })
@@ -124,6 +128,7 @@ impl Engine for DurableEngine {
         self.staged
             .put(&self.entries, &key, &record::encode_entry(&entry))
             .map_err(storage)?;
+        self.staged_version = Some((entry.version.wall_ms, entry.version.counter));
         self.memory.put(key, entry)
     }
 
@@ -162,9 +167,15 @@ impl Engine for DurableEngine {
     fn seal(&mut self, clock: &HlcClock) -> Result<Option<WriteSeq>, EngineError> {
         if !self.staged.is_empty() {
             let mut batch = std::mem::take(&mut self.staged);
-            batch
-                .put(&self.meta, HLC_KEY, &record::encode_hlc(&clock.current()))
-                .map_err(storage)?;
+            let current = clock.current();
+            // The high-water mark is stored already when the batch's last entry carries
+            // it (a SET's version is the clock's latest tick): the entries' maximum covers
+            // it at reopen. Deletions leave no entry, so they store the clock itself.
+            if self.staged_version.take() != Some((current.wall_ms, current.counter)) {
+                batch
+                    .put(&self.meta, HLC_KEY, &record::encode_hlc(&current))
+                    .map_err(storage)?;
+            }
             self.submitted = self.store.submit(batch).map_err(storage)?.seq();
         }
         Ok((self.submitted > self.store.durable_seq()).then_some(self.submitted))

@@ -20,15 +20,16 @@ use std::time::{Duration, Instant};
 use parking_lot::{Condvar, Mutex};
 use tokio::sync::Notify;
 
-use crate::batch::{Batch, Op};
+use crate::batch::Batch;
 use crate::error::StorageError;
 use crate::options::SyncPolicy;
 
 /// Where the committer writes: the storage engine, or a test double that fails on cue.
 pub(crate) trait Backend: Send + 'static {
-    /// Writes `ops` as one atomic batch; when `sync`, makes it durable (fdatasync) before
-    /// returning, otherwise hands it at least to the operating system.
-    fn commit(&mut self, ops: Vec<Op>, sync: bool) -> Result<(), BackendError>;
+    /// Writes the operations of `batches`, in order, as one atomic batch; when `sync`,
+    /// makes it durable (fdatasync) before returning, otherwise hands it at least to the
+    /// operating system.
+    fn commit(&mut self, batches: Vec<Batch>, sync: bool) -> Result<(), BackendError>;
     /// Makes everything committed so far durable.
     fn sync(&mut self) -> Result<(), BackendError>;
 }
@@ -40,13 +41,15 @@ pub(crate) type BackendError = Box<dyn std::error::Error + Send + Sync>;
 pub(crate) struct Fjall(pub(crate) fjall::Database);
 
 impl Backend for Fjall {
-    fn commit(&mut self, ops: Vec<Op>, sync: bool) -> Result<(), BackendError> {
-        let mut batch = self.0.batch().durability(Some(if sync {
-            fjall::PersistMode::SyncData
-        } else {
-            fjall::PersistMode::Buffer
-        }));
-        for op in ops {
+    fn commit(&mut self, batches: Vec<Batch>, sync: bool) -> Result<(), BackendError> {
+        let ops = batches.iter().map(Batch::len).sum();
+        let mut batch =
+            fjall::OwnedWriteBatch::with_capacity(self.0.clone(), ops).durability(Some(if sync {
+                fjall::PersistMode::SyncData
+            } else {
+                fjall::PersistMode::Buffer
+            }));
+        for op in batches.into_iter().flat_map(|b| b.ops) {
             match op.value {
                 Some(value) => batch.insert(&op.keyspace, op.key, value),
                 None => batch.remove(&op.keyspace, op.key),
@@ -238,8 +241,7 @@ pub(crate) fn run(shared: Arc<Shared>, mut backend: impl Backend, policy: SyncPo
         };
         if !batches.is_empty() {
             let bytes: usize = batches.iter().map(Batch::bytes).sum();
-            let ops: Vec<Op> = batches.into_iter().flat_map(|b| b.ops).collect();
-            if let Err(e) = backend.commit(ops, interval.is_none()) {
+            if let Err(e) = backend.commit(batches, interval.is_none()) {
                 shared.fail(e);
                 return;
             }

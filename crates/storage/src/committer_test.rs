@@ -30,7 +30,7 @@ struct Fake {
 }
 
 impl Backend for Fake {
-    fn commit(&mut self, ops: Vec<Op>, sync: bool) -> Result<(), BackendError> {
+    fn commit(&mut self, batches: Vec<Batch>, sync: bool) -> Result<(), BackendError> {
         if let Some((started, permits)) = &self.script.gate {
             let _ = started.send(());
             let _ = permits.recv();
@@ -40,10 +40,8 @@ impl Backend for Fake {
         if self.script.fail_commit == Some(n) {
             return Err("injected commit failure".into());
         }
-        self.log.lock().push(Event::Commit {
-            ops: ops.len(),
-            sync,
-        });
+        let ops = batches.iter().map(Batch::len).sum();
+        self.log.lock().push(Event::Commit { ops, sync });
         Ok(())
     }
 
