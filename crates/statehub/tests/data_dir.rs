@@ -335,3 +335,40 @@ fn every_damaged_file_gives_a_documented_outcome() {
     eprintln!("damaged-file outcomes: {seen:?}");
     assert!(seen.get("refused").is_some_and(|n| *n > 0), "no damage was detected at all: {seen:?}");
 }
+
+#[test]
+fn data_dir_and_sync_come_from_flags_environment_or_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("from-env");
+    let server = start(
+        &["--mqtt-listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0"],
+        &[("STATEHUB_DATA_DIR", data.to_str().unwrap()), ("STATEHUB_SYNC", "interval=20")],
+    );
+    let log = &server.startup;
+    assert!(log.iter().any(|l| l.contains(&format!("loaded from {}", data.display())) && l.contains("(sync interval=20)")), "{log:?}");
+    assert!(data.join("LOCK").exists());
+    drop(server);
+
+    let data = dir.path().join("from-file");
+    let config = dir.path().join("statehub.toml");
+    std::fs::write(&config, format!("data_dir = {:?}\nsync = \"always\"\n", data.display().to_string())).unwrap();
+    let server = start(&["--mqtt-listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0", "--config", config.to_str().unwrap()], &[]);
+    let log = &server.startup;
+    assert!(log.iter().any(|l| l.contains(&format!("loaded from {}", data.display())) && l.contains("(sync always)")), "{log:?}");
+}
+
+#[test]
+fn bad_sync_settings_exit_2_with_a_clear_error() {
+    let (status, err) = common::run_to_exit(&["--sync", "interval=5"]);
+    assert_eq!(status.code(), Some(2), "{err}");
+    assert!(err.contains("no data_dir"), "{err}");
+    let (status, err) = common::run_to_exit(&["--data-dir", "/tmp/never-created-by-statehub", "--sync", "sometimes"]);
+    assert_eq!(status.code(), Some(2), "{err}");
+    assert!(err.contains("sometimes") && err.contains("interval=<ms>"), "{err}");
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("bad-sync.toml");
+    std::fs::write(&config, "data_dir = \"/tmp/x\"\nsync = \"weekly\"\n").unwrap();
+    let (status, err) = common::run_to_exit(&["--config", config.to_str().unwrap()]);
+    assert_eq!(status.code(), Some(2), "{err}");
+    assert!(err.contains("sync") && err.contains("weekly") && err.contains(config.to_str().unwrap()), "{err}");
+}

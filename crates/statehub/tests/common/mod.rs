@@ -16,6 +16,8 @@ pub struct Server {
     pub mqtt: SocketAddr,
     pub http: SocketAddr,
     pub log: mpsc::Receiver<String>,
+    /// The log lines up to and including the "listening" lines.
+    pub startup: Vec<String>,
 }
 
 impl Drop for Server {
@@ -95,7 +97,7 @@ pub fn start(args: &[&str], env: &[(&str, &str)]) -> Server {
         http = http.or_else(|| addr_after("http listening on "));
         seen.push(line);
     }
-    Server { child, mqtt: mqtt.unwrap(), http: http.unwrap(), log: rx }
+    Server { child, mqtt: mqtt.unwrap(), http: http.unwrap(), log: rx, startup: seen }
 }
 
 pub fn wait_exit(child: &mut Child, limit: Duration) -> ExitStatus {
