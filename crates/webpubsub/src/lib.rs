@@ -14,6 +14,7 @@
 pub mod config;
 pub mod connection;
 pub mod dispatch;
+pub mod filter;
 pub mod hub;
 pub mod outbox;
 pub mod permissions;
