@@ -144,6 +144,16 @@ impl SessionState {
     }
 }
 
+/// Hub names as the REST API's pattern `^[A-Za-z][A-Za-z0-9_`,.[\]]{0,127}$` allows them,
+/// for the client endpoint too.
+pub fn valid_hub_name(name: &str) -> bool {
+    name.len() <= 128
+        && name.chars().next().is_some_and(|c| c.is_ascii_alphabetic())
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "_`,.[]".contains(c))
+}
+
 fn random_id(bytes: usize) -> String {
     let raw: Vec<u8> = (0..bytes).map(|_| rand::random::<u8>()).collect();
     URL_SAFE_NO_PAD.encode(raw)

@@ -1,15 +1,19 @@
 //! An Azure Web PubSub-compatible WebSocket service, for the official client SDKs.
 //!
 //! What lives where, from the wire inwards:
-//! - [`ws`]: the axum router, the handshake (token, subprotocol, recovery parameters).
+//! - [`ws`]: the client endpoint's router, the handshake (token, subprotocol, recovery).
+//! - [`rest`]: the REST API the server SDKs call (`/api/hubs/{hub}/…`, `/api/health`);
+//!   [`filter`]: its OData `filter` language.
 //! - [`connection`]: one socket's reader and writer tasks.
 //! - [`dispatch`]: what each client request does (acks, permissions, publish), no I/O.
 //! - [`protocol`]: frame formats (JSON and protobuf subprotocols, raw), no I/O.
 //! - [`token`] and [`permissions`]: access tokens and what their roles allow.
-//! - [`hub`]: hubs, groups, sessions; [`session`]: the reliable-session bookkeeping;
+//! - [`hub`]: hubs, groups, users, sessions, and (in [`hub::admin`]) what the REST API
+//!   does to them; [`session`]: the reliable-session bookkeeping;
 //!   [`outbox`]: the bounded per-socket send queue.
 //!
-//! Build it with [`WebPubSub::new`] from a [`Config`] and serve [`ws::router`].
+//! Build it with [`WebPubSub::new`] from a [`Config`] and serve [`router`] (the client
+//! endpoint and the REST API).
 
 pub mod config;
 pub mod connection;
@@ -19,6 +23,7 @@ pub mod hub;
 pub mod outbox;
 pub mod permissions;
 pub mod protocol;
+pub mod rest;
 pub mod session;
 pub mod token;
 pub mod ws;
@@ -28,7 +33,6 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 pub use config::{Config, Limits};
 pub use hub::Hub;
-pub use ws::router;
 
 /// The service state shared by every connection; cheap to clone.
 #[derive(Debug, Clone)]
@@ -71,4 +75,9 @@ impl WebPubSub {
             .or_insert_with(|| Arc::new(Hub::new(&key, self.inner.config.limits.clone())))
             .clone()
     }
+}
+
+/// Every route of the service: the client endpoint and the REST API.
+pub fn router(state: WebPubSub) -> axum::Router {
+    ws::router(state.clone()).merge(rest::router(state))
 }

@@ -148,7 +148,7 @@ fn audience_matches(aud: &str, hub: &str) -> bool {
     rest.eq_ignore_ascii_case(hub)
 }
 
-/// Mints a client token as the server SDKs do: for tests and a future `:generateToken`.
+/// Mints a client token as the server SDKs do, for `{endpoint}/client/hubs/{hub}`.
 pub fn issue_client_token(
     key: &str,
     endpoint: &str,
@@ -156,15 +156,19 @@ pub fn issue_client_token(
     claims: &ClientClaims,
     ttl: Duration,
 ) -> String {
+    let audience = format!("{}/client/hubs/{hub}", endpoint.trim_end_matches('/'));
+    issue_token(key, &audience, claims, ttl)
+}
+
+/// Mints a token for any audience (the REST API's `:generateToken` also serves MQTT
+/// client audiences).
+pub fn issue_token(key: &str, audience: &str, claims: &ClientClaims, ttl: Duration) -> String {
     let now = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .unwrap_or_default()
         .as_secs();
     let raw = RawClaims {
-        aud: OneOrMany::One(format!(
-            "{}/client/hubs/{hub}",
-            endpoint.trim_end_matches('/')
-        )),
+        aud: OneOrMany::One(audience.to_owned()),
         sub: claims.user_id.clone(),
         exp: now + ttl.as_secs(),
         iat: Some(now),

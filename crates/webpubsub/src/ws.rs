@@ -84,11 +84,9 @@ async fn client_by_query(
     handshake(&state, hub, &query, &headers, ws)
 }
 
-/// Hub names start with a letter and hold letters, digits and `_`, at most 128.
+/// Hub names start with a letter, at most 128 of letters, digits and `_`,.[]`.
 fn valid_hub(name: &str) -> bool {
-    name.len() <= 128
-        && name.chars().next().is_some_and(|c| c.is_ascii_alphabetic())
-        && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+    crate::hub::valid_hub_name(name)
 }
 
 /// The subprotocol to echo: the first offered one this service speaks; raw when none
@@ -221,6 +219,7 @@ mod tests {
     #[test]
     fn hub_names() {
         assert!(valid_hub("chat_1"));
+        assert!(valid_hub("a.b[1],`c`"));
         assert!(!valid_hub("1chat"));
         assert!(!valid_hub(""));
         assert!(!valid_hub("a-b"));

@@ -3,6 +3,8 @@
 //! Each test binary uses a different part of it.
 #![allow(dead_code)]
 
+pub mod api;
+
 use std::net::SocketAddr;
 use std::time::Duration;
 

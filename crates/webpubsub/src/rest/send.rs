@@ -1,0 +1,83 @@
+//! Messages from the application server: `:send` to all, to a group, to a user and to
+//! a connection. The body's `Content-Type` decides the `dataType` subscribers see:
+//! `text/plain` is text (must be UTF-8), `application/json` is JSON (must parse),
+//! `application/octet-stream` or none is binary; anything else is 415. All answer 202:
+//! delivery is fire-and-forget, a missing target is not an error.
+
+use axum::body::Body;
+use axum::http::{header, HeaderMap, StatusCode};
+
+use super::{ApiError, ApiResult, Params};
+use crate::hub::admin::{Selection, Target};
+use crate::protocol::Payload;
+use crate::WebPubSub;
+
+/// Reads a body of at most `limit` bytes (413 past it).
+pub async fn read_body(
+    headers: &HeaderMap,
+    body: Body,
+    limit: usize,
+) -> ApiResult<axum::body::Bytes> {
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok());
+    if declared.is_some_and(|n| n > limit) {
+        return Err(ApiError::TooLarge(limit));
+    }
+    axum::body::to_bytes(body, limit)
+        .await
+        .map_err(|_| ApiError::TooLarge(limit))
+}
+
+/// The payload of a send, from its content type.
+pub fn payload(headers: &HeaderMap, body: axum::body::Bytes) -> ApiResult<Payload> {
+    let content_type = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("application/octet-stream");
+    let mime = content_type
+        .split(';')
+        .next()
+        .unwrap_or_default()
+        .trim()
+        .to_ascii_lowercase();
+    match mime.as_str() {
+        "text/plain" => String::from_utf8(body.to_vec())
+            .map(Payload::Text)
+            .map_err(|_| ApiError::BadRequest("A text/plain body must be UTF-8".into())),
+        "application/json" | "text/json" => serde_json::from_slice(&body)
+            .map(Payload::Json)
+            .map_err(|e| ApiError::BadRequest(format!("The body is not valid JSON: {e}"))),
+        "application/octet-stream" | "" => Ok(Payload::Binary(body.to_vec())),
+        _ => Err(ApiError::UnsupportedMediaType(content_type.to_owned())),
+    }
+}
+
+/// One send: validates the parameters that target allows, then delivers.
+pub async fn send(
+    state: &WebPubSub,
+    hub: &str,
+    target: Target<'_>,
+    params: &Params,
+    headers: &HeaderMap,
+    body: Body,
+) -> ApiResult {
+    params.int("messageTtlSeconds", 0, 300)?;
+    let filter = match target {
+        Target::Connection(_) => None,
+        _ => params.filter()?,
+    };
+    let excluded = match target {
+        Target::All | Target::Group(_) => params.all("excluded"),
+        Target::User(_) | Target::Connection(_) => Vec::new(),
+    };
+    let limit = state.config().limits.max_frame_bytes;
+    let payload = payload(headers, read_body(headers, body, limit).await?)?;
+    let sel = Selection {
+        excluded: &excluded,
+        filter: filter.as_ref(),
+    };
+    state.hub(hub).send(target, &sel, &payload);
+    Ok(StatusCode::ACCEPTED)
+}
