@@ -7,8 +7,8 @@ use statehub_webpubsub::{Config, WebPubSub};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-/// The router for the HTTP listener. The Web PubSub client endpoint is mounted
-/// when access keys are configured (without keys no client token can be valid).
+/// The router for the HTTP listener. The Web PubSub client endpoint and REST API
+/// are mounted when access keys are configured (without keys no token can be valid).
 pub fn router(access_keys: &[String]) -> Router {
     let health = Router::new().route("/healthz", get(|| async { "ok\n" }));
     if access_keys.is_empty() {

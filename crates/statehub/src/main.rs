@@ -85,7 +85,9 @@ async fn serve(settings: Settings) -> std::io::Result<()> {
         }
     });
     if !settings.access_keys.is_empty() {
-        tracing::info!("web pubsub client endpoint on /client/hubs/{{hub}}");
+        tracing::info!("web pubsub client endpoint on /client/hubs/{{hub}}, REST API on /api/hubs/{{hub}}");
+    } else {
+        tracing::info!("web pubsub is off: no access key configured (--access-key, STATEHUB_ACCESS_KEYS or [webpubsub] access_keys); without a key no token can be valid");
     }
     let http_task = tokio::spawn(http::serve(http, http::router(&settings.access_keys), shutdown.clone()));
     mqtt.serve(Duration::from_secs(settings.shutdown_grace_secs)).await;

@@ -483,13 +483,25 @@ impl Session {
     /// Encodes and queues one data message. `Err(Gone)` means the session must be
     /// deleted (unacknowledged limit, or a slow non-reliable consumer).
     fn deliver(&self, msg: &DataMessageRef<'_>) -> Result<(), Gone> {
+        self.deliver_until(msg, None)
+    }
+
+    /// Same, for a message dropped unsent (and not replayed) after `deadline`.
+    fn deliver_until(
+        &self,
+        msg: &DataMessageRef<'_>,
+        deadline: Option<tokio::time::Instant>,
+    ) -> Result<(), Gone> {
         let mut st = lock(&self.state);
         if st.closed {
             return Ok(());
         }
         let protocol = self.protocol;
         let frame = if protocol.is_reliable() {
-            match st.sequencer.push(|id| encode_data(protocol, msg, Some(id))) {
+            match st
+                .sequencer
+                .push_until(|id| encode_data(protocol, msg, Some(id)), deadline)
+            {
                 Ok(frame) => frame,
                 Err(overflow) => {
                     st.shut(CLOSE_POLICY, &overflow.to_string());
@@ -502,7 +514,7 @@ impl Session {
         let Some((_, out)) = &st.link else {
             return Ok(());
         };
-        match out.push(frame) {
+        match out.push_until(frame, deadline) {
             Ok(()) | Err(PushError::Closed) => Ok(()),
             Err(PushError::Full) if self.protocol.is_reliable() => {
                 // The frame is kept unacknowledged: the client recovers and gets it.

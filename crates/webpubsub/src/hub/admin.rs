@@ -7,6 +7,9 @@
 //! a large fan-out never holds the hub lock while encoding.
 
 use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use super::{lock, Hub, Session, CLOSE_NORMAL, CLOSE_POLICY};
 use crate::filter::{Conn, Filter};
@@ -100,9 +103,18 @@ impl Hub {
     }
 
     /// Sends a message from the application server. Group members see it as a message
-    /// from that group, everyone else as a message from the server. Returns how many
-    /// sessions it reached; sessions that overflow are disconnected, never waited on.
-    pub fn send(&self, target: Target<'_>, sel: &Selection<'_>, payload: &Payload) -> usize {
+    /// from that group, everyone else as a message from the server. A `ttl` drops it for
+    /// any connection that has not been sent it in time (and keeps it from being
+    /// replayed later). Returns how many sessions it reached; sessions that overflow are
+    /// disconnected, never waited on.
+    pub fn send(
+        &self,
+        target: Target<'_>,
+        sel: &Selection<'_>,
+        payload: &Payload,
+        ttl: Option<Duration>,
+    ) -> usize {
+        let deadline = ttl.map(|t| Instant::now() + t);
         let msg = DataMessageRef {
             from: match target {
                 Target::Group(_) => MessageSource::Group,
@@ -117,7 +129,7 @@ impl Hub {
         };
         let mut delivered = 0;
         for session in self.selected(target, sel) {
-            match session.deliver(&msg) {
+            match session.deliver_until(&msg, deadline) {
                 Ok(()) => delivered += 1,
                 Err(super::Gone) => self.remove(&session.id),
             }

@@ -67,7 +67,7 @@ async fn targets_and_selection() {
     let (_c, mut rc) = connect(&h, None, Subprotocol::Json, &[]);
     let none = Selection::default();
 
-    assert_eq!(h.send(Target::All, &none, &hi()), 3);
+    assert_eq!(h.send(Target::All, &none, &hi(), None), 3);
     assert_eq!(
         text(&mut ra).unwrap(),
         r#"{"type":"message","from":"server","dataType":"text","data":"hi"}"#
@@ -79,7 +79,7 @@ async fn targets_and_selection() {
     );
     assert!(text(&mut rc).is_some());
 
-    assert_eq!(h.send(Target::Group("g"), &none, &hi()), 2);
+    assert_eq!(h.send(Target::Group("g"), &none, &hi(), None), 2);
     assert_eq!(
         text(&mut ra).unwrap(),
         r#"{"type":"message","from":"group","group":"g","dataType":"text","data":"hi"}"#
@@ -91,7 +91,7 @@ async fn targets_and_selection() {
         excluded: &excluded,
         filter: None,
     };
-    assert_eq!(h.send(Target::Group("g"), &sel, &hi()), 1);
+    assert_eq!(h.send(Target::Group("g"), &sel, &hi(), None), 1);
     text(&mut rb).unwrap();
     assert!(text(&mut ra).is_none());
 
@@ -100,13 +100,13 @@ async fn targets_and_selection() {
         excluded: &[],
         filter: Some(&f),
     };
-    assert_eq!(h.send(Target::All, &sel, &hi()), 1);
+    assert_eq!(h.send(Target::All, &sel, &hi(), None), 1);
     text(&mut rc).unwrap();
 
-    assert_eq!(h.send(Target::User("bob"), &none, &hi()), 1);
-    assert_eq!(h.send(Target::User("nobody"), &none, &hi()), 0);
-    assert_eq!(h.send(Target::Connection(b.id()), &none, &hi()), 1);
-    assert_eq!(h.send(Target::Connection("nope"), &none, &hi()), 0);
+    assert_eq!(h.send(Target::User("bob"), &none, &hi(), None), 1);
+    assert_eq!(h.send(Target::User("nobody"), &none, &hi(), None), 0);
+    assert_eq!(h.send(Target::Connection(b.id()), &none, &hi(), None), 1);
+    assert_eq!(h.send(Target::Connection("nope"), &none, &hi(), None), 0);
 }
 
 #[tokio::test]
@@ -246,4 +246,32 @@ async fn group_listing_pages_in_order() {
     let (exact, more) = h.list_group("g", None, 5);
     assert_eq!((exact.len(), more), (5, false));
     assert_eq!(h.list_group("none", None, 5), (vec![], false));
+}
+
+#[tokio::test(start_paused = true)]
+async fn ttl_messages_expire_for_absent_clients() {
+    let h = Arc::new(Hub::new("chat", Limits::default()));
+    let claims = ClientClaims {
+        user_id: None,
+        roles: vec![],
+        groups: vec![],
+    };
+    let s = h.create_session(&claims, Subprotocol::JsonReliable);
+    let (out, _rx) = outbox(16, 1 << 20);
+    let (generation, _) = s.attach(out).unwrap();
+    h.socket_closed(&s, generation);
+    let none = Selection::default();
+    let target = Target::Connection(s.id());
+    h.send(
+        target,
+        &none,
+        &Payload::Text("short".into()),
+        Some(std::time::Duration::from_secs(5)),
+    );
+    h.send(target, &none, &Payload::Text("forever".into()), None);
+    tokio::time::advance(std::time::Duration::from_secs(6)).await;
+    let (out, _rx) = outbox(16, 1 << 20);
+    let (_, replay) = s.attach(out).unwrap();
+    assert_eq!(replay.len(), 1);
+    assert!(replay[0].to_text().unwrap().contains("forever"));
 }

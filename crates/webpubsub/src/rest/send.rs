@@ -2,7 +2,10 @@
 //! a connection. The body's `Content-Type` decides the `dataType` subscribers see:
 //! `text/plain` is text (must be UTF-8), `application/json` is JSON (must parse),
 //! `application/octet-stream` or none is binary; anything else is 415. All answer 202:
-//! delivery is fire-and-forget, a missing target is not an error.
+//! delivery is fire-and-forget, a missing target is not an error. `messageTtlSeconds`
+//! (1–300; 0 is none) drops the message for connections that were not sent it in time.
+
+use std::time::Duration;
 
 use axum::body::Body;
 use axum::http::{header, HeaderMap, StatusCode};
@@ -63,7 +66,10 @@ pub async fn send(
     headers: &HeaderMap,
     body: Body,
 ) -> ApiResult {
-    params.int("messageTtlSeconds", 0, 300)?;
+    let ttl = params
+        .int("messageTtlSeconds", 0, 300)?
+        .filter(|s| *s > 0)
+        .map(|s| Duration::from_secs(s.unsigned_abs()));
     let filter = match target {
         Target::Connection(_) => None,
         _ => params.filter()?,
@@ -78,6 +84,6 @@ pub async fn send(
         excluded: &excluded,
         filter: filter.as_ref(),
     };
-    state.hub(hub).send(target, &sel, &payload);
+    state.hub(hub).send(target, &sel, &payload, ttl);
     Ok(StatusCode::ACCEPTED)
 }
