@@ -24,7 +24,7 @@ use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::middleware::from_fn_with_state;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, head, post};
-use axum::{Json, Router};
+use axum::Router;
 use serde::Serialize;
 
 use crate::filter::{Filter, FilterError};
@@ -73,6 +73,9 @@ impl ApiError {
     }
 }
 
+/// Errors carry a JSON body `{code, message}` but, as the service sends them, a
+/// `text/plain` content type: the JS SDK then keeps the whole JSON text as the
+/// `RestError` message, which its tests parse (`JSON.parse(error.message).message`).
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let (status, code) = self.status_and_code();
@@ -80,10 +83,17 @@ impl IntoResponse for ApiError {
             code,
             message: self.to_string(),
         };
+        let text = serde_json::to_string(&body).unwrap_or_default();
         (
             status,
-            [("x-ms-error-code", HeaderValue::from_static(code))],
-            Json(body),
+            [
+                ("x-ms-error-code", HeaderValue::from_static(code)),
+                (
+                    header::CONTENT_TYPE.as_str(),
+                    HeaderValue::from_static("text/plain; charset=utf-8"),
+                ),
+            ],
+            text,
         )
             .into_response()
     }
