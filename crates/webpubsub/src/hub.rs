@@ -7,8 +7,8 @@
 //! subprotocols the session ends with its socket.
 //!
 //! The hub also indexes sessions by user id, keeps group members ordered (so listing a
-//! group pages stably), and reports sessions' ends to a [`Lifecycle`] (the upstream
-//! `disconnected` event). The REST API's operations on connections, users, groups and
+//! group pages stably), and reports sessions' starts and ends to its upstream (the
+//! `disconnected` event) through its [`Events`]. The REST API's operations on connections, users, groups and
 //! permissions live in [`admin`].
 //!
 //! Locking: `std::sync::Mutex` everywhere, held for short sections with no `.await`
@@ -30,9 +30,11 @@ use crate::outbox::{Outbox, PushError};
 use crate::permissions::Permissions;
 use crate::protocol::codec::encode_data;
 use crate::protocol::json::DataMessageRef;
-use crate::protocol::Subprotocol;
+use crate::protocol::{Payload, Subprotocol};
 use crate::session::{ProcessedAcks, Sequencer};
 use crate::token::ClientClaims;
+use crate::upstream::cloudevents::UpstreamError;
+use tokio_util::sync::CancellationToken;
 
 /// Close code: policy violation; for reliable clients it means "the session is gone".
 pub const CLOSE_POLICY: u16 = 1008;
@@ -43,13 +45,29 @@ pub const CLOSE_NORMAL: u16 = 1000;
 /// Close code: the server is going away (shutdown, non-reliable clients).
 pub const CLOSE_GOING_AWAY: u16 = 1001;
 
-/// Told when sessions start and end (the upstream `connected`/`disconnected` events).
-/// Called with no lock held; implementations must not block.
-pub trait Lifecycle: Send + Sync + std::fmt::Debug {
+/// The answer of a user event: data to send back to the client, if any.
+pub type UserEventFuture = std::pin::Pin<
+    Box<dyn std::future::Future<Output = Result<Option<Payload>, UpstreamError>> + Send>,
+>;
+
+/// The hub's upstream: told when sessions start and end (the `connected` and
+/// `disconnected` events), and asked to handle user events. The notifications are
+/// called with no lock held and must not block.
+pub trait Events: Send + Sync + std::fmt::Debug {
     /// A session's first socket is attached and its `connected` message queued.
     fn connected(&self, hub: &Hub, session: &Arc<Session>);
     /// A session ended: it left every group and can no longer be recovered.
     fn disconnected(&self, hub: &Hub, session: &Arc<Session>, reason: &str);
+    /// Is there a handler for this user event?
+    fn takes_user_event(&self, event: &str) -> bool;
+    /// Posts a user event; the future resolves to the handler's answer.
+    fn user_event(
+        &self,
+        hub: &Hub,
+        session: &Arc<Session>,
+        event: &str,
+        payload: &Payload,
+    ) -> UserEventFuture;
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -62,7 +80,8 @@ pub struct Hub {
     name: String,
     limits: Limits,
     state: Mutex<HubState>,
-    lifecycle: Option<Arc<dyn Lifecycle>>,
+    events: Option<Arc<dyn Events>>,
+    shutdown: CancellationToken,
 }
 
 #[derive(Debug, Default)]
@@ -94,6 +113,9 @@ pub struct Gone;
 /// the upstream `connect` event already applied) and the negotiated subprotocol.
 #[derive(Debug, Clone)]
 pub struct NewSession {
+    /// The connection id, when chosen before the session exists (the `connect` event
+    /// names it); a fresh random one otherwise.
+    pub connection_id: Option<String>,
     /// User id, roles, initial groups.
     pub claims: ClientClaims,
     /// How frames are encoded.
@@ -154,6 +176,11 @@ pub fn valid_hub_name(name: &str) -> bool {
             .all(|c| c.is_ascii_alphanumeric() || "_`,.[]".contains(c))
 }
 
+/// A fresh, unguessable connection id.
+pub fn new_connection_id() -> String {
+    random_id(16)
+}
+
 fn random_id(bytes: usize) -> String {
     let raw: Vec<u8> = (0..bytes).map(|_| rand::random::<u8>()).collect();
     URL_SAFE_NO_PAD.encode(raw)
@@ -175,20 +202,42 @@ impl Hub {
             name: name.to_owned(),
             limits,
             state: Mutex::new(HubState::default()),
-            lifecycle: None,
+            events: None,
+            shutdown: CancellationToken::new(),
         }
     }
 
-    /// The same hub, reporting session starts and ends to `lifecycle`.
-    pub fn with_lifecycle(mut self, lifecycle: Arc<dyn Lifecycle>) -> Self {
-        self.lifecycle = Some(lifecycle);
+    /// The same hub, with an upstream.
+    pub fn with_events(mut self, events: Arc<dyn Events>) -> Self {
+        self.events = Some(events);
         self
+    }
+
+    /// The same hub, closing its connections when `shutdown` is cancelled.
+    pub fn with_shutdown(mut self, shutdown: CancellationToken) -> Self {
+        self.shutdown = shutdown;
+        self
+    }
+
+    /// The hub's upstream, if it has one.
+    pub fn events(&self) -> Option<&Arc<dyn Events>> {
+        self.events.as_ref()
+    }
+
+    /// Cancelled when the server shuts down.
+    pub fn shutdown_token(&self) -> &CancellationToken {
+        &self.shutdown
+    }
+
+    /// The hub's limits.
+    pub fn limits(&self) -> &Limits {
+        &self.limits
     }
 
     /// Reports that `session`'s first socket is up (called by the connection task).
     pub fn connected(&self, session: &Arc<Session>) {
-        if let Some(l) = &self.lifecycle {
-            l.connected(self, session);
+        if let Some(e) = &self.events {
+            e.connected(self, session);
         }
     }
 
@@ -201,6 +250,7 @@ impl Hub {
     /// sessions get an unguessable 256-bit reconnection token.
     pub fn create_session(&self, claims: &ClientClaims, protocol: Subprotocol) -> Arc<Session> {
         self.open(NewSession {
+            connection_id: None,
             claims: claims.clone(),
             protocol,
             subprotocol: protocol.name().map(str::to_owned),
@@ -211,13 +261,14 @@ impl Hub {
     /// Creates a session and joins its initial groups.
     pub fn open(&self, new: NewSession) -> Arc<Session> {
         let NewSession {
+            connection_id,
             claims,
             protocol,
             subprotocol,
             connection_state,
         } = new;
         let session = Arc::new(Session {
-            id: random_id(16),
+            id: connection_id.unwrap_or_else(new_connection_id),
             user_id: claims.user_id.clone(),
             protocol,
             subprotocol,
@@ -340,8 +391,8 @@ impl Hub {
             }
             (session, reason)
         };
-        if let Some(l) = &self.lifecycle {
-            l.disconnected(self, &session, reason.as_deref().unwrap_or_default());
+        if let Some(e) = &self.events {
+            e.disconnected(self, &session, reason.as_deref().unwrap_or_default());
         }
     }
 

@@ -26,13 +26,21 @@ pub mod protocol;
 pub mod rest;
 pub mod session;
 pub mod token;
+pub mod upstream;
 pub mod ws;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 pub use config::{Config, Limits};
 pub use hub::Hub;
+use upstream::events::HubEvents;
+use upstream::settings::HubSettings;
+use upstream::Upstream;
 
 /// The service state shared by every connection; cheap to clone.
 #[derive(Debug, Clone)]
@@ -44,15 +52,27 @@ pub struct WebPubSub {
 struct Inner {
     config: Config,
     hubs: Mutex<HashMap<String, Arc<Hub>>>,
+    /// Only when some hub has event handlers.
+    upstream: Option<Upstream>,
+    shutdown: CancellationToken,
+    connections: TaskTracker,
 }
 
 impl WebPubSub {
     /// A service with no hubs yet; hubs appear when first used.
     pub fn new(config: Config) -> Self {
+        let upstream = config
+            .hubs
+            .values()
+            .any(|h| !h.event_handlers.is_empty())
+            .then(|| Upstream::new(&config));
         Self {
             inner: Arc::new(Inner {
                 config,
                 hubs: Mutex::new(HashMap::new()),
+                upstream,
+                shutdown: CancellationToken::new(),
+                connections: TaskTracker::new(),
             }),
         }
     }
@@ -63,7 +83,7 @@ impl WebPubSub {
     }
 
     /// The hub of this name (case-insensitive, as the service's hub names are), created
-    /// on first use.
+    /// on first use with its upstream handlers.
     pub fn hub(&self, name: &str) -> Arc<Hub> {
         let key = name.to_ascii_lowercase();
         let mut hubs = self
@@ -72,8 +92,78 @@ impl WebPubSub {
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
         hubs.entry(key.clone())
-            .or_insert_with(|| Arc::new(Hub::new(&key, self.inner.config.limits.clone())))
+            .or_insert_with(|| {
+                let mut hub = Hub::new(&key, self.inner.config.limits.clone())
+                    .with_shutdown(self.inner.shutdown.clone());
+                if let Some(events) = self.hub_events(&key) {
+                    hub = hub.with_events(Arc::new(events));
+                }
+                Arc::new(hub)
+            })
             .clone()
+    }
+
+    /// The settings of a hub.
+    pub fn hub_settings(&self, name: &str) -> HubSettings {
+        self.inner.config.hub_settings(name)
+    }
+
+    /// The hub's upstream handlers, when it has any.
+    pub fn hub_events(&self, name: &str) -> Option<HubEvents> {
+        let settings = self.hub_settings(name);
+        if settings.event_handlers.is_empty() {
+            return None;
+        }
+        let upstream = self.inner.upstream.clone()?;
+        Some(HubEvents::new(upstream, settings))
+    }
+
+    /// Whether shutdown has begun (new clients are refused).
+    pub fn is_shutting_down(&self) -> bool {
+        self.inner.shutdown.is_cancelled()
+    }
+
+    /// Runs a connection task so that [`WebPubSub::shutdown`] waits for it.
+    pub fn track<F>(&self, task: F) -> tokio_util::task::task_tracker::TrackedFuture<F>
+    where
+        F: std::future::Future,
+    {
+        self.inner.connections.track_future(task)
+    }
+
+    /// Shuts the service down: new clients are refused, every session is closed (its
+    /// client gets `disconnected` and a close frame: 1001, or 1008 on reliable
+    /// subprotocols since sessions do not outlive the process), and it waits up to
+    /// `grace` for the sockets to close and queued upstream events to be posted.
+    pub async fn shutdown(&self, grace: Duration) {
+        let deadline = tokio::time::Instant::now() + grace;
+        self.inner.shutdown.cancel();
+        let hubs: Vec<Arc<Hub>> = self
+            .inner
+            .hubs
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .values()
+            .cloned()
+            .collect();
+        for hub in hubs {
+            hub.shutdown("The server is shutting down");
+        }
+        self.inner.connections.close();
+        if tokio::time::timeout_at(deadline, self.inner.connections.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                "{} web pubsub connections still open after the shutdown grace",
+                self.inner.connections.len()
+            );
+        }
+        if let Some(upstream) = &self.inner.upstream {
+            upstream
+                .drain(deadline.saturating_duration_since(tokio::time::Instant::now()))
+                .await;
+        }
     }
 }
 

@@ -158,6 +158,19 @@ impl Hub {
         sessions.len()
     }
 
+    /// Closes every session for shutdown: 1001 (going away), or 1008 on reliable
+    /// subprotocols since the session will not survive the process.
+    pub fn shutdown(&self, reason: &str) {
+        for s in self.targets(Target::All) {
+            let code = if s.protocol.is_reliable() {
+                CLOSE_POLICY
+            } else {
+                super::CLOSE_GOING_AWAY
+            };
+            self.close(&s.id, code, reason);
+        }
+    }
+
     /// Adds a connection to a group.
     pub fn add_connection_to_group(&self, id: &str, group: &str) -> Result<(), NotFound> {
         let session = self.session(id).ok_or(NotFound)?;

@@ -4,15 +4,15 @@ use axum::extract::ws::Message;
 
 use super::*;
 use crate::config::Limits;
-use crate::hub::Lifecycle;
+use crate::hub::UserEventFuture;
 use crate::outbox::{outbox, OutboxReceiver};
 use crate::protocol::Subprotocol;
 use crate::token::ClientClaims;
 
 #[derive(Debug, Default)]
-struct Events(StdMutex<Vec<String>>);
+struct Log(StdMutex<Vec<String>>);
 
-impl Lifecycle for Events {
+impl super::super::Events for Log {
     fn connected(&self, _: &Hub, s: &Arc<Session>) {
         self.0.lock().unwrap().push(format!("connected {}", s.id()));
     }
@@ -21,6 +21,12 @@ impl Lifecycle for Events {
             .lock()
             .unwrap()
             .push(format!("disconnected {} {reason}", s.id()));
+    }
+    fn takes_user_event(&self, _: &str) -> bool {
+        false
+    }
+    fn user_event(&self, _: &Hub, _: &Arc<Session>, _: &str, _: &Payload) -> UserEventFuture {
+        Box::pin(async { Ok(None) })
     }
 }
 
@@ -162,8 +168,8 @@ async fn filtered_membership() {
 
 #[tokio::test]
 async fn close_with_reason_fires_disconnected_once() {
-    let events = Arc::new(Events::default());
-    let h = Hub::new("chat", Limits::default()).with_lifecycle(events.clone());
+    let events = Arc::new(Log::default());
+    let h = Hub::new("chat", Limits::default()).with_events(events.clone());
     let (a, mut ra) = connect(&h, Some("u"), Subprotocol::Json, &["g"]);
     let (r, mut rr) = connect(&h, Some("u"), Subprotocol::JsonReliable, &["g"]);
     let (k, _rk) = connect(&h, Some("v"), Subprotocol::Json, &["g"]);
