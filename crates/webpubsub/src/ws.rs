@@ -296,6 +296,10 @@ async fn handshake(
             }
         }
     }
+    if echo.is_none() && !offered.is_empty() {
+        // A client that offered subprotocols fails an upgrade that echoes none.
+        return Err(HandshakeError::Subprotocol(offered.join(",")));
+    }
     let mut ws = upgrade(ws, &limits);
     if let Some(name) = &echo {
         ws = ws.protocols([name.clone()]);

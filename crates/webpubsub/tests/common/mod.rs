@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod api;
+pub mod upstream;
 
 use std::net::SocketAddr;
 use std::time::Duration;
