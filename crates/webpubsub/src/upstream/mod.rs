@@ -13,7 +13,8 @@
 //!   socket never waits for them.
 //!
 //! Before the first request to a URL the abuse-protection handshake runs: `OPTIONS`
-//! with `WebHook-Request-Origin`, whose answer must allow our origin in
+//! with `WebHook-Request-Origin` (and `ce-awpsversion`, without which the Node handler
+//! ignores it), whose answer must allow our origin in
 //! `WebHook-Allowed-Origin`. A success is remembered for the process's life, a failure
 //! for a few seconds. Every request has the configured timeout, and answers are read up
 //! to the frame limit.
@@ -166,6 +167,8 @@ impl Upstream {
             .client()?
             .request(reqwest::Method::OPTIONS, url)
             .header("WebHook-Request-Origin", &self.inner.origin)
+            // @azure/web-pubsub-express answers only requests that carry it.
+            .header("ce-awpsversion", "1.0")
             .send()
             .await;
         let allowed = match &result {
