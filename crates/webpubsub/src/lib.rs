@@ -7,13 +7,16 @@
 //! - [`connection`]: one socket's reader and writer tasks.
 //! - [`dispatch`]: what each client request does (acks, permissions, publish), no I/O.
 //! - [`protocol`]: frame formats (JSON and protobuf subprotocols, raw), no I/O.
+//! - [`upstream`]: the application server's webhooks (CloudEvents `connect`,
+//!   `connected`, `disconnected`, user events) per hub settings.
 //! - [`token`] and [`permissions`]: access tokens and what their roles allow.
+//! - [`config`]: keys, limits and hub settings (statehub's `[webpubsub]` table).
 //! - [`hub`]: hubs, groups, users, sessions, and (in [`hub::admin`]) what the REST API
 //!   does to them; [`session`]: the reliable-session bookkeeping;
 //!   [`outbox`]: the bounded per-socket send queue.
 //!
-//! Build it with [`WebPubSub::new`] from a [`Config`] and serve [`router`] (the client
-//! endpoint and the REST API).
+//! Build it with [`WebPubSub::new`] from a [`Config`], serve [`router`] (the client
+//! endpoint and the REST API), and call [`WebPubSub::shutdown`] to stop.
 
 pub mod config;
 pub mod connection;
