@@ -6,8 +6,8 @@
 //! `gt`, `ge`, `lt`, `le`; `in` with a list or with `groups`; string, integer, boolean and
 //! `null` literals; the functions `tolower`, `toupper`, `trim`, `substring`, `concat`,
 //! `indexof`, `length`, `startswith`, `endswith`, `contains`. It is small, so it is ours:
-//! a lexer and a recursive-descent parser ([`parse`]) that also checks types, and an
-//! evaluator ([`eval`]) run once per connection.
+//! a lexer and a recursive-descent parser (`parse`) that also checks types, and an
+//! evaluator (`eval`) run once per connection.
 //!
 //! Semantics where the documentation is silent, chosen as OData does: identifiers,
 //! keywords and function names are case-insensitive, string comparisons are ordinal

@@ -4,9 +4,9 @@
 //! (sends 202; adds and grants 200; removals, revokes and closes 204; existence checks
 //! 200/404), errors as `{code, message}` with an `x-ms-error-code` header.
 //!
-//! One module per resource: [`send`] (messages), [`groups`], [`users`], [`connections`]
-//! (connections and permissions) and [`token`] (`:generateToken`, health). Every hub
-//! route passes [`auth`] first: a bearer JWT signed with an access key whose audience is
+//! One module per resource: `send` (messages), `groups`, `users`, `connections`
+//! (connections and permissions) and `token` (`:generateToken`, health). Every hub
+//! route passes `auth` first: a bearer JWT signed with an access key whose audience is
 //! the request URL.
 //!
 //! axum refuses route segments that start with `:`, so the `:action` segments are
