@@ -88,11 +88,8 @@ pub async fn serve(socket: WebSocket, hub: Arc<Hub>, session: Arc<Session>, limi
         hub.connected(&session);
     }
     if hub.shutdown_token().is_cancelled() {
-        hub.close(
-            session.id(),
-            shutdown_code(&session),
-            "The server is shutting down",
-        );
+        let code = session.close_code(CLOSE_GOING_AWAY);
+        hub.close(session.id(), code, "The server is shutting down");
     }
     let idle = limits.effective_idle_timeout();
     let close_requested = read_loop(stream, &hub, &session, &out, idle).await;
@@ -107,14 +104,6 @@ pub async fn serve(socket: WebSocket, hub: Arc<Hub>, session: Arc<Session>, limi
         writer.abort();
     }
     hub.socket_closed(&session, generation);
-}
-
-fn shutdown_code(session: &Session) -> u16 {
-    if session.protocol().is_reliable() {
-        CLOSE_POLICY
-    } else {
-        CLOSE_GOING_AWAY
-    }
 }
 
 /// Reads frames until the peer goes or a close is requested; returns whether a close

@@ -490,6 +490,16 @@ impl Session {
         lock(&self.state).connection_state = Some(state);
     }
 
+    /// The close code when the server ends this session: 1008 on reliable
+    /// subprotocols (the session is gone, do not try to recover), else `otherwise`.
+    pub fn close_code(&self, otherwise: u16) -> u16 {
+        if self.protocol.is_reliable() {
+            CLOSE_POLICY
+        } else {
+            otherwise
+        }
+    }
+
     /// The reconnection token (reliable subprotocols only).
     pub fn reconnection_token(&self) -> Option<&str> {
         self.reconnection_token.as_deref()

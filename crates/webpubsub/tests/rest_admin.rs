@@ -6,7 +6,7 @@ mod common;
 
 use std::collections::HashSet;
 
-use common::api::{rest_token, Api, V};
+use common::api::{client, rest_token, Api, V};
 use common::*;
 use serde_json::{json, Value};
 use statehub_webpubsub::Limits;
@@ -28,13 +28,7 @@ async fn status(api: &Api, method: &str, path: &str) -> u16 {
 async fn connection_membership_and_existence() {
     let addr = start(Limits::default()).await;
     let api = Api::new(addr);
-    let (mut ws, c) = connect(
-        addr,
-        "chat",
-        &token(addr, "chat", Some("u"), &[], &[]),
-        Some(JSON),
-    )
-    .await;
+    let (mut ws, c) = client(addr, Some("u"), &[], Some(JSON)).await;
     let cid = id(&c);
     let conn = format!("/api/hubs/chat/connections/{cid}");
     let member = format!("/api/hubs/chat/groups/g/connections/{cid}");
@@ -47,11 +41,10 @@ async fn connection_membership_and_existence() {
     assert_eq!(status(&api, "HEAD", "/api/hubs/chat/groups/g").await, 404);
     assert_eq!(status(&api, "PUT", &member).await, 200);
     assert_eq!(status(&api, "HEAD", "/api/hubs/chat/groups/g").await, 200);
-    api.send(
-        "POST",
+    api.post(
         &format!("/api/hubs/chat/groups/g/:send?{V}"),
-        Some("text/plain"),
-        b"in g".to_vec(),
+        "text/plain",
+        b"in g",
     )
     .await;
     assert_eq!(recv(&mut ws).await["data"], "in g");
@@ -92,20 +85,8 @@ async fn connection_membership_and_existence() {
 async fn user_membership_and_existence() {
     let addr = start(Limits::default()).await;
     let api = Api::new(addr);
-    let (mut a1, _) = connect(
-        addr,
-        "chat",
-        &token(addr, "chat", Some("alice"), &[], &[]),
-        Some(JSON),
-    )
-    .await;
-    let (mut a2, _) = connect(
-        addr,
-        "chat",
-        &token(addr, "chat", Some("alice"), &[], &["x"]),
-        Some(JSON),
-    )
-    .await;
+    let (mut a1, _) = client(addr, Some("alice"), &[], Some(JSON)).await;
+    let (mut a2, _) = client(addr, Some("alice"), &["x"], Some(JSON)).await;
 
     assert_eq!(
         status(&api, "HEAD", "/api/hubs/chat/users/alice").await,
@@ -119,11 +100,10 @@ async fn user_membership_and_existence() {
     api.call("PUT", &format!("/api/hubs/chat/users/brian/groups/g?{V}"))
         .await
         .error(404);
-    api.send(
-        "POST",
+    api.post(
         &format!("/api/hubs/chat/groups/g/:send?{V}"),
-        Some("text/plain"),
-        b"both".to_vec(),
+        "text/plain",
+        b"both",
     )
     .await;
     assert_eq!(recv(&mut a1).await["data"], "both");
@@ -230,13 +210,7 @@ async fn closing_sends_disconnected_with_the_reason() {
 async fn permissions_change_what_a_client_may_do() {
     let addr = start(Limits::default()).await;
     let api = Api::new(addr);
-    let (mut ws, c) = connect(
-        addr,
-        "chat",
-        &token(addr, "chat", Some("u"), &[], &[]),
-        Some(JSON),
-    )
-    .await;
+    let (mut ws, c) = client(addr, Some("u"), &[], Some(JSON)).await;
     let perm = |p: &str, q: &str| {
         format!(
             "/api/hubs/chat/permissions/{p}/connections/{}?{V}{q}",
@@ -304,20 +278,8 @@ async fn permissions_change_what_a_client_may_do() {
 async fn filtered_add_and_remove_to_groups() {
     let addr = start(Limits::default()).await;
     let api = Api::new(addr);
-    let (mut l, _) = connect(
-        addr,
-        "chat",
-        &token(addr, "chat", Some("listener-1"), &[], &[]),
-        Some(JSON),
-    )
-    .await;
-    let (mut o, _) = connect(
-        addr,
-        "chat",
-        &token(addr, "chat", Some("other"), &[], &[]),
-        Some(JSON),
-    )
-    .await;
+    let (mut l, _) = client(addr, Some("listener-1"), &[], Some(JSON)).await;
+    let (mut o, _) = client(addr, Some("other"), &[], Some(JSON)).await;
     let body =
         |f: &str| serde_json::to_vec(&json!({"groups":["group1","group2"],"filter":f})).unwrap();
 
@@ -331,11 +293,10 @@ async fn filtered_add_and_remove_to_groups() {
         )
         .await;
     assert_eq!((r.status.as_u16(), r.body.as_str()), (200, ""));
-    api.send(
-        "POST",
+    api.post(
         &format!("/api/hubs/chat/groups/group2/:send?{V}"),
-        Some("text/plain"),
-        b"x".to_vec(),
+        "text/plain",
+        b"x",
     )
     .await;
     assert_eq!(recv(&mut l).await["group"], "group2");
@@ -367,15 +328,10 @@ async fn filtered_add_and_remove_to_groups() {
             .await
             .error(400);
         assert_eq!(e["message"], INVALID_FILTER);
-        api.send(
-            "POST",
-            path,
-            Some("application/json"),
-            br#"{"groups":"g"}"#.to_vec(),
-        )
-        .await
-        .error(400);
-        api.send("POST", path, Some("application/json"), b"not json".to_vec())
+        api.post(path, "application/json", br#"{"groups":"g"}"#)
+            .await
+            .error(400);
+        api.post(path, "application/json", b"not json")
             .await
             .error(400);
     }

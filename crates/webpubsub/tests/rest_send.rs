@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::api::{rest_token, Api, V};
+use common::api::{client, rest_token, Api, V};
 use common::*;
 use serde_json::json;
 use statehub_webpubsub::Limits;
@@ -74,20 +74,11 @@ async fn tokens_must_name_this_url() {
 async fn send_to_all_maps_content_types_to_data_types() {
     let addr = start(Limits::default()).await;
     let api = Api::new(addr);
-    let (mut json_client, _) = connect(
-        addr,
-        "chat",
-        &token(addr, "chat", None, &[], &[]),
-        Some(JSON),
-    )
-    .await;
-    let (mut raw_client, _) =
-        connect(addr, "chat", &token(addr, "chat", None, &[], &[]), None).await;
+    let (mut json_client, _) = client(addr, None, &[], Some(JSON)).await;
+    let (mut raw_client, _) = client(addr, None, &[], None).await;
     let path = format!("/api/hubs/chat/:send?{V}");
 
-    let r = api
-        .send("POST", &path, Some("text/plain"), b"hello".to_vec())
-        .await;
+    let r = api.post(&path, "text/plain", b"hello").await;
     assert_eq!((r.status.as_u16(), r.body.as_str()), (202, ""));
     assert_eq!(
         recv(&mut json_client).await,
@@ -99,12 +90,7 @@ async fn send_to_all_maps_content_types_to_data_types() {
     );
 
     let r = api
-        .send(
-            "POST",
-            &path,
-            Some("application/json; charset=utf-8"),
-            br#"{"x":1}"#.to_vec(),
-        )
+        .post(&path, "application/json; charset=utf-8", br#"{"x":1}"#)
         .await;
     assert_eq!(r.status, 202);
     assert_eq!(
@@ -139,27 +125,9 @@ async fn send_to_all_maps_content_types_to_data_types() {
 async fn excluded_and_filter_select_connections() {
     let addr = start(Limits::default()).await;
     let api = Api::new(addr);
-    let (mut a, ca) = connect(
-        addr,
-        "chat",
-        &token(addr, "chat", Some("user1"), &[], &["groupA"]),
-        Some(JSON),
-    )
-    .await;
-    let (mut b, cb) = connect(
-        addr,
-        "chat",
-        &token(addr, "chat", None, &[], &["groupA", "groupB"]),
-        Some(JSON),
-    )
-    .await;
-    let (mut c, _) = connect(
-        addr,
-        "chat",
-        &token(addr, "chat", Some("user3"), &[], &[]),
-        Some(JSON),
-    )
-    .await;
+    let (mut a, ca) = client(addr, Some("user1"), &["groupA"], Some(JSON)).await;
+    let (mut b, cb) = client(addr, None, &["groupA", "groupB"], Some(JSON)).await;
+    let (mut c, _) = client(addr, Some("user3"), &[], Some(JSON)).await;
     let ida = ca["connectionId"].as_str().unwrap();
     let idb = cb["connectionId"].as_str().unwrap();
 
@@ -203,28 +171,15 @@ async fn excluded_and_filter_select_connections() {
 async fn group_user_and_connection_sends() {
     let addr = start(Limits::default()).await;
     let api = Api::new(addr);
-    let (mut a, ca) = connect(
-        addr,
-        "chat",
-        &token(addr, "chat", Some("alice"), &[], &["g"]),
-        Some(JSON),
-    )
-    .await;
-    let (mut b, _) = connect(
-        addr,
-        "chat",
-        &token(addr, "chat", Some("bob"), &[], &[]),
-        Some(RELIABLE),
-    )
-    .await;
+    let (mut a, ca) = client(addr, Some("alice"), &["g"], Some(JSON)).await;
+    let (mut b, _) = client(addr, Some("bob"), &[], Some(RELIABLE)).await;
     let ida = ca["connectionId"].as_str().unwrap();
 
     let r = api
-        .send(
-            "POST",
+        .post(
             &format!("/api/hubs/chat/groups/g/:send?{V}"),
-            Some("text/plain"),
-            b"to g".to_vec(),
+            "text/plain",
+            b"to g",
         )
         .await;
     assert_eq!(r.status, 202);
@@ -233,11 +188,10 @@ async fn group_user_and_connection_sends() {
         json!({"type":"message","from":"group","group":"g","dataType":"text","data":"to g"})
     );
     let r = api
-        .send(
-            "POST",
+        .post(
             &format!("/api/hubs/chat/users/bob/:send?{V}"),
-            Some("application/json"),
-            b"[1]".to_vec(),
+            "application/json",
+            b"[1]",
         )
         .await;
     assert_eq!(r.status, 202);
@@ -246,11 +200,10 @@ async fn group_user_and_connection_sends() {
         json!({"type":"message","from":"server","dataType":"json","data":[1],"sequenceId":1})
     );
     let r = api
-        .send(
-            "POST",
+        .post(
             &format!("/api/hubs/chat/connections/{ida}/:send?{V}"),
-            Some("text/plain"),
-            b"direct".to_vec(),
+            "text/plain",
+            b"direct",
         )
         .await;
     assert_eq!(r.status, 202);
@@ -261,22 +214,14 @@ async fn group_user_and_connection_sends() {
         "/api/hubs/chat/users/nobody/:send",
         "/api/hubs/chat/groups/empty/:send",
     ] {
-        let r = api
-            .send(
-                "POST",
-                &format!("{path}?{V}"),
-                Some("text/plain"),
-                b"x".to_vec(),
-            )
-            .await;
+        let r = api.post(&format!("{path}?{V}"), "text/plain", b"x").await;
         assert_eq!(r.status, 202, "{path}: a missing target is not an error");
     }
     let r = api
-        .send(
-            "POST",
+        .post(
             &format!("/api/hubs/chat/groups/g/:send?{V}&excluded={ida}"),
-            Some("text/plain"),
-            b"x".to_vec(),
+            "text/plain",
+            b"x",
         )
         .await;
     assert_eq!(r.status, 202);
@@ -297,13 +242,10 @@ async fn bad_sends_get_the_service_error_form() {
         format!("/api/hubs/chat/groups/g/:send?{V}&filter=invalid%20filter"),
         format!("/api/hubs/chat/users/u/:send?{V}&filter=invalid%20filter"),
     ] {
-        let e = api
-            .send("POST", &path, Some("text/plain"), b"x".to_vec())
-            .await
-            .error(400);
+        let e = api.post(&path, "text/plain", b"x").await.error(400);
         assert_eq!(e["message"], INVALID_FILTER, "{path}");
     }
-    api.send("POST", &send, Some("application/json"), b"{nope".to_vec())
+    api.post(&send, "application/json", b"{nope")
         .await
         .error(400);
     api.send("POST", &send, Some("text/plain"), vec![0xff, 0xfe])
@@ -323,14 +265,9 @@ async fn bad_sends_get_the_service_error_form() {
             .status,
         202
     );
-    api.send(
-        "POST",
-        &format!("{send}&messageTtlSeconds=301"),
-        Some("text/plain"),
-        b"x".to_vec(),
-    )
-    .await
-    .error(400);
+    api.post(&format!("{send}&messageTtlSeconds=301"), "text/plain", b"x")
+        .await
+        .error(400);
     api.send(
         "POST",
         "/api/hubs/chat/:send",
@@ -339,22 +276,16 @@ async fn bad_sends_get_the_service_error_form() {
     )
     .await
     .error(400);
-    api.send(
-        "POST",
-        &format!("/api/hubs/1chat/:send?{V}"),
-        Some("text/plain"),
-        b"x".to_vec(),
-    )
-    .await
-    .error(400);
+    api.post(&format!("/api/hubs/1chat/:send?{V}"), "text/plain", b"x")
+        .await
+        .error(400);
     api.send("POST", &format!("/api/hubs/chat/:nope?{V}"), None, vec![])
         .await
         .error(404);
-    api.send(
-        "POST",
+    api.post(
         &format!("/api/hubs/chat/groups/%20/:send?{V}"),
-        Some("text/plain"),
-        b"x".to_vec(),
+        "text/plain",
+        b"x",
     )
     .await
     .error(400);

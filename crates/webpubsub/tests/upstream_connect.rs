@@ -230,11 +230,10 @@ async fn anonymous_hubs_and_chosen_subprotocols() {
     raw.send_text("hi").await;
     let api = common::api::Api::new(addr);
     let r = api
-        .send(
-            "POST",
+        .post(
             &format!("/api/hubs/chat/users/anon-1/:send?{}", common::api::V),
-            Some("text/plain"),
-            b"to custom".to_vec(),
+            "text/plain",
+            b"to custom",
         )
         .await;
     assert_eq!(r.status, 202);

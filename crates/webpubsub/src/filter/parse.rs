@@ -174,30 +174,31 @@ impl Parser {
         Ok(())
     }
 
-    fn or_expr(&mut self) -> Result<Ast, Detail> {
-        let mut items = vec![self.and_expr()?];
-        while is_word(&self.peek().tok, "or") {
+    /// `next (word next)*`, flattened into one `make` node.
+    fn chain(
+        &mut self,
+        word: &str,
+        next: fn(&mut Self) -> Result<Ast, Detail>,
+        make: fn(Vec<Ast>) -> Ast,
+    ) -> Result<Ast, Detail> {
+        let mut items = vec![next(self)?];
+        while is_word(&self.peek().tok, word) {
             self.bump();
-            items.push(self.and_expr()?);
+            items.push(next(self)?);
         }
         Ok(if items.len() == 1 {
             items.remove(0)
         } else {
-            Ast::Or(items)
+            make(items)
         })
     }
 
+    fn or_expr(&mut self) -> Result<Ast, Detail> {
+        self.chain("or", Self::and_expr, Ast::Or)
+    }
+
     fn and_expr(&mut self) -> Result<Ast, Detail> {
-        let mut items = vec![self.comparison()?];
-        while is_word(&self.peek().tok, "and") {
-            self.bump();
-            items.push(self.comparison()?);
-        }
-        Ok(if items.len() == 1 {
-            items.remove(0)
-        } else {
-            Ast::And(items)
-        })
+        self.chain("and", Self::comparison, Ast::And)
     }
 
     /// An operand, then optionally `in …` or any word taken as a binary operator.

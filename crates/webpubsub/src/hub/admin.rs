@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::{lock, Hub, Session, CLOSE_NORMAL, CLOSE_POLICY};
+use super::{lock, Hub, Session, CLOSE_GOING_AWAY, CLOSE_NORMAL};
 use crate::filter::{Conn, Filter};
 pub use crate::permissions::Permission;
 use crate::protocol::json::{DataMessageRef, MessageSource};
@@ -148,12 +148,7 @@ impl Hub {
     ) -> usize {
         let sessions = self.selected(target, sel);
         for s in &sessions {
-            let code = if s.protocol.is_reliable() {
-                CLOSE_POLICY
-            } else {
-                CLOSE_NORMAL
-            };
-            self.close(&s.id, code, reason);
+            self.close(&s.id, s.close_code(CLOSE_NORMAL), reason);
         }
         sessions.len()
     }
@@ -162,12 +157,7 @@ impl Hub {
     /// subprotocols since the session will not survive the process.
     pub fn shutdown(&self, reason: &str) {
         for s in self.targets(Target::All) {
-            let code = if s.protocol.is_reliable() {
-                CLOSE_POLICY
-            } else {
-                super::CLOSE_GOING_AWAY
-            };
-            self.close(&s.id, code, reason);
+            self.close(&s.id, s.close_code(CLOSE_GOING_AWAY), reason);
         }
     }
 
@@ -225,26 +215,26 @@ impl Hub {
 
     /// Adds every connection matching `filter` (all when `None`) to each group.
     pub fn add_filtered_to_groups(&self, groups: &[String], filter: Option<&Filter>) {
-        let sel = Selection {
-            excluded: &[],
-            filter,
-        };
-        for s in self.selected(Target::All, &sel) {
-            for g in groups {
-                self.join(&s, g);
-            }
-        }
+        self.filtered_membership(groups, filter, true);
     }
 
     /// Removes every connection matching `filter` (all when `None`) from each group.
     pub fn remove_filtered_from_groups(&self, groups: &[String], filter: Option<&Filter>) {
+        self.filtered_membership(groups, filter, false);
+    }
+
+    fn filtered_membership(&self, groups: &[String], filter: Option<&Filter>, join: bool) {
         let sel = Selection {
             excluded: &[],
             filter,
         };
         for s in self.selected(Target::All, &sel) {
             for g in groups {
-                self.leave(&s, g);
+                if join {
+                    self.join(&s, g);
+                } else {
+                    self.leave(&s, g);
+                }
             }
         }
     }

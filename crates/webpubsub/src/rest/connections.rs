@@ -11,16 +11,14 @@ use axum::body::Body;
 use axum::extract::{Path, RawQuery, State};
 use axum::http::{HeaderMap, StatusCode};
 
-use super::send::send;
-use super::{check_group, check_hub, check_id, ApiError, ApiResult, Params};
-use crate::hub::admin::{Permission, Selection, Target};
+use super::targets::{self, send};
+use super::{check_group, check_id, found, hub_params, ApiError, ApiResult, Params};
+use crate::hub::admin::{Permission, Target};
 use crate::WebPubSub;
 
 fn checked(hub: &str, connection: &str, query: Option<&str>) -> ApiResult<Params> {
-    check_hub(hub)?;
+    let params = hub_params(hub, query)?;
     check_id("connection id", connection)?;
-    let params = Params::parse(query);
-    params.require_api_version()?;
     Ok(params)
 }
 
@@ -31,11 +29,7 @@ pub async fn exists(
     RawQuery(query): RawQuery,
 ) -> ApiResult {
     checked(&hub, &connection, query.as_deref())?;
-    Ok(if state.hub(&hub).has_connection(&connection) {
-        StatusCode::OK
-    } else {
-        StatusCode::NOT_FOUND
-    })
+    Ok(found(state.hub(&hub).has_connection(&connection)))
 }
 
 /// `DELETE …/connections/{connection}?reason=`: 204.
@@ -45,12 +39,12 @@ pub async fn close(
     RawQuery(query): RawQuery,
 ) -> ApiResult {
     let params = checked(&hub, &connection, query.as_deref())?;
-    state.hub(&hub).close_connections(
+    Ok(targets::close(
+        &state,
+        &hub,
         Target::Connection(&connection),
-        &Selection::default(),
-        params.get("reason").unwrap_or_default(),
-    );
-    Ok(StatusCode::NO_CONTENT)
+        &params,
+    ))
 }
 
 /// `POST …/connections/{connection}/:send`: 202.
@@ -146,14 +140,10 @@ pub async fn check(
     RawQuery(query): RawQuery,
 ) -> ApiResult {
     let (permission, target) = permission_args(&hub, &permission, &connection, query.as_deref())?;
-    Ok(
-        if state
-            .hub(&hub)
-            .check_permission(&connection, permission, target.as_deref())
-        {
-            StatusCode::OK
-        } else {
-            StatusCode::NOT_FOUND
-        },
-    )
+    let hub = state.hub(&hub);
+    Ok(found(hub.check_permission(
+        &connection,
+        permission,
+        target.as_deref(),
+    )))
 }

@@ -17,19 +17,17 @@ use base64::Engine as _;
 use percent_encoding::{utf8_percent_encode, NON_ALPHANUMERIC};
 use serde::Serialize;
 
-use super::send::send;
-use super::{check_group, check_hub, check_id, origin, ApiError, ApiResult, Params};
-use crate::hub::admin::{Selection, Target};
+use super::targets::{close, send};
+use super::{check_group, check_id, found, hub_params, origin, ApiError, ApiResult, Params};
+use crate::hub::admin::Target;
 use crate::WebPubSub;
 
 /// Page size when the caller gives none, and the most it may ask for.
 pub const MAX_PAGE_SIZE: i64 = 200;
 
 fn checked(hub: &str, group: &str, query: Option<&str>) -> ApiResult<Params> {
-    check_hub(hub)?;
+    let params = hub_params(hub, query)?;
     check_group(group)?;
-    let params = Params::parse(query);
-    params.require_api_version()?;
     Ok(params)
 }
 
@@ -40,11 +38,7 @@ pub async fn exists(
     RawQuery(query): RawQuery,
 ) -> ApiResult {
     checked(&hub, &group, query.as_deref())?;
-    Ok(if state.hub(&hub).has_group(&group) {
-        StatusCode::OK
-    } else {
-        StatusCode::NOT_FOUND
-    })
+    Ok(found(state.hub(&hub).has_group(&group)))
 }
 
 /// `POST …/groups/{group}/:send` and `…/:closeConnections`.
@@ -58,18 +52,7 @@ pub async fn action(
     let params = checked(&hub, &group, query.as_deref())?;
     match action.as_str() {
         ":send" => send(&state, &hub, Target::Group(&group), &params, &headers, body).await,
-        ":closeConnections" => {
-            let excluded = params.all("excluded");
-            let sel = Selection {
-                excluded: &excluded,
-                filter: None,
-            };
-            let reason = params.get("reason").unwrap_or_default();
-            state
-                .hub(&hub)
-                .close_connections(Target::Group(&group), &sel, reason);
-            Ok(StatusCode::NO_CONTENT)
-        }
+        ":closeConnections" => Ok(close(&state, &hub, Target::Group(&group), &params)),
         _ => Err(ApiError::NotFound(format!("No group action {action:?}"))),
     }
 }

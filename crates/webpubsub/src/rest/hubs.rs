@@ -7,9 +7,9 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 
-use super::send::{read_body, send};
-use super::{check_group, check_hub, optional_filter, token, ApiError, ApiResult, Params};
-use crate::hub::admin::{Selection, Target};
+use super::targets::{close, read_body, send};
+use super::{check_group, hub_params, optional_filter, token, ApiError, ApiResult};
+use crate::hub::admin::Target;
 use crate::WebPubSub;
 
 /// Body of `:addToGroups` and `:removeFromGroups`.
@@ -30,23 +30,12 @@ pub async fn action(
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult<Response> {
-    check_hub(&hub)?;
-    let params = Params::parse(query.as_deref());
-    params.require_api_version()?;
+    let params = hub_params(&hub, query.as_deref())?;
     match action.as_str() {
         ":send" => Ok(send(&state, &hub, Target::All, &params, &headers, body)
             .await?
             .into_response()),
-        ":closeConnections" => {
-            let excluded = params.all("excluded");
-            let sel = Selection {
-                excluded: &excluded,
-                filter: None,
-            };
-            let reason = params.get("reason").unwrap_or_default();
-            state.hub(&hub).close_connections(Target::All, &sel, reason);
-            Ok(StatusCode::NO_CONTENT.into_response())
-        }
+        ":closeConnections" => Ok(close(&state, &hub, Target::All, &params).into_response()),
         ":generateToken" => token::generate(&state, &hub, &params, &headers),
         ":addToGroups" | ":removeFromGroups" => {
             let limit = state.config().limits.max_frame_bytes;

@@ -4,8 +4,9 @@
 //! (sends 202; adds and grants 200; removals, revokes and closes 204; existence checks
 //! 200/404), errors as `{code, message}` with an `x-ms-error-code` header.
 //!
-//! One module per resource: `send` (messages), `groups`, `users`, `connections`
-//! (connections and permissions) and `token` (`:generateToken`, health). Every hub
+//! One module per resource: `hubs` (hub-wide actions), `groups`, `users`,
+//! `connections` (connections and permissions), `token` (`:generateToken`, health), and
+//! `targets` for what sends and closes share. Every hub
 //! route passes `auth` first: a bearer JWT signed with an access key whose audience is
 //! the request URL.
 //!
@@ -16,7 +17,7 @@ mod auth;
 mod connections;
 mod groups;
 mod hubs;
-mod send;
+mod targets;
 mod token;
 mod users;
 
@@ -168,6 +169,23 @@ pub fn optional_filter(text: Option<&str>) -> ApiResult<Option<Filter>> {
     match text.map(str::trim) {
         None | Some("") => Ok(None),
         Some(f) => Ok(Some(Filter::parse(f)?)),
+    }
+}
+
+/// The query of a hub route, after checking the hub name and `api-version`.
+pub fn hub_params(hub: &str, query: Option<&str>) -> ApiResult<Params> {
+    check_hub(hub)?;
+    let params = Params::parse(query);
+    params.require_api_version()?;
+    Ok(params)
+}
+
+/// An existence check's answer: 200 or 404.
+pub fn found(exists: bool) -> StatusCode {
+    if exists {
+        StatusCode::OK
+    } else {
+        StatusCode::NOT_FOUND
     }
 }
 

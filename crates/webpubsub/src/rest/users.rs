@@ -7,16 +7,14 @@ use axum::body::Body;
 use axum::extract::{Path, RawQuery, State};
 use axum::http::{HeaderMap, StatusCode};
 
-use super::send::send;
-use super::{check_group, check_hub, check_id, ApiError, ApiResult, Params};
-use crate::hub::admin::{Selection, Target};
+use super::targets::{close, send};
+use super::{check_group, check_id, found, hub_params, ApiError, ApiResult, Params};
+use crate::hub::admin::Target;
 use crate::WebPubSub;
 
 fn checked(hub: &str, user: &str, query: Option<&str>) -> ApiResult<Params> {
-    check_hub(hub)?;
+    let params = hub_params(hub, query)?;
     check_id("user id", user)?;
-    let params = Params::parse(query);
-    params.require_api_version()?;
     Ok(params)
 }
 
@@ -27,11 +25,7 @@ pub async fn exists(
     RawQuery(query): RawQuery,
 ) -> ApiResult {
     checked(&hub, &user, query.as_deref())?;
-    Ok(if state.hub(&hub).has_user(&user) {
-        StatusCode::OK
-    } else {
-        StatusCode::NOT_FOUND
-    })
+    Ok(found(state.hub(&hub).has_user(&user)))
 }
 
 /// `POST …/users/{user}/:send` and `…/:closeConnections`.
@@ -45,18 +39,7 @@ pub async fn action(
     let params = checked(&hub, &user, query.as_deref())?;
     match action.as_str() {
         ":send" => send(&state, &hub, Target::User(&user), &params, &headers, body).await,
-        ":closeConnections" => {
-            let excluded = params.all("excluded");
-            let sel = Selection {
-                excluded: &excluded,
-                filter: None,
-            };
-            let reason = params.get("reason").unwrap_or_default();
-            state
-                .hub(&hub)
-                .close_connections(Target::User(&user), &sel, reason);
-            Ok(StatusCode::NO_CONTENT)
-        }
+        ":closeConnections" => Ok(close(&state, &hub, Target::User(&user), &params)),
         _ => Err(ApiError::NotFound(format!("No user action {action:?}"))),
     }
 }

@@ -77,6 +77,12 @@ impl Api {
         self.send(method, path_and_query, None, Vec::new()).await
     }
 
+    /// `POST` of `body` as `content_type`.
+    pub async fn post(&self, path_and_query: &str, content_type: &str, body: &[u8]) -> Reply {
+        self.send("POST", path_and_query, Some(content_type), body.to_vec())
+            .await
+    }
+
     /// Same, with a body of `content_type`.
     pub async fn send(
         &self,
@@ -122,4 +128,16 @@ impl Api {
             body: resp.text().await.unwrap(),
         }
     }
+}
+
+/// A client of hub `chat` with this user, no roles, these initial groups and this
+/// subprotocol; returns it with its `connected` message.
+pub async fn client(
+    addr: SocketAddr,
+    user: Option<&str>,
+    groups: &[&str],
+    protocol: Option<&str>,
+) -> (super::Ws, Value) {
+    let t = super::token(addr, "chat", user, &[], groups);
+    super::connect(addr, "chat", &t, protocol).await
 }

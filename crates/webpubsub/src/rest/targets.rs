@@ -1,5 +1,8 @@
-//! Messages from the application server: `:send` to all, to a group, to a user and to
-//! a connection. The body's `Content-Type` decides the `dataType` subscribers see:
+//! What the REST API does to a target (all, a group, a user, a connection): send it a
+//! message from the application server (`:send`), or close its connections
+//! (`:closeConnections`).
+//!
+//! Sends: to all, to a group, to a user and to a connection. The body's `Content-Type` decides the `dataType` subscribers see:
 //! `text/plain` is text (must be UTF-8), `application/json` is JSON (must parse),
 //! `application/octet-stream` or none is binary; anything else is 415. All answer 202:
 //! delivery is fire-and-forget, a missing target is not an error. `messageTtlSeconds`
@@ -55,6 +58,19 @@ pub fn payload(headers: &HeaderMap, body: axum::body::Bytes) -> ApiResult<Payloa
         "application/octet-stream" | "" => Ok(Payload::Binary(body.to_vec())),
         _ => Err(ApiError::UnsupportedMediaType(content_type.to_owned())),
     }
+}
+
+/// `:closeConnections` of a target: `excluded` ids are spared, `reason` goes to the
+/// clients' `disconnected` message. 204.
+pub fn close(state: &WebPubSub, hub: &str, target: Target<'_>, params: &Params) -> StatusCode {
+    let excluded = params.all("excluded");
+    let sel = Selection {
+        excluded: &excluded,
+        filter: None,
+    };
+    let reason = params.get("reason").unwrap_or_default();
+    state.hub(hub).close_connections(target, &sel, reason);
+    StatusCode::NO_CONTENT
 }
 
 /// One send: validates the parameters that target allows, then delivers.
