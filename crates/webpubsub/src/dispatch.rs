@@ -162,8 +162,10 @@ pub fn handle(hub: &Hub, session: &Session, request: Result<Request, ProtocolErr
         Request::Event { event, payload, .. } => {
             // Without a handler for it the event is validated and acked, as the service
             // does; with one, the connection posts it and answers by the result.
-            if event.is_empty() {
-                Err(AckFailure::BadRequest("event name is empty".into()))
+            if event.is_empty() || event.chars().any(char::is_control) {
+                Err(AckFailure::BadRequest(
+                    "event name must be non-empty, without control characters".into(),
+                ))
             } else {
                 match payload {
                     Err(e) => Err(bad(e)),

@@ -15,8 +15,9 @@
 //! Before the first request to a URL the abuse-protection handshake runs: `OPTIONS`
 //! with `WebHook-Request-Origin` (and `ce-awpsversion`, without which the Node handler
 //! ignores it), whose answer must allow our origin in
-//! `WebHook-Allowed-Origin`. A success is remembered for the process's life, a failure
-//! for a few seconds. Every request has the configured timeout, and answers are read up
+//! `WebHook-Allowed-Origin`. The result is remembered per scheme and authority (a
+//! success for the process's life, a failure for a few seconds), so event names chosen
+//! by clients cannot make it grow. Every request has the configured timeout, and answers are read up
 //! to the frame limit.
 
 pub mod cloudevents;
@@ -40,6 +41,17 @@ use cloudevents::{headers, EventContext, UpstreamError};
 const WORKERS: usize = 4;
 /// How long a failed abuse-protection check is remembered.
 const FAILED_CHECK_TTL: Duration = Duration::from_secs(5);
+/// Origins whose check is remembered; past it the memory starts over.
+const MAX_CHECKED: usize = 1024;
+
+/// The part of a URL the abuse-protection check is remembered for: scheme and
+/// authority, so client-chosen event names in a path cannot grow the memory.
+fn origin_of(url: &str) -> &str {
+    let after_scheme = url.find("://").map_or(0, |i| i + 3);
+    url[after_scheme..]
+        .find(['/', '?', '#'])
+        .map_or(url, |end| &url[..after_scheme + end])
+}
 
 /// A posted event's answer.
 #[derive(Debug)]
@@ -146,12 +158,13 @@ impl Upstream {
 
     /// Runs the abuse-protection handshake for `url` unless it already passed.
     async fn ensure_allowed(&self, url: &str) -> Result<(), UpstreamError> {
+        let key = origin_of(url);
         let known = self
             .inner
             .checked
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .get(url)
+            .get(key)
             .copied();
         match known {
             Some((true, _)) => return Ok(()),
@@ -181,11 +194,17 @@ impl Upstream {
             ),
             Err(_) => false,
         };
-        self.inner
-            .checked
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(url.to_owned(), (allowed, Instant::now()));
+        {
+            let mut checked = self
+                .inner
+                .checked
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            if checked.len() >= MAX_CHECKED {
+                checked.clear();
+            }
+            checked.insert(key.to_owned(), (allowed, Instant::now()));
+        }
         match result {
             Ok(_) if allowed => Ok(()),
             Ok(resp) => Err(UpstreamError::Failed(format!(
@@ -348,5 +367,17 @@ async fn worker(inner: std::sync::Weak<Inner>, mut rx: mpsc::Receiver<Job>) {
             Err(e) => tracing::warn!("upstream event not delivered: {e}"),
         }
         upstream.done();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::origin_of;
+
+    #[test]
+    fn checks_are_remembered_per_origin() {
+        assert_eq!(origin_of("http://h:1/a/b?c"), "http://h:1");
+        assert_eq!(origin_of("https://h"), "https://h");
+        assert_eq!(origin_of("http://h?x"), "http://h");
     }
 }

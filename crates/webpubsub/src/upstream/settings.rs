@@ -5,7 +5,15 @@
 //! event gets it. `allow_anonymous` lets clients connect without an access token (the
 //! `connect` handler then decides who they are).
 
+use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
 use serde::Deserialize;
+
+/// What a path segment keeps unescaped: RFC 3986's unreserved characters.
+const SEGMENT: &AsciiSet = &NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'_')
+    .remove(b'.')
+    .remove(b'~');
 
 /// A system event.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize)]
@@ -74,11 +82,14 @@ impl EventHandler {
         }
     }
 
-    /// The URL for `event` of `hub`.
+    /// The URL for `event` of `hub`. Both are percent-encoded: an event name comes from
+    /// a client and must not reach another path (`../admin`) or the query.
     pub fn url(&self, hub: &str, event: &Event<'_>) -> String {
+        let hub = utf8_percent_encode(hub, SEGMENT).to_string();
+        let event = utf8_percent_encode(event.name(), SEGMENT).to_string();
         self.url_template
-            .replace("{hub}", hub)
-            .replace("{event}", event.name())
+            .replace("{hub}", &hub)
+            .replace("{event}", &event)
     }
 }
 
@@ -150,6 +161,11 @@ mod tests {
             Some("http://up/chat/connect")
         );
         assert_eq!(url(Event::System(SystemEvent::Connected)), None);
+        assert_eq!(
+            url(Event::User("../admin?x=1 y")).as_deref(),
+            Some("http://up/chat/..%2Fadmin%3Fx%3D1%20y"),
+            "client-chosen names stay in their path segment"
+        );
         assert!(!handler("", &[]).takes(&Event::User("x")));
         assert!(!handler("a,,b", &[]).takes(&Event::User("")));
         assert!(s.validate().is_ok());
