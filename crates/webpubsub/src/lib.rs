@@ -106,6 +106,17 @@ impl WebPubSub {
             .clone()
     }
 
+    /// The hub of this name if it exists (a request not yet authenticated must not
+    /// create hubs).
+    pub fn existing_hub(&self, name: &str) -> Option<Arc<Hub>> {
+        self.inner
+            .hubs
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(&name.to_ascii_lowercase())
+            .cloned()
+    }
+
     /// The settings of a hub.
     pub fn hub_settings(&self, name: &str) -> HubSettings {
         self.inner.config.hub_settings(name)

@@ -229,17 +229,21 @@ async fn handshake(
         .get("awps_connection_id")
         .zip(req.query.get("awps_reconnection_token"));
     let limits = state.config().limits.clone();
-    let hub = state.hub(hub_name);
     if let Some((id, token)) = recovery {
         // The session keeps the subprotocol it was created with; a client offering
-        // another one could not read its frames.
-        let found = hub.recover(id, token).and_then(|s| {
-            if s.protocol() == protocol {
-                Ok(s)
-            } else {
-                Err(Gone)
-            }
-        });
+        // another one could not read its frames. A hub is not created for a recovery
+        // (nothing is authenticated yet).
+        let found = state
+            .existing_hub(hub_name)
+            .ok_or(Gone)
+            .and_then(|hub| Ok((hub.recover(id, token)?, hub)))
+            .and_then(|(s, hub)| {
+                if s.protocol() == protocol {
+                    Ok((s, hub))
+                } else {
+                    Err(Gone)
+                }
+            });
         let mut ws = upgrade(ws?, &limits);
         if let Some(name) = protocol.name() {
             ws = ws.protocols([name]);
@@ -248,7 +252,7 @@ async fn handshake(
         return Ok(ws.on_upgrade(move |socket| {
             tracked.track(async move {
                 match found {
-                    Ok(session) => serve(socket, hub, session, limits).await,
+                    Ok((session, hub)) => serve(socket, hub, session, limits).await,
                     Err(gone) => refuse(socket, protocol, CLOSE_POLICY, &gone.to_string()).await,
                 }
             })
@@ -270,6 +274,7 @@ async fn handshake(
         None => return Err(TokenError::Missing.into()),
     };
     let ws = ws?;
+    let hub = state.hub(hub_name);
     let connection_id = new_connection_id();
     let mut echo = protocol.name().map(str::to_owned);
     let mut connection_state = None;
