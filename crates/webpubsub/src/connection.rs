@@ -256,16 +256,8 @@ async fn user_event(
                 event.event,
                 session.id()
             );
-            let code = if session.protocol().is_reliable() {
-                CLOSE_POLICY
-            } else {
-                CLOSE_INTERNAL
-            };
-            hub.close(
-                session.id(),
-                code,
-                &format!("The event handler failed: {e}"),
-            );
+            let reason = format!("The event handler failed: {e}");
+            hub.close(session.id(), session.close_code(CLOSE_INTERNAL), &reason);
         }
     }
 }
