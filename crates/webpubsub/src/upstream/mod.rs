@@ -289,11 +289,12 @@ impl Upstream {
         self.inner.pending.fetch_add(1, Ordering::SeqCst);
         if let Err(e) = queue.try_send(Job { url, headers, body }) {
             self.done();
-            let job = match e {
-                mpsc::error::TrySendError::Full(j) | mpsc::error::TrySendError::Closed(j) => j,
+            let (job, why) = match e {
+                mpsc::error::TrySendError::Full(j) => (j, "the queue is full"),
+                mpsc::error::TrySendError::Closed(j) => (j, "its worker stopped"),
             };
             tracing::warn!(
-                "upstream event to {} for connection {connection_id} dropped: the queue of {} events is full",
+                "upstream event to {} for connection {connection_id} dropped: {why} ({} events at most)",
                 job.url,
                 self.inner.queue_bound * WORKERS
             );
