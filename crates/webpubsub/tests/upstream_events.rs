@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
+use common::api::client;
 use common::upstream::*;
 use common::*;
 use futures_util::SinkExt;
@@ -303,4 +304,62 @@ async fn connected_and_disconnected_carry_state_and_reason() {
     up.next_post().await;
     drop(ws);
     up.nothing_for(Duration::from_millis(300)).await;
+}
+
+#[tokio::test]
+async fn a_stuck_upstream_never_holds_up_connections() {
+    // An upstream that takes 30 s to answer anything but the abuse-protection check.
+    let app = axum::Router::new().fallback(|req: axum::extract::Request| async move {
+        if req.method() != "OPTIONS" {
+            tokio::time::sleep(Duration::from_secs(30)).await;
+        }
+        allow_all()
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let up = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+
+    let mut config = statehub_webpubsub::Config::new([KEY]);
+    config.limits.upstream_queue = 4;
+    config.hubs.insert(
+        "chat".into(),
+        HubSettings {
+            event_handlers: vec![handler(
+                format!("http://{up}/{{event}}"),
+                "",
+                &[SystemEvent::Connected, SystemEvent::Disconnected],
+            )],
+            allow_anonymous: false,
+        },
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let wps = statehub_webpubsub::WebPubSub::new(config);
+    tokio::spawn(async move { axum::serve(listener, statehub_webpubsub::router(wps)).await });
+
+    let started = tokio::time::Instant::now();
+    let mut clients = Vec::new();
+    for _ in 0..20 {
+        clients.push(client(addr, Some("u"), &[], Some(JSON)).await.0);
+    }
+    let api = common::api::Api::new(addr);
+    let r = api
+        .call(
+            "POST",
+            &format!(
+                "/api/hubs/chat/users/u/:closeConnections?{}",
+                common::api::V
+            ),
+        )
+        .await;
+    assert_eq!(r.status, 204);
+    for ws in &mut clients {
+        assert_eq!(recv(ws).await["event"], "disconnected");
+        assert_eq!(close_code(ws).await, Some(1000));
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "connected/disconnected events are queued (and dropped past the bound), never awaited: {:?}",
+        started.elapsed()
+    );
 }
