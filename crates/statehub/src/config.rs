@@ -9,6 +9,7 @@ use serde::Deserialize;
 use statehub_broker::BrokerConfig;
 use statehub_state_store_service::Settings as StateStoreSettings;
 use statehub_storage::{SyncPolicy, SyncPolicyParseError};
+use statehub_webpubsub::Config as WebPubSubConfig;
 
 /// `statehub serve` flags. Each has an environment variable of the same name.
 #[derive(Debug, Clone, clap::Args)]
@@ -26,8 +27,8 @@ pub struct ServeArgs {
     #[arg(long, env = "STATEHUB_MQTT_THREADS")]
     pub mqtt_threads: Option<usize>,
     /// Web PubSub access key (give it twice for primary and secondary; the env
-    /// variable takes a comma-separated list). Client tokens signed with any of
-    /// them are accepted on `/client/hubs/{hub}`.
+    /// variable takes a comma-separated list). Tokens signed with any of them are
+    /// accepted on `/client/hubs/{hub}` and the REST API; replaces the file's keys.
     #[arg(long = "access-key", env = "STATEHUB_ACCESS_KEYS", value_delimiter = ',')]
     pub access_keys: Vec<String>,
     /// Seconds to wait for connections to close on shutdown (default 5).
@@ -55,12 +56,15 @@ pub struct FileConfig {
     pub mqtt: BrokerConfig,
     /// The `[state_store]` table: quotas, node id, duplicate-request cache.
     pub state_store: StateStoreSettings,
-    /// Web PubSub access keys (see `ServeArgs::access_keys`).
+    /// Web PubSub access keys (see `ServeArgs::access_keys`); kept for files written
+    /// before the `[webpubsub]` table, whose `access_keys` take precedence.
     pub access_keys: Vec<String>,
     /// See `ServeArgs::data_dir`.
     pub data_dir: Option<PathBuf>,
     /// See `ServeArgs::sync` (`"always"` or `"interval=<ms>"`).
     pub sync: Option<String>,
+    /// The `[webpubsub]` table: access keys, limits, per-hub event handlers.
+    pub webpubsub: WebPubSubConfig,
 }
 
 /// Why the configuration could not be loaded.
@@ -74,6 +78,8 @@ pub enum ConfigError {
     Sync { path: PathBuf, source: SyncPolicyParseError },
     #[error("sync is set to {0} but there is no data_dir: an in-memory store has nothing to sync")]
     SyncWithoutDataDir(SyncPolicy),
+    #[error(transparent)]
+    WebPubSub(#[from] statehub_webpubsub::config::ConfigError),
 }
 
 /// Everything `serve` needs, resolved.
@@ -85,7 +91,9 @@ pub struct Settings {
     pub mqtt_threads: usize,
     pub broker: BrokerConfig,
     pub state_store: StateStoreSettings,
-    pub access_keys: Vec<String>,
+    /// Web PubSub, with its access keys resolved (flag/env, then `[webpubsub]`, then
+    /// the top-level `access_keys`).
+    pub webpubsub: WebPubSubConfig,
     /// `None`: the in-memory store.
     pub data_dir: Option<PathBuf>,
     pub sync: SyncPolicy,
@@ -119,7 +127,16 @@ impl Settings {
                 .max(1),
             broker: file.mqtt,
             state_store: file.state_store,
-            access_keys: if args.access_keys.is_empty() { file.access_keys } else { args.access_keys.clone() },
+            webpubsub: {
+                let mut wps = file.webpubsub;
+                if !args.access_keys.is_empty() {
+                    wps.access_keys = args.access_keys.clone();
+                } else if wps.access_keys.is_empty() {
+                    wps.access_keys = file.access_keys;
+                }
+                wps.validate()?;
+                wps
+            },
             data_dir,
             sync: sync.unwrap_or_default(),
         })

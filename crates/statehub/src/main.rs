@@ -84,11 +84,29 @@ async fn serve(settings: Settings) -> std::io::Result<()> {
             shutdown.cancel();
         }
     });
-    if !settings.access_keys.is_empty() {
-        tracing::info!("web pubsub client endpoint on /client/hubs/{{hub}}");
+    let grace = Duration::from_secs(settings.shutdown_grace_secs);
+    let (router, wps) = http::router(settings.webpubsub.clone(), http.local_addr()?);
+    let wps_task = match wps {
+        Some(wps) => {
+            tracing::info!("web pubsub client endpoint on /client/hubs/{{hub}}, REST API on /api/hubs/{{hub}}");
+            let shutdown = shutdown.clone();
+            Some(tokio::spawn(async move {
+                shutdown.cancelled().await;
+                wps.shutdown(grace).await;
+            }))
+        }
+        None => {
+            tracing::info!("web pubsub is off: no access key configured (--access-key, STATEHUB_ACCESS_KEYS or [webpubsub] access_keys); without a key no token can be valid");
+            None
+        }
+    };
+    let http_task = tokio::spawn(http::serve(http, router, shutdown.clone()));
+    mqtt.serve(grace).await;
+    if let Some(task) = wps_task {
+        if let Err(e) = task.await {
+            tracing::error!("web pubsub shutdown failed: {e}");
+        }
     }
-    let http_task = tokio::spawn(http::serve(http, http::router(&settings.access_keys), shutdown.clone()));
-    mqtt.serve(Duration::from_secs(settings.shutdown_grace_secs)).await;
     signals.abort();
     workers.stop();
     expiry.abort();

@@ -156,3 +156,83 @@ fn missing_config_file_exits_2() {
     assert_eq!(status.code(), Some(2), "stderr: {err}");
     assert!(err.contains("cannot read config file") && err.contains("/nonexistent/statehub.toml"), "stderr: {err}");
 }
+
+/// Reads one server WebSocket frame (unmasked): opcode and payload.
+fn ws_frame(s: &mut TcpStream) -> (u8, Vec<u8>) {
+    let mut head = [0u8; 2];
+    s.read_exact(&mut head).expect("frame header");
+    let len = match head[1] & 0x7F {
+        126 => {
+            let mut b = [0u8; 2];
+            s.read_exact(&mut b).unwrap();
+            usize::from(u16::from_be_bytes(b))
+        }
+        127 => panic!("frame too long for this test"),
+        n => usize::from(n),
+    };
+    let mut payload = vec![0u8; len];
+    s.read_exact(&mut payload).unwrap();
+    (head[0] & 0x0F, payload)
+}
+
+#[test]
+fn webpubsub_from_the_config_file_and_sigterm_closes_websockets() {
+    let path = temp_file(
+        "wps.toml",
+        "[webpubsub]\naccess_keys = [\"file-key\"]\n\n[webpubsub.limits]\nping_interval_secs = 20\n\n\
+         [[webpubsub.hubs.chat.event_handlers]]\nurl_template = \"http://127.0.0.1:9/{event}\"\nsystem_events = [\"disconnected\"]\n",
+    );
+    let mut server = start(&[&LOCAL[..], &["--config", path.to_str().unwrap()]].concat(), &[]);
+    let resp = http_get(server.http, "/api/health?api-version=2024-12-01");
+    assert!(resp.starts_with("HTTP/1.1 200"), "{resp}");
+    let resp = http_get(server.http, "/api/hubs/chat/groups/g/connections?api-version=2024-12-01");
+    assert!(resp.starts_with("HTTP/1.1 401"), "the REST API is mounted and wants a token: {resp}");
+
+    let claims = statehub_webpubsub::token::ClientClaims { user_id: Some("u".into()), roles: vec![], groups: vec![] };
+    let token = statehub_webpubsub::token::issue_token("file-key", "http://x/client/hubs/chat", &claims, Duration::from_secs(60));
+    let mut ws = connect_tcp(server.http);
+    write!(
+        ws,
+        "GET /client/hubs/chat?access_token={token} HTTP/1.1\r\nHost: localhost\r\nUpgrade: websocket\r\n\
+         Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\
+         Sec-WebSocket-Protocol: json.webpubsub.azure.v1\r\n\r\n"
+    )
+    .unwrap();
+    let mut response = Vec::new();
+    while !response.ends_with(b"\r\n\r\n") {
+        let mut b = [0u8; 1];
+        ws.read_exact(&mut b).expect("upgrade response");
+        response.push(b[0]);
+    }
+    let response = String::from_utf8_lossy(&response);
+    assert!(response.starts_with("HTTP/1.1 101"), "{response}");
+    let (op, connected) = ws_frame(&mut ws);
+    assert_eq!(op, 1);
+    assert!(String::from_utf8_lossy(&connected).contains("\"connected\""));
+
+    Command::new("kill").args(["-TERM", &server.child.id().to_string()]).status().unwrap();
+    let (op, disconnected) = ws_frame(&mut ws);
+    assert_eq!(op, 1, "a text frame first");
+    let text = String::from_utf8_lossy(&disconnected);
+    assert!(text.contains("\"disconnected\"") && text.contains("shutting down"), "{text}");
+    let (op, close) = ws_frame(&mut ws);
+    assert_eq!(op, 8, "then a close frame");
+    assert_eq!(u16::from_be_bytes([close[0], close[1]]), 1001);
+    let status = wait_exit(&mut server.child, Duration::from_secs(8));
+    assert!(status.success(), "exit status {status:?}");
+    let log: Vec<String> = server.log.try_iter().collect();
+    assert!(log.iter().any(|l| l.contains("upstream event not delivered")), "the dead upstream is logged: {log:?}");
+    let _ = std::fs::remove_file(path);
+}
+
+#[test]
+fn bad_webpubsub_settings_exit_2() {
+    let path = temp_file(
+        "badwps.toml",
+        "[[webpubsub.hubs.chat.event_handlers]]\nurl_template = \"ftp://nope\"\n",
+    );
+    let (status, err) = run_to_exit(&["--config", path.to_str().unwrap()]);
+    assert_eq!(status.code(), Some(2), "stderr: {err}");
+    assert!(err.contains("url_template") && err.contains("chat"), "stderr: {err}");
+    let _ = std::fs::remove_file(&path);
+}

@@ -1,15 +1,32 @@
-//! Service configuration: the access keys tokens are signed with, and the limits the
-//! spec notes ask to mirror (all configurable, defaults as the real service).
+//! Service configuration: the access keys tokens are signed with, the limits the spec
+//! notes ask to mirror (all configurable, defaults as the real service), and the hubs'
+//! upstream event handlers.
+//!
+//! This is also the `[webpubsub]` table of statehub's configuration file, so every field
+//! has a default and unknown fields are refused rather than silently ignored. Durations
+//! are whole seconds in the file (`*_secs`).
 
+use std::collections::HashMap;
 use std::time::Duration;
 
+use serde::Deserialize;
+
+use crate::upstream::settings::HubSettings;
+
 /// Configuration of the service.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct Config {
-    /// Access keys (primary, secondary…): a token signed with any of them is accepted.
+    /// Access keys (primary, secondary…): a token signed with any of them is accepted,
+    /// and upstream requests are signed with each.
     pub access_keys: Vec<String>,
     /// Limits.
     pub limits: Limits,
+    /// Per-hub settings by hub name (case-insensitive); `*` applies to hubs not named.
+    pub hubs: HashMap<String, HubSettings>,
+    /// The `WebHook-Request-Origin` sent upstream: the host upstream handlers allow
+    /// (`localhost:<http port>` when statehub does not say otherwise).
+    pub webhook_origin: Option<String>,
 }
 
 impl Config {
@@ -17,15 +34,60 @@ impl Config {
     pub fn new(access_keys: impl IntoIterator<Item = impl Into<String>>) -> Self {
         Self {
             access_keys: access_keys.into_iter().map(Into::into).collect(),
-            limits: Limits::default(),
+            ..Self::default()
         }
+    }
+
+    /// The settings of a hub: its own, else those of `*`, else none.
+    pub fn hub_settings(&self, hub: &str) -> HubSettings {
+        self.hubs
+            .iter()
+            .find(|(name, _)| name.eq_ignore_ascii_case(hub))
+            .or_else(|| self.hubs.get_key_value("*"))
+            .map(|(_, s)| s.clone())
+            .unwrap_or_default()
+    }
+
+    /// Checks what serde cannot: templates and event names.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        for (hub, settings) in &self.hubs {
+            if hub != "*" && !crate::hub::valid_hub_name(hub) {
+                return Err(ConfigError::HubName(hub.clone()));
+            }
+            settings.validate().map_err(|reason| ConfigError::Handler {
+                hub: hub.clone(),
+                reason,
+            })?;
+        }
+        if self.limits.max_frame_bytes == 0 || self.limits.outbound_queue_messages == 0 {
+            return Err(ConfigError::Limits(
+                "frame and queue limits must be positive",
+            ));
+        }
+        Ok(())
     }
 }
 
+/// Why the configuration was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    /// A `[webpubsub.hubs.<name>]` table names an invalid hub.
+    #[error("invalid hub name {0:?} in [webpubsub.hubs]")]
+    HubName(String),
+    /// An event handler is invalid.
+    #[error("invalid event handler of hub {hub:?}: {reason}")]
+    Handler { hub: String, reason: String },
+    /// A limit is out of range.
+    #[error("invalid [webpubsub.limits]: {0}")]
+    Limits(&'static str),
+}
+
 /// Bounds on every per-connection resource.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct Limits {
-    /// Largest WebSocket frame or message accepted from a client (1 MiB).
+    /// Largest WebSocket frame or message accepted from a client, and largest REST
+    /// message body and upstream response (1 MiB).
     pub max_frame_bytes: usize,
     /// Unacknowledged messages a reliable session may hold before it is closed with
     /// 1008 and deleted (1000).
@@ -33,6 +95,7 @@ pub struct Limits {
     /// Bytes of unacknowledged messages, same consequence (16 MiB).
     pub max_unacked_bytes: usize,
     /// How long a dropped reliable session is kept for recovery (60 s).
+    #[serde(rename = "session_retention_secs", with = "secs")]
     pub session_retention: Duration,
     /// Processed `ackId`s remembered per session for `Duplicate` (1000).
     pub processed_ack_ids: usize,
@@ -41,7 +104,18 @@ pub struct Limits {
     /// Bytes queued for one socket's writer, same consequence (16 MiB).
     pub outbound_queue_bytes: usize,
     /// Interval of WebSocket ping frames (20 s).
+    #[serde(rename = "ping_interval_secs", with = "secs")]
     pub ping_interval: Duration,
+    /// A socket that sends nothing (not even a pong) for this long is dead and closed
+    /// (60 s; never less than two ping intervals).
+    #[serde(rename = "idle_timeout_secs", with = "secs")]
+    pub idle_timeout: Duration,
+    /// How long an upstream webhook may take to answer (10 s).
+    #[serde(rename = "upstream_timeout_secs", with = "secs")]
+    pub upstream_timeout: Duration,
+    /// Fire-and-forget upstream events (`connected`, `disconnected`) waiting to be
+    /// posted; past it they are dropped and logged (10 000).
+    pub upstream_queue: usize,
 }
 
 impl Default for Limits {
@@ -55,6 +129,72 @@ impl Default for Limits {
             outbound_queue_messages: 4096,
             outbound_queue_bytes: 16 << 20,
             ping_interval: Duration::from_secs(20),
+            idle_timeout: Duration::from_secs(60),
+            upstream_timeout: Duration::from_secs(10),
+            upstream_queue: 10_000,
         }
+    }
+}
+
+impl Limits {
+    /// The idle timeout in force: at least two ping intervals, so a live client that
+    /// answers every ping is never taken for dead.
+    pub fn effective_idle_timeout(&self) -> Duration {
+        self.idle_timeout.max(self.ping_interval * 2)
+    }
+}
+
+/// Durations as whole seconds in the file.
+mod secs {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer};
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        u64::deserialize(d).map(Duration::from_secs)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_file_table() {
+        let c: Config = toml_like(
+            r#"{"access_keys":["a","b"],"webhook_origin":"h:1",
+                "limits":{"max_frame_bytes":10,"session_retention_secs":5},
+                "hubs":{"Chat":{"event_handlers":[{"url_template":"http://x/{hub}/{event}",
+                   "user_event_pattern":"*","system_events":["connect"]}]},
+                        "*":{"allow_anonymous":true}}}"#,
+        );
+        assert_eq!(c.access_keys, ["a", "b"]);
+        assert_eq!(c.limits.max_frame_bytes, 10);
+        assert_eq!(c.limits.session_retention, Duration::from_secs(5));
+        assert_eq!(
+            c.limits.ping_interval,
+            Duration::from_secs(20),
+            "defaults kept"
+        );
+        assert_eq!(c.hub_settings("chat").event_handlers.len(), 1);
+        assert!(c.hub_settings("other").allow_anonymous);
+        assert!(c.validate().is_ok());
+        assert!(serde_json::from_str::<Config>(r#"{"nope":1}"#).is_err());
+        let bad: Config = toml_like(r#"{"hubs":{"1x":{}}}"#);
+        assert_eq!(bad.validate(), Err(ConfigError::HubName("1x".into())));
+    }
+
+    /// The file is TOML in the binary; serde sees the same shape through JSON here.
+    fn toml_like(json: &str) -> Config {
+        serde_json::from_str(json).unwrap()
+    }
+
+    #[test]
+    fn idle_timeout_covers_two_pings() {
+        let l = Limits {
+            idle_timeout: Duration::from_secs(10),
+            ..Limits::default()
+        };
+        assert_eq!(l.effective_idle_timeout(), Duration::from_secs(40));
     }
 }

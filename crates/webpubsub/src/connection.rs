@@ -5,8 +5,14 @@
 //! ping frames and the closing `disconnected` + close frame all go through it, in
 //! queue order, so a reliable client sees the replayed messages before anything new.
 //! A close request (protocol error, unacked overflow, slow consumer, replaced by a
-//! recovered socket) stops both halves; when the socket ends the hub decides whether
-//! the session is kept for recovery.
+//! recovered socket, REST close, shutdown, idle timeout) stops both halves; when the
+//! socket ends the hub decides whether the session is kept for recovery. Every close
+//! the server starts is preceded by a `disconnected` message on the JSON and protobuf
+//! subprotocols.
+//!
+//! A user event with an upstream handler blocks this connection's reader until the
+//! upstream answers (events are handled in order, as the service does); the writer,
+//! close requests and shutdown are not blocked meanwhile.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -14,39 +20,51 @@ use std::time::Duration;
 use axum::extract::ws::{CloseFrame, Message, Utf8Bytes, WebSocket};
 use futures_util::stream::{SplitSink, SplitStream};
 use futures_util::{SinkExt, StreamExt};
+use tokio::sync::watch;
 
 use crate::config::Limits;
-use crate::dispatch::{handle_binary, handle_text, Effects};
-use crate::hub::{Hub, Session, CLOSE_POLICY};
+use crate::dispatch::{handle_binary, handle_raw, handle_text, Effects, UserEvent};
+use crate::hub::admin::{Selection, Target};
+use crate::hub::{Hub, Session, CLOSE_GOING_AWAY, CLOSE_POLICY};
 use crate::outbox::{outbox, CloseRequest, Next, Outbox, OutboxReceiver, PushError};
 use crate::protocol::codec::encode_reply;
 use crate::protocol::json::{Downstream, SystemEvent};
+use crate::protocol::Payload;
 use crate::protocol::Subprotocol;
 
 /// Close code: a frame larger than the limit.
 pub const CLOSE_TOO_BIG: u16 = 1009;
 /// Close code: a frame of a kind the subprotocol does not use.
 pub const CLOSE_UNSUPPORTED: u16 = 1003;
+/// Close code: the server failed (an upstream event without `ackId` failed).
+pub const CLOSE_INTERNAL: u16 = 1011;
 
 /// How long the writer gets to flush a close frame after the reader stopped.
 const CLOSE_FLUSH: Duration = Duration::from_secs(2);
 
-/// Accepts a socket and closes it at once, e.g. a failed recovery (1008).
-pub async fn refuse(mut socket: WebSocket, code: u16, reason: &str) {
+/// Accepts a socket and closes it at once, e.g. a failed recovery (1008), after a
+/// `disconnected` message unless the client is raw.
+pub async fn refuse(mut socket: WebSocket, protocol: Subprotocol, code: u16, reason: &str) {
+    if protocol != Subprotocol::Raw {
+        let msg = Downstream::System(SystemEvent::Disconnected {
+            message: reason.to_owned(),
+        });
+        let _ = socket.send(encode_reply(protocol, &msg)).await;
+    }
     let frame = CloseFrame {
         code,
-        reason: Utf8Bytes::from(reason),
+        reason: Utf8Bytes::from(truncate(reason, 120)),
     };
     let _ = socket.send(Message::Close(Some(frame))).await;
 }
 
 /// Runs a socket for `session` until either side closes it.
 pub async fn serve(socket: WebSocket, hub: Arc<Hub>, session: Arc<Session>, limits: Limits) {
+    let protocol = session.protocol();
     let (out, outrx) = outbox(limits.outbound_queue_messages, limits.outbound_queue_bytes);
     let Ok((generation, replay)) = session.attach(out.clone()) else {
-        return refuse(socket, CLOSE_POLICY, "Session is gone").await;
+        return refuse(socket, protocol, CLOSE_POLICY, "Session is gone").await;
     };
-    let protocol = session.protocol();
     let mut first = Vec::with_capacity(replay.len() + 1);
     if protocol != Subprotocol::Raw {
         let connected = Downstream::System(SystemEvent::Connected {
@@ -66,7 +84,15 @@ pub async fn serve(socket: WebSocket, hub: Arc<Hub>, session: Arc<Session>, limi
         protocol,
         limits.ping_interval,
     ));
-    let close_requested = read_loop(stream, &hub, &session, &out).await;
+    if generation == 1 {
+        hub.connected(&session);
+    }
+    if hub.shutdown_token().is_cancelled() {
+        let code = session.close_code(CLOSE_GOING_AWAY);
+        hub.close(session.id(), code, "The server is shutting down");
+    }
+    let idle = limits.effective_idle_timeout();
+    let close_requested = read_loop(stream, &hub, &session, &out, idle).await;
     if close_requested {
         if tokio::time::timeout(CLOSE_FLUSH, &mut writer)
             .await
@@ -81,12 +107,15 @@ pub async fn serve(socket: WebSocket, hub: Arc<Hub>, session: Arc<Session>, limi
 }
 
 /// Reads frames until the peer goes or a close is requested; returns whether a close
-/// was requested (the writer then sends it).
+/// was requested (the writer then sends it). A socket silent for `idle` (no frame, not
+/// even a pong to our pings) is taken for dead and closed; a reliable session stays
+/// recoverable.
 async fn read_loop(
     mut stream: SplitStream<WebSocket>,
-    hub: &Hub,
-    session: &Session,
+    hub: &Arc<Hub>,
+    session: &Arc<Session>,
     out: &Outbox,
+    idle: Duration,
 ) -> bool {
     let mut close_watch = out.close_watch();
     if close_watch.borrow_and_update().is_some() {
@@ -96,7 +125,16 @@ async fn read_loop(
         let frame = tokio::select! {
             biased;
             _ = close_watch.changed() => return true,
-            frame = stream.next() => frame,
+            frame = tokio::time::timeout(idle, stream.next()) => match frame {
+                Ok(frame) => frame,
+                Err(_) => {
+                    out.close(
+                        CLOSE_GOING_AWAY,
+                        format!("No frame from the client for {} s", idle.as_secs()),
+                    );
+                    return true;
+                }
+            },
         };
         match frame {
             None | Some(Ok(Message::Close(_))) => return false,
@@ -111,22 +149,32 @@ async fn read_loop(
                 return false;
             }
             Some(Ok(Message::Text(text))) if is_json(session) => {
-                apply(hub, session, out, handle_text(hub, session, text.as_str()));
+                let fx = handle_text(hub, session, text.as_str());
+                apply(hub, session, out, fx, &mut close_watch).await;
             }
             Some(Ok(Message::Binary(bytes))) if session.protocol().is_protobuf() => {
-                apply(hub, session, out, handle_binary(hub, session, &bytes));
+                let fx = handle_binary(hub, session, &bytes);
+                apply(hub, session, out, fx, &mut close_watch).await;
+            }
+            Some(Ok(Message::Text(text))) if session.protocol() == Subprotocol::Raw => {
+                let fx = handle_raw(hub, Payload::Text(text.as_str().to_owned()));
+                apply(hub, session, out, fx, &mut close_watch).await;
+            }
+            Some(Ok(Message::Binary(bytes))) if session.protocol() == Subprotocol::Raw => {
+                let fx = handle_raw(hub, Payload::Binary(bytes.to_vec()));
+                apply(hub, session, out, fx, &mut close_watch).await;
             }
             Some(Ok(Message::Text(_) | Message::Binary(_)))
                 if session.protocol() != Subprotocol::Raw =>
             {
-                hub.remove(session.id());
-                out.close(
+                hub.close(
+                    session.id(),
                     CLOSE_UNSUPPORTED,
                     "This frame type is not used by the subprotocol",
                 );
             }
-            // Raw clients' frames are upstream `message` events, not wired yet; pings
-            // and pongs are answered by the WebSocket layer.
+            // Pings and pongs are answered by the WebSocket layer; they only count as
+            // signs of life.
             Some(Ok(_)) => {}
         }
     }
@@ -139,16 +187,78 @@ fn is_json(session: &Session) -> bool {
     )
 }
 
-/// Queues the replies of one request and carries out its close.
-fn apply(hub: &Hub, session: &Session, out: &Outbox, fx: Effects) {
-    for reply in fx.replies {
-        if let Err(PushError::Full) = out.push(encode_reply(session.protocol(), &reply)) {
-            out.close(CLOSE_POLICY, "Slow consumer");
-        }
+fn reply(session: &Session, out: &Outbox, msg: &Downstream) {
+    if let Err(PushError::Full) = out.push(encode_reply(session.protocol(), msg)) {
+        out.close(CLOSE_POLICY, "Slow consumer");
+    }
+}
+
+/// Queues the replies of one request, carries out its close, and posts its user event.
+async fn apply(
+    hub: &Arc<Hub>,
+    session: &Arc<Session>,
+    out: &Outbox,
+    fx: Effects,
+    close_watch: &mut watch::Receiver<Option<CloseRequest>>,
+) {
+    for msg in &fx.replies {
+        reply(session, out, msg);
     }
     if let Some(close) = fx.close {
-        hub.remove(session.id());
-        out.close(close.code, close.reason);
+        hub.close(session.id(), close.code, &close.reason);
+    }
+    if let Some(event) = fx.upstream {
+        user_event(hub, session, out, event, close_watch).await;
+    }
+}
+
+/// Posts a user event and answers by the upstream's answer: its data goes back as a
+/// message from the server, then the ack. A failure is an error ack, or, for a message
+/// without `ackId` (raw frames included), closes the connection as the service does.
+async fn user_event(
+    hub: &Arc<Hub>,
+    session: &Arc<Session>,
+    out: &Outbox,
+    event: UserEvent,
+    close_watch: &mut watch::Receiver<Option<CloseRequest>>,
+) {
+    let Some(events) = hub.events() else {
+        return;
+    };
+    let call = events.user_event(hub, session, &event.event, &event.payload);
+    let result = tokio::select! {
+        biased;
+        _ = close_watch.changed() => return,
+        result = call => result,
+    };
+    match (result, event.ack_id) {
+        (Ok(answer), ack_id) => {
+            if let Some(payload) = answer {
+                let target = Target::Connection(session.id());
+                hub.send(target, &Selection::default(), &payload, None);
+            }
+            if let Some(id) = ack_id {
+                session.processed(id);
+                reply(session, out, &Downstream::ack_ok(id));
+            }
+        }
+        (Err(e), Some(id)) => {
+            tracing::warn!("user event {:?} of {}: {e}", event.event, session.id());
+            reply(
+                session,
+                out,
+                &Downstream::ack_err(id, e.ack_name(), e.to_string()),
+            );
+        }
+        (Err(e), None) => {
+            tracing::warn!(
+                "user event {:?} of {}: {e}; closing",
+                event.event,
+                session.id()
+            );
+            let reason = format!("The event handler failed: {e}");
+            hub.close(session.id(), session.close_code(CLOSE_INTERNAL), &reason);
+        }
     }
 }
 

@@ -2,6 +2,9 @@
 //! protobuf, decoded to the same [`Request`]) becomes the replies to queue and whether
 //! the connection must close. Tested directly in `dispatch_test.rs`.
 //!
+//! A user event with an upstream handler is not answered here: the effects carry it as
+//! [`UserEvent`] and the connection posts it, then acks (or closes) by the answer.
+//!
 //! Acks: a message with an `ackId` is answered once processed. An `ackId` already
 //! processed on this session is answered `Duplicate` and not processed again (a client
 //! resends with the same id after a recovery). Failures are not remembered, so a
@@ -10,7 +13,7 @@
 use crate::hub::{Hub, Session, CLOSE_POLICY};
 use crate::protocol::codec::{decode_binary, decode_text, Request};
 use crate::protocol::json::{DataMessageRef, Downstream, MessageSource};
-use crate::protocol::ProtocolError;
+use crate::protocol::{Payload, ProtocolError};
 
 /// Longest group name accepted.
 pub const MAX_GROUP_NAME: usize = 1024;
@@ -45,6 +48,17 @@ pub struct Close {
     pub reason: String,
 }
 
+/// A user event for the hub's upstream handler.
+#[derive(Debug, Clone, PartialEq)]
+pub struct UserEvent {
+    /// The event name (`message` for a raw client's frame).
+    pub event: String,
+    /// The data.
+    pub payload: Payload,
+    /// The `ackId` to answer once the upstream answered.
+    pub ack_id: Option<u64>,
+}
+
 /// The effects of one frame.
 #[derive(Debug, Default, PartialEq)]
 pub struct Effects {
@@ -52,7 +66,26 @@ pub struct Effects {
     pub replies: Vec<Downstream>,
     /// Set when the connection must close (protocol violation: the session is deleted).
     pub close: Option<Close>,
+    /// A user event to post upstream, after the replies.
+    pub upstream: Option<UserEvent>,
 }
+
+/// Handles one frame of a raw (no subprotocol) client: the `message` user event when
+/// the hub has a handler for it, else nothing.
+pub fn handle_raw(hub: &Hub, payload: Payload) -> Effects {
+    let takes = hub.events().is_some_and(|e| e.takes_user_event(RAW_EVENT));
+    Effects {
+        upstream: takes.then(|| UserEvent {
+            event: RAW_EVENT.to_owned(),
+            payload,
+            ack_id: None,
+        }),
+        ..Effects::default()
+    }
+}
+
+/// The user event a raw client's frames become.
+pub const RAW_EVENT: &str = "message";
 
 /// Handles one text frame from a JSON-subprotocol client.
 pub fn handle_text(hub: &Hub, session: &Session, text: &str) -> Effects {
@@ -127,11 +160,27 @@ pub fn handle(hub: &Hub, session: &Session, request: Result<Request, ProtocolErr
             })
         }
         Request::Event { event, payload, .. } => {
-            // No upstream event handler is wired yet: the event is validated and dropped.
-            if event.is_empty() {
-                Err(AckFailure::BadRequest("event name is empty".into()))
+            // Without a handler for it the event is validated and acked, as the service
+            // does; with one, the connection posts it and answers by the result.
+            if event.is_empty() || event.chars().any(char::is_control) {
+                Err(AckFailure::BadRequest(
+                    "event name must be non-empty, without control characters".into(),
+                ))
             } else {
-                payload.map(drop).map_err(bad)
+                match payload {
+                    Err(e) => Err(bad(e)),
+                    Ok(payload) => {
+                        if hub.events().is_some_and(|e| e.takes_user_event(&event)) {
+                            fx.upstream = Some(UserEvent {
+                                event,
+                                payload,
+                                ack_id,
+                            });
+                            return fx;
+                        }
+                        Ok(())
+                    }
+                }
             }
         }
         Request::SequenceAck { sequence_id } => {

@@ -1,33 +1,49 @@
 //! An Azure Web PubSub-compatible WebSocket service, for the official client SDKs.
 //!
 //! What lives where, from the wire inwards:
-//! - [`ws`]: the axum router, the handshake (token, subprotocol, recovery parameters).
+//! - [`ws`]: the client endpoint's router, the handshake (token, subprotocol, recovery).
+//! - [`rest`]: the REST API the server SDKs call (`/api/hubs/{hub}/…`, `/api/health`);
+//!   [`filter`]: its OData `filter` language.
 //! - [`connection`]: one socket's reader and writer tasks.
 //! - [`dispatch`]: what each client request does (acks, permissions, publish), no I/O.
 //! - [`protocol`]: frame formats (JSON and protobuf subprotocols, raw), no I/O.
+//! - [`upstream`]: the application server's webhooks (CloudEvents `connect`,
+//!   `connected`, `disconnected`, user events) per hub settings.
 //! - [`token`] and [`permissions`]: access tokens and what their roles allow.
-//! - [`hub`]: hubs, groups, sessions; [`session`]: the reliable-session bookkeeping;
+//! - [`config`]: keys, limits and hub settings (statehub's `[webpubsub]` table).
+//! - [`hub`]: hubs, groups, users, sessions, and (in [`hub::admin`]) what the REST API
+//!   does to them; [`session`]: the reliable-session bookkeeping;
 //!   [`outbox`]: the bounded per-socket send queue.
 //!
-//! Build it with [`WebPubSub::new`] from a [`Config`] and serve [`ws::router`].
+//! Build it with [`WebPubSub::new`] from a [`Config`], serve [`router`] (the client
+//! endpoint and the REST API), and call [`WebPubSub::shutdown`] to stop.
 
 pub mod config;
 pub mod connection;
 pub mod dispatch;
+pub mod filter;
 pub mod hub;
 pub mod outbox;
 pub mod permissions;
 pub mod protocol;
+pub mod rest;
 pub mod session;
 pub mod token;
+pub mod upstream;
 pub mod ws;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 pub use config::{Config, Limits};
 pub use hub::Hub;
-pub use ws::router;
+use upstream::events::HubEvents;
+use upstream::settings::HubSettings;
+use upstream::Upstream;
 
 /// The service state shared by every connection; cheap to clone.
 #[derive(Debug, Clone)]
@@ -39,15 +55,27 @@ pub struct WebPubSub {
 struct Inner {
     config: Config,
     hubs: Mutex<HashMap<String, Arc<Hub>>>,
+    /// Only when some hub has event handlers.
+    upstream: Option<Upstream>,
+    shutdown: CancellationToken,
+    connections: TaskTracker,
 }
 
 impl WebPubSub {
     /// A service with no hubs yet; hubs appear when first used.
     pub fn new(config: Config) -> Self {
+        let upstream = config
+            .hubs
+            .values()
+            .any(|h| !h.event_handlers.is_empty())
+            .then(|| Upstream::new(&config));
         Self {
             inner: Arc::new(Inner {
                 config,
                 hubs: Mutex::new(HashMap::new()),
+                upstream,
+                shutdown: CancellationToken::new(),
+                connections: TaskTracker::new(),
             }),
         }
     }
@@ -58,7 +86,7 @@ impl WebPubSub {
     }
 
     /// The hub of this name (case-insensitive, as the service's hub names are), created
-    /// on first use.
+    /// on first use with its upstream handlers.
     pub fn hub(&self, name: &str) -> Arc<Hub> {
         let key = name.to_ascii_lowercase();
         let mut hubs = self
@@ -67,7 +95,93 @@ impl WebPubSub {
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
         hubs.entry(key.clone())
-            .or_insert_with(|| Arc::new(Hub::new(&key, self.inner.config.limits.clone())))
+            .or_insert_with(|| {
+                let mut hub = Hub::new(&key, self.inner.config.limits.clone())
+                    .with_shutdown(self.inner.shutdown.clone());
+                if let Some(events) = self.hub_events(&key) {
+                    hub = hub.with_events(Arc::new(events));
+                }
+                Arc::new(hub)
+            })
             .clone()
     }
+
+    /// The hub of this name if it exists (a request not yet authenticated must not
+    /// create hubs).
+    pub fn existing_hub(&self, name: &str) -> Option<Arc<Hub>> {
+        self.inner
+            .hubs
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(&name.to_ascii_lowercase())
+            .cloned()
+    }
+
+    /// The settings of a hub.
+    pub fn hub_settings(&self, name: &str) -> HubSettings {
+        self.inner.config.hub_settings(name)
+    }
+
+    /// The hub's upstream handlers, when it has any.
+    pub fn hub_events(&self, name: &str) -> Option<HubEvents> {
+        let settings = self.hub_settings(name);
+        if settings.event_handlers.is_empty() {
+            return None;
+        }
+        let upstream = self.inner.upstream.clone()?;
+        Some(HubEvents::new(upstream, settings))
+    }
+
+    /// Whether shutdown has begun (new clients are refused).
+    pub fn is_shutting_down(&self) -> bool {
+        self.inner.shutdown.is_cancelled()
+    }
+
+    /// Runs a connection task so that [`WebPubSub::shutdown`] waits for it.
+    pub fn track<F>(&self, task: F) -> tokio_util::task::task_tracker::TrackedFuture<F>
+    where
+        F: std::future::Future,
+    {
+        self.inner.connections.track_future(task)
+    }
+
+    /// Shuts the service down: new clients are refused, every session is closed (its
+    /// client gets `disconnected` and a close frame: 1001, or 1008 on reliable
+    /// subprotocols since sessions do not outlive the process), and it waits up to
+    /// `grace` for the sockets to close and queued upstream events to be posted.
+    pub async fn shutdown(&self, grace: Duration) {
+        let deadline = tokio::time::Instant::now() + grace;
+        self.inner.shutdown.cancel();
+        let hubs: Vec<Arc<Hub>> = self
+            .inner
+            .hubs
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .values()
+            .cloned()
+            .collect();
+        for hub in hubs {
+            hub.shutdown("The server is shutting down");
+        }
+        self.inner.connections.close();
+        if tokio::time::timeout_at(deadline, self.inner.connections.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                "{} web pubsub connections still open after the shutdown grace",
+                self.inner.connections.len()
+            );
+        }
+        if let Some(upstream) = &self.inner.upstream {
+            upstream
+                .drain(deadline.saturating_duration_since(tokio::time::Instant::now()))
+                .await;
+        }
+    }
+}
+
+/// Every route of the service: the client endpoint and the REST API.
+pub fn router(state: WebPubSub) -> axum::Router {
+    ws::router(state.clone()).merge(rest::router(state))
 }

@@ -4,13 +4,15 @@
 //! Bounded in frames and in bytes: a full queue is never waited on by a publisher (one
 //! slow subscriber must not stall a group), it is reported so the hub can disconnect the
 //! slow consumer. A close request travels beside the queue on a `watch` channel so it
-//! overtakes queued frames.
+//! overtakes queued frames. A frame may carry a deadline (the REST API's
+//! `messageTtlSeconds`): the writer drops it unsent once the deadline has passed.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use axum::extract::ws::Message;
 use tokio::sync::{mpsc, watch};
+use tokio::time::Instant;
 
 /// Why a frame was not queued.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -36,7 +38,7 @@ pub struct CloseRequest {
 /// The producing side; cheap to clone.
 #[derive(Debug, Clone)]
 pub struct Outbox {
-    tx: mpsc::Sender<Message>,
+    tx: mpsc::Sender<(Message, Option<Instant>)>,
     bytes: Arc<AtomicUsize>,
     max_bytes: usize,
     close: Arc<watch::Sender<Option<CloseRequest>>>,
@@ -45,7 +47,7 @@ pub struct Outbox {
 /// The writer's side.
 #[derive(Debug)]
 pub struct OutboxReceiver {
-    rx: mpsc::Receiver<Message>,
+    rx: mpsc::Receiver<(Message, Option<Instant>)>,
     bytes: Arc<AtomicUsize>,
     close: watch::Receiver<Option<CloseRequest>>,
 }
@@ -82,12 +84,17 @@ pub fn frame_len(msg: &Message) -> usize {
 impl Outbox {
     /// Queues a frame without waiting.
     pub fn push(&self, msg: Message) -> Result<(), PushError> {
+        self.push_until(msg, None)
+    }
+
+    /// Queues a frame that is dropped unsent if still queued at `deadline`.
+    pub fn push_until(&self, msg: Message, deadline: Option<Instant>) -> Result<(), PushError> {
         let len = frame_len(&msg);
         if self.bytes.load(Ordering::Relaxed) + len > self.max_bytes {
             return Err(PushError::Full);
         }
         self.bytes.fetch_add(len, Ordering::Relaxed);
-        self.tx.try_send(msg).map_err(|e| {
+        self.tx.try_send((msg, deadline)).map_err(|e| {
             self.bytes.fetch_sub(len, Ordering::Relaxed);
             match e {
                 mpsc::error::TrySendError::Full(_) => PushError::Full,
@@ -115,11 +122,15 @@ impl Outbox {
 }
 
 impl OutboxReceiver {
-    /// The next frame; `None` once every producer is gone.
+    /// The next frame whose deadline has not passed; `None` once every producer is gone.
     pub async fn recv(&mut self) -> Option<Message> {
-        let msg = self.rx.recv().await?;
-        self.bytes.fetch_sub(frame_len(&msg), Ordering::Relaxed);
-        Some(msg)
+        loop {
+            let (msg, deadline) = self.rx.recv().await?;
+            self.bytes.fetch_sub(frame_len(&msg), Ordering::Relaxed);
+            if deadline.is_none_or(|d| Instant::now() < d) {
+                return Some(msg);
+            }
+        }
     }
 
     /// Waits for a close request.
@@ -127,18 +138,22 @@ impl OutboxReceiver {
         wait_close(&mut self.close).await
     }
 
-    /// The next thing for the writer: a close request overtakes queued frames.
+    /// The next thing for the writer: a close request overtakes queued frames, and
+    /// frames past their deadline are skipped.
     pub async fn next(&mut self) -> Next {
-        tokio::select! {
-            biased;
-            req = wait_close(&mut self.close) => Next::Close(req),
-            msg = self.rx.recv() => match msg {
-                Some(msg) => {
-                    self.bytes.fetch_sub(frame_len(&msg), Ordering::Relaxed);
-                    Next::Frame(msg)
-                }
-                None => Next::Ended,
-            },
+        loop {
+            let next = tokio::select! {
+                biased;
+                req = wait_close(&mut self.close) => return Next::Close(req),
+                next = self.rx.recv() => next,
+            };
+            let Some((msg, deadline)) = next else {
+                return Next::Ended;
+            };
+            self.bytes.fetch_sub(frame_len(&msg), Ordering::Relaxed);
+            if deadline.is_none_or(|d| Instant::now() < d) {
+                return Next::Frame(msg);
+            }
         }
     }
 }
@@ -186,6 +201,28 @@ mod tests {
         out.push(Message::Text("1234".into())).unwrap();
         drop(rx);
         assert_eq!(out.push(Message::Text("x".into())), Err(PushError::Closed));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn expired_frames_are_dropped_unsent() {
+        let (out, mut rx) = outbox(8, 100);
+        let soon = Instant::now() + std::time::Duration::from_secs(1);
+        out.push_until(Message::Text("old".into()), Some(soon))
+            .unwrap();
+        out.push(Message::Text("keep".into())).unwrap();
+        out.push_until(
+            Message::Text("fresh".into()),
+            Some(soon + std::time::Duration::from_secs(9)),
+        )
+        .unwrap();
+        tokio::time::advance(std::time::Duration::from_secs(2)).await;
+        assert!(matches!(rx.next().await, Next::Frame(m) if m == Message::Text("keep".into())));
+        assert!(matches!(rx.next().await, Next::Frame(m) if m == Message::Text("fresh".into())));
+        assert_eq!(
+            rx.bytes.load(Ordering::Relaxed),
+            0,
+            "dropped frames free their bytes"
+        );
     }
 
     #[tokio::test]

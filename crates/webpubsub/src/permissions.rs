@@ -5,6 +5,10 @@
 //! `webpubsub.joinLeaveGroups.<pattern>` / `webpubsub.sendToGroups.<pattern>` grant the
 //! groups matching a glob pattern (`*` any run of characters, `?` one character).
 //! Unknown roles are ignored, as the service does.
+//!
+//! The REST API then grants and revokes permissions per connection. A revoke for one
+//! group also takes that group out of a wildcard grant (it is remembered as denied), so
+//! "all groups but this one" can be expressed; a grant for the group lifts the denial.
 
 use std::collections::HashSet;
 
@@ -13,22 +17,71 @@ const SEND: &str = "webpubsub.sendToGroup";
 const JOIN_LEAVE_PATTERN: &str = "webpubsub.joinLeaveGroups.";
 const SEND_PATTERN: &str = "webpubsub.sendToGroups.";
 
+/// A permission the REST API grants, revokes and checks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Permission {
+    /// `joinLeaveGroup`.
+    JoinLeaveGroup,
+    /// `sendToGroup`.
+    SendToGroup,
+}
+
+impl Permission {
+    /// Parses the REST path segment (case-insensitive).
+    pub fn parse(name: &str) -> Option<Self> {
+        if name.eq_ignore_ascii_case("joinLeaveGroup") {
+            Some(Self::JoinLeaveGroup)
+        } else if name.eq_ignore_ascii_case("sendToGroup") {
+            Some(Self::SendToGroup)
+        } else {
+            None
+        }
+    }
+}
+
 /// One permission's grants.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 struct Grant {
     all: bool,
     groups: HashSet<String>,
     patterns: Vec<String>,
+    denied: HashSet<String>,
 }
 
 impl Grant {
     fn allows(&self, group: &str) -> bool {
-        self.all
-            || self.groups.contains(group)
-            || self
-                .patterns
-                .iter()
-                .any(|p| glob(p.as_bytes(), group.as_bytes()))
+        !self.denied.contains(group)
+            && (self.all
+                || self.groups.contains(group)
+                || self
+                    .patterns
+                    .iter()
+                    .any(|p| glob(p.as_bytes(), group.as_bytes())))
+    }
+
+    fn set(&mut self, group: Option<&str>, allowed: bool) {
+        match (group, allowed) {
+            (None, true) => {
+                self.all = true;
+                self.denied.clear();
+            }
+            (None, false) => *self = Self::default(),
+            (Some(g), true) => {
+                self.denied.remove(g);
+                self.groups.insert(g.to_owned());
+            }
+            (Some(g), false) => {
+                self.groups.remove(g);
+                self.denied.insert(g.to_owned());
+            }
+        }
+    }
+
+    fn has(&self, group: Option<&str>) -> bool {
+        match group {
+            Some(g) => self.allows(g),
+            None => self.all && self.denied.is_empty(),
+        }
     }
 }
 
@@ -77,6 +130,27 @@ impl Permissions {
     /// May the connection publish to `group`?
     pub fn can_send(&self, group: &str) -> bool {
         self.send.allows(group)
+    }
+
+    fn grant_of(&mut self, permission: Permission) -> &mut Grant {
+        match permission {
+            Permission::JoinLeaveGroup => &mut self.join_leave,
+            Permission::SendToGroup => &mut self.send,
+        }
+    }
+
+    /// Grants (`allowed`) or revokes a permission for one group or, with `None`, for all
+    /// groups (a revoke for all removes every grant of it, roles included).
+    pub fn set(&mut self, permission: Permission, group: Option<&str>, allowed: bool) {
+        self.grant_of(permission).set(group, allowed);
+    }
+
+    /// Is the permission held for `group` or, with `None`, for every group?
+    pub fn has(&self, permission: Permission, group: Option<&str>) -> bool {
+        match permission {
+            Permission::JoinLeaveGroup => self.join_leave.has(group),
+            Permission::SendToGroup => self.send.has(group),
+        }
     }
 }
 
@@ -152,6 +226,33 @@ mod tests {
             "webpubsub.sendToGroupsX",
         ]);
         assert_eq!(p, Permissions::default());
+    }
+
+    #[test]
+    fn grants_and_revokes() {
+        let mut p = Permissions::from_roles(&["webpubsub.sendToGroups.room-*"]);
+        assert!(p.has(Permission::SendToGroup, Some("room-1")));
+        assert!(!p.has(Permission::SendToGroup, None));
+        p.set(Permission::SendToGroup, Some("room-1"), false);
+        assert!(!p.can_send("room-1"), "a revoke beats the pattern");
+        assert!(p.can_send("room-2"));
+        p.set(Permission::SendToGroup, Some("room-1"), true);
+        assert!(p.can_send("room-1"));
+        p.set(Permission::JoinLeaveGroup, None, true);
+        assert!(p.has(Permission::JoinLeaveGroup, None));
+        p.set(Permission::JoinLeaveGroup, Some("x"), false);
+        assert!(!p.can_join_leave("x") && p.can_join_leave("y"));
+        assert!(
+            !p.has(Permission::JoinLeaveGroup, None),
+            "not every group any more"
+        );
+        p.set(Permission::SendToGroup, None, false);
+        assert!(
+            !p.can_send("room-2"),
+            "revoking for all removes the role's grant too"
+        );
+        assert!(Permission::parse("SENDTOGROUP") == Some(Permission::SendToGroup));
+        assert!(Permission::parse("send").is_none());
     }
 
     #[test]

@@ -6,6 +6,7 @@
 use std::collections::{HashSet, VecDeque};
 
 use axum::extract::ws::Message;
+use tokio::time::Instant;
 
 use crate::outbox::frame_len;
 
@@ -21,10 +22,12 @@ pub struct Overflow {
 }
 
 /// Sequence ids (from 1) and the frames the client has not acknowledged yet, in order.
+/// A frame with a deadline (`messageTtlSeconds`) is not replayed after it; expired
+/// frames are pruned when the buffer would otherwise overflow.
 #[derive(Debug)]
 pub struct Sequencer {
     next: u64,
-    unacked: VecDeque<(u64, Message)>,
+    unacked: VecDeque<(u64, Message, Option<Instant>)>,
     bytes: usize,
     max_messages: usize,
     max_bytes: usize,
@@ -45,10 +48,22 @@ impl Sequencer {
     /// Gives the next message its sequence id, encodes it with `encode` and keeps the
     /// frame until acknowledged. Past a limit nothing is kept and `Overflow` returned.
     pub fn push(&mut self, encode: impl FnOnce(u64) -> Message) -> Result<Message, Overflow> {
+        self.push_until(encode, None)
+    }
+
+    /// Same, for a frame not to be replayed after `deadline`.
+    pub fn push_until(
+        &mut self,
+        encode: impl FnOnce(u64) -> Message,
+        deadline: Option<Instant>,
+    ) -> Result<Message, Overflow> {
         let id = self.next;
         let frame = encode(id);
         let len = frame_len(&frame);
-        if self.unacked.len() >= self.max_messages || self.bytes + len > self.max_bytes {
+        if self.full(len) {
+            self.prune_expired();
+        }
+        if self.full(len) {
             return Err(Overflow {
                 max_messages: self.max_messages,
                 max_bytes: self.max_bytes,
@@ -56,13 +71,29 @@ impl Sequencer {
         }
         self.next += 1;
         self.bytes += len;
-        self.unacked.push_back((id, frame.clone()));
+        self.unacked.push_back((id, frame.clone(), deadline));
         Ok(frame)
+    }
+
+    fn full(&self, len: usize) -> bool {
+        self.unacked.len() >= self.max_messages || self.bytes + len > self.max_bytes
+    }
+
+    fn prune_expired(&mut self) {
+        let now = Instant::now();
+        let bytes = &mut self.bytes;
+        self.unacked.retain(|(_, frame, deadline)| {
+            let keep = deadline.is_none_or(|d| now < d);
+            if !keep {
+                *bytes -= frame_len(frame);
+            }
+            keep
+        });
     }
 
     /// The client has every message up to `sequence_id`: forget them.
     pub fn ack(&mut self, sequence_id: u64) {
-        while let Some((id, frame)) = self.unacked.front() {
+        while let Some((id, frame, _)) = self.unacked.front() {
             if *id > sequence_id {
                 break;
             }
@@ -71,9 +102,14 @@ impl Sequencer {
         }
     }
 
-    /// The unacknowledged frames, oldest first, for replay after a recovery.
+    /// The unacknowledged frames still within their deadline, oldest first, for replay
+    /// after a recovery.
     pub fn pending(&self) -> impl Iterator<Item = &Message> {
-        self.unacked.iter().map(|(_, f)| f)
+        let now = Instant::now();
+        self.unacked
+            .iter()
+            .filter(move |(_, _, d)| d.is_none_or(|d| now < d))
+            .map(|(_, f, _)| f)
     }
 
     /// How many messages wait for an ack.
@@ -185,6 +221,20 @@ mod tests {
         s.push(|_| Message::from("12345")).unwrap();
         s.push(|_| Message::from("12345")).unwrap();
         assert!(s.push(|_| Message::from("1")).is_err());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn expired_frames_are_not_replayed_and_free_room() {
+        let mut s = Sequencer::new(2, 1000);
+        let soon = Some(Instant::now() + std::time::Duration::from_secs(5));
+        s.push_until(|_| Message::from("ttl"), soon).unwrap();
+        s.push(|_| Message::from("keep")).unwrap();
+        assert_eq!(frames(&s), ["ttl", "keep"]);
+        tokio::time::advance(std::time::Duration::from_secs(6)).await;
+        assert_eq!(frames(&s), ["keep"]);
+        s.push(|_| Message::from("new")).unwrap();
+        assert_eq!(frames(&s), ["keep", "new"], "the expired frame made room");
+        assert!(s.push(|_| Message::from("x")).is_err());
     }
 
     #[test]

@@ -148,7 +148,35 @@ fn audience_matches(aud: &str, hub: &str) -> bool {
     rest.eq_ignore_ascii_case(hub)
 }
 
-/// Mints a client token as the server SDKs do: for tests and a future `:generateToken`.
+/// The claims of a token already validated, each as a list of strings (arrays as their
+/// elements, other values as their JSON text), for the upstream `connect` event.
+pub fn claims_map(token: &str) -> std::collections::BTreeMap<String, Vec<String>> {
+    use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+    use base64::Engine as _;
+    let payload = token
+        .split('.')
+        .nth(1)
+        .and_then(|p| URL_SAFE_NO_PAD.decode(p.trim_end_matches('=')).ok())
+        .and_then(|b| serde_json::from_slice::<serde_json::Map<String, serde_json::Value>>(&b).ok())
+        .unwrap_or_default();
+    let text = |v: serde_json::Value| match v {
+        serde_json::Value::String(s) => s,
+        other => other.to_string(),
+    };
+    payload
+        .into_iter()
+        .filter(|(_, v)| !v.is_null())
+        .map(|(k, v)| {
+            let values = match v {
+                serde_json::Value::Array(items) => items.into_iter().map(text).collect(),
+                other => vec![text(other)],
+            };
+            (k, values)
+        })
+        .collect()
+}
+
+/// Mints a client token as the server SDKs do, for `{endpoint}/client/hubs/{hub}`.
 pub fn issue_client_token(
     key: &str,
     endpoint: &str,
@@ -156,15 +184,19 @@ pub fn issue_client_token(
     claims: &ClientClaims,
     ttl: Duration,
 ) -> String {
+    let audience = format!("{}/client/hubs/{hub}", endpoint.trim_end_matches('/'));
+    issue_token(key, &audience, claims, ttl)
+}
+
+/// Mints a token for any audience (the REST API's `:generateToken` also serves MQTT
+/// client audiences).
+pub fn issue_token(key: &str, audience: &str, claims: &ClientClaims, ttl: Duration) -> String {
     let now = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .unwrap_or_default()
         .as_secs();
     let raw = RawClaims {
-        aud: OneOrMany::One(format!(
-            "{}/client/hubs/{hub}",
-            endpoint.trim_end_matches('/')
-        )),
+        aud: OneOrMany::One(audience.to_owned()),
         sub: claims.user_id.clone(),
         exp: now + ttl.as_secs(),
         iat: Some(now),
@@ -280,6 +312,20 @@ mod tests {
         assert!(!audience_matches("http://h/client/hubs/chat/extra", "chat"));
         assert!(!audience_matches("http://h/api/hubs/chat", "chat"));
         assert!(!audience_matches("chat", "chat"));
+    }
+
+    #[test]
+    fn claims_for_the_connect_event() {
+        let t = sign(
+            json!({"aud":"http://h/client/hubs/chat","sub":"u","exp":5,"role":["a","b"],"x":null}),
+            KEY,
+        );
+        let m = claims_map(&t);
+        assert_eq!(m["sub"], ["u"]);
+        assert_eq!(m["role"], ["a", "b"]);
+        assert_eq!(m["exp"], ["5"]);
+        assert!(!m.contains_key("x"));
+        assert!(claims_map("garbage").is_empty());
     }
 
     #[test]

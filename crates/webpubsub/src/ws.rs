@@ -7,21 +7,29 @@
 //! recovery that names a missing session or a wrong reconnection token is accepted and
 //! then closed with 1008, which tells them the session is gone. The access token is not
 //! re-validated on recovery: it may have expired while the client was away.
+//!
+//! When the hub has a `connect` handler, the blocking `connect` event runs before the
+//! upgrade (a new connection only, not a recovery): its answer may change the user id,
+//! add groups and roles, choose the subprotocol (then also one this service does not
+//! speak, served as raw), or refuse the handshake with its status. A hub that allows
+//! anonymous clients accepts a handshake without a token.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use axum::extract::ws::rejection::WebSocketUpgradeRejection;
 use axum::extract::ws::WebSocketUpgrade;
-use axum::extract::{Path, Query, State};
+use axum::extract::{Path, Query, RawQuery, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::any;
 use axum::Router;
 
 use crate::connection::{refuse, serve};
-use crate::hub::{Gone, CLOSE_POLICY};
+use crate::hub::{new_connection_id, Gone, NewSession, CLOSE_POLICY};
 use crate::protocol::Subprotocol;
-use crate::token::{validate_client_token, TokenError};
+use crate::token::{claims_map, validate_client_token, ClientClaims, TokenError};
+use crate::upstream::cloudevents::{ConnectRequest, UpstreamError};
+use crate::upstream::events::Connecting;
 use crate::WebPubSub;
 
 /// Why a handshake was refused before the upgrade.
@@ -42,14 +50,31 @@ pub enum HandshakeError {
     /// Not a WebSocket upgrade request.
     #[error(transparent)]
     NotWebSocket(#[from] WebSocketUpgradeRejection),
+    /// The `connect` handler refused or failed.
+    #[error("the connect event handler refused the connection: {0}")]
+    Upstream(#[from] UpstreamError),
+    /// The `connect` handler chose a subprotocol the client did not offer.
+    #[error("the connect event handler chose subprotocol {0:?}, which the client did not offer")]
+    UpstreamSubprotocol(String),
+    /// The server is shutting down.
+    #[error("the server is shutting down")]
+    ShuttingDown,
 }
 
 impl IntoResponse for HandshakeError {
     fn into_response(self) -> Response {
+        let status = match &self {
+            Self::NotWebSocket(_) => StatusCode::BAD_REQUEST,
+            Self::Token(_) => StatusCode::UNAUTHORIZED,
+            Self::Upstream(e) => StatusCode::from_u16(e.handshake_status())
+                .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
+            Self::UpstreamSubprotocol(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            Self::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
+            Self::BadHub(_) | Self::MissingHub | Self::Subprotocol(_) => StatusCode::BAD_REQUEST,
+        };
         match self {
             Self::NotWebSocket(rejection) => rejection.into_response(),
-            Self::Token(e) => (StatusCode::UNAUTHORIZED, e.to_string()).into_response(),
-            other => (StatusCode::BAD_REQUEST, other.to_string()).into_response(),
+            other => (status, other.to_string()).into_response(),
         }
     }
 }
@@ -68,40 +93,51 @@ async fn client_by_path(
     State(state): State<WebPubSub>,
     Path(hub): Path<String>,
     Query(query): Query<HashMap<String, String>>,
+    RawQuery(raw): RawQuery,
     headers: HeaderMap,
     ws: Upgrade,
 ) -> Result<Response, HandshakeError> {
-    handshake(&state, &hub, &query, &headers, ws)
+    let req = Handshake {
+        query: &query,
+        raw_query: raw.as_deref(),
+        headers: &headers,
+    };
+    handshake(&state, &hub, req, ws).await
 }
 
 async fn client_by_query(
     State(state): State<WebPubSub>,
     Query(query): Query<HashMap<String, String>>,
+    RawQuery(raw): RawQuery,
     headers: HeaderMap,
     ws: Upgrade,
 ) -> Result<Response, HandshakeError> {
-    let hub = query.get("hub").ok_or(HandshakeError::MissingHub)?;
-    handshake(&state, hub, &query, &headers, ws)
+    let hub = query.get("hub").ok_or(HandshakeError::MissingHub)?.clone();
+    let req = Handshake {
+        query: &query,
+        raw_query: raw.as_deref(),
+        headers: &headers,
+    };
+    handshake(&state, &hub, req, ws).await
 }
 
-/// Hub names start with a letter and hold letters, digits and `_`, at most 128.
+/// What the client sent with its upgrade request.
+#[derive(Debug, Clone, Copy)]
+struct Handshake<'a> {
+    query: &'a HashMap<String, String>,
+    raw_query: Option<&'a str>,
+    headers: &'a HeaderMap,
+}
+
+/// Hub names start with a letter, at most 128 of letters, digits and `_`,.[]`.
 fn valid_hub(name: &str) -> bool {
-    name.len() <= 128
-        && name.chars().next().is_some_and(|c| c.is_ascii_alphabetic())
-        && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+    crate::hub::valid_hub_name(name)
 }
 
 /// The subprotocol to echo: the first offered one this service speaks; raw when none
 /// is offered.
 fn negotiate(headers: &HeaderMap) -> Result<Subprotocol, HandshakeError> {
-    let offered: Vec<&str> = headers
-        .get_all(header::SEC_WEBSOCKET_PROTOCOL)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .map(str::trim)
-        .filter(|s| !s.is_empty())
-        .collect();
+    let offered = offered(headers);
     if offered.is_empty() {
         return Ok(Subprotocol::Raw);
     }
@@ -109,6 +145,52 @@ fn negotiate(headers: &HeaderMap) -> Result<Subprotocol, HandshakeError> {
         .iter()
         .find_map(|name| Subprotocol::from_name(name))
         .ok_or_else(|| HandshakeError::Subprotocol(offered.join(",")))
+}
+
+/// The subprotocols the client offered, in its order.
+fn offered(headers: &HeaderMap) -> Vec<String> {
+    headers
+        .get_all(header::SEC_WEBSOCKET_PROTOCOL)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(str::to_owned)
+        .collect()
+}
+
+/// The `connect` event's body: the token's claims, the query without the token, the
+/// headers without `Authorization`, the offered subprotocols.
+fn connect_request(req: Handshake<'_>, token: Option<&str>, offered: &[String]) -> ConnectRequest {
+    let mut query: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    let pairs: Vec<(String, String)> = req
+        .raw_query
+        .and_then(|q| serde_urlencoded::from_str(q).ok())
+        .unwrap_or_default();
+    for (k, v) in pairs {
+        if k != "access_token" {
+            query.entry(k).or_default().push(v);
+        }
+    }
+    let mut headers: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for (name, value) in req.headers {
+        if name != header::AUTHORIZATION {
+            if let Ok(v) = value.to_str() {
+                headers
+                    .entry(name.as_str().to_owned())
+                    .or_default()
+                    .push(v.to_owned());
+            }
+        }
+    }
+    ConnectRequest {
+        claims: token.map(claims_map).unwrap_or_default(),
+        query,
+        headers,
+        subprotocols: offered.to_vec(),
+        client_certificates: Vec::new(),
+    }
 }
 
 fn bearer(headers: &HeaderMap) -> Option<&str> {
@@ -119,68 +201,132 @@ fn bearer(headers: &HeaderMap) -> Option<&str> {
         .strip_prefix("Bearer ")
 }
 
-fn handshake(
+async fn handshake(
     state: &WebPubSub,
     hub_name: &str,
-    query: &HashMap<String, String>,
-    headers: &HeaderMap,
+    req: Handshake<'_>,
     ws: Upgrade,
 ) -> Result<Response, HandshakeError> {
+    if state.is_shutting_down() {
+        return Err(HandshakeError::ShuttingDown);
+    }
     if !valid_hub(hub_name) {
         return Err(HandshakeError::BadHub(hub_name.to_owned()));
     }
-    let protocol = negotiate(headers)?;
-    let recovery = query
-        .get("awps_connection_id")
-        .zip(query.get("awps_reconnection_token"));
-    let claims = match recovery {
-        Some(_) => None,
-        None => {
-            let token = query
-                .get("access_token")
-                .map(String::as_str)
-                .or_else(|| bearer(headers))
-                .ok_or(TokenError::Missing)?;
-            Some(validate_client_token(
-                &state.config().access_keys,
-                token,
-                hub_name,
-            )?)
-        }
+    let offered = offered(req.headers);
+    let events = state.hub_events(hub_name);
+    let takes_connect = events.as_ref().is_some_and(|e| e.takes_connect());
+    let mut protocol = if takes_connect {
+        offered
+            .iter()
+            .find_map(|name| Subprotocol::from_name(name))
+            .unwrap_or(Subprotocol::Raw)
+    } else {
+        negotiate(req.headers)?
     };
+    let recovery = req
+        .query
+        .get("awps_connection_id")
+        .zip(req.query.get("awps_reconnection_token"));
     let limits = state.config().limits.clone();
-    let mut ws = ws?
-        .max_frame_size(limits.max_frame_bytes)
-        .max_message_size(limits.max_frame_bytes);
-    if let Some(name) = protocol.name() {
-        ws = ws.protocols([name]);
-    }
-    let hub = state.hub(hub_name);
-    let response = match (claims, recovery) {
-        (Some(claims), _) => ws.on_upgrade(move |socket| async move {
-            let session = hub.create_session(&claims, protocol);
-            serve(socket, hub, session, limits).await;
-        }),
-        (None, Some((id, token))) => {
-            // The session keeps the subprotocol it was created with; a client offering
-            // another one could not read its frames.
-            let found = hub.recover(id, token).and_then(|s| {
+    if let Some((id, token)) = recovery {
+        // The session keeps the subprotocol it was created with; a client offering
+        // another one could not read its frames. A hub is not created for a recovery
+        // (nothing is authenticated yet).
+        let found = state
+            .existing_hub(hub_name)
+            .ok_or(Gone)
+            .and_then(|hub| Ok((hub.recover(id, token)?, hub)))
+            .and_then(|(s, hub)| {
                 if s.protocol() == protocol {
-                    Ok(s)
+                    Ok((s, hub))
                 } else {
                     Err(Gone)
                 }
             });
-            ws.on_upgrade(move |socket| async move {
+        let mut ws = upgrade(ws?, &limits);
+        if let Some(name) = protocol.name() {
+            ws = ws.protocols([name]);
+        }
+        let tracked = state.clone();
+        return Ok(ws.on_upgrade(move |socket| {
+            tracked.track(async move {
                 match found {
-                    Ok(session) => serve(socket, hub, session, limits).await,
-                    Err(gone) => refuse(socket, CLOSE_POLICY, &gone.to_string()).await,
+                    Ok((session, hub)) => serve(socket, hub, session, limits).await,
+                    Err(gone) => refuse(socket, protocol, CLOSE_POLICY, &gone.to_string()).await,
                 }
             })
-        }
-        (None, None) => return Err(TokenError::Missing.into()),
+        }));
+    }
+
+    let token = req
+        .query
+        .get("access_token")
+        .map(String::as_str)
+        .or_else(|| bearer(req.headers));
+    let mut claims = match token {
+        Some(t) => validate_client_token(&state.config().access_keys, t, hub_name)?,
+        None if state.hub_settings(hub_name).allow_anonymous => ClientClaims {
+            user_id: None,
+            roles: Vec::new(),
+            groups: Vec::new(),
+        },
+        None => return Err(TokenError::Missing.into()),
     };
-    Ok(response)
+    let ws = ws?;
+    let hub = state.hub(hub_name);
+    let connection_id = new_connection_id();
+    let mut echo = protocol.name().map(str::to_owned);
+    let mut connection_state = None;
+    if let Some(events) = events.filter(|_| takes_connect) {
+        let who = Connecting {
+            hub: hub.name(),
+            connection_id: &connection_id,
+            user_id: claims.user_id.as_deref(),
+        };
+        let request = connect_request(req, token, &offered);
+        if let Some((answer, state)) = events.connect(who, &request).await? {
+            if let Some(user) = answer.user_id.filter(|u| !u.is_empty()) {
+                claims.user_id = Some(user);
+            }
+            claims.groups.extend(answer.groups);
+            claims.roles.extend(answer.roles);
+            connection_state = state;
+            if let Some(chosen) = answer.subprotocol.filter(|p| !p.is_empty()) {
+                if !offered.contains(&chosen) {
+                    return Err(HandshakeError::UpstreamSubprotocol(chosen));
+                }
+                protocol = Subprotocol::from_name(&chosen).unwrap_or(Subprotocol::Raw);
+                echo = Some(chosen);
+            }
+        }
+    }
+    if echo.is_none() && !offered.is_empty() {
+        // A client that offered subprotocols fails an upgrade that echoes none.
+        return Err(HandshakeError::Subprotocol(offered.join(",")));
+    }
+    let mut ws = upgrade(ws, &limits);
+    if let Some(name) = &echo {
+        ws = ws.protocols([name.clone()]);
+    }
+    let tracked = state.clone();
+    Ok(ws.on_upgrade(move |socket| {
+        tracked.track(async move {
+            let session = hub.open(NewSession {
+                connection_id: Some(connection_id),
+                claims,
+                protocol,
+                subprotocol: echo,
+                connection_state,
+            });
+            serve(socket, hub, session, limits).await;
+        })
+    }))
+}
+
+fn upgrade(ws: WebSocketUpgrade, limits: &crate::Limits) -> WebSocketUpgrade {
+    ws.max_frame_size(limits.max_frame_bytes)
+        .max_message_size(limits.max_frame_bytes)
 }
 
 #[cfg(test)]
@@ -221,6 +367,7 @@ mod tests {
     #[test]
     fn hub_names() {
         assert!(valid_hub("chat_1"));
+        assert!(valid_hub("a.b[1],`c`"));
         assert!(!valid_hub("1chat"));
         assert!(!valid_hub(""));
         assert!(!valid_hub("a-b"));

@@ -3,6 +3,9 @@
 //! Each test binary uses a different part of it.
 #![allow(dead_code)]
 
+pub mod api;
+pub mod upstream;
+
 use std::net::SocketAddr;
 use std::time::Duration;
 
