@@ -71,27 +71,9 @@ PER_CLIENT=$(((N + CLIENTS - 1) / CLIENTS))
 log() { printf '[bench-durable] %s\n' "$*" >&2; }
 source "$(dirname "${BASH_SOURCE[0]}")/lib/common.sh"
 
-PIDS=()
-cleanup() {
-    for pid in "${PIDS[@]}"; do
-        kill -9 "$pid" 2>/dev/null || true
-    done
-    for pid in "${PIDS[@]}"; do
-        wait "$pid" 2>/dev/null || true
-    done
-}
-trap cleanup EXIT
-
+kill_tracked_on_exit
+pin_cpus "$SERVER_CPU" "$BENCH_CPU"
 has_server() { [[ " $SERVERS " == *" $1 "* ]]; }
-
-if command -v taskset >/dev/null 2>&1; then
-    PIN_SERVER=(taskset -c "$SERVER_CPU")
-    PIN_BENCH=(taskset -c "$BENCH_CPU")
-else
-    log "WARNING: taskset not found; server and load tool are not pinned"
-    PIN_SERVER=()
-    PIN_BENCH=()
-fi
 
 now_ms() { date +%s%3N; }
 

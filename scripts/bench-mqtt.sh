@@ -47,29 +47,10 @@ RESULTS="$OUT_DIR/results.jsonl"
 log() { printf '[bench-mqtt] %s\n' "$*" >&2; }
 source "$(dirname "${BASH_SOURCE[0]}")/lib/common.sh"
 
-PIDS=()
-cleanup() {
-    for pid in "${PIDS[@]}"; do
-        kill "$pid" 2>/dev/null || true
-    done
-    for pid in "${PIDS[@]}"; do
-        wait "$pid" 2>/dev/null || true
-    done
-}
-trap cleanup EXIT
-
-# Commands to pin a process to the broker's / the benchmark's core. Plain
-# arrays (no shell function) so that `$!` is the broker itself: taskset execs it.
-if command -v taskset >/dev/null 2>&1; then
-    PIN_BROKER=(taskset -c "$BROKER_CPU")
-    PIN_BENCH=(taskset -c "$BENCH_CPU")
-else
-    log "WARNING: taskset not found; broker and benchmark are not pinned"
-    PIN_BROKER=()
-    PIN_BENCH=()
-fi
-
-
+kill_tracked_on_exit
+# Commands to pin a process to the broker's / the benchmark's core (see pin_cpus).
+pin_cpus "$BROKER_CPU" "$BENCH_CPU"
+PIN_BROKER=("${PIN_SERVER[@]}")
 
 # ---- build ------------------------------------------------------------------
 has_broker() { [[ " $BROKERS " == *" $1 "* ]]; }

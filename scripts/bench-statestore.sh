@@ -72,28 +72,9 @@ PER_CLIENT=$(((N + CLIENTS - 1) / CLIENTS))
 log() { printf '[bench-statestore] %s\n' "$*" >&2; }
 source "$(dirname "${BASH_SOURCE[0]}")/lib/common.sh"
 
-PIDS=()
-cleanup() {
-    for pid in "${PIDS[@]}"; do
-        kill "$pid" 2>/dev/null || true
-    done
-    for pid in "${PIDS[@]}"; do
-        wait "$pid" 2>/dev/null || true
-    done
-}
-trap cleanup EXIT
-
+kill_tracked_on_exit
 has_server() { [[ " $SERVERS " == *" $1 "* ]]; }
-
-# Plain arrays (no shell function) so that `$!` is the server itself: taskset execs it.
-if command -v taskset >/dev/null 2>&1; then
-    PIN_SERVER=(taskset -c "$SERVER_CPU")
-    PIN_BENCH=(taskset -c "$BENCH_CPU")
-else
-    log "WARNING: taskset not found; server and load tool are not pinned"
-    PIN_SERVER=()
-    PIN_BENCH=()
-fi
+pin_cpus "$SERVER_CPU" "$BENCH_CPU"
 # Per-run CPU time of the load tool.
 if [ -x /usr/bin/time ]; then
     TIMER=(/usr/bin/time -f '%U %S %e' -o)
@@ -110,19 +91,8 @@ now_s() { date +%s.%N; }
 
 # ---- dependencies -----------------------------------------------------------
 
-install_redis() {
-    local missing=() pkg
-    for pkg in redis-server redis-tools; do
-        dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'install ok installed' || missing+=("$pkg")
-    done
-    [ "${#missing[@]}" -eq 0 ] && return 0
-    log "installing ${missing[*]} (apt-get)"
-    as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq &&
-        as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
-}
-
 if has_server redis && [ "${SKIP_INSTALL:-0}" != 1 ]; then
-    install_redis || log "WARNING: could not install redis-server / redis-tools"
+    install_packages redis-server redis-tools || log "WARNING: could not install redis-server / redis-tools"
 fi
 
 # ---- build ------------------------------------------------------------------

@@ -65,3 +65,33 @@ install_packages() {
     as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq &&
         as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
 }
+
+# kill_tracked_on_exit: every pid the script appends to the array PIDS is sent
+# SIGTERM and reaped when the script exits, however it exits.
+kill_tracked_on_exit() {
+    PIDS=()
+    trap '_kill_tracked' EXIT
+}
+_kill_tracked() {
+    local pid
+    for pid in "${PIDS[@]}"; do
+        kill "$pid" 2>/dev/null || true
+    done
+    for pid in "${PIDS[@]}"; do
+        wait "$pid" 2>/dev/null || true
+    done
+}
+
+# pin_cpus SERVER_CPU BENCH_CPU: sets the command prefixes PIN_SERVER and PIN_BENCH
+# (arrays, so that `$!` after "${PIN_SERVER[@]}" cmd & is cmd itself: taskset execs it);
+# empty, with a warning, where taskset is missing.
+pin_cpus() {
+    if command -v taskset >/dev/null 2>&1; then
+        PIN_SERVER=(taskset -c "$1")
+        PIN_BENCH=(taskset -c "$2")
+    else
+        log "WARNING: taskset not found; server and load tool are not pinned"
+        PIN_SERVER=()
+        PIN_BENCH=()
+    fi
+}
