@@ -3,7 +3,10 @@
 #
 #   Debian packages : mosquitto, mosquitto-clients (reference broker + CLI
 #                     clients for interop tests and benchmarks)
-#   Python          : paho-mqtt 2.x in a venv at <repo>/.venv
+#   Python          : paho-mqtt 2.x in a venv at <repo>/.venv, plus the Web PubSub
+#                     SDKs pinned in tests/webpubsub-sdk/python/requirements.txt
+#   Node.js         : the Web PubSub SDKs of tests/webpubsub-sdk/js (npm ci from the
+#                     committed package-lock.json); Debian's nodejs/npm if no node
 #
 # Each step is skipped quickly when already satisfied. Works non-interactively
 # (CI=true, no stdin). Run as root, or as a user with password-less sudo.
@@ -77,6 +80,34 @@ else
     "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check \
         --no-input "$PAHO_SPEC" </dev/null
     paho_ok || { log "paho-mqtt 2.x still not importable from $VENV"; exit 1; }
+fi
+
+# ---- Web PubSub SDKs (Python) ---------------------------------------------
+WPS_REQ="$ROOT/tests/webpubsub-sdk/python/requirements.txt"
+WPS_STAMP="$VENV/.webpubsub-sdk-requirements"
+if [ -f "$WPS_STAMP" ] && cmp -s "$WPS_REQ" "$WPS_STAMP"; then
+    log "Web PubSub Python SDKs already in $VENV"
+else
+    log "installing the Web PubSub Python SDKs into $VENV"
+    "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check \
+        --no-input -r "$WPS_REQ" </dev/null
+    cp "$WPS_REQ" "$WPS_STAMP"
+fi
+
+# ---- Web PubSub SDKs (Node.js) ---------------------------------------------
+if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
+    log "installing Debian's nodejs and npm"
+    export DEBIAN_FRONTEND=noninteractive
+    as_root apt-get update -q </dev/null
+    as_root apt-get install -y -q --no-install-recommends nodejs npm </dev/null
+fi
+WPS_JS="$ROOT/tests/webpubsub-sdk/js"
+if [ -f "$WPS_JS/node_modules/.package-lock.json" ] \
+    && [ "$WPS_JS/node_modules/.package-lock.json" -nt "$WPS_JS/package-lock.json" ]; then
+    log "Web PubSub JS SDKs already in $WPS_JS/node_modules"
+else
+    log "installing the Web PubSub JS SDKs (npm ci) in $WPS_JS"
+    (cd "$WPS_JS" && npm ci --no-audit --no-fund --loglevel=error </dev/null)
 fi
 
 log "done"

@@ -1,0 +1,128 @@
+//! The official Web PubSub SDKs against the `statehub` binary: each test runs one
+//! scenario script from `tests/webpubsub-sdk/` (Node.js with `@azure/web-pubsub-client`,
+//! `@azure/web-pubsub` and `@azure/web-pubsub-express`; Python with
+//! `azure-messaging-webpubsubclient` and `azure-messaging-webpubsubservice`).
+//!
+//! The scripts start their own statehub (this crate's binary, on port 0) and their
+//! own fault-injecting proxy, so the tests run in parallel. A script exits 0 only
+//! when every check passed and prints `RESULT {json}` with its counts; this side
+//! checks both, so a script that dies early or checks nothing fails here.
+//! `scripts/install-test-deps.sh` installs the SDKs (npm ci, pip into `.venv`).
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn sdk_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/webpubsub-sdk")
+}
+
+/// Runs `program args` in `dir` and checks its exit status and `RESULT` line.
+fn run(program: &Path, args: &[&str], dir: &Path, limit: Duration) {
+    let mut child = Command::new(program)
+        .args(args)
+        .current_dir(dir)
+        .env("STATEHUB_BIN", env!("CARGO_BIN_EXE_statehub"))
+        .env_remove("STATEHUB_LOG")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {}: {e}", program.display()));
+    let mut stdout = child.stdout.take().unwrap();
+    let mut stderr = child.stderr.take().unwrap();
+    let out = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = stdout.read_to_string(&mut s);
+        s
+    });
+    let err = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = stderr.read_to_string(&mut s);
+        s
+    });
+    let deadline = Instant::now() + limit;
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break Some(status);
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let (out, err) = (out.join().unwrap(), err.join().unwrap());
+    let report = format!("{} {args:?}\n--- stdout\n{out}\n--- stderr\n{err}", program.display());
+    let Some(status) = status else { panic!("timed out after {limit:?}: {report}") };
+    let result = out
+        .lines()
+        .find_map(|l| l.strip_prefix("RESULT "))
+        .unwrap_or_else(|| panic!("no RESULT line: {report}"));
+    let result: serde_json::Value = serde_json::from_str(result).expect("RESULT is JSON");
+    assert!(status.success(), "scenario failed ({status}): {report}");
+    assert_eq!(result["failed"], serde_json::json!([]), "{report}");
+    assert!(result["passed"].as_u64().unwrap_or(0) > 0, "no checks ran: {report}");
+    println!("{result}");
+}
+
+fn node(script: &str, limit: Duration) {
+    let dir = sdk_dir().join("js");
+    assert!(
+        dir.join("node_modules/@azure/web-pubsub-client").is_dir(),
+        "the JS SDKs are not installed in {}: run scripts/install-test-deps.sh",
+        dir.display()
+    );
+    run(Path::new("node"), &[script], &dir, limit);
+}
+
+fn python(script: &str, limit: Duration) {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let venv_python = root.join(".venv/bin/python");
+    assert!(
+        venv_python.is_file(),
+        "{} is missing: run scripts/install-test-deps.sh",
+        venv_python.display()
+    );
+    run(&venv_python, &[script], &sdk_dir().join("python"), limit);
+}
+
+const LIMIT: Duration = Duration::from_secs(150);
+
+#[test]
+fn js_messaging_and_rest_api() {
+    node("messaging.mjs", LIMIT);
+}
+
+#[test]
+fn js_upstream_events_through_express() {
+    node("events.mjs", LIMIT);
+}
+
+#[test]
+fn js_recovery_and_failed_recovery() {
+    node("recovery.mjs", LIMIT);
+}
+
+#[test]
+fn js_unacked_overflow_closes_with_1008() {
+    node("overflow.mjs", LIMIT);
+}
+
+/// 10,000 messages through a proxy that resets every connection every 300 ms.
+#[test]
+fn js_chaos_10000_messages_exactly_once_in_order() {
+    node("chaos.mjs", Duration::from_secs(240));
+}
+
+#[test]
+fn python_messaging_and_rest_api() {
+    python("messaging.py", LIMIT);
+}
+
+#[test]
+fn python_recovery_and_failed_recovery() {
+    python("recovery.py", LIMIT);
+}
