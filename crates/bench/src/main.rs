@@ -3,11 +3,13 @@
 //! Scenarios are subcommands; each lives in its own module and produces a
 //! [`report::Report`], which is printed human-readable and, with `--json`, as one
 //! JSON line on stdout for scripts. Scenarios: `mqtt` (publish/subscribe fan-out
-//! over MQTT 3.1.1 or 5.0, against any broker) and `statestore` (SET/GET requests
-//! to the Azure IoT Operations state store, as the SDKs send them). New scenarios
+//! over MQTT 3.1.1 or 5.0, against any broker), `statestore` (SET/GET requests
+//! to the Azure IoT Operations state store, as the SDKs send them) and `fanout`
+//! (reliable WebSocket fan-out: statehub's Web PubSub vs a Socket.IO server). New scenarios
 //! add a module, a variant of [`Command`] and a match arm in [`main`].
 
 mod common;
+mod fanout;
 mod mqtt;
 mod proto;
 mod report;
@@ -41,6 +43,9 @@ enum Command {
     /// Azure IoT Operations state store SET/GET throughput and request latency,
     /// over MQTT 5 as the SDKs call it.
     Statestore(statestore::StateStoreArgs),
+    /// Reliable fan-out (1 publisher, 1 group, N subscribers) over Web PubSub's
+    /// reliable JSON subprotocol or Socket.IO.
+    Fanout(fanout::FanoutArgs),
 }
 
 fn main() -> ExitCode {
@@ -79,6 +84,10 @@ fn main() -> ExitCode {
         Command::Statestore(args) => {
             let json = args.json;
             (runtime.block_on(statestore::run(args)), json)
+        }
+        Command::Fanout(args) => {
+            let json = args.json;
+            (runtime.block_on(fanout::run(args)), json)
         }
     };
     // Do not wait for stragglers (tasks of timed-out connections).

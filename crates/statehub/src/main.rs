@@ -20,6 +20,12 @@ use tracing_subscriber::EnvFilter;
 
 use config::{ServeArgs, Settings};
 
+/// mimalloc instead of glibc's malloc: the fan-out and request paths allocate and
+/// free many short-lived buffers across threads, where glibc spent about a third of
+/// the server's CPU (perf, reliable fan-out to 1,000 subscribers).
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Debug, Parser)]
 #[command(name = "statehub", version, about = "MQTT 5 broker with a built-in state store")]
 struct Cli {

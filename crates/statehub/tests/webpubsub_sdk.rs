@@ -65,7 +65,8 @@ fn run(program: &Path, args: &[&str], dir: &Path, limit: Duration) {
     assert!(status.success(), "scenario failed ({status}): {report}");
     assert_eq!(result["failed"], serde_json::json!([]), "{report}");
     assert!(result["passed"].as_u64().unwrap_or(0) > 0, "no checks ran: {report}");
-    println!("{result}");
+    // The scenario's counts, shown by `--no-capture` and in a failure's output.
+    eprintln!("{result}");
 }
 
 fn node(script: &str, limit: Duration) {

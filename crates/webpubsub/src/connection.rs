@@ -262,6 +262,10 @@ async fn user_event(
     }
 }
 
+/// Frames written to a socket before flushing, at most: bounds how long a busy
+/// socket's writer keeps its worker thread.
+const WRITE_BATCH: usize = 256;
+
 async fn write_loop(
     mut sink: SplitSink<WebSocket, Message>,
     mut rx: OutboxReceiver,
@@ -282,7 +286,17 @@ async fn write_loop(
             next = rx.next() => match next {
                 Next::Close(req) => return send_close(&mut sink, protocol, req).await,
                 Next::Frame(msg) => {
-                    if sink.send(msg).await.is_err() {
+                    // Everything already queued goes out in one write (one flush).
+                    if sink.feed(msg).await.is_err() {
+                        return;
+                    }
+                    for _ in 1..WRITE_BATCH {
+                        let Some(msg) = rx.try_frame() else { break };
+                        if sink.feed(msg).await.is_err() {
+                            return;
+                        }
+                    }
+                    if sink.flush().await.is_err() {
                         return;
                     }
                 }

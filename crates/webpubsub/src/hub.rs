@@ -28,7 +28,7 @@ use base64::Engine as _;
 use crate::config::Limits;
 use crate::outbox::{Outbox, PushError};
 use crate::permissions::Permissions;
-use crate::protocol::codec::encode_data;
+use crate::protocol::frames::DataFrames;
 use crate::protocol::json::DataMessageRef;
 use crate::protocol::{Payload, Subprotocol};
 use crate::session::{ProcessedAcks, Sequencer};
@@ -356,8 +356,9 @@ impl Hub {
                 .collect()
         };
         let mut delivered = 0;
+        let mut frames = DataFrames::new(msg);
         for session in &members {
-            match session.deliver(msg) {
+            match session.deliver(&mut frames) {
                 Ok(()) => delivered += 1,
                 Err(Gone) => self.remove(&session.id),
             }
@@ -543,14 +544,14 @@ impl Session {
 
     /// Encodes and queues one data message. `Err(Gone)` means the session must be
     /// deleted (unacknowledged limit, or a slow non-reliable consumer).
-    fn deliver(&self, msg: &DataMessageRef<'_>) -> Result<(), Gone> {
-        self.deliver_until(msg, None)
+    fn deliver(&self, frames: &mut DataFrames<'_>) -> Result<(), Gone> {
+        self.deliver_until(frames, None)
     }
 
     /// Same, for a message dropped unsent (and not replayed) after `deadline`.
     fn deliver_until(
         &self,
-        msg: &DataMessageRef<'_>,
+        frames: &mut DataFrames<'_>,
         deadline: Option<tokio::time::Instant>,
     ) -> Result<(), Gone> {
         let mut st = lock(&self.state);
@@ -561,7 +562,7 @@ impl Session {
         let frame = if protocol.is_reliable() {
             match st
                 .sequencer
-                .push_until(|id| encode_data(protocol, msg, Some(id)), deadline)
+                .push_until(|id| frames.frame(protocol, Some(id)), deadline)
             {
                 Ok(frame) => frame,
                 Err(overflow) => {
@@ -570,7 +571,7 @@ impl Session {
                 }
             }
         } else {
-            encode_data(protocol, msg, None)
+            frames.frame(protocol, None)
         };
         let Some((_, out)) = &st.link else {
             return Ok(());

@@ -7,11 +7,12 @@
 //! overtakes queued frames. A frame may carry a deadline (the REST API's
 //! `messageTtlSeconds`): the writer drops it unsent once the deadline has passed.
 
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use axum::extract::ws::Message;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{watch, Notify};
 use tokio::time::Instant;
 
 /// Why a frame was not queued.
@@ -35,38 +36,92 @@ pub struct CloseRequest {
     pub reason: String,
 }
 
-/// The producing side; cheap to clone.
-#[derive(Debug, Clone)]
-pub struct Outbox {
-    tx: mpsc::Sender<(Message, Option<Instant>)>,
-    bytes: Arc<AtomicUsize>,
+/// The queue itself: a deque under a mutex, and a `Notify` rung only when a frame
+/// lands in an empty queue. A fan-out pushes one frame into each of many queues;
+/// compared with a channel per frame (a semaphore permit, a list block, a wake-up
+/// each), a push into a queue whose writer is already awake is one uncontended lock,
+/// and the writer takes everything queued under one lock per batch.
+#[derive(Debug)]
+struct Queue {
+    state: Mutex<QueueState>,
+    ready: Notify,
+    /// Live `Outbox` handles: the receiver ends once the last is dropped.
+    senders: AtomicUsize,
+    max_messages: usize,
     max_bytes: usize,
+}
+
+#[derive(Debug, Default)]
+struct QueueState {
+    frames: VecDeque<(Message, Option<Instant>)>,
+    bytes: usize,
+    receiver_gone: bool,
+}
+
+impl Queue {
+    fn lock(&self) -> MutexGuard<'_, QueueState> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// The producing side; cheap to clone.
+#[derive(Debug)]
+pub struct Outbox {
+    queue: Arc<Queue>,
     close: Arc<watch::Sender<Option<CloseRequest>>>,
+}
+
+impl Clone for Outbox {
+    fn clone(&self) -> Self {
+        self.queue.senders.fetch_add(1, Ordering::Relaxed);
+        Self {
+            queue: Arc::clone(&self.queue),
+            close: Arc::clone(&self.close),
+        }
+    }
+}
+
+impl Drop for Outbox {
+    fn drop(&mut self) {
+        if self.queue.senders.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.queue.ready.notify_one();
+        }
+    }
 }
 
 /// The writer's side.
 #[derive(Debug)]
 pub struct OutboxReceiver {
-    rx: mpsc::Receiver<(Message, Option<Instant>)>,
-    bytes: Arc<AtomicUsize>,
+    queue: Arc<Queue>,
     close: watch::Receiver<Option<CloseRequest>>,
+}
+
+impl Drop for OutboxReceiver {
+    fn drop(&mut self) {
+        let mut st = self.queue.lock();
+        st.receiver_gone = true;
+        st.frames.clear();
+        st.bytes = 0;
+    }
 }
 
 /// A new queue holding at most `max_messages` frames and `max_bytes` bytes.
 pub fn outbox(max_messages: usize, max_bytes: usize) -> (Outbox, OutboxReceiver) {
-    let (tx, rx) = mpsc::channel(max_messages.max(1));
     let (close_tx, close_rx) = watch::channel(None);
-    let bytes = Arc::new(AtomicUsize::new(0));
+    let queue = Arc::new(Queue {
+        state: Mutex::new(QueueState::default()),
+        ready: Notify::new(),
+        senders: AtomicUsize::new(1),
+        max_messages: max_messages.max(1),
+        max_bytes,
+    });
     (
         Outbox {
-            tx,
-            bytes: bytes.clone(),
-            max_bytes,
+            queue: Arc::clone(&queue),
             close: Arc::new(close_tx),
         },
         OutboxReceiver {
-            rx,
-            bytes,
+            queue,
             close: close_rx,
         },
     )
@@ -90,17 +145,22 @@ impl Outbox {
     /// Queues a frame that is dropped unsent if still queued at `deadline`.
     pub fn push_until(&self, msg: Message, deadline: Option<Instant>) -> Result<(), PushError> {
         let len = frame_len(&msg);
-        if self.bytes.load(Ordering::Relaxed) + len > self.max_bytes {
-            return Err(PushError::Full);
-        }
-        self.bytes.fetch_add(len, Ordering::Relaxed);
-        self.tx.try_send((msg, deadline)).map_err(|e| {
-            self.bytes.fetch_sub(len, Ordering::Relaxed);
-            match e {
-                mpsc::error::TrySendError::Full(_) => PushError::Full,
-                mpsc::error::TrySendError::Closed(_) => PushError::Closed,
+        let was_empty = {
+            let mut st = self.queue.lock();
+            if st.receiver_gone {
+                return Err(PushError::Closed);
             }
-        })
+            if st.frames.len() >= self.queue.max_messages || st.bytes + len > self.queue.max_bytes {
+                return Err(PushError::Full);
+            }
+            st.bytes += len;
+            st.frames.push_back((msg, deadline));
+            st.frames.len() == 1
+        };
+        if was_empty {
+            self.queue.ready.notify_one();
+        }
+        Ok(())
     }
 
     /// Asks the writer to close the socket; the first request wins.
@@ -122,15 +182,34 @@ impl Outbox {
 }
 
 impl OutboxReceiver {
-    /// The next frame whose deadline has not passed; `None` once every producer is gone.
-    pub async fn recv(&mut self) -> Option<Message> {
+    /// The next frame whose deadline has not passed, if one is queued now.
+    fn pop(&mut self) -> Option<Message> {
+        let mut st = self.queue.lock();
         loop {
-            let (msg, deadline) = self.rx.recv().await?;
-            self.bytes.fetch_sub(frame_len(&msg), Ordering::Relaxed);
+            let (msg, deadline) = st.frames.pop_front()?;
+            st.bytes -= frame_len(&msg);
             if deadline.is_none_or(|d| Instant::now() < d) {
                 return Some(msg);
             }
         }
+    }
+
+    /// The next frame whose deadline has not passed; `None` once every producer is gone.
+    pub async fn recv(&mut self) -> Option<Message> {
+        loop {
+            if let Some(msg) = self.pop() {
+                return Some(msg);
+            }
+            if self.queue.senders.load(Ordering::Acquire) == 0 {
+                return self.pop();
+            }
+            self.queue.ready.notified().await;
+        }
+    }
+
+    /// Bytes queued now.
+    pub fn queued_bytes(&self) -> usize {
+        self.queue.lock().bytes
     }
 
     /// Waits for a close request.
@@ -141,20 +220,28 @@ impl OutboxReceiver {
     /// The next thing for the writer: a close request overtakes queued frames, and
     /// frames past their deadline are skipped.
     pub async fn next(&mut self) -> Next {
-        loop {
-            let next = tokio::select! {
-                biased;
-                req = wait_close(&mut self.close) => return Next::Close(req),
-                next = self.rx.recv() => next,
-            };
-            let Some((msg, deadline)) = next else {
-                return Next::Ended;
-            };
-            self.bytes.fetch_sub(frame_len(&msg), Ordering::Relaxed);
-            if deadline.is_none_or(|d| Instant::now() < d) {
-                return Next::Frame(msg);
-            }
+        if self.close.borrow().is_some() {
+            return Next::Close(wait_close(&mut self.close).await);
         }
+        if let Some(msg) = self.pop() {
+            return Next::Frame(msg);
+        }
+        let mut close = self.close.clone();
+        tokio::select! {
+            biased;
+            req = wait_close(&mut close) => Next::Close(req),
+            next = self.recv() => next.map_or(Next::Ended, Next::Frame),
+        }
+    }
+
+    /// The next queued frame if there is one now, without waiting: lets the writer
+    /// put every frame already queued into one socket write. `None` when nothing is
+    /// queued or a close request is pending (the writer's `next` then returns it).
+    pub fn try_frame(&mut self) -> Option<Message> {
+        if self.close.borrow().is_some() {
+            return None;
+        }
+        self.pop()
     }
 }
 
@@ -218,11 +305,44 @@ mod tests {
         tokio::time::advance(std::time::Duration::from_secs(2)).await;
         assert!(matches!(rx.next().await, Next::Frame(m) if m == Message::Text("keep".into())));
         assert!(matches!(rx.next().await, Next::Frame(m) if m == Message::Text("fresh".into())));
-        assert_eq!(
-            rx.bytes.load(Ordering::Relaxed),
-            0,
-            "dropped frames free their bytes"
-        );
+        assert_eq!(rx.queued_bytes(), 0, "dropped frames free their bytes");
+    }
+
+    #[tokio::test]
+    async fn try_frame_takes_what_is_queued_and_yields_to_a_close() {
+        let (out, mut rx) = outbox(8, 100);
+        assert_eq!(rx.try_frame(), None);
+        out.push(Message::Text("a".into())).unwrap();
+        out.push(Message::Text("b".into())).unwrap();
+        assert!(matches!(rx.next().await, Next::Frame(m) if m == Message::Text("a".into())));
+        assert_eq!(rx.try_frame(), Some(Message::Text("b".into())));
+        assert_eq!(rx.try_frame(), None);
+        out.push(Message::Text("c".into())).unwrap();
+        out.close(1000, "bye");
+        assert_eq!(rx.try_frame(), None, "a pending close overtakes queued frames");
+        assert!(matches!(rx.next().await, Next::Close(c) if c.code == 1000));
+    }
+
+    #[tokio::test]
+    async fn ends_when_every_producer_is_gone_and_refuses_when_the_writer_is() {
+        let (out, mut rx) = outbox(8, 100);
+        let other = out.clone();
+        out.push(Message::Text("x".into())).unwrap();
+        drop(out);
+        let waiter = tokio::spawn(async move {
+            let first = rx.recv().await;
+            let second = rx.recv().await;
+            (first, second)
+        });
+        tokio::task::yield_now().await;
+        drop(other);
+        let (first, second) = waiter.await.unwrap();
+        assert_eq!(first, Some(Message::Text("x".into())));
+        assert_eq!(second, None);
+
+        let (out, rx) = outbox(8, 100);
+        drop(rx);
+        assert_eq!(out.push(Message::Text("y".into())), Err(PushError::Closed));
     }
 
     #[tokio::test]

@@ -13,6 +13,7 @@ use tokio::time::Instant;
 
 use super::{lock, Hub, Session, CLOSE_GOING_AWAY, CLOSE_NORMAL};
 use crate::filter::{Conn, Filter};
+use crate::protocol::frames::DataFrames;
 pub use crate::permissions::Permission;
 use crate::protocol::json::{DataMessageRef, MessageSource};
 use crate::protocol::Payload;
@@ -128,8 +129,9 @@ impl Hub {
             payload,
         };
         let mut delivered = 0;
+        let mut frames = DataFrames::new(&msg);
         for session in self.selected(target, sel) {
-            match session.deliver_until(&msg, deadline) {
+            match session.deliver_until(&mut frames, deadline) {
                 Ok(()) => delivered += 1,
                 Err(super::Gone) => self.remove(&session.id),
             }

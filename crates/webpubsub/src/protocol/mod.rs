@@ -8,6 +8,7 @@
 
 pub mod codec;
 pub mod data;
+pub mod frames;
 pub mod json;
 pub mod proto;
 
