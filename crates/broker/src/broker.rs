@@ -25,6 +25,8 @@ use crate::auth::{AllowAll, Authenticator};
 use crate::config::{BrokerConfig, Overlap};
 use crate::message::{Delivery, Message, SharedVia};
 use crate::metrics::Metrics;
+use crate::retain_store::{RetainStore, RetainStoreError};
+use crate::service::BoxFuture;
 use crate::service::Service;
 use crate::session::{Enqueued, QueueLimits, Session};
 use crate::topic;
@@ -43,6 +45,7 @@ pub(crate) struct Inner {
     pub sessions: DashMap<ByteString, Arc<Session>>,
     pub trie: RwLock<SubscriptionTrie>,
     pub retained: RwLock<HashMap<ByteString, Arc<Message>>>,
+    pub retain_store: RwLock<Option<Arc<dyn RetainStore>>>,
     pub services: RwLock<Vec<(String, Arc<dyn Service>)>>,
     pub authenticator: RwLock<Arc<dyn Authenticator>>,
     pub metrics: Metrics,
@@ -74,6 +77,7 @@ impl Broker {
                 sessions: DashMap::new(),
                 trie: RwLock::new(SubscriptionTrie::default()),
                 retained: RwLock::new(HashMap::new()),
+                retain_store: RwLock::new(None),
                 services: RwLock::new(Vec::new()),
                 authenticator: RwLock::new(Arc::new(AllowAll)),
                 metrics: Metrics::default(),
@@ -161,18 +165,43 @@ impl Broker {
     pub fn publish(&self, msg: Message) -> usize {
         let msg = Arc::new(msg);
         if msg.retain {
-            self.store_retained(&msg);
+            // A broker-made message is not acknowledged to anyone: nothing waits.
+            drop(self.store_retained(&msg));
         }
         self.route(&msg)
     }
 
-    pub(crate) fn store_retained(&self, msg: &Arc<Message>) {
+    /// Makes `msg` its topic's retained message (an empty payload clears it). With a
+    /// [`RetainStore`], returns the future that resolves once the change is durable.
+    pub(crate) fn store_retained(
+        &self,
+        msg: &Arc<Message>,
+    ) -> Option<BoxFuture<'static, Result<(), RetainStoreError>>> {
         let mut retained = self.inner.retained.write();
         if msg.payload.is_empty() {
             retained.remove(&msg.topic);
         } else {
             retained.insert(msg.topic.clone(), msg.clone());
         }
+        let store = self.inner.retain_store.read();
+        store.as_ref().map(|s| s.record(msg, Instant::now()))
+    }
+
+    /// Keeps retained messages in `store` from now on, starting from `loaded` (what it
+    /// held at start-up). Call before accepting connections.
+    pub fn set_retain_store(&self, store: Arc<dyn RetainStore>, loaded: Vec<Message>) {
+        let mut retained = self.inner.retained.write();
+        for msg in loaded {
+            if !msg.payload.is_empty() {
+                retained.insert(msg.topic.clone(), Arc::new(msg));
+            }
+        }
+        *self.inner.retain_store.write() = Some(store);
+    }
+
+    /// Number of retained messages held (expired ones included until replaced).
+    pub fn retained_count(&self) -> usize {
+        self.inner.retained.read().len()
     }
 
     /// Retained messages matching `filter`, oldest topic order not guaranteed.

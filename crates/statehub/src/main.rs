@@ -3,6 +3,7 @@
 
 mod config;
 mod http;
+mod retained;
 
 use std::error::Error;
 use std::fmt::Debug;
@@ -142,7 +143,8 @@ fn chain(error: &dyn Error) -> String {
 }
 
 /// The state store, in memory or loaded from `--data-dir`, registered on the broker with
-/// its expiry task running. Returns the task and the open data directory.
+/// its expiry task running; with a data directory, the broker's retained messages are
+/// loaded from it and kept there too. Returns the task and the open data directory.
 fn start_state_store(settings: &Settings, broker: &Broker) -> std::io::Result<(JoinHandle<()>, Option<Store>)> {
     let invalid = |e: &dyn Error| std::io::Error::new(std::io::ErrorKind::InvalidInput, chain(e));
     let Some(dir) = &settings.data_dir else {
@@ -153,10 +155,14 @@ fn start_state_store(settings: &Settings, broker: &Broker) -> std::io::Result<(J
     let options = Options { sync: settings.sync, ..Options::default() };
     let store = Store::open(dir, options).map_err(|e| std::io::Error::other(chain(&e)))?;
     let service = StateStoreService::open_durable(&settings.state_store, &store).map_err(|e| std::io::Error::other(chain(&e)))?;
+    let (retained, loaded) = retained::RetainedTable::open(&store).map_err(|e| std::io::Error::other(chain(&e)))?;
+    let retained_count = loaded.len();
+    broker.set_retain_store(Arc::new(retained), loaded);
     tracing::info!(
-        "state store loaded from {}: {} keys in {} ms (sync {})",
+        "state store loaded from {}: {} keys and {} retained messages in {} ms (sync {})",
         dir.display(),
         service.stats().keys,
+        retained_count,
         started.elapsed().as_millis(),
         settings.sync
     );

@@ -76,10 +76,17 @@ impl Conn {
             ReasonCode::SUCCESS
         } else {
             let msg = Arc::new(Message::from_publish(p, Some(self.info.client_id.clone()), Instant::now()));
-            if msg.retain {
-                self.broker.store_retained(&msg);
+            let durable = if msg.retain { self.broker.store_retained(&msg) } else { None };
+            let routed = self.broker.route(&msg);
+            // With a retain store, the ack waits until the retained change is durable. If
+            // it never will be, no ack: the connection closes and the client resends.
+            if let Some(durable) = durable.filter(|_| qos != QoS::AtMostOnce) {
+                if let Err(e) = durable.await {
+                    tracing::error!("{e}; closing the connection of {}", self.info.client_id);
+                    return Err(Close::ByServer(ReasonCode::UNSPECIFIED_ERROR, "retained message not stored"));
+                }
             }
-            if self.broker.route(&msg) == 0 {
+            if routed == 0 {
                 ReasonCode::NO_MATCHING_SUBSCRIBERS
             } else {
                 ReasonCode::SUCCESS

@@ -1,0 +1,186 @@
+//! Retained MQTT messages on the data directory: the broker's [`RetainStore`] hook
+//! implemented on `statehub-storage`, in the same store (and the same group commit)
+//! as the state store.
+//!
+//! One table, `mqtt-retained`, keyed by topic. A value is a format byte, the wall-clock
+//! time it was written (ms since the Unix epoch, big-endian) and the message as an
+//! MQTT 5 PUBLISH, encoded by our own codec (so every property survives as the wire
+//! has it), with its Message Expiry Interval set to what was left when it was
+//! written. On load, the time spent down is subtracted: a message that expired while
+//! statehub was down is not loaded, and its record is deleted.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use bytes::{BufMut, BytesMut};
+use statehub_broker::codec::{Codec, Packet, ProtocolVersion, Publish};
+use statehub_broker::{Message, RetainStore, RetainStoreError};
+use statehub_storage::{Batch, StorageError, Store, Table};
+
+const TABLE: &str = "mqtt-retained";
+const FORMAT: u8 = 1;
+const HEADER: usize = 9;
+
+/// Why the retained messages could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error("retained messages: {0}")]
+    Storage(#[from] StorageError),
+    #[error("retained message of topic {topic:?} is unreadable ({why}); the data directory was written by another version or damaged")]
+    Record { topic: String, why: String },
+}
+
+/// The retained-message table of an open store.
+#[derive(Debug)]
+pub struct RetainedTable {
+    store: Store,
+    table: Table,
+}
+
+impl RetainedTable {
+    /// Opens the table and reads every retained message that has not expired.
+    pub fn open(store: &Store) -> Result<(RetainedTable, Vec<Message>), LoadError> {
+        let table = store.table(TABLE)?;
+        let now_ms = wall_ms();
+        let (mut live, mut expired) = (Vec::new(), Batch::new());
+        for record in table.iter() {
+            let record = record?;
+            match decode(record.value(), now_ms) {
+                Ok(Some(msg)) => live.push(msg),
+                Ok(None) => expired.delete(&table, record.key())?,
+                Err(why) => {
+                    let topic = String::from_utf8_lossy(record.key()).into_owned();
+                    return Err(LoadError::Record { topic, why });
+                }
+            }
+        }
+        if !expired.is_empty() {
+            store.submit(expired)?;
+        }
+        Ok((RetainedTable { store: store.clone(), table }, live))
+    }
+}
+
+impl RetainStore for RetainedTable {
+    fn record(&self, msg: &Message, now: Instant) -> statehub_broker::BoxFuture<'static, Result<(), RetainStoreError>> {
+        let mut batch = Batch::new();
+        let queued = if msg.payload.is_empty() {
+            batch.delete(&self.table, msg.topic.as_bytes())
+        } else {
+            batch.put(&self.table, msg.topic.as_bytes(), &encode(msg, now, wall_ms()))
+        }
+        .and_then(|()| self.store.submit(batch));
+        Box::pin(async move {
+            let failed = |e: StorageError| RetainStoreError(Arc::new(e));
+            queued.map_err(failed)?.durable().await.map_err(failed)
+        })
+    }
+}
+
+fn wall_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
+fn encode(msg: &Message, now: Instant, now_ms: u64) -> Vec<u8> {
+    let mut properties = msg.properties.clone();
+    properties.message_expiry_interval = msg.remaining_expiry(now);
+    let publish = Publish {
+        dup: false,
+        qos: msg.qos,
+        retain: true,
+        topic: msg.topic.clone(),
+        packet_id: (msg.qos != statehub_broker::codec::QoS::AtMostOnce).then_some(1),
+        payload: msg.payload.clone(),
+        properties,
+    };
+    let mut out = BytesMut::with_capacity(HEADER + msg.payload.len() + msg.topic.len() + 64);
+    out.put_u8(FORMAT);
+    out.put_u64(now_ms);
+    // Encoding a PUBLISH we built from a valid one cannot fail; if it ever did, the
+    // record would fail to decode at start-up and say so, never load something else.
+    let _ = Codec::with_version(ProtocolVersion::V5, u32::MAX).encode(&Packet::Publish(publish), &mut out);
+    out.to_vec()
+}
+
+/// The message a record holds, `None` if it expired by `now_ms`.
+fn decode(value: &[u8], now_ms: u64) -> Result<Option<Message>, String> {
+    let (&format, rest) = value.split_first().ok_or("empty record")?;
+    if format != FORMAT || rest.len() < HEADER - 1 {
+        return Err(format!("unknown record format {format}"));
+    }
+    let written_ms = u64::from_be_bytes(rest[..8].try_into().map_err(|_| "short header")?);
+    let mut packet = BytesMut::from(&rest[8..]);
+    let mut publish = match Codec::with_version(ProtocolVersion::V5, u32::MAX).decode(&mut packet) {
+        Ok(Some(Packet::Publish(p))) if packet.is_empty() => p,
+        Ok(_) => return Err("not one PUBLISH".into()),
+        Err(e) => return Err(e.to_string()),
+    };
+    if let Some(secs) = publish.properties.message_expiry_interval {
+        let down = Duration::from_millis(now_ms.saturating_sub(written_ms));
+        let left = Duration::from_secs(u64::from(secs)).saturating_sub(down);
+        if left.is_zero() {
+            return Ok(None);
+        }
+        let rounded_up = left.as_secs() + u64::from(left.subsec_nanos() > 0);
+        publish.properties.message_expiry_interval = Some(u32::try_from(rounded_up).unwrap_or(u32::MAX));
+    }
+    Ok(Some(Message::from_publish(publish, None, Instant::now())))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::Bytes;
+    use statehub_broker::codec::{PublishProperties, QoS};
+
+    fn message(expiry: Option<u32>) -> Message {
+        let properties = PublishProperties {
+            message_expiry_interval: expiry,
+            content_type: Some("text/plain".into()),
+            user_properties: vec![("k".into(), "v".into())],
+            ..PublishProperties::default()
+        };
+        let publish = Publish {
+            dup: false,
+            qos: QoS::AtLeastOnce,
+            retain: true,
+            topic: "a/b".into(),
+            packet_id: Some(7),
+            payload: Bytes::from_static(b"\x00payload"),
+            properties,
+        };
+        Message::from_publish(publish, Some("c".into()), Instant::now())
+    }
+
+    #[test]
+    fn records_round_trip_with_every_property() {
+        let msg = message(None);
+        let back = decode(&encode(&msg, Instant::now(), 1_000), 5_000).unwrap().unwrap();
+        assert_eq!(back.topic, msg.topic);
+        assert_eq!(back.payload, msg.payload);
+        assert_eq!(back.qos, msg.qos);
+        assert!(back.retain);
+        assert_eq!(back.properties, msg.properties);
+    }
+
+    #[test]
+    fn time_spent_down_counts_against_message_expiry() {
+        let msg = message(Some(10));
+        let record = encode(&msg, Instant::now(), 1_000);
+        let back = decode(&record, 4_500).unwrap().unwrap();
+        assert_eq!(back.properties.message_expiry_interval, Some(7), "10 s - 3.5 s, rounded up");
+        assert!(decode(&record, 11_000).unwrap().is_none(), "expired while down");
+        assert!(decode(&record, 0).unwrap().is_some(), "a clock that went back loses nothing");
+    }
+
+    #[test]
+    fn damaged_records_are_errors_not_messages() {
+        let record = encode(&message(None), Instant::now(), 1);
+        assert!(decode(&[], 0).is_err());
+        assert!(decode(&[2, 0, 0, 0, 0, 0, 0, 0, 0], 0).is_err());
+        assert!(decode(&record[..record.len() - 1], 0).is_err());
+        let mut longer = record.clone();
+        longer.push(0);
+        assert!(decode(&longer, 0).is_err());
+    }
+}
