@@ -30,7 +30,7 @@ fn launch(dir: &Path, sync: &str) -> Server {
 /// What a client sees: publishes and the packet ids acknowledged.
 enum Seen {
     Publish(rumqttc::v5::mqttbytes::v5::Publish),
-    Acked(u16),
+    Acked,
     SubAck,
     Gone,
 }
@@ -44,8 +44,8 @@ async fn client(addr: SocketAddr, id: &str) -> (AsyncClient, mpsc::UnboundedRece
         loop {
             let seen = match eventloop.poll().await {
                 Ok(Event::Incoming(Packet::Publish(p))) => Seen::Publish(p),
-                Ok(Event::Incoming(Packet::PubAck(a))) => Seen::Acked(a.pkid),
-                Ok(Event::Incoming(Packet::PubComp(c))) => Seen::Acked(c.pkid),
+                Ok(Event::Incoming(Packet::PubAck(_))) => Seen::Acked,
+                Ok(Event::Incoming(Packet::PubComp(_))) => Seen::Acked,
                 Ok(Event::Incoming(Packet::SubAck(_))) => Seen::SubAck,
                 Ok(_) => continue,
                 Err(_) => {
@@ -75,7 +75,7 @@ async fn publish_acked(
     }
     loop {
         match timeout(Duration::from_secs(10), rx.recv()).await {
-            Ok(Some(Seen::Acked(_))) => return true,
+            Ok(Some(Seen::Acked)) => return true,
             Ok(Some(Seen::Gone) | None) | Err(_) => return false,
             Ok(Some(_)) => {}
         }
@@ -109,7 +109,7 @@ async fn retained(
                 out.insert(String::from_utf8(p.topic.to_vec()).unwrap(), p);
             }
             Seen::Gone => panic!("the reader's connection ended"),
-            Seen::Acked(_) => {}
+            Seen::Acked => {}
         }
     }
     assert!(subscribed, "no SUBACK");

@@ -49,7 +49,9 @@ pub async fn refuse(mut socket: WebSocket, protocol: Subprotocol, code: u16, rea
         let msg = Downstream::System(SystemEvent::Disconnected {
             message: reason.to_owned(),
         });
-        let _ = socket.send(encode_reply(protocol, &msg)).await;
+        if let Some(frame) = encode_reply(protocol, &msg) {
+            let _ = socket.send(frame).await;
+        }
     }
     let frame = CloseFrame {
         code,
@@ -72,7 +74,7 @@ pub async fn serve(socket: WebSocket, hub: Arc<Hub>, session: Arc<Session>, limi
             user_id: session.user_id().map(str::to_owned),
             reconnection_token: session.reconnection_token().map(str::to_owned),
         });
-        first.push(encode_reply(protocol, &connected));
+        first.extend(encode_reply(protocol, &connected));
     }
     first.extend(replay);
 
@@ -188,7 +190,10 @@ fn is_json(session: &Session) -> bool {
 }
 
 fn reply(session: &Session, out: &Outbox, msg: &Downstream) {
-    if let Err(PushError::Full) = out.push(encode_reply(session.protocol(), msg)) {
+    let Some(frame) = encode_reply(session.protocol(), msg) else {
+        return;
+    };
+    if let Err(PushError::Full) = out.push(frame) {
         out.close(CLOSE_POLICY, "Slow consumer");
     }
 }
@@ -231,6 +236,23 @@ async fn user_event(
         _ = close_watch.changed() => return,
         result = call => result,
     };
+    if let Some(invocation_id) = event.invocation_id {
+        let response = match result {
+            Ok(answer) => Downstream::InvokeResponse {
+                invocation_id,
+                success: true,
+                data_type: answer.as_ref().map(Payload::data_type),
+                data: answer.as_ref().map(Payload::to_json_value),
+                error: None,
+            },
+            Err(e) => {
+                tracing::warn!("invoke {:?} of {}: {e}", event.event, session.id());
+                Downstream::invoke_err(invocation_id, e.ack_name(), e.to_string())
+            }
+        };
+        reply(session, out, &response);
+        return;
+    }
     match (result, event.ack_id) {
         (Ok(answer), ack_id) => {
             if let Some(payload) = answer {
@@ -320,7 +342,9 @@ async fn send_close(
         let msg = Downstream::System(SystemEvent::Disconnected {
             message: req.reason.clone(),
         });
-        let _ = sink.send(encode_reply(protocol, &msg)).await;
+        if let Some(frame) = encode_reply(protocol, &msg) {
+            let _ = sink.send(frame).await;
+        }
     }
     let frame = CloseFrame {
         code: req.code,

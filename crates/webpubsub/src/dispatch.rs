@@ -57,6 +57,9 @@ pub struct UserEvent {
     pub payload: Payload,
     /// The `ackId` to answer once the upstream answered.
     pub ack_id: Option<u64>,
+    /// Set for an `invoke`: the upstream's answer goes back as this invocation's
+    /// `invokeResponse` instead of a server message and an ack.
+    pub invocation_id: Option<String>,
 }
 
 /// The effects of one frame.
@@ -79,6 +82,7 @@ pub fn handle_raw(hub: &Hub, payload: Payload) -> Effects {
             event: RAW_EVENT.to_owned(),
             payload,
             ack_id: None,
+            invocation_id: None,
         }),
         ..Effects::default()
     }
@@ -175,6 +179,7 @@ pub fn handle(hub: &Hub, session: &Session, request: Result<Request, ProtocolErr
                                 event,
                                 payload,
                                 ack_id,
+                                invocation_id: None,
                             });
                             return fx;
                         }
@@ -191,6 +196,15 @@ pub fn handle(hub: &Hub, session: &Session, request: Result<Request, ProtocolErr
             fx.replies.push(Downstream::Pong);
             Ok(())
         }
+        Request::Invoke {
+            invocation_id,
+            target,
+            event,
+            payload,
+        } => {
+            invoke(hub, &mut fx, invocation_id, &target, event, payload);
+            Ok(())
+        }
         Request::Unknown => Ok(()),
     };
     if let Some(id) = ack_id {
@@ -203,6 +217,43 @@ pub fn handle(hub: &Hub, session: &Session, request: Result<Request, ProtocolErr
         });
     }
     fx
+}
+
+/// An `invoke`: target `event` becomes a blocking user event whose answer is the
+/// `invokeResponse`. Anything the upstream cannot be asked (another target, a bad
+/// name or payload, no handler for the event) is answered at once with
+/// `success: false` and a `BadRequest` error naming the reason, so the caller never
+/// waits for an answer that cannot come.
+fn invoke(
+    hub: &Hub,
+    fx: &mut Effects,
+    invocation_id: String,
+    target: &str,
+    event: String,
+    payload: Result<crate::protocol::Payload, ProtocolError>,
+) {
+    let refuse = |fx: &mut Effects, id: String, why: String| {
+        fx.replies.push(Downstream::invoke_err(id, "BadRequest", why));
+    };
+    if target != "event" {
+        return refuse(fx, invocation_id, format!("unsupported invoke target {target:?}; only \"event\" is served"));
+    }
+    if event.is_empty() || event.chars().any(char::is_control) {
+        return refuse(fx, invocation_id, "event name must be non-empty, without control characters".into());
+    }
+    let payload = match payload {
+        Ok(p) => p,
+        Err(e) => return refuse(fx, invocation_id, e.to_string()),
+    };
+    if !hub.events().is_some_and(|e| e.takes_user_event(&event)) {
+        return refuse(fx, invocation_id, format!("no event handler of this hub takes the event {event:?}"));
+    }
+    fx.upstream = Some(UserEvent {
+        event,
+        payload,
+        ack_id: None,
+        invocation_id: Some(invocation_id),
+    });
 }
 
 fn check_group(group: &str, allowed: bool, verb: &str) -> Result<(), AckFailure> {

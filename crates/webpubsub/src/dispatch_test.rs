@@ -121,3 +121,29 @@ fn malformed_frames_close_with_1008() {
         assert_eq!(fx.close.map(|c| c.code), Some(CLOSE_POLICY), "{text}");
     }
 }
+
+/// An invocation the upstream cannot be asked is answered at once, never left waiting.
+#[test]
+fn invocations_without_an_upstream_are_refused_at_once() {
+    let (hub, s) = setup(&[]);
+    let r = replies(
+        &hub,
+        &s,
+        r#"{"type":"invoke","invocationId":"7","target":"event","event":"ask","dataType":"text","data":"hi"}"#,
+    );
+    assert_eq!(r.len(), 1);
+    assert_eq!(r[0]["type"], json!("invokeResponse"));
+    assert_eq!(r[0]["invocationId"], json!("7"));
+    assert_eq!(r[0]["success"], json!(false));
+    assert_eq!(r[0]["error"]["name"], json!("BadRequest"));
+    assert!(r[0].get("data").is_none());
+    let other = replies(&hub, &s, r#"{"type":"invoke","invocationId":"8","target":"group","event":"ask"}"#);
+    assert!(other[0]["error"]["message"].as_str().unwrap().contains("target"));
+    let bad = replies(
+        &hub,
+        &s,
+        r#"{"type":"invoke","invocationId":"9","target":"event","event":"ask","dataType":"binary","data":"!!"}"#,
+    );
+    assert_eq!(bad[0]["success"], json!(false));
+    assert!(replies(&hub, &s, r#"{"type":"cancelInvocation","invocationId":"7"}"#).is_empty(), "cancel is ignored");
+}

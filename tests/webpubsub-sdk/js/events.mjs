@@ -2,7 +2,7 @@
 // abuse-protection handshake, a blocking `connect` that renames the user and puts
 // the connection into a group (and one that rejects), `connected` and
 // `disconnected`, and a user event whose 200 answer goes back to the client as a
-// server message.
+// server message, and the same through invokeEvent (client 1.1).
 
 import express from "express";
 import { WebPubSubEventHandler } from "@azure/web-pubsub-express";
@@ -30,6 +30,7 @@ scenario("events", async (t) => {
     handleUserEvent(req, res) {
       seen.user.push({ event: req.context.eventName, data: req.data, dataType: req.dataType });
       if (req.context.eventName === "echo") res.success(`echo:${req.data}`, "text");
+      else if (req.context.eventName === "explode") res.fail(500, "the app failed");
       else res.success();
     },
   });
@@ -83,6 +84,18 @@ event_handlers = [
       { event: "echo", data: "hi", dataType: "text" },
       { event: "note", data: { a: 1 }, dataType: "json" },
     ], "user events as the app saw them");
+
+    // invokeEvent (client 1.1): the same user event, answered as the invocation's result.
+    const invoked = await client.invokeEvent("echo", "again", "text");
+    t.eq([invoked.dataType, invoked.data], ["text", "echo:again"], "invokeEvent returns the upstream's answer");
+    t.eq(serverMessages, ["echo:hi"], "an invocation's answer is not also a server message");
+    let invokeFailure = null;
+    try {
+      await client.invokeEvent("explode", "x", "text");
+    } catch (err) {
+      invokeFailure = err;
+    }
+    t.ok(invokeFailure?.errorDetail?.name?.length > 0, `a failing upstream fails the invocation (${invokeFailure?.errorDetail?.name})`);
 
     const bannedToken = await svc.getClientAccessToken({ userId: "banned" });
     const banned = new WebPubSubClient(bannedToken.url, { autoReconnect: false });

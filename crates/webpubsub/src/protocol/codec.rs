@@ -39,6 +39,13 @@ pub enum Request {
     SequenceAck { sequence_id: u64 },
     /// Liveness check.
     Ping,
+    /// An invocation (JSON subprotocols only): answered by `invokeResponse`.
+    Invoke {
+        invocation_id: String,
+        target: String,
+        event: String,
+        payload: Result<Payload, ProtocolError>,
+    },
     /// A message kind this service ignores.
     Unknown,
 }
@@ -51,7 +58,7 @@ impl Request {
             | Self::LeaveGroup { ack_id, .. }
             | Self::SendToGroup { ack_id, .. }
             | Self::Event { ack_id, .. } => *ack_id,
-            Self::SequenceAck { .. } | Self::Ping | Self::Unknown => None,
+            Self::SequenceAck { .. } | Self::Ping | Self::Invoke { .. } | Self::Unknown => None,
         }
     }
 }
@@ -94,6 +101,18 @@ impl From<Upstream> for Request {
             },
             Upstream::SequenceAck { sequence_id } => Self::SequenceAck { sequence_id },
             Upstream::Ping => Self::Ping,
+            Upstream::Invoke {
+                invocation_id,
+                target,
+                event,
+                data_type,
+                data,
+            } => Self::Invoke {
+                invocation_id,
+                target,
+                event,
+                payload: checked(Payload::from_json(data_type, data)),
+            },
             Upstream::Unknown => Self::Unknown,
         }
     }
@@ -147,10 +166,12 @@ pub fn decode_binary(bytes: &[u8]) -> Result<Request, ProtocolError> {
         .map_err(|e| ProtocolError::Protobuf(e.to_string()))
 }
 
-/// Encodes a reply (ack, system, pong) for the connection's subprotocol.
-pub fn encode_reply(protocol: Subprotocol, msg: &Downstream) -> Message {
+/// Encodes a reply (ack, system, pong, invoke response) for the connection's
+/// subprotocol. `None` for a reply the subprotocol has no form for (an invoke
+/// response on protobuf, which cannot carry an invoke in the first place).
+pub fn encode_reply(protocol: Subprotocol, msg: &Downstream) -> Option<Message> {
     if !protocol.is_protobuf() {
-        return Message::Text(msg.to_text().into());
+        return Some(Message::Text(msg.to_text().into()));
     }
     use proto::Downstream as D;
     let out = match msg {
@@ -200,12 +221,13 @@ pub fn encode_reply(protocol: Subprotocol, msg: &Downstream) -> Message {
             }),
         }),
         Downstream::Pong => D::Pong(proto::Empty {}),
+        Downstream::InvokeResponse { .. } => return None,
     };
-    Message::Binary(
+    Some(Message::Binary(
         proto::DownstreamMessage { message: Some(out) }
             .encode_to_vec()
             .into(),
-    )
+    ))
 }
 
 fn source_name(from: MessageSource) -> &'static str {

@@ -92,10 +92,10 @@ fn protobuf_data_must_be_an_any() {
 fn replies_per_subprotocol() {
     let ack = Downstream::ack_err(1, "Duplicate", "m");
     assert_eq!(
-        encode_reply(Subprotocol::Json, &ack),
+        encode_reply(Subprotocol::Json, &ack).unwrap(),
         Message::Text(ack.to_text().into())
     );
-    let out = proto_out(encode_reply(Subprotocol::ProtobufReliable, &ack));
+    let out = proto_out(encode_reply(Subprotocol::ProtobufReliable, &ack).unwrap());
     assert_eq!(
         out.message,
         Some(proto::Downstream::Ack(proto::AckMessage {
@@ -112,7 +112,7 @@ fn replies_per_subprotocol() {
         user_id: None,
         reconnection_token: Some("t".into()),
     });
-    let out = proto_out(encode_reply(Subprotocol::ProtobufReliable, &connected));
+    let out = proto_out(encode_reply(Subprotocol::ProtobufReliable, &connected).unwrap());
     assert_eq!(
         out.message,
         Some(proto::Downstream::System(proto::SystemMessage {
@@ -124,7 +124,7 @@ fn replies_per_subprotocol() {
         }))
     );
     assert_eq!(
-        proto_out(encode_reply(Subprotocol::Protobuf, &Downstream::Pong)).message,
+        proto_out(encode_reply(Subprotocol::Protobuf, &Downstream::Pong).unwrap()).message,
         Some(proto::Downstream::Pong(proto::Empty {}))
     );
 }

@@ -68,6 +68,12 @@ impl Payload {
         JsonData(self)
     }
 
+    /// The `data` a JSON client sees, as a value (for replies built as [`Value`]s).
+    pub fn to_json_value(&self) -> Value {
+        // A string or a `Value`: serializing cannot fail.
+        serde_json::to_value(self.json_data()).unwrap_or(Value::Null)
+    }
+
     /// An estimate of the memory the payload holds, for byte limits.
     pub fn size(&self) -> usize {
         match self {

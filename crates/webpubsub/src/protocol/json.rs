@@ -57,6 +57,20 @@ pub enum Upstream {
     SequenceAck { sequence_id: u64 },
     /// Liveness check, answered with `pong`.
     Ping,
+    /// A request answered by `invokeResponse` (`@azure/web-pubsub-client` 1.1's
+    /// `invokeEvent`): `target` `event` posts the user event `event` upstream and
+    /// returns the upstream's answer.
+    Invoke {
+        invocation_id: String,
+        #[serde(default)]
+        target: String,
+        #[serde(default)]
+        event: String,
+        #[serde(default)]
+        data_type: DataType,
+        #[serde(default)]
+        data: Value,
+    },
     /// Any other `type`: ignored, as the spec asks.
     #[serde(other)]
     Unknown,
@@ -127,6 +141,17 @@ pub enum Downstream {
     System(SystemEvent),
     /// The answer to `ping`.
     Pong,
+    /// The answer to `invoke`: the upstream's data, or an error.
+    InvokeResponse {
+        invocation_id: String,
+        success: bool,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        data_type: Option<DataType>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        data: Option<Value>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        error: Option<AckError>,
+    },
 }
 
 /// The `event` of a `system` message.
@@ -165,6 +190,20 @@ impl Downstream {
         Self::Ack {
             ack_id,
             success: false,
+            error: Some(AckError {
+                name: name.to_owned(),
+                message: message.into(),
+            }),
+        }
+    }
+
+    /// A failed invocation.
+    pub fn invoke_err(invocation_id: String, name: &str, message: impl Into<String>) -> Self {
+        Self::InvokeResponse {
+            invocation_id,
+            success: false,
+            data_type: None,
+            data: None,
             error: Some(AckError {
                 name: name.to_owned(),
                 message: message.into(),
