@@ -13,7 +13,7 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use common::{start, Server};
+use common::{start, Rng, Server};
 use rumqttc::v5::mqttbytes::v5::{Packet, PublishProperties};
 use rumqttc::v5::mqttbytes::QoS;
 use rumqttc::v5::{AsyncClient, Event, MqttOptions};
@@ -171,16 +171,6 @@ async fn retained_messages_survive_restart_and_sigkill_with_their_properties() {
     assert_eq!(retained(server.mqtt, "r/#", 3).await.len(), 3);
 }
 
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-}
 
 const TOPICS_PER_WRITER: u64 = 50;
 
@@ -247,7 +237,7 @@ async fn acknowledged_retained_messages_survive_sigkill() {
         let got = retained(server.mqtt, "crash/#", acked.len()).await;
         check(&got, &mut acked, &mut in_flight, &format!("iteration {iteration} (seed {seed})"));
         let writers: Vec<_> = (0..WRITERS).map(|w| tokio::spawn(publish_until_killed(server.mqtt, w, iteration))).collect();
-        tokio::time::sleep(Duration::from_millis(100 + rng.next() % 400)).await;
+        tokio::time::sleep(Duration::from_millis(100 + rng.below(400))).await;
         server.child.kill().unwrap();
         server.child.wait().unwrap();
         for (w, writer) in writers.into_iter().enumerate() {

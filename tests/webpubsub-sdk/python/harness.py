@@ -161,6 +161,15 @@ def _reset(sock):
     sock.close()
 
 
+def close_all(clients):
+    """Closes SDK clients on the way out of a scenario, whatever state they are in."""
+    for client in clients:
+        try:
+            client.close()
+        except Exception:  # noqa: BLE001 - best effort on the way out
+            pass
+
+
 def until(seconds, what, cond):
     """Polls cond every 20 ms; `what` may be a callable giving the state on failure."""
     deadline = time.monotonic() + seconds

@@ -17,7 +17,7 @@ from azure.messaging.webpubsubclient.models import (
 )
 from azure.messaging.webpubsubservice import WebPubSubServiceClient
 
-from harness import ACK_TIMEOUT, Statehub, scenario, until
+from harness import ACK_TIMEOUT, Statehub, close_all, scenario, until
 
 
 def body(t):
@@ -143,11 +143,7 @@ def body(t):
         t.eq(gone[0], c["id"], "disconnected event connection id")
         t.counts["messagesChecked"] = len(a_in) + len(b_in) + len(c_in)
     finally:
-        for client in clients:
-            try:
-                client.close()
-            except Exception:  # noqa: BLE001 - best effort on the way out
-                pass
+        close_all(clients)
         server.stop()
 
 

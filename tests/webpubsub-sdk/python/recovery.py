@@ -12,7 +12,7 @@ from azure.messaging.webpubsubclient import WebPubSubClient
 from azure.messaging.webpubsubclient.models import CallbackType, WebPubSubDataType
 from azure.messaging.webpubsubservice import WebPubSubServiceClient
 
-from harness import ACK_TIMEOUT, Proxy, Statehub, scenario, until
+from harness import ACK_TIMEOUT, Proxy, Statehub, close_all, scenario, until
 
 
 def body(t):
@@ -87,11 +87,7 @@ def body(t):
         t.counts["delivered"] = len(got)
         t.counts["proxyDrops"] = proxy.drops
     finally:
-        for client in clients:
-            try:
-                client.close()
-            except Exception:  # noqa: BLE001 - best effort on the way out
-                pass
+        close_all(clients)
         proxy.close()
         server.stop()
 

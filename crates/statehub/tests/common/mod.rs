@@ -132,3 +132,18 @@ pub fn run_to_exit(args: &[&str]) -> (ExitStatus, String) {
     (status, strip_ansi(&reader.join().unwrap()))
 }
 
+/// A small xorshift generator: reproducible random moments from a printed seed.
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
