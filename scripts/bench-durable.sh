@@ -218,7 +218,7 @@ startup() { # SERVER DIR RUN: prints ms from exec to serving
     t1="$(now_ms)"
     local keys
     if [ "$1" = statehub ]; then
-        keys="$(sed 's/\x1b\[[0-9;]*m//g' "$logf" | grep -oE 'loaded from .*: [0-9]+ keys and [0-9]+ retained messages in [0-9]+ ms' | head -n1)"
+        keys="$(sed 's/\x1b\[[0-9;]*m//g' "$logf" | grep -oE 'loaded from .*: [0-9]+ keys, [0-9]+ retained messages and [0-9]+ persistent sessions in [0-9]+ ms' | head -n1)"
     else
         keys="$(redis-cli -p "$SRV_PORT" dbsize) keys; $(grep -oE 'DB loaded from .*' "$logf" | tr '\n' ';')"
     fi

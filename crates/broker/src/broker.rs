@@ -29,6 +29,7 @@ use crate::retain_store::{RetainStore, RetainStoreError};
 use crate::service::BoxFuture;
 use crate::service::Service;
 use crate::session::{Enqueued, QueueLimits, Session};
+use crate::session_store::SessionStore;
 use crate::topic;
 use crate::trie::{SubEntry, SubscriptionTrie};
 
@@ -46,6 +47,7 @@ pub(crate) struct Inner {
     pub trie: RwLock<SubscriptionTrie>,
     pub retained: RwLock<HashMap<ByteString, Arc<Message>>>,
     pub retain_store: RwLock<Option<Arc<dyn RetainStore>>>,
+    pub session_store: RwLock<Option<Arc<dyn SessionStore>>>,
     pub services: RwLock<Vec<(String, Arc<dyn Service>)>>,
     pub authenticator: RwLock<Arc<dyn Authenticator>>,
     pub metrics: Metrics,
@@ -78,6 +80,7 @@ impl Broker {
                 trie: RwLock::new(SubscriptionTrie::default()),
                 retained: RwLock::new(HashMap::new()),
                 retain_store: RwLock::new(None),
+                session_store: RwLock::new(None),
                 services: RwLock::new(Vec::new()),
                 authenticator: RwLock::new(Arc::new(AllowAll)),
                 metrics: Metrics::default(),
@@ -144,9 +147,9 @@ impl Broker {
             .map(|s| s.clone())
             .ok_or_else(|| DeliverError::NoSession(client_id.to_owned()))?;
         let msg = Arc::new(Message::from_publish(publish, None, Instant::now()));
-        let d = Delivery { qos: msg.qos, retain: msg.retain, msg, subscription_ids: Vec::new(), shared: None };
+        let d = Delivery { qos: msg.qos, retain: msg.retain, msg, subscription_ids: Vec::new(), shared: None, seq: 0, dup: false };
         match session.enqueue(d, &self.inner.limits) {
-            Enqueued::Queued | Enqueued::SlowConsumer => Ok(()),
+            Enqueued::Queued { .. } | Enqueued::SlowConsumer { .. } => Ok(()),
             Enqueued::SkippedOffline | Enqueued::DroppedOffline | Enqueued::DroppedQoS0 => {
                 self.inner.metrics.dropped.fetch_add(1, Ordering::Relaxed);
                 Err(DeliverError::QueueFull(client_id.to_owned()))
@@ -168,7 +171,7 @@ impl Broker {
             // A broker-made message is not acknowledged to anyone: nothing waits.
             drop(self.store_retained(&msg));
         }
-        self.route(&msg)
+        self.route(&msg).sessions
     }
 
     /// Makes `msg` its topic's retained message (an empty payload clears it). With a
@@ -217,10 +220,11 @@ impl Broker {
             .collect()
     }
 
-    /// Delivers `msg` to every matching subscription; returns the number of sessions
-    /// it went to. Overlapping subscriptions of one client produce one copy with the
-    /// highest QoS and every subscription identifier; each shared group gets one copy.
-    pub(crate) fn route(&self, msg: &Arc<Message>) -> usize {
+    /// Delivers `msg` to every matching subscription; says how many sessions it went
+    /// to and whether any stored it. Overlapping subscriptions of one client produce
+    /// one copy with the highest QoS and every subscription identifier; each shared
+    /// group gets one copy.
+    pub(crate) fn route(&self, msg: &Arc<Message>) -> Routed {
         let metrics = &self.inner.metrics;
         metrics.messages_in.fetch_add(1, Ordering::Relaxed);
         let trie = self.inner.trie.read();
@@ -246,6 +250,8 @@ impl Broker {
                 retain,
                 subscription_ids: entry.identifier.into_iter().collect(),
                 shared: None,
+                seq: 0,
+                dup: false,
             };
             targets.push((entry, d));
         }
@@ -257,32 +263,38 @@ impl Broker {
                     retain: entry.options.retain_as_published && msg.retain,
                     subscription_ids: entry.identifier.into_iter().collect(),
                     shared: Some(SharedVia { filter: group.filter.as_ref().into(), group: group.name.as_ref().into() }),
+                    seq: 0,
+                    dup: false,
                 };
                 targets.push((entry, d));
             }
         }
-        let n = targets.len();
+        let sessions = targets.len();
+        let mut stored = false;
         for (entry, d) in targets {
-            self.offer(&entry.session, d);
+            stored |= self.offer(&entry.session, d);
         }
-        n
+        Routed { sessions, stored }
     }
 
-    /// Enqueues one delivery and counts what the queue bounds did to it.
-    pub(crate) fn offer(&self, session: &Session, d: Delivery) {
+    /// Enqueues one delivery and counts what the queue bounds did to it. True if it
+    /// was recorded in the session store (see [`Enqueued::stored`]).
+    pub(crate) fn offer(&self, session: &Session, d: Delivery) -> bool {
         let m = &self.inner.metrics;
-        match session.enqueue(d, &self.inner.limits) {
-            Enqueued::Queued => m.messages_out.fetch_add(1, Ordering::Relaxed),
+        let outcome = session.enqueue(d, &self.inner.limits);
+        match outcome {
+            Enqueued::Queued { .. } => m.messages_out.fetch_add(1, Ordering::Relaxed),
             Enqueued::SkippedOffline => 0,
             Enqueued::DroppedQoS0 | Enqueued::DroppedOffline => {
                 tracing::debug!(client = session.client_id(), "session queue full; message dropped");
                 m.dropped.fetch_add(1, Ordering::Relaxed)
             }
-            Enqueued::SlowConsumer => {
+            Enqueued::SlowConsumer { .. } => {
                 tracing::info!(client = session.client_id(), "slow consumer; disconnecting with 0x97");
                 m.slow_consumers.fetch_add(1, Ordering::Relaxed)
             }
         };
+        outcome.stored()
     }
 
     /// Hands a delivery that came through a shared group to another member, if any
@@ -293,6 +305,9 @@ impl Broker {
         let Some(entry) = group.pick(Some(from_client)) else { return false };
         let mut d = d.clone();
         d.qos = d.msg.qos.min(entry.options.qos);
+        // Nobody waits for the hand-over to be durable: the message was acknowledged
+        // when it was first stored, and this session's record of it stays until the
+        // other session's is written (same store, same order).
         self.offer(&entry.session, d);
         true
     }
@@ -312,10 +327,18 @@ impl Broker {
     /// Ends a session: removes it from the table (if it is still this one) and its
     /// subscriptions from the trie.
     pub(crate) fn end_session(&self, session: &Arc<Session>) {
+        // The stored session is forgotten under the table's shard lock, so a new
+        // session of the same client id (inserted under that lock) is recorded after.
         let removed = self
             .inner
             .sessions
-            .remove_if(session.client_id_bytes(), |_, s| Arc::ptr_eq(s, session))
+            .remove_if(session.client_id_bytes(), |_, s| {
+                let same = Arc::ptr_eq(s, session);
+                if same {
+                    session.state.lock().unpersist(session.client_id());
+                }
+                same
+            })
             .is_some();
         if !removed {
             return;
@@ -332,6 +355,15 @@ impl Broker {
     pub(crate) fn next_generation(&self) -> u64 {
         self.inner.generation.fetch_add(1, Ordering::Relaxed)
     }
+}
+
+/// Where a routed message went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Routed {
+    pub sessions: usize,
+    /// Some persistent session stored it: await the session store's barrier before
+    /// acknowledging the PUBLISH.
+    pub stored: bool,
 }
 
 /// Splits `$share/{group}/{filter}` into its group and filter.

@@ -82,6 +82,12 @@ pub struct Delivery {
     pub retain: bool,
     pub subscription_ids: Vec<u32>,
     pub shared: Option<SharedVia>,
+    /// Its sequence number in a persistent session's stored queue (0: not stored);
+    /// set by the session when it stores the delivery (see `session_store.rs`).
+    pub seq: u64,
+    /// Loaded from a store after a restart: it may have been sent before, so it goes
+    /// out with DUP set.
+    pub dup: bool,
 }
 
 impl Delivery {

@@ -16,6 +16,7 @@ use tokio::sync::{mpsc, Notify};
 use tokio_util::sync::CancellationToken;
 
 use crate::message::Delivery;
+use crate::session_store::{Persist, SessionChange};
 
 /// A subscription as the session remembers it (for resume and UNSUBSCRIBE).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -55,7 +56,9 @@ pub struct Attachment {
 /// What happened to a delivery offered to a session.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Enqueued {
-    Queued,
+    /// Queued; `stored`: also recorded in the session store (a persistent session's
+    /// QoS 1/2 message), so whoever acknowledges it must await the store's barrier.
+    Queued { stored: bool },
     /// QoS 0 while offline, not queued per configuration (not an error: MQTT 5 allows it).
     SkippedOffline,
     /// The queue is full: QoS 0 dropped (counted) ...
@@ -64,7 +67,14 @@ pub enum Enqueued {
     DroppedOffline,
     /// Full while connected: the consumer is too slow and is being disconnected
     /// with 0x97 (Quota exceeded); the message stays queued for the session.
-    SlowConsumer,
+    SlowConsumer { stored: bool },
+}
+
+impl Enqueued {
+    /// Whether the delivery was recorded in the session store.
+    pub fn stored(self) -> bool {
+        matches!(self, Enqueued::Queued { stored: true } | Enqueued::SlowConsumer { stored: true })
+    }
 }
 
 /// Mutable session state; see the module docs for who locks it.
@@ -87,6 +97,11 @@ pub struct SessionState {
     /// Counters for what was not delivered.
     pub dropped_qos0: u64,
     pub dropped_offline: u64,
+    /// The session store, while the session is persistent (expiry above 0 and a
+    /// store configured); see `session_store.rs`.
+    pub(crate) persist: Option<Persist>,
+    /// Sequence number of the last stored delivery.
+    pub next_seq: u64,
 }
 
 impl SessionState {
@@ -112,6 +127,58 @@ impl SessionState {
         let d = self.queue.pop_front()?;
         self.queued_bytes = self.queued_bytes.saturating_sub(d.msg.weight());
         Some(d)
+    }
+
+    /// Puts back a delivery just popped (it could not be sent yet).
+    pub fn unpop_queue(&mut self, d: Delivery) {
+        self.queued_bytes += d.msg.weight();
+        self.queue.push_front(d);
+    }
+
+    pub fn is_persistent(&self) -> bool {
+        self.persist.is_some()
+    }
+
+    /// Records a change of this persistent session (nothing if it is not one).
+    pub(crate) fn record<'a>(&self, change: impl FnOnce(u64) -> SessionChange<'a>) {
+        if let Some(p) = &self.persist {
+            p.store.record(change(p.incarnation));
+        }
+    }
+
+    /// The stored message `seq` is done with (acknowledged, expired, dropped, handed
+    /// over): its record goes.
+    pub fn forget(&self, seq: u64) {
+        if seq != 0 {
+            self.record(|incarnation| SessionChange::MessageDone { incarnation, seq });
+        }
+    }
+
+    /// Records the session's subscriptions and expiry as they are now.
+    pub(crate) fn save(&self, client_id: &str, disconnected: bool) {
+        if let Some(p) = &self.persist {
+            let subscriptions = self.subscriptions.iter().map(|(f, s)| (f, *s)).collect();
+            p.store.record(SessionChange::Saved {
+                client_id,
+                incarnation: p.incarnation,
+                expiry_interval: self.expiry_interval,
+                disconnected,
+                subscriptions,
+            });
+        }
+    }
+
+    /// Forgets every stored record of the session and stops storing it.
+    pub(crate) fn unpersist(&mut self, client_id: &str) {
+        if let Some(p) = self.persist.take() {
+            let messages = self.queue.iter().map(|d| d.seq).chain(self.inflight.iter().map(|i| i.delivery.seq));
+            p.store.record(SessionChange::Ended {
+                client_id,
+                incarnation: p.incarnation,
+                messages: messages.filter(|&s| s != 0).collect(),
+                incoming_qos2: self.incoming_qos2.iter().copied().collect(),
+            });
+        }
     }
 }
 
@@ -165,7 +232,10 @@ impl Session {
     }
 
     /// Offers one delivery, applying the queue bounds (see [`Enqueued`]).
-    pub fn enqueue(&self, d: Delivery, limits: &QueueLimits) -> Enqueued {
+    pub fn enqueue(&self, mut d: Delivery, limits: &QueueLimits) -> Enqueued {
+        // A delivery handed over from another session starts afresh here.
+        d.seq = 0;
+        d.dup = false;
         let connected = self.is_connected();
         let outcome = {
             let mut st = self.state.lock();
@@ -189,6 +259,13 @@ impl Session {
                 st.dropped_offline += 1;
                 Enqueued::DroppedOffline
             } else {
+                let stored = st.persist.is_some() && d.qos != QoS::AtMostOnce;
+                if stored {
+                    st.next_seq += 1;
+                    d.seq = st.next_seq;
+                    let now = std::time::Instant::now();
+                    st.record(|incarnation| SessionChange::Message { incarnation, seq: d.seq, delivery: &d, released: false, now });
+                }
                 st.queued_bytes += d.msg.weight();
                 st.queue.push_back(d);
                 if full {
@@ -200,9 +277,9 @@ impl Session {
                         // A full kick channel means a kick is already pending.
                         let _ = a.kick.try_send(ReasonCode::QUOTA_EXCEEDED);
                     }
-                    Enqueued::SlowConsumer
+                    Enqueued::SlowConsumer { stored }
                 } else {
-                    Enqueued::Queued
+                    Enqueued::Queued { stored }
                 }
             }
         };

@@ -4,6 +4,8 @@
 mod config;
 mod http;
 mod retained;
+mod sessions;
+mod stored;
 
 use std::error::Error;
 use std::fmt::Debug;
@@ -158,11 +160,15 @@ fn start_state_store(settings: &Settings, broker: &Broker) -> std::io::Result<(J
     let (retained, loaded) = retained::RetainedTable::open(&store).map_err(|e| std::io::Error::other(chain(&e)))?;
     let retained_count = loaded.len();
     broker.set_retain_store(Arc::new(retained), loaded);
+    let (sessions, loaded) = sessions::SessionTable::open(&store).map_err(|e| std::io::Error::other(chain(&e)))?;
+    let session_count = loaded.len();
+    broker.set_session_store(Arc::new(sessions), loaded);
     tracing::info!(
-        "state store loaded from {}: {} keys and {} retained messages in {} ms (sync {})",
+        "state store loaded from {}: {} keys, {} retained messages and {} persistent sessions in {} ms (sync {})",
         dir.display(),
         service.stats().keys,
         retained_count,
+        session_count,
         started.elapsed().as_millis(),
         settings.sync
     );

@@ -10,12 +10,13 @@
 //! statehub was down is not loaded, and its record is deleted.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::Instant;
 
 use bytes::{BufMut, BytesMut};
-use statehub_broker::codec::{Codec, Packet, ProtocolVersion, Publish};
 use statehub_broker::{Message, RetainStore, RetainStoreError};
 use statehub_storage::{Batch, StorageError, Store, Table};
+
+use crate::stored::{self, wall_ms};
 
 const TABLE: &str = "mqtt-retained";
 const FORMAT: u8 = 1;
@@ -77,28 +78,11 @@ impl RetainStore for RetainedTable {
     }
 }
 
-fn wall_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
-}
-
 fn encode(msg: &Message, now: Instant, now_ms: u64) -> Vec<u8> {
-    let mut properties = msg.properties.clone();
-    properties.message_expiry_interval = msg.remaining_expiry(now);
-    let publish = Publish {
-        dup: false,
-        qos: msg.qos,
-        retain: true,
-        topic: msg.topic.clone(),
-        packet_id: (msg.qos != statehub_broker::codec::QoS::AtMostOnce).then_some(1),
-        payload: msg.payload.clone(),
-        properties,
-    };
     let mut out = BytesMut::with_capacity(HEADER + msg.payload.len() + msg.topic.len() + 64);
     out.put_u8(FORMAT);
     out.put_u64(now_ms);
-    // Encoding a PUBLISH we built from a valid one cannot fail; if it ever did, the
-    // record would fail to decode at start-up and say so, never load something else.
-    let _ = Codec::with_version(ProtocolVersion::V5, u32::MAX).encode(&Packet::Publish(publish), &mut out);
+    stored::put_message(&mut out, msg, now);
     out.to_vec()
 }
 
@@ -109,29 +93,14 @@ fn decode(value: &[u8], now_ms: u64) -> Result<Option<Message>, String> {
         return Err(format!("unknown record format {format}"));
     }
     let written_ms = u64::from_be_bytes(rest[..8].try_into().map_err(|_| "short header")?);
-    let mut packet = BytesMut::from(&rest[8..]);
-    let mut publish = match Codec::with_version(ProtocolVersion::V5, u32::MAX).decode(&mut packet) {
-        Ok(Some(Packet::Publish(p))) if packet.is_empty() => p,
-        Ok(_) => return Err("not one PUBLISH".into()),
-        Err(e) => return Err(e.to_string()),
-    };
-    if let Some(secs) = publish.properties.message_expiry_interval {
-        let down = Duration::from_millis(now_ms.saturating_sub(written_ms));
-        let left = Duration::from_secs(u64::from(secs)).saturating_sub(down);
-        if left.is_zero() {
-            return Ok(None);
-        }
-        let rounded_up = left.as_secs() + u64::from(left.subsec_nanos() > 0);
-        publish.properties.message_expiry_interval = Some(u32::try_from(rounded_up).unwrap_or(u32::MAX));
-    }
-    Ok(Some(Message::from_publish(publish, None, Instant::now())))
+    stored::read_message(&rest[8..], stored::down_since(written_ms, now_ms))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use bytes::Bytes;
-    use statehub_broker::codec::{PublishProperties, QoS};
+    use statehub_broker::codec::{Publish, PublishProperties, QoS};
 
     fn message(expiry: Option<u32>) -> Message {
         let properties = PublishProperties {

@@ -10,7 +10,8 @@ use statehub_mqtt_codec::{
 use tokio::sync::mpsc;
 
 use crate::auth::AuthDecision;
-use crate::session::{Attachment, Session};
+use crate::session::{Attachment, Session, SessionState};
+use crate::session_store::Persist;
 use crate::Broker;
 
 /// The negotiated parameters of an accepted connection.
@@ -22,6 +23,8 @@ pub(crate) struct Accepted {
     pub connack: ConnAck,
     pub keep_alive: Duration,
     pub session_expiry: u32,
+    /// The session was recorded in the session store: the CONNACK waits for it.
+    pub stored: bool,
 }
 
 /// A CONNECT that cannot be accepted: answer with this CONNACK code and close.
@@ -100,12 +103,13 @@ pub(crate) fn accept(broker: &Broker, connect: &mut Connect, auth_data: Option<b
     let generation = broker.next_generation();
     let (kick_tx, kick_rx) = mpsc::channel(1);
     let (session, session_present) = take_session(broker, connect, session_expiry);
-    {
+    let stored = {
         let mut st = session.state.lock();
         st.expiry_interval = session_expiry;
         st.last_generation = generation;
         st.attached = Some(Attachment { generation, kick: kick_tx });
-    }
+        persist(broker, &session, &mut st, session_expiry)
+    };
     session.set_connected(true);
 
     props.receive_maximum = Some(cfg.receive_maximum);
@@ -129,7 +133,25 @@ pub(crate) fn accept(broker: &Broker, connect: &mut Connect, auth_data: Option<b
         connack: ConnAck { session_present, reason_code: ReasonCode::SUCCESS, properties: props },
         keep_alive: Duration::from_secs(u64::from(keep_alive)),
         session_expiry,
+        stored,
     }
+}
+
+/// Makes the session persistent if it should be (expiry above 0 and a session store),
+/// or forgets its stored form if it no longer should be. True if a change was recorded
+/// that the CONNACK must wait for.
+fn persist(broker: &Broker, session: &Session, st: &mut SessionState, expiry: u32) -> bool {
+    let Some(store) = broker.session_store() else { return false };
+    if expiry == 0 {
+        // It ends with this connection: nothing of it needs to survive a restart.
+        st.unpersist(session.client_id());
+        return false;
+    }
+    if st.persist.is_none() {
+        st.persist = Some(Persist { store, incarnation: rand::random::<u64>() });
+    }
+    st.save(session.client_id(), false);
+    true
 }
 
 /// Finds the client's session (resuming it unless Clean Start) or makes a new one.

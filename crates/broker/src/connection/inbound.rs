@@ -13,6 +13,8 @@ use crate::auth::AuthDecision;
 use crate::broker::split_shared;
 use crate::message::{Delivery, Message};
 use crate::session::{Stage, Subscription};
+use crate::broker::Routed;
+use crate::session_store::{Group, SessionChange};
 
 impl Conn {
     pub(super) async fn handle(&mut self, p: Packet) -> Result<(), Close> {
@@ -23,9 +25,21 @@ impl Conn {
                 self.complete(a.packet_id, Stage::Qos1Sent);
                 Ok(())
             }
-            Packet::PubRec(r) => self.on_pubrec(r),
+            Packet::PubRec(r) => self.on_pubrec(r).await,
             Packet::PubRel(r) => {
-                let known = self.session.state.lock().incoming_qos2.remove(&r.packet_id);
+                let (known, stored) = {
+                    let mut st = self.session.state.lock();
+                    let known = st.incoming_qos2.remove(&r.packet_id);
+                    if known {
+                        st.record(|incarnation| SessionChange::IncomingQos2 { incarnation, packet_id: r.packet_id, pending: false });
+                    }
+                    (known, known && st.is_persistent())
+                };
+                // A PUBCOMP frees the id for the client's next message: a restart must
+                // not take that one for a duplicate.
+                if stored {
+                    self.durable().await?;
+                }
                 let code = if known { ReasonCode::SUCCESS } else { ReasonCode::PACKET_IDENTIFIER_NOT_FOUND };
                 self.send(&Packet::PubComp(PubResponse { reason_code: code, ..PubResponse::ok(r.packet_id) }))
             }
@@ -33,8 +47,8 @@ impl Conn {
                 self.complete(c.packet_id, Stage::Released);
                 Ok(())
             }
-            Packet::Subscribe(s) => self.on_subscribe(s),
-            Packet::Unsubscribe(u) => self.on_unsubscribe(u),
+            Packet::Subscribe(s) => self.on_subscribe(s).await,
+            Packet::Unsubscribe(u) => self.on_unsubscribe(u).await,
             Packet::PingReq => self.send(&Packet::PingResp),
             Packet::Disconnect(d) => Err(self.on_disconnect(d.reason_code, d.session_expiry_interval)),
             Packet::Auth(a) => self.on_auth(a),
@@ -68,16 +82,17 @@ impl Conn {
             if p.qos == QoS::AtMostOnce {
                 return Err(Close::ByServer(code, "payload is not UTF-8 [MQTT-3.3.2-4]"));
             }
-            return self.ack_publish(p.qos, pid, code);
+            return self.ack_publish(p.qos, pid, code, false).await;
         }
         let qos = p.qos;
-        let code = if let Some(service) = self.broker.service_for(&p.topic) {
+        let (code, stored) = if let Some(service) = self.broker.service_for(&p.topic) {
             service.on_publish(&self.broker, &self.info, p).await;
-            ReasonCode::SUCCESS
+            let stored = qos == QoS::ExactlyOnce && self.receive_qos2(pid);
+            (ReasonCode::SUCCESS, stored)
         } else {
             let msg = Arc::new(Message::from_publish(p, Some(self.info.client_id.clone()), Instant::now()));
             let durable = if msg.retain { self.broker.store_retained(&msg) } else { None };
-            let routed = self.broker.route(&msg);
+            let routed = self.route_and_receive(&msg, pid);
             // With a retain store, the ack waits until the retained change is durable. If
             // it never will be, no ack: the connection closes and the client resends.
             if let Some(durable) = durable.filter(|_| qos != QoS::AtMostOnce) {
@@ -86,26 +101,49 @@ impl Conn {
                     return Err(Close::ByServer(ReasonCode::UNSPECIFIED_ERROR, "retained message not stored"));
                 }
             }
-            if routed == 0 {
-                ReasonCode::NO_MATCHING_SUBSCRIBERS
-            } else {
-                ReasonCode::SUCCESS
-            }
+            let code = if routed.sessions == 0 { ReasonCode::NO_MATCHING_SUBSCRIBERS } else { ReasonCode::SUCCESS };
+            (code, routed.stored)
         };
-        self.ack_publish(qos, pid, code)
+        self.ack_publish(qos, pid, code, stored).await
     }
 
-    fn ack_publish(&mut self, qos: QoS, pid: u16, code: ReasonCode) -> Result<(), Close> {
+    /// Routes a client's message and, for QoS 2, records its receipt (so a resent
+    /// PUBLISH is known for a duplicate), the two atomically in the session store.
+    fn route_and_receive(&mut self, msg: &Arc<Message>, pid: u16) -> Routed {
+        if msg.qos != QoS::ExactlyOnce {
+            return self.broker.route(msg);
+        }
+        let store = self.broker.session_store().filter(|_| self.session.state.lock().is_persistent());
+        let _group = store.map(Group::open);
+        let mut routed = self.broker.route(msg);
+        routed.stored |= self.receive_qos2(pid);
+        routed
+    }
+
+    /// Remembers a QoS 2 packet id until its PUBREL; true if that was recorded in the
+    /// session store (the PUBREC waits for it).
+    fn receive_qos2(&mut self, pid: u16) -> bool {
+        let mut st = self.session.state.lock();
+        st.incoming_qos2.insert(pid);
+        st.record(|incarnation| SessionChange::IncomingQos2 { incarnation, packet_id: pid, pending: true });
+        st.is_persistent()
+    }
+
+    /// Acknowledges a PUBLISH once what the acknowledgement promises is durable
+    /// (`stored`): the copies queued for persistent sessions and, for QoS 2, the
+    /// receipt.
+    async fn ack_publish(&mut self, qos: QoS, pid: u16, code: ReasonCode, stored: bool) -> Result<(), Close> {
         let ack = PubResponse { reason_code: code, ..PubResponse::ok(pid) };
-        match qos {
-            QoS::AtMostOnce => Ok(()),
-            QoS::AtLeastOnce => self.send(&Packet::PubAck(ack)),
-            QoS::ExactlyOnce => {
-                if code.is_success() {
-                    self.session.state.lock().incoming_qos2.insert(pid);
-                }
-                self.send(&Packet::PubRec(ack))
-            }
+        if qos == QoS::AtMostOnce {
+            return Ok(());
+        }
+        if stored {
+            self.durable().await?;
+        }
+        if qos == QoS::AtLeastOnce {
+            self.send(&Packet::PubAck(ack))
+        } else {
+            self.send(&Packet::PubRec(ack))
         }
     }
 
@@ -131,22 +169,35 @@ impl Conn {
         Ok(())
     }
 
-    fn on_pubrec(&mut self, r: PubResponse) -> Result<(), Close> {
-        let found = {
+    async fn on_pubrec(&mut self, r: PubResponse) -> Result<(), Close> {
+        let (found, stored) = {
             let mut st = self.session.state.lock();
             match st.inflight_position(r.packet_id) {
                 Some(i) if st.inflight[i].stage == Stage::Qos2Sent => {
                     if r.reason_code.is_success() {
                         st.inflight[i].stage = Stage::Released;
-                        true
+                        let (seq, now) = (st.inflight[i].delivery.seq, Instant::now());
+                        let stored = seq != 0 && st.is_persistent();
+                        if stored {
+                            let delivery = &st.inflight[i].delivery;
+                            st.record(|incarnation| SessionChange::Message { incarnation, seq, delivery, released: true, now });
+                        }
+                        (true, stored)
                     } else {
-                        st.inflight.remove(i);
+                        if let Some(done) = st.inflight.remove(i) {
+                            st.forget(done.delivery.seq);
+                        }
                         return Ok(());
                     }
                 }
-                _ => false,
+                _ => (false, false),
             }
         };
+        // After a restart, a message whose PUBREL went out must not be sent again as
+        // a PUBLISH: the receiver has forgotten its id and would deliver it twice.
+        if stored {
+            self.durable().await?;
+        }
         let code = if found { ReasonCode::SUCCESS } else { ReasonCode::PACKET_IDENTIFIER_NOT_FOUND };
         self.send(&Packet::PubRel(PubResponse { reason_code: code, ..PubResponse::ok(r.packet_id) }))
     }
@@ -156,12 +207,14 @@ impl Conn {
         let mut st = self.session.state.lock();
         if let Some(i) = st.inflight_position(packet_id) {
             if st.inflight[i].stage == stage {
-                st.inflight.remove(i);
+                if let Some(done) = st.inflight.remove(i) {
+                    st.forget(done.delivery.seq);
+                }
             }
         }
     }
 
-    fn on_subscribe(&mut self, s: Subscribe) -> Result<(), Close> {
+    async fn on_subscribe(&mut self, s: Subscribe) -> Result<(), Close> {
         let v5 = self.version == ProtocolVersion::V5;
         let mut codes = Vec::with_capacity(s.filters.len());
         let mut retained = Vec::new();
@@ -197,11 +250,14 @@ impl Conn {
                         retain: true,
                         subscription_ids: s.subscription_identifier.into_iter().collect(),
                         shared: None,
+                        seq: 0,
+                        dup: false,
                         msg,
                     });
                 }
             }
         }
+        self.save_subscriptions().await?;
         self.send(&Packet::SubAck(SubAck { packet_id: s.packet_id, reason_codes: codes, ..Default::default() }))?;
         for d in retained {
             self.broker.offer(&self.session, d);
@@ -209,7 +265,7 @@ impl Conn {
         Ok(())
     }
 
-    fn on_unsubscribe(&mut self, u: Unsubscribe) -> Result<(), Close> {
+    async fn on_unsubscribe(&mut self, u: Unsubscribe) -> Result<(), Close> {
         let mut codes = Vec::with_capacity(u.filters.len());
         for filter in &u.filters {
             if validate::topic_filter(filter).is_err() || validate::shared_filter(filter).is_err() {
@@ -222,7 +278,31 @@ impl Conn {
             }
             codes.push(if existed { ReasonCode::SUCCESS } else { ReasonCode::NO_SUBSCRIPTION_EXISTED });
         }
+        self.save_subscriptions().await?;
         self.send(&Packet::UnsubAck(UnsubAck { packet_id: u.packet_id, reason_codes: codes, ..Default::default() }))
+    }
+
+    /// Records a persistent session's subscriptions and waits until they are durable,
+    /// so that a SUBACK or UNSUBACK holds across a restart.
+    async fn save_subscriptions(&mut self) -> Result<(), Close> {
+        let stored = {
+            let st = self.session.state.lock();
+            st.save(self.session.client_id(), false);
+            st.is_persistent()
+        };
+        if stored {
+            self.durable().await?;
+        }
+        Ok(())
+    }
+
+    /// Waits until every session change recorded so far is durable; if it never will
+    /// be, the connection closes without the acknowledgement (the client resends).
+    pub(super) async fn durable(&self) -> Result<(), Close> {
+        super::barrier(&self.broker).await.map_err(|e| {
+            tracing::error!("{e}; closing the connection of {}", self.info.client_id);
+            Close::ByServer(ReasonCode::UNSPECIFIED_ERROR, "session state not stored")
+        })
     }
 
     fn on_disconnect(&mut self, code: ReasonCode, expiry: Option<u32>) -> Close {

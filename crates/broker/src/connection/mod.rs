@@ -32,6 +32,7 @@ use crate::session::Session;
 use crate::Broker;
 
 use handshake::{AuthStep, Refused};
+pub(crate) use teardown::schedule_expiry;
 
 /// Why a connection ends; decides the DISCONNECT sent and whether the will goes out.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -139,6 +140,14 @@ async fn connect(broker: &Broker, stream: &mut TcpStream) -> Option<(Conn, Bytes
         }
     };
     let accepted = handshake::accept(broker, &mut connect, auth_data);
+    if accepted.stored {
+        if let Err(e) = barrier(broker).await {
+            // Session Present could not be promised: refuse, and the client retries.
+            tracing::error!("{e}; refusing the connection of {}", connect.client_id);
+            refuse(stream, &codec, ReasonCode::UNSPECIFIED_ERROR).await;
+            return None;
+        }
+    }
     let mut wbuf = BytesMut::with_capacity(1024);
     if codec.encode(&Packet::ConnAck(accepted.connack.clone()), &mut wbuf).is_err() {
         return None;
@@ -324,6 +333,15 @@ impl Conn {
             tracing::error!(error = %e, "encode failed");
             Close::ByServer(ReasonCode::IMPLEMENTATION_SPECIFIC_ERROR, "encode failed")
         })
+    }
+}
+
+/// Waits until every session change recorded so far is durable (at once without a
+/// session store).
+async fn barrier(broker: &Broker) -> Result<(), crate::SessionStoreError> {
+    match broker.session_store() {
+        Some(store) => store.barrier().await,
+        None => Ok(()),
     }
 }
 

@@ -9,6 +9,7 @@ use statehub_mqtt_codec::{Packet, PubResponse, Publish, QoS};
 
 use super::Conn;
 use crate::session::{Inflight, Stage};
+use crate::session_store::packet_id_for;
 
 impl Conn {
     /// On attach: resend unacknowledged PUBLISHes (DUP set) and PUBRELs in their
@@ -47,14 +48,29 @@ impl Conn {
             }
             let Some(d) = st.pop_queue() else { break };
             if d.msg.is_expired(now) {
+                st.forget(d.seq);
                 continue;
             }
-            let packet_id = (d.qos != QoS::AtMostOnce).then(|| st.next_packet_id());
-            let mut publish = d.to_publish(packet_id, false, now);
+            let packet_id = match (d.qos, d.seq) {
+                (QoS::AtMostOnce, _) => None,
+                (_, 0) => Some(st.next_packet_id()),
+                (_, seq) => {
+                    // A stored message keeps the id its sequence number gives it; if an
+                    // older message still holds that id, wait for its acknowledgement.
+                    let id = packet_id_for(seq);
+                    if st.inflight_position(id).is_some() {
+                        st.unpop_queue(d);
+                        break;
+                    }
+                    Some(id)
+                }
+            };
+            let mut publish = d.to_publish(packet_id, d.dup, now);
             let new_alias = self.apply_alias(&mut publish);
             let start = self.wbuf.len();
             if self.codec.encode(&Packet::Publish(publish), &mut self.wbuf).is_err() {
                 self.wbuf.truncate(start);
+                st.forget(d.seq);
                 continue;
             }
             if self.wbuf.len() - start > self.client_max_packet as usize {
@@ -64,6 +80,7 @@ impl Conn {
                     self.out_aliases.remove(&topic);
                 }
                 self.broker.inner.metrics.oversize_dropped.fetch_add(1, Ordering::Relaxed);
+                st.forget(d.seq);
                 continue;
             }
             if let Some(packet_id) = packet_id {

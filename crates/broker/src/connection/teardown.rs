@@ -39,7 +39,13 @@ impl Conn {
         }
         if owner {
             self.hand_over_shared();
-            schedule_expiry(&self.broker, &self.session, self.generation, self.session_expiry);
+            let expiry = self.session_expiry;
+            if expiry == 0 {
+                self.broker.end_session(&self.session);
+            } else {
+                let never = expiry == u32::MAX;
+                schedule_expiry(&self.broker, &self.session, self.generation, (!never).then(|| Duration::from_secs(u64::from(expiry))));
+            }
             self.broker.notify_services_closed(&self.info.client_id);
         }
     }
@@ -64,6 +70,11 @@ impl Conn {
             st.attached = None;
             st.expiry_interval = self.session_expiry;
             self.session.set_connected(false);
+            if self.session_expiry > 0 {
+                // Its expiry clock starts now, on disk too (an expiry of 0 ends the
+                // session, which forgets it).
+                st.save(self.session.client_id(), true);
+            }
             true
         } else {
             false
@@ -96,9 +107,12 @@ impl Conn {
         };
         for d in taken {
             let Some(via) = d.shared.clone() else { continue };
+            let seq = d.seq;
             if !self.broker.reroute_shared(&d, &via, self.session.client_id()) {
                 self.broker.offer(&self.session, d);
             }
+            // Forgotten here only once recorded where it went (the store keeps order).
+            self.session.state.lock().forget(seq);
         }
     }
 }
@@ -165,20 +179,15 @@ fn will_message(will: LastWill, publisher: ByteString) -> Message {
     Message::from_publish(publish, Some(publisher), Instant::now())
 }
 
-/// Ends the session when its expiry interval passes without a new connection.
-fn schedule_expiry(broker: &Broker, session: &Arc<Session>, generation: u64, expiry: u32) {
-    if expiry == 0 {
-        broker.end_session(session);
-        return;
-    }
-    if expiry == u32::MAX {
-        return;
-    }
+/// Ends the session when `expires_in` passes without a new connection (`None`:
+/// it never expires). `generation` is the last connection's.
+pub(crate) fn schedule_expiry(broker: &Broker, session: &Arc<Session>, generation: u64, expires_in: Option<Duration>) {
+    let Some(expires_in) = expires_in else { return };
     let broker = broker.clone();
     let session = session.clone();
     tokio::spawn(async move {
         tokio::select! {
-            () = tokio::time::sleep(Duration::from_secs(u64::from(expiry))) => {}
+            () = tokio::time::sleep(expires_in) => {}
             () = session.ended.cancelled() => return,
         }
         let idle = {

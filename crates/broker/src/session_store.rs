@@ -1,0 +1,189 @@
+//! Persistent sessions beyond the process.
+//!
+//! The broker keeps sessions in memory; a [`SessionStore`] (the binary's, on the data
+//! directory) is told of every change to a session that must survive a restart (one
+//! whose Session Expiry Interval is above 0), and the broker acknowledges only once
+//! what it acknowledges is durable: CONNACK once the session exists on disk, SUBACK and
+//! UNSUBACK once the subscriptions do, PUBACK/PUBREC once the message sits in every
+//! persistent subscriber's stored queue, PUBREL once the stored message says so.
+//! Without a store, nothing changes: the in-memory default pays nothing.
+//!
+//! Packet ids need no writes of their own: a stored message's id is derived from its
+//! sequence number in the session ([`packet_id_for`]), so after a restart every
+//! message is resent under the id it had, and a QoS 2 receiver recognises it.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use statehub_mqtt_codec::ByteString;
+
+use crate::connection::schedule_expiry;
+use crate::message::Delivery;
+use crate::service::BoxFuture;
+use crate::session::{Inflight, Session, Stage, Subscription};
+use crate::Broker;
+
+/// Why a session change could not be made durable.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("session state not stored: {0}")]
+pub struct SessionStoreError(pub Arc<dyn std::error::Error + Send + Sync>);
+
+/// One change to a persistent session. `incarnation` tells apart two sessions that
+/// had the same client id one after the other (a Clean Start ends the first).
+#[derive(Debug)]
+pub enum SessionChange<'a> {
+    /// The session exists with these subscriptions and this expiry; `disconnected`
+    /// is `None` while a connection is attached (its expiry clock is not running).
+    Saved {
+        client_id: &'a str,
+        incarnation: u64,
+        expiry_interval: u32,
+        disconnected: bool,
+        subscriptions: Vec<(&'a ByteString, Subscription)>,
+    },
+    /// The session ended: forget it, its messages and its QoS 2 receipts.
+    Ended { client_id: &'a str, incarnation: u64, messages: Vec<u64>, incoming_qos2: Vec<u16> },
+    /// A message queued for the session (or, `released`, one whose PUBREL is sent).
+    Message { incarnation: u64, seq: u64, delivery: &'a Delivery, released: bool, now: Instant },
+    /// The message was acknowledged, expired or handed to someone else.
+    MessageDone { incarnation: u64, seq: u64 },
+    /// A QoS 2 PUBLISH from the client was received (PUBREC sent) or released.
+    IncomingQos2 { incarnation: u64, packet_id: u16, pending: bool },
+}
+
+/// Where persistent sessions are kept.
+///
+/// Contract:
+/// * [`record`](Self::record) may be called with a session's lock (and the session
+///   table's shard lock) held; it must not block: stage the write and return. Changes
+///   are made durable in the order they are recorded.
+/// * [`barrier`](Self::barrier) resolves once every change recorded before the call is
+///   durable under the store's sync policy, or fails if one never will be (the broker
+///   then withholds the acknowledgement and closes the connection).
+/// * What [`SessionStore`] users load at start-up is a [`StoredSession`] per session
+///   that had not expired, with its messages in sequence order.
+/// * Changes recorded between [`begin_group`](Self::begin_group) and the matching
+///   [`end_group`](Self::end_group) (from any thread, groups may overlap) are made
+///   durable atomically: after a crash, all of them or none. The broker opens a group
+///   around routing a QoS 2 PUBLISH and recording its receipt, so a restart never
+///   keeps the copies without the receipt (the resent PUBLISH would be routed twice)
+///   or the receipt without the copies (the message would be lost). A group never
+///   spans an `.await`. A barrier taken while a group is open covers the group.
+pub trait SessionStore: Send + Sync + std::fmt::Debug {
+    fn record(&self, change: SessionChange<'_>);
+    fn barrier(&self) -> BoxFuture<'static, Result<(), SessionStoreError>>;
+    fn begin_group(&self);
+    fn end_group(&self);
+}
+
+/// An open group of changes (see [`SessionStore::begin_group`]), closed on drop.
+pub(crate) struct Group(Arc<dyn SessionStore>);
+
+impl Group {
+    pub fn open(store: Arc<dyn SessionStore>) -> Group {
+        store.begin_group();
+        Group(store)
+    }
+}
+
+impl Drop for Group {
+    fn drop(&mut self) {
+        self.0.end_group();
+    }
+}
+
+/// A session as loaded from a store at start-up.
+#[derive(Debug)]
+pub struct StoredSession {
+    pub client_id: ByteString,
+    pub incarnation: u64,
+    pub expiry_interval: u32,
+    /// Time left before it expires (from now); `None`: it never expires.
+    pub expires_in: Option<Duration>,
+    pub subscriptions: Vec<(ByteString, Subscription)>,
+    /// In sequence order.
+    pub messages: Vec<StoredMessage>,
+    pub incoming_qos2: Vec<u16>,
+}
+
+/// A message of a stored session's queue.
+#[derive(Debug)]
+pub struct StoredMessage {
+    pub seq: u64,
+    pub delivery: Delivery,
+    /// PUBREL was sent for it (QoS 2): it waits for PUBCOMP only.
+    pub released: bool,
+}
+
+/// The packet id a stored message is sent with: its sequence number modulo the id
+/// space, never 0. Sequence numbers grow by one per stored message of a session, so
+/// two messages in flight share an id only if one waited for 65,535 newer ones; the
+/// sender then waits for the old one's acknowledgement (see `outbound.rs`).
+pub fn packet_id_for(seq: u64) -> u16 {
+    ((seq.wrapping_sub(1) % 65_535) + 1) as u16
+}
+
+impl Broker {
+    /// Keeps persistent sessions in `store` from now on, starting from `loaded` (what
+    /// it held at start-up): their subscriptions are indexed, their messages queued
+    /// (to be sent with DUP set, under their old packet ids), released QoS 2 messages
+    /// put back in flight, and their expiry clocks started. Call from within the
+    /// runtime, before accepting connections.
+    pub fn set_session_store(&self, store: Arc<dyn SessionStore>, loaded: Vec<StoredSession>) {
+        *self.inner.session_store.write() = Some(store.clone());
+        for stored in loaded {
+            let session = Arc::new(Session::new(stored.client_id.clone(), stored.expiry_interval));
+            {
+                let mut st = session.state.lock();
+                st.persist = Some(Persist { store: store.clone(), incarnation: stored.incarnation });
+                for m in stored.messages {
+                    st.next_seq = st.next_seq.max(m.seq);
+                    let mut delivery = m.delivery;
+                    delivery.seq = m.seq;
+                    delivery.dup = true;
+                    if m.released {
+                        let packet_id = packet_id_for(m.seq);
+                        st.inflight.push_back(Inflight { packet_id, stage: Stage::Released, delivery });
+                    } else {
+                        st.queued_bytes += delivery.msg.weight();
+                        st.queue.push_back(delivery);
+                    }
+                }
+                st.incoming_qos2.extend(stored.incoming_qos2);
+                for (filter, sub) in &stored.subscriptions {
+                    st.subscriptions.insert(filter.clone(), *sub);
+                }
+            }
+            for (filter, sub) in stored.subscriptions {
+                self.index_subscription(&session, &filter, sub.options, sub.identifier);
+            }
+            self.inner.sessions.insert(stored.client_id, session.clone());
+            schedule_expiry(self, &session, 0, stored.expires_in);
+        }
+    }
+
+    /// The session store, if one is configured.
+    pub(crate) fn session_store(&self) -> Option<Arc<dyn SessionStore>> {
+        self.inner.session_store.read().clone()
+    }
+}
+
+/// The session's link to the store, when it is persistent.
+#[derive(Debug, Clone)]
+pub(crate) struct Persist {
+    pub store: Arc<dyn SessionStore>,
+    pub incarnation: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::packet_id_for;
+
+    #[test]
+    fn packet_ids_cycle_through_1_to_65535() {
+        assert_eq!(packet_id_for(1), 1);
+        assert_eq!(packet_id_for(65_535), 65_535);
+        assert_eq!(packet_id_for(65_536), 1);
+        assert!((0..200_000u64).chain([u64::MAX]).all(|s| packet_id_for(s) != 0));
+    }
+}
