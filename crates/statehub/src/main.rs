@@ -119,10 +119,8 @@ async fn serve(settings: Settings) -> std::io::Result<()> {
     signals.abort();
     workers.stop();
     expiry.abort();
-    if let Some(store) = storage {
-        if let Err(e) = store.close() {
-            tracing::error!("closing the data directory: {}", chain(&e));
-        }
+    if let Some(data_dir) = storage {
+        data_dir.close();
     }
     match http_task.await {
         Ok(r) => r?,
@@ -147,7 +145,7 @@ fn chain(error: &dyn Error) -> String {
 /// The state store, in memory or loaded from `--data-dir`, registered on the broker with
 /// its expiry task running; with a data directory, the broker's retained messages are
 /// loaded from it and kept there too. Returns the task and the open data directory.
-fn start_state_store(settings: &Settings, broker: &Broker) -> std::io::Result<(JoinHandle<()>, Option<Store>)> {
+fn start_state_store(settings: &Settings, broker: &Broker) -> std::io::Result<(JoinHandle<()>, Option<DataDir>)> {
     let invalid = |e: &dyn Error| std::io::Error::new(std::io::ErrorKind::InvalidInput, chain(e));
     let Some(dir) = &settings.data_dir else {
         let service = StateStoreService::in_memory(&settings.state_store).map_err(|e| invalid(&e))?;
@@ -162,7 +160,8 @@ fn start_state_store(settings: &Settings, broker: &Broker) -> std::io::Result<(J
     broker.set_retain_store(Arc::new(retained), loaded);
     let (sessions, loaded) = sessions::SessionTable::open(&store).map_err(|e| std::io::Error::other(chain(&e)))?;
     let session_count = loaded.len();
-    broker.set_session_store(Arc::new(sessions), loaded);
+    let sessions = Arc::new(sessions);
+    broker.set_session_store(sessions.clone(), loaded);
     tracing::info!(
         "state store loaded from {}: {} keys, {} retained messages and {} persistent sessions in {} ms (sync {})",
         dir.display(),
@@ -172,7 +171,7 @@ fn start_state_store(settings: &Settings, broker: &Broker) -> std::io::Result<(J
         started.elapsed().as_millis(),
         settings.sync
     );
-    Ok((register(broker, service), Some(store)))
+    Ok((register(broker, service), Some(DataDir::start(store, sessions))))
 }
 
 fn register<E, A>(broker: &Broker, service: StateStoreService<E, A>) -> JoinHandle<()>
@@ -183,6 +182,39 @@ where
     let service = Arc::new(service);
     broker.register_service(REQUEST_TOPIC, service.clone());
     tokio::spawn(service.run_expiry(broker.clone()))
+}
+
+/// The open data directory: its store, and the session table whose write-behind
+/// messages a background task writes out every [`sessions::STALE`].
+struct DataDir {
+    store: Store,
+    sessions: Arc<sessions::SessionTable>,
+    flusher: JoinHandle<()>,
+}
+
+impl DataDir {
+    fn start(store: Store, sessions: Arc<sessions::SessionTable>) -> DataDir {
+        let flusher = tokio::spawn({
+            let sessions = sessions.clone();
+            async move {
+                let mut tick = tokio::time::interval(sessions::STALE);
+                loop {
+                    tick.tick().await;
+                    sessions.flush_stale();
+                }
+            }
+        });
+        DataDir { store, sessions, flusher }
+    }
+
+    /// Writes what is held, then closes the store (which commits and syncs it all).
+    fn close(self) {
+        self.flusher.abort();
+        self.sessions.flush_all();
+        if let Err(e) = self.store.close() {
+            tracing::error!("closing the data directory: {}", chain(&e));
+        }
+    }
 }
 
 /// One single-threaded runtime per MQTT worker thread (see

@@ -1,4 +1,8 @@
+use super::records::*;
 use super::*;
+use statehub_broker::codec::{ByteString, QoS, SubscriptionOptions};
+use statehub_broker::{SharedVia, StoredSession, Subscription};
+use crate::stored::wall_ms;
 use bytes::Bytes;
 use statehub_broker::codec::{Publish, PublishProperties};
 use statehub_broker::Message;
@@ -203,4 +207,35 @@ fn a_group_is_written_whole_and_a_barrier_taken_inside_it_waits_for_it() {
     rt.block_on(barrier).unwrap();
     assert!(t.get(&message_key(1, 1)).unwrap().is_some());
     assert!(t.get(&receipt_key(1, 3)).unwrap().is_some());
+}
+
+#[test]
+fn queued_messages_are_written_behind_and_an_acknowledgement_cancels_the_write() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, table, _) = open(dir.path());
+    let t = store.table(TABLE).unwrap();
+    let d = delivery("t", b"x", None);
+    let now = Instant::now();
+    table.record(SessionChange::Message { incarnation: 1, seq: 1, delivery: &d, released: false, now });
+    table.record(SessionChange::Message { incarnation: 1, seq: 2, delivery: &d, released: false, now });
+    table.record(SessionChange::MessageDone { incarnation: 1, seq: 1 });
+    sync(&table);
+    assert!(t.get(&message_key(1, 1)).unwrap().is_none(), "acknowledged while held: never written");
+    assert!(t.get(&message_key(1, 2)).unwrap().is_some(), "a barrier writes what is held");
+
+    table.record(SessionChange::Message { incarnation: 1, seq: 3, delivery: &d, released: false, now: Instant::now() });
+    table.flush_stale();
+    store.submit(Batch::new()).unwrap().wait().unwrap();
+    assert!(t.get(&message_key(1, 3)).unwrap().is_none(), "held for up to STALE");
+    std::thread::sleep(STALE);
+    table.flush_stale();
+    store.submit(Batch::new()).unwrap().wait().unwrap();
+    assert!(t.get(&message_key(1, 3)).unwrap().is_some(), "written once STALE passed");
+
+    table.record(SessionChange::Message { incarnation: 1, seq: 4, delivery: &d, released: false, now: Instant::now() });
+    table.record(SessionChange::Ended { client_id: "c", incarnation: 1, messages: vec![2, 3, 4], incoming_qos2: vec![] });
+    sync(&table);
+    for seq in 1..=4 {
+        assert!(t.get(&message_key(1, seq)).unwrap().is_none(), "the session ended: {seq} gone");
+    }
 }
