@@ -67,9 +67,21 @@ fn packet(header: u8, body: &[u8]) -> Vec<u8> {
 
 impl Raw {
     fn connect(addr: SocketAddr, id: &str) -> Raw {
+        Raw::connect_with(addr, id, &[0x02, 0, 60, 0])
+    }
+
+    /// A persistent session (Clean Start 0, Session Expiry 3600).
+    fn connect_persistent(addr: SocketAddr, id: &str) -> Raw {
+        Raw::connect_with(addr, id, &[0x00, 0, 60, 5, 0x11, 0, 0, 0x0e, 0x10])
+    }
+
+    /// CONNECT with `flags_to_props` (flags, keep alive, properties), then SUBSCRIBE
+    /// to the response topic.
+    fn connect_with(addr: SocketAddr, id: &str, flags_to_props: &[u8]) -> Raw {
         let mut stream = connect_tcp(addr);
         stream.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-        let mut body = vec![0, 4, b'M', b'Q', b'T', b'T', 5, 0x02, 0, 60, 0];
+        let mut body = vec![0, 4, b'M', b'Q', b'T', b'T', 5];
+        body.extend_from_slice(flags_to_props);
         string(id.as_bytes(), &mut body);
         stream.write_all(&packet(0x10, &body)).unwrap();
         let mut raw = Raw { stream, response_topic: format!("clients/{id}/response"), next_id: 1 };
@@ -152,6 +164,25 @@ impl Raw {
     }
 }
 
+impl Raw {
+    /// A QoS 1 PUBLISH, waiting for its PUBACK.
+    fn publish_to(&mut self, topic: &str, payload: &[u8]) {
+        let mut body = Vec::new();
+        string(topic.as_bytes(), &mut body);
+        body.extend_from_slice(&self.next_id.to_be_bytes());
+        body.push(0);
+        body.extend_from_slice(payload);
+        self.stream.write_all(&packet(0x32, &body)).unwrap();
+        self.next_id += 1;
+        loop {
+            let (kind, _) = self.read_packet();
+            if kind >> 4 == 4 {
+                return;
+            }
+        }
+    }
+}
+
 /// Every key, through SCAN (pages of keys without their values).
 fn scan(c: &mut Raw) -> std::collections::HashSet<Vec<u8>> {
     let mut keys = std::collections::HashSet::new();
@@ -178,12 +209,16 @@ fn key(i: usize) -> Vec<u8> {
 }
 
 /// Writes the keys one acknowledged SET at a time, then stops the server gracefully.
+/// A persistent session, offline, gets every state store response of another
+/// persistent session queued too, so the session table has records of its own.
 fn fill(dir: &Path) {
     let mut server = launch(dir);
-    let mut c = Raw::connect(server.mqtt, "filler");
+    drop(Raw::connect_persistent(server.mqtt, "keeper"));
+    let mut c = Raw::connect_persistent(server.mqtt, "filler");
     for i in 0..BIG + SMALL {
         let value = vec![b'a' + (i % 26) as u8; if i < BIG { 900 << 10 } else { 100 }];
         assert_eq!(c.call(&[b"SET", &key(i), &value]), b"+OK\r\n");
+        c.publish_to("clients/keeper/response", &value);
     }
     drop(c);
     // The memtable is flushed to a table file in the background; wait for one.
