@@ -260,3 +260,23 @@ async fn clean_start_forgets_the_stored_session() {
     let mut publisher = RawClient::connect(server.mqtt, ProtocolVersion::V5, "p").await;
     assert_eq!(publisher.publish_simple("t", QoS::AtLeastOnce, b"x").await, ReasonCode::NO_MATCHING_SUBSCRIBERS);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mqtt_311_sessions_without_clean_session_are_kept_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = launch(dir.path());
+    let v311 = Connect { clean_start: false, ..raw::connect_packet(ProtocolVersion::V311, "old-client") };
+    let (mut c, ack) = RawClient::connect_with(server.mqtt, v311.clone()).await;
+    assert!(!ack.session_present);
+    c.subscribe("legacy/#", opts(QoS::AtLeastOnce)).await;
+    c.disconnect().await;
+    let mut publisher = RawClient::connect(server.mqtt, ProtocolVersion::V311, "old-publisher").await;
+    assert_eq!(publisher.publish_simple("legacy/a", QoS::AtLeastOnce, b"kept").await, ReasonCode::SUCCESS);
+    kill(server);
+
+    let server = launch(dir.path());
+    let (mut c, ack) = RawClient::connect_with(server.mqtt, v311).await;
+    assert!(ack.session_present, "Clean Session 0 keeps the session for ever, across a SIGKILL too");
+    let p = c.expect_publish_ack().await;
+    assert_eq!((payload(&p), p.dup), ("kept".into(), true));
+}
