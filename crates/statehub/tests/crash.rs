@@ -258,12 +258,7 @@ fn launch(dir: &std::path::Path, iteration: u32) -> Server {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acknowledged_writes_survive_sigkill() {
-    let iterations: u32 = std::env::var("CRASH_ITERATIONS").ok().and_then(|v| v.parse().ok()).unwrap_or(30);
-    let seed: u64 = std::env::var("CRASH_SEED")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_nanos() as u64);
-    eprintln!("crash test: {iterations} iterations, CRASH_SEED={seed}");
+    let (iterations, seed) = common::crash_plan("crash test", "CRASH_ITERATIONS", 30);
     let mut rng = Rng(seed | 1);
     let dir = tempfile::tempdir().unwrap();
     let mut known: HashMap<Vec<u8>, Known> = (0..WRITERS)

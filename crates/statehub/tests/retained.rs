@@ -11,7 +11,7 @@ mod common;
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::Path;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use common::{start, Rng, Server};
 use rumqttc::v5::mqttbytes::v5::{Packet, PublishProperties};
@@ -219,12 +219,7 @@ fn check(got: &Got, acked: &mut HashMap<String, u64>, in_flight: &mut HashMap<St
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acknowledged_retained_messages_survive_sigkill() {
     const WRITERS: u32 = 4;
-    let iterations: u32 = std::env::var("RETAINED_CRASH_ITERATIONS").ok().and_then(|v| v.parse().ok()).unwrap_or(12);
-    let seed = std::env::var("CRASH_SEED")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_nanos() as u64);
-    eprintln!("retained crash test: {iterations} iterations, CRASH_SEED={seed}");
+    let (iterations, seed) = common::crash_plan("retained crash test", "RETAINED_CRASH_ITERATIONS", 12);
     let mut rng = Rng(seed | 1);
     let dir = tempfile::tempdir().unwrap();
     // Per topic: the last acknowledged payload, and one in flight when the kill landed.

@@ -20,7 +20,7 @@ use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use bytes::BytesMut;
 use common::{start, Rng, Server};
@@ -166,12 +166,7 @@ async fn read(addr: SocketAddr, r: &Arc<Mutex<Reader>>, quiet: Duration) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acknowledged_messages_reach_a_persistent_subscriber_through_sigkills() {
-    let iterations: u32 = std::env::var("SESSION_CRASH_ITERATIONS").ok().and_then(|v| v.parse().ok()).unwrap_or(10);
-    let seed = std::env::var("CRASH_SEED")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_nanos() as u64);
-    eprintln!("session crash test: {iterations} iterations, CRASH_SEED={seed}");
+    let (iterations, seed) = common::crash_plan("session crash test", "SESSION_CRASH_ITERATIONS", 10);
     let mut rng = Rng(seed | 1);
     let dir = tempfile::tempdir().unwrap();
     let reader = Arc::new(Mutex::new(Reader::default()));

@@ -132,6 +132,17 @@ pub fn run_to_exit(args: &[&str]) -> (ExitStatus, String) {
     (status, strip_ansi(&reader.join().unwrap()))
 }
 
+/// A crash test's iterations (from `var`, else `default`) and its seed (`CRASH_SEED`,
+/// else the clock), printed with `name` so a failing run can be reproduced.
+pub fn crash_plan(name: &str, var: &str, default: u32) -> (u32, u64) {
+    let iterations = std::env::var(var).ok().and_then(|v| v.parse().ok()).unwrap_or(default);
+    let seed = std::env::var("CRASH_SEED").ok().and_then(|v| v.parse().ok()).unwrap_or_else(|| {
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64
+    });
+    eprintln!("{name}: {iterations} iterations, CRASH_SEED={seed}");
+    (iterations, seed)
+}
+
 /// A small xorshift generator: reproducible random moments from a printed seed.
 pub struct Rng(pub u64);
 
