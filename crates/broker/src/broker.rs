@@ -29,7 +29,7 @@ use crate::retain_store::{RetainStore, RetainStoreError};
 use crate::service::BoxFuture;
 use crate::service::Service;
 use crate::session::{Enqueued, QueueLimits, Session};
-use crate::session_store::SessionStore;
+use crate::session_store::{Gate, SessionStore};
 use crate::topic;
 use crate::trie::{SubEntry, SubscriptionTrie};
 
@@ -147,7 +147,7 @@ impl Broker {
             .map(|s| s.clone())
             .ok_or_else(|| DeliverError::NoSession(client_id.to_owned()))?;
         let msg = Arc::new(Message::from_publish(publish, None, Instant::now()));
-        let d = Delivery { qos: msg.qos, retain: msg.retain, msg, subscription_ids: Vec::new(), shared: None, seq: 0, dup: false };
+        let d = Delivery { qos: msg.qos, retain: msg.retain, msg, subscription_ids: Vec::new(), shared: None, seq: 0, dup: false, gate: None };
         match session.enqueue(d, &self.inner.limits) {
             Enqueued::Queued { .. } | Enqueued::SlowConsumer { .. } => Ok(()),
             Enqueued::SkippedOffline | Enqueued::DroppedOffline | Enqueued::DroppedQoS0 => {
@@ -171,7 +171,7 @@ impl Broker {
             // A broker-made message is not acknowledged to anyone: nothing waits.
             drop(self.store_retained(&msg));
         }
-        self.route(&msg).sessions
+        self.route(&msg, None).sessions
     }
 
     /// Makes `msg` its topic's retained message (an empty payload clears it). With a
@@ -224,7 +224,10 @@ impl Broker {
     /// to and whether any stored it. Overlapping subscriptions of one client produce
     /// one copy with the highest QoS and every subscription identifier; each shared
     /// group gets one copy.
-    pub(crate) fn route(&self, msg: &Arc<Message>) -> Routed {
+    ///
+    /// With a `gate`, the QoS 2 copies that persistent sessions store wait behind it
+    /// (the caller opens it once the message is durable).
+    pub(crate) fn route(&self, msg: &Arc<Message>, gate: Option<&Arc<Gate>>) -> Routed {
         let metrics = &self.inner.metrics;
         metrics.messages_in.fetch_add(1, Ordering::Relaxed);
         let trie = self.inner.trie.read();
@@ -252,6 +255,7 @@ impl Broker {
                 shared: None,
                 seq: 0,
                 dup: false,
+                gate: gate.cloned(),
             };
             targets.push((entry, d));
         }
@@ -265,6 +269,7 @@ impl Broker {
                     shared: Some(SharedVia { filter: group.filter.as_ref().into(), group: group.name.as_ref().into() }),
                     seq: 0,
                     dup: false,
+                    gate: gate.cloned(),
                 };
                 targets.push((entry, d));
             }
@@ -272,7 +277,12 @@ impl Broker {
         let sessions = targets.len();
         let mut stored = false;
         for (entry, d) in targets {
-            stored |= self.offer(&entry.session, d);
+            let gated = d.qos == statehub_mqtt_codec::QoS::ExactlyOnce;
+            let kept = self.offer(&entry.session, d);
+            if let (true, Some(gate)) = (kept && gated, gate) {
+                gate.hold(entry.session.clone());
+            }
+            stored |= kept;
         }
         Routed { sessions, stored }
     }

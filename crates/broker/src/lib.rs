@@ -36,5 +36,5 @@ pub use retain_store::{RetainStore, RetainStoreError};
 pub use server::MqttListener;
 pub use service::{BoxFuture, ClientInfo, Service};
 pub use session::Subscription;
-pub use session_store::{packet_id_for, SessionChange, SessionStore, SessionStoreError, StoredMessage, StoredSession};
+pub use session_store::{packet_id_for, Gate, SessionChange, SessionStore, SessionStoreError, StoredMessage, StoredSession};
 pub use statehub_mqtt_codec as codec;

@@ -88,6 +88,9 @@ pub struct Delivery {
     /// Loaded from a store after a restart: it may have been sent before, so it goes
     /// out with DUP set.
     pub dup: bool,
+    /// A stored QoS 2 copy waits behind this until the message is durable (see
+    /// [`Gate`](crate::Gate)); `None`: it may go at once.
+    pub gate: Option<Arc<crate::Gate>>,
 }
 
 impl Delivery {

@@ -236,6 +236,7 @@ impl Session {
         // A delivery handed over from another session starts afresh here.
         d.seq = 0;
         d.dup = false;
+        let gate = d.gate.take();
         let connected = self.is_connected();
         let outcome = {
             let mut st = self.state.lock();
@@ -261,6 +262,8 @@ impl Session {
             } else {
                 let stored = st.persist.is_some() && d.qos != QoS::AtMostOnce;
                 if stored {
+                    // Only a stored QoS 2 copy needs to wait until it is durable.
+                    d.gate = gate.filter(|_| d.qos == QoS::ExactlyOnce);
                     st.next_seq += 1;
                     d.seq = st.next_seq;
                     let now = std::time::Instant::now();

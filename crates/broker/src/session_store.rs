@@ -12,6 +12,7 @@
 //! sequence number in the session ([`packet_id_for`]), so after a restart every
 //! message is resent under the id it had, and a QoS 2 receiver recognises it.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -165,6 +166,36 @@ impl Broker {
     /// The session store, if one is configured.
     pub(crate) fn session_store(&self) -> Option<Arc<dyn SessionStore>> {
         self.inner.session_store.read().clone()
+    }
+}
+
+/// Holds the stored QoS 2 copies of one message back from their subscribers until the
+/// message is durable. Otherwise a subscriber could receive a copy (under the packet
+/// id of its sequence number), the server die before the copy reached the disk, the
+/// publisher resend the message, and the new copy arrive under another packet id: a
+/// QoS 2 receiver would deliver it twice. The publisher's connection opens the gate
+/// after the barrier that precedes its PUBREC.
+#[derive(Debug, Default)]
+pub struct Gate {
+    open: AtomicBool,
+    /// Sessions holding a copy, woken when the gate opens.
+    waiting: parking_lot::Mutex<Vec<Arc<Session>>>,
+}
+
+impl Gate {
+    pub fn is_open(&self) -> bool {
+        self.open.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn hold(&self, session: Arc<Session>) {
+        self.waiting.lock().push(session);
+    }
+
+    pub(crate) fn open(&self) {
+        self.open.store(true, Ordering::Release);
+        for session in self.waiting.lock().drain(..) {
+            session.wake.notify_one();
+        }
     }
 }
 

@@ -9,7 +9,7 @@
 //! messages first arrived in the order they were sent; nothing arrived that was not
 //! sent. Iterations alternate `--sync always` and `--sync interval=50`.
 //!
-//! `SESSION_CRASH_ITERATIONS` (default 10) and `CRASH_SEED` extend or reproduce it.
+//! `SESSION_CRASH_ITERATIONS` (default 16) and `CRASH_SEED` extend or reproduce it.
 
 mod common;
 #[path = "../../broker/tests/common/mod.rs"]
@@ -166,7 +166,7 @@ async fn read(addr: SocketAddr, r: &Arc<Mutex<Reader>>, quiet: Duration) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acknowledged_messages_reach_a_persistent_subscriber_through_sigkills() {
-    let (iterations, seed) = common::crash_plan("session crash test", "SESSION_CRASH_ITERATIONS", 10);
+    let (iterations, seed) = common::crash_plan("session crash test", "SESSION_CRASH_ITERATIONS", 16);
     let mut rng = Rng(seed | 1);
     let dir = tempfile::tempdir().unwrap();
     let reader = Arc::new(Mutex::new(Reader::default()));

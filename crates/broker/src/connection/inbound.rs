@@ -14,7 +14,17 @@ use crate::broker::split_shared;
 use crate::message::{Delivery, Message};
 use crate::session::{Stage, Subscription};
 use crate::broker::Routed;
-use crate::session_store::{Group, SessionChange};
+use crate::session_store::{Gate, Group, SessionChange};
+
+/// Opens a gate when the publish that holds it is done with (acknowledged, or failed:
+/// a dead store must not leave messages stuck behind it).
+struct OpenOnDrop(Arc<Gate>);
+
+impl Drop for OpenOnDrop {
+    fn drop(&mut self) {
+        self.0.open();
+    }
+}
 
 impl Conn {
     pub(super) async fn handle(&mut self, p: Packet) -> Result<(), Close> {
@@ -85,6 +95,9 @@ impl Conn {
             return self.ack_publish(p.qos, pid, code, false).await;
         }
         let qos = p.qos;
+        // Opened once this publish is acknowledged (after its barrier) or failed.
+        let gate = (qos == QoS::ExactlyOnce && self.broker.session_store().is_some()).then(Arc::default);
+        let _open_when_done = gate.clone().map(OpenOnDrop);
         let (code, stored) = if let Some(service) = self.broker.service_for(&p.topic) {
             service.on_publish(&self.broker, &self.info, p).await;
             let stored = qos == QoS::ExactlyOnce && self.receive_qos2(pid);
@@ -92,7 +105,7 @@ impl Conn {
         } else {
             let msg = Arc::new(Message::from_publish(p, Some(self.info.client_id.clone()), Instant::now()));
             let durable = if msg.retain { self.broker.store_retained(&msg) } else { None };
-            let routed = self.route_and_receive(&msg, pid);
+            let routed = self.route_and_receive(&msg, pid, gate.as_ref());
             // With a retain store, the ack waits until the retained change is durable. If
             // it never will be, no ack: the connection closes and the client resends.
             if let Some(durable) = durable.filter(|_| qos != QoS::AtMostOnce) {
@@ -109,13 +122,13 @@ impl Conn {
 
     /// Routes a client's message and, for QoS 2, records its receipt (so a resent
     /// PUBLISH is known for a duplicate), the two atomically in the session store.
-    fn route_and_receive(&mut self, msg: &Arc<Message>, pid: u16) -> Routed {
+    fn route_and_receive(&mut self, msg: &Arc<Message>, pid: u16, gate: Option<&Arc<Gate>>) -> Routed {
         if msg.qos != QoS::ExactlyOnce {
-            return self.broker.route(msg);
+            return self.broker.route(msg, None);
         }
         let store = self.broker.session_store().filter(|_| self.session.state.lock().is_persistent());
         let _group = store.map(Group::open);
-        let mut routed = self.broker.route(msg);
+        let mut routed = self.broker.route(msg, gate);
         routed.stored |= self.receive_qos2(pid);
         routed
     }
@@ -252,6 +265,7 @@ impl Conn {
                         shared: None,
                         seq: 0,
                         dup: false,
+                        gate: None,
                         msg,
                     });
                 }

@@ -43,6 +43,10 @@ impl Conn {
         }
         while self.wbuf.len() < high_water {
             let Some(front) = st.queue.front() else { break };
+            if front.gate.as_ref().is_some_and(|g| !g.is_open()) {
+                // Not durable yet: the gate's opener wakes this connection.
+                break;
+            }
             if front.qos != QoS::AtMostOnce && st.inflight.len() >= usize::from(self.client_receive_max) {
                 break;
             }

@@ -190,7 +190,7 @@ pub(super) fn decode_message(value: &[u8], now_ms: u64) -> Result<Option<(Delive
         _ => Some(SharedVia { filter: get_str(&mut buf)?.into(), group: get_str(&mut buf)?.into() }),
     };
     let Some(msg) = stored::read_message(buf, down_since(written_ms, now_ms))? else { return Ok(None) };
-    let delivery = Delivery { msg: Arc::new(msg), qos, retain, subscription_ids, shared, seq: 0, dup: true };
+    let delivery = Delivery { msg: Arc::new(msg), qos, retain, subscription_ids, shared, seq: 0, dup: true, gate: None };
     Ok(Some((delivery, released)))
 }
 

@@ -33,6 +33,7 @@ fn delivery(topic: &str, payload: &'static [u8], expiry: Option<u32>) -> Deliver
         shared: Some(SharedVia { filter: "a/#".into(), group: "g".into() }),
         seq: 0,
         dup: false,
+        gate: None,
     }
 }
 
