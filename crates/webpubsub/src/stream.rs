@@ -96,11 +96,19 @@ fn start(
     no_echo: bool,
 ) {
     if stream_id.is_empty() {
-        fx.replies.push(closed(stream_id, "BadRequest", "streamId must be non-empty"));
+        fx.replies.push(closed(
+            stream_id,
+            "BadRequest",
+            "streamId must be non-empty",
+        ));
         return;
     }
     if idle_timeout_ms == Some(0) {
-        fx.replies.push(closed(stream_id, "BadRequest", "idleTimeoutMs must be greater than 0"));
+        fx.replies.push(closed(
+            stream_id,
+            "BadRequest",
+            "idleTimeoutMs must be greater than 0",
+        ));
         return;
     }
     let allowed = session.permissions().can_send(&group);
@@ -162,7 +170,11 @@ fn data(
     };
     let Some((seq, payload)) = fragment else {
         // A keepalive.
-        let expected = session.streams().active.get(&stream_id).map_or(1, |s| s.expected);
+        let expected = session
+            .streams()
+            .active
+            .get(&stream_id)
+            .map_or(1, |s| s.expected);
         return fx.replies.push(Downstream::StreamAck {
             stream_id,
             expected_sequence_id: expected,
@@ -286,7 +298,14 @@ fn publish_end(
         end_of_stream: true,
         error,
     };
-    publish(hub, session, &s.group, s.no_echo, &info, &Payload::Text(String::new()));
+    publish(
+        hub,
+        session,
+        &s.group,
+        s.no_echo,
+        &info,
+        &Payload::Text(String::new()),
+    );
 }
 
 /// Ends every stream of a session that ended: subscribers get a terminal message
