@@ -209,6 +209,9 @@ async fn apply(
     for msg in &fx.replies {
         reply(session, out, msg);
     }
+    if let Some(timer) = fx.stream_timer {
+        crate::stream::spawn_idle_timer(Arc::clone(hub), Arc::clone(session), timer);
+    }
     if let Some(close) = fx.close {
         hub.close(session.id(), close.code, &close.reason);
     }

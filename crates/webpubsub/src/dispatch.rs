@@ -62,6 +62,15 @@ pub struct UserEvent {
     pub invocation_id: Option<String>,
 }
 
+/// A stream whose idle deadline the connection must watch (see [`crate::stream`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StreamTimer {
+    /// The stream.
+    pub stream_id: String,
+    /// Which opening of that stream id.
+    pub epoch: u64,
+}
+
 /// The effects of one frame.
 #[derive(Debug, Default, PartialEq)]
 pub struct Effects {
@@ -71,6 +80,8 @@ pub struct Effects {
     pub close: Option<Close>,
     /// A user event to post upstream, after the replies.
     pub upstream: Option<UserEvent>,
+    /// A stream was opened: watch its idle timeout.
+    pub stream_timer: Option<StreamTimer>,
 }
 
 /// Handles one frame of a raw (no subprotocol) client: the `message` user event when
@@ -158,6 +169,7 @@ pub fn handle(hub: &Hub, session: &Session, request: Result<Request, ProtocolErr
                     group: Some(&group),
                     from_user_id: session.user_id(),
                     payload: &payload,
+                    stream: None,
                 };
                 hub.send_to_group(&group, &msg, no_echo.then(|| session.id()));
                 Ok(())
@@ -203,6 +215,12 @@ pub fn handle(hub: &Hub, session: &Session, request: Result<Request, ProtocolErr
             payload,
         } => {
             invoke(hub, &mut fx, invocation_id, &target, event, payload);
+            Ok(())
+        }
+        req @ (Request::StreamStart { .. }
+        | Request::StreamData { .. }
+        | Request::StreamEnd { .. }) => {
+            crate::stream::handle(hub, session, &mut fx, req);
             Ok(())
         }
         Request::Unknown => Ok(()),
@@ -256,7 +274,7 @@ fn invoke(
     });
 }
 
-fn check_group(group: &str, allowed: bool, verb: &str) -> Result<(), AckFailure> {
+pub(crate) fn check_group(group: &str, allowed: bool, verb: &str) -> Result<(), AckFailure> {
     if group.is_empty() || group.len() > MAX_GROUP_NAME {
         return Err(AckFailure::BadRequest(format!(
             "group name must be 1 to {MAX_GROUP_NAME} bytes"

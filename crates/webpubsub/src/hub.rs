@@ -28,10 +28,12 @@ use base64::Engine as _;
 use crate::config::Limits;
 use crate::outbox::{Outbox, PushError};
 use crate::permissions::Permissions;
+use crate::protocol::codec::encode_reply;
 use crate::protocol::frames::DataFrames;
-use crate::protocol::json::DataMessageRef;
+use crate::protocol::json::{DataMessageRef, Downstream};
 use crate::protocol::{Payload, Subprotocol};
 use crate::session::{ProcessedAcks, Sequencer};
+use crate::stream::Streams;
 use crate::token::ClientClaims;
 use crate::upstream::cloudevents::UpstreamError;
 use tokio_util::sync::CancellationToken;
@@ -137,6 +139,8 @@ pub struct Session {
     permissions: Mutex<Permissions>,
     reconnection_token: Option<String>,
     state: Mutex<SessionState>,
+    /// Open client streams; locked alone (see [`crate::stream`]).
+    streams: Mutex<Streams>,
 }
 
 #[derive(Debug)]
@@ -287,6 +291,7 @@ impl Hub {
                 close_reason: None,
                 connection_state,
             }),
+            streams: Mutex::new(Streams::default()),
         });
         {
             let mut hub = lock(&self.state);
@@ -392,6 +397,7 @@ impl Hub {
             }
             (session, reason)
         };
+        crate::stream::cancel_all(self, &session);
         if let Some(e) = &self.events {
             e.disconnected(self, &session, reason.as_deref().unwrap_or_default());
         }
@@ -537,6 +543,25 @@ impl Session {
         lock(&self.state).acks.insert(ack_id);
     }
 
+    /// The session's open client streams.
+    pub(crate) fn streams(&self) -> MutexGuard<'_, Streams> {
+        lock(&self.streams)
+    }
+
+    /// Queues a reply (e.g. a `streamClosed` from an idle timer) on the attached
+    /// socket, if any; a full queue closes it as a slow consumer.
+    pub fn send_reply(&self, msg: &Downstream) {
+        let Some(frame) = encode_reply(self.protocol, msg) else {
+            return;
+        };
+        let st = lock(&self.state);
+        if let Some((_, out)) = &st.link {
+            if let Err(PushError::Full) = out.push(frame) {
+                out.close(CLOSE_POLICY, "Slow consumer");
+            }
+        }
+    }
+
     /// The groups the session is in.
     pub fn groups(&self) -> Vec<String> {
         lock(&self.state).groups.iter().cloned().collect()
@@ -554,6 +579,9 @@ impl Session {
         frames: &mut DataFrames<'_>,
         deadline: Option<tokio::time::Instant>,
     ) -> Result<(), Gone> {
+        if self.protocol == Subprotocol::Raw && frames.is_bare_stream_end() {
+            return Ok(());
+        }
         let mut st = lock(&self.state);
         if st.closed {
             return Ok(());

@@ -39,6 +39,7 @@ fn publish(hub: &Hub, group: &str, payload: &Payload, exclude: Option<&str>) -> 
         group: Some(group),
         from_user_id: None,
         payload,
+        stream: None,
     };
     hub.send_to_group(group, &msg, exclude)
 }

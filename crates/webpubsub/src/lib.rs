@@ -13,7 +13,8 @@
 //! - [`config`]: keys, limits and hub settings (statehub's `[webpubsub]` table).
 //! - [`hub`]: hubs, groups, users, sessions, and (in [`hub::admin`]) what the REST API
 //!   does to them; [`session`]: the reliable-session bookkeeping;
-//!   [`outbox`]: the bounded per-socket send queue.
+//!   [`outbox`]: the bounded per-socket send queue; [`stream`]: client streams to
+//!   groups (`streamStart`, `streamData`, `streamEnd`).
 //!
 //! Build it with [`WebPubSub::new`] from a [`Config`], serve [`router`] (the client
 //! endpoint and the REST API), and call [`WebPubSub::shutdown`] to stop.
@@ -28,6 +29,7 @@ pub mod permissions;
 pub mod protocol;
 pub mod rest;
 pub mod session;
+pub mod stream;
 pub mod token;
 pub mod upstream;
 pub mod ws;

@@ -127,6 +127,7 @@ impl Hub {
             },
             from_user_id: None,
             payload,
+            stream: None,
         };
         let mut delivered = 0;
         let mut frames = DataFrames::new(&msg);

@@ -9,7 +9,8 @@ use axum::extract::ws::Message;
 use prost::Message as _;
 
 use super::json::{
-    decode_upstream, DataMessageRef, Downstream, MessageSource, SystemEvent, Upstream,
+    decode_upstream, DataMessageRef, Downstream, MessageSource, StreamEndError, SystemEvent,
+    Upstream,
 };
 use super::proto::{self, MessageData};
 use super::{Payload, ProtocolError, Subprotocol};
@@ -46,6 +47,23 @@ pub enum Request {
         event: String,
         payload: Result<Payload, ProtocolError>,
     },
+    /// Starts a group stream (JSON subprotocols only).
+    StreamStart {
+        stream_id: String,
+        group: String,
+        idle_timeout_ms: Option<u64>,
+        no_echo: bool,
+    },
+    /// A stream fragment; `None` is a keepalive.
+    StreamData {
+        stream_id: String,
+        fragment: Option<(u64, Result<Payload, ProtocolError>)>,
+    },
+    /// Ends a stream, with the publisher's error if any.
+    StreamEnd {
+        stream_id: String,
+        error: Option<StreamEndError>,
+    },
     /// A message kind this service ignores.
     Unknown,
 }
@@ -58,7 +76,13 @@ impl Request {
             | Self::LeaveGroup { ack_id, .. }
             | Self::SendToGroup { ack_id, .. }
             | Self::Event { ack_id, .. } => *ack_id,
-            Self::SequenceAck { .. } | Self::Ping | Self::Invoke { .. } | Self::Unknown => None,
+            Self::SequenceAck { .. }
+            | Self::Ping
+            | Self::Invoke { .. }
+            | Self::StreamStart { .. }
+            | Self::StreamData { .. }
+            | Self::StreamEnd { .. }
+            | Self::Unknown => None,
         }
     }
 }
@@ -79,10 +103,22 @@ impl From<Upstream> for Request {
             Upstream::LeaveGroup { group, ack_id } => Self::LeaveGroup { group, ack_id },
             Upstream::SendToGroup {
                 group,
+                no_echo,
+                stream: Some(stream),
+                ..
+            } => Self::StreamStart {
+                stream_id: stream.stream_id,
+                group,
+                idle_timeout_ms: stream.idle_timeout_ms,
+                no_echo,
+            },
+            Upstream::SendToGroup {
+                group,
                 ack_id,
                 no_echo,
                 data_type,
                 data,
+                stream: None,
             } => Self::SendToGroup {
                 group,
                 ack_id,
@@ -113,6 +149,43 @@ impl From<Upstream> for Request {
                 event,
                 payload: checked(Payload::from_json(data_type, data)),
             },
+            Upstream::StreamStart {
+                stream_id,
+                target,
+                group,
+                idle_timeout_ms,
+                no_echo,
+            } if target.is_empty() || target == "group" => Self::StreamStart {
+                stream_id,
+                group,
+                idle_timeout_ms,
+                no_echo,
+            },
+            // A stream to another target: refused as a stream to no group.
+            Upstream::StreamStart {
+                stream_id, no_echo, ..
+            } => Self::StreamStart {
+                stream_id,
+                group: String::new(),
+                idle_timeout_ms: None,
+                no_echo,
+            },
+            Upstream::StreamData {
+                stream_id,
+                stream_sequence_id,
+                data_type,
+                data,
+            } => Self::StreamData {
+                stream_id,
+                fragment: match (stream_sequence_id, data) {
+                    (Some(seq), Some(data)) => Some((
+                        seq,
+                        checked(Payload::from_json(data_type.unwrap_or_default(), data)),
+                    )),
+                    _ => None,
+                },
+            },
+            Upstream::StreamEnd { stream_id, error } => Self::StreamEnd { stream_id, error },
             Upstream::Unknown => Self::Unknown,
         }
     }
@@ -221,7 +294,10 @@ pub fn encode_reply(protocol: Subprotocol, msg: &Downstream) -> Option<Message> 
             }),
         }),
         Downstream::Pong => D::Pong(proto::Empty {}),
-        Downstream::InvokeResponse { .. } => return None,
+        Downstream::InvokeResponse { .. }
+        | Downstream::StreamAck { .. }
+        | Downstream::StreamNack { .. }
+        | Downstream::StreamClosed { .. } => return None,
     };
     Some(Message::Binary(
         proto::DownstreamMessage { message: Some(out) }

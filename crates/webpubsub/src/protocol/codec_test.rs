@@ -137,6 +137,7 @@ fn data_per_subprotocol() {
         group: Some("g"),
         from_user_id: Some("u"),
         payload: &payload,
+        stream: None,
     };
     assert_eq!(
         encode_data(Subprotocol::Raw, &msg, None),
@@ -145,6 +146,7 @@ fn data_per_subprotocol() {
     let bin = Payload::Binary(vec![1, 2]);
     let raw_bin = DataMessageRef {
         payload: &bin,
+        stream: None,
         ..msg
     };
     assert_eq!(

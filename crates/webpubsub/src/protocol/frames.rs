@@ -36,6 +36,13 @@ impl<'a> DataFrames<'a> {
         }
     }
 
+    /// Is this the terminal message of a stream, with no data? Raw connections are not
+    /// sent it (they would get an empty frame).
+    pub fn is_bare_stream_end(&self) -> bool {
+        self.msg.stream.is_some_and(|s| s.end_of_stream)
+            && matches!(self.msg.payload, crate::protocol::Payload::Text(t) if t.is_empty())
+    }
+
     /// The frame for a connection of `protocol`; `sequence_id` on reliable ones.
     pub fn frame(&mut self, protocol: Subprotocol, sequence_id: Option<u64>) -> Message {
         let slot = match (protocol, sequence_id) {
@@ -100,6 +107,7 @@ mod tests {
                     group,
                     from_user_id,
                     payload,
+                    stream: None,
                 };
                 let mut frames = DataFrames::new(&msg);
                 for protocol in [

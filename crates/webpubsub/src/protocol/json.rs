@@ -42,6 +42,38 @@ pub enum Upstream {
         data_type: DataType,
         #[serde(default)]
         data: Value,
+        /// Set on a stream start request (the documented form of `streamStart`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        stream: Option<StreamStartSpec>,
+    },
+    /// Starts a group stream (the form `@azure/web-pubsub-client`'s streaming
+    /// preview sends): `target` is `group`.
+    StreamStart {
+        stream_id: String,
+        #[serde(default)]
+        target: String,
+        #[serde(default)]
+        group: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        idle_timeout_ms: Option<u64>,
+        #[serde(default)]
+        no_echo: bool,
+    },
+    /// One fragment of a stream; without `streamSequenceId` and `data`, a keepalive.
+    StreamData {
+        stream_id: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        stream_sequence_id: Option<u64>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        data_type: Option<DataType>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        data: Option<Value>,
+    },
+    /// Ends a stream, optionally with an application error.
+    StreamEnd {
+        stream_id: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        error: Option<StreamEndError>,
     },
     /// A custom event for the application server.
     Event {
@@ -74,6 +106,49 @@ pub enum Upstream {
     /// Any other `type`: ignored, as the spec asks.
     #[serde(other)]
     Unknown,
+}
+
+/// The `stream` of a `sendToGroup` that starts a stream.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StreamStartSpec {
+    pub stream_id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle_timeout_ms: Option<u64>,
+}
+
+/// The application error of a `streamEnd`.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StreamEndError {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user_error_code: Option<String>,
+}
+
+/// The `stream` of a group message that belongs to a stream.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StreamInfo {
+    pub stream_id: String,
+    pub stream_sequence_id: u64,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub end_of_stream: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<StreamError>,
+}
+
+/// Why a stream ended: `IdleTimeout`, `Forbidden`, `Cancelled`, `UserError`, ...
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StreamError {
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    /// Only for `UserError`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user_error_code: Option<String>,
 }
 
 /// Decodes one text frame. A frame that is JSON but not a valid message keeps its
@@ -141,6 +216,24 @@ pub enum Downstream {
     System(SystemEvent),
     /// The answer to `ping`.
     Pong,
+    /// Stream data accepted (or a stream started): the next `streamSequenceId` expected.
+    StreamAck {
+        stream_id: String,
+        expected_sequence_id: u64,
+    },
+    /// A retriable stream error (`InvalidSequenceId`).
+    StreamNack {
+        stream_id: String,
+        expected_sequence_id: u64,
+        name: String,
+        message: String,
+    },
+    /// The publisher's stream is closed; `error` is absent on a normal end.
+    StreamClosed {
+        stream_id: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        error: Option<AckError>,
+    },
     /// The answer to `invoke`: the upstream's data, or an error.
     InvokeResponse {
         invocation_id: String,
@@ -230,6 +323,8 @@ pub struct DataMessageRef<'a> {
     pub from_user_id: Option<&'a str>,
     /// The data.
     pub payload: &'a Payload,
+    /// Set when the message is a fragment (or the end) of a stream.
+    pub stream: Option<&'a StreamInfo>,
 }
 
 #[derive(Serialize)]
@@ -245,6 +340,9 @@ struct DataMessageOut<'a> {
     data_type: DataType,
     data: JsonData<'a>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    stream: Option<&'a StreamInfo>,
+    /// Last: `frames.rs` appends it to a shared prefix.
+    #[serde(skip_serializing_if = "Option::is_none")]
     sequence_id: Option<u64>,
 }
 
@@ -257,6 +355,7 @@ pub fn encode_data_message(msg: &DataMessageRef<'_>, sequence_id: Option<u64>) -
         from_user_id: msg.from_user_id,
         data_type: msg.payload.data_type(),
         data: msg.payload.json_data(),
+        stream: msg.stream,
         sequence_id,
     };
     serde_json::to_string(&out).unwrap_or_default()

@@ -48,7 +48,8 @@ fn send_to_group_defaults_to_json_and_echo() {
             ack_id: Some(7),
             no_echo: false,
             data_type: DataType::Json,
-            data: json!({"x":1})
+            data: json!({"x":1}),
+            stream: None,
         }
     );
     let m = parse(
@@ -100,6 +101,7 @@ fn upstream_round_trips() {
             no_echo: true,
             data_type: DataType::Protobuf,
             data: json!("AQ=="),
+            stream: None,
         },
         Upstream::Event {
             event: "e".into(),
@@ -203,6 +205,7 @@ fn data_message_encoder_matches_the_owned_shape() {
             group: Some("g"),
             from_user_id: Some("u"),
             payload: &payload,
+            stream: None,
         };
         let text = encode_data_message(&r, Some(4));
         let expected = Downstream::Message {
@@ -225,6 +228,7 @@ fn data_message_encoder_matches_the_owned_shape() {
         group: None,
         from_user_id: None,
         payload: &p,
+        stream: None,
     };
     assert_eq!(
         serde_json::from_str::<Value>(&encode_data_message(&r, None)).unwrap(),

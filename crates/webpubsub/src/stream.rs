@@ -1,0 +1,366 @@
+//! Client streams to a group: `streamStart` (or a `sendToGroup` with a `stream`
+//! property), `streamData` and `streamEnd` on the JSON subprotocols, as the service's
+//! reliable JSON protocol reference describes them and `@azure/web-pubsub-client`'s
+//! streaming preview sends them.
+//!
+//! A stream lives on its publisher's session, keyed by `streamId`. Each fragment must
+//! carry the next `streamSequenceId` (1, 2, ...): it is published to the group as a
+//! `message` with a `stream` property and answered `streamAck` with the next id
+//! expected; an id already seen is answered `streamAck` again without publishing (a
+//! retry), one ahead of the expected id `streamNack` `InvalidSequenceId`. `streamData`
+//! without a sequence id and data is a keepalive. The end (`streamEnd`, the idle
+//! timeout, a revoked permission, the publisher's session ending) publishes a terminal
+//! message (`endOfStream: true`, empty text data, the error if any) and, except when
+//! the session ended, answers the publisher `streamClosed`.
+//!
+//! Locking: a session's stream table is taken alone, never while publishing (a
+//! publisher may be in its own group) nor with its permissions held.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::dispatch::{check_group, Effects, StreamTimer};
+use crate::hub::{Hub, Session};
+use crate::protocol::codec::Request;
+use crate::protocol::json::{
+    AckError, DataMessageRef, Downstream, MessageSource, StreamEndError, StreamError, StreamInfo,
+};
+use crate::protocol::{Payload, ProtocolError};
+
+/// The idle timeout of a stream whose start names none.
+pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_millis(300_000);
+/// Streams one connection may have open at once.
+pub const MAX_STREAMS_PER_CONNECTION: usize = 100;
+
+/// A session's open streams.
+#[derive(Debug, Default)]
+pub struct Streams {
+    active: HashMap<String, OutStream>,
+    /// Tells a stream from an earlier one of the same id, for its idle timer.
+    next_epoch: u64,
+}
+
+#[derive(Debug)]
+struct OutStream {
+    group: String,
+    no_echo: bool,
+    /// The next `streamSequenceId` expected.
+    expected: u64,
+    idle: Duration,
+    deadline: Instant,
+    epoch: u64,
+}
+
+/// Handles a stream request of a session (other requests are ignored).
+pub fn handle(hub: &Hub, session: &Session, fx: &mut Effects, request: Request) {
+    match request {
+        Request::StreamStart {
+            stream_id,
+            group,
+            idle_timeout_ms,
+            no_echo,
+        } => start(session, fx, stream_id, group, idle_timeout_ms, no_echo),
+        Request::StreamData {
+            stream_id,
+            fragment,
+        } => data(hub, session, fx, stream_id, fragment),
+        Request::StreamEnd { stream_id, error } => end(hub, session, fx, stream_id, error),
+        _ => {}
+    }
+}
+
+fn closed(stream_id: String, name: &str, message: impl Into<String>) -> Downstream {
+    Downstream::StreamClosed {
+        stream_id,
+        error: Some(AckError {
+            name: name.to_owned(),
+            message: message.into(),
+        }),
+    }
+}
+
+fn not_found(stream_id: String) -> Downstream {
+    let message = format!("Stream '{stream_id}' is not open on this connection");
+    closed(stream_id, "StreamNotFound", message)
+}
+
+fn start(
+    session: &Session,
+    fx: &mut Effects,
+    stream_id: String,
+    group: String,
+    idle_timeout_ms: Option<u64>,
+    no_echo: bool,
+) {
+    if stream_id.is_empty() {
+        fx.replies.push(closed(
+            stream_id,
+            "BadRequest",
+            "streamId must be non-empty",
+        ));
+        return;
+    }
+    if idle_timeout_ms == Some(0) {
+        fx.replies.push(closed(
+            stream_id,
+            "BadRequest",
+            "idleTimeoutMs must be greater than 0",
+        ));
+        return;
+    }
+    let allowed = session.permissions().can_send(&group);
+    if let Err(e) = check_group(&group, allowed, "stream to") {
+        fx.replies.push(closed(stream_id, e.name(), e.to_string()));
+        return;
+    }
+    let idle = idle_timeout_ms.map_or(DEFAULT_IDLE_TIMEOUT, Duration::from_millis);
+    let mut streams = session.streams();
+    if streams.active.contains_key(&stream_id) {
+        let message = format!("Stream '{stream_id}' is already open on this connection");
+        drop(streams);
+        fx.replies.push(closed(stream_id, "BadRequest", message));
+        return;
+    }
+    if streams.active.len() >= MAX_STREAMS_PER_CONNECTION {
+        drop(streams);
+        let message = format!("At most {MAX_STREAMS_PER_CONNECTION} streams may be open at once");
+        fx.replies.push(closed(stream_id, "BadRequest", message));
+        return;
+    }
+    streams.next_epoch += 1;
+    let epoch = streams.next_epoch;
+    streams.active.insert(
+        stream_id.clone(),
+        OutStream {
+            group,
+            no_echo,
+            expected: 1,
+            idle,
+            deadline: Instant::now() + idle,
+            epoch,
+        },
+    );
+    drop(streams);
+    fx.stream_timer = Some(StreamTimer {
+        stream_id: stream_id.clone(),
+        epoch,
+    });
+    fx.replies.push(Downstream::StreamAck {
+        stream_id,
+        expected_sequence_id: 1,
+    });
+}
+
+fn data(
+    hub: &Hub,
+    session: &Session,
+    fx: &mut Effects,
+    stream_id: String,
+    fragment: Option<(u64, Result<Payload, ProtocolError>)>,
+) {
+    let group = match session.streams().active.get_mut(&stream_id) {
+        Some(s) => {
+            s.deadline = Instant::now() + s.idle;
+            s.group.clone()
+        }
+        None => return fx.replies.push(not_found(stream_id)),
+    };
+    let Some((seq, payload)) = fragment else {
+        // A keepalive.
+        let expected = session
+            .streams()
+            .active
+            .get(&stream_id)
+            .map_or(1, |s| s.expected);
+        return fx.replies.push(Downstream::StreamAck {
+            stream_id,
+            expected_sequence_id: expected,
+        });
+    };
+    let allowed = session.permissions().can_send(&group);
+    let failure = match (&payload, allowed) {
+        (Err(e), _) => Some(("BadRequest", "Cancelled", e.to_string())),
+        (Ok(_), false) => Some((
+            "Forbidden",
+            "Forbidden",
+            format!("The connection has no permission to send to group '{group}'"),
+        )),
+        (Ok(_), true) => None,
+    };
+    let mut streams = session.streams();
+    let Some(s) = streams.active.get_mut(&stream_id) else {
+        drop(streams);
+        return fx.replies.push(not_found(stream_id));
+    };
+    let expected = s.expected;
+    if seq < expected {
+        drop(streams);
+        return fx.replies.push(Downstream::StreamAck {
+            stream_id,
+            expected_sequence_id: expected,
+        });
+    }
+    if seq > expected {
+        drop(streams);
+        return fx.replies.push(Downstream::StreamNack {
+            stream_id,
+            expected_sequence_id: expected,
+            name: "InvalidSequenceId".into(),
+            message: format!("Expected streamSequenceId {expected}, got {seq}"),
+        });
+    }
+    if let Some((name, group_error, message)) = failure {
+        let s = streams.active.remove(&stream_id);
+        drop(streams);
+        if let Some(s) = s {
+            let error = StreamError {
+                name: group_error.into(),
+                message: Some(message.clone()),
+                user_error_code: None,
+            };
+            publish_end(hub, session, &stream_id, &s, Some(error));
+        }
+        return fx.replies.push(closed(stream_id, name, message));
+    }
+    s.expected += 1;
+    let no_echo = s.no_echo;
+    drop(streams);
+    if let Ok(payload) = payload {
+        let info = StreamInfo {
+            stream_id: stream_id.clone(),
+            stream_sequence_id: seq,
+            end_of_stream: false,
+            error: None,
+        };
+        publish(hub, session, &group, no_echo, &info, &payload);
+    }
+    fx.replies.push(Downstream::StreamAck {
+        stream_id,
+        expected_sequence_id: seq + 1,
+    });
+}
+
+fn end(
+    hub: &Hub,
+    session: &Session,
+    fx: &mut Effects,
+    stream_id: String,
+    error: Option<StreamEndError>,
+) {
+    let Some(s) = session.streams().active.remove(&stream_id) else {
+        return fx.replies.push(not_found(stream_id));
+    };
+    let error = error.map(|e| StreamError {
+        name: "UserError".into(),
+        message: e.message,
+        user_error_code: e.user_error_code,
+    });
+    publish_end(hub, session, &stream_id, &s, error);
+    fx.replies.push(Downstream::StreamClosed {
+        stream_id,
+        error: None,
+    });
+}
+
+fn publish(
+    hub: &Hub,
+    session: &Session,
+    group: &str,
+    no_echo: bool,
+    info: &StreamInfo,
+    payload: &Payload,
+) {
+    let msg = DataMessageRef {
+        from: MessageSource::Group,
+        group: Some(group),
+        from_user_id: session.user_id(),
+        payload,
+        stream: Some(info),
+    };
+    hub.send_to_group(group, &msg, no_echo.then(|| session.id()));
+}
+
+/// Publishes the terminal message of a stream: no data (empty text), the next
+/// sequence id, `endOfStream`, and the error if it did not end normally.
+fn publish_end(
+    hub: &Hub,
+    session: &Session,
+    stream_id: &str,
+    s: &OutStream,
+    error: Option<StreamError>,
+) {
+    let info = StreamInfo {
+        stream_id: stream_id.to_owned(),
+        stream_sequence_id: s.expected,
+        end_of_stream: true,
+        error,
+    };
+    publish(
+        hub,
+        session,
+        &s.group,
+        s.no_echo,
+        &info,
+        &Payload::Text(String::new()),
+    );
+}
+
+/// Ends every stream of a session that ended: subscribers get a terminal message
+/// with the error `Cancelled`.
+pub fn cancel_all(hub: &Hub, session: &Session) {
+    let open: Vec<(String, OutStream)> = session.streams().active.drain().collect();
+    for (stream_id, s) in open {
+        let error = StreamError {
+            name: "Cancelled".into(),
+            message: Some("The publisher's connection ended".into()),
+            user_error_code: None,
+        };
+        publish_end(hub, session, &stream_id, &s, Some(error));
+    }
+}
+
+/// Watches a stream's idle deadline: once it passes with no fragment or keepalive, the
+/// stream ends with `IdleTimeout` for the publisher (`streamClosed`) and subscribers.
+pub fn spawn_idle_timer(hub: Arc<Hub>, session: Arc<Session>, timer: StreamTimer) {
+    let StreamTimer { stream_id, epoch } = timer;
+    tokio::spawn(async move {
+        loop {
+            let deadline = match session.streams().active.get(&stream_id) {
+                Some(s) if s.epoch == epoch => s.deadline,
+                _ => return,
+            };
+            tokio::select! {
+                () = tokio::time::sleep_until(deadline) => {}
+                () = hub.shutdown_token().cancelled() => return,
+            }
+            let expired = {
+                let mut streams = session.streams();
+                match streams.active.get(&stream_id) {
+                    Some(s) if s.epoch == epoch && Instant::now() >= s.deadline => {
+                        streams.active.remove(&stream_id)
+                    }
+                    Some(s) if s.epoch == epoch => continue,
+                    _ => return,
+                }
+            };
+            if let Some(s) = expired {
+                let message = format!("The stream was idle for {} ms", s.idle.as_millis());
+                let error = StreamError {
+                    name: "IdleTimeout".into(),
+                    message: Some(message.clone()),
+                    user_error_code: None,
+                };
+                publish_end(&hub, &session, &stream_id, &s, Some(error));
+                session.send_reply(&closed(stream_id, "IdleTimeout", message));
+            }
+            return;
+        }
+    });
+}
+
+#[cfg(test)]
+#[path = "stream_test.rs"]
+mod tests;
