@@ -7,19 +7,22 @@
 //! does); a duplicate arriving after the deadline is dropped, since its caller has given
 //! up. The cache is bounded: when full, the entry closest to its end goes first.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use statehub_broker::codec::ByteString;
 use statehub_broker::Message;
 
 /// How long past its deadline an entry still suppresses re-execution.
 const GRACE: Duration = Duration::from_secs(60);
 
-/// Who asked, and which call.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+/// Who asked, and which call. Both parts are reference-counted views of the request
+/// (its client id and Correlation Data), so making a key copies nothing.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct CacheKey {
-    pub client_id: String,
+    pub client_id: ByteString,
     pub correlation: Bytes,
 }
 
@@ -29,16 +32,20 @@ pub enum Lookup {
     /// Never seen (or forgotten): execute it.
     Miss,
     /// Seen and still awaited: send this response again.
-    Hit(Message),
+    Hit(Arc<Message>),
     /// Seen, but its deadline has passed: nobody is waiting any more.
     Late,
 }
 
+/// When an entry is forgotten, plus an insertion number that makes the position unique
+/// (two requests received in the same instant), so the order index never compares keys.
+type End = (Instant, u64);
+
 #[derive(Debug)]
 struct Entry {
-    response: Message,
+    response: Arc<Message>,
     deadline: Instant,
-    forget_at: Instant,
+    end: End,
 }
 
 /// The bounded cache.
@@ -46,12 +53,13 @@ struct Entry {
 pub struct ResponseCache {
     capacity: usize,
     entries: HashMap<CacheKey, Entry>,
-    by_end: BTreeSet<(Instant, CacheKey)>,
+    by_end: BTreeMap<End, CacheKey>,
+    inserted: u64,
 }
 
 impl ResponseCache {
     pub fn new(capacity: usize) -> Self {
-        Self { capacity, entries: HashMap::new(), by_end: BTreeSet::new() }
+        Self { capacity, entries: HashMap::new(), by_end: BTreeMap::new(), inserted: 0 }
     }
 
     #[cfg(test)]
@@ -75,31 +83,31 @@ impl ResponseCache {
     }
 
     /// Remembers `response` (whose `expires_at` is the request's deadline).
-    pub fn insert(&mut self, key: CacheKey, response: Message, now: Instant) {
+    pub fn insert(&mut self, key: CacheKey, response: Arc<Message>, now: Instant) {
         if self.capacity == 0 {
             return;
         }
         self.prune(now);
         while self.entries.len() >= self.capacity {
-            let Some(first) = self.by_end.pop_first() else { break };
-            self.entries.remove(&first.1);
+            let Some((_, first)) = self.by_end.pop_first() else { break };
+            self.entries.remove(&first);
         }
         let deadline = response.expires_at.unwrap_or(now);
-        let forget_at = deadline + GRACE;
-        if let Some(old) = self.entries.insert(key.clone(), Entry { response, deadline, forget_at }) {
-            self.by_end.remove(&(old.forget_at, key.clone()));
+        self.inserted += 1;
+        let end = (deadline + GRACE, self.inserted);
+        if let Some(old) = self.entries.insert(key.clone(), Entry { response, deadline, end }) {
+            self.by_end.remove(&old.end);
         }
-        self.by_end.insert((forget_at, key));
+        self.by_end.insert(end, key);
     }
 
     fn prune(&mut self, now: Instant) {
-        while let Some((end, _)) = self.by_end.first() {
-            if *end > now {
+        while let Some(entry) = self.by_end.first_entry() {
+            if entry.key().0 > now {
                 break;
             }
-            if let Some((_, key)) = self.by_end.pop_first() {
-                self.entries.remove(&key);
-            }
+            let key = entry.remove();
+            self.entries.remove(&key);
         }
     }
 }
@@ -109,8 +117,8 @@ mod tests {
     use super::*;
     use statehub_broker::codec::{PublishProperties, QoS};
 
-    fn message(deadline: Instant) -> Message {
-        Message {
+    fn message(deadline: Instant) -> Arc<Message> {
+        Arc::new(Message {
             topic: "t".into(),
             payload: Bytes::from_static(b"+OK\r\n"),
             qos: QoS::AtLeastOnce,
@@ -118,7 +126,7 @@ mod tests {
             properties: PublishProperties::default(),
             expires_at: Some(deadline),
             publisher: None,
-        }
+        })
     }
 
     fn key(n: u8) -> CacheKey {
