@@ -50,6 +50,11 @@ impl SharedGroup {
 #[derive(Debug, Default)]
 struct Node {
     children: HashMap<Box<str>, Node>,
+    /// Whether `children` holds a `+` / a `#` level. Most nodes have neither (a response
+    /// topic like `clients/{id}/...` walks eight of them), and a flag is cheaper than
+    /// hashing `+` and `#` at every level of every publish.
+    has_plus: bool,
+    has_hash: bool,
     plain: HashMap<ByteString, SubEntry>,
     shared: HashMap<Box<str>, SharedGroup>,
 }
@@ -57,6 +62,15 @@ struct Node {
 impl Node {
     fn is_empty(&self) -> bool {
         self.children.is_empty() && self.plain.is_empty() && self.shared.is_empty()
+    }
+
+    /// Clears a wildcard flag once its child `level` is gone.
+    fn removed_child(&mut self, level: &str) {
+        match level {
+            "+" => self.has_plus = false,
+            "#" => self.has_hash = false,
+            _ => {}
+        }
     }
 }
 
@@ -79,6 +93,11 @@ impl SubscriptionTrie {
     pub fn insert(&mut self, filter: &str, group: Option<&str>, entry: SubEntry) -> bool {
         let mut node = &mut self.root;
         for level in filter.split('/') {
+            match level {
+                "+" => node.has_plus = true,
+                "#" => node.has_hash = true,
+                _ => {}
+            }
             node = node.children.entry(level.into()).or_default();
         }
         let client: ByteString = entry.session.client_id().into();
@@ -163,13 +182,14 @@ fn remove_at(node: &mut Node, levels: &[&str], group: Option<&str>, client_id: &
     let removed = remove_at(child, rest, group, client_id);
     if child.is_empty() {
         node.children.remove(*first);
+        node.removed_child(first);
     }
     removed
 }
 
 fn collect<'a>(node: &'a Node, levels: &[&str], depth: usize, dollar: bool, out: &mut Matches<'a>) {
     let wildcard_ok = !(dollar && depth == 0);
-    if wildcard_ok {
+    if wildcard_ok && node.has_hash {
         if let Some(hash) = node.children.get("#") {
             push_leaf(hash, out);
         }
@@ -181,7 +201,7 @@ fn collect<'a>(node: &'a Node, levels: &[&str], depth: usize, dollar: bool, out:
     if let Some(child) = node.children.get(*level) {
         collect(child, levels, depth + 1, dollar, out);
     }
-    if wildcard_ok {
+    if wildcard_ok && node.has_plus {
         if let Some(plus) = node.children.get("+") {
             collect(plus, levels, depth + 1, dollar, out);
         }

@@ -267,7 +267,15 @@ impl Conn {
             return close;
         }
         let (mut rd, mut wr) = stream.split();
+        let mut wake = std::pin::pin!(session.wake.notified());
         loop {
+            // A wake-up that came before this drain is covered by it: drop it, so that a
+            // delivery this task queued itself (a service's reply to this client) does not
+            // cost another turn of the loop. One that comes after is kept for the select.
+            if wake.as_mut().enable() {
+                wake.set(session.wake.notified());
+                wake.as_mut().enable();
+            }
             if self.wbuf.len() < high_water {
                 self.drain();
             }
@@ -293,7 +301,7 @@ impl Conn {
                         return close;
                     }
                 }
-                () = session.wake.notified() => {}
+                () = &mut wake => wake.set(session.wake.notified()),
                 () = sleep_until(deadline), if !keep_alive.is_zero() => {
                     return Close::ByServer(ReasonCode::KEEP_ALIVE_TIMEOUT, "keep alive timeout");
                 }
