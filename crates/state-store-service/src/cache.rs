@@ -5,9 +5,15 @@
 //!
 //! An entry lives until its request's deadline plus a grace period (as the SDK executor
 //! does); a duplicate arriving after the deadline is dropped, since its caller has given
-//! up. The cache is bounded: when full, the entry closest to its end goes first.
+//! up. The cache is bounded: when full, the oldest entry goes first.
+//!
+//! Every request inserts one entry and, once the cache is full, evicts one, so both are
+//! O(1): entries are queued in arrival order, and the queue's front is pruned once its
+//! end has passed. An entry whose end passed while an older, longer-lived one stays in
+//! front of it is forgotten all the same (lookups check the end), and leaves the map when
+//! its turn comes; the bound holds either way.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{hash_map, HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -37,15 +43,15 @@ pub enum Lookup {
     Late,
 }
 
-/// When an entry is forgotten, plus an insertion number that makes the position unique
-/// (two requests received in the same instant), so the order index never compares keys.
-type End = (Instant, u64);
-
 #[derive(Debug)]
 struct Entry {
     response: Arc<Message>,
     deadline: Instant,
-    end: End,
+    /// When the entry is forgotten.
+    end: Instant,
+    /// Which insertion made it, so that a queued key whose entry was replaced since
+    /// (re-executed after it was forgotten) does not take the new entry with it.
+    inserted: u64,
 }
 
 /// The bounded cache.
@@ -53,13 +59,14 @@ struct Entry {
 pub struct ResponseCache {
     capacity: usize,
     entries: HashMap<CacheKey, Entry>,
-    by_end: BTreeMap<End, CacheKey>,
+    /// (end, insertion, key), in insertion order.
+    queue: VecDeque<(Instant, u64, CacheKey)>,
     inserted: u64,
 }
 
 impl ResponseCache {
     pub fn new(capacity: usize) -> Self {
-        Self { capacity, entries: HashMap::new(), by_end: BTreeMap::new(), inserted: 0 }
+        Self { capacity, entries: HashMap::new(), queue: VecDeque::new(), inserted: 0 }
     }
 
     #[cfg(test)]
@@ -70,12 +77,13 @@ impl ResponseCache {
     /// Forgets every response (the store failed: they may answer writes now lost).
     pub fn clear(&mut self) {
         self.entries.clear();
-        self.by_end.clear();
+        self.queue.clear();
     }
 
     pub fn lookup(&mut self, key: &CacheKey, now: Instant) -> Lookup {
         self.prune(now);
         match self.entries.get(key) {
+            Some(e) if e.end <= now => Lookup::Miss,
             None => Lookup::Miss,
             Some(e) if e.deadline <= now => Lookup::Late,
             Some(e) => Lookup::Hit(e.response.clone()),
@@ -88,27 +96,35 @@ impl ResponseCache {
             return;
         }
         self.prune(now);
-        while self.entries.len() >= self.capacity {
-            let Some((_, first)) = self.by_end.pop_first() else { break };
-            self.entries.remove(&first);
+        // Replaced keys leave stale queue items behind: bound those too.
+        while self.entries.len() >= self.capacity || self.queue.len() >= 2 * self.capacity {
+            if !self.pop_front() {
+                break;
+            }
         }
         let deadline = response.expires_at.unwrap_or(now);
+        let end = deadline + GRACE;
         self.inserted += 1;
-        let end = (deadline + GRACE, self.inserted);
-        if let Some(old) = self.entries.insert(key.clone(), Entry { response, deadline, end }) {
-            self.by_end.remove(&old.end);
-        }
-        self.by_end.insert(end, key);
+        let inserted = self.inserted;
+        self.entries.insert(key.clone(), Entry { response, deadline, end, inserted });
+        self.queue.push_back((end, inserted, key));
     }
 
     fn prune(&mut self, now: Instant) {
-        while let Some(entry) = self.by_end.first_entry() {
-            if entry.key().0 > now {
-                break;
-            }
-            let key = entry.remove();
-            self.entries.remove(&key);
+        while self.queue.front().is_some_and(|(end, _, _)| *end <= now) {
+            self.pop_front();
         }
+    }
+
+    /// Drops the oldest queued entry; false if the queue is empty.
+    fn pop_front(&mut self) -> bool {
+        let Some((_, inserted, key)) = self.queue.pop_front() else { return false };
+        if let hash_map::Entry::Occupied(e) = self.entries.entry(key) {
+            if e.get().inserted == inserted {
+                e.remove();
+            }
+        }
+        true
     }
 }
 
