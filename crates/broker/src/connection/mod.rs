@@ -268,6 +268,12 @@ impl Conn {
         }
         let (mut rd, mut wr) = stream.split();
         let mut wake = std::pin::pin!(session.wake.notified());
+        // One keep-alive timer for the connection's life, moved only when it fires early:
+        // a fresh `sleep_until` per turn of the loop inserted into and removed from the
+        // timer wheel for every packet.
+        let mut idle = std::pin::pin!(sleep_until(deadline));
+        // Likewise the shutdown wait registers with the token once, not once per turn.
+        let mut cancelled = std::pin::pin!(shutdown.cancelled());
         loop {
             // A wake-up that came before this drain is covered by it: drop it, so that a
             // delivery this task queued itself (a service's reply to this client) does not
@@ -284,7 +290,7 @@ impl Conn {
             let reading = self.wbuf.len() < 4 * high_water;
             tokio::select! {
                 biased;
-                () = shutdown.cancelled() => return Close::ByServer(ReasonCode::SERVER_SHUTTING_DOWN, "server shutting down"),
+                () = &mut cancelled => return Close::ByServer(ReasonCode::SERVER_SHUTTING_DOWN, "server shutting down"),
                 Some(code) = self.kick_rx.recv() => return Close::ByServer(code, kick_text(code)),
                 r = wr.write_buf(&mut self.wbuf), if writing => {
                     tracing::trace!(client = %self.info.client_id, written = ?r, left = self.wbuf.len(), "write");
@@ -302,8 +308,11 @@ impl Conn {
                     }
                 }
                 () = &mut wake => wake.set(session.wake.notified()),
-                () = sleep_until(deadline), if !keep_alive.is_zero() => {
-                    return Close::ByServer(ReasonCode::KEEP_ALIVE_TIMEOUT, "keep alive timeout");
+                () = &mut idle, if !keep_alive.is_zero() => {
+                    if Instant::now() >= deadline {
+                        return Close::ByServer(ReasonCode::KEEP_ALIVE_TIMEOUT, "keep alive timeout");
+                    }
+                    idle.as_mut().reset(deadline);
                 }
             }
         }
