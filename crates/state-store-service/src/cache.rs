@@ -7,13 +7,21 @@
 //! does); a duplicate arriving after the deadline is dropped, since its caller has given
 //! up. The cache is bounded: when full, the oldest entry goes first.
 //!
-//! Every request inserts one entry and, once the cache is full, evicts one, so both are
-//! O(1): entries are queued in arrival order, and the queue's front is pruned once its
-//! end has passed. An entry whose end passed while an older, longer-lived one stays in
-//! front of it is forgotten all the same (lookups check the end), and leaves the map when
-//! its turn comes; the bound holds either way.
+//! Every request looks up, inserts one entry and, once the cache is full, evicts one, so
+//! all three are O(1) and touch little memory:
+//! * entries sit in a queue in arrival order, whose front is pruned once its end has
+//!   passed (an entry whose end passed behind an older, longer-lived one is forgotten all
+//!   the same: lookups check the end; it leaves when its turn comes);
+//! * the index maps a keyed SipHash fingerprint of (client id, Correlation Data) to the
+//!   entry's place in the queue: 16 bytes a bucket instead of the keys themselves, so
+//!   the probes of a full cache stay in cache. A fingerprint match is confirmed against
+//!   the stored key; two live keys with the same 64-bit fingerprint (never seen in
+//!   practice, and not forceable without the process's random key) make the older one
+//!   forgotten early, as if evicted.
 
-use std::collections::{hash_map, HashMap, VecDeque};
+use std::collections::hash_map::{self, RandomState};
+use std::collections::{HashMap, VecDeque};
+use std::hash::{BuildHasher, BuildHasherDefault, Hasher};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -24,8 +32,8 @@ use statehub_broker::Message;
 /// How long past its deadline an entry still suppresses re-execution.
 const GRACE: Duration = Duration::from_secs(60);
 
-/// Who asked, and which call. Both parts are reference-counted views of the request
-/// (its client id and Correlation Data), so making a key copies nothing.
+/// Who asked, and which call. Both parts are reference-counted, so making a key copies
+/// nothing.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct CacheKey {
     pub client_id: ByteString,
@@ -43,50 +51,80 @@ pub enum Lookup {
     Late,
 }
 
+/// One remembered response, in the queue.
 #[derive(Debug)]
-struct Entry {
+struct Slot {
+    fingerprint: u64,
+    key: CacheKey,
     response: Arc<Message>,
     deadline: Instant,
     /// When the entry is forgotten.
     end: Instant,
-    /// Which insertion made it, so that a queued key whose entry was replaced since
-    /// (re-executed after it was forgotten) does not take the new entry with it.
-    inserted: u64,
+}
+
+/// The index's hasher: fingerprints are SipHash outputs already, used as they are.
+#[derive(Debug, Default)]
+struct Fingerprint(u64);
+
+impl Hasher for Fingerprint {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(b);
+        }
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
 }
 
 /// The bounded cache.
 #[derive(Debug)]
 pub struct ResponseCache {
     capacity: usize,
-    entries: HashMap<CacheKey, Entry>,
-    /// (end, insertion, key), in insertion order.
-    queue: VecDeque<(Instant, u64, CacheKey)>,
-    inserted: u64,
+    keys: RandomState,
+    /// Fingerprint -> insertion number of the newest entry with it.
+    index: HashMap<u64, u64, BuildHasherDefault<Fingerprint>>,
+    /// Entries in insertion order; the back one has insertion number `next - 1`.
+    queue: VecDeque<Slot>,
+    next: u64,
 }
 
 impl ResponseCache {
     pub fn new(capacity: usize) -> Self {
-        Self { capacity, entries: HashMap::new(), queue: VecDeque::new(), inserted: 0 }
+        // Sized up front: a full cache is the steady state under load, and growing the
+        // queue copies every entry.
+        let queue = VecDeque::with_capacity(capacity.min(1 << 16));
+        Self { capacity, keys: RandomState::new(), index: HashMap::default(), queue, next: 0 }
     }
 
     #[cfg(test)]
     pub fn len(&self) -> usize {
-        self.entries.len()
+        self.index.len()
     }
 
     /// Forgets every response (the store failed: they may answer writes now lost).
     pub fn clear(&mut self) {
-        self.entries.clear();
+        self.index.clear();
         self.queue.clear();
     }
 
     pub fn lookup(&mut self, key: &CacheKey, now: Instant) -> Lookup {
         self.prune(now);
-        match self.entries.get(key) {
-            Some(e) if e.end <= now => Lookup::Miss,
-            None => Lookup::Miss,
-            Some(e) if e.deadline <= now => Lookup::Late,
-            Some(e) => Lookup::Hit(e.response.clone()),
+        let fingerprint = self.keys.hash_one(key);
+        let Some(slot) = self.index.get(&fingerprint).and_then(|&n| self.slot(n)) else {
+            return Lookup::Miss;
+        };
+        if slot.key != *key || slot.end <= now {
+            Lookup::Miss
+        } else if slot.deadline <= now {
+            Lookup::Late
+        } else {
+            Lookup::Hit(slot.response.clone())
         }
     }
 
@@ -96,31 +134,33 @@ impl ResponseCache {
             return;
         }
         self.prune(now);
-        // Replaced keys leave stale queue items behind: bound those too.
-        while self.entries.len() >= self.capacity || self.queue.len() >= 2 * self.capacity {
-            if !self.pop_front() {
-                break;
-            }
-        }
+        while self.queue.len() >= self.capacity && self.pop_front() {}
         let deadline = response.expires_at.unwrap_or(now);
-        let end = deadline + GRACE;
-        self.inserted += 1;
-        let inserted = self.inserted;
-        self.entries.insert(key.clone(), Entry { response, deadline, end, inserted });
-        self.queue.push_back((end, inserted, key));
+        let fingerprint = self.keys.hash_one(&key);
+        self.index.insert(fingerprint, self.next);
+        self.next += 1;
+        self.queue.push_back(Slot { fingerprint, key, response, deadline, end: deadline + GRACE });
+    }
+
+    /// The queued entry with insertion number `n`, if still queued.
+    fn slot(&self, n: u64) -> Option<&Slot> {
+        let first = self.next - self.queue.len() as u64;
+        self.queue.get(usize::try_from(n.checked_sub(first)?).ok()?)
     }
 
     fn prune(&mut self, now: Instant) {
-        while self.queue.front().is_some_and(|(end, _, _)| *end <= now) {
+        while self.queue.front().is_some_and(|s| s.end <= now) {
             self.pop_front();
         }
     }
 
-    /// Drops the oldest queued entry; false if the queue is empty.
+    /// Drops the oldest entry (and its index entry, unless a newer one took it over);
+    /// false if the queue is empty.
     fn pop_front(&mut self) -> bool {
-        let Some((_, inserted, key)) = self.queue.pop_front() else { return false };
-        if let hash_map::Entry::Occupied(e) = self.entries.entry(key) {
-            if e.get().inserted == inserted {
+        let n = self.next - self.queue.len() as u64;
+        let Some(slot) = self.queue.pop_front() else { return false };
+        if let hash_map::Entry::Occupied(e) = self.index.entry(slot.fingerprint) {
+            if *e.get() == n {
                 e.remove();
             }
         }
@@ -159,6 +199,24 @@ mod tests {
         assert!(matches!(cache.lookup(&key(1), now + Duration::from_secs(6)), Lookup::Late));
         assert!(matches!(cache.lookup(&key(1), now + Duration::from_secs(70)), Lookup::Miss));
         assert_eq!(cache.len(), 0);
+    }
+
+    #[test]
+    fn a_replaced_entry_outlives_its_stale_queue_place() {
+        let now = Instant::now();
+        let later = now + Duration::from_secs(70);
+        let mut cache = ResponseCache::new(3);
+        cache.insert(key(1), message(now + Duration::from_secs(1000)), now);
+        cache.insert(key(2), message(now + Duration::from_secs(1)), now);
+        // Key 2's end has passed, but it is queued behind key 1: forgotten all the same.
+        assert!(matches!(cache.lookup(&key(2), later), Lookup::Miss));
+        cache.insert(key(2), message(later + Duration::from_secs(10)), later);
+        cache.insert(key(3), message(later + Duration::from_secs(10)), later);
+        cache.insert(key(4), message(later + Duration::from_secs(10)), later);
+        // Key 1 and key 2's first place were evicted; its new entry stays.
+        assert!(matches!(cache.lookup(&key(1), later), Lookup::Miss));
+        assert!(matches!(cache.lookup(&key(2), later), Lookup::Hit(_)));
+        assert_eq!(cache.len(), 3);
     }
 
     #[test]
