@@ -155,9 +155,7 @@ impl SubscriptionTrie {
     /// Everything that matches `topic`.
     pub fn matches<'a>(&'a self, topic: &str) -> Matches<'a> {
         let mut out = Matches::default();
-        let levels: Vec<&str> = topic.split('/').collect();
-        let dollar = topic.starts_with('$');
-        collect(&self.root, &levels, 0, dollar, &mut out);
+        collect(&self.root, Some(topic), true, topic.starts_with('$'), &mut out);
         out
     }
 }
@@ -187,23 +185,29 @@ fn remove_at(node: &mut Node, levels: &[&str], group: Option<&str>, client_id: &
     removed
 }
 
-fn collect<'a>(node: &'a Node, levels: &[&str], depth: usize, dollar: bool, out: &mut Matches<'a>) {
-    let wildcard_ok = !(dollar && depth == 0);
+/// Matches the levels of `rest` (`None` once every level is consumed; levels are split
+/// off as the walk goes, no vector of them) below `node`; `first` is the topic's first level.
+fn collect<'a>(node: &'a Node, rest: Option<&str>, first: bool, dollar: bool, out: &mut Matches<'a>) {
+    let wildcard_ok = !(dollar && first);
     if wildcard_ok && node.has_hash {
         if let Some(hash) = node.children.get("#") {
             push_leaf(hash, out);
         }
     }
-    let Some(level) = levels.get(depth) else {
+    let Some(rest) = rest else {
         push_leaf(node, out);
         return;
     };
-    if let Some(child) = node.children.get(*level) {
-        collect(child, levels, depth + 1, dollar, out);
+    let (level, next) = match rest.split_once('/') {
+        Some((level, next)) => (level, Some(next)),
+        None => (rest, None),
+    };
+    if let Some(child) = node.children.get(level) {
+        collect(child, next, false, dollar, out);
     }
     if wildcard_ok && node.has_plus {
         if let Some(plus) = node.children.get("+") {
-            collect(plus, levels, depth + 1, dollar, out);
+            collect(plus, next, false, dollar, out);
         }
     }
 }

@@ -8,8 +8,6 @@
 
 use std::time::{Duration, Instant};
 
-use std::fmt::Write as _;
-
 use bytes::{BufMut, Bytes, BytesMut};
 use statehub_broker::codec::{ByteString, PublishProperties, QoS, UserProperties};
 use statehub_broker::Message;
@@ -153,8 +151,7 @@ pub fn ok_response(topic: &str, correlation: Option<&[u8]>, payload: Bytes, vers
         buf.put_slice(c);
     }
     if let Some(v) = version {
-        // Writing into a BytesMut cannot fail.
-        let _ = write!(buf, "{v}");
+        put_hlc(&mut buf, v);
     }
     let buf = buf.freeze();
     let end = topic.len() + correlation_len;
@@ -167,6 +164,31 @@ pub fn ok_response(topic: &str, correlation: Option<&[u8]>, payload: Bytes, vers
     }
     let correlation = correlation.map(|_| buf.slice(topic.len()..end));
     response(text(0..topic.len()), correlation, payload, user, deadline)
+}
+
+/// Appends `v` in its wire form, exactly as its `Display` writes it
+/// (`{wall_ms:015}:{counter:05}:{node_id}`), without going through `fmt`.
+fn put_hlc(buf: &mut BytesMut, v: &Hlc) {
+    put_padded(buf, v.wall_ms, 15);
+    buf.put_u8(b':');
+    put_padded(buf, v.counter, 5);
+    buf.put_u8(b':');
+    buf.put_slice(v.node_id.as_bytes());
+}
+
+/// `n` in decimal, zero-padded to at least `width` (at most 20) digits.
+fn put_padded(buf: &mut BytesMut, mut n: u64, width: usize) {
+    let mut digits = [b'0'; 20];
+    let mut i = digits.len();
+    loop {
+        i -= 1;
+        digits[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    buf.put_slice(&digits[i.min(digits.len() - width)..]);
 }
 
 /// A fault response, with the properties the SDK invoker reads for that status.
@@ -208,6 +230,16 @@ mod tests {
         assert_eq!(check(&props(true, Some(5), Some("x"))).unwrap_err().request_version.as_deref(), Some("x"));
         assert!(check(&props(true, Some(5), Some("1.7"))).is_ok());
         assert!(check(&props(true, Some(5), None)).is_ok());
+    }
+
+    #[test]
+    fn hlc_wire_form_matches_display() {
+        for (wall, counter, node) in [(0, 0, "n"), (1_700_000_000_123, 7, "state-store"), (u64::MAX, 123_456, ""), (12, u64::MAX, "a")] {
+            let v = Hlc::new(wall, counter, node);
+            let mut buf = BytesMut::new();
+            put_hlc(&mut buf, &v);
+            assert_eq!(&buf[..], v.to_string().as_bytes());
+        }
     }
 
     #[test]
