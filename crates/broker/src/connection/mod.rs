@@ -18,7 +18,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::BytesMut;
+use bytes::{Buf, BytesMut};
 use statehub_mqtt_codec::{
     ByteString, Codec, DecodeError, LastWill, Packet, ProtocolVersion, ReasonCode,
 };
@@ -284,6 +284,16 @@ impl Conn {
             }
             if self.wbuf.len() < high_water {
                 self.drain();
+            }
+            // Write what is buffered now, while the socket is known to be writable: the
+            // common case (a request's PUBACK and reply) then needs no turn of the select
+            // for its write. The select below waits when the socket is full.
+            if !self.wbuf.is_empty() {
+                match wr.try_write(&self.wbuf) {
+                    Ok(n) if n > 0 => self.wbuf.advance(n),
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                    _ => return Close::Lost,
+                }
             }
             rbuf.reserve(8192);
             let writing = !self.wbuf.is_empty();
