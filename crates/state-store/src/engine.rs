@@ -51,7 +51,7 @@
 //!   restarted node never issues a version it issued before, even if the wall clock went
 //!   back.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::ops::Bound;
 
 use bytes::Bytes;
@@ -119,14 +119,11 @@ pub trait Engine {
     fn seal(&mut self, clock: &HlcClock) -> Result<Option<WriteSeq>, EngineError>;
 }
 
-/// An in-memory engine: a hash map for the entries (a GET or an overwriting SET is one
-/// hash and one probe, where a tree of 10,000 keys costs fourteen key comparisons on cold
-/// nodes), the keys again in order (so scan cursors are simply the last key visited;
-/// touched only when a key is added or removed), and an expiry index ordered by time.
+/// An in-memory engine: an ordered map (so scan cursors are simply the last key visited)
+/// and an expiry index ordered by time.
 #[derive(Debug, Default)]
 pub struct MemoryEngine {
-    entries: HashMap<Bytes, Entry>,
-    order: BTreeSet<Bytes>,
+    entries: BTreeMap<Bytes, Entry>,
     expiries: BTreeSet<(u64, Bytes)>,
     stats: Stats,
 }
@@ -141,20 +138,18 @@ impl MemoryEngine {
     /// built in one pass: much faster than one `put` per key when they come in ascending
     /// key order. Of equal keys the last wins.
     pub fn from_entries(entries: impl IntoIterator<Item = (Bytes, Entry)>) -> Self {
-        let sorted: BTreeMap<Bytes, Entry> = entries.into_iter().collect();
+        let entries: BTreeMap<Bytes, Entry> = entries.into_iter().collect();
         let mut stats = Stats::default();
         let mut expiries = Vec::new();
-        for (key, entry) in &sorted {
+        for (key, entry) in &entries {
             stats.keys += 1;
             stats.bytes += Self::size(key, entry);
             if let Some(at) = entry.expires_at_ms {
                 expiries.push((at, key.clone()));
             }
         }
-        let order = sorted.keys().cloned().collect();
         Self {
-            entries: sorted.into_iter().collect(),
-            order,
+            entries,
             expiries: expiries.into_iter().collect(),
             stats,
         }
@@ -181,13 +176,11 @@ impl Engine for MemoryEngine {
     fn put(&mut self, key: Bytes, entry: Entry) -> Result<Option<Entry>, EngineError> {
         let size = Self::size(&key, &entry);
         let expires_at_ms = entry.expires_at_ms;
-        // An overwrite (the common case) replaces the entry in place: one hash lookup,
-        // the key order untouched.
+        // An overwrite (the common case) replaces the entry in place: one tree walk.
         let old = match self.entries.get_mut(&key[..]) {
             Some(slot) => Some(std::mem::replace(slot, entry)),
             None => {
                 self.entries.insert(key.clone(), entry);
-                self.order.insert(key.clone());
                 None
             }
         };
@@ -206,7 +199,6 @@ impl Engine for MemoryEngine {
         let Some((key, old)) = self.entries.remove_entry(key) else {
             return Ok(None);
         };
-        self.order.remove(&key);
         self.forget(&key, &old);
         Ok(Some(old))
     }
@@ -214,9 +206,9 @@ impl Engine for MemoryEngine {
     fn scan(&self, cursor: Option<&[u8]>, count: usize) -> Result<ScanBatch, EngineError> {
         let start = cursor.map_or(Bound::Unbounded, Bound::Excluded);
         let mut range = self
-            .order
+            .entries
             .range::<[u8], _>((start, Bound::Unbounded))
-            .cloned();
+            .map(|(k, _)| k.clone());
         let keys: Vec<Bytes> = range.by_ref().take(count.max(1)).collect();
         let cursor = match range.next() {
             Some(_) => keys.last().cloned(),
