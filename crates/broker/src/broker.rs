@@ -164,9 +164,10 @@ impl Broker {
     }
 
     /// Publishes a message as if a client had (retained handling included) and
-    /// returns how many sessions it was delivered to.
-    pub fn publish(&self, msg: Message) -> usize {
-        let msg = Arc::new(msg);
+    /// returns how many sessions it was delivered to. A message already behind an `Arc`
+    /// (a service's cached reply) is routed without a copy.
+    pub fn publish(&self, msg: impl Into<Arc<Message>>) -> usize {
+        let msg = msg.into();
         if msg.retain {
             // A broker-made message is not acknowledged to anyone: nothing waits.
             drop(self.store_retained(&msg));

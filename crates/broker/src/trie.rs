@@ -11,6 +11,7 @@ use std::sync::Arc;
 use statehub_mqtt_codec::{ByteString, SubscriptionOptions};
 
 use crate::session::Session;
+use crate::topic;
 
 /// One client's subscription as stored in the index.
 #[derive(Debug, Clone)]
@@ -50,6 +51,11 @@ impl SharedGroup {
 #[derive(Debug, Default)]
 struct Node {
     children: HashMap<Box<str>, Node>,
+    /// Whether `children` holds a `+` / a `#` level. Most nodes have neither (a response
+    /// topic like `clients/{id}/...` walks eight of them), and a flag is cheaper than
+    /// hashing `+` and `#` at every level of every publish.
+    has_plus: bool,
+    has_hash: bool,
     plain: HashMap<ByteString, SubEntry>,
     shared: HashMap<Box<str>, SharedGroup>,
 }
@@ -57,6 +63,15 @@ struct Node {
 impl Node {
     fn is_empty(&self) -> bool {
         self.children.is_empty() && self.plain.is_empty() && self.shared.is_empty()
+    }
+
+    /// Clears a wildcard flag once its child `level` is gone.
+    fn removed_child(&mut self, level: &str) {
+        match level {
+            "+" => self.has_plus = false,
+            "#" => self.has_hash = false,
+            _ => {}
+        }
     }
 }
 
@@ -68,19 +83,36 @@ pub struct Matches<'a> {
 }
 
 /// The index itself. Not synchronized: the router wraps it in a lock.
+///
+/// Filters without wildcards (most of them: a requester's response topic, a device's
+/// own topic) are not in the trie but in `exact`, keyed by the whole filter: such a
+/// filter matches one topic only, so a publish finds them with one hash of its topic
+/// instead of one per level, and the trie holds only wildcard filters (often none, and
+/// then the walk stops at the root).
 #[derive(Debug, Default)]
 pub struct SubscriptionTrie {
     root: Node,
+    exact: HashMap<Box<str>, Node>,
     count: usize,
 }
 
 impl SubscriptionTrie {
     /// Adds or replaces a subscription; returns true if one existed already.
     pub fn insert(&mut self, filter: &str, group: Option<&str>, entry: SubEntry) -> bool {
-        let mut node = &mut self.root;
-        for level in filter.split('/') {
-            node = node.children.entry(level.into()).or_default();
-        }
+        let node = if topic::has_wildcard(filter) {
+            let mut node = &mut self.root;
+            for level in filter.split('/') {
+                match level {
+                    "+" => node.has_plus = true,
+                    "#" => node.has_hash = true,
+                    _ => {}
+                }
+                node = node.children.entry(level.into()).or_default();
+            }
+            node
+        } else {
+            self.exact.entry(filter.into()).or_default()
+        };
         let client: ByteString = entry.session.client_id().into();
         let existed = match group {
             None => node.plain.insert(client, entry).is_some(),
@@ -111,8 +143,17 @@ impl SubscriptionTrie {
 
     /// Removes a client's subscription; returns true if it existed.
     pub fn remove(&mut self, filter: &str, group: Option<&str>, client_id: &str) -> bool {
-        let levels: Vec<&str> = filter.split('/').collect();
-        let removed = remove_at(&mut self.root, &levels, group, client_id);
+        let removed = if topic::has_wildcard(filter) {
+            let levels: Vec<&str> = filter.split('/').collect();
+            remove_at(&mut self.root, &levels, group, client_id)
+        } else {
+            let Some(node) = self.exact.get_mut(filter) else { return false };
+            let removed = remove_at(node, &[], group, client_id);
+            if node.is_empty() {
+                self.exact.remove(filter);
+            }
+            removed
+        };
         if removed {
             self.count -= 1;
         }
@@ -126,6 +167,9 @@ impl SubscriptionTrie {
 
     /// The shared group `name` on `filter`, if it has members.
     pub fn shared_group(&self, filter: &str, name: &str) -> Option<&SharedGroup> {
+        if !topic::has_wildcard(filter) {
+            return self.exact.get(filter)?.shared.get(name);
+        }
         let mut node = &self.root;
         for level in filter.split('/') {
             node = node.children.get(level)?;
@@ -136,9 +180,8 @@ impl SubscriptionTrie {
     /// Everything that matches `topic`.
     pub fn matches<'a>(&'a self, topic: &str) -> Matches<'a> {
         let mut out = Matches::default();
-        let levels: Vec<&str> = topic.split('/').collect();
-        let dollar = topic.starts_with('$');
-        collect(&self.root, &levels, 0, dollar, &mut out);
+        let walk = Walk { exact: self.exact.get(topic), dollar: topic.starts_with('$') };
+        collect(&self.root, Some(topic), true, true, &walk, &mut out);
         out
     }
 }
@@ -163,27 +206,50 @@ fn remove_at(node: &mut Node, levels: &[&str], group: Option<&str>, client_id: &
     let removed = remove_at(child, rest, group, client_id);
     if child.is_empty() {
         node.children.remove(*first);
+        node.removed_child(first);
     }
     removed
 }
 
-fn collect<'a>(node: &'a Node, levels: &[&str], depth: usize, dollar: bool, out: &mut Matches<'a>) {
-    let wildcard_ok = !(dollar && depth == 0);
-    if wildcard_ok {
+/// What stays the same during one topic's walk.
+struct Walk<'a> {
+    /// The subscriptions whose filter is exactly the topic.
+    exact: Option<&'a Node>,
+    /// The topic starts with `$` (wildcards at its first level do not match it).
+    dollar: bool,
+}
+
+/// Matches the levels of `rest` (`None` once every level is consumed; levels are split
+/// off as the walk goes, no vector of them) below `node`; `first` is the topic's first
+/// level, `literal` whether the path so far took no wildcard. The exact subscriptions
+/// come where the literal path ends (after the `#` filters along it, before any `+`
+/// branch), the order the single trie of before gave them.
+fn collect<'a>(node: &'a Node, rest: Option<&str>, first: bool, literal: bool, walk: &Walk<'a>, out: &mut Matches<'a>) {
+    let wildcard_ok = !(walk.dollar && first);
+    if wildcard_ok && node.has_hash {
         if let Some(hash) = node.children.get("#") {
             push_leaf(hash, out);
         }
     }
-    let Some(level) = levels.get(depth) else {
+    let Some(rest) = rest else {
         push_leaf(node, out);
+        if literal {
+            walk.exact.into_iter().for_each(|exact| push_leaf(exact, out));
+        }
         return;
     };
-    if let Some(child) = node.children.get(*level) {
-        collect(child, levels, depth + 1, dollar, out);
+    let (level, next) = match rest.split_once('/') {
+        Some((level, next)) => (level, Some(next)),
+        None => (rest, None),
+    };
+    match node.children.get(level) {
+        Some(child) => collect(child, next, false, literal, walk, out),
+        None if literal => walk.exact.into_iter().for_each(|exact| push_leaf(exact, out)),
+        None => {}
     }
-    if wildcard_ok {
+    if wildcard_ok && node.has_plus {
         if let Some(plus) = node.children.get("+") {
-            collect(plus, levels, depth + 1, dollar, out);
+            collect(plus, next, false, false, walk, out);
         }
     }
 }
@@ -191,4 +257,42 @@ fn collect<'a>(node: &'a Node, levels: &[&str], depth: usize, dollar: bool, out:
 fn push_leaf<'a>(node: &'a Node, out: &mut Matches<'a>) {
     out.plain.extend(node.plain.iter().map(|(k, v)| (&**k, v)));
     out.shared.extend(node.shared.values());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(session: &Arc<Session>, id: u32) -> SubEntry {
+        SubEntry { session: session.clone(), options: SubscriptionOptions::default(), identifier: Some(id) }
+    }
+
+    fn ids(trie: &SubscriptionTrie, topic: &str) -> Vec<u32> {
+        trie.matches(topic).plain.iter().filter_map(|(_, e)| e.identifier).collect()
+    }
+
+    #[test]
+    fn exact_filters_keep_their_place_among_wildcards() {
+        let mut trie = SubscriptionTrie::default();
+        let sessions: Vec<Arc<Session>> = (0..5).map(|i| Arc::new(Session::new(format!("c{i}").into(), 0))).collect();
+        trie.insert("a/b", None, entry(&sessions[0], 1));
+        trie.insert("a/#", None, entry(&sessions[1], 2));
+        trie.insert("a/+", None, entry(&sessions[2], 3));
+        trie.insert("+/b", None, entry(&sessions[3], 4));
+        trie.insert("a/b/#", None, entry(&sessions[4], 5));
+        // The order the single trie gave: `#` filters along the literal path, the exact
+        // filter where that path ends, then the `+` branches from the deepest up.
+        assert_eq!(ids(&trie, "a/b"), [2, 5, 1, 3, 4]);
+        assert_eq!(ids(&trie, "a/c"), [2, 3]);
+        assert!(trie.remove("a/b/#", None, "c4"));
+        assert_eq!(ids(&trie, "a/b"), [2, 1, 3, 4]);
+        assert!(trie.remove("a/b", None, "c0"));
+        assert!(!trie.remove("a/b", None, "c0"));
+        assert_eq!(ids(&trie, "a/b"), [2, 3, 4]);
+        assert_eq!(trie.len(), 3);
+        // `$` topics: exact filters match them, wildcards at the first level do not.
+        trie.insert("$sys/x", None, entry(&sessions[0], 6));
+        trie.insert("+/x", None, entry(&sessions[1], 7));
+        assert_eq!(ids(&trie, "$sys/x"), [6]);
+    }
 }

@@ -5,21 +5,38 @@
 //!
 //! An entry lives until its request's deadline plus a grace period (as the SDK executor
 //! does); a duplicate arriving after the deadline is dropped, since its caller has given
-//! up. The cache is bounded: when full, the entry closest to its end goes first.
+//! up. The cache is bounded: when full, the oldest entry goes first.
+//!
+//! Every request looks up, inserts one entry and, once the cache is full, evicts one, so
+//! all three are O(1) and touch little memory:
+//! * entries sit in a queue in arrival order, whose front is pruned once its end has
+//!   passed (an entry whose end passed behind an older, longer-lived one is forgotten all
+//!   the same: lookups check the end; it leaves when its turn comes);
+//! * the index maps a keyed SipHash fingerprint of (client id, Correlation Data) to the
+//!   entry's place in the queue: 16 bytes a bucket instead of the keys themselves, so
+//!   the probes of a full cache stay in cache. A fingerprint match is confirmed against
+//!   the stored key; two live keys with the same 64-bit fingerprint (never seen in
+//!   practice, and not forceable without the process's random key) make the older one
+//!   forgotten early, as if evicted.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::hash_map::{self, RandomState};
+use std::collections::{HashMap, VecDeque};
+use std::hash::{BuildHasher, BuildHasherDefault, Hasher};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use statehub_broker::codec::ByteString;
 use statehub_broker::Message;
 
 /// How long past its deadline an entry still suppresses re-execution.
 const GRACE: Duration = Duration::from_secs(60);
 
-/// Who asked, and which call.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+/// Who asked, and which call. Both parts are reference-counted, so making a key copies
+/// nothing.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct CacheKey {
-    pub client_id: String,
+    pub client_id: ByteString,
     pub correlation: Bytes,
 }
 
@@ -29,78 +46,125 @@ pub enum Lookup {
     /// Never seen (or forgotten): execute it.
     Miss,
     /// Seen and still awaited: send this response again.
-    Hit(Message),
+    Hit(Arc<Message>),
     /// Seen, but its deadline has passed: nobody is waiting any more.
     Late,
 }
 
+/// One remembered response, in the queue.
 #[derive(Debug)]
-struct Entry {
-    response: Message,
+struct Slot {
+    fingerprint: u64,
+    key: CacheKey,
+    response: Arc<Message>,
     deadline: Instant,
-    forget_at: Instant,
+    /// When the entry is forgotten.
+    end: Instant,
+}
+
+/// The index's hasher: fingerprints are SipHash outputs already, used as they are.
+#[derive(Debug, Default)]
+struct Fingerprint(u64);
+
+impl Hasher for Fingerprint {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(b);
+        }
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
 }
 
 /// The bounded cache.
 #[derive(Debug)]
 pub struct ResponseCache {
     capacity: usize,
-    entries: HashMap<CacheKey, Entry>,
-    by_end: BTreeSet<(Instant, CacheKey)>,
+    keys: RandomState,
+    /// Fingerprint -> insertion number of the newest entry with it.
+    index: HashMap<u64, u64, BuildHasherDefault<Fingerprint>>,
+    /// Entries in insertion order; the back one has insertion number `next - 1`.
+    queue: VecDeque<Slot>,
+    next: u64,
 }
 
 impl ResponseCache {
     pub fn new(capacity: usize) -> Self {
-        Self { capacity, entries: HashMap::new(), by_end: BTreeSet::new() }
+        // Sized up front: a full cache is the steady state under load, and growing the
+        // queue copies every entry.
+        let queue = VecDeque::with_capacity(capacity.min(1 << 16));
+        Self { capacity, keys: RandomState::new(), index: HashMap::default(), queue, next: 0 }
     }
 
     #[cfg(test)]
     pub fn len(&self) -> usize {
-        self.entries.len()
+        self.index.len()
     }
 
     /// Forgets every response (the store failed: they may answer writes now lost).
     pub fn clear(&mut self) {
-        self.entries.clear();
-        self.by_end.clear();
+        self.index.clear();
+        self.queue.clear();
     }
 
     pub fn lookup(&mut self, key: &CacheKey, now: Instant) -> Lookup {
         self.prune(now);
-        match self.entries.get(key) {
-            None => Lookup::Miss,
-            Some(e) if e.deadline <= now => Lookup::Late,
-            Some(e) => Lookup::Hit(e.response.clone()),
+        let fingerprint = self.keys.hash_one(key);
+        let Some(slot) = self.index.get(&fingerprint).and_then(|&n| self.slot(n)) else {
+            return Lookup::Miss;
+        };
+        if slot.key != *key || slot.end <= now {
+            Lookup::Miss
+        } else if slot.deadline <= now {
+            Lookup::Late
+        } else {
+            Lookup::Hit(slot.response.clone())
         }
     }
 
     /// Remembers `response` (whose `expires_at` is the request's deadline).
-    pub fn insert(&mut self, key: CacheKey, response: Message, now: Instant) {
+    pub fn insert(&mut self, key: CacheKey, response: Arc<Message>, now: Instant) {
         if self.capacity == 0 {
             return;
         }
         self.prune(now);
-        while self.entries.len() >= self.capacity {
-            let Some(first) = self.by_end.pop_first() else { break };
-            self.entries.remove(&first.1);
-        }
+        while self.queue.len() >= self.capacity && self.pop_front() {}
         let deadline = response.expires_at.unwrap_or(now);
-        let forget_at = deadline + GRACE;
-        if let Some(old) = self.entries.insert(key.clone(), Entry { response, deadline, forget_at }) {
-            self.by_end.remove(&(old.forget_at, key.clone()));
-        }
-        self.by_end.insert((forget_at, key));
+        let fingerprint = self.keys.hash_one(&key);
+        self.index.insert(fingerprint, self.next);
+        self.next += 1;
+        self.queue.push_back(Slot { fingerprint, key, response, deadline, end: deadline + GRACE });
+    }
+
+    /// The queued entry with insertion number `n`, if still queued.
+    fn slot(&self, n: u64) -> Option<&Slot> {
+        let first = self.next - self.queue.len() as u64;
+        self.queue.get(usize::try_from(n.checked_sub(first)?).ok()?)
     }
 
     fn prune(&mut self, now: Instant) {
-        while let Some((end, _)) = self.by_end.first() {
-            if *end > now {
-                break;
-            }
-            if let Some((_, key)) = self.by_end.pop_first() {
-                self.entries.remove(&key);
+        while self.queue.front().is_some_and(|s| s.end <= now) {
+            self.pop_front();
+        }
+    }
+
+    /// Drops the oldest entry (and its index entry, unless a newer one took it over);
+    /// false if the queue is empty.
+    fn pop_front(&mut self) -> bool {
+        let n = self.next - self.queue.len() as u64;
+        let Some(slot) = self.queue.pop_front() else { return false };
+        if let hash_map::Entry::Occupied(e) = self.index.entry(slot.fingerprint) {
+            if *e.get() == n {
+                e.remove();
             }
         }
+        true
     }
 }
 
@@ -109,8 +173,8 @@ mod tests {
     use super::*;
     use statehub_broker::codec::{PublishProperties, QoS};
 
-    fn message(deadline: Instant) -> Message {
-        Message {
+    fn message(deadline: Instant) -> Arc<Message> {
+        Arc::new(Message {
             topic: "t".into(),
             payload: Bytes::from_static(b"+OK\r\n"),
             qos: QoS::AtLeastOnce,
@@ -118,7 +182,7 @@ mod tests {
             properties: PublishProperties::default(),
             expires_at: Some(deadline),
             publisher: None,
-        }
+        })
     }
 
     fn key(n: u8) -> CacheKey {
@@ -135,6 +199,24 @@ mod tests {
         assert!(matches!(cache.lookup(&key(1), now + Duration::from_secs(6)), Lookup::Late));
         assert!(matches!(cache.lookup(&key(1), now + Duration::from_secs(70)), Lookup::Miss));
         assert_eq!(cache.len(), 0);
+    }
+
+    #[test]
+    fn a_replaced_entry_outlives_its_stale_queue_place() {
+        let now = Instant::now();
+        let later = now + Duration::from_secs(70);
+        let mut cache = ResponseCache::new(3);
+        cache.insert(key(1), message(now + Duration::from_secs(1000)), now);
+        cache.insert(key(2), message(now + Duration::from_secs(1)), now);
+        // Key 2's end has passed, but it is queued behind key 1: forgotten all the same.
+        assert!(matches!(cache.lookup(&key(2), later), Lookup::Miss));
+        cache.insert(key(2), message(later + Duration::from_secs(10)), later);
+        cache.insert(key(3), message(later + Duration::from_secs(10)), later);
+        cache.insert(key(4), message(later + Duration::from_secs(10)), later);
+        // Key 1 and key 2's first place were evicted; its new entry stays.
+        assert!(matches!(cache.lookup(&key(1), later), Lookup::Miss));
+        assert!(matches!(cache.lookup(&key(2), later), Lookup::Hit(_)));
+        assert_eq!(cache.len(), 3);
     }
 
     #[test]

@@ -23,6 +23,7 @@
 
 use std::collections::VecDeque;
 use std::fmt::Debug;
+use std::sync::Arc;
 
 use parking_lot::Mutex;
 use statehub_broker::{Broker, Message};
@@ -35,7 +36,7 @@ use crate::{rpc, StateStoreService};
 #[derive(Debug)]
 struct Held {
     seq: WriteSeq,
-    reply: Option<Message>,
+    reply: Option<Arc<Message>>,
     effects: Vec<Effect>,
 }
 
@@ -51,7 +52,7 @@ pub(crate) struct Durability {
 /// What to do with an outcome after the state lock is dropped.
 pub(crate) enum Next {
     /// Publish it now.
-    Now(Option<Message>, Vec<Effect>),
+    Now(Option<Arc<Message>>, Vec<Effect>),
     /// It was held: await this sequence number, then release.
     Wait(WriteSeq),
 }
@@ -71,7 +72,7 @@ impl Durability {
 
     /// Holds the outcome if it must wait, or if earlier ones are still held (so it cannot
     /// overtake them). Call it under the state lock.
-    pub(crate) fn hold(&self, reply: Option<Message>, effects: Vec<Effect>) -> Next {
+    pub(crate) fn hold(&self, reply: Option<Arc<Message>>, effects: Vec<Effect>) -> Next {
         let own = match effects.first() {
             Some(Effect::AwaitDurable(seq)) => *seq,
             _ => 0,
@@ -129,8 +130,8 @@ where
             }
             if let Some(reply) = held.reply {
                 let unavailable = rpc::fault_response(
-                    reply.topic,
-                    reply.properties.correlation_data,
+                    reply.topic.clone(),
+                    reply.properties.correlation_data.clone(),
                     &rpc::Fault::unavailable(),
                     reply.expires_at.unwrap_or_else(std::time::Instant::now),
                 );

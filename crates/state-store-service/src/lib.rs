@@ -36,6 +36,7 @@ use std::fmt::Debug;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
+use bytes::Bytes;
 use parking_lot::Mutex;
 use statehub_broker::codec::{ByteString, Publish, PublishProperties, QoS, ReasonCode};
 use statehub_broker::{BoxFuture, Broker, ClientInfo, Message, Service};
@@ -154,30 +155,32 @@ where
             return None;
         }
         let props = publish.properties;
-        let Some(response_topic) = props.response_topic.clone() else {
+        let Some(response_topic) = props.response_topic.as_deref() else {
             tracing::debug!(client = client_id, "state store request without Response Topic ignored");
             return None;
         };
-        if rpc::is_forbidden_response_topic(&response_topic) {
-            tracing::info!(client = client_id, topic = &*response_topic, "reserved Response Topic; disconnecting");
+        if rpc::is_forbidden_response_topic(response_topic) {
+            tracing::info!(client = client_id, topic = response_topic, "reserved Response Topic; disconnecting");
             broker.disconnect_client(client_id, ReasonCode::PROTOCOL_ERROR);
             return None;
         }
-        if !rpc::is_publishable(&response_topic) {
+        if !rpc::is_publishable(response_topic) {
             tracing::debug!(client = client_id, "state store request with an invalid Response Topic ignored");
             return None;
         }
         let received = Instant::now();
         let deadline = rpc::deadline(&props, received);
-        let correlation = props.correlation_data.clone();
         if let Err(fault) = rpc::check(&props) {
-            broker.publish(rpc::fault_response(response_topic, correlation, &fault, deadline));
+            let correlation = props.correlation_data.as_deref().map(Bytes::copy_from_slice);
+            broker.publish(rpc::fault_response(response_topic.into(), correlation, &fault, deadline));
             return None;
         }
-        let key = CacheKey { client_id: client_id.to_owned(), correlation: correlation.clone().unwrap_or_default() };
+        // Looked up with the request's own Correlation Data (a slice of the read buffer);
+        // stored under the reply's copy, so a cached entry never pins that buffer.
+        let lookup = CacheKey { client_id: from.client_id.clone(), correlation: props.correlation_data.clone().unwrap_or_default() };
         let next = {
             let mut state = self.state.lock();
-            let (reply, effects) = match state.cache.lookup(&key, received) {
+            let (reply, effects) = match state.cache.lookup(&lookup, received) {
                 Lookup::Hit(reply) => {
                     let effects = state.resend_effects(self.durability.is_some());
                     (Some(reply), effects)
@@ -185,6 +188,9 @@ where
                 Lookup::Late => (None, Vec::new()),
                 Lookup::Miss => {
                     let (reply, effects) = state.execute(client_id, publish.payload, &props, response_topic, deadline);
+                    let reply = Arc::new(reply);
+                    let correlation = reply.properties.correlation_data.clone().unwrap_or_default();
+                    let key = CacheKey { client_id: lookup.client_id, correlation };
                     state.cache.insert(key, reply.clone(), received);
                     (Some(reply), effects)
                 }
@@ -195,7 +201,7 @@ where
     }
 
     /// Holds the outcome if a persistent engine says it must wait. Under the state lock.
-    fn next(&self, reply: Option<Message>, effects: Vec<Effect>) -> Next {
+    fn next(&self, reply: Option<Arc<Message>>, effects: Vec<Effect>) -> Next {
         match &self.durability {
             Some(durability) => durability.hold(reply, effects),
             None => Next::Now(reply, effects),
@@ -229,7 +235,7 @@ where
                         packet_id: None,
                         payload: n.payload,
                         properties: PublishProperties {
-                            content_type: Some(ByteString::from(CONTENT_TYPE)),
+                            content_type: Some(ByteString::from_static(CONTENT_TYPE)),
                             user_properties: vec![(TIMESTAMP_PROPERTY.into(), n.version.to_string().into())],
                             ..PublishProperties::default()
                         },
@@ -264,10 +270,10 @@ impl<E: Engine, A: Authorizer> State<E, A> {
     }
 
     /// Runs one request in the machine and builds its response.
-    fn execute(&mut self, client_id: &str, payload: bytes::Bytes, props: &PublishProperties, topic: ByteString, deadline: Instant) -> (Message, Vec<Effect>) {
-        let correlation = props.correlation_data.clone();
+    fn execute(&mut self, client_id: &str, payload: Bytes, props: &PublishProperties, topic: &str, deadline: Instant) -> (Message, Vec<Effect>) {
+        let correlation = props.correlation_data.as_deref();
         if self.failed {
-            return (rpc::fault_response(topic, correlation, &rpc::Fault::unavailable(), deadline), Vec::new());
+            return (rpc::fault_response(topic.into(), correlation.map(Bytes::copy_from_slice), &rpc::Fault::unavailable(), deadline), Vec::new());
         }
         let request = Request {
             client_id: client_id.to_owned(),
@@ -277,14 +283,14 @@ impl<E: Engine, A: Authorizer> State<E, A> {
         };
         match self.machine.handle(request, unix_ms(SystemTime::now())) {
             Ok(outcome) => {
-                let version = outcome.reply.version.map(|v| v.to_string());
-                (rpc::ok_response(topic, correlation, outcome.reply.payload, version, deadline), outcome.effects)
+                let reply = rpc::ok_response(topic, correlation, outcome.reply.payload, outcome.reply.version.as_ref(), deadline);
+                (reply, outcome.effects)
             }
             Err(e) => {
                 tracing::error!(error = %e, "state store engine failed; the store now answers 503");
                 self.failed = true;
                 self.cache.clear();
-                (rpc::fault_response(topic, correlation, &rpc::Fault::unavailable(), deadline), Vec::new())
+                (rpc::fault_response(topic.into(), correlation.map(Bytes::copy_from_slice), &rpc::Fault::unavailable(), deadline), Vec::new())
             }
         }
     }

@@ -174,13 +174,24 @@ impl Engine for MemoryEngine {
     }
 
     fn put(&mut self, key: Bytes, entry: Entry) -> Result<Option<Entry>, EngineError> {
-        let old = self.remove(&key)?;
-        if let Some(at) = entry.expires_at_ms {
-            self.expiries.insert((at, key.clone()));
+        let size = Self::size(&key, &entry);
+        let expires_at_ms = entry.expires_at_ms;
+        // An overwrite (the common case) replaces the entry in place: one tree walk.
+        let old = match self.entries.get_mut(&key[..]) {
+            Some(slot) => Some(std::mem::replace(slot, entry)),
+            None => {
+                self.entries.insert(key.clone(), entry);
+                None
+            }
+        };
+        if let Some(old) = &old {
+            self.forget(&key, old);
+        }
+        if let Some(at) = expires_at_ms {
+            self.expiries.insert((at, key));
         }
         self.stats.keys += 1;
-        self.stats.bytes += Self::size(&key, &entry);
-        self.entries.insert(key, entry);
+        self.stats.bytes += size;
         Ok(old)
     }
 

@@ -8,6 +8,7 @@
 use std::cmp::Ordering;
 use std::fmt;
 use std::str::FromStr;
+use std::sync::Arc;
 
 /// The node id of the real state store, used unless configured otherwise.
 pub const DEFAULT_NODE_ID: &str = "state-store";
@@ -22,8 +23,9 @@ pub struct Hlc {
     pub wall_ms: u64,
     /// Logical counter within one wall-clock millisecond.
     pub counter: u64,
-    /// The node that issued the value; never contains ':'.
-    pub node_id: String,
+    /// The node that issued the value; never contains ':'. Shared, since every version
+    /// the server issues (and every copy of one) names the same node.
+    pub node_id: Arc<str>,
 }
 
 /// A string that is not an HLC.
@@ -33,7 +35,7 @@ pub struct HlcParseError;
 
 impl Hlc {
     /// A clock value.
-    pub fn new(wall_ms: u64, counter: u64, node_id: impl Into<String>) -> Self {
+    pub fn new(wall_ms: u64, counter: u64, node_id: impl Into<Arc<str>>) -> Self {
         Self {
             wall_ms,
             counter,
@@ -97,12 +99,12 @@ impl FromStr for Hlc {
 pub struct HlcClock {
     wall_ms: u64,
     counter: u64,
-    node_id: String,
+    node_id: Arc<str>,
 }
 
 impl HlcClock {
     /// A clock at the epoch; the first [`HlcClock::tick`] jumps to the wall clock.
-    pub fn new(node_id: impl Into<String>) -> Self {
+    pub fn new(node_id: impl Into<Arc<str>>) -> Self {
         Self {
             wall_ms: 0,
             counter: 0,

@@ -250,7 +250,7 @@ impl<E: Engine, A: Authorizer> Machine<E, A> {
         for key in self.engine.expired(now_ms, usize::MAX)? {
             if self.engine.remove(&key)?.is_some() {
                 let version = self.clock.tick(now_ms);
-                self.notify(&key, &notify::delete_payload(), &version, effects);
+                self.notify(&key, notify::delete_payload, &version, effects);
             }
         }
         Ok(())
@@ -336,9 +336,15 @@ impl<E: Engine, A: Authorizer> Machine<E, A> {
         }
     }
 
-    /// One effect per observer of `key`, in client id order.
-    fn notify(&self, key: &Bytes, payload: &Bytes, version: &Hlc, effects: &mut Vec<Effect>) {
-        for client_id in self.observers.of(key) {
+    /// One effect per observer of `key`, in client id order. The payload is built only
+    /// when someone observes the key (a SET's copies its value).
+    fn notify(&self, key: &Bytes, payload: impl FnOnce() -> Bytes, version: &Hlc, effects: &mut Vec<Effect>) {
+        let mut observers = self.observers.of(key).peekable();
+        if observers.peek().is_none() {
+            return;
+        }
+        let payload = payload();
+        for client_id in observers {
             effects.push(Effect::Notify(Notification {
                 client_id: client_id.clone(),
                 key: key.clone(),

@@ -18,7 +18,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::BytesMut;
+use bytes::{Buf, BytesMut};
 use statehub_mqtt_codec::{
     ByteString, Codec, DecodeError, LastWill, Packet, ProtocolVersion, ReasonCode,
 };
@@ -276,16 +276,40 @@ impl Conn {
             return close;
         }
         let (mut rd, mut wr) = stream.split();
+        let mut wake = std::pin::pin!(session.wake.notified());
+        // One keep-alive timer for the connection's life, moved only when it fires early:
+        // a fresh `sleep_until` per turn of the loop inserted into and removed from the
+        // timer wheel for every packet.
+        let mut idle = std::pin::pin!(sleep_until(deadline));
+        // Likewise the shutdown wait registers with the token once, not once per turn.
+        let mut cancelled = std::pin::pin!(shutdown.cancelled());
         loop {
+            // A wake-up that came before this drain is covered by it: drop it, so that a
+            // delivery this task queued itself (a service's reply to this client) does not
+            // cost another turn of the loop. One that comes after is kept for the select.
+            if wake.as_mut().enable() {
+                wake.set(session.wake.notified());
+                wake.as_mut().enable();
+            }
             if self.wbuf.len() < high_water {
                 self.drain();
+            }
+            // Write what is buffered now, while the socket is known to be writable: the
+            // common case (a request's PUBACK and reply) then needs no turn of the select
+            // for its write. The select below waits when the socket is full.
+            if !self.wbuf.is_empty() {
+                match wr.try_write(&self.wbuf) {
+                    Ok(n) if n > 0 => self.wbuf.advance(n),
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                    _ => return Close::Lost,
+                }
             }
             rbuf.reserve(8192);
             let writing = !self.wbuf.is_empty();
             let reading = self.wbuf.len() < 4 * high_water;
             tokio::select! {
                 biased;
-                () = shutdown.cancelled() => return Close::ByServer(ReasonCode::SERVER_SHUTTING_DOWN, "server shutting down"),
+                () = &mut cancelled => return Close::ByServer(ReasonCode::SERVER_SHUTTING_DOWN, "server shutting down"),
                 Some(code) = self.kick_rx.recv() => return Close::ByServer(code, kick_text(code)),
                 r = wr.write_buf(&mut self.wbuf), if writing => {
                     tracing::trace!(client = %self.info.client_id, written = ?r, left = self.wbuf.len(), "write");
@@ -302,9 +326,12 @@ impl Conn {
                         return close;
                     }
                 }
-                () = session.wake.notified() => {}
-                () = sleep_until(deadline), if !keep_alive.is_zero() => {
-                    return Close::ByServer(ReasonCode::KEEP_ALIVE_TIMEOUT, "keep alive timeout");
+                () = &mut wake => wake.set(session.wake.notified()),
+                () = &mut idle, if !keep_alive.is_zero() => {
+                    if Instant::now() >= deadline {
+                        return Close::ByServer(ReasonCode::KEEP_ALIVE_TIMEOUT, "keep alive timeout");
+                    }
+                    idle.as_mut().reset(deadline);
                 }
             }
         }

@@ -76,7 +76,7 @@ impl<E: Engine, A: Authorizer> Machine<E, A> {
                 at_ms,
             });
         }
-        self.notify(&key, &notify::set_payload(&value), &version, effects);
+        self.notify(&key, || notify::set_payload(&value), &version, effects);
         Ok(Reply::versioned(&Response::Ok, version))
     }
 
@@ -130,7 +130,7 @@ impl<E: Engine, A: Authorizer> Machine<E, A> {
         }
         self.engine.remove(key)?;
         let version = self.clock.tick(now_ms);
-        self.notify(key, &notify::delete_payload(), &version, effects);
+        self.notify(key, notify::delete_payload, &version, effects);
         Ok(Reply::versioned(&Response::Integer(1), version))
     }
 
