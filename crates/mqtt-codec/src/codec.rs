@@ -28,7 +28,7 @@ use tokio_util::codec::{Decoder, Encoder};
 
 use crate::frame::{self, FixedHeader};
 use crate::wire::MAX_VARINT;
-use crate::{publish, DecodeError, EncodeError, Packet, ProtocolVersion, ReasonCode};
+use crate::{publish, DecodeError, EncodeError, Packet, ProtocolVersion, PublishRef, ReasonCode};
 
 /// MQTT framing for one connection.
 ///
@@ -114,6 +114,12 @@ impl Codec {
         }
     }
 
+    /// Appends one PUBLISH given as a [`PublishRef`] (a shared message with its
+    /// per-hop fields), the way [`Codec::encode`] would write the whole [`Publish`].
+    pub fn encode_publish(&self, publish: &PublishRef<'_>, dst: &mut BytesMut) -> Result<(), EncodeError> {
+        publish::encode(publish, self.version.ok_or(EncodeError::NoVersion)?, dst)
+    }
+
     /// Appends exactly one packet. For 3.1.1 the MQTT 5-only fields are dropped,
     /// CONNACK reason codes become return codes (0x84→1, 0x85→2, 0x86→4, 0x87→5,
     /// other failures→3) and SUBACK failures become 0x80; AUTH is
@@ -121,7 +127,7 @@ impl Codec {
     pub fn encode(&self, packet: &Packet, dst: &mut BytesMut) -> Result<(), EncodeError> {
         let version = self.version.ok_or(EncodeError::NoVersion)?;
         if let Packet::Publish(p) = packet {
-            return publish::encode(p, version, dst);
+            return publish::encode(&PublishRef::of(p), version, dst);
         }
         match version {
             ProtocolVersion::V311 => {

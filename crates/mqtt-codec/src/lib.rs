@@ -23,6 +23,7 @@ pub mod validate;
 mod wire;
 
 pub use codec::Codec;
+pub use publish::PublishRef;
 pub use error::{DecodeError, EncodeError};
 pub use packet::*;
 pub use reason::ReasonCode;

@@ -191,9 +191,48 @@ fn set_once<T>(slot: &mut Option<T>, value: T, detail: &'static str) -> Result<(
     Ok(())
 }
 
+/// A PUBLISH to encode, borrowing the message it carries: the per-hop fields (DUP,
+/// QoS, RETAIN, packet id, Topic Alias, Message Expiry left, Subscription
+/// Identifiers) are given apart, and those of `properties` are ignored, so a broker
+/// can write one shared message to many subscribers without copying its properties.
+#[derive(Debug, Clone, Copy)]
+pub struct PublishRef<'a> {
+    pub dup: bool,
+    pub qos: QoS,
+    pub retain: bool,
+    /// Empty when only a Topic Alias is sent (MQTT 5).
+    pub topic: &'a str,
+    pub packet_id: Option<u16>,
+    pub payload: &'a [u8],
+    /// Everything else (Payload Format, Content Type, Response Topic, Correlation
+    /// Data, User Properties).
+    pub properties: &'a PublishProperties,
+    pub message_expiry_interval: Option<u32>,
+    pub topic_alias: Option<u16>,
+    pub subscription_identifiers: &'a [u32],
+}
+
+impl<'a> PublishRef<'a> {
+    /// The view of a whole [`Publish`].
+    pub fn of(p: &'a Publish) -> PublishRef<'a> {
+        PublishRef {
+            dup: p.dup,
+            qos: p.qos,
+            retain: p.retain,
+            topic: &p.topic,
+            packet_id: p.packet_id,
+            payload: &p.payload,
+            properties: &p.properties,
+            message_expiry_interval: p.properties.message_expiry_interval,
+            topic_alias: p.properties.topic_alias,
+            subscription_identifiers: &p.properties.subscription_identifiers,
+        }
+    }
+}
+
 /// Appends one PUBLISH. For 3.1.1 the properties are dropped.
 pub(crate) fn encode(
-    p: &Publish,
+    p: &PublishRef<'_>,
     version: ProtocolVersion,
     dst: &mut BytesMut,
 ) -> Result<(), EncodeError> {
@@ -210,9 +249,7 @@ pub(crate) fn encode(
         }
         _ => {}
     }
-    if p.topic.is_empty()
-        && (version == ProtocolVersion::V311 || p.properties.topic_alias.is_none())
-    {
+    if p.topic.is_empty() && (version == ProtocolVersion::V311 || p.topic_alias.is_none()) {
         return Err(EncodeError::Invalid(
             "PUBLISH with an empty topic and no Topic Alias",
         ));
@@ -220,7 +257,7 @@ pub(crate) fn encode(
     check_len(p.topic.as_bytes())?;
     let props_len = match version {
         ProtocolVersion::V311 => None,
-        ProtocolVersion::V5 => Some(properties_len(&p.properties)?),
+        ProtocolVersion::V5 => Some(properties_len(p)?),
     };
     let mut remaining = 2 + p.topic.len() + p.payload.len();
     if p.packet_id.is_some() {
@@ -244,9 +281,9 @@ pub(crate) fn encode(
     }
     if let Some(len) = props_len {
         write_varint(len, dst);
-        write_properties(&p.properties, dst);
+        write_properties(p, dst);
     }
-    dst.put_slice(&p.payload);
+    dst.put_slice(p.payload);
     Ok(())
 }
 
@@ -261,15 +298,16 @@ fn string_prop_len(v: &Option<impl AsRef<[u8]>>) -> Result<usize, EncodeError> {
 }
 
 /// Property length (without its own varint) of a PUBLISH's properties.
-fn properties_len(p: &PublishProperties) -> Result<usize, EncodeError> {
-    let mut len = if p.payload_format_utf8 { 2 } else { 0 };
+fn properties_len(p: &PublishRef<'_>) -> Result<usize, EncodeError> {
+    let props = p.properties;
+    let mut len = if props.payload_format_utf8 { 2 } else { 0 };
     if p.message_expiry_interval.is_some() {
         len += 5;
     }
-    len += string_prop_len(&p.content_type.as_ref().map(ByteString::as_bytes))?;
-    len += string_prop_len(&p.response_topic.as_ref().map(ByteString::as_bytes))?;
-    len += string_prop_len(&p.correlation_data)?;
-    for &sid in &p.subscription_identifiers {
+    len += string_prop_len(&props.content_type.as_ref().map(ByteString::as_bytes))?;
+    len += string_prop_len(&props.response_topic.as_ref().map(ByteString::as_bytes))?;
+    len += string_prop_len(&props.correlation_data)?;
+    for &sid in p.subscription_identifiers {
         if sid == 0 || sid > MAX_VARINT {
             return Err(EncodeError::Invalid(
                 "Subscription Identifier outside 1..=268435455",
@@ -283,7 +321,7 @@ fn properties_len(p: &PublishProperties) -> Result<usize, EncodeError> {
     if p.topic_alias.is_some() {
         len += 3;
     }
-    len += user_properties_len(&p.user_properties)?;
+    len += user_properties_len(&props.user_properties)?;
     Ok(len)
 }
 
@@ -305,27 +343,28 @@ pub(crate) fn write_user_properties(props: &crate::UserProperties, dst: &mut Byt
     }
 }
 
-fn write_properties(p: &PublishProperties, dst: &mut BytesMut) {
-    if p.payload_format_utf8 {
+fn write_properties(p: &PublishRef<'_>, dst: &mut BytesMut) {
+    let props = p.properties;
+    if props.payload_format_utf8 {
         dst.put_slice(&[id::PAYLOAD_FORMAT, 1]);
     }
     if let Some(v) = p.message_expiry_interval {
         dst.put_u8(id::MESSAGE_EXPIRY);
         dst.put_u32(v);
     }
-    if let Some(v) = &p.content_type {
+    if let Some(v) = &props.content_type {
         dst.put_u8(id::CONTENT_TYPE);
         write_binary(v.as_bytes(), dst);
     }
-    if let Some(v) = &p.response_topic {
+    if let Some(v) = &props.response_topic {
         dst.put_u8(id::RESPONSE_TOPIC);
         write_binary(v.as_bytes(), dst);
     }
-    if let Some(v) = &p.correlation_data {
+    if let Some(v) = &props.correlation_data {
         dst.put_u8(id::CORRELATION_DATA);
         write_binary(v, dst);
     }
-    for &sid in &p.subscription_identifiers {
+    for &sid in p.subscription_identifiers {
         dst.put_u8(id::SUBSCRIPTION_ID);
         write_varint(sid as usize, dst);
     }
@@ -333,5 +372,5 @@ fn write_properties(p: &PublishProperties, dst: &mut BytesMut) {
         dst.put_u8(id::TOPIC_ALIAS);
         dst.put_u16(v);
     }
-    write_user_properties(&p.user_properties, dst);
+    write_user_properties(&props.user_properties, dst);
 }

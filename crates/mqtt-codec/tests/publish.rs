@@ -334,3 +334,33 @@ fn payload_is_not_copied() {
         start + PUBLISH_V5_FULL.len() - 2
     );
 }
+
+/// A shared message written with another delivery's per-hop fields gives exactly the
+/// bytes of the whole PUBLISH with those fields; the message's own per-hop fields are
+/// ignored.
+#[test]
+fn publish_ref_overrides_the_per_hop_fields() {
+    let full = publish_v5_full();
+    let mut shared = full.properties.clone();
+    shared.message_expiry_interval = Some(9_999);
+    shared.topic_alias = Some(1);
+    shared.subscription_identifiers = vec![77];
+    let view = PublishRef {
+        dup: full.dup,
+        qos: full.qos,
+        retain: full.retain,
+        topic: &full.topic,
+        packet_id: full.packet_id,
+        payload: &full.payload,
+        properties: &shared,
+        message_expiry_interval: full.properties.message_expiry_interval,
+        topic_alias: full.properties.topic_alias,
+        subscription_identifiers: &full.properties.subscription_identifiers,
+    };
+    let codec = Codec::with_version(ProtocolVersion::V5, 0);
+    let mut out = bytes::BytesMut::new();
+    codec.encode_publish(&view, &mut out).unwrap();
+    assert_eq!(&out[..], PUBLISH_V5_FULL);
+    let alias_only = PublishRef { topic: "", ..view };
+    assert!(codec.encode_publish(&PublishRef { topic_alias: None, ..alias_only }, &mut out).is_err());
+}

@@ -5,7 +5,7 @@
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
-use statehub_mqtt_codec::{Packet, PubResponse, Publish, QoS};
+use statehub_mqtt_codec::{ByteString, Packet, PubResponse, PublishRef, QoS};
 
 use super::Conn;
 use crate::session::{Inflight, Stage};
@@ -69,10 +69,23 @@ impl Conn {
                     Some(id)
                 }
             };
-            let mut publish = d.to_publish(packet_id, d.dup, now);
-            let new_alias = self.apply_alias(&mut publish);
+            let (alias, alias_only, new_alias) = self.alias_for(&d.msg.topic);
+            // The shared message is written as it is, with this delivery's per-hop
+            // fields: no copy of its properties per subscriber.
+            let publish = PublishRef {
+                dup: d.dup,
+                qos: d.qos,
+                retain: d.retain,
+                topic: if alias_only { "" } else { &d.msg.topic },
+                packet_id,
+                payload: &d.msg.payload,
+                properties: &d.msg.properties,
+                message_expiry_interval: d.msg.remaining_expiry(now),
+                topic_alias: alias,
+                subscription_identifiers: &d.subscription_ids,
+            };
             let start = self.wbuf.len();
-            if self.codec.encode(&Packet::Publish(publish), &mut self.wbuf).is_err() {
+            if self.codec.encode_publish(&publish, &mut self.wbuf).is_err() {
                 self.wbuf.truncate(start);
                 st.forget(d.seq);
                 continue;
@@ -94,23 +107,20 @@ impl Conn {
         }
     }
 
-    /// Uses or assigns a topic alias for a client that allows them. Returns the
-    /// topic if a new alias was assigned by this call.
-    fn apply_alias(&mut self, p: &mut Publish) -> Option<statehub_mqtt_codec::ByteString> {
+    /// The topic alias to send `topic` with, for a client that allows them: (alias,
+    /// whether the alias alone stands for the topic, the topic if this call assigned
+    /// a new alias).
+    fn alias_for(&mut self, topic: &ByteString) -> (Option<u16>, bool, Option<ByteString>) {
         if self.client_alias_max == 0 {
-            return None;
+            return (None, false, None);
         }
-        if let Some(&alias) = self.out_aliases.get(&p.topic) {
-            p.properties.topic_alias = Some(alias);
-            p.topic = Default::default();
-            return None;
+        if let Some(&alias) = self.out_aliases.get(topic) {
+            return (Some(alias), true, None);
         }
-        let next = u16::try_from(self.out_aliases.len() + 1).ok()?;
-        if next > self.client_alias_max {
-            return None;
-        }
-        self.out_aliases.insert(p.topic.clone(), next);
-        p.properties.topic_alias = Some(next);
-        Some(p.topic.clone())
+        let Some(next) = u16::try_from(self.out_aliases.len() + 1).ok().filter(|n| *n <= self.client_alias_max) else {
+            return (None, false, None);
+        };
+        self.out_aliases.insert(topic.clone(), next);
+        (Some(next), false, Some(topic.clone()))
     }
 }
