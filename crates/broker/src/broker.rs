@@ -278,19 +278,14 @@ impl Broker {
         let sessions = targets.len();
         let mut stored = false;
         for (entry, d) in targets {
-            let gated = d.qos == statehub_mqtt_codec::QoS::ExactlyOnce;
-            let kept = self.offer(&entry.session, d);
-            if let (true, Some(gate)) = (kept && gated, gate) {
-                gate.hold(entry.session.clone());
-            }
-            stored |= kept;
+            stored |= self.offer(&entry.session, d);
         }
         Routed { sessions, stored }
     }
 
     /// Enqueues one delivery and counts what the queue bounds did to it. True if it
     /// was recorded in the session store (see [`Enqueued::stored`]).
-    pub(crate) fn offer(&self, session: &Session, d: Delivery) -> bool {
+    pub(crate) fn offer(&self, session: &Arc<Session>, d: Delivery) -> bool {
         let m = &self.inner.metrics;
         let outcome = session.enqueue(d, &self.inner.limits);
         match outcome {
@@ -346,7 +341,7 @@ impl Broker {
             .remove_if(session.client_id_bytes(), |_, s| {
                 let same = Arc::ptr_eq(s, session);
                 if same {
-                    session.state.lock().unpersist(session.client_id());
+                    session.state.lock().unpersist();
                 }
                 same
             })

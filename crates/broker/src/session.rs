@@ -9,6 +9,7 @@
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 use parking_lot::Mutex;
 use statehub_mqtt_codec::{ByteString, QoS, ReasonCode, SubscriptionOptions};
@@ -169,11 +170,10 @@ impl SessionState {
     }
 
     /// Forgets every stored record of the session and stops storing it.
-    pub(crate) fn unpersist(&mut self, client_id: &str) {
+    pub(crate) fn unpersist(&mut self) {
         if let Some(p) = self.persist.take() {
             let messages = self.queue.iter().map(|d| d.seq).chain(self.inflight.iter().map(|i| i.delivery.seq));
             p.store.record(SessionChange::Ended {
-                client_id,
                 incarnation: p.incarnation,
                 messages: messages.filter(|&s| s != 0).collect(),
                 incoming_qos2: self.incoming_qos2.iter().copied().collect(),
@@ -232,7 +232,7 @@ impl Session {
     }
 
     /// Offers one delivery, applying the queue bounds (see [`Enqueued`]).
-    pub fn enqueue(&self, mut d: Delivery, limits: &QueueLimits) -> Enqueued {
+    pub fn enqueue(self: &Arc<Self>, mut d: Delivery, limits: &QueueLimits) -> Enqueued {
         // A delivery handed over from another session starts afresh here.
         d.seq = 0;
         d.dup = false;
@@ -262,8 +262,12 @@ impl Session {
             } else {
                 let stored = st.persist.is_some() && d.qos != QoS::AtMostOnce;
                 if stored {
-                    // Only a stored QoS 2 copy needs to wait until it is durable.
+                    // Only a stored QoS 2 copy needs to wait until it is durable; the
+                    // gate wakes this session when it opens.
                     d.gate = gate.filter(|_| d.qos == QoS::ExactlyOnce);
+                    if let Some(g) = &d.gate {
+                        g.hold(self.clone());
+                    }
                     st.next_seq += 1;
                     d.seq = st.next_seq;
                     let now = std::time::Instant::now();

@@ -43,7 +43,7 @@ pub enum SessionChange<'a> {
         subscriptions: Vec<(&'a ByteString, Subscription)>,
     },
     /// The session ended: forget it, its messages and its QoS 2 receipts.
-    Ended { client_id: &'a str, incarnation: u64, messages: Vec<u64>, incoming_qos2: Vec<u16> },
+    Ended { incarnation: u64, messages: Vec<u64>, incoming_qos2: Vec<u16> },
     /// A message queued for the session (or, `released`, one whose PUBREL is sent).
     Message { incarnation: u64, seq: u64, delivery: &'a Delivery, released: bool, now: Instant },
     /// The message was acknowledged, expired or handed to someone else.

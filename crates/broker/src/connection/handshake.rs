@@ -144,7 +144,7 @@ fn persist(broker: &Broker, session: &Session, st: &mut SessionState, expiry: u3
     let Some(store) = broker.session_store() else { return false };
     if expiry == 0 {
         // It ends with this connection: nothing of it needs to survive a restart.
-        st.unpersist(session.client_id());
+        st.unpersist();
         return false;
     }
     if st.persist.is_none() {

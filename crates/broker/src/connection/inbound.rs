@@ -10,10 +10,9 @@ use statehub_mqtt_codec::{
 
 use super::{Close, Conn};
 use crate::auth::AuthDecision;
-use crate::broker::split_shared;
+use crate::broker::{split_shared, Routed};
 use crate::message::{Delivery, Message};
 use crate::session::{Stage, Subscription};
-use crate::broker::Routed;
 use crate::session_store::{Gate, Group, SessionChange};
 
 /// Opens a gate when the publish that holds it is done with (acknowledged, or failed:

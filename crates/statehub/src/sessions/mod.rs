@@ -151,7 +151,7 @@ impl SessionTable {
                 let value = encode_session(client_id, expiry_interval, disconnected, &subscriptions);
                 batch.put(&self.table, &session_key(incarnation), &value)
             }
-            SessionChange::Ended { incarnation, messages, incoming_qos2, .. } => {
+            SessionChange::Ended { incarnation, messages, incoming_qos2 } => {
                 batch.delete(&self.table, &session_key(incarnation))?;
                 for seq in messages {
                     batch.delete(&self.table, &message_key(incarnation, seq))?;

@@ -145,7 +145,7 @@ fn ended_and_expired_sessions_are_gone_after_a_reopen() {
             });
             table.record(SessionChange::Message { incarnation, seq: 1, delivery: &d, released: false, now: Instant::now() });
         }
-        table.record(SessionChange::Ended { client_id: "ended", incarnation: 1, messages: vec![1], incoming_qos2: vec![] });
+        table.record(SessionChange::Ended { incarnation: 1, messages: vec![1], incoming_qos2: vec![] });
         sync(&table);
         store.close().unwrap();
     }
@@ -234,7 +234,7 @@ fn queued_messages_are_written_behind_and_an_acknowledgement_cancels_the_write()
     assert!(t.get(&message_key(1, 3)).unwrap().is_some(), "written once STALE passed");
 
     table.record(SessionChange::Message { incarnation: 1, seq: 4, delivery: &d, released: false, now: Instant::now() });
-    table.record(SessionChange::Ended { client_id: "c", incarnation: 1, messages: vec![2, 3, 4], incoming_qos2: vec![] });
+    table.record(SessionChange::Ended { incarnation: 1, messages: vec![2, 3, 4], incoming_qos2: vec![] });
     sync(&table);
     for seq in 1..=4 {
         assert!(t.get(&message_key(1, seq)).unwrap().is_none(), "the session ended: {seq} gone");
