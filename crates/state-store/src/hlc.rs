@@ -4,6 +4,13 @@
 //! clock, then counter, then node id as a string. The server issues versions from one
 //! [`HlcClock`] with a constant node id, so every version it issues is strictly greater
 //! than every earlier one and than every request `__ts` it has observed.
+//!
+//! One departure from the textbook update rule, for the clients: a request stamped in the
+//! very millisecond the server handles it is stepped past (the version is `(ms + 1, 0)`,
+//! not `(ms, counter + 1)`; see [`HlcClock::observe_request`]). With the textbook rule a
+//! lone writer's versions carry counter 0 or 1 depending on whether its request crossed a
+//! millisecond boundary on the way, and the Rust SDK's lease test expects two renewals'
+//! fencing tokens to have the same counter.
 
 use std::cmp::Ordering;
 use std::fmt;
@@ -99,6 +106,9 @@ impl FromStr for Hlc {
 pub struct HlcClock {
     wall_ms: u64,
     counter: u64,
+    /// Set by a step ([`HlcClock::observe_request`]): `(wall_ms, counter)` is not issued
+    /// yet, so the next tick within `wall_ms` issues it instead of incrementing.
+    stepped: bool,
     node_id: Arc<str>,
 }
 
@@ -108,6 +118,7 @@ impl HlcClock {
         Self {
             wall_ms: 0,
             counter: 0,
+            stepped: false,
             node_id: node_id.into(),
         }
     }
@@ -117,7 +128,8 @@ impl HlcClock {
         &self.node_id
     }
 
-    /// The last value issued or observed, under this node's id.
+    /// The last value issued or observed (or the next one after a step), under this
+    /// node's id: never below anything issued or observed.
     pub fn current(&self) -> Hlc {
         Hlc::new(self.wall_ms, self.counter, self.node_id.clone())
     }
@@ -128,6 +140,24 @@ impl HlcClock {
         if (remote.wall_ms, remote.counter) > (self.wall_ms, self.counter) {
             self.wall_ms = remote.wall_ms;
             self.counter = remote.counter;
+            self.stepped = false;
+        }
+    }
+
+    /// Merges a request's `__ts` read at wall clock `now_ms`. Like [`HlcClock::observe`],
+    /// except for a stamp from this very millisecond that is at least the clock: the clock
+    /// steps to `(now_ms + 1, 0)`, and that is the next version issued. So a request gets
+    /// counter 0 whether it reached us within the millisecond it was stamped in or after,
+    /// and the clock runs at most one millisecond ahead of the latest wall clock it has
+    /// read or been sent (a stamp from a later millisecond is merged as usual).
+    pub fn observe_request(&mut self, remote: &Hlc, now_ms: u64) {
+        let dominates = (remote.wall_ms, remote.counter) >= (self.wall_ms, self.counter);
+        if remote.wall_ms == now_ms && dominates {
+            self.wall_ms = now_ms + 1;
+            self.counter = 0;
+            self.stepped = true;
+        } else {
+            self.observe(remote);
         }
     }
 
@@ -136,9 +166,10 @@ impl HlcClock {
         if now_ms > self.wall_ms {
             self.wall_ms = now_ms;
             self.counter = 0;
-        } else {
+        } else if !self.stepped {
             self.counter += 1;
         }
+        self.stepped = false;
         self.current()
     }
 }

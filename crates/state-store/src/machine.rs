@@ -308,7 +308,7 @@ impl<E: Engine, A: Authorizer> Machine<E, A> {
             }
         }
         if let Some(ts) = &timestamp {
-            self.clock.observe(ts);
+            self.clock.observe_request(ts, now_ms);
         }
         let client = request.client_id.as_str();
         match command {

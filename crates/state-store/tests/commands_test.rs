@@ -7,7 +7,12 @@ use bytes::Bytes;
 use common::{client_ts, notifies, Harness, T0};
 use statehub_state_store::{Config, Effect};
 
-const V1: &str = "001696374425000:00001:state-store";
+/// The version of the first write, stamped and handled at `T0`: the server steps past a
+/// stamp from the millisecond it handles it in (the page's example shows
+/// `1696374425000:1`, the textbook HLC update; see `hlc.rs` for why statehub steps).
+const V1: &str = "001696374425001:00000:state-store";
+/// The version of the second write within that millisecond.
+const V2: &str = "001696374425001:00001:state-store";
 
 fn ts(s: &str) -> Option<String> {
     Some(s.to_owned())
@@ -69,7 +74,7 @@ fn set_versions_strictly_increase_and_exceed_the_request() {
     let a = h.reply("c", &[b"SET", b"k", b"1"]).1;
     let b = h.reply("c", &[b"SET", b"k", b"2"]).1;
     assert_eq!(a.as_deref(), Some(V1));
-    assert_eq!(b.as_deref(), Some("001696374425000:00002:state-store"));
+    assert_eq!(b.as_deref(), Some(V2));
     // A client clock 30 s ahead: the version follows it.
     let ahead = format!("{:015}:00004:CLIENT", T0 + 30_000);
     let outcome = h.send_with("c", &[b"SET", b"k", b"3"], Some(&ahead), None);
@@ -138,7 +143,7 @@ fn nex_lease_take_renew_and_race() {
     assert_eq!(&renew.reply.payload[..], b"+OK\r\n");
     assert_eq!(
         renew.reply.version.map(|v| v.to_string()).as_deref(),
-        Some("001696374427000:00001:state-store")
+        Some("001696374427001:00000:state-store")
     );
     assert_eq!(h.machine.next_expiry().unwrap(), Some(T0 + 12_000));
     h.advance(9_000);
@@ -163,7 +168,7 @@ fn del_responses() {
     h.send("c", &[b"SET", b"k", b"v"]);
     assert_eq!(
         h.reply("c", &[b"DEL", b"k"]),
-        (b":1\r\n".to_vec(), ts("001696374425000:00002:state-store"))
+        (b":1\r\n".to_vec(), ts(V2))
     );
     assert_eq!(h.reply("c", &[b"GET", b"k"]), (b"$-1\r\n".to_vec(), None));
     assert_eq!(h.reply("c", &[b"DEL", b"k"]), (b":0\r\n".to_vec(), None));
@@ -192,7 +197,7 @@ fn vdel_responses() {
     assert_eq!(h.reply("c", &[b"GET", b"k"]).0, b"$1\r\nv\r\n");
     assert_eq!(
         h.reply("c", &[b"VDEL", b"k", b"v"]),
-        (b":1\r\n".to_vec(), ts("001696374425000:00002:state-store"))
+        (b":1\r\n".to_vec(), ts(V2))
     );
     assert_eq!(h.reply("c", &[b"GET", b"k"]).0, b"$-1\r\n");
 }

@@ -61,15 +61,73 @@ fn orders_by_wall_then_counter_then_node() {
     assert_eq!(Hlc::new(2, 1, "b"), d);
 }
 
+/// The page's worked example stamps the request `1696374425000:0:CLIENT` and shows the
+/// version `1696374425000:1:StateStore`: the textbook update for a request handled within
+/// the millisecond it was stamped in. statehub steps past such a stamp instead (see the
+/// module docs of `hlc.rs`): the version is the next millisecond with counter 0.
 #[test]
-fn page_example_set_version() {
+fn a_stamp_from_this_millisecond_is_stepped_past() {
     let mut clock = HlcClock::new(DEFAULT_NODE_ID);
     let t = 1_696_374_425_000;
-    clock.observe(&Hlc::new(t, 0, "CLIENT"));
+    clock.observe_request(&Hlc::new(t, 0, "CLIENT"), t);
     assert_eq!(
         clock.tick(t).to_string(),
-        "001696374425000:00001:state-store"
+        "001696374425001:00000:state-store"
     );
+    // The next request of the same millisecond is below the clock: merged as usual.
+    clock.observe_request(&Hlc::new(t, 0, "OTHER"), t);
+    assert_eq!(clock.tick(t), Hlc::new(t + 1, 1, DEFAULT_NODE_ID));
+    // When the wall clock reaches the stepped millisecond, a stamp from it that is below
+    // the clock is merged as usual; one from the next millisecond steps once more.
+    assert_eq!(clock.tick(t + 1), Hlc::new(t + 1, 2, DEFAULT_NODE_ID));
+    clock.observe_request(&Hlc::new(t + 1, 0, "CLIENT"), t + 1);
+    assert_eq!(clock.tick(t + 1), Hlc::new(t + 1, 3, DEFAULT_NODE_ID));
+    clock.observe_request(&Hlc::new(t + 2, 0, "CLIENT"), t + 2);
+    assert_eq!(clock.tick(t + 2), Hlc::new(t + 3, 0, DEFAULT_NODE_ID));
+}
+
+/// A lone writer's versions have counter 0 whether its request reached the server in the
+/// millisecond it was stamped in or a later one (what the Rust SDK's lease test checks of
+/// two renewals), and each is greater than its request's stamp.
+#[test]
+fn lone_writer_versions_keep_counter_zero() {
+    for delay in [0, 1, 3] {
+        let mut clock = HlcClock::new("n");
+        let mut last = clock.tick(1_000);
+        for i in 1..5u64 {
+            let stamped = 1_000 + i * 2_000;
+            let stamp = Hlc::new(stamped, 0, "client");
+            clock.observe_request(&stamp, stamped + delay);
+            let version = clock.tick(stamped + delay);
+            assert_eq!(version.counter, 0, "delay {delay}");
+            assert!(version > stamp && version > last);
+            last = version;
+        }
+    }
+}
+
+/// A client that adopts every version it is sent (the SDK's HLC does) and sends requests
+/// faster than one per millisecond cannot drag the clock ahead: it stays within one
+/// millisecond of the wall clock.
+#[test]
+fn adopting_clients_do_not_drag_the_clock_ahead() {
+    let mut clock = HlcClock::new("n");
+    let mut client = Hlc::new(0, 0, "client");
+    let mut last = clock.current();
+    for step in 0..10_000u64 {
+        let now = 5_000 + step / 20; // 20 requests per millisecond
+        client = if now > client.wall_ms {
+            Hlc::new(now, 0, "client")
+        } else {
+            Hlc::new(client.wall_ms, client.counter + 1, "client")
+        };
+        clock.observe_request(&client, now);
+        let version = clock.tick(now);
+        assert!(version > client && version > last);
+        assert!(version.wall_ms <= now + 1, "{version} at {now}");
+        client = Hlc::new(version.wall_ms, version.counter + 1, "client");
+        last = version;
+    }
 }
 
 #[test]

@@ -43,7 +43,7 @@ fn set_notifies_every_observer_with_the_new_version() {
     h.send("obs1", &[b"KEYNOTIFY", b"other"]);
     let outcome = h.send("writer", &[b"SET", b"SOMEKEY", b"abc"]);
     let version = outcome.reply.version.expect("version").to_string();
-    assert_eq!(version, "001696374425000:00001:state-store");
+    assert_eq!(version, "001696374425001:00000:state-store");
     assert_eq!(
         notifies(&outcome.effects),
         vec![
@@ -71,7 +71,7 @@ fn the_writer_is_notified_of_its_own_write() {
             "c",
             b"k",
             b"*4\r\n$6\r\nNOTIFY\r\n$3\r\nSET\r\n$5\r\nVALUE\r\n$0\r\n\r\n",
-            "001696374425000:00001:state-store"
+            "001696374425001:00000:state-store"
         )]
     );
 }
@@ -84,7 +84,7 @@ fn deletes_notify_with_the_deletion_version() {
     let del = h.send("c", &[b"DEL", b"k"]);
     assert_eq!(
         notifies(&del.effects),
-        vec![n("o", b"k", DELETE, "001696374425000:00002:state-store")]
+        vec![n("o", b"k", DELETE, "001696374425001:00001:state-store")]
     );
     h.send("c", &[b"SET", b"k", b"v"]);
     let refused = h.send("c", &[b"VDEL", b"k", b"x"]);
@@ -92,7 +92,7 @@ fn deletes_notify_with_the_deletion_version() {
     let vdel = h.send("c", &[b"VDEL", b"k", b"v"]);
     assert_eq!(
         notifies(&vdel.effects),
-        vec![n("o", b"k", DELETE, "001696374425000:00004:state-store")]
+        vec![n("o", b"k", DELETE, "001696374425001:00003:state-store")]
     );
     // Nothing to delete, nothing to notify.
     assert!(h.send("c", &[b"DEL", b"k"]).effects.is_empty());
@@ -143,7 +143,7 @@ fn observing_absent_keys_sees_their_creation() {
             "o",
             b"later",
             SET_ABC,
-            "001696374430000:00001:state-store"
+            "001696374430001:00000:state-store"
         )]
     );
 }
@@ -201,7 +201,7 @@ fn requests_expire_due_keys_first() {
                 "o",
                 b"lock",
                 b"*4\r\n$6\r\nNOTIFY\r\n$3\r\nSET\r\n$5\r\nVALUE\r\n$3\r\ntwo\r\n",
-                "001696374425100:00001:state-store"
+                "001696374425101:00000:state-store"
             ),
         ]
     );
