@@ -23,6 +23,7 @@ use tokio::sync::Notify;
 use crate::batch::Batch;
 use crate::error::StorageError;
 use crate::options::SyncPolicy;
+use crate::relay;
 
 /// Where the committer writes: the storage engine, or a test double that fails on cue.
 pub(crate) trait Backend: Send + 'static {
@@ -155,9 +156,21 @@ impl Shared {
         None
     }
 
-    pub(crate) async fn wait(&self, seq: u64) -> Result<(), StorageError> {
+    /// The `Notify` the committer wakes on progress (see `relay.rs` for who waits on it).
+    pub(crate) fn progress(&self) -> &Notify {
+        &self.progress
+    }
+
+    /// Whether the committer has stopped for good (failed or closed): no more progress.
+    pub(crate) fn stopped(&self) -> bool {
+        self.failure.get().is_some() || self.closed.load(Ordering::Acquire)
+    }
+
+    pub(crate) async fn wait(self: &Arc<Self>, seq: u64) -> Result<(), StorageError> {
+        let relay = relay::local(self);
         loop {
-            let mut notified = pin!(self.progress.notified());
+            let notify = relay.as_deref().unwrap_or(&self.progress);
+            let mut notified = pin!(notify.notified());
             notified.as_mut().enable();
             if let Some(result) = self.poll(seq) {
                 return result;
@@ -176,9 +189,11 @@ impl Shared {
         }
     }
 
-    pub(crate) async fn admit(&self) {
+    pub(crate) async fn admit(self: &Arc<Self>) {
+        let relay = relay::local(self);
         loop {
-            let mut notified = pin!(self.progress.notified());
+            let notify = relay.as_deref().unwrap_or(&self.progress);
+            let mut notified = pin!(notify.notified());
             notified.as_mut().enable();
             let full = self.pending_bytes.load(Ordering::Relaxed) > self.max_pending_bytes;
             if !full || self.poll(u64::MAX).is_some() {

@@ -308,3 +308,57 @@ async fn async_waiters_see_progress_and_failure() {
     assert!(matches!(err, Err(StorageError::Failed(_))));
     h.close();
 }
+
+/// Waiters on two runtime threads, many per commit group, all complete; each thread
+/// reaches the committer through one relay (see `relay.rs`), and the relay forwards the
+/// store's closing to the waiters left.
+#[test]
+fn waiters_on_several_threads_complete_through_their_relays() {
+    let (script, started, permits) = gated();
+    let mut h = Harness::start(SyncPolicy::Always, script, usize::MAX);
+    let first = h.shared.submit(h.batch(1)).unwrap();
+    started.recv().unwrap();
+    // The first commit is held open: every ticket below waits on the relays.
+    let tickets: Vec<u64> = (0..200).map(|_| h.shared.submit(h.batch(1)).unwrap()).collect();
+    let threads: Vec<_> = tickets
+        .chunks(100)
+        .map(|chunk| {
+            let shared = h.shared.clone();
+            let chunk = chunk.to_vec();
+            std::thread::spawn(move || {
+                let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+                rt.block_on(async move {
+                    let relay = crate::relay::local(&shared).unwrap();
+                    assert!(Arc::ptr_eq(&relay, &crate::relay::local(&shared).unwrap()));
+                    let waits: Vec<_> = chunk
+                        .into_iter()
+                        .map(|seq| {
+                            let shared = shared.clone();
+                            tokio::spawn(async move { shared.wait(seq).await })
+                        })
+                        .collect();
+                    for wait in waits {
+                        tokio::time::timeout(Duration::from_secs(5), wait).await.unwrap().unwrap().unwrap();
+                    }
+                });
+            })
+        })
+        .collect();
+    permits.send(()).unwrap(); // the first commit
+    started.recv().unwrap();
+    permits.send(()).unwrap(); // the 200 queued behind it, as one group
+    for thread in threads {
+        thread.join().unwrap();
+    }
+    assert!(h.shared.durable_seq() >= first + 200);
+    drop(permits);
+    // A waiter for a ticket that will never come sees the close through its relay.
+    let shared = h.shared.clone();
+    let late = std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(async move { tokio::time::timeout(Duration::from_secs(5), shared.wait(u64::MAX)).await })
+    });
+    std::thread::sleep(Duration::from_millis(50));
+    h.close();
+    assert!(matches!(late.join().unwrap(), Ok(Err(StorageError::Closed))));
+}

@@ -103,6 +103,7 @@ mod committer;
 mod error;
 mod lock;
 mod options;
+mod relay;
 mod store;
 
 pub use batch::{Batch, MAX_KEY_LEN, MAX_VALUE_LEN};
