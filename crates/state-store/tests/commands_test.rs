@@ -166,10 +166,7 @@ fn del_responses() {
     let mut h = Harness::new();
     assert_eq!(h.reply("c", &[b"DEL", b"k"]), (b":0\r\n".to_vec(), None));
     h.send("c", &[b"SET", b"k", b"v"]);
-    assert_eq!(
-        h.reply("c", &[b"DEL", b"k"]),
-        (b":1\r\n".to_vec(), ts(V2))
-    );
+    assert_eq!(h.reply("c", &[b"DEL", b"k"]), (b":1\r\n".to_vec(), ts(V2)));
     assert_eq!(h.reply("c", &[b"GET", b"k"]), (b"$-1\r\n".to_vec(), None));
     assert_eq!(h.reply("c", &[b"DEL", b"k"]), (b":0\r\n".to_vec(), None));
 }

@@ -319,14 +319,19 @@ fn waiters_on_several_threads_complete_through_their_relays() {
     let first = h.shared.submit(h.batch(1)).unwrap();
     started.recv().unwrap();
     // The first commit is held open: every ticket below waits on the relays.
-    let tickets: Vec<u64> = (0..200).map(|_| h.shared.submit(h.batch(1)).unwrap()).collect();
+    let tickets: Vec<u64> = (0..200)
+        .map(|_| h.shared.submit(h.batch(1)).unwrap())
+        .collect();
     let threads: Vec<_> = tickets
         .chunks(100)
         .map(|chunk| {
             let shared = h.shared.clone();
             let chunk = chunk.to_vec();
             std::thread::spawn(move || {
-                let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .unwrap();
                 rt.block_on(async move {
                     let relay = crate::relay::local(&shared).unwrap();
                     assert!(Arc::ptr_eq(&relay, &crate::relay::local(&shared).unwrap()));
@@ -338,7 +343,11 @@ fn waiters_on_several_threads_complete_through_their_relays() {
                         })
                         .collect();
                     for wait in waits {
-                        tokio::time::timeout(Duration::from_secs(5), wait).await.unwrap().unwrap().unwrap();
+                        tokio::time::timeout(Duration::from_secs(5), wait)
+                            .await
+                            .unwrap()
+                            .unwrap()
+                            .unwrap();
                     }
                 });
             })
@@ -355,10 +364,18 @@ fn waiters_on_several_threads_complete_through_their_relays() {
     // A waiter for a ticket that will never come sees the close through its relay.
     let shared = h.shared.clone();
     let late = std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-        rt.block_on(async move { tokio::time::timeout(Duration::from_secs(5), shared.wait(u64::MAX)).await })
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async move {
+            tokio::time::timeout(Duration::from_secs(5), shared.wait(u64::MAX)).await
+        })
     });
     std::thread::sleep(Duration::from_millis(50));
     h.close();
-    assert!(matches!(late.join().unwrap(), Ok(Err(StorageError::Closed))));
+    assert!(matches!(
+        late.join().unwrap(),
+        Ok(Err(StorageError::Closed))
+    ));
 }

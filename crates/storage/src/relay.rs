@@ -40,7 +40,10 @@ pub(crate) fn local(shared: &Arc<Shared>) -> Option<Arc<Notify>> {
     RELAYS.with(|relays| {
         let mut relays = relays.borrow_mut();
         relays.retain(|(store, notify)| store.strong_count() > 0 && Arc::strong_count(notify) > 1);
-        if let Some((_, notify)) = relays.iter().find(|(store, _)| store.as_ptr() == Arc::as_ptr(shared)) {
+        if let Some((_, notify)) = relays
+            .iter()
+            .find(|(store, _)| store.as_ptr() == Arc::as_ptr(shared))
+        {
             return Some(notify.clone());
         }
         let notify = Arc::new(Notify::new());
