@@ -167,13 +167,20 @@ impl Shared {
     }
 
     pub(crate) async fn wait(self: &Arc<Self>, seq: u64) -> Result<(), StorageError> {
+        self.until(|| self.poll(seq)).await
+    }
+
+    /// Re-checks `ready` on every progress of the committer until it gives `Some`. The
+    /// wake-ups come through this thread's relay (`relay.rs`), registered before each
+    /// check so none is missed.
+    async fn until<T>(self: &Arc<Self>, mut ready: impl FnMut() -> Option<T>) -> T {
         let relay = relay::local(self);
+        let notify = relay.as_deref().unwrap_or(&self.progress);
         loop {
-            let notify = relay.as_deref().unwrap_or(&self.progress);
             let mut notified = pin!(notify.notified());
             notified.as_mut().enable();
-            if let Some(result) = self.poll(seq) {
-                return result;
+            if let Some(value) = ready() {
+                return value;
             }
             notified.await;
         }
@@ -190,17 +197,11 @@ impl Shared {
     }
 
     pub(crate) async fn admit(self: &Arc<Self>) {
-        let relay = relay::local(self);
-        loop {
-            let notify = relay.as_deref().unwrap_or(&self.progress);
-            let mut notified = pin!(notify.notified());
-            notified.as_mut().enable();
+        self.until(|| {
             let full = self.pending_bytes.load(Ordering::Relaxed) > self.max_pending_bytes;
-            if !full || self.poll(u64::MAX).is_some() {
-                return;
-            }
-            notified.await;
-        }
+            (!full || self.poll(u64::MAX).is_some()).then_some(())
+        })
+        .await;
     }
 
     /// Tells the committer to finish what is queued and stop.

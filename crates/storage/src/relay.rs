@@ -7,7 +7,7 @@
 //! to the woken runtime thread and back. Measured on the durable state store benchmark
 //! (64 clients, `--sync always`, one core): dozens of eventfd writes after every fsync.
 //!
-//! So waiters register with a [`Relay`] of their own thread instead: one task per
+//! So waiters register with a relay of their own thread instead: one task per
 //! (store, thread) that waits on the committer's `Notify` and, woken, wakes the local
 //! waiters from inside their runtime (a plain local schedule). The committer then wakes
 //! one task per thread that has waiters.
