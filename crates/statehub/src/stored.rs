@@ -7,7 +7,7 @@
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::BytesMut;
-use statehub_broker::codec::{Codec, Packet, ProtocolVersion, Publish, QoS};
+use statehub_broker::codec::{Codec, Packet, ProtocolVersion, PublishRef, QoS};
 use statehub_broker::Message;
 
 /// Wall-clock milliseconds since the Unix epoch (0 if the clock is before it).
@@ -20,22 +20,24 @@ pub(crate) fn down_since(written_ms: u64, now_ms: u64) -> Duration {
     Duration::from_millis(now_ms.saturating_sub(written_ms))
 }
 
-/// Appends `msg` as one PUBLISH.
+/// Appends `msg` as one PUBLISH, written from the shared message as it is (only its
+/// Message Expiry Interval is given apart), without a copy of its properties.
 pub(crate) fn put_message(out: &mut BytesMut, msg: &Message, now: Instant) {
-    let mut properties = msg.properties.clone();
-    properties.message_expiry_interval = msg.remaining_expiry(now);
-    let publish = Publish {
+    let publish = PublishRef {
         dup: false,
         qos: msg.qos,
         retain: msg.retain,
-        topic: msg.topic.clone(),
+        topic: &msg.topic,
         packet_id: (msg.qos != QoS::AtMostOnce).then_some(1),
-        payload: msg.payload.clone(),
-        properties,
+        payload: &msg.payload,
+        properties: &msg.properties,
+        message_expiry_interval: msg.remaining_expiry(now),
+        topic_alias: msg.properties.topic_alias,
+        subscription_identifiers: &msg.properties.subscription_identifiers,
     };
     // Encoding a PUBLISH we built from a valid one cannot fail; if it ever did, the
     // record would fail to decode at start-up and say so, never load something else.
-    let _ = Codec::with_version(ProtocolVersion::V5, u32::MAX).encode(&Packet::Publish(publish), out);
+    let _ = Codec::with_version(ProtocolVersion::V5, u32::MAX).encode_publish(&publish, out);
 }
 
 /// The message in `bytes` (exactly one PUBLISH), `None` if it expired during `down`.
