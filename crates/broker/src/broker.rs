@@ -18,6 +18,7 @@ use std::time::Instant;
 
 use dashmap::DashMap;
 use parking_lot::RwLock;
+use smallvec::SmallVec;
 use statehub_mqtt_codec::{ByteString, Publish, ReasonCode, SubscriptionOptions};
 use tokio_util::sync::CancellationToken;
 
@@ -233,7 +234,7 @@ impl Broker {
         metrics.messages_in.fetch_add(1, Ordering::Relaxed);
         let trie = self.inner.trie.read();
         let matches = trie.matches(&msg.topic);
-        let mut targets: Vec<(&SubEntry, Delivery)> = Vec::with_capacity(matches.plain.len());
+        let mut targets: SmallVec<[(&SubEntry, Delivery); 4]> = SmallVec::with_capacity(matches.plain.len());
         for (client, entry) in &matches.plain {
             if entry.options.no_local && msg.publisher.as_deref() == Some(*client) {
                 continue;

@@ -34,7 +34,7 @@ pub use message::{Delivery, Message, SharedVia};
 pub use metrics::Metrics;
 pub use retain_store::{RetainStore, RetainStoreError};
 pub use server::MqttListener;
-pub use service::{BoxFuture, ClientInfo, Service};
+pub use service::{done, BoxFuture, ClientInfo, Service};
 pub use session::Subscription;
 pub use session_store::{packet_id_for, Gate, SessionChange, SessionStore, SessionStoreError, StoredMessage, StoredSession};
 pub use statehub_mqtt_codec as codec;

@@ -8,6 +8,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
+use smallvec::SmallVec;
 use statehub_mqtt_codec::{ByteString, SubscriptionOptions};
 
 use crate::session::Session;
@@ -78,8 +79,10 @@ impl Node {
 /// What a topic matched: plain subscriptions and shared groups.
 #[derive(Debug, Default)]
 pub struct Matches<'a> {
-    pub plain: Vec<(&'a str, &'a SubEntry)>,
-    pub shared: Vec<&'a SharedGroup>,
+    /// Inline for the usual few (a response topic has one subscriber): no allocation per
+    /// publish.
+    pub plain: SmallVec<[(&'a str, &'a SubEntry); 4]>,
+    pub shared: SmallVec<[&'a SharedGroup; 2]>,
 }
 
 /// The index itself. Not synchronized: the router wraps it in a lock.

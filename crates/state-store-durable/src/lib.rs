@@ -124,9 +124,9 @@ impl Engine for DurableEngine {
         self.memory.get(key)
     }
 
-    fn put(&mut self, key: Bytes, entry: Entry) -> Result<Option<Entry>, EngineError> {
+    fn put(&mut self, key: &[u8], entry: Entry) -> Result<Option<Entry>, EngineError> {
         self.staged
-            .put(&self.entries, &key, &record::encode_entry(&entry))
+            .put(&self.entries, key, &record::encode_entry(&entry))
             .map_err(storage)?;
         self.staged_version = Some((entry.version.wall_ms, entry.version.counter));
         self.memory.put(key, entry)

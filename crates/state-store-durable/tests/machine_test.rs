@@ -7,7 +7,9 @@ use statehub_state_store::{AllowAll, Config, Effect, Engine, Machine, Outcome, R
 use statehub_state_store_durable::DurableEngine;
 use statehub_storage::{Options, Store};
 
-fn request(args: &[&[u8]], ts_ms: Option<u64>) -> Request {
+/// A request from `client`. Its `__ts` string is leaked: a few bytes per request, and the
+/// tests stay one call per request.
+fn request(args: &[&[u8]], ts_ms: Option<u64>) -> Request<'static> {
     let mut payload = format!("*{}\r\n", args.len()).into_bytes();
     for a in args {
         payload.extend_from_slice(format!("${}\r\n", a.len()).as_bytes());
@@ -15,9 +17,9 @@ fn request(args: &[&[u8]], ts_ms: Option<u64>) -> Request {
         payload.extend_from_slice(b"\r\n");
     }
     Request {
-        client_id: "client".into(),
+        client_id: "client",
         payload: Bytes::from(payload),
-        timestamp: ts_ms.map(|ms| format!("{ms:015}:00000:client")),
+        timestamp: ts_ms.map(|ms| &*format!("{ms:015}:00000:client").leak()),
         fencing_token: None,
     }
 }

@@ -276,10 +276,10 @@ impl<E: Engine, A: Authorizer> State<E, A> {
             return (rpc::fault_response(topic.into(), correlation.map(Bytes::copy_from_slice), &rpc::Fault::unavailable(), deadline), Vec::new());
         }
         let request = Request {
-            client_id: client_id.to_owned(),
+            client_id,
             payload,
-            timestamp: rpc::user_property(props, TIMESTAMP_PROPERTY).map(str::to_owned),
-            fencing_token: rpc::user_property(props, FENCING_TOKEN_PROPERTY).map(str::to_owned),
+            timestamp: rpc::user_property(props, TIMESTAMP_PROPERTY),
+            fencing_token: rpc::user_property(props, FENCING_TOKEN_PROPERTY),
         };
         match self.machine.handle(request, unix_ms(SystemTime::now())) {
             Ok(outcome) => {
@@ -304,7 +304,7 @@ where
     fn on_publish<'a>(&'a self, broker: &'a Broker, from: &'a ClientInfo, publish: Publish) -> BoxFuture<'a, ()> {
         let Some(durability) = &self.durability else {
             self.handle(broker, from, publish);
-            return Box::pin(std::future::ready(()));
+            return statehub_broker::done();
         };
         Box::pin(async move {
             durability.store().admit().await;

@@ -82,6 +82,9 @@ impl Command {
     pub fn parse(payload: &Bytes) -> Result<Self, Refusal> {
         let args = parse_request(payload)?;
         let (verb, rest) = args.split_first().ok_or(Refusal::Syntax)?;
+        // Keys and values are kept as slices of the payload (no copy here).
+        let nonempty = |key: &[u8]| nonempty(payload, key);
+        let part = |arg: &[u8]| payload.slice_ref(arg);
         let is = |name: &[u8]| verb.eq_ignore_ascii_case(name);
         if is(b"SET") {
             let [key, value, options @ ..] = rest else {
@@ -91,7 +94,7 @@ impl Command {
             let (condition, px_ms) = set_options(options)?;
             Ok(Self::Set {
                 key,
-                value: value.clone(),
+                value: part(value),
                 condition,
                 px_ms,
             })
@@ -115,7 +118,7 @@ impl Command {
             };
             Ok(Self::VDel {
                 key: nonempty(key)?,
-                value: value.clone(),
+                value: part(value),
             })
         } else if is(b"KEYNOTIFY") {
             match rest {
@@ -135,12 +138,12 @@ impl Command {
         } else if is(b"SCAN") {
             match rest {
                 [pattern] => Ok(Self::Scan {
-                    pattern: pattern.clone(),
+                    pattern: part(pattern),
                     token: None,
                 }),
                 [pattern, token] => Ok(Self::Scan {
-                    pattern: pattern.clone(),
-                    token: (!token.is_empty()).then(|| token.clone()),
+                    pattern: part(pattern),
+                    token: (!token.is_empty()).then(|| part(token)),
                 }),
                 _ => Err(Refusal::WrongNumberOfArguments),
             }
@@ -162,15 +165,16 @@ impl Command {
     }
 }
 
-fn nonempty(key: &Bytes) -> Result<Bytes, Refusal> {
+/// `key` (a slice of `payload`) as shared bytes, unless it is empty.
+fn nonempty(payload: &Bytes, key: &[u8]) -> Result<Bytes, Refusal> {
     if key.is_empty() {
         return Err(Refusal::KeyLengthZero);
     }
-    Ok(key.clone())
+    Ok(payload.slice_ref(key))
 }
 
 /// `[NX|NEX] [PX ms]` in any order, each at most once, NX and NEX exclusive.
-fn set_options(mut options: &[Bytes]) -> Result<(SetCondition, Option<u64>), Refusal> {
+fn set_options(mut options: &[&[u8]]) -> Result<(SetCondition, Option<u64>), Refusal> {
     let mut condition = None;
     let mut px_ms = None;
     while let [option, rest @ ..] = options {

@@ -36,6 +36,7 @@ pub fn run_all<E: Engine>(factory: impl Fn() -> E) {
     max_version(&mut factory());
     longest_key(&mut factory());
     seal_never_goes_backwards(&mut factory());
+    keys_from_slices(&mut factory());
 }
 
 fn entry(value: &'static [u8], wall_ms: u64, expires_at_ms: Option<u64>) -> Entry {
@@ -48,9 +49,7 @@ fn entry(value: &'static [u8], wall_ms: u64, expires_at_ms: Option<u64>) -> Entr
 }
 
 fn put<E: Engine>(engine: &mut E, key: &'static [u8], entry: Entry) -> Option<Entry> {
-    engine
-        .put(Bytes::from_static(key), entry)
-        .expect("put failed")
+    engine.put(key, entry).expect("put failed")
 }
 
 fn scan_all<E: Engine>(engine: &E, count: usize) -> Vec<Bytes> {
@@ -208,9 +207,7 @@ pub fn expiry_follows_rewrites<E: Engine>(engine: &mut E) {
 pub fn scan_visits_every_key<E: Engine>(engine: &mut E) {
     let all: BTreeSet<Bytes> = (0..25u8).map(|i| Bytes::from(vec![b'k', i])).collect();
     for key in &all {
-        engine
-            .put(key.clone(), entry(b"v", 1, None))
-            .expect("put failed");
+        engine.put(key, entry(b"v", 1, None)).expect("put failed");
     }
     for count in [1, 2, 7, 25, 26, 1000] {
         let seen = scan_all(engine, count);
@@ -232,9 +229,7 @@ pub fn scan_tolerates_any_cursor<E: Engine>(engine: &mut E) {
 pub fn scan_during_writes<E: Engine>(engine: &mut E) {
     let stable: Vec<Bytes> = (0..10u8).map(|i| Bytes::from(vec![b's', i])).collect();
     for key in &stable {
-        engine
-            .put(key.clone(), entry(b"v", 1, None))
-            .expect("put failed");
+        engine.put(key, entry(b"v", 1, None)).expect("put failed");
     }
     let mut seen = BTreeSet::new();
     let mut cursor: Option<Bytes> = None;
@@ -243,10 +238,10 @@ pub fn scan_during_writes<E: Engine>(engine: &mut E) {
         let batch = engine.scan(cursor.as_deref(), 3).expect("scan failed");
         seen.extend(batch.keys);
         engine
-            .put(Bytes::from(vec![b'a', round]), entry(b"v", 2, None))
+            .put(&[b'a', round], entry(b"v", 2, None))
             .expect("put failed");
         engine
-            .put(Bytes::from(vec![b'z', round]), entry(b"v", 2, None))
+            .put(&[b'z', round], entry(b"v", 2, None))
             .expect("put failed");
         round += 1;
         match batch.cursor {
@@ -278,11 +273,40 @@ pub fn get_does_not_copy<E: Engine>(engine: &mut E) {
         value: value.clone(),
         ..entry(b"", 1, None)
     };
-    engine
-        .put(Bytes::from_static(b"k"), written)
-        .expect("put failed");
+    engine.put(b"k", written).expect("put failed");
     let got = engine.get(b"k").expect("get failed").expect("present");
     assert_eq!(got.value.as_ptr(), value.as_ptr());
+}
+
+/// `put` takes its key as a slice of the caller's buffer (the request's), which the
+/// caller then drops: the keys, and the expiry index, hold on.
+pub fn keys_from_slices<E: Engine>(engine: &mut E) {
+    let request = Bytes::from(b"SET plain PX timed".to_vec());
+    put(engine, b"other", entry(b"v", 1, None));
+    engine
+        .put(&request[4..9], entry(b"v", 2, None))
+        .expect("put failed");
+    engine
+        .put(&request[13..], entry(b"v", 3, Some(50)))
+        .expect("put failed");
+    // Overwrites too: the key stays stored once, and the expiry index follows.
+    engine
+        .put(&request[13..], entry(b"v", 4, Some(60)))
+        .expect("put failed");
+    drop(request);
+    assert_eq!(scan_all(engine, 10), [&b"other"[..], b"plain", b"timed"]);
+    assert_eq!(engine.next_expiry().expect("next_expiry failed"), Some(60));
+    assert_eq!(
+        engine.expired(60, 10).expect("expired failed"),
+        [&b"timed"[..]]
+    );
+    assert_eq!(
+        engine.stats(),
+        Stats {
+            keys: 3,
+            bytes: 3 * (5 + 1)
+        }
+    );
 }
 
 /// A key of exactly [`Engine::max_key_len`] bytes is stored (when that is testable).
@@ -293,9 +317,7 @@ pub fn longest_key<E: Engine>(engine: &mut E) {
         return;
     }
     let key = Bytes::from(vec![b'k'; len]);
-    engine
-        .put(key.clone(), entry(b"v", 1, None))
-        .expect("put failed");
+    engine.put(&key, entry(b"v", 1, None)).expect("put failed");
     assert!(engine.get(&key).expect("get failed").is_some());
 }
 
@@ -307,7 +329,7 @@ pub fn seal_never_goes_backwards<E: Engine>(engine: &mut E) {
         clock.tick(u64::from(i) + 1);
         if i % 3 != 0 {
             engine
-                .put(Bytes::from(vec![b'k', i]), entry(b"v", u64::from(i) + 1, None))
+                .put(&[b'k', i], entry(b"v", u64::from(i) + 1, None))
                 .expect("put failed");
         }
         if let Some(seq) = engine.seal(&clock).expect("seal failed") {
@@ -349,7 +371,10 @@ fn snapshot<E: Engine>(engine: &E) -> Snapshot {
     let entries = scan_all(engine, 3)
         .into_iter()
         .map(|k| {
-            let e = engine.get(&k).expect("get failed").expect("scanned key present");
+            let e = engine
+                .get(&k)
+                .expect("get failed")
+                .expect("scanned key present");
             (k, e)
         })
         .collect();
@@ -357,7 +382,9 @@ fn snapshot<E: Engine>(engine: &E) -> Snapshot {
         entries,
         stats: engine.stats(),
         next_expiry: engine.next_expiry().expect("next_expiry failed"),
-        expired: engine.expired(u64::MAX, usize::MAX).expect("expired failed"),
+        expired: engine
+            .expired(u64::MAX, usize::MAX)
+            .expect("expired failed"),
     }
 }
 
@@ -418,7 +445,10 @@ pub fn reopen_keeps_expired_entries<R: Reopen>(storage: &R) {
     storage.close(engine);
     let engine = storage.open();
     assert!(engine.get(b"old").expect("get failed").is_some());
-    assert_eq!(engine.expired(u64::MAX, 10).expect("expired failed"), vec![&b"old"[..]]);
+    assert_eq!(
+        engine.expired(u64::MAX, 10).expect("expired failed"),
+        vec![&b"old"[..]]
+    );
 }
 
 /// `max_version` after reopening covers the clock sealed with the last write, even when
@@ -436,7 +466,10 @@ pub fn reopen_keeps_the_clock_high_water<R: Reopen>(storage: &R) {
     let high = clock.current();
     storage.close(engine);
     let engine = storage.open();
-    let max = engine.max_version().expect("max_version failed").expect("a version");
+    let max = engine
+        .max_version()
+        .expect("max_version failed")
+        .expect("a version");
     assert!(
         (max.wall_ms, max.counter) >= (high.wall_ms, high.counter),
         "max_version {max} is below the sealed clock {high}"

@@ -97,8 +97,10 @@ pub struct ScanBatch {
 pub trait Engine {
     /// The entry of `key`, if any (expired entries included until removed).
     fn get(&self, key: &[u8]) -> Result<Option<Entry>, EngineError>;
-    /// Stores `entry` under `key`, replacing and returning any previous entry.
-    fn put(&mut self, key: Bytes, entry: Entry) -> Result<Option<Entry>, EngineError>;
+    /// Stores `entry` under `key`, replacing and returning any previous entry. `key` may
+    /// be a slice of a larger buffer (the request's): an engine that keeps it copies it,
+    /// and an overwrite keeps the key already stored.
+    fn put(&mut self, key: &[u8], entry: Entry) -> Result<Option<Entry>, EngineError>;
     /// Removes `key`, returning its entry if it had one.
     fn remove(&mut self, key: &[u8]) -> Result<Option<Entry>, EngineError>;
     /// Up to `count` keys (`count >= 1`) after `cursor` (from the start if `None`).
@@ -159,9 +161,9 @@ impl MemoryEngine {
         (key.len() + entry.value.len()) as u64
     }
 
-    fn forget(&mut self, key: &Bytes, old: &Entry) {
+    fn forget(&mut self, key: &[u8], old: &Entry) {
         if let Some(at) = old.expires_at_ms {
-            self.expiries.remove(&(at, key.clone()));
+            self.expiries.remove(&(at, Bytes::copy_from_slice(key)));
         }
         self.stats.keys -= 1;
         self.stats.bytes -= Self::size(key, old);
@@ -173,22 +175,23 @@ impl Engine for MemoryEngine {
         Ok(self.entries.get(key).cloned())
     }
 
-    fn put(&mut self, key: Bytes, entry: Entry) -> Result<Option<Entry>, EngineError> {
-        let size = Self::size(&key, &entry);
+    fn put(&mut self, key: &[u8], entry: Entry) -> Result<Option<Entry>, EngineError> {
+        let size = Self::size(key, &entry);
         let expires_at_ms = entry.expires_at_ms;
-        // An overwrite (the common case) replaces the entry in place: one tree walk.
-        let old = match self.entries.get_mut(&key[..]) {
+        // An overwrite (the common case) replaces the entry in place: one tree walk, and
+        // no copy of the key.
+        let old = match self.entries.get_mut(key) {
             Some(slot) => Some(std::mem::replace(slot, entry)),
             None => {
-                self.entries.insert(key.clone(), entry);
+                self.entries.insert(Bytes::copy_from_slice(key), entry);
                 None
             }
         };
         if let Some(old) = &old {
-            self.forget(&key, old);
+            self.forget(key, old);
         }
         if let Some(at) = expires_at_ms {
-            self.expiries.insert((at, key));
+            self.expiries.insert((at, Bytes::copy_from_slice(key)));
         }
         self.stats.keys += 1;
         self.stats.bytes += size;

@@ -85,19 +85,53 @@ fn digits(field: &str) -> Result<u64, HlcParseError> {
     field.parse().map_err(|_| HlcParseError)
 }
 
+/// Exactly three ':'-separated fields, the first two decimal digits (any width that fits
+/// in a u64), the node id anything without ':' (possibly empty).
+fn fields(s: &str) -> Result<(u64, u64, &str), HlcParseError> {
+    let mut parts = s.split(':');
+    let (Some(wall), Some(counter), Some(node), None) =
+        (parts.next(), parts.next(), parts.next(), parts.next())
+    else {
+        return Err(HlcParseError);
+    };
+    Ok((digits(wall)?, digits(counter)?, node))
+}
+
 impl FromStr for Hlc {
     type Err = HlcParseError;
 
-    /// Exactly three ':'-separated fields, the first two decimal digits (any width that
-    /// fits in a u64), the node id anything without ':' (possibly empty).
     fn from_str(s: &str) -> Result<Self, HlcParseError> {
-        let mut parts = s.split(':');
-        let (Some(wall), Some(counter), Some(node), None) =
-            (parts.next(), parts.next(), parts.next(), parts.next())
-        else {
-            return Err(HlcParseError);
-        };
-        Ok(Self::new(digits(wall)?, digits(counter)?, node))
+        let (wall_ms, counter, node) = fields(s)?;
+        Ok(Self::new(wall_ms, counter, node))
+    }
+}
+
+/// A clock value without its node id: all that a request's `__ts` is used for (merging
+/// into the clock, the skew check) needs, so reading one allocates nothing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Stamp {
+    /// Milliseconds since the Unix epoch.
+    pub wall_ms: u64,
+    /// Logical counter within one wall-clock millisecond.
+    pub counter: u64,
+}
+
+impl From<&Hlc> for Stamp {
+    fn from(hlc: &Hlc) -> Self {
+        Self {
+            wall_ms: hlc.wall_ms,
+            counter: hlc.counter,
+        }
+    }
+}
+
+impl FromStr for Stamp {
+    type Err = HlcParseError;
+
+    /// The same syntax as an [`Hlc`] (the node id must be there, and free of ':').
+    fn from_str(s: &str) -> Result<Self, HlcParseError> {
+        let (wall_ms, counter, _node) = fields(s)?;
+        Ok(Self { wall_ms, counter })
     }
 }
 
@@ -137,6 +171,10 @@ impl HlcClock {
     /// Merges a remote value (a request `__ts`, a persisted version) so the next
     /// [`HlcClock::tick`] is greater than it. Does not check skew: see [`check_skew`].
     pub fn observe(&mut self, remote: &Hlc) {
+        self.merge(remote.into());
+    }
+
+    fn merge(&mut self, remote: Stamp) {
         if (remote.wall_ms, remote.counter) > (self.wall_ms, self.counter) {
             self.wall_ms = remote.wall_ms;
             self.counter = remote.counter;
@@ -150,14 +188,15 @@ impl HlcClock {
     /// counter 0 whether it reached us within the millisecond it was stamped in or after,
     /// and the clock runs at most one millisecond ahead of the latest wall clock it has
     /// read or been sent (a stamp from a later millisecond is merged as usual).
-    pub fn observe_request(&mut self, remote: &Hlc, now_ms: u64) {
+    pub fn observe_request(&mut self, remote: impl Into<Stamp>, now_ms: u64) {
+        let remote = remote.into();
         let dominates = (remote.wall_ms, remote.counter) >= (self.wall_ms, self.counter);
         if remote.wall_ms == now_ms && dominates {
             self.wall_ms = now_ms + 1;
             self.counter = 0;
             self.stepped = true;
         } else {
-            self.observe(remote);
+            self.merge(remote);
         }
     }
 
@@ -175,6 +214,6 @@ impl HlcClock {
 }
 
 /// Whether `hlc` is at most `max_skew_ms` ahead of `now_ms`.
-pub fn check_skew(hlc: &Hlc, now_ms: u64, max_skew_ms: u64) -> bool {
-    hlc.wall_ms <= now_ms.saturating_add(max_skew_ms)
+pub fn check_skew(hlc: impl Into<Stamp>, now_ms: u64, max_skew_ms: u64) -> bool {
+    hlc.into().wall_ms <= now_ms.saturating_add(max_skew_ms)
 }

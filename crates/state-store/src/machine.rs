@@ -22,7 +22,7 @@ use crate::authz::{AllowAll, Authorizer, Operation};
 use crate::command::Command;
 use crate::engine::{Engine, MemoryEngine, WriteSeq};
 use crate::error::{EngineError, FatalError, Refusal};
-use crate::hlc::{check_skew, Hlc, HlcClock, DEFAULT_MAX_SKEW_MS, DEFAULT_NODE_ID};
+use crate::hlc::{check_skew, Hlc, HlcClock, Stamp, DEFAULT_MAX_SKEW_MS, DEFAULT_NODE_ID};
 use crate::notify;
 use crate::resp::Response;
 use observers::Observers;
@@ -59,17 +59,18 @@ impl Default for Config {
     }
 }
 
-/// One request, as read from the MQTT PUBLISH.
+/// One request, as read from the MQTT PUBLISH. The strings are borrowed from the PUBLISH:
+/// the machine copies what it keeps (an observer's client id, a fencing token).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Request {
+pub struct Request<'a> {
     /// The requesting MQTT client id: observations belong to it and notifications go to it.
-    pub client_id: String,
+    pub client_id: &'a str,
     /// The PUBLISH payload.
     pub payload: Bytes,
     /// The `__ts` user property, if present.
-    pub timestamp: Option<String>,
+    pub timestamp: Option<&'a str>,
     /// The `__ft` user property, if present.
-    pub fencing_token: Option<String>,
+    pub fencing_token: Option<&'a str>,
 }
 
 /// What to send back on the request's Response Topic.
@@ -218,7 +219,7 @@ impl<E: Engine, A: Authorizer> Machine<E, A> {
     ///
     /// Refusals are replies (`-ERR ...`); `Err` means the engine failed and the node must
     /// stop serving the store.
-    pub fn handle(&mut self, request: Request, now_ms: u64) -> Result<Outcome, FatalError> {
+    pub fn handle(&mut self, request: Request<'_>, now_ms: u64) -> Result<Outcome, FatalError> {
         let mut effects = Vec::new();
         self.remove_expired(now_ms, &mut effects)?;
         let reply = match self.execute(&request, now_ms, &mut effects) {
@@ -276,18 +277,15 @@ impl<E: Engine, A: Authorizer> Machine<E, A> {
 
     fn execute(
         &mut self,
-        request: &Request,
+        request: &Request<'_>,
         now_ms: u64,
         effects: &mut Vec<Effect>,
     ) -> Result<Reply, Failure> {
         let command = Command::parse(&request.payload)?;
-        let timestamp = parse_hlc(request.timestamp.as_deref())?;
-        let fencing_token = parse_hlc(request.fencing_token.as_deref())?;
+        let timestamp = parse_hlc::<Stamp>(request.timestamp)?;
+        let fencing_token = parse_hlc::<Hlc>(request.fencing_token)?;
         let skew = self.config.max_skew_ms;
-        if timestamp
-            .as_ref()
-            .is_some_and(|ts| !check_skew(ts, now_ms, skew))
-        {
+        if timestamp.is_some_and(|ts| !check_skew(ts, now_ms, skew)) {
             return Err(Refusal::TimestampSkew.into());
         }
         if fencing_token
@@ -302,15 +300,15 @@ impl<E: Engine, A: Authorizer> Machine<E, A> {
         if let Some(key) = command.key() {
             if !self
                 .authorizer
-                .authorize(&request.client_id, key, operation(&command))
+                .authorize(request.client_id, key, operation(&command))
             {
                 return Err(Refusal::NotAuthorized.into());
             }
         }
-        if let Some(ts) = &timestamp {
+        if let Some(ts) = timestamp {
             self.clock.observe_request(ts, now_ms);
         }
-        let client = request.client_id.as_str();
+        let client = request.client_id;
         match command {
             Command::Set {
                 key,
@@ -338,7 +336,13 @@ impl<E: Engine, A: Authorizer> Machine<E, A> {
 
     /// One effect per observer of `key`, in client id order. The payload is built only
     /// when someone observes the key (a SET's copies its value).
-    fn notify(&self, key: &Bytes, payload: impl FnOnce() -> Bytes, version: &Hlc, effects: &mut Vec<Effect>) {
+    fn notify(
+        &self,
+        key: &Bytes,
+        payload: impl FnOnce() -> Bytes,
+        version: &Hlc,
+        effects: &mut Vec<Effect>,
+    ) {
         let mut observers = self.observers.of(key).peekable();
         if observers.peek().is_none() {
             return;
@@ -355,7 +359,7 @@ impl<E: Engine, A: Authorizer> Machine<E, A> {
     }
 }
 
-fn parse_hlc(property: Option<&str>) -> Result<Option<Hlc>, Refusal> {
+fn parse_hlc<T: std::str::FromStr>(property: Option<&str>) -> Result<Option<T>, Refusal> {
     property
         .map(|s| s.parse().map_err(|_| Refusal::MalformedTimestamp))
         .transpose()

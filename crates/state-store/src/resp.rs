@@ -11,11 +11,15 @@
 //! holding an array of keys and an optional continuation token.
 
 use bytes::{BufMut, Bytes, BytesMut};
+use smallvec::SmallVec;
 
 use crate::error::Refusal;
 
+/// The arguments of one request: slices of its payload, inline for the usual few.
+pub type Args<'a> = SmallVec<[&'a [u8]; 6]>;
+
 /// Reads a request payload as its array of arguments.
-pub fn parse_request(payload: &Bytes) -> Result<Vec<Bytes>, Refusal> {
+pub fn parse_request(payload: &[u8]) -> Result<Args<'_>, Refusal> {
     let mut reader = Reader {
         buf: payload,
         pos: 0,
@@ -25,7 +29,7 @@ pub fn parse_request(payload: &Bytes) -> Result<Vec<Bytes>, Refusal> {
         return Err(Refusal::Syntax);
     }
     // Never trust `count` for an allocation: a 10-byte payload may claim 2^60 items.
-    let mut args = Vec::with_capacity(count.min(8));
+    let mut args = Args::new();
     for _ in 0..count {
         let len = reader.header(b'$')?;
         let arg = reader.take(len)?;
@@ -39,11 +43,11 @@ pub fn parse_request(payload: &Bytes) -> Result<Vec<Bytes>, Refusal> {
 }
 
 struct Reader<'a> {
-    buf: &'a Bytes,
+    buf: &'a [u8],
     pos: usize,
 }
 
-impl Reader<'_> {
+impl<'a> Reader<'a> {
     /// `<prefix><decimal digits>\r\n`, the number fitting in a usize.
     fn header(&mut self, prefix: u8) -> Result<usize, Refusal> {
         if self.buf.get(self.pos) != Some(&prefix) {
@@ -69,12 +73,9 @@ impl Reader<'_> {
         Ok(value)
     }
 
-    fn take(&mut self, len: usize) -> Result<Bytes, Refusal> {
+    fn take(&mut self, len: usize) -> Result<&'a [u8], Refusal> {
         let end = self.pos.checked_add(len).ok_or(Refusal::Syntax)?;
-        if end > self.buf.len() {
-            return Err(Refusal::Syntax);
-        }
-        let out = self.buf.slice(self.pos..end);
+        let out = self.buf.get(self.pos..end).ok_or(Refusal::Syntax)?;
         self.pos = end;
         Ok(out)
     }
@@ -154,8 +155,23 @@ pub fn encode_array(items: &[&[u8]]) -> Bytes {
 
 fn put_header(out: &mut BytesMut, prefix: u8, n: usize) {
     out.put_u8(prefix);
-    out.put_slice(n.to_string().as_bytes());
+    put_decimal(out, n as u64);
     out.put_slice(b"\r\n");
+}
+
+/// `n` in decimal, without going through `fmt` (every GET reply has a length header).
+fn put_decimal(out: &mut BytesMut, mut n: u64) {
+    let mut digits = [0u8; 20];
+    let mut i = digits.len();
+    loop {
+        i -= 1;
+        digits[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    out.put_slice(&digits[i..]);
 }
 
 fn put_bulk(out: &mut BytesMut, item: &[u8]) {

@@ -31,7 +31,7 @@ fn memory_engine_built_from_entries_equals_one_built_by_puts() {
     ];
     let mut by_puts = MemoryEngine::new();
     for (k, e) in input.clone() {
-        by_puts.put(k, e).unwrap();
+        by_puts.put(&k, e).unwrap();
     }
     let built = MemoryEngine::from_entries(input);
     assert_eq!(built.stats(), by_puts.stats());

@@ -44,10 +44,10 @@ proptest! {
                              ts in property(), ft in property()) {
         let mut machine = Machine::in_memory(Config::default());
         let outcome = machine.handle(Request {
-            client_id: "c".to_owned(),
+            client_id: "c",
             payload: Bytes::from(payload),
-            timestamp: ts,
-            fencing_token: ft,
+            timestamp: ts.as_deref(),
+            fencing_token: ft.as_deref(),
         }, T0).expect("memory");
         prop_assert!(well_formed(&outcome.reply.payload));
     }

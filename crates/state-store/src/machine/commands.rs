@@ -60,23 +60,22 @@ impl<E: Engine, A: Authorizer> Machine<E, A> {
         }
         self.check_quota(&key, value, existing.as_ref())?;
         let version = self.clock.tick(now_ms);
-        let key = Bytes::copy_from_slice(&key);
-        let value = Bytes::copy_from_slice(value);
         let expires_at_ms = px_ms.map(|px| now_ms.saturating_add(px));
         let entry = Entry {
-            value: value.clone(),
+            value: Bytes::copy_from_slice(value),
             version: version.clone(),
             fencing_token,
             expires_at_ms,
         };
-        self.engine.put(key.clone(), entry)?;
+        self.engine.put(&key, entry)?;
+        // `key` is a slice of the request: fine for effects, which do not outlive it long.
         if let Some(at_ms) = expires_at_ms {
             effects.push(Effect::ArmExpiry {
                 key: key.clone(),
                 at_ms,
             });
         }
-        self.notify(&key, || notify::set_payload(&value), &version, effects);
+        self.notify(&key, || notify::set_payload(value), &version, effects);
         Ok(Reply::versioned(&Response::Ok, version))
     }
 

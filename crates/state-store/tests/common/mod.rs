@@ -29,12 +29,12 @@ pub fn version(wall_ms: u64, counter: u64) -> Hlc {
 }
 
 /// A request with the given payload and properties.
-pub fn request(client: &str, payload: &[u8], ts: Option<&str>, ft: Option<&str>) -> Request {
+pub fn request<'a>(client: &'a str, payload: &[u8], ts: Option<&'a str>, ft: Option<&'a str>) -> Request<'a> {
     Request {
-        client_id: client.to_owned(),
+        client_id: client,
         payload: Bytes::copy_from_slice(payload),
-        timestamp: ts.map(str::to_owned),
-        fencing_token: ft.map(str::to_owned),
+        timestamp: ts,
+        fencing_token: ft,
     }
 }
 
