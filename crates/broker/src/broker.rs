@@ -128,7 +128,10 @@ impl Broker {
 
     pub(crate) fn service_for(&self, topic_name: &str) -> Option<Arc<dyn Service>> {
         let services = self.inner.services.read();
-        services.iter().find(|(f, _)| topic::matches(f, topic_name)).map(|(_, s)| s.clone())
+        // Every PUBLISH asks: a filter without wildcards (the state store's) is compared
+        // whole, not split level by level.
+        let hit = |f: &str| f == topic_name || (topic::has_wildcard(f) && topic::matches(f, topic_name));
+        services.iter().find(|(f, _)| hit(f)).map(|(_, s)| s.clone())
     }
 
     pub(crate) fn notify_services_closed(&self, client_id: &str) {

@@ -43,12 +43,20 @@ pub struct CacheKey {
 /// What the cache knows about a request.
 #[derive(Debug)]
 pub enum Lookup {
-    /// Never seen (or forgotten): execute it.
-    Miss,
+    /// Never seen (or forgotten): execute it, then [`ResponseCache::insert`] its response
+    /// here.
+    Miss(Vacancy),
     /// Seen and still awaited: send this response again.
     Hit(Arc<Message>),
     /// Seen, but its deadline has passed: nobody is waiting any more.
     Late,
+}
+
+/// Where a missed key goes: its fingerprint, so that inserting does not hash the key
+/// again.
+#[derive(Debug)]
+pub struct Vacancy {
+    fingerprint: u64,
 }
 
 /// One remembered response, in the queue.
@@ -116,11 +124,12 @@ impl ResponseCache {
     pub fn lookup(&mut self, key: &CacheKey, now: Instant) -> Lookup {
         self.prune(now);
         let fingerprint = self.keys.hash_one(key);
+        let miss = Lookup::Miss(Vacancy { fingerprint });
         let Some(slot) = self.index.get(&fingerprint).and_then(|&n| self.slot(n)) else {
-            return Lookup::Miss;
+            return miss;
         };
         if slot.key != *key || slot.end <= now {
-            Lookup::Miss
+            miss
         } else if slot.deadline <= now {
             Lookup::Late
         } else {
@@ -128,15 +137,17 @@ impl ResponseCache {
         }
     }
 
-    /// Remembers `response` (whose `expires_at` is the request's deadline).
-    pub fn insert(&mut self, key: CacheKey, response: Arc<Message>, now: Instant) {
+    /// Remembers `response` (whose `expires_at` is the request's deadline) for `key`,
+    /// which its lookup missed at `at`.
+    pub fn insert(&mut self, at: Vacancy, key: CacheKey, response: Arc<Message>, now: Instant) {
         if self.capacity == 0 {
             return;
         }
         self.prune(now);
         while self.queue.len() >= self.capacity && self.pop_front() {}
         let deadline = response.expires_at.unwrap_or(now);
-        let fingerprint = self.keys.hash_one(&key);
+        let fingerprint = at.fingerprint;
+        debug_assert_eq!(fingerprint, self.keys.hash_one(&key));
         self.index.insert(fingerprint, self.next);
         self.next += 1;
         self.queue.push_back(Slot { fingerprint, key, response, deadline, end: deadline + GRACE });
@@ -189,15 +200,21 @@ mod tests {
         CacheKey { client_id: "c".into(), correlation: Bytes::from(vec![n; 16]) }
     }
 
+    /// Looks `key` up (it must miss) and inserts `response` there, as the service does.
+    fn put(cache: &mut ResponseCache, key: CacheKey, response: Arc<Message>, now: Instant) {
+        let Lookup::Miss(at) = cache.lookup(&key, now) else { panic!("{key:?} is cached") };
+        cache.insert(at, key, response, now);
+    }
+
     #[test]
     fn hit_late_and_forgotten() {
         let now = Instant::now();
         let mut cache = ResponseCache::new(4);
-        assert!(matches!(cache.lookup(&key(1), now), Lookup::Miss));
-        cache.insert(key(1), message(now + Duration::from_secs(5)), now);
+        assert!(matches!(cache.lookup(&key(1), now), Lookup::Miss(_)));
+        put(&mut cache, key(1), message(now + Duration::from_secs(5)), now);
         assert!(matches!(cache.lookup(&key(1), now), Lookup::Hit(_)));
         assert!(matches!(cache.lookup(&key(1), now + Duration::from_secs(6)), Lookup::Late));
-        assert!(matches!(cache.lookup(&key(1), now + Duration::from_secs(70)), Lookup::Miss));
+        assert!(matches!(cache.lookup(&key(1), now + Duration::from_secs(70)), Lookup::Miss(_)));
         assert_eq!(cache.len(), 0);
     }
 
@@ -206,15 +223,15 @@ mod tests {
         let now = Instant::now();
         let later = now + Duration::from_secs(70);
         let mut cache = ResponseCache::new(3);
-        cache.insert(key(1), message(now + Duration::from_secs(1000)), now);
-        cache.insert(key(2), message(now + Duration::from_secs(1)), now);
+        put(&mut cache, key(1), message(now + Duration::from_secs(1000)), now);
+        put(&mut cache, key(2), message(now + Duration::from_secs(1)), now);
         // Key 2's end has passed, but it is queued behind key 1: forgotten all the same.
-        assert!(matches!(cache.lookup(&key(2), later), Lookup::Miss));
-        cache.insert(key(2), message(later + Duration::from_secs(10)), later);
-        cache.insert(key(3), message(later + Duration::from_secs(10)), later);
-        cache.insert(key(4), message(later + Duration::from_secs(10)), later);
+        assert!(matches!(cache.lookup(&key(2), later), Lookup::Miss(_)));
+        put(&mut cache, key(2), message(later + Duration::from_secs(10)), later);
+        put(&mut cache, key(3), message(later + Duration::from_secs(10)), later);
+        put(&mut cache, key(4), message(later + Duration::from_secs(10)), later);
         // Key 1 and key 2's first place were evicted; its new entry stays.
-        assert!(matches!(cache.lookup(&key(1), later), Lookup::Miss));
+        assert!(matches!(cache.lookup(&key(1), later), Lookup::Miss(_)));
         assert!(matches!(cache.lookup(&key(2), later), Lookup::Hit(_)));
         assert_eq!(cache.len(), 3);
     }
@@ -224,10 +241,10 @@ mod tests {
         let now = Instant::now();
         let mut cache = ResponseCache::new(2);
         for n in 0..5 {
-            cache.insert(key(n), message(now + Duration::from_secs(u64::from(n) + 1)), now);
+            put(&mut cache, key(n), message(now + Duration::from_secs(u64::from(n) + 1)), now);
         }
         assert_eq!(cache.len(), 2);
         assert!(matches!(cache.lookup(&key(4), now), Lookup::Hit(_)));
-        assert!(matches!(cache.lookup(&key(0), now), Lookup::Miss));
+        assert!(matches!(cache.lookup(&key(0), now), Lookup::Miss(_)));
     }
 }

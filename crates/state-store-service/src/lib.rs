@@ -186,12 +186,12 @@ where
                     (Some(reply), effects)
                 }
                 Lookup::Late => (None, Vec::new()),
-                Lookup::Miss => {
+                Lookup::Miss(at) => {
                     let (reply, effects) = state.execute(client_id, publish.payload, &props, response_topic, deadline);
                     let reply = Arc::new(reply);
                     let correlation = reply.properties.correlation_data.clone().unwrap_or_default();
                     let key = CacheKey { client_id: lookup.client_id, correlation };
-                    state.cache.insert(key, reply.clone(), received);
+                    state.cache.insert(at, key, reply.clone(), received);
                     (Some(reply), effects)
                 }
             };

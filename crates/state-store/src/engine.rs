@@ -51,7 +51,7 @@
 //!   restarted node never issues a version it issued before, even if the wall clock went
 //!   back.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::ops::Bound;
 
 use bytes::Bytes;
@@ -121,11 +121,19 @@ pub trait Engine {
     fn seal(&mut self, clock: &HlcClock) -> Result<Option<WriteSeq>, EngineError>;
 }
 
-/// An in-memory engine: an ordered map (so scan cursors are simply the last key visited)
-/// and an expiry index ordered by time.
+/// An in-memory engine: a hash map for point reads and writes, the keys again in an ordered
+/// set (so scan cursors are simply the last key visited), and an expiry index ordered by
+/// time.
+///
+/// Why two maps: every GET and SET looks a key up, and in an ordered map that is a walk down
+/// a tree whose every comparison follows a key's pointer to its bytes (with 10,000 keys,
+/// about a twentieth of a SET's CPU time went there); a hash map does it with one hash and
+/// one comparison. The ordered set costs only when a key is added or removed, which an
+/// overwrite (the common SET) does not do.
 #[derive(Debug, Default)]
 pub struct MemoryEngine {
-    entries: BTreeMap<Bytes, Entry>,
+    entries: HashMap<Bytes, Entry>,
+    order: BTreeSet<Bytes>,
     expiries: BTreeSet<(u64, Bytes)>,
     stats: Stats,
 }
@@ -140,18 +148,23 @@ impl MemoryEngine {
     /// built in one pass: much faster than one `put` per key when they come in ascending
     /// key order. Of equal keys the last wins.
     pub fn from_entries(entries: impl IntoIterator<Item = (Bytes, Entry)>) -> Self {
-        let entries: BTreeMap<Bytes, Entry> = entries.into_iter().collect();
+        let sorted: BTreeMap<Bytes, Entry> = entries.into_iter().collect();
         let mut stats = Stats::default();
         let mut expiries = Vec::new();
-        for (key, entry) in &entries {
+        let mut entries = HashMap::with_capacity(sorted.len());
+        let mut order = Vec::with_capacity(sorted.len());
+        for (key, entry) in sorted {
             stats.keys += 1;
-            stats.bytes += Self::size(key, entry);
+            stats.bytes += Self::size(&key, &entry);
             if let Some(at) = entry.expires_at_ms {
                 expiries.push((at, key.clone()));
             }
+            order.push(key.clone());
+            entries.insert(key, entry);
         }
         Self {
             entries,
+            order: order.into_iter().collect(),
             expiries: expiries.into_iter().collect(),
             stats,
         }
@@ -183,7 +196,9 @@ impl Engine for MemoryEngine {
         let old = match self.entries.get_mut(key) {
             Some(slot) => Some(std::mem::replace(slot, entry)),
             None => {
-                self.entries.insert(Bytes::copy_from_slice(key), entry);
+                let key = Bytes::copy_from_slice(key);
+                self.order.insert(key.clone());
+                self.entries.insert(key, entry);
                 None
             }
         };
@@ -202,6 +217,7 @@ impl Engine for MemoryEngine {
         let Some((key, old)) = self.entries.remove_entry(key) else {
             return Ok(None);
         };
+        self.order.remove(&key);
         self.forget(&key, &old);
         Ok(Some(old))
     }
@@ -209,9 +225,9 @@ impl Engine for MemoryEngine {
     fn scan(&self, cursor: Option<&[u8]>, count: usize) -> Result<ScanBatch, EngineError> {
         let start = cursor.map_or(Bound::Unbounded, Bound::Excluded);
         let mut range = self
-            .entries
+            .order
             .range::<[u8], _>((start, Bound::Unbounded))
-            .map(|(k, _)| k.clone());
+            .cloned();
         let keys: Vec<Bytes> = range.by_ref().take(count.max(1)).collect();
         let cursor = match range.next() {
             Some(_) => keys.last().cloned(),
