@@ -29,6 +29,8 @@ use bytes::Bytes;
 use statehub_broker::codec::ByteString;
 use statehub_broker::Message;
 
+use crate::rpc::OkParts;
+
 /// How long past its deadline an entry still suppresses re-execution.
 const GRACE: Duration = Duration::from_secs(60);
 
@@ -38,6 +40,23 @@ const GRACE: Duration = Duration::from_secs(60);
 pub struct CacheKey {
     pub client_id: ByteString,
     pub correlation: Bytes,
+}
+
+/// A remembered `__stat=200` response: its parts and payload, not the message (see
+/// [`OkParts`]).
+#[derive(Debug, Clone)]
+pub struct CachedReply {
+    pub parts: OkParts,
+    pub payload: Bytes,
+    /// The request's deadline, which is also the response's expiry.
+    pub deadline: Instant,
+}
+
+impl CachedReply {
+    /// The response message.
+    pub fn message(&self) -> Message {
+        self.parts.message(self.payload.clone(), self.deadline)
+    }
 }
 
 /// What the cache knows about a request.
@@ -59,15 +78,21 @@ pub struct Vacancy {
     fingerprint: u64,
 }
 
-/// One remembered response, in the queue.
+/// One remembered response, in the queue. Its key is the client id and the reply's own
+/// copy of the Correlation Data.
 #[derive(Debug)]
 struct Slot {
     fingerprint: u64,
-    key: CacheKey,
-    response: Arc<Message>,
-    deadline: Instant,
+    client_id: ByteString,
+    reply: CachedReply,
     /// When the entry is forgotten.
     end: Instant,
+}
+
+impl Slot {
+    fn is(&self, key: &CacheKey) -> bool {
+        self.client_id == key.client_id && self.reply.parts.correlation() == &key.correlation[..]
+    }
 }
 
 /// The index's hasher: fingerprints are SipHash outputs already, used as they are.
@@ -128,29 +153,28 @@ impl ResponseCache {
         let Some(slot) = self.index.get(&fingerprint).and_then(|&n| self.slot(n)) else {
             return miss;
         };
-        if slot.key != *key || slot.end <= now {
+        if !slot.is(key) || slot.end <= now {
             miss
-        } else if slot.deadline <= now {
+        } else if slot.reply.deadline <= now {
             Lookup::Late
         } else {
-            Lookup::Hit(slot.response.clone())
+            Lookup::Hit(Arc::new(slot.reply.message()))
         }
     }
 
-    /// Remembers `response` (whose `expires_at` is the request's deadline) for `key`,
-    /// which its lookup missed at `at`.
-    pub fn insert(&mut self, at: Vacancy, key: CacheKey, response: Arc<Message>, now: Instant) {
+    /// Remembers `reply` to `client_id`'s request, whose lookup missed at `at` (the
+    /// request's Correlation Data is the reply's).
+    pub fn insert(&mut self, at: Vacancy, client_id: ByteString, reply: CachedReply, now: Instant) {
         if self.capacity == 0 {
             return;
         }
         self.prune(now);
         while self.queue.len() >= self.capacity && self.pop_front() {}
-        let deadline = response.expires_at.unwrap_or(now);
         let fingerprint = at.fingerprint;
-        debug_assert_eq!(fingerprint, self.keys.hash_one(&key));
+        let end = reply.deadline + GRACE;
         self.index.insert(fingerprint, self.next);
         self.next += 1;
-        self.queue.push_back(Slot { fingerprint, key, response, deadline, end: deadline + GRACE });
+        self.queue.push_back(Slot { fingerprint, client_id, reply, end });
     }
 
     /// The queued entry with insertion number `n`, if still queued.
@@ -182,28 +206,19 @@ impl ResponseCache {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use statehub_broker::codec::{PublishProperties, QoS};
 
-    fn message(deadline: Instant) -> Arc<Message> {
-        Arc::new(Message {
-            topic: "t".into(),
-            payload: Bytes::from_static(b"+OK\r\n"),
-            qos: QoS::AtLeastOnce,
-            retain: false,
-            properties: PublishProperties::default(),
-            expires_at: Some(deadline),
-            publisher: None,
-        })
+    fn reply(n: u8, deadline: Instant) -> CachedReply {
+        CachedReply { parts: OkParts::new("t", Some(&[n; 16]), None), payload: Bytes::from_static(b"+OK\r\n"), deadline }
     }
 
     fn key(n: u8) -> CacheKey {
         CacheKey { client_id: "c".into(), correlation: Bytes::from(vec![n; 16]) }
     }
 
-    /// Looks `key` up (it must miss) and inserts `response` there, as the service does.
-    fn put(cache: &mut ResponseCache, key: CacheKey, response: Arc<Message>, now: Instant) {
-        let Lookup::Miss(at) = cache.lookup(&key, now) else { panic!("{key:?} is cached") };
-        cache.insert(at, key, response, now);
+    /// Looks key `n` up (it must miss) and inserts its reply there, as the service does.
+    fn put(cache: &mut ResponseCache, n: u8, deadline: Instant, now: Instant) {
+        let Lookup::Miss(at) = cache.lookup(&key(n), now) else { panic!("key {n} is cached") };
+        cache.insert(at, "c".into(), reply(n, deadline), now);
     }
 
     #[test]
@@ -211,11 +226,23 @@ mod tests {
         let now = Instant::now();
         let mut cache = ResponseCache::new(4);
         assert!(matches!(cache.lookup(&key(1), now), Lookup::Miss(_)));
-        put(&mut cache, key(1), message(now + Duration::from_secs(5)), now);
-        assert!(matches!(cache.lookup(&key(1), now), Lookup::Hit(_)));
+        put(&mut cache, 1, now + Duration::from_secs(5), now);
+        let Lookup::Hit(hit) = cache.lookup(&key(1), now) else { panic!("no hit") };
+        assert_eq!(hit.properties.correlation_data.as_deref(), Some(&[1; 16][..]));
+        assert_eq!(hit.expires_at, Some(now + Duration::from_secs(5)));
         assert!(matches!(cache.lookup(&key(1), now + Duration::from_secs(6)), Lookup::Late));
         assert!(matches!(cache.lookup(&key(1), now + Duration::from_secs(70)), Lookup::Miss(_)));
         assert_eq!(cache.len(), 0);
+    }
+
+    #[test]
+    fn another_client_or_call_misses() {
+        let now = Instant::now();
+        let mut cache = ResponseCache::new(4);
+        put(&mut cache, 1, now + Duration::from_secs(5), now);
+        let other_client = CacheKey { client_id: "d".into(), ..key(1) };
+        assert!(matches!(cache.lookup(&other_client, now), Lookup::Miss(_)));
+        assert!(matches!(cache.lookup(&key(2), now), Lookup::Miss(_)));
     }
 
     #[test]
@@ -223,13 +250,13 @@ mod tests {
         let now = Instant::now();
         let later = now + Duration::from_secs(70);
         let mut cache = ResponseCache::new(3);
-        put(&mut cache, key(1), message(now + Duration::from_secs(1000)), now);
-        put(&mut cache, key(2), message(now + Duration::from_secs(1)), now);
+        put(&mut cache, 1, now + Duration::from_secs(1000), now);
+        put(&mut cache, 2, now + Duration::from_secs(1), now);
         // Key 2's end has passed, but it is queued behind key 1: forgotten all the same.
         assert!(matches!(cache.lookup(&key(2), later), Lookup::Miss(_)));
-        put(&mut cache, key(2), message(later + Duration::from_secs(10)), later);
-        put(&mut cache, key(3), message(later + Duration::from_secs(10)), later);
-        put(&mut cache, key(4), message(later + Duration::from_secs(10)), later);
+        put(&mut cache, 2, later + Duration::from_secs(10), later);
+        put(&mut cache, 3, later + Duration::from_secs(10), later);
+        put(&mut cache, 4, later + Duration::from_secs(10), later);
         // Key 1 and key 2's first place were evicted; its new entry stays.
         assert!(matches!(cache.lookup(&key(1), later), Lookup::Miss(_)));
         assert!(matches!(cache.lookup(&key(2), later), Lookup::Hit(_)));
@@ -241,7 +268,7 @@ mod tests {
         let now = Instant::now();
         let mut cache = ResponseCache::new(2);
         for n in 0..5 {
-            put(&mut cache, key(n), message(now + Duration::from_secs(u64::from(n) + 1)), now);
+            put(&mut cache, n, now + Duration::from_secs(u64::from(n) + 1), now);
         }
         assert_eq!(cache.len(), 2);
         assert!(matches!(cache.lookup(&key(4), now), Lookup::Hit(_)));

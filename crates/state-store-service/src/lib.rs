@@ -48,7 +48,7 @@ use statehub_state_store_durable::DurableEngine;
 use statehub_storage::Store;
 use tokio::sync::Notify;
 
-use cache::{CacheKey, Lookup, ResponseCache};
+use cache::{CacheKey, CachedReply, Lookup, ResponseCache};
 use durable::{Durability, Next};
 
 pub use settings::SettingsError;
@@ -187,11 +187,17 @@ where
                 }
                 Lookup::Late => (None, Vec::new()),
                 Lookup::Miss(at) => {
-                    let (reply, effects) = state.execute(client_id, publish.payload, &props, response_topic, deadline);
-                    let reply = Arc::new(reply);
-                    let correlation = reply.properties.correlation_data.clone().unwrap_or_default();
-                    let key = CacheKey { client_id: lookup.client_id, correlation };
-                    state.cache.insert(at, key, reply.clone(), received);
+                    let (answer, effects) = state.execute(client_id, publish.payload, &props, response_topic, deadline);
+                    let reply = match answer {
+                        Answer::Ok(ok) => {
+                            let reply = Arc::new(ok.message());
+                            state.cache.insert(at, lookup.client_id, ok, received);
+                            reply
+                        }
+                        // Only a failed store answers so, and it keeps answering so: a
+                        // resent request gets the same answer without the cache.
+                        Answer::Fault(fault) => Arc::new(fault),
+                    };
                     (Some(reply), effects)
                 }
             };
@@ -251,6 +257,14 @@ where
     }
 }
 
+/// A request's response, as [`State::execute`] builds it.
+enum Answer {
+    /// `__stat=200`, with the store's reply: the cache keeps it.
+    Ok(CachedReply),
+    /// The store is unavailable.
+    Fault(Message),
+}
+
 impl<E: Engine, A: Authorizer> State<E, A> {
     /// A cached reply re-sent reveals the current state: with a persistent engine it
     /// waits for whatever is in flight.
@@ -270,10 +284,11 @@ impl<E: Engine, A: Authorizer> State<E, A> {
     }
 
     /// Runs one request in the machine and builds its response.
-    fn execute(&mut self, client_id: &str, payload: Bytes, props: &PublishProperties, topic: &str, deadline: Instant) -> (Message, Vec<Effect>) {
+    fn execute(&mut self, client_id: &str, payload: Bytes, props: &PublishProperties, topic: &str, deadline: Instant) -> (Answer, Vec<Effect>) {
         let correlation = props.correlation_data.as_deref();
+        let unavailable = || Answer::Fault(rpc::fault_response(topic.into(), correlation.map(Bytes::copy_from_slice), &rpc::Fault::unavailable(), deadline));
         if self.failed {
-            return (rpc::fault_response(topic.into(), correlation.map(Bytes::copy_from_slice), &rpc::Fault::unavailable(), deadline), Vec::new());
+            return (unavailable(), Vec::new());
         }
         let request = Request {
             client_id,
@@ -283,14 +298,14 @@ impl<E: Engine, A: Authorizer> State<E, A> {
         };
         match self.machine.handle(request, unix_ms(SystemTime::now())) {
             Ok(outcome) => {
-                let reply = rpc::ok_response(topic, correlation, outcome.reply.payload, outcome.reply.version.as_ref(), deadline);
-                (reply, outcome.effects)
+                let parts = rpc::OkParts::new(topic, correlation, outcome.reply.version.as_ref());
+                (Answer::Ok(CachedReply { parts, payload: outcome.reply.payload, deadline }), outcome.effects)
             }
             Err(e) => {
                 tracing::error!(error = %e, "state store engine failed; the store now answers 503");
                 self.failed = true;
                 self.cache.clear();
-                (rpc::fault_response(topic.into(), correlation.map(Bytes::copy_from_slice), &rpc::Fault::unavailable(), deadline), Vec::new())
+                (unavailable(), Vec::new())
             }
         }
     }

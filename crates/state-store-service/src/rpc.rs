@@ -139,33 +139,57 @@ fn response(topic: ByteString, correlation: Option<Bytes>, payload: Bytes, user:
     }
 }
 
-/// A `__stat=200` response carrying the store's reply (and `__ts` when it has a version).
+/// What a `__stat=200` response is made of besides its payload: its topic, Correlation
+/// Data and `__ts`, copied out of the request into one buffer of their own (slices of the
+/// request would pin the whole read buffer it arrived in): one allocation instead of three.
 ///
-/// The cache keeps a reply for up to a minute after its deadline, so its topic,
-/// Correlation Data and `__ts` are copied out of the request into one buffer of their
-/// own (slices of the request would pin the whole read buffer it arrived in): one
-/// allocation instead of three.
-pub fn ok_response(topic: &str, correlation: Option<&[u8]>, payload: Bytes, version: Option<&Hlc>, deadline: Instant) -> Message {
-    let correlation_len = correlation.map_or(0, <[u8]>::len);
-    let mut buf = BytesMut::with_capacity(topic.len() + correlation_len + if version.is_some() { 48 } else { 0 });
-    buf.put_slice(topic.as_bytes());
-    if let Some(c) = correlation {
-        buf.put_slice(c);
+/// The response cache keeps these parts and the payload rather than the message, so the
+/// message itself is freed once delivered, while its memory is still warm; evicting an entry
+/// a minute later then frees one buffer, not a message, its property list and that buffer.
+#[derive(Debug, Clone)]
+pub struct OkParts {
+    buf: Bytes,
+    topic_end: usize,
+    /// End of the Correlation Data in `buf`, if the request had one.
+    correlation_end: Option<usize>,
+}
+
+impl OkParts {
+    /// The parts of the response to a request on `topic` with `correlation`, versioned
+    /// `version`.
+    pub fn new(topic: &str, correlation: Option<&[u8]>, version: Option<&Hlc>) -> Self {
+        let correlation_len = correlation.map_or(0, <[u8]>::len);
+        let mut buf = BytesMut::with_capacity(topic.len() + correlation_len + if version.is_some() { 48 } else { 0 });
+        buf.put_slice(topic.as_bytes());
+        if let Some(c) = correlation {
+            buf.put_slice(c);
+        }
+        if let Some(v) = version {
+            put_hlc(&mut buf, v);
+        }
+        let topic_end = topic.len();
+        Self { buf: buf.freeze(), topic_end, correlation_end: correlation.map(|_| topic_end + correlation_len) }
     }
-    if let Some(v) = version {
-        put_hlc(&mut buf, v);
+
+    /// The Correlation Data (empty if none).
+    pub fn correlation(&self) -> &[u8] {
+        self.correlation_end.map_or(&[][..], |end| &self.buf[self.topic_end..end])
     }
-    let buf = buf.freeze();
-    let end = topic.len() + correlation_len;
-    let text = |range: std::ops::Range<usize>| ByteString::try_from(buf.slice(range)).unwrap_or_default();
-    let mut user = Vec::with_capacity(3);
-    user.push(static_pair(STATUS_PROPERTY, "200"));
-    user.push(static_pair(PROTOCOL_VERSION_PROPERTY, PROTOCOL_VERSION));
-    if version.is_some() {
-        user.push((ByteString::from_static(TIMESTAMP_PROPERTY), text(end..buf.len())));
+
+    /// The response (QoS 1) carrying `payload`, expiring at `deadline`.
+    pub fn message(&self, payload: Bytes, deadline: Instant) -> Message {
+        let buf = &self.buf;
+        let text = |range: std::ops::Range<usize>| ByteString::try_from(buf.slice(range)).unwrap_or_default();
+        let end = self.correlation_end.unwrap_or(self.topic_end);
+        let mut user = Vec::with_capacity(3);
+        user.push(static_pair(STATUS_PROPERTY, "200"));
+        user.push(static_pair(PROTOCOL_VERSION_PROPERTY, PROTOCOL_VERSION));
+        if end < buf.len() {
+            user.push((ByteString::from_static(TIMESTAMP_PROPERTY), text(end..buf.len())));
+        }
+        let correlation = self.correlation_end.map(|c| buf.slice(self.topic_end..c));
+        response(text(0..self.topic_end), correlation, payload, user, deadline)
     }
-    let correlation = correlation.map(|_| buf.slice(topic.len()..end));
-    response(text(0..topic.len()), correlation, payload, user, deadline)
 }
 
 /// Appends `v` in its wire form, exactly as its `Display` writes it
