@@ -22,13 +22,13 @@
 //! A decode error is fatal for the connection; after one the codec and the buffer
 //! are in an unspecified state.
 
-use bytes::{BufMut, BytesMut};
+use bytes::{Buf, BufMut, BytesMut};
 use rmqtt_codec::error::DecodeError as RError;
 use tokio_util::codec::{Decoder, Encoder};
 
 use crate::frame::{self, FixedHeader};
 use crate::wire::MAX_VARINT;
-use crate::{publish, DecodeError, EncodeError, Packet, ProtocolVersion, PublishRef, ReasonCode};
+use crate::{publish, DecodeError, EncodeError, Packet, ProtocolVersion, PubResponse, PublishRef, ReasonCode};
 
 /// MQTT framing for one connection.
 ///
@@ -109,6 +109,10 @@ impl Codec {
             frame::CONNECT => decode_connect(header, src, version).map(Some),
             t => {
                 frame::check_body(t, &src[header.header_len..header.total()], version)?;
+                if let Some(ack) = read_short_ack(t, &src[header.header_len..header.total()]) {
+                    src.advance(header.total());
+                    return Ok(Some(ack));
+                }
                 delegate(version, src, t).map(Some)
             }
         }
@@ -177,6 +181,22 @@ fn decode_connect(
 }
 
 /// Decodes one complete frame at the front of `src` with rmqtt-codec.
+/// A PUBACK, PUBREC, PUBREL or PUBCOMP of two bytes: a packet identifier and nothing
+/// else, which means Success in both versions [MQTT-3.4.2.1]. Every QoS 1 and 2 message
+/// brings one back, so these are read here rather than through the general decoder.
+/// `check_body` has refused identifier 0.
+fn read_short_ack(packet_type: u8, body: &[u8]) -> Option<Packet> {
+    let &[high, low] = body else { return None };
+    let ok = PubResponse::ok(u16::from_be_bytes([high, low]));
+    match packet_type {
+        frame::PUBACK => Some(Packet::PubAck(ok)),
+        frame::PUBREC => Some(Packet::PubRec(ok)),
+        frame::PUBREL => Some(Packet::PubRel(ok)),
+        frame::PUBCOMP => Some(Packet::PubComp(ok)),
+        _ => None,
+    }
+}
+
 fn delegate(
     version: ProtocolVersion,
     src: &mut BytesMut,
@@ -345,4 +365,28 @@ fn empty_reason(
     user: &crate::UserProperties,
 ) -> bool {
     rc == ReasonCode::SUCCESS && reason.is_none() && user.is_empty()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The two-byte acknowledgements read in place decode exactly as the general decoder
+    /// reads them, in both versions.
+    #[test]
+    fn short_acks_match_the_general_decoder() {
+        for version in [ProtocolVersion::V311, ProtocolVersion::V5] {
+            for (packet_type, flags) in [(frame::PUBACK, 0), (frame::PUBREC, 0), (frame::PUBREL, 2), (frame::PUBCOMP, 0)] {
+                for pid in [1u16, 0x00ff, 0x0100, 0xbeef, u16::MAX] {
+                    let [high, low] = pid.to_be_bytes();
+                    let bytes = [packet_type << 4 | flags, 2, high, low];
+                    let fast = read_short_ack(packet_type, &bytes[2..]).expect("a short ack");
+                    let general = delegate(version, &mut BytesMut::from(&bytes[..]), packet_type).expect("decodes");
+                    assert_eq!(fast, general, "{version:?} type {packet_type} id {pid}");
+                }
+            }
+        }
+        assert!(read_short_ack(frame::PUBACK, &[0, 1, 0]).is_none(), "a reason code goes the general way");
+        assert!(read_short_ack(frame::UNSUBACK, &[0, 1]).is_none());
+    }
 }
