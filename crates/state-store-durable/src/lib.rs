@@ -120,8 +120,8 @@ impl DurableEngine {
 }
 
 impl Engine for DurableEngine {
-    fn get(&self, key: &[u8]) -> Result<Option<Entry>, EngineError> {
-        self.memory.get(key)
+    fn peek(&self, key: &[u8]) -> Result<Option<&Entry>, EngineError> {
+        self.memory.peek(key)
     }
 
     fn put(&mut self, key: &[u8], entry: Entry) -> Result<Option<Entry>, EngineError> {

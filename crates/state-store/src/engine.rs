@@ -95,8 +95,15 @@ pub struct ScanBatch {
 
 /// Key-value storage for the state store. See the module docs for the contract.
 pub trait Engine {
-    /// The entry of `key`, if any (expired entries included until removed).
-    fn get(&self, key: &[u8]) -> Result<Option<Entry>, EngineError>;
+    /// The entry of `key`, borrowed (expired entries included until removed): for reads
+    /// that only look at it (a SET's conditions, fencing and quota checks), which then
+    /// copy and count nothing.
+    fn peek(&self, key: &[u8]) -> Result<Option<&Entry>, EngineError>;
+    /// The entry of `key`, if any (expired entries included until removed): the stored
+    /// entry's fields shared, as [`Engine::peek`] finds them.
+    fn get(&self, key: &[u8]) -> Result<Option<Entry>, EngineError> {
+        Ok(self.peek(key)?.cloned())
+    }
     /// Stores `entry` under `key`, replacing and returning any previous entry. `key` may
     /// be a slice of a larger buffer (the request's): an engine that keeps it copies it,
     /// and an overwrite keeps the key already stored.
@@ -184,8 +191,8 @@ impl MemoryEngine {
 }
 
 impl Engine for MemoryEngine {
-    fn get(&self, key: &[u8]) -> Result<Option<Entry>, EngineError> {
-        Ok(self.entries.get(key).cloned())
+    fn peek(&self, key: &[u8]) -> Result<Option<&Entry>, EngineError> {
+        Ok(self.entries.get(key))
     }
 
     fn put(&mut self, key: &[u8], entry: Entry) -> Result<Option<Entry>, EngineError> {

@@ -40,9 +40,9 @@ impl<E: Engine, A: Authorizer> Machine<E, A> {
         now_ms: u64,
         effects: &mut Vec<Effect>,
     ) -> Result<Reply, Failure> {
-        let existing = self.engine.get(&key)?;
-        let fencing_token = fence(existing.as_ref(), fencing_token)?;
-        if let Some(current) = &existing {
+        let existing = self.engine.peek(&key)?;
+        let fencing_token = fence(existing, fencing_token)?;
+        if let Some(current) = existing {
             let blocked = match condition {
                 SetCondition::Always => false,
                 SetCondition::IfAbsent => true,
@@ -58,7 +58,7 @@ impl<E: Engine, A: Authorizer> Machine<E, A> {
         if key.len() > self.engine.max_key_len() {
             return Err(Refusal::QuotaExceeded.into());
         }
-        self.check_quota(&key, value, existing.as_ref())?;
+        self.check_quota(&key, value, existing)?;
         let version = self.clock.tick(now_ms);
         let expires_at_ms = px_ms.map(|px| now_ms.saturating_add(px));
         let entry = Entry {
