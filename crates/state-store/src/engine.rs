@@ -51,7 +51,7 @@
 //!   restarted node never issues a version it issued before, even if the wall clock went
 //!   back.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap};
 use std::ops::Bound;
 
 use bytes::Bytes;
@@ -153,24 +153,38 @@ impl MemoryEngine {
 
     /// An engine holding `entries` (as a persistent engine reads them back at start-up),
     /// built in one pass: much faster than one `put` per key when they come in ascending
-    /// key order. Of equal keys the last wins.
+    /// key order, as a store reads them (then nothing is sorted and the ordered sets are
+    /// built from sorted runs). Of equal keys the last wins.
     pub fn from_entries(entries: impl IntoIterator<Item = (Bytes, Entry)>) -> Self {
-        let sorted: BTreeMap<Bytes, Entry> = entries.into_iter().collect();
+        let mut list: Vec<(Bytes, Entry)> = entries.into_iter().collect();
+        if !list.windows(2).all(|w| w[0].0 < w[1].0) {
+            // A stable sort keeps equal keys in input order; the last of each run wins.
+            list.sort_by(|a, b| a.0.cmp(&b.0));
+            let mut unique: Vec<(Bytes, Entry)> = Vec::with_capacity(list.len());
+            for (key, entry) in list {
+                match unique.last_mut() {
+                    Some(last) if last.0 == key => last.1 = entry,
+                    _ => unique.push((key, entry)),
+                }
+            }
+            list = unique;
+        }
         let mut stats = Stats::default();
         let mut expiries = Vec::new();
-        let mut entries = HashMap::with_capacity(sorted.len());
-        let mut order = Vec::with_capacity(sorted.len());
-        for (key, entry) in sorted {
+        let mut order = Vec::with_capacity(list.len());
+        let mut map = HashMap::with_capacity(list.len());
+        for (key, entry) in list {
             stats.keys += 1;
             stats.bytes += Self::size(&key, &entry);
             if let Some(at) = entry.expires_at_ms {
                 expiries.push((at, key.clone()));
             }
             order.push(key.clone());
-            entries.insert(key, entry);
+            map.insert(key, entry);
         }
+        expiries.sort_unstable();
         Self {
-            entries,
+            entries: map,
             order: order.into_iter().collect(),
             expiries: expiries.into_iter().collect(),
             stats,
