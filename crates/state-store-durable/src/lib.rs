@@ -86,17 +86,20 @@ impl DurableEngine {
             dir: store.dir().display().to_string(),
             source,
         };
-        let memory = MemoryEngine::from_entries(
-            entries
-                .iter()
-                .map(|record| {
-                    let record = record.map_err(storage)?;
-                    let entry = record::decode_entry(record.value())
-                        .map_err(|e| damaged(record.key(), e))?;
-                    Ok((Bytes::copy_from_slice(record.key()), entry))
-                })
-                .collect::<Result<Vec<_>, EngineError>>()?,
-        );
+        // Records go into memory as they are decoded; the first bad one stops the load.
+        let mut failure = None;
+        let records = entries.iter().map_while(|record| {
+            let decoded = record.map_err(storage).and_then(|record| {
+                let entry = record::decode_entry(record.value())
+                    .map_err(|e| damaged(record.key(), e))?;
+                Ok((Bytes::copy_from_slice(record.key()), entry))
+            });
+            decoded.map_err(|e| failure = Some(e)).ok()
+        });
+        let memory = MemoryEngine::from_entries_with_capacity(records, entries.approximate_len());
+        if let Some(e) = failure {
+            return Err(e);
+        }
         let loaded_clock = match meta.get(HLC_KEY).map_err(storage)? {
             Some(bytes) => Some(record::decode_hlc(&bytes).map_err(|e| damaged(HLC_KEY, e))?),
             None => None,

@@ -423,6 +423,12 @@ impl Table {
         }
     }
 
+    /// About how many records the table holds, without reading them: overwritten and
+    /// deleted records may still be counted. For sizing what a full read will fill.
+    pub fn approximate_len(&self) -> usize {
+        self.keyspace.approximate_len()
+    }
+
     /// Every committed record, in key order.
     pub fn iter(&self) -> impl Iterator<Item = Result<Record, StorageError>> + '_ {
         self.records(self.keyspace.iter())
