@@ -90,8 +90,8 @@ impl DurableEngine {
         let mut failure = None;
         let records = entries.iter().map_while(|record| {
             let decoded = record.map_err(storage).and_then(|record| {
-                let entry = record::decode_entry(record.value())
-                    .map_err(|e| damaged(record.key(), e))?;
+                let entry =
+                    record::decode_entry(record.value()).map_err(|e| damaged(record.key(), e))?;
                 Ok((Bytes::copy_from_slice(record.key()), entry))
             });
             decoded.map_err(|e| failure = Some(e)).ok()

@@ -165,7 +165,7 @@ impl OkParts {
             buf.put_slice(c);
         }
         if let Some(v) = version {
-            put_hlc(&mut buf, v);
+            v.put_wire(&mut buf);
         }
         let topic_end = topic.len();
         Self { buf: buf.freeze(), topic_end, correlation_end: correlation.map(|_| topic_end + correlation_len) }
@@ -190,31 +190,6 @@ impl OkParts {
         let correlation = self.correlation_end.map(|c| buf.slice(self.topic_end..c));
         response(text(0..self.topic_end), correlation, payload, user, deadline)
     }
-}
-
-/// Appends `v` in its wire form, exactly as its `Display` writes it
-/// (`{wall_ms:015}:{counter:05}:{node_id}`), without going through `fmt`.
-fn put_hlc(buf: &mut BytesMut, v: &Hlc) {
-    put_padded(buf, v.wall_ms, 15);
-    buf.put_u8(b':');
-    put_padded(buf, v.counter, 5);
-    buf.put_u8(b':');
-    buf.put_slice(v.node_id.as_bytes());
-}
-
-/// `n` in decimal, zero-padded to at least `width` (at most 20) digits.
-fn put_padded(buf: &mut BytesMut, mut n: u64, width: usize) {
-    let mut digits = [b'0'; 20];
-    let mut i = digits.len();
-    loop {
-        i -= 1;
-        digits[i] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    buf.put_slice(&digits[i.min(digits.len() - width)..]);
 }
 
 /// A fault response, with the properties the SDK invoker reads for that status.
@@ -263,7 +238,7 @@ mod tests {
         for (wall, counter, node) in [(0, 0, "n"), (1_700_000_000_123, 7, "state-store"), (u64::MAX, 123_456, ""), (12, u64::MAX, "a")] {
             let v = Hlc::new(wall, counter, node);
             let mut buf = BytesMut::new();
-            put_hlc(&mut buf, &v);
+            v.put_wire(&mut buf);
             assert_eq!(&buf[..], v.to_string().as_bytes());
         }
     }

@@ -165,7 +165,10 @@ impl MemoryEngine {
     /// records, decoded one by one), `capacity` being about how many there are: the maps
     /// are sized once, and the entries are never held in a list of their own, which for a
     /// million keys is a few hundred megabytes less to allocate at start-up.
-    pub fn from_entries_with_capacity(entries: impl IntoIterator<Item = (Bytes, Entry)>, capacity: usize) -> Self {
+    pub fn from_entries_with_capacity(
+        entries: impl IntoIterator<Item = (Bytes, Entry)>,
+        capacity: usize,
+    ) -> Self {
         let mut map: HashMap<Bytes, Entry> = HashMap::with_capacity(capacity);
         let mut order: Vec<Bytes> = Vec::with_capacity(capacity);
         let mut sorted = true;

@@ -41,6 +41,17 @@ pub struct Hlc {
 pub struct HlcParseError;
 
 impl Hlc {
+    /// Appends the wire form, exactly as `Display` writes it
+    /// (`{wall_ms:015}:{counter:05}:{node_id}`), without going through `fmt`.
+    pub fn put_wire(&self, out: &mut bytes::BytesMut) {
+        use bytes::BufMut;
+        crate::resp::put_decimal(out, self.wall_ms, 15);
+        out.put_u8(b':');
+        crate::resp::put_decimal(out, self.counter, 5);
+        out.put_u8(b':');
+        out.put_slice(self.node_id.as_bytes());
+    }
+
     /// A clock value.
     pub fn new(wall_ms: u64, counter: u64, node_id: impl Into<Arc<str>>) -> Self {
         Self {

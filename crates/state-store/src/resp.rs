@@ -155,13 +155,14 @@ pub fn encode_array(items: &[&[u8]]) -> Bytes {
 
 fn put_header(out: &mut BytesMut, prefix: u8, n: usize) {
     out.put_u8(prefix);
-    put_decimal(out, n as u64);
+    put_decimal(out, n as u64, 0);
     out.put_slice(b"\r\n");
 }
 
-/// `n` in decimal, without going through `fmt` (every GET reply has a length header).
-fn put_decimal(out: &mut BytesMut, mut n: u64) {
-    let mut digits = [0u8; 20];
+/// `n` in decimal, zero-padded to at least `width` (at most 20) digits, without going
+/// through `fmt`: every GET reply has a length header and every versioned reply a `__ts`.
+pub fn put_decimal(out: &mut BytesMut, mut n: u64, width: usize) {
+    let mut digits = [b'0'; 20];
     let mut i = digits.len();
     loop {
         i -= 1;
@@ -171,7 +172,7 @@ fn put_decimal(out: &mut BytesMut, mut n: u64) {
             break;
         }
     }
-    out.put_slice(&digits[i..]);
+    out.put_slice(&digits[i.min(digits.len() - width.min(digits.len()))..]);
 }
 
 fn put_bulk(out: &mut BytesMut, item: &[u8]) {
