@@ -6,8 +6,7 @@
 //! are big-endian; an HLC is its wall clock, counter and node id (length-prefixed UTF-8).
 //! Decoding never panics: a record that does not parse is an error naming what is wrong.
 
-use bytes::Bytes;
-use statehub_state_store::{Entry, Hlc};
+use statehub_state_store::{Entry, Hlc, Value};
 
 /// The only format so far.
 const FORMAT: u8 = 1;
@@ -119,7 +118,7 @@ pub(crate) fn decode_entry(mut input: &[u8]) -> Result<Entry, RecordError> {
         None
     };
     Ok(Entry {
-        value: Bytes::copy_from_slice(input),
+        value: Value::new(input),
         version,
         fencing_token,
         expires_at_ms,
@@ -163,7 +162,7 @@ mod tests {
             fencing_token in proptest::option::of(hlc()),
             expires_at_ms in proptest::option::of(any::<u64>()),
         ) {
-            let entry = Entry { value: Bytes::from(value), version, fencing_token, expires_at_ms };
+            let entry = Entry { value: Value::new(&value), version, fencing_token, expires_at_ms };
             prop_assert_eq!(decode_entry(&encode_entry(&entry)), Ok(entry));
         }
 
@@ -182,7 +181,7 @@ mod tests {
     #[test]
     fn damaged_records_say_what_is_wrong() {
         let entry = Entry {
-            value: Bytes::from_static(b"v"),
+            value: Value::new(b"v"),
             version: Hlc::new(1, 2, "n"),
             fencing_token: None,
             expires_at_ms: Some(9),

@@ -19,6 +19,7 @@ use bytes::Bytes;
 
 use crate::engine::{Engine, Entry, Stats};
 use crate::hlc::{Hlc, HlcClock};
+use crate::value::Value;
 
 /// Runs every check of the suite.
 pub fn run_all<E: Engine>(factory: impl Fn() -> E) {
@@ -41,7 +42,7 @@ pub fn run_all<E: Engine>(factory: impl Fn() -> E) {
 
 fn entry(value: &'static [u8], wall_ms: u64, expires_at_ms: Option<u64>) -> Entry {
     Entry {
-        value: Bytes::from_static(value),
+        value: Value::new(value),
         version: Hlc::new(wall_ms, 0, "state-store"),
         fencing_token: None,
         expires_at_ms,
@@ -266,9 +267,9 @@ pub fn max_version<E: Engine>(engine: &mut E) {
     );
 }
 
-/// For in-memory engines: `get` returns the stored `Bytes` itself, not a copy.
+/// For in-memory engines: `get` and `peek` return the stored value itself, not a copy.
 pub fn get_does_not_copy<E: Engine>(engine: &mut E) {
-    let value = Bytes::from(vec![7u8; 1024]);
+    let value = Value::new(&[7u8; 1024]);
     let written = Entry {
         value: value.clone(),
         ..entry(b"", 1, None)
@@ -276,6 +277,8 @@ pub fn get_does_not_copy<E: Engine>(engine: &mut E) {
     engine.put(b"k", written).expect("put failed");
     let got = engine.get(b"k").expect("get failed").expect("present");
     assert_eq!(got.value.as_ptr(), value.as_ptr());
+    let peeked = engine.peek(b"k").expect("peek failed").expect("present");
+    assert_eq!(peeked.value.bulk().as_ptr(), value.bulk().as_ptr());
 }
 
 /// `put` takes its key as a slice of the caller's buffer (the request's), which the
@@ -429,7 +432,7 @@ pub fn reopen_forgets_removed_keys<R: Reopen>(storage: &R) {
     assert_eq!(engine.get(b"brief").expect("get failed"), None);
     assert_eq!(
         engine.get(b"kept").expect("get failed").map(|e| e.value),
-        Some(Bytes::from_static(b"new"))
+        Some(Value::new(b"new"))
     );
     assert_eq!(engine.stats(), Stats { keys: 1, bytes: 7 });
     assert_eq!(engine.next_expiry().expect("next_expiry failed"), None);

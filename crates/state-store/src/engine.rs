@@ -58,6 +58,7 @@ use bytes::Bytes;
 
 use crate::error::EngineError;
 use crate::hlc::{Hlc, HlcClock};
+use crate::value::Value;
 
 /// A position in a persistent engine's stream of sealed writes (see [`Engine::seal`]).
 pub type WriteSeq = u64;
@@ -65,8 +66,8 @@ pub type WriteSeq = u64;
 /// What the store keeps for one key.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Entry {
-    /// The value, arbitrary bytes.
-    pub value: Bytes,
+    /// The value, arbitrary bytes (kept framed for GET replies: see [`Value`]).
+    pub value: Value,
     /// The version the server issued for the write that produced this entry.
     pub version: Hlc,
     /// The fencing token protecting the key, if one was ever set on it.

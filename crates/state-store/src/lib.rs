@@ -31,6 +31,7 @@ pub mod hlc;
 pub mod machine;
 pub mod notify;
 pub mod resp;
+pub mod value;
 
 pub use authz::{AllowAll, Authorizer, Operation};
 pub use command::{Command, SetCondition};
@@ -38,6 +39,7 @@ pub use engine::{Engine, Entry, MemoryEngine, ScanBatch, Stats, WriteSeq};
 pub use error::{EngineError, FatalError, Refusal};
 pub use hlc::{Hlc, HlcClock};
 pub use machine::{Config, Effect, Machine, Notification, Outcome, Reply, Request};
+pub use value::Value;
 pub use notify::{notify_topic, REQUEST_TOPIC};
 
 /// User property carrying an HLC: the client's clock on requests, the key's version on

@@ -18,7 +18,7 @@ fn memory_engine_built_from_entries_equals_one_built_by_puts() {
     use bytes::Bytes;
     use statehub_state_store::{Engine, Entry, Hlc};
     let entry = |value: &'static [u8], expires_at_ms| Entry {
-        value: Bytes::from_static(value),
+        value: statehub_state_store::Value::new(value),
         version: Hlc::new(1, 0, "n"),
         fencing_token: None,
         expires_at_ms,

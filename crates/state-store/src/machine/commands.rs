@@ -15,6 +15,7 @@ use crate::glob::glob_match;
 use crate::hlc::Hlc;
 use crate::notify;
 use crate::resp::Response;
+use crate::value::Value;
 
 /// The fencing rule: returns the token the key carries after an accepted write.
 fn fence(existing: Option<&Entry>, request: Option<Hlc>) -> Result<Option<Hlc>, Refusal> {
@@ -46,7 +47,7 @@ impl<E: Engine, A: Authorizer> Machine<E, A> {
             let blocked = match condition {
                 SetCondition::Always => false,
                 SetCondition::IfAbsent => true,
-                SetCondition::IfAbsentOrEqual => current.value != value,
+                SetCondition::IfAbsentOrEqual => current.value.as_bytes() != value,
             };
             if blocked {
                 return Ok(Reply::versioned(
@@ -62,7 +63,7 @@ impl<E: Engine, A: Authorizer> Machine<E, A> {
         let version = self.clock.tick(now_ms);
         let expires_at_ms = px_ms.map(|px| now_ms.saturating_add(px));
         let entry = Entry {
-            value: Bytes::copy_from_slice(value),
+            value: Value::new(value),
             version: version.clone(),
             fencing_token,
             expires_at_ms,
@@ -105,8 +106,12 @@ impl<E: Engine, A: Authorizer> Machine<E, A> {
     }
 
     pub(super) fn get(&self, key: &[u8]) -> Result<Reply, Failure> {
-        Ok(match self.engine.get(key)? {
-            Some(entry) => Reply::versioned(&Response::Bulk(entry.value), entry.version),
+        Ok(match self.engine.peek(key)? {
+            // The stored frame is the reply: no copy of the value.
+            Some(entry) => Reply {
+                payload: entry.value.bulk(),
+                version: Some(entry.version.clone()),
+            },
             None => Reply::plain(&Response::Null),
         })
     }
@@ -124,7 +129,7 @@ impl<E: Engine, A: Authorizer> Machine<E, A> {
             return Ok(Reply::plain(&Response::Integer(0)));
         };
         fence(Some(&current), fencing_token)?;
-        if expected.is_some_and(|expected| current.value != expected) {
+        if expected.is_some_and(|expected| current.value.as_bytes() != expected) {
             return Ok(Reply::versioned(&Response::Integer(-1), current.version));
         }
         self.engine.remove(key)?;
