@@ -191,7 +191,7 @@ where
                     let reply = match answer {
                         Answer::Ok(ok) => {
                             let reply = Arc::new(ok.message());
-                            state.cache.insert(at, lookup.client_id, ok, received);
+                            state.cache.insert(at, lookup.client_id, ok, &reply, received);
                             reply
                         }
                         // Only a failed store answers so, and it keeps answering so: a

@@ -150,6 +150,48 @@ async fn duplicate_request_is_answered_from_cache() {
     assert_eq!(r.payload, Bytes::from_static(b":1\r\n"));
 }
 
+/// The cache's bound does not forget a request whose response has not reached its
+/// requester: a client whose connection dropped before it acknowledged the response
+/// resends the request after reconnecting, however many requests others made meanwhile.
+#[tokio::test]
+async fn a_request_resent_after_a_reconnect_is_answered_from_cache_under_load() {
+    let settings = statehub_state_store_service::Settings { response_cache_entries: 4, ..Default::default() };
+    let (_broker, addr) = common::start_with(settings).await;
+    let persistent = |opts: &mut rumqttc::v5::MqttOptions| {
+        opts.set_clean_start(false);
+        opts.set_manual_acks(true);
+        opts.set_connect_properties(rumqttc::v5::mqttbytes::v5::ConnectProperties {
+            session_expiry_interval: Some(3600),
+            ..Default::default()
+        });
+    };
+    let mut requester = Client::connect_with(addr, "wire-resend", persistent).await;
+    let set = resp(&[b"SET", b"once", b"v", b"NX"]);
+    let props = requester.props(7, Some(now_ts()));
+    requester.send(&set, props.clone()).await;
+    let first = requester.next_publish().await;
+    assert_eq!(first.payload, Bytes::from_static(b"+OK\r\n"));
+    // The response is never acknowledged: the connection drops first.
+    requester.drop_connection().await;
+
+    let mut others = Client::connect(addr, "wire-resend-others").await;
+    for corr in 0..20 {
+        let r = others.call(&resp(&[b"GET", b"once"]), corr, None).await;
+        assert_eq!(r.payload, Bytes::from_static(b"$1\r\nv\r\n"));
+    }
+
+    let mut requester = Client::connect_with(addr, "wire-resend", persistent).await;
+    // The session gives back the unacknowledged response...
+    let redelivered = requester.next_publish().await;
+    assert_eq!(redelivered.payload, first.payload);
+    // ...and the request, sent again, is answered from the cache, not run again (a
+    // second SET NX would answer :-1).
+    requester.send(&set, props).await;
+    let again = requester.next_publish().await;
+    assert_eq!(again.payload, Bytes::from_static(b"+OK\r\n"));
+    assert_eq!(user1(&again, "__ts"), user1(&first, "__ts"));
+}
+
 #[tokio::test]
 async fn notifications_go_straight_into_the_session_once() {
     let (_broker, addr) = start().await;

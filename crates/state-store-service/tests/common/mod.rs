@@ -64,6 +64,8 @@ pub struct Client {
     pub client: AsyncClient,
     pub response_topic: String,
     rx: mpsc::UnboundedReceiver<Seen>,
+    /// Runs the connection's event loop; aborting it drops the connection.
+    connection: tokio::task::JoinHandle<()>,
 }
 
 impl Client {
@@ -72,13 +74,21 @@ impl Client {
     }
 
     pub async fn connect_opts(addr: SocketAddr, id: &str, clean: bool) -> Client {
+        Self::connect_with(addr, id, |opts| {
+            opts.set_clean_start(clean);
+        })
+        .await
+    }
+
+    /// Connects with the options `configure` sets on top of the defaults.
+    pub async fn connect_with(addr: SocketAddr, id: &str, configure: impl FnOnce(&mut MqttOptions)) -> Client {
         let mut opts = MqttOptions::new(id, addr.ip().to_string(), addr.port());
         opts.set_keep_alive(Duration::from_secs(30));
-        opts.set_clean_start(clean);
+        configure(&mut opts);
         let (client, mut eventloop) = AsyncClient::new(opts, 64);
         let (tx, rx) = mpsc::unbounded_channel();
         let (ready_tx, mut ready_rx) = mpsc::unbounded_channel();
-        tokio::spawn(async move {
+        let connection = tokio::spawn(async move {
             loop {
                 match eventloop.poll().await {
                     Ok(Event::Incoming(Packet::Publish(p))) => {
@@ -106,7 +116,13 @@ impl Client {
         let response_topic = format!("clients/{id}/services/statestore/_any_/command/invoke/response");
         client.subscribe(response_topic.clone(), QoS::AtLeastOnce).await.unwrap();
         timeout(WAIT, ready_rx.recv()).await.expect("no SUBACK").unwrap();
-        Client { id: id.to_owned(), client, response_topic, rx }
+        Client { id: id.to_owned(), client, response_topic, rx, connection }
+    }
+
+    /// Drops the connection without a DISCONNECT (as a network failure would).
+    pub async fn drop_connection(self) {
+        self.connection.abort();
+        let _ = self.connection.await;
     }
 
     /// Subscribes to `filter` and waits for the SUBACK (by waiting for a round trip).
