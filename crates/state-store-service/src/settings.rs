@@ -27,6 +27,9 @@ pub struct Settings {
     /// Keys visited per SCAN request.
     pub scan_count: usize,
     /// Responses remembered to answer QoS 1 redeliveries without running them twice.
+    /// Responses still on their way to their requester (queued or unacknowledged) are
+    /// kept beyond this bound, up to twice it: their requests are the ones a client
+    /// resends after a reconnect.
     pub response_cache_entries: usize,
 }
 
