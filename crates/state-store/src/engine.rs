@@ -154,8 +154,8 @@ impl MemoryEngine {
 
     /// An engine holding `entries` (as a persistent engine reads them back at start-up),
     /// built in one pass: much faster than one `put` per key when they come in ascending
-    /// key order, as a store reads them (then nothing is sorted and the ordered sets are
-    /// built from sorted runs). Of equal keys the last wins.
+    /// key order, as a store reads them (the ordered key set is then built from a sorted
+    /// run, without sorting). Of equal keys the last wins.
     pub fn from_entries(entries: impl IntoIterator<Item = (Bytes, Entry)>) -> Self {
         let entries = entries.into_iter();
         let capacity = entries.size_hint().0;
@@ -222,8 +222,8 @@ impl Engine for MemoryEngine {
     fn put(&mut self, key: &[u8], entry: Entry) -> Result<Option<Entry>, EngineError> {
         let size = Self::size(key, &entry);
         let expires_at_ms = entry.expires_at_ms;
-        // An overwrite (the common case) replaces the entry in place: one tree walk, and
-        // no copy of the key.
+        // An overwrite (the common case) replaces the entry in place: one lookup, and no
+        // copy of the key.
         let old = match self.entries.get_mut(key) {
             Some(slot) => Some(std::mem::replace(slot, entry)),
             None => {
