@@ -180,7 +180,6 @@ fn decode_connect(
     Ok(packet)
 }
 
-/// Decodes one complete frame at the front of `src` with rmqtt-codec.
 /// A PUBACK, PUBREC, PUBREL or PUBCOMP of two bytes: a packet identifier and nothing
 /// else, which means Success in both versions [MQTT-3.4.2.1]. Every QoS 1 and 2 message
 /// brings one back, so these are read here rather than through the general decoder.
@@ -197,6 +196,7 @@ fn read_short_ack(packet_type: u8, body: &[u8]) -> Option<Packet> {
     }
 }
 
+/// Decodes one complete frame at the front of `src` with rmqtt-codec.
 fn delegate(
     version: ProtocolVersion,
     src: &mut BytesMut,

@@ -234,16 +234,6 @@ mod tests {
     }
 
     #[test]
-    fn hlc_wire_form_matches_display() {
-        for (wall, counter, node) in [(0, 0, "n"), (1_700_000_000_123, 7, "state-store"), (u64::MAX, 123_456, ""), (12, u64::MAX, "a")] {
-            let v = Hlc::new(wall, counter, node);
-            let mut buf = BytesMut::new();
-            v.put_wire(&mut buf);
-            assert_eq!(&buf[..], v.to_string().as_bytes());
-        }
-    }
-
-    #[test]
     fn reserved_response_topics() {
         assert!(is_forbidden_response_topic(REQUEST_TOPIC));
         assert!(is_forbidden_response_topic("clients/statestore/v1/FA9AE35F-2F64-47CD-9BFF-08E2B32A0FE8/x"));

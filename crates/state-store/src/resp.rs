@@ -161,7 +161,7 @@ fn put_header(out: &mut BytesMut, prefix: u8, n: usize) {
 
 /// `n` in decimal, zero-padded to at least `width` (at most 20) digits, without going
 /// through `fmt`: every GET reply has a length header and every versioned reply a `__ts`.
-pub fn put_decimal(out: &mut BytesMut, mut n: u64, width: usize) {
+pub(crate) fn put_decimal(out: &mut BytesMut, mut n: u64, width: usize) {
     let mut digits = [b'0'; 20];
     let mut i = digits.len();
     loop {
@@ -175,7 +175,8 @@ pub fn put_decimal(out: &mut BytesMut, mut n: u64, width: usize) {
     out.put_slice(&digits[i.min(digits.len() - width.min(digits.len()))..]);
 }
 
-fn put_bulk(out: &mut BytesMut, item: &[u8]) {
+/// `item` as a bulk string, `$<len>\r\n<item>\r\n`.
+pub(crate) fn put_bulk(out: &mut BytesMut, item: &[u8]) {
     put_header(out, b'$', item.len());
     out.put_slice(item);
     out.put_slice(b"\r\n");

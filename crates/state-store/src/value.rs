@@ -9,9 +9,9 @@
 use std::fmt;
 use std::ops::Deref;
 
-use bytes::{BufMut, Bytes, BytesMut};
+use bytes::{Bytes, BytesMut};
 
-use crate::resp::put_decimal;
+use crate::resp::put_bulk;
 
 /// A value: arbitrary bytes, stored framed as a bulk string.
 #[derive(Clone, PartialEq, Eq, Hash)]
@@ -25,12 +25,8 @@ impl Value {
     /// A value holding a copy of `bytes` (one allocation).
     pub fn new(bytes: &[u8]) -> Self {
         let mut framed = BytesMut::with_capacity(bytes.len() + 25);
-        framed.put_u8(b'$');
-        put_decimal(&mut framed, bytes.len() as u64, 0);
-        framed.put_slice(b"\r\n");
-        let start = framed.len();
-        framed.put_slice(bytes);
-        framed.put_slice(b"\r\n");
+        put_bulk(&mut framed, bytes);
+        let start = framed.len() - 2 - bytes.len();
         Self {
             framed: framed.freeze(),
             start,
@@ -58,13 +54,7 @@ impl Deref for Value {
 
 impl fmt::Debug for Value {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Debug::fmt(&Bytes::copy_from_slice(self.as_bytes()), f)
-    }
-}
-
-impl From<&[u8]> for Value {
-    fn from(bytes: &[u8]) -> Self {
-        Self::new(bytes)
+        fmt::Debug::fmt(&self.framed.slice(self.start..self.framed.len() - 2), f)
     }
 }
 

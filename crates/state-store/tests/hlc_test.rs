@@ -2,6 +2,22 @@
 
 use statehub_state_store::hlc::{check_skew, Hlc, HlcClock, DEFAULT_NODE_ID};
 
+/// The reply path writes versions with `put_wire`; it must match `Display` exactly.
+#[test]
+fn wire_form_matches_display() {
+    for (wall, counter, node) in [
+        (0, 0, "n"),
+        (1_700_000_000_123, 7, "state-store"),
+        (u64::MAX, 123_456, ""),
+        (12, u64::MAX, "a"),
+    ] {
+        let v = Hlc::new(wall, counter, node);
+        let mut buf = bytes::BytesMut::new();
+        v.put_wire(&mut buf);
+        assert_eq!(&buf[..], v.to_string().as_bytes());
+    }
+}
+
 #[test]
 fn formats_with_padding() {
     assert_eq!(

@@ -328,11 +328,7 @@ fn waiters_on_several_threads_complete_through_their_relays() {
             let shared = h.shared.clone();
             let chunk = chunk.to_vec();
             std::thread::spawn(move || {
-                let rt = tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                    .unwrap();
-                rt.block_on(async move {
+                on_own_runtime(async move {
                     let relay = crate::relay::local(&shared).unwrap();
                     assert!(Arc::ptr_eq(&relay, &crate::relay::local(&shared).unwrap()));
                     let waits: Vec<_> = chunk
@@ -364,11 +360,7 @@ fn waiters_on_several_threads_complete_through_their_relays() {
     // A waiter for a ticket that will never come sees the close through its relay.
     let shared = h.shared.clone();
     let late = std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        rt.block_on(async move {
+        on_own_runtime(async move {
             tokio::time::timeout(Duration::from_secs(5), shared.wait(u64::MAX)).await
         })
     });
@@ -378,4 +370,14 @@ fn waiters_on_several_threads_complete_through_their_relays() {
         late.join().unwrap(),
         Ok(Err(StorageError::Closed))
     ));
+}
+
+/// Runs `task` to completion on a new single-threaded runtime of the calling thread (so
+/// its waiters get that thread's relay).
+fn on_own_runtime<T>(task: impl std::future::Future<Output = T>) -> T {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(task)
 }
