@@ -5,18 +5,32 @@
 //!
 //! An entry lives until its request's deadline plus a grace period (as the SDK executor
 //! does); a duplicate arriving after the deadline is dropped, since its caller has given
-//! up. The cache is bounded: when full, the oldest entry goes first, unless its response
-//! is still on its way to the requester.
+//! up. The cache has two bounds:
 //!
-//! Why that exception: under load a bound in entries is a short time (10,000 entries at
-//! 120,000 requests/s last 80 ms), much shorter than a reconnect. A client resends a
-//! request after reconnecting only if it did not get the PUBACK, and the PUBACK goes out
-//! on the same connection just before the response; so while the response is queued or
-//! unacknowledged in the requester's session (the session keeps the message alive,
-//! which the entry sees through a `Weak`), the request may come again and its entry is
-//! kept: moved to the back instead of evicted, one per insert, and the cache may grow to
-//! twice its bound, where the oldest goes regardless. Once the response is acknowledged
-//! (or its session is gone, and with it any redelivery), the entry is evictable again.
+//! * **answered entries** (`response_cache_entries`, default 1,000): when the cache holds
+//!   that many, the oldest entry goes first, unless its response is still on its way to
+//!   the requester;
+//! * **entries on their way** (`response_cache_in_flight`, default 20,000): such an entry
+//!   is kept (moved to the back instead of evicted, one per insert) until the cache holds
+//!   this many, where the oldest goes regardless.
+//!
+//! Why the exception: a client resends a request after reconnecting only if it did not
+//! get the PUBACK, and the PUBACK goes out on the same connection just before the
+//! response; so while the response is queued or unacknowledged in
+//! the requester's session (the session keeps the message alive, which the entry sees
+//! through a `Weak`), the request may come again. Once the response is acknowledged (or
+//! its session is gone, and with it any redelivery), the request cannot come again as a
+//! redelivery, and the entry is evictable.
+//!
+//! Why the first bound is small: under load every insert evicts the oldest entry, and
+//! evicting touches memory written long before (the entry, its reply, the message its
+//! `Weak` keeps allocated). With 10,000 answered entries those touches missed the CPU
+//! caches and cost about a tenth of the throughput against 1,000 (measured, see
+//! docs/benchmarks.md). What the smaller bound gives up is little: an answered request
+//! is not redelivered, unless its response went to another client, to nobody, or at
+//! QoS 0; for those the entry lasts 1,000 requests (or its deadline plus the grace
+//! period, if that comes first), where 10,000 lasted 80 ms at 120,000 requests/s,
+//! shorter than a reconnect anyway.
 //!
 //! Every request looks up, inserts one entry and, once the cache is full, evicts one, so
 //! all three are O(1) and touch little memory:
@@ -132,7 +146,10 @@ impl Hasher for Fingerprint {
 /// The bounded cache.
 #[derive(Debug)]
 pub struct ResponseCache {
+    /// Answered entries kept (see the module docs); 0 disables the cache.
     capacity: usize,
+    /// Entries kept in all, those on their way included; at least `capacity`.
+    in_flight: usize,
     keys: RandomState,
     /// Fingerprint -> insertion number of the newest entry with it.
     index: HashMap<u64, u64, BuildHasherDefault<Fingerprint>>,
@@ -142,11 +159,14 @@ pub struct ResponseCache {
 }
 
 impl ResponseCache {
-    pub fn new(capacity: usize) -> Self {
+    /// A cache keeping `capacity` answered entries and, with those whose response is on
+    /// its way, `in_flight` at most (raised to `capacity` if below it).
+    pub fn new(capacity: usize, in_flight: usize) -> Self {
         // Sized up front: a full cache is the steady state under load, and growing the
         // queue copies every entry.
         let queue = VecDeque::with_capacity(capacity.min(1 << 16));
-        Self { capacity, keys: RandomState::new(), index: HashMap::default(), queue, next: 0 }
+        let in_flight = in_flight.max(capacity);
+        Self { capacity, in_flight, keys: RandomState::new(), index: HashMap::default(), queue, next: 0 }
     }
 
     #[cfg(test)]
@@ -191,13 +211,14 @@ impl ResponseCache {
         self.queue.push_back(Slot { fingerprint, client_id, reply, sent: Arc::downgrade(sent), end });
     }
 
-    /// Evicts until there is room for one more entry, keeping (up to twice the bound) the
-    /// oldest entry while its response is on its way: it moves to the back, once per call.
+    /// Evicts until there is room for one more entry, keeping (up to the in-flight bound)
+    /// the oldest entry while its response is on its way: it moves to the back, once per
+    /// call.
     fn make_room(&mut self) {
         let mut moved = false;
         while self.queue.len() >= self.capacity {
             let in_flight = self.queue.front().is_some_and(|s| s.sent.strong_count() > 0);
-            if !in_flight || self.queue.len() >= 2 * self.capacity {
+            if !in_flight || self.queue.len() >= self.in_flight {
                 self.pop_front();
             } else if moved {
                 return;
@@ -273,7 +294,7 @@ mod tests {
     fn a_response_on_its_way_keeps_its_entry() {
         let now = Instant::now();
         let later = now + Duration::from_secs(5);
-        let mut cache = ResponseCache::new(3);
+        let mut cache = ResponseCache::new(3, 4);
         let unacknowledged = put(&mut cache, 1, later, now);
         for n in 2..20 {
             put(&mut cache, n, later, now);
@@ -292,20 +313,37 @@ mod tests {
     }
 
     #[test]
-    fn responses_on_their_way_grow_the_cache_to_twice_its_bound_at_most() {
+    fn responses_on_their_way_grow_the_cache_to_the_in_flight_bound_at_most() {
         let now = Instant::now();
         let later = now + Duration::from_secs(5);
-        let mut cache = ResponseCache::new(3);
+        let mut cache = ResponseCache::new(3, 8);
         let held: Vec<_> = (0..20).map(|n| put(&mut cache, n, later, now)).collect();
-        assert_eq!(cache.len(), 6);
+        assert_eq!(cache.len(), 8);
         assert!(matches!(cache.lookup(&key(19), now), Lookup::Hit(_)));
+        assert!(matches!(cache.lookup(&key(12), now), Lookup::Hit(_)));
+        assert!(matches!(cache.lookup(&key(11), now), Lookup::Miss(_)));
+        // Once answered, the entries above the first bound go as new ones come.
+        drop(held);
+        for n in 20..22 {
+            put(&mut cache, n, later, now);
+        }
+        assert_eq!(cache.len(), 3);
+    }
+
+    #[test]
+    fn the_in_flight_bound_is_at_least_the_first() {
+        let now = Instant::now();
+        let later = now + Duration::from_secs(5);
+        let mut cache = ResponseCache::new(3, 1);
+        let held: Vec<_> = (0..5).map(|n| put(&mut cache, n, later, now)).collect();
+        assert_eq!(cache.len(), 3);
         drop(held);
     }
 
     #[test]
     fn hit_late_and_forgotten() {
         let now = Instant::now();
-        let mut cache = ResponseCache::new(4);
+        let mut cache = ResponseCache::new(4, 8);
         assert!(matches!(cache.lookup(&key(1), now), Lookup::Miss(_)));
         put(&mut cache, 1, now + Duration::from_secs(5), now);
         let Lookup::Hit(hit) = cache.lookup(&key(1), now) else { panic!("no hit") };
@@ -319,7 +357,7 @@ mod tests {
     #[test]
     fn another_client_or_call_misses() {
         let now = Instant::now();
-        let mut cache = ResponseCache::new(4);
+        let mut cache = ResponseCache::new(4, 8);
         put(&mut cache, 1, now + Duration::from_secs(5), now);
         let other_client = CacheKey { client_id: "d".into(), ..key(1) };
         assert!(matches!(cache.lookup(&other_client, now), Lookup::Miss(_)));
@@ -330,7 +368,7 @@ mod tests {
     fn a_replaced_entry_outlives_its_stale_queue_place() {
         let now = Instant::now();
         let later = now + Duration::from_secs(70);
-        let mut cache = ResponseCache::new(3);
+        let mut cache = ResponseCache::new(3, 6);
         put(&mut cache, 1, now + Duration::from_secs(1000), now);
         put(&mut cache, 2, now + Duration::from_secs(1), now);
         // Key 2's end has passed, but it is queued behind key 1: forgotten all the same.
@@ -347,7 +385,7 @@ mod tests {
     #[test]
     fn bounded() {
         let now = Instant::now();
-        let mut cache = ResponseCache::new(2);
+        let mut cache = ResponseCache::new(2, 4);
         for n in 0..5 {
             put(&mut cache, n, now + Duration::from_secs(u64::from(n) + 1), now);
         }

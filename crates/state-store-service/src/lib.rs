@@ -121,7 +121,7 @@ where
     /// A service over an existing machine (another engine, another authorizer).
     pub fn with_machine(machine: Machine<E, A>, settings: &Settings) -> Self {
         Self {
-            state: Mutex::new(State { machine, cache: ResponseCache::new(settings.response_cache_entries), failed: false }),
+            state: Mutex::new(State { machine, cache: ResponseCache::new(settings.response_cache_entries, settings.response_cache_in_flight), failed: false }),
             rearm: Notify::new(),
             durability: None,
         }

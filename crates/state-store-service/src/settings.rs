@@ -26,11 +26,16 @@ pub struct Settings {
     pub max_skew_ms: u64,
     /// Keys visited per SCAN request.
     pub scan_count: usize,
-    /// Responses remembered to answer QoS 1 redeliveries without running them twice.
-    /// Responses still on their way to their requester (queued or unacknowledged) are
-    /// kept beyond this bound, up to twice it: their requests are the ones a client
-    /// resends after a reconnect.
+    /// Answered responses remembered to answer QoS 1 redeliveries without running them
+    /// twice (0 turns the cache off). Responses still on their way to their requester
+    /// (queued or unacknowledged) are kept beyond this bound, up to
+    /// `response_cache_in_flight`: their requests are the ones a client resends after a
+    /// reconnect. Small by default because every request under load evicts one entry,
+    /// and a large cache makes that eviction miss the CPU caches.
     pub response_cache_entries: usize,
+    /// Most responses remembered in all, those still on their way included (at least
+    /// `response_cache_entries`).
+    pub response_cache_in_flight: usize,
 }
 
 impl Default for Settings {
@@ -42,7 +47,8 @@ impl Default for Settings {
             max_observations_per_client: None,
             max_skew_ms: DEFAULT_MAX_SKEW_MS,
             scan_count: 100,
-            response_cache_entries: 10_000,
+            response_cache_entries: 1_000,
+            response_cache_in_flight: 20_000,
         }
     }
 }
