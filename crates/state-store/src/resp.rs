@@ -175,6 +175,12 @@ pub(crate) fn put_decimal(out: &mut BytesMut, mut n: u64, width: usize) {
     out.put_slice(&digits[i.min(digits.len() - width.min(digits.len()))..]);
 }
 
+/// The length of `item`'s bulk string when `item` is `len` bytes long.
+pub(crate) fn bulk_len(len: usize) -> usize {
+    let digits = len.checked_ilog10().map_or(1, |d| d as usize + 1);
+    1 + digits + 2 + len + 2
+}
+
 /// `item` as a bulk string, `$<len>\r\n<item>\r\n`.
 pub(crate) fn put_bulk(out: &mut BytesMut, item: &[u8]) {
     put_header(out, b'$', item.len());

@@ -11,7 +11,7 @@ use std::ops::Deref;
 
 use bytes::{Bytes, BytesMut};
 
-use crate::resp::put_bulk;
+use crate::resp::{bulk_len, put_bulk};
 
 /// A value: arbitrary bytes, stored framed as a bulk string.
 #[derive(Clone, PartialEq, Eq, Hash)]
@@ -24,8 +24,12 @@ pub struct Value {
 impl Value {
     /// A value holding a copy of `bytes` (one allocation).
     pub fn new(bytes: &[u8]) -> Self {
-        let mut framed = BytesMut::with_capacity(bytes.len() + 25);
+        // Exactly the frame's size: a buffer with spare room becomes a `Bytes` with a
+        // separate reference-count header (a second allocation, and a second cold miss
+        // when an overwrite drops it); a full one does not, until it is first shared.
+        let mut framed = BytesMut::with_capacity(bulk_len(bytes.len()));
         put_bulk(&mut framed, bytes);
+        debug_assert_eq!(framed.len(), framed.capacity());
         let start = framed.len() - 2 - bytes.len();
         Self {
             framed: framed.freeze(),
@@ -72,6 +76,16 @@ mod tests {
                 value.bulk(),
                 Response::Bulk(Bytes::copy_from_slice(bytes)).encode()
             );
+        }
+    }
+
+    #[test]
+    fn the_frame_fills_its_buffer() {
+        for len in [0, 1, 9, 10, 99, 100, 1000, 123_456] {
+            let bytes = vec![b'x'; len];
+            let mut framed = BytesMut::new();
+            put_bulk(&mut framed, &bytes);
+            assert_eq!(bulk_len(len), framed.len(), "length {len}");
         }
     }
 
