@@ -55,6 +55,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::ops::Bound;
 
 use bytes::Bytes;
+use smallvec::SmallVec;
 
 use crate::error::EngineError;
 use crate::hlc::{Hlc, HlcClock};
@@ -138,13 +139,27 @@ pub trait Engine {
 /// about a twentieth of a SET's CPU time went there); a hash map does it with one hash and
 /// one comparison. The ordered set costs only when a key is added or removed, which an
 /// overwrite (the common SET) does not do.
+///
+/// The hash map holds keys of up to [`INLINE_KEY`] bytes in its own slots, so that the
+/// comparison that confirms a lookup reads the slot it already loaded instead of a key
+/// buffer elsewhere in memory (another cache miss per request once the keys outgrow the
+/// CPU caches); the ordered set has its own copy of each key.
 #[derive(Debug, Default)]
 pub struct MemoryEngine {
-    entries: HashMap<Bytes, Entry>,
+    entries: HashMap<Key, Entry>,
     order: BTreeSet<Bytes>,
     expiries: BTreeSet<(u64, Bytes)>,
     stats: Stats,
 }
+
+/// Keys up to this long are stored inline in the hash map's slots (a slot's key is 32
+/// bytes either way).
+pub const INLINE_KEY: usize = 24;
+
+/// A key as the hash map holds it: inline up to [`INLINE_KEY`] bytes. Hashes and compares
+/// as the byte slice, so lookups by `&[u8]` find it.
+type Key = SmallVec<[u8; INLINE_KEY]>;
+const _: () = assert!(std::mem::size_of::<Key>() == std::mem::size_of::<Bytes>());
 
 impl MemoryEngine {
     /// An empty engine.
@@ -170,14 +185,14 @@ impl MemoryEngine {
         entries: impl IntoIterator<Item = (Bytes, Entry)>,
         capacity: usize,
     ) -> Self {
-        let mut map: HashMap<Bytes, Entry> = HashMap::with_capacity(capacity);
+        let mut map: HashMap<Key, Entry> = HashMap::with_capacity(capacity);
         let mut order: Vec<Bytes> = Vec::with_capacity(capacity);
         let mut sorted = true;
         for (key, entry) in entries {
             sorted &= order.last().is_none_or(|last| *last < key);
-            order.push(key.clone());
             // Of equal keys the last wins, as with `put`.
-            map.insert(key, entry);
+            map.insert(Key::from_slice(&key), entry);
+            order.push(key);
         }
         if !sorted {
             order.sort_unstable();
@@ -189,7 +204,7 @@ impl MemoryEngine {
             stats.keys += 1;
             stats.bytes += Self::size(key, entry);
             if let Some(at) = entry.expires_at_ms {
-                expiries.push((at, key.clone()));
+                expiries.push((at, Bytes::copy_from_slice(key)));
             }
         }
         expiries.sort_unstable();
@@ -227,9 +242,8 @@ impl Engine for MemoryEngine {
         let old = match self.entries.get_mut(key) {
             Some(slot) => Some(std::mem::replace(slot, entry)),
             None => {
-                let key = Bytes::copy_from_slice(key);
-                self.order.insert(key.clone());
-                self.entries.insert(key, entry);
+                self.order.insert(Bytes::copy_from_slice(key));
+                self.entries.insert(Key::from_slice(key), entry);
                 None
             }
         };
@@ -245,11 +259,11 @@ impl Engine for MemoryEngine {
     }
 
     fn remove(&mut self, key: &[u8]) -> Result<Option<Entry>, EngineError> {
-        let Some((key, old)) = self.entries.remove_entry(key) else {
+        let Some(old) = self.entries.remove(key) else {
             return Ok(None);
         };
-        self.order.remove(&key);
-        self.forget(&key, &old);
+        self.order.remove(key);
+        self.forget(key, &old);
         Ok(Some(old))
     }
 
