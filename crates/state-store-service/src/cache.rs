@@ -312,12 +312,19 @@ mod tests {
         assert_eq!(cache.len(), 3);
     }
 
+    /// A cache with bounds `capacity` and `in_flight` after `n` requests whose responses
+    /// are all still on their way (the returned messages), at `now`.
+    fn unanswered(capacity: usize, in_flight: usize, n: u8, now: Instant) -> (ResponseCache, Vec<Arc<Message>>) {
+        let mut cache = ResponseCache::new(capacity, in_flight);
+        let held = (0..n).map(|n| put(&mut cache, n, now + Duration::from_secs(5), now)).collect();
+        (cache, held)
+    }
+
     #[test]
     fn responses_on_their_way_grow_the_cache_to_the_in_flight_bound_at_most() {
         let now = Instant::now();
         let later = now + Duration::from_secs(5);
-        let mut cache = ResponseCache::new(3, 8);
-        let held: Vec<_> = (0..20).map(|n| put(&mut cache, n, later, now)).collect();
+        let (mut cache, held) = unanswered(3, 8, 20, now);
         assert_eq!(cache.len(), 8);
         assert!(matches!(cache.lookup(&key(19), now), Lookup::Hit(_)));
         assert!(matches!(cache.lookup(&key(12), now), Lookup::Hit(_)));
@@ -332,10 +339,7 @@ mod tests {
 
     #[test]
     fn the_in_flight_bound_is_at_least_the_first() {
-        let now = Instant::now();
-        let later = now + Duration::from_secs(5);
-        let mut cache = ResponseCache::new(3, 1);
-        let held: Vec<_> = (0..5).map(|n| put(&mut cache, n, later, now)).collect();
+        let (cache, held) = unanswered(3, 1, 5, Instant::now());
         assert_eq!(cache.len(), 3);
         drop(held);
     }
