@@ -108,7 +108,7 @@ pub(crate) fn decode_entry(mut input: &[u8]) -> Result<Entry, RecordError> {
     }
     let version = take_hlc(&mut input)?;
     let fencing_token = if flags & HAS_FENCING_TOKEN != 0 {
-        Some(take_hlc(&mut input)?)
+        Some(Box::new(take_hlc(&mut input)?))
     } else {
         None
     };
@@ -162,7 +162,7 @@ mod tests {
             fencing_token in proptest::option::of(hlc()),
             expires_at_ms in proptest::option::of(any::<u64>()),
         ) {
-            let entry = Entry { value: Value::new(&value), version, fencing_token, expires_at_ms };
+            let entry = Entry { value: Value::new(&value), version, fencing_token: fencing_token.map(Box::new), expires_at_ms };
             prop_assert_eq!(decode_entry(&encode_entry(&entry)), Ok(entry));
         }
 

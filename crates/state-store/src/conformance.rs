@@ -87,7 +87,7 @@ pub fn empty_engine<E: Engine>(engine: &E) {
 /// Every field of an entry comes back as written.
 pub fn put_get_round_trip<E: Engine>(engine: &mut E) {
     let mut written = entry(b"value", 10, Some(99));
-    written.fencing_token = Some(Hlc::new(5, 3, "client"));
+    written.fencing_token = Some(Box::new(Hlc::new(5, 3, "client")));
     assert_eq!(put(engine, b"key", written.clone()), None);
     assert_eq!(engine.get(b"key").expect("get failed"), Some(written));
     assert_eq!(engine.get(b"ke").expect("get failed"), None);
@@ -402,7 +402,7 @@ pub fn reopen_keeps_every_field<R: Reopen>(storage: &R) {
     empty_engine(&engine);
     let mut clock = HlcClock::new("state-store");
     let mut fenced = entry(b"fenced value", 10, Some(5_000));
-    fenced.fencing_token = Some(Hlc::new(9, 4, "lock:holder"));
+    fenced.fencing_token = Some(Box::new(Hlc::new(9, 4, "lock:holder")));
     put(&mut engine, b"a", entry(b"first", 8, None));
     put(&mut engine, b"a", fenced);
     put(&mut engine, b"\x00\xff\r\n", entry(b"", 11, Some(4_000)));

@@ -19,7 +19,7 @@ use crate::value::Value;
 
 /// The fencing rule: returns the token the key carries after an accepted write.
 fn fence(existing: Option<&Entry>, request: Option<Hlc>) -> Result<Option<Hlc>, Refusal> {
-    match (existing.and_then(|e| e.fencing_token.as_ref()), request) {
+    match (existing.and_then(|e| e.fencing_token.as_deref()), request) {
         (None, request) => Ok(request),
         (Some(_), None) => Err(Refusal::FencingTokenRequired),
         (Some(current), Some(request)) if request < *current => {
@@ -65,7 +65,7 @@ impl<E: Engine, A: Authorizer> Machine<E, A> {
         let entry = Entry {
             value: Value::new(value),
             version: version.clone(),
-            fencing_token,
+            fencing_token: fencing_token.map(Box::new),
             expires_at_ms,
         };
         self.engine.put(&key, entry)?;
