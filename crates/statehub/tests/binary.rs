@@ -110,7 +110,8 @@ fn listen_addresses_from_environment_variables() {
 fn settings_from_a_toml_file() {
     let path = temp_file(
         "good.toml",
-        "mqtt_listen = \"127.0.0.1:0\"\nhttp_listen = \"127.0.0.1:0\"\n\n[mqtt]\nmax_keep_alive = 7\n",
+        "mqtt_listen = \"127.0.0.1:0\"\nhttp_listen = \"127.0.0.1:0\"\n\n[mqtt]\nmax_keep_alive = 7\n\n\
+         [state_store]\nresponse_cache_entries = 50\nresponse_cache_in_flight = 500\n",
     );
     let server = start(&["--config", path.to_str().unwrap()], &[]);
     assert_eq!(server.mqtt.ip().to_string(), "127.0.0.1");
