@@ -72,9 +72,9 @@ pub struct Entry {
     /// The version the server issued for the write that produced this entry.
     pub version: Hlc,
     /// The fencing token protecting the key, if one was ever set on it. Boxed: few keys
-    /// have one, and inline it would add 24 bytes to every entry (the memory engine's
-    /// hash table slot, key and entry, is 128 bytes so and was 152 inline: 48 MB of a
-    /// million keys' table).
+    /// have one, and inline it would add 24 bytes to every entry (a slot of the memory
+    /// engine's hash table, key and entry, is 128 bytes with the token boxed and was 152
+    /// with it inline: 48 MB more for a million keys' table).
     pub fencing_token: Option<Box<Hlc>>,
     /// When the key expires, in milliseconds since the Unix epoch.
     pub expires_at_ms: Option<u64>,
