@@ -121,11 +121,7 @@ impl Response {
             Self::Integer(-1) => Bytes::from_static(b":-1\r\n"),
             Self::Integer(n) => Bytes::from(format!(":{n}\r\n")),
             Self::Null => Bytes::from_static(b"$-1\r\n"),
-            Self::Bulk(value) => {
-                let mut out = BytesMut::with_capacity(value.len() + 16);
-                put_bulk(&mut out, value);
-                out.freeze()
-            }
+            Self::Bulk(value) => bulk(value),
             Self::Error(refusal) => Bytes::from(format!("-ERR {refusal}\r\n")),
             Self::Scan { keys, token } => {
                 let mut out = BytesMut::new();
@@ -179,6 +175,17 @@ pub(crate) fn put_decimal(out: &mut BytesMut, mut n: u64, width: usize) {
 pub(crate) fn bulk_len(len: usize) -> usize {
     let digits = len.checked_ilog10().map_or(1, |d| d as usize + 1);
     1 + digits + 2 + len + 2
+}
+
+/// `item` as a bulk string in a buffer of exactly its size: a buffer with spare room
+/// becomes a `Bytes` with a separate reference-count header (a second allocation, and a
+/// second cold miss when a stored value is overwritten); a full one does not, until it
+/// is first shared.
+pub(crate) fn bulk(item: &[u8]) -> Bytes {
+    let mut out = BytesMut::with_capacity(bulk_len(item.len()));
+    put_bulk(&mut out, item);
+    debug_assert_eq!(out.len(), out.capacity());
+    out.freeze()
 }
 
 /// `item` as a bulk string, `$<len>\r\n<item>\r\n`.

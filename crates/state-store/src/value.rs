@@ -9,9 +9,9 @@
 use std::fmt;
 use std::ops::Deref;
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 
-use crate::resp::{bulk_len, put_bulk};
+use crate::resp::bulk;
 
 /// A value: arbitrary bytes, stored framed as a bulk string.
 #[derive(Clone, PartialEq, Eq, Hash)]
@@ -24,17 +24,9 @@ pub struct Value {
 impl Value {
     /// A value holding a copy of `bytes` (one allocation).
     pub fn new(bytes: &[u8]) -> Self {
-        // Exactly the frame's size: a buffer with spare room becomes a `Bytes` with a
-        // separate reference-count header (a second allocation, and a second cold miss
-        // when an overwrite drops it); a full one does not, until it is first shared.
-        let mut framed = BytesMut::with_capacity(bulk_len(bytes.len()));
-        put_bulk(&mut framed, bytes);
-        debug_assert_eq!(framed.len(), framed.capacity());
+        let framed = bulk(bytes);
         let start = framed.len() - 2 - bytes.len();
-        Self {
-            framed: framed.freeze(),
-            start,
-        }
+        Self { framed, start }
     }
 
     /// The bytes.
@@ -65,7 +57,8 @@ impl fmt::Debug for Value {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::resp::Response;
+    use crate::resp::{bulk_len, put_bulk, Response};
+    use bytes::BytesMut;
 
     #[test]
     fn the_frame_is_the_bulk_reply() {
