@@ -254,17 +254,16 @@ impl ResponseCache {
         }
     }
 
-    /// Drops the oldest entry (and its index entry, unless a newer one took it over);
-    /// false if the queue is empty.
-    fn pop_front(&mut self) -> bool {
+    /// Drops the oldest entry, if any (and its index entry, unless a newer one took it
+    /// over).
+    fn pop_front(&mut self) {
         let n = self.next - self.queue.len() as u64;
-        let Some(slot) = self.queue.pop_front() else { return false };
+        let Some(slot) = self.queue.pop_front() else { return };
         if let hash_map::Entry::Occupied(e) = self.index.entry(slot.fingerprint) {
             if *e.get() == n {
                 e.remove();
             }
         }
-        true
     }
 }
 
