@@ -7,8 +7,8 @@ use statehub_state_store::{AllowAll, Config, Effect, Engine, Machine, Outcome, R
 use statehub_state_store_durable::DurableEngine;
 use statehub_storage::{Options, Store};
 
-/// A request from the client "client". Its `__ts` string is leaked: a few bytes per request, and the
-/// tests stay one call per request.
+/// A request from the client "client". Its `__ts` string is leaked: a few bytes per
+/// request, and the tests stay one call per request.
 fn request(args: &[&[u8]], ts_ms: Option<u64>) -> Request<'static> {
     let mut payload = format!("*{}\r\n", args.len()).into_bytes();
     for a in args {
