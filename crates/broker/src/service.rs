@@ -52,7 +52,8 @@ pub struct ClientInfo {
 /// the returned future.
 pub trait Service: Send + Sync + std::fmt::Debug + 'static {
     /// Handles one PUBLISH on one of the service's topics. The topic alias has been
-    /// resolved; the packet id is the publisher's.
+    /// resolved; the packet id is the publisher's; the topic and any Response Topic are
+    /// valid Topic Names (non-empty, no wildcards, no U+0000).
     fn on_publish<'a>(&'a self, broker: &'a Broker, from: &'a ClientInfo, publish: Publish) -> BoxFuture<'a, ()>;
 
     /// The client's network connection ended (for any reason, including takeover).

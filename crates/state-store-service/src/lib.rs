@@ -164,10 +164,6 @@ where
             broker.disconnect_client(client_id, ReasonCode::PROTOCOL_ERROR);
             return None;
         }
-        if !rpc::is_publishable(response_topic) {
-            tracing::debug!(client = client_id, "state store request with an invalid Response Topic ignored");
-            return None;
-        }
         let received = Instant::now();
         let deadline = rpc::deadline(&props, received);
         if let Err(fault) = rpc::check(&props) {

@@ -9,7 +9,7 @@
 use std::time::{Duration, Instant};
 
 use bytes::{BufMut, Bytes, BytesMut};
-use statehub_broker::codec::{validate, ByteString, PublishProperties, QoS, UserProperties};
+use statehub_broker::codec::{ByteString, PublishProperties, QoS, UserProperties};
 use statehub_broker::Message;
 use statehub_state_store::{Hlc, REQUEST_TOPIC, TIMESTAMP_PROPERTY};
 
@@ -68,13 +68,6 @@ impl Fault {
 /// the store's notification space. The protocol page says such clients are disconnected.
 pub fn is_forbidden_response_topic(topic: &str) -> bool {
     topic == REQUEST_TOPIC || topic.starts_with(RESERVED_RESPONSE_PREFIX)
-}
-
-/// Whether `topic` can be published to at all (non-empty, no wildcards, no NUL): the
-/// codec's Topic Name rule, which the Response Topic property is not checked against
-/// when a PUBLISH is decoded.
-pub fn is_publishable(topic: &str) -> bool {
-    validate::topic_name(topic).is_ok()
 }
 
 /// First value of user property `name`.
@@ -238,7 +231,5 @@ mod tests {
         assert!(is_forbidden_response_topic(REQUEST_TOPIC));
         assert!(is_forbidden_response_topic("clients/statestore/v1/FA9AE35F-2F64-47CD-9BFF-08E2B32A0FE8/x"));
         assert!(!is_forbidden_response_topic("clients/me/services/statestore/_any_/command/invoke/response"));
-        assert!(!is_publishable("a/+/b") && !is_publishable("") && is_publishable("a/b"));
-        assert!(!is_publishable("a/#") && !is_publishable("a\0b"));
     }
 }

@@ -69,10 +69,9 @@ impl Conn {
     }
 
     async fn on_publish(&mut self, mut p: Publish) -> Result<(), Close> {
+        // The topic is valid: the codec checked every non-empty one [MQTT-3.3.2-2], and
+        // an alias stands for a topic checked when the alias was set.
         self.resolve_alias(&mut p)?;
-        if validate::topic_name(&p.topic).is_err() {
-            return Err(Close::ByServer(ReasonCode::TOPIC_NAME_INVALID, "invalid topic name [MQTT-3.3.2-2]"));
-        }
         if p.properties.response_topic.as_deref().is_some_and(|t| validate::topic_name(t).is_err()) {
             return Err(Close::ByServer(ReasonCode::PROTOCOL_ERROR, "invalid Response Topic [MQTT-3.3.2-14]"));
         }
