@@ -88,24 +88,38 @@ impl fmt::Display for Hlc {
     }
 }
 
-/// Parses one all-digits field (no sign, no spaces), as the SDKs format them.
-fn digits(field: &str) -> Result<u64, HlcParseError> {
-    if field.is_empty() || !field.bytes().all(|b| b.is_ascii_digit()) {
-        return Err(HlcParseError);
+/// Reads one all-digits field (no sign, no spaces, as the SDKs format them) that ends
+/// at the next ':'; returns its value and what follows the ':'.
+fn digits_then_colon(s: &[u8]) -> Result<(u64, &[u8]), HlcParseError> {
+    let mut value: u64 = 0;
+    for (i, &b) in s.iter().enumerate() {
+        match b {
+            b'0'..=b'9' => {
+                value = value
+                    .checked_mul(10)
+                    .and_then(|v| v.checked_add(u64::from(b - b'0')))
+                    .ok_or(HlcParseError)?;
+            }
+            b':' if i > 0 => return Ok((value, &s[i + 1..])),
+            _ => return Err(HlcParseError),
+        }
     }
-    field.parse().map_err(|_| HlcParseError)
+    Err(HlcParseError)
 }
 
 /// Exactly three ':'-separated fields, the first two decimal digits (any width that fits
 /// in a u64), the node id anything without ':' (possibly empty).
+///
+/// Every request's `__ts` is read here, so it is one pass over the bytes rather than a
+/// split and two `parse` calls (about a fifth of the instructions, callgrind).
 fn fields(s: &str) -> Result<(u64, u64, &str), HlcParseError> {
-    let mut parts = s.split(':');
-    let (Some(wall), Some(counter), Some(node), None) =
-        (parts.next(), parts.next(), parts.next(), parts.next())
-    else {
+    let (wall, rest) = digits_then_colon(s.as_bytes())?;
+    let (counter, node) = digits_then_colon(rest)?;
+    if memchr::memchr(b':', node).is_some() {
         return Err(HlcParseError);
-    };
-    Ok((digits(wall)?, digits(counter)?, node))
+    }
+    // The node id is the tail of `s` after an ASCII ':', so a char boundary.
+    Ok((wall, counter, &s[s.len() - node.len()..]))
 }
 
 impl FromStr for Hlc {

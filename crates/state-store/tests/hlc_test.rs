@@ -46,6 +46,35 @@ fn parses_what_it_formats_and_what_sdks_send() {
     );
 }
 
+/// The reference reading of the wire form: split on ':', exactly three fields, the first
+/// two all ASCII digits that fit a u64.
+fn reference(s: &str) -> Option<Hlc> {
+    let parts: Vec<&str> = s.split(':').collect();
+    let [wall, counter, node] = parts[..] else { return None };
+    let number = |f: &str| -> Option<u64> {
+        if f.is_empty() || !f.bytes().all(|b| b.is_ascii_digit()) {
+            return None;
+        }
+        f.parse().ok()
+    };
+    Some(Hlc::new(number(wall)?, number(counter)?, node))
+}
+
+proptest::proptest! {
+    /// The one-pass parser reads every string exactly as the reference does, HLC-shaped
+    /// strings with damage and arbitrary text alike.
+    #[test]
+    fn parser_agrees_with_the_reference(
+        s in proptest::prop_oneof![
+            "[0-9]{0,22}:[0-9]{0,22}:[a-z:\\-]{0,12}",
+            "[0-9:+ x-]{0,30}",
+            proptest::string::string_regex(".{0,24}").unwrap(),
+        ]
+    ) {
+        proptest::prop_assert_eq!(s.parse::<Hlc>().ok(), reference(&s));
+    }
+}
+
 #[test]
 fn rejects_malformed() {
     for bad in [
