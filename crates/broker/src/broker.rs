@@ -161,6 +161,13 @@ impl Broker {
         }
     }
 
+    /// Asks every connected client's connection to close with `reason`.
+    pub(crate) fn close_all(&self, reason: ReasonCode) {
+        for session in self.inner.sessions.iter() {
+            session.kick(reason);
+        }
+    }
+
     /// Asks a client's connection to close with `reason`. False if not connected.
     pub fn disconnect_client(&self, client_id: &str, reason: ReasonCode) -> bool {
         let session = self.inner.sessions.get(client_id).map(|s| s.clone());

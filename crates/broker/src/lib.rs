@@ -3,7 +3,7 @@
 //! * [`Broker`] (`broker.rs`): shared state and the publish path (routing into
 //!   session queues, retained messages, built-in services).
 //! * `session.rs`: what survives a connection: subscriptions, queued and in-flight
-//!   messages, packet ids, expiry.
+//!   messages, packet ids, expiry; `signal.rs`: what wakes a connection task.
 //! * `trie.rs`: the subscription index, including shared-subscription groups.
 //! * `connection/`: one task per client: handshake, inbound packets, outbound
 //!   flow control, teardown (wills, session expiry).
@@ -24,6 +24,7 @@ mod server;
 mod service;
 mod session;
 mod session_store;
+mod signal;
 pub mod topic;
 mod trie;
 

@@ -5,6 +5,7 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use statehub_mqtt_codec::ReasonCode;
 use tokio::net::TcpListener;
 use tokio::runtime::Handle;
 
@@ -79,6 +80,9 @@ impl MqttListener {
             }
         }
         drop(self.listener);
+        // The one shutdown signal, fanned out: every attached connection is asked to
+        // close with 0x8B (one attaching after this sees the token when it starts).
+        self.broker.close_all(ReasonCode::SERVER_SHUTTING_DOWN);
         let deadline = tokio::time::Instant::now() + drain;
         while self.broker.connection_count() > 0 && tokio::time::Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(10)).await;

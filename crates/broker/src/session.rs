@@ -4,8 +4,8 @@
 //! mutable state sits behind a `parking_lot::Mutex` held only for short, non-async
 //! critical sections (enqueue one delivery, drain a batch into a socket buffer), so
 //! a blocking mutex is cheaper than an async one here. Producers (the router,
-//! built-in services) push [`Delivery`]s and wake the attached connection task via
-//! a `Notify`; the connection task is the only consumer.
+//! built-in services) push [`Delivery`]s and wake the attached connection task through
+//! its [`Signal`]; the connection task is the only consumer.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -13,11 +13,11 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 use statehub_mqtt_codec::{ByteString, QoS, ReasonCode, SubscriptionOptions};
-use tokio::sync::{mpsc, Notify};
 use tokio_util::sync::CancellationToken;
 
 use crate::message::Delivery;
 use crate::session_store::{Persist, SessionChange};
+use crate::signal::Signal;
 
 /// A subscription as the session remembers it (for resume and UNSUBSCRIBE).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -50,8 +50,8 @@ pub struct Attachment {
     /// Unique per connection, so a late cleanup of an old connection can tell it no
     /// longer owns the session.
     pub generation: u64,
-    /// Asks the connection to close with this reason code.
-    pub kick: mpsc::Sender<ReasonCode>,
+    /// Wakes the connection for deliveries, or asks it to close.
+    pub signal: Arc<Signal>,
 }
 
 /// What happened to a delivery offered to a session.
@@ -188,8 +188,6 @@ pub struct Session {
     client_id: ByteString,
     connected: AtomicBool,
     pub state: Mutex<SessionState>,
-    /// Wakes the attached connection task when deliveries arrive or it is kicked.
-    pub wake: Notify,
     /// Cancelled when the session ends (expiry, clean start, takeover by a new
     /// session); a delayed will waits on it.
     pub ended: CancellationToken,
@@ -210,7 +208,6 @@ impl Session {
             client_id,
             connected: AtomicBool::new(false),
             state: Mutex::new(SessionState { expiry_interval, ..Default::default() }),
-            wake: Notify::new(),
             ended: CancellationToken::new(),
         }
     }
@@ -238,70 +235,72 @@ impl Session {
         d.dup = false;
         let gate = d.gate.take();
         let connected = self.is_connected();
-        let outcome = {
-            let mut st = self.state.lock();
-            if !connected && d.qos == QoS::AtMostOnce && !limits.queue_qos0_offline {
-                return Enqueued::SkippedOffline;
-            }
-            // A connected session may hold half as much again as an offline one, so a
-            // session that resumes with a full queue has room to drain it; only a
-            // consumer that still falls behind by that much is cut off.
-            let (max_messages, max_bytes) = if connected {
-                (limits.max_messages + limits.max_messages / 2, limits.max_bytes + limits.max_bytes / 2)
-            } else {
-                (limits.max_messages, limits.max_bytes)
-            };
-            let full = st.queue.len() + st.inflight.len() >= max_messages
-                || st.queued_bytes + d.msg.weight() > max_bytes;
-            if full && d.qos == QoS::AtMostOnce {
-                st.dropped_qos0 += 1;
-                Enqueued::DroppedQoS0
-            } else if full && !connected {
-                st.dropped_offline += 1;
-                Enqueued::DroppedOffline
-            } else {
-                let stored = st.persist.is_some() && d.qos != QoS::AtMostOnce;
-                if stored {
-                    // Only a stored QoS 2 copy needs to wait until it is durable; the
-                    // gate wakes this session when it opens.
-                    d.gate = gate.filter(|_| d.qos == QoS::ExactlyOnce);
-                    if let Some(g) = &d.gate {
-                        g.hold(self.clone());
-                    }
-                    st.next_seq += 1;
-                    d.seq = st.next_seq;
-                    let now = std::time::Instant::now();
-                    st.record(|incarnation| SessionChange::Message { incarnation, seq: d.seq, delivery: &d, released: false, now });
-                }
-                st.queued_bytes += d.msg.weight();
-                st.queue.push_back(d);
-                if full {
-                    // The consumer is not keeping up: from now on the session is treated
-                    // as offline (further messages follow the offline bounds), and its
-                    // connection is closed with 0x97. Reported once per connection.
-                    self.set_connected(false);
-                    if let Some(a) = &st.attached {
-                        // A full kick channel means a kick is already pending.
-                        let _ = a.kick.try_send(ReasonCode::QUOTA_EXCEEDED);
-                    }
-                    Enqueued::SlowConsumer { stored }
-                } else {
-                    Enqueued::Queued { stored }
-                }
-            }
-        };
-        if connected {
-            self.wake.notify_one();
+        let mut st = self.state.lock();
+        if !connected && d.qos == QoS::AtMostOnce && !limits.queue_qos0_offline {
+            return Enqueued::SkippedOffline;
         }
-        outcome
+        // A connected session may hold half as much again as an offline one, so a
+        // session that resumes with a full queue has room to drain it; only a
+        // consumer that still falls behind by that much is cut off.
+        let (max_messages, max_bytes) = if connected {
+            (limits.max_messages + limits.max_messages / 2, limits.max_bytes + limits.max_bytes / 2)
+        } else {
+            (limits.max_messages, limits.max_bytes)
+        };
+        let full = st.queue.len() + st.inflight.len() >= max_messages
+            || st.queued_bytes + d.msg.weight() > max_bytes;
+        if full && d.qos == QoS::AtMostOnce {
+            st.dropped_qos0 += 1;
+            Enqueued::DroppedQoS0
+        } else if full && !connected {
+            st.dropped_offline += 1;
+            Enqueued::DroppedOffline
+        } else {
+            let stored = st.persist.is_some() && d.qos != QoS::AtMostOnce;
+            if stored {
+                // Only a stored QoS 2 copy needs to wait until it is durable; the
+                // gate wakes this session when it opens.
+                d.gate = gate.filter(|_| d.qos == QoS::ExactlyOnce);
+                if let Some(g) = &d.gate {
+                    g.hold(self.clone());
+                }
+                st.next_seq += 1;
+                d.seq = st.next_seq;
+                let now = std::time::Instant::now();
+                st.record(|incarnation| SessionChange::Message { incarnation, seq: d.seq, delivery: &d, released: false, now });
+            }
+            st.queued_bytes += d.msg.weight();
+            st.queue.push_back(d);
+            if full {
+                // The consumer is not keeping up: from now on the session is treated
+                // as offline (further messages follow the offline bounds), and its
+                // connection is closed with 0x97. Reported once per connection.
+                self.set_connected(false);
+                if let Some(a) = &st.attached {
+                    // If a close was asked for already, that one stands.
+                    a.signal.close(ReasonCode::QUOTA_EXCEEDED);
+                }
+                Enqueued::SlowConsumer { stored }
+            } else {
+                if let Some(a) = st.attached.as_ref().filter(|_| connected) {
+                    a.signal.deliveries();
+                }
+                Enqueued::Queued { stored }
+            }
+        }
     }
 
-    /// Asks the attached connection, if any, to close with `reason`.
+    /// Wakes the attached connection, if any, to look at its queue again.
+    pub fn wake(&self) {
+        if let Some(a) = &self.state.lock().attached {
+            a.signal.deliveries();
+        }
+    }
+
+    /// Asks the attached connection, if any, to close with `reason`; false if none is
+    /// attached or it was already asked to close.
     pub fn kick(&self, reason: ReasonCode) -> bool {
         let st = self.state.lock();
-        match &st.attached {
-            Some(a) => a.kick.try_send(reason).is_ok(),
-            None => false,
-        }
+        st.attached.as_ref().is_some_and(|a| a.signal.close(reason))
     }
 }

@@ -194,7 +194,7 @@ impl Gate {
     pub(crate) fn open(&self) {
         self.open.store(true, Ordering::Release);
         for session in self.waiting.lock().drain(..) {
-            session.wake.notify_one();
+            session.wake();
         }
     }
 }

@@ -318,3 +318,45 @@ async fn connections_over_the_limit_get_connack_0x97() {
     assert_eq!(ack.reason_code, ReasonCode::SERVER_UNAVAILABLE);
     v3.expect_closed().await;
 }
+
+/// Shutdown is one token, fanned out: every attached connection, idle or busy, gets
+/// DISCONNECT 0x8B; a connection that arrives after it is refused with 0x88.
+#[tokio::test]
+async fn shutdown_disconnects_every_connection_with_0x8b() {
+    let (broker, addr) = start_default().await;
+    let mut idle = RawClient::connect(addr, V5, "idle").await;
+    let mut subscriber = RawClient::connect(addr, V5, "subscriber").await;
+    subscriber.subscribe("load/#", opts(QoS::AtLeastOnce)).await;
+    let mut publisher = RawClient::connect(addr, V5, "publisher").await;
+    // Keep the subscriber's connection busy with deliveries while the token is cancelled.
+    for i in 0..50u8 {
+        publisher.send(&Packet::Publish(publish(&format!("load/{i}"), QoS::AtMostOnce, &[i]))).await;
+    }
+    broker.shutdown_token().cancel();
+    for c in [&mut idle, &mut publisher] {
+        c.expect_disconnect(ReasonCode::SERVER_SHUTTING_DOWN).await;
+    }
+    // The subscriber may read some deliveries first; then the DISCONNECT.
+    let deadline = Instant::now() + WAIT;
+    loop {
+        assert!(Instant::now() < deadline, "no DISCONNECT 0x8B for the busy subscriber");
+        match subscriber.expect().await {
+            Packet::Publish(_) => continue,
+            Packet::Disconnect(d) => {
+                assert_eq!(d.reason_code, ReasonCode::SERVER_SHUTTING_DOWN);
+                break;
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    // The listener has stopped accepting, or refuses during its drain.
+    if let Ok(stream) = tokio::net::TcpStream::connect(addr).await {
+        let mut late = RawClient::from_stream(stream, V5);
+        late.send(&Packet::Connect(Box::new(connect_packet(V5, "late")))).await;
+        match late.next_event(WAIT).await {
+            Event::Packet(Packet::ConnAck(ack)) => assert_eq!(ack.reason_code, ReasonCode::SERVER_UNAVAILABLE),
+            Event::Closed | Event::DecodeError(_) => {}
+            other => panic!("a connection after shutdown got {other:?}"),
+        }
+    }
+}

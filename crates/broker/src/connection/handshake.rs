@@ -7,11 +7,11 @@ use std::time::Duration;
 use statehub_mqtt_codec::{
     validate, Auth, ByteString, ConnAck, ConnAckProperties, Connect, Packet, ProtocolVersion, ReasonCode,
 };
-use tokio::sync::mpsc;
 
 use crate::auth::AuthDecision;
 use crate::session::{Attachment, Session, SessionState};
 use crate::session_store::Persist;
+use crate::signal::Signal;
 use crate::Broker;
 
 /// The negotiated parameters of an accepted connection.
@@ -19,7 +19,7 @@ use crate::Broker;
 pub(crate) struct Accepted {
     pub session: Arc<Session>,
     pub generation: u64,
-    pub kick_rx: mpsc::Receiver<ReasonCode>,
+    pub signal: Arc<Signal>,
     pub connack: ConnAck,
     pub keep_alive: Duration,
     pub session_expiry: u32,
@@ -101,13 +101,13 @@ pub(crate) fn accept(broker: &Broker, connect: &mut Connect, auth_data: Option<b
     }
 
     let generation = broker.next_generation();
-    let (kick_tx, kick_rx) = mpsc::channel(1);
+    let signal = Arc::new(Signal::default());
     let (session, session_present) = take_session(broker, connect, session_expiry);
     let stored = {
         let mut st = session.state.lock();
         st.expiry_interval = session_expiry;
         st.last_generation = generation;
-        st.attached = Some(Attachment { generation, kick: kick_tx });
+        st.attached = Some(Attachment { generation, signal: signal.clone() });
         persist(broker, &session, &mut st, session_expiry)
     };
     session.set_connected(true);
@@ -129,7 +129,7 @@ pub(crate) fn accept(broker: &Broker, connect: &mut Connect, auth_data: Option<b
     Accepted {
         session,
         generation,
-        kick_rx,
+        signal,
         connack: ConnAck { session_present, reason_code: ReasonCode::SUCCESS, properties: props },
         keep_alive: Duration::from_secs(u64::from(keep_alive)),
         session_expiry,
@@ -162,7 +162,7 @@ fn take_session(broker: &Broker, connect: &Connect, expiry: u32) -> (Arc<Session
     if let Some(old) = existing {
         let kicked = old.state.lock().attached.take();
         if let Some(a) = kicked {
-            let _ = a.kick.try_send(ReasonCode::SESSION_TAKEN_OVER);
+            a.signal.close(ReasonCode::SESSION_TAKEN_OVER);
             // The old connection's teardown no longer owns the session and stays
             // quiet; services hear of its end now, before the new one can act.
             broker.notify_services_closed(&connect.client_id);

@@ -13,9 +13,11 @@ mod outbound;
 mod teardown;
 
 use std::collections::HashMap;
+use std::future::poll_fn;
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::Duration;
 
 use bytes::{Buf, BytesMut};
@@ -24,11 +26,11 @@ use statehub_mqtt_codec::{
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tokio::sync::mpsc;
 use tokio::time::{sleep_until, Instant};
 
 use crate::service::ClientInfo;
 use crate::session::Session;
+use crate::signal::Signal;
 use crate::Broker;
 
 use handshake::{AuthStep, Refused};
@@ -70,7 +72,7 @@ pub(crate) struct Conn {
     auth_method: Option<ByteString>,
     session_expiry: u32,
     connect_expiry_zero: bool,
-    kick_rx: mpsc::Receiver<ReasonCode>,
+    signal: Arc<Signal>,
     keep_alive: Duration,
 }
 
@@ -170,7 +172,7 @@ async fn connect(broker: &Broker, stream: &mut TcpStream) -> Option<(Conn, Bytes
         auth_method: p.authentication_method.clone(),
         session_expiry: accepted.session_expiry,
         connect_expiry_zero: accepted.session_expiry == 0,
-        kick_rx: accepted.kick_rx,
+        signal: accepted.signal,
         keep_alive: accepted.keep_alive,
     };
     Some((conn, rbuf))
@@ -266,31 +268,29 @@ async fn run(mut conn: Conn, mut stream: TcpStream, mut rbuf: BytesMut) {
 
 impl Conn {
     async fn pump(&mut self, stream: &mut TcpStream, rbuf: &mut BytesMut) -> Close {
-        let shutdown = self.broker.inner.shutdown.clone();
-        let session = self.session.clone();
+        let signal = self.signal.clone();
         let keep_alive = self.keep_alive.mul_f32(1.5);
         let mut deadline = Instant::now() + keep_alive;
         let high_water = self.broker.config().socket_write_high_water;
+        // Shutdown reaches connections through their signals (the listener asks every
+        // attached one to close); one that attached after that sees the token here.
+        if self.broker.inner.shutdown.is_cancelled() {
+            return Close::ByServer(ReasonCode::SERVER_SHUTTING_DOWN, "server shutting down");
+        }
         // Packets the client pipelined behind CONNECT are already in the buffer.
         if let Err(close) = self.handle_buffered(rbuf).await {
             return close;
         }
         let (mut rd, mut wr) = stream.split();
-        let mut wake = std::pin::pin!(session.wake.notified());
         // One keep-alive timer for the connection's life, moved only when it fires early:
         // a fresh `sleep_until` per turn of the loop inserted into and removed from the
         // timer wheel for every packet.
         let mut idle = std::pin::pin!(sleep_until(deadline));
-        // Likewise the shutdown wait registers with the token once, not once per turn.
-        let mut cancelled = std::pin::pin!(shutdown.cancelled());
         loop {
             // A wake-up that came before this drain is covered by it: drop it, so that a
             // delivery this task queued itself (a service's reply to this client) does not
             // cost another turn of the loop. One that comes after is kept for the select.
-            if wake.as_mut().enable() {
-                wake.set(session.wake.notified());
-                wake.as_mut().enable();
-            }
+            signal.take_deliveries();
             if self.wbuf.len() < high_water {
                 self.drain();
             }
@@ -309,8 +309,9 @@ impl Conn {
             let reading = self.wbuf.len() < 4 * high_water;
             tokio::select! {
                 biased;
-                () = &mut cancelled => return Close::ByServer(ReasonCode::SERVER_SHUTTING_DOWN, "server shutting down"),
-                Some(code) = self.kick_rx.recv() => return Close::ByServer(code, kick_text(code)),
+                // Registers the task with the signal, so the deliveries branch below
+                // needs no registration of its own.
+                code = poll_fn(|cx| signal.poll_close(cx)) => return Close::ByServer(code, close_text(code)),
                 r = wr.write_buf(&mut self.wbuf), if writing => {
                     tracing::trace!(client = %self.info.client_id, written = ?r, left = self.wbuf.len(), "write");
                     if !matches!(r, Ok(n) if n > 0) {
@@ -326,7 +327,7 @@ impl Conn {
                         return close;
                     }
                 }
-                () = &mut wake => wake.set(session.wake.notified()),
+                () = poll_fn(|_| if signal.take_deliveries() { Poll::Ready(()) } else { Poll::Pending }) => {}
                 () = &mut idle, if !keep_alive.is_zero() => {
                     if Instant::now() >= deadline {
                         return Close::ByServer(ReasonCode::KEEP_ALIVE_TIMEOUT, "keep alive timeout");
@@ -372,10 +373,11 @@ async fn barrier(broker: &Broker) -> Result<(), crate::SessionStoreError> {
     }
 }
 
-fn kick_text(code: ReasonCode) -> &'static str {
+fn close_text(code: ReasonCode) -> &'static str {
     match code {
         ReasonCode::SESSION_TAKEN_OVER => "session taken over by another connection",
         ReasonCode::QUOTA_EXCEEDED => "slow consumer: session queue full",
+        ReasonCode::SERVER_SHUTTING_DOWN => "server shutting down",
         _ => "disconnected by the server",
     }
 }
