@@ -210,9 +210,14 @@ fn key(i: usize) -> Vec<u8> {
 
 /// Writes the keys one acknowledged SET at a time, then stops the server gracefully.
 /// A persistent session, offline, gets every state store response of another
-/// persistent session queued too, so the session table has records of its own.
+/// persistent session queued too, so the session table has records of its own. Journal
+/// segments of 4 MiB, so the journal is folded into a snapshot on the way.
 fn fill(dir: &Path) {
-    let mut server = launch(dir);
+    let config = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(config.path(), "journal_segment_mib = 4\n").unwrap();
+    let mut args = args(dir);
+    args.extend(["--config".to_owned(), config.path().display().to_string()]);
+    let mut server = start(&args.iter().map(String::as_str).collect::<Vec<_>>(), &[]);
     drop(Raw::connect_persistent(server.mqtt, "keeper"));
     let mut c = Raw::connect_persistent(server.mqtt, "filler");
     for i in 0..BIG + SMALL {
@@ -221,10 +226,11 @@ fn fill(dir: &Path) {
         c.publish_to("clients/keeper/response", &value);
     }
     drop(c);
-    // The memtable is flushed to a table file in the background; wait for one.
+    // The journal's first segments are folded into a snapshot in the background; wait
+    // for one, so the directory holds every kind of file.
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    while !files(dir).iter().any(|f| f.parent().is_some_and(|p| p.ends_with("tables")) && std::fs::metadata(f).unwrap().len() > 1 << 20) {
-        assert!(std::time::Instant::now() < deadline, "no table file after writing {} MiB", (BIG * 900) >> 10);
+    while !files(dir).iter().any(|f| f.extension().is_some_and(|x| x == "snap") && std::fs::metadata(f).unwrap().len() > 1 << 20) {
+        assert!(std::time::Instant::now() < deadline, "no snapshot after writing {} MiB", (BIG * 900) >> 10);
         std::thread::sleep(Duration::from_millis(50));
     }
     std::process::Command::new("kill").args(["-TERM", &server.child.id().to_string()]).status().unwrap();
@@ -256,14 +262,9 @@ fn copy_dir(from: &Path, to: &Path) {
     }
 }
 
-/// Where a (preallocated, zero-filled) journal's written bytes end.
-fn written(path: &Path) -> usize {
-    std::fs::read(path).unwrap().iter().rposition(|&b| b != 0).map_or(0, |i| i + 1)
-}
-
 fn flip_middle(path: &Path) {
     let mut bytes = std::fs::read(path).unwrap();
-    let len = if path.extension().is_some_and(|x| x == "jnl") { written(path) } else { bytes.len() };
+    let len = bytes.len();
     if len == 0 {
         return;
     }
@@ -354,11 +355,11 @@ fn every_damaged_file_gives_a_documented_outcome() {
         let dir = tempfile::tempdir().unwrap();
         copy_dir(source.path(), dir.path());
         let target = dir.path().join(rel);
-        if target.extension().is_some_and(|x| x == "jnl") {
-            // A torn last write: bytes of a batch that never completed.
+        let newest_segment = all.iter().rfind(|f| f.extension().is_some_and(|x| x == "log"));
+        if Some(file) == newest_segment {
+            // A torn last write: the start of a batch that never completed.
             let mut bytes = std::fs::read(&target).unwrap();
-            let end = written(&target);
-            bytes[end..end + 4].copy_from_slice(&[0x01, 0x09, 0x00, 0x07]);
+            bytes.extend_from_slice(&[0x40, 0x01, 0x00, 0x00, 0x09, 0x00, 0x07]);
             std::fs::write(&target, bytes).unwrap();
             assert_eq!(outcome_is_documented(dir.path(), "torn journal tail"), "started, all kept");
         } else {
@@ -406,4 +407,12 @@ fn bad_sync_settings_exit_2_with_a_clear_error() {
     let (status, err) = common::run_to_exit(&["--config", config.to_str().unwrap()]);
     assert_eq!(status.code(), Some(2), "{err}");
     assert!(err.contains("sync") && err.contains("weekly") && err.contains(config.to_str().unwrap()), "{err}");
+    std::fs::write(&config, "data_dir = \"/tmp/x\"\njournal_segment_mib = 0\n").unwrap();
+    let (status, err) = common::run_to_exit(&["--config", config.to_str().unwrap()]);
+    assert_eq!(status.code(), Some(2), "{err}");
+    assert!(err.contains("journal_segment_mib is 0") && err.contains(config.to_str().unwrap()), "{err}");
+    std::fs::write(&config, "journal_segment_mib = 8\n").unwrap();
+    let (status, err) = common::run_to_exit(&["--config", config.to_str().unwrap()]);
+    assert_eq!(status.code(), Some(2), "{err}");
+    assert!(err.contains("no data_dir"), "{err}");
 }

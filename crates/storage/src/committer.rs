@@ -25,7 +25,8 @@ use crate::error::StorageError;
 use crate::options::SyncPolicy;
 use crate::relay;
 
-/// Where the committer writes: the storage engine, or a test double that fails on cue.
+/// Where the committer writes: the journal (`journal.rs`), or a test double that fails
+/// on cue.
 pub(crate) trait Backend: Send + 'static {
     /// Writes the operations of `batches`, in order, as one atomic batch; when `sync`,
     /// makes it durable (fdatasync) before returning, otherwise hands it at least to the
@@ -37,32 +38,6 @@ pub(crate) trait Backend: Send + 'static {
 
 /// A failure of the backend; fatal for the store.
 pub(crate) type BackendError = Box<dyn std::error::Error + Send + Sync>;
-
-/// The fjall database as a backend.
-pub(crate) struct Fjall(pub(crate) fjall::Database);
-
-impl Backend for Fjall {
-    fn commit(&mut self, batches: Vec<Batch>, sync: bool) -> Result<(), BackendError> {
-        let ops = batches.iter().map(Batch::len).sum();
-        let mut batch =
-            fjall::OwnedWriteBatch::with_capacity(self.0.clone(), ops).durability(Some(if sync {
-                fjall::PersistMode::SyncData
-            } else {
-                fjall::PersistMode::Buffer
-            }));
-        for op in batches.into_iter().flat_map(|b| b.ops) {
-            match op.value {
-                Some(value) => batch.insert(&op.keyspace, op.key, value),
-                None => batch.remove(&op.keyspace, op.key),
-            }
-        }
-        Ok(batch.commit()?)
-    }
-
-    fn sync(&mut self) -> Result<(), BackendError> {
-        Ok(self.0.persist(fjall::PersistMode::SyncData)?)
-    }
-}
 
 #[derive(Debug, Default)]
 struct Queue {
@@ -93,11 +68,13 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
-    pub(crate) fn new(max_pending_bytes: usize) -> Self {
+    /// Shared state of a store whose last batch (recovered at open) was `last_seq`: the
+    /// next batch submitted gets `last_seq + 1`.
+    pub(crate) fn new(max_pending_bytes: usize, last_seq: u64) -> Self {
         Self {
-            queue: Mutex::new(Queue::default()),
+            queue: Mutex::new(Queue { last_seq, ..Queue::default() }),
             wake_committer: Condvar::new(),
-            durable: AtomicU64::new(0),
+            durable: AtomicU64::new(last_seq),
             pending_bytes: AtomicUsize::new(0),
             max_pending_bytes,
             failure: OnceLock::new(),

@@ -59,17 +59,11 @@ struct Harness {
     log: Arc<Mutex<Vec<Event>>>,
     thread: Option<JoinHandle<()>>,
     table: Table,
-    _dir: tempfile::TempDir,
 }
 
 impl Harness {
     fn start(policy: SyncPolicy, script: Script, max_pending_bytes: usize) -> Self {
-        let dir = tempfile::tempdir().unwrap();
-        let db = fjall::Database::builder(dir.path()).open().unwrap();
-        let keyspace = db
-            .keyspace("t", fjall::KeyspaceCreateOptions::default)
-            .unwrap();
-        let shared = Arc::new(Shared::new(max_pending_bytes));
+        let shared = Arc::new(Shared::new(max_pending_bytes, 0));
         let log = Arc::new(Mutex::new(Vec::new()));
         let backend = Fake {
             log: log.clone(),
@@ -84,8 +78,7 @@ impl Harness {
             shared,
             log,
             thread: Some(thread),
-            table: Table::for_test("t", keyspace),
-            _dir: dir,
+            table: Table::for_test("t", 0),
         }
     }
 

@@ -37,19 +37,18 @@ pub enum OpenError {
     Corrupt {
         /// The data directory.
         dir: PathBuf,
-        /// The damaged file(s), as precisely as the storage engine tells.
+        /// The damaged file(s).
         files: String,
         /// What is wrong.
         detail: String,
     },
-    /// Any other failure of the storage engine while opening.
-    #[error("cannot open the store in {dir}: {source}")]
-    Backend {
+    /// The directory holds something this version cannot read.
+    #[error("cannot open data directory {dir}: {detail}; move it away to start empty")]
+    Unsupported {
         /// The data directory.
         dir: PathBuf,
-        /// The cause.
-        #[source]
-        source: Box<dyn std::error::Error + Send + Sync>,
+        /// What it holds.
+        detail: String,
     },
 }
 
@@ -82,7 +81,7 @@ pub enum StorageError {
     /// Reading found damaged data.
     #[error("damaged data in {files}: {detail}")]
     Corrupt {
-        /// The damaged file(s), as precisely as the storage engine tells.
+        /// The damaged file(s).
         files: String,
         /// What is wrong.
         detail: String,
@@ -105,44 +104,4 @@ pub enum StorageError {
         #[source]
         source: Arc<dyn std::error::Error + Send + Sync>,
     },
-}
-
-/// Whether `error` means damaged files rather than an I/O failure of a healthy disk. A
-/// file the database lists but cannot find counts as damage.
-pub(crate) fn is_damage(error: &fjall::Error) -> bool {
-    use fjall::Error as F;
-    use fjall::LsmError as L;
-    let io_damage = |e: &io::Error| {
-        matches!(
-            e.kind(),
-            io::ErrorKind::UnexpectedEof | io::ErrorKind::InvalidData | io::ErrorKind::NotFound
-        )
-    };
-    match error {
-        F::Storage(L::Io(e)) | F::Io(e) => io_damage(e),
-        F::Storage(_)
-        | F::JournalRecovery(_)
-        | F::InvalidVersion(_)
-        | F::Decompress(_)
-        | F::InvalidTrailer
-        | F::InvalidTag(_)
-        | F::Unrecoverable => true,
-        _ => false,
-    }
-}
-
-/// A short description of a fjall error (its `Display` is its `Debug`, with a prefix).
-pub(crate) fn describe(error: &fjall::Error) -> String {
-    use fjall::Error as F;
-    use fjall::LsmError as L;
-    match error {
-        F::JournalRecovery(e) => format!("journal recovery failed: {e:?}"),
-        F::Storage(L::ChecksumMismatch { .. }) => "checksum mismatch".to_owned(),
-        F::Storage(L::Unrecoverable) | F::Unrecoverable => {
-            "table files are missing or unreadable (see the storage engine's log lines above)"
-                .to_owned()
-        }
-        F::Storage(L::Io(e)) | F::Io(e) => e.to_string(),
-        other => format!("{other:?}"),
-    }
 }

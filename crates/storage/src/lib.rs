@@ -42,7 +42,8 @@
 //! * **Atomic batches.** A batch is applied entirely or not at all, including after a
 //!   crash: recovery never shows half a batch.
 //! * **Order.** Batches are applied in the order of their `submit` calls (the sequence
-//!   numbers of their tickets, 1, 2, 3...); within a batch, in the order of its
+//!   numbers of their tickets: 1, 2, 3... in a new store, continuing from the last
+//!   batch recovered after a reopen); within a batch, in the order of its
 //!   operations, so a later put or delete of the same key wins. Callers that need their
 //!   on-disk order to match their in-memory order submit while holding the lock that
 //!   orders their memory changes: `submit` never blocks and never does I/O, so that is
@@ -69,41 +70,58 @@
 //!   submit, which waits while the bound is exceeded. `submit` itself never blocks (it
 //!   runs under callers' locks), so the bound can be overshot by at most one batch per
 //!   concurrent caller.
-//! * **Reads** ([`Table::get`], [`Table::iter`], [`Table::prefix`]) see every batch the
-//!   committer has written, durable or not, and nothing of a batch it has not; they are for
-//!   start-up and inspection.
+//! * **Reads** ([`Table::get`], [`Table::iter`], [`Table::prefix`]) see every completed
+//!   ticket's batch and nothing of a batch whose ticket has not completed; they read
+//!   files and are for start-up and inspection.
 //! * **One process per directory.** [`Store::open`] takes an exclusive lock on
 //!   `DIR/LOCK`; a second open of the same directory (from any process) fails with
 //!   [`OpenError::Locked`] instead of corrupting it.
 //! * **Closing.** [`Store::close`] (or dropping the last handle) commits what was
-//!   submitted, syncs, stops the committer and releases the lock.
+//!   submitted, syncs, stops the committer and the compactor and releases the lock.
 //!
 //! # Recovery and damaged files
 //!
-//! On open, the journal is replayed: a torn last batch (a crash in the middle of a write)
-//! is discarded, which loses nothing that was acknowledged. Any other damage (a checksum
-//! mismatch in the journal or in a table file, a missing or truncated table file) makes
-//! [`Store::open`] or the first read of the damaged data fail with
-//! [`OpenError::Corrupt`] / [`StorageError::Corrupt`], naming the files; statehub then
-//! refuses to start. Damage that makes a journal entry unreadable (rather than failing
-//! its checksum) ends the replay there, like a torn write: the store recovers to the last
-//! whole batch before it and drops nothing older. Whenever recovery discards written
-//! bytes at the end of a journal, [`Store::recovery`] reports it and a warning is
-//! logged: a batch cut by a crash was never acknowledged, but damage loses the writes
-//! after the damaged point.
+//! On open, the newest snapshot is checked and the journal after it replayed: a torn last
+//! batch (a crash in the middle of a write) is discarded, which loses nothing that was
+//! acknowledged. Any other damage (a checksum mismatch in the journal with whole batches
+//! after it, a gap in the journal's batches, a damaged or missing snapshot, a snapshot
+//! block that fails its checksum when read) makes [`Store::open`] or the read of the
+//! damaged data fail with [`OpenError::Corrupt`] / [`StorageError::Corrupt`], naming the
+//! file; statehub then refuses to start. Whenever recovery discards written bytes at the
+//! end of the journal, [`Store::recovery`] reports it and a warning is logged.
 //!
-//! # Layout
+//! # Layout and why
 //!
-//! `DIR/LOCK` (the lock, holding the owner's pid) and `DIR/db/` (the fjall database:
-//! journals `*.jnl`, one LSM tree per table under `keyspaces/`). Background compaction
-//! (one worker thread) keeps the footprint close to the live data.
+//! `DIR/LOCK` (the lock, holding the owner's pid); `DIR/journal/*.log`, the segments of
+//! the journal, one record per batch with its checksum (`format.rs`, `journal.rs`);
+//! `DIR/snapshots/*.snap`, the snapshot: every live record of every table as of one
+//! batch, sorted, in checksummed blocks (`snapshot.rs`); and `DIR/MANIFEST`, which names
+//! the snapshot and the newest segment, so a missing file is noticed (`manifest.rs`). A
+//! compactor thread folds closed journal segments into a new snapshot (`compactor.rs`),
+//! so start-up replays a bounded journal and the disk holds about the live data plus
+//! [`Options::min_segment_bytes`] to twice that of journal. `recovery.rs` has the rules
+//! of opening.
+//!
+//! Every user of this crate keeps its live state in memory and reads its tables only at
+//! start-up, so the store needs no index of its own: a commit is one append and one
+//! sync. An LSM store (fjall, which statehub used first) keeps a memtable, a skiplist
+//! that duplicates those in-memory indexes, and inserting into it cost more than the
+//! rest of a durable write (measured: 64 clients doing SETs with `--sync interval`, about
+//! 81k SET/s with fjall and 100k with the journal, on one core).
 
 mod batch;
 mod committer;
+mod compactor;
 mod error;
+mod format;
+mod journal;
 mod lock;
+mod manifest;
+mod merge;
 mod options;
+mod recovery;
 mod relay;
+mod snapshot;
 mod store;
 
 pub use batch::{Batch, MAX_KEY_LEN, MAX_VALUE_LEN};

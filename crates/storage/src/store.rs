@@ -1,25 +1,25 @@
-//! [`Store`]: opening a data directory, tables, submitting batches, waiting for them.
+//! [`Store`]: opening a data directory, tables, submitting batches, waiting for them,
+//! and reading tables back.
 
-use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
-use fjall::{Keyspace, KeyspaceCreateOptions, Slice};
-use parking_lot::Mutex;
+use bytes::Bytes;
+use parking_lot::{Mutex, RwLockReadGuard};
 
 use crate::batch::Batch;
-use crate::committer::{self, Fjall, Shared};
-use crate::error::{describe, is_damage, OpenError, StorageError};
+use crate::committer::{self, Shared};
+use crate::compactor;
+use crate::error::{OpenError, StorageError};
+use crate::journal::{FileSet, Files, Log, Overlay, Registry};
 use crate::lock::DirLock;
+use crate::manifest::Manifest;
+use crate::merge::merge;
 use crate::options::Options;
-
-/// Journals never grow past this before their memtables are flushed to table files
-/// (fjall's minimum). Together with [`MEMTABLE_BYTES`] it bounds how much journal a
-/// start-up replays: measured, 1M keys of 100 bytes open and load in under a second.
-const MAX_JOURNAL_BYTES: u64 = 64 << 20;
-/// Size at which a table's in-memory write buffer is flushed to a table file.
-const MEMTABLE_BYTES: u64 = 16 << 20;
+use crate::recovery::{recover, Recovered};
+use crate::snapshot::{Snapshot, SnapshotDamage};
 
 /// A handle to an open data directory. Cheap to clone; every clone is the same store.
 /// See the crate docs for the contract.
@@ -30,45 +30,98 @@ pub struct Store {
 
 struct Inner {
     dir: PathBuf,
-    db: fjall::Database,
-    shared: Arc<Shared>,
+    disk: Arc<Disk>,
+    registry: Arc<Registry>,
     committer: Mutex<Option<JoinHandle<()>>>,
+    compactor: Mutex<Option<JoinHandle<()>>>,
+    stop_compactor: Arc<AtomicBool>,
     recovery: Recovery,
-    // Declared last: released only after the database above is dropped.
+    // Declared last: released only after the threads above have stopped.
     _lock: DirLock,
 }
 
 impl std::fmt::Debug for Inner {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Store")
-            .field("dir", &self.dir)
-            .finish_non_exhaustive()
+        f.debug_struct("Store").field("dir", &self.dir).finish_non_exhaustive()
     }
 }
 
 /// What recovery did when the store was opened.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Recovery {
-    /// Journals whose damaged or torn tail recovery cut off.
+    /// Journal segments whose torn or damaged tail recovery cut off.
     pub truncated_journals: Vec<TruncatedJournal>,
 }
 
-/// A journal that recovery cut short of what had been written in it.
+/// A journal segment that recovery cut short of what had been written in it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TruncatedJournal {
-    /// The journal file.
+    /// The segment file.
     pub path: PathBuf,
-    /// Where its written bytes ended before opening (its last non-zero byte + 1).
+    /// Its length before opening.
     pub written: u64,
     /// Its length after recovery: the end of its last whole batch.
     pub after: u64,
+}
+
+/// What reads see: a snapshot and the journal's changes since, as of a durable batch.
+#[derive(Debug)]
+struct View {
+    seq: u64,
+    generation: u64,
+    snapshot: Option<Arc<Snapshot>>,
+    overlay: Overlay,
+}
+
+/// The files and what reads need of them; shared by tables and the committer.
+#[derive(Debug)]
+pub(crate) struct Disk {
+    files: Arc<Files>,
+    shared: Arc<Shared>,
+    /// The last view built, kept while no batch has been committed since: start-up reads
+    /// every table once, from the view recovery built, without reading the journal
+    /// again. The committer drops it at its next commit.
+    view: Mutex<Option<Arc<View>>>,
+    view_held: AtomicBool,
+}
+
+impl Disk {
+    /// The view as of the durable watermark, with the file set locked so its files stay.
+    fn view(&self) -> Result<(Arc<View>, RwLockReadGuard<'_, FileSet>), StorageError> {
+        let set = self.files.set.read();
+        let durable = self.shared.durable_seq();
+        if let Some(view) = self.view.lock().as_ref() {
+            if view.seq == durable && view.generation == set.generation {
+                return Ok((view.clone(), set));
+            }
+        }
+        let after = set.snapshot.as_ref().map_or(0, |s| s.seq);
+        let mut changes = crate::journal::Changes::default();
+        for segment in &set.segments {
+            let tail = if segment.closed { crate::journal::Tail::Whole } else { crate::journal::Tail::Live { upto: durable } };
+            crate::journal::scan(&segment.path, segment.first_seq, after, tail, &mut changes.sink())
+                .map_err(|d| StorageError::Corrupt { files: d.path.display().to_string(), detail: d.detail })?;
+        }
+        let view = Arc::new(View { seq: durable, generation: set.generation, snapshot: set.snapshot.clone(), overlay: changes.sorted() });
+        *self.view.lock() = Some(view.clone());
+        self.view_held.store(true, Ordering::Release);
+        Ok((view, set))
+    }
+
+    /// Forgets the view (a batch was committed after it).
+    fn drop_view(&self) {
+        if self.view_held.swap(false, Ordering::AcqRel) {
+            *self.view.lock() = None;
+        }
+    }
 }
 
 /// A named table of a [`Store`]. Cheap to clone.
 #[derive(Clone)]
 pub struct Table {
     name: Arc<str>,
-    pub(crate) keyspace: Keyspace,
+    id: u16,
+    disk: Arc<Disk>,
 }
 
 impl std::fmt::Debug for Table {
@@ -87,8 +140,8 @@ pub struct Ticket {
 /// One key and value read from a table.
 #[derive(Debug, Clone)]
 pub struct Record {
-    key: Slice,
-    value: Slice,
+    key: Bytes,
+    value: Bytes,
 }
 
 impl Record {
@@ -103,151 +156,33 @@ impl Record {
     }
 }
 
-fn journal_paths(db_dir: &Path) -> Vec<PathBuf> {
-    let Ok(entries) = std::fs::read_dir(db_dir) else {
-        return Vec::new();
-    };
-    let mut paths: Vec<PathBuf> = entries
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| p.extension().is_some_and(|x| x == "jnl"))
-        .collect();
-    paths.sort();
-    paths
-}
-
-/// How far a journal holds written bytes: the offset after its last non-zero byte.
-/// Journals are preallocated, zero-filled files, so their length says nothing; this
-/// skips the unwritten hole at the end (`SEEK_HOLE`/`SEEK_DATA`, where the file system
-/// keeps one) and scans the rest backwards, a megabyte at a time.
-fn written_extent(path: &Path) -> std::io::Result<u64> {
-    use std::io::{Read, Seek, SeekFrom};
-    const CHUNK: u64 = 1 << 20;
-    let mut file = std::fs::File::open(path)?;
-    let mut end = data_end(&file)?;
-    let mut buf = vec![0u8; CHUNK as usize];
-    while end > 0 {
-        let start = end.saturating_sub(CHUNK);
-        let chunk = &mut buf[..usize::try_from(end - start).unwrap_or(0)];
-        file.seek(SeekFrom::Start(start))?;
-        file.read_exact(chunk)?;
-        if let Some(i) = chunk.iter().rposition(|&b| b != 0) {
-            return Ok(start + i as u64 + 1);
-        }
-        end = start;
-    }
-    Ok(0)
-}
-
-/// The end of the file's last data region (its length if it has no holes).
-fn data_end(file: &std::fs::File) -> std::io::Result<u64> {
-    use rustix::fs::{seek, SeekFrom};
-    let len = file.metadata()?.len();
-    let mut end = 0;
-    let mut pos = 0;
-    while pos < len {
-        let Ok(data) = seek(file, SeekFrom::Data(pos)) else {
-            break;
-        };
-        let hole = seek(file, SeekFrom::Hole(data)).map_err(std::io::Error::from)?;
-        end = hole;
-        pos = hole;
-    }
-    Ok(end.min(len))
-}
-
-/// The written extent of every journal, before recovery touches them.
-fn journal_extents(db_dir: &Path) -> Vec<(PathBuf, u64)> {
-    journal_paths(db_dir)
-        .into_iter()
-        .filter_map(|p| Some((p.clone(), written_extent(&p).ok()?)))
-        .collect()
-}
-
-/// Journals whose recovered length is shorter than what was written in them.
-fn truncated_journals(before: Vec<(PathBuf, u64)>) -> Vec<TruncatedJournal> {
-    before
-        .into_iter()
-        .filter_map(|(path, written)| {
-            let after = std::fs::metadata(&path).ok()?.len();
-            (after < written).then_some(TruncatedJournal {
-                path,
-                written,
-                after,
-            })
-        })
-        .collect()
-}
-
-/// The journal files of `db_dir`, for messages about damage found while opening.
-fn journal_names(db_dir: &Path) -> String {
-    let names: Vec<String> = journal_paths(db_dir)
-        .iter()
-        .map(|p| p.display().to_string())
-        .collect();
-    match names.len() {
-        0 => format!("files under {}", db_dir.display()),
-        _ => format!(
-            "journal {} or the table files under {}",
-            names.join(", "),
-            db_dir.join("keyspaces").display()
-        ),
-    }
-}
-
-fn open_error(dir: &Path, db_dir: &Path, error: fjall::Error) -> OpenError {
-    if is_damage(&error) {
-        return OpenError::Corrupt {
-            dir: dir.to_owned(),
-            files: journal_names(db_dir),
-            detail: describe(&error),
-        };
-    }
-    match error {
-        fjall::Error::Io(source) => OpenError::Io {
-            path: db_dir.to_owned(),
-            source,
-        },
-        other => OpenError::Backend {
-            dir: dir.to_owned(),
-            source: Box::new(other),
-        },
-    }
+fn corrupt_read(d: SnapshotDamage) -> StorageError {
+    StorageError::Corrupt { files: d.path.display().to_string(), detail: d.detail }
 }
 
 impl Store {
-    /// Opens (creating if needed) the store in `dir`, replaying its journal, and starts
-    /// its committer thread. Fails if another process holds the directory, or if files
-    /// are damaged (see the crate docs for the outcomes).
+    /// Opens (creating if needed) the store in `dir`, recovering it from its snapshot and
+    /// journal, and starts its committer and compactor threads. Fails if another process
+    /// holds the directory, or if files are damaged (see the crate docs for the outcomes).
     pub fn open(dir: impl AsRef<Path>, options: Options) -> Result<Store, OpenError> {
         let dir = dir.as_ref().to_owned();
-        std::fs::create_dir_all(&dir).map_err(|source| OpenError::Io {
-            path: dir.clone(),
-            source,
-        })?;
-        let lock = DirLock::acquire(&dir)?;
-        let db_dir = dir.join("db");
-        let before = journal_extents(&db_dir);
-        let opened = catch_unwind(AssertUnwindSafe(|| {
-            fjall::Database::builder(&db_dir)
-                .manual_journal_persist(true)
-                .max_journaling_size(MAX_JOURNAL_BYTES)
-                .worker_threads(1)
-                .open()
-        }));
-        let db = match opened {
-            Ok(Ok(db)) => db,
-            Ok(Err(e)) => return Err(open_error(&dir, &db_dir, e)),
-            Err(_) => {
-                return Err(OpenError::Corrupt {
-                    dir: dir.clone(),
-                    files: journal_names(&db_dir),
-                    detail: "the storage engine panicked while recovering (see the message above)"
-                        .to_owned(),
-                })
-            }
+        let io = |path: &Path| {
+            let path = path.to_owned();
+            move |source| OpenError::Io { path, source }
         };
-        let truncated_journals = truncated_journals(before);
+        std::fs::create_dir_all(&dir).map_err(io(&dir))?;
+        let lock = DirLock::acquire(&dir)?;
+        if dir.join("db").is_dir() {
+            return Err(OpenError::Unsupported {
+                dir: dir.clone(),
+                detail: "it holds an older statehub's store (db/, the fjall layout), which this version does not read"
+                    .to_owned(),
+            });
+        }
+        for sub in ["journal", "snapshots"] {
+            std::fs::create_dir_all(dir.join(sub)).map_err(io(&dir.join(sub)))?;
+        }
+        let Recovered { snapshot, segments, overlay, last_seq, truncated_journals } = recover(&dir)?;
         for t in &truncated_journals {
             tracing::warn!(
                 journal = %t.path.display(),
@@ -257,24 +192,48 @@ impl Store {
                  which case the writes after the damaged point are lost; every batch before it is kept"
             );
         }
-        let shared = Arc::new(Shared::new(options.max_pending_bytes));
+        let view = View { seq: last_seq, generation: 0, snapshot: snapshot.clone(), overlay };
+        let set = FileSet { snapshot, segments, generation: 0 };
+        // What recovery kept (a new store's first manifest, or one without a segment it
+        // removed).
+        Manifest::of(&set).write(&dir).map_err(io(&Manifest::path(&dir)))?;
+        let files = Arc::new(Files::new(dir.clone(), set, options.min_segment_bytes.max(1)));
+        let shared = Arc::new(Shared::new(options.max_pending_bytes, last_seq));
+        let disk = Arc::new(Disk {
+            files: files.clone(),
+            shared: shared.clone(),
+            view: Mutex::new(Some(Arc::new(view))),
+            view_held: AtomicBool::new(true),
+        });
+        let registry = Arc::new(Registry::default());
         let committer = std::thread::Builder::new()
             .name("storage-committer".to_owned())
             .spawn({
+                let on_commit = {
+                    let disk = disk.clone();
+                    Box::new(move || disk.drop_view())
+                };
+                let backend = Log::new(files.clone(), registry.clone(), last_seq, on_commit);
                 let shared = shared.clone();
-                let backend = Fjall(db.clone());
                 move || committer::run(shared, backend, options.sync)
             })
-            .map_err(|source| OpenError::Io {
-                path: dir.clone(),
-                source,
-            })?;
+            .map_err(io(&dir))?;
+        let stop_compactor = Arc::new(AtomicBool::new(false));
+        let compactor = std::thread::Builder::new()
+            .name("storage-compactor".to_owned())
+            .spawn({
+                let (files, stop) = (files.clone(), stop_compactor.clone());
+                move || compactor::run(files, stop)
+            })
+            .map_err(io(&dir))?;
         Ok(Store {
             inner: Arc::new(Inner {
                 dir,
-                db,
-                shared,
+                disk,
+                registry,
                 committer: Mutex::new(Some(committer)),
+                compactor: Mutex::new(Some(compactor)),
+                stop_compactor,
                 recovery: Recovery { truncated_journals },
                 _lock: lock,
             }),
@@ -293,81 +252,80 @@ impl Store {
 
     /// Opens the table `name` (1 to 255 bytes), creating it empty if it does not exist.
     pub fn table(&self, name: &str) -> Result<Table, StorageError> {
-        let invalid = || StorageError::Table {
-            table: name.to_owned(),
-            source: Arc::from(Box::<dyn std::error::Error + Send + Sync>::from(
-                "table names are 1 to 255 bytes",
-            )),
-        };
         if name.is_empty() || name.len() > 255 {
-            return Err(invalid());
-        }
-        let keyspace = self
-            .inner
-            .db
-            .keyspace(name, || {
-                KeyspaceCreateOptions::default()
-                    .max_memtable_size(MEMTABLE_BYTES)
-                    .manual_journal_persist(true)
-                    .expect_point_read_hits(true)
-            })
-            .map_err(|e| StorageError::Table {
+            return Err(StorageError::Table {
                 table: name.to_owned(),
-                source: Arc::new(e),
-            })?;
-        Ok(Table {
-            name: Arc::from(name),
-            keyspace,
-        })
+                source: Arc::from(Box::<dyn std::error::Error + Send + Sync>::from("table names are 1 to 255 bytes")),
+            });
+        }
+        if self.inner.registry.len() >= usize::from(u16::MAX) {
+            return Err(StorageError::Table {
+                table: name.to_owned(),
+                source: Arc::from(Box::<dyn std::error::Error + Send + Sync>::from("too many tables")),
+            });
+        }
+        Ok(Table { name: Arc::from(name), id: self.inner.registry.id(name), disk: self.inner.disk.clone() })
+    }
+
+    fn shared(&self) -> &Arc<Shared> {
+        &self.inner.disk.shared
     }
 
     /// Queues `batch` for the committer and returns its ticket. Never blocks and does no
     /// I/O. Fails once the store has failed or closed.
     pub fn submit(&self, batch: Batch) -> Result<Ticket, StorageError> {
-        let seq = self.inner.shared.submit(batch)?;
-        Ok(Ticket {
-            seq,
-            shared: self.inner.shared.clone(),
-        })
+        let seq = self.shared().submit(batch)?;
+        Ok(Ticket { seq, shared: self.shared().clone() })
     }
 
     /// Waits while more than [`Options::max_pending_bytes`] are queued; call it before
     /// work that will submit. Returns at once if the store failed (the submit will say so).
     pub async fn admit(&self) {
-        self.inner.shared.admit().await;
+        self.shared().admit().await;
     }
 
-    /// The sequence number of the last batch submitted (0 if none).
+    /// The sequence number of the last batch submitted (the last recovered at open if
+    /// none since; 0 for a new store).
     pub fn last_seq(&self) -> u64 {
-        self.inner.shared.last_seq()
+        self.shared().last_seq()
     }
 
     /// The highest sequence number whose batch, and every earlier one, is durable.
     pub fn durable_seq(&self) -> u64 {
-        self.inner.shared.durable_seq()
+        self.shared().durable_seq()
     }
 
     /// A ticket for sequence number `seq` (one returned by an earlier submit).
     pub fn ticket(&self, seq: u64) -> Ticket {
-        Ticket {
-            seq,
-            shared: self.inner.shared.clone(),
-        }
+        Ticket { seq, shared: self.shared().clone() }
     }
 
     /// The failure that broke the store, if one did.
     pub fn failure(&self) -> Option<StorageError> {
-        self.inner.shared.failure()
+        self.shared().failure()
     }
 
-    /// Bytes the data directory's database occupies on disk.
+    /// Bytes the data directory's snapshot and journal occupy on disk.
     pub fn disk_space(&self) -> u64 {
-        self.inner.db.disk_space().unwrap_or(0)
+        ["journal", "snapshots"]
+            .iter()
+            .filter_map(|sub| std::fs::read_dir(self.inner.dir.join(sub)).ok())
+            .flat_map(|entries| entries.flatten())
+            .filter_map(|e| e.metadata().ok())
+            .map(|m| m.len())
+            .sum()
     }
 
-    /// Commits and syncs everything submitted, then stops the committer: later submits
-    /// fail with [`StorageError::Closed`]. Returns the store's failure if it had one.
-    /// Dropping the last handle does the same.
+    /// Folds the journal's closed segments into a new snapshot now, instead of when
+    /// the compactor next finds it worth it (for tests and tools).
+    pub fn compact(&self) -> Result<(), StorageError> {
+        compactor::compact(&self.inner.disk.files, &AtomicBool::new(false))
+            .map_err(|detail| StorageError::Failed(Arc::from(Box::<dyn std::error::Error + Send + Sync>::from(detail))))
+    }
+
+    /// Commits and syncs everything submitted, then stops the committer and the
+    /// compactor: later submits fail with [`StorageError::Closed`]. Returns the store's
+    /// failure if it had one. Dropping the last handle does the same.
     pub fn close(&self) -> Result<(), StorageError> {
         self.inner.close()
     }
@@ -375,13 +333,20 @@ impl Store {
 
 impl Inner {
     fn close(&self) -> Result<(), StorageError> {
-        self.shared.request_close();
+        self.disk.shared.request_close();
         if let Some(handle) = self.committer.lock().take() {
             if handle.join().is_err() {
                 tracing::error!("the storage committer thread panicked");
             }
         }
-        match self.shared.failure() {
+        self.stop_compactor.store(true, Ordering::Release);
+        self.disk.files.notify_rolled();
+        if let Some(handle) = self.compactor.lock().take() {
+            if handle.join().is_err() {
+                tracing::error!("the storage compactor thread panicked");
+            }
+        }
+        match self.disk.shared.failure() {
             Some(failure) => Err(failure),
             None => Ok(()),
         }
@@ -402,54 +367,70 @@ impl Table {
         &self.name
     }
 
-    fn read_error(&self, error: fjall::Error) -> StorageError {
-        if is_damage(&error) {
-            return StorageError::Corrupt {
-                files: format!("the table files under {}", self.keyspace.path().display()),
-                detail: describe(&error),
-            };
-        }
-        StorageError::Read {
-            table: self.name.to_string(),
-            source: Arc::new(error),
-        }
+    /// The table's id in this process's journal segments.
+    pub(crate) fn id(&self) -> u16 {
+        self.id
     }
 
-    /// The committed value of `key`.
+    /// The committed value of `key`. Reads files: for start-up and inspection.
     pub fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StorageError> {
-        match self.keyspace.get(key) {
-            Ok(value) => Ok(value.map(|v| v.to_vec())),
-            Err(e) => Err(self.read_error(e)),
+        let (view, _files) = self.disk.view()?;
+        if let Some(changes) = view.overlay.get(&self.name) {
+            if let Ok(i) = changes.binary_search_by(|(k, _)| k[..].cmp(key)) {
+                return Ok(changes[i].1.as_ref().map(|v| v.to_vec()));
+            }
         }
+        let Some(snapshot) = &view.snapshot else { return Ok(None) };
+        for record in snapshot.records(&self.name) {
+            let (k, v) = record.map_err(corrupt_read)?;
+            match (*k).cmp(key) {
+                std::cmp::Ordering::Less => continue,
+                std::cmp::Ordering::Equal => return Ok(Some(v.to_vec())),
+                std::cmp::Ordering::Greater => break,
+            }
+        }
+        Ok(None)
     }
 
-    /// About how many records the table holds, without reading them: overwritten and
-    /// deleted records may still be counted. For sizing what a full read will fill.
+    /// About how many records the table holds, without reading them all: keys changed
+    /// in the journal since the snapshot may be counted twice. For sizing what a full
+    /// read will fill.
     pub fn approximate_len(&self) -> usize {
-        self.keyspace.approximate_len()
+        let Ok((view, _files)) = self.disk.view() else { return 0 };
+        let snapshot = view.snapshot.as_ref().and_then(|s| s.table(&self.name)).map_or(0, |t| t.records);
+        let changes = view.overlay.get(&self.name).map_or(0, |t| t.len());
+        usize::try_from(snapshot).unwrap_or(usize::MAX).saturating_add(changes)
     }
 
     /// Every committed record, in key order.
     pub fn iter(&self) -> impl Iterator<Item = Result<Record, StorageError>> + '_ {
-        self.records(self.keyspace.iter())
+        self.records(&[])
     }
 
     /// The committed records whose key starts with `prefix`, in key order.
-    pub fn prefix<'a>(
-        &'a self,
-        prefix: &[u8],
-    ) -> impl Iterator<Item = Result<Record, StorageError>> + 'a {
-        self.records(self.keyspace.prefix(prefix))
+    pub fn prefix<'a>(&'a self, prefix: &[u8]) -> impl Iterator<Item = Result<Record, StorageError>> + 'a {
+        self.records(prefix)
     }
 
-    fn records(
-        &self,
-        iter: fjall::Iter,
-    ) -> impl Iterator<Item = Result<Record, StorageError>> + '_ {
-        iter.map(move |guard| match guard.into_inner() {
-            Ok((key, value)) => Ok(Record { key, value }),
-            Err(e) => Err(self.read_error(e)),
-        })
+    fn records(&self, prefix: &[u8]) -> Box<dyn Iterator<Item = Result<Record, StorageError>> + '_> {
+        let (view, files) = match self.disk.view() {
+            Ok(v) => v,
+            Err(e) => return Box::new(std::iter::once(Err(e))),
+        };
+        let changes: Vec<(Bytes, Option<Bytes>)> = view
+            .overlay
+            .get(&self.name)
+            .map(|t| t[t.partition_point(|(k, _)| k[..] < *prefix)..].to_vec())
+            .unwrap_or_default();
+        // Opened while the file set is locked, so compaction cannot remove it first.
+        let base = view.snapshot.as_ref().map(|s| s.records(&self.name)).into_iter().flatten();
+        drop(files);
+        let (start, within) = (prefix.to_vec(), prefix.to_vec());
+        let records = merge(base, changes)
+            .skip_while(move |r| matches!(r, Ok((k, _)) if k[..] < start[..]))
+            .take_while(move |r| !matches!(r, Ok((k, _)) if !k.starts_with(&within)))
+            .map(|r| r.map(|(key, value)| Record { key, value }).map_err(corrupt_read));
+        Box::new(records)
     }
 }
 
@@ -478,11 +459,11 @@ impl Ticket {
 
 #[cfg(test)]
 impl Table {
-    /// A table over a bare keyspace, for the committer's unit tests.
-    pub(crate) fn for_test(name: &str, keyspace: Keyspace) -> Self {
-        Self {
-            name: Arc::from(name),
-            keyspace,
-        }
+    /// A table that only stages writes, for the committer's unit tests.
+    pub(crate) fn for_test(name: &str, id: u16) -> Self {
+        let files = Arc::new(Files::new(PathBuf::from("/nonexistent"), FileSet::default(), 1));
+        let shared = Arc::new(Shared::new(usize::MAX, 0));
+        let disk = Arc::new(Disk { files, shared, view: Mutex::new(None), view_held: AtomicBool::new(false) });
+        Self { name: Arc::from(name), id, disk }
     }
 }

@@ -1,11 +1,11 @@
 //! Damaged data directories: every outcome must be one the crate docs list. Either the
 //! store refuses to open (or to read) with an error that says "damaged" and names the
-//! files, or it recovers to the last good batch: what it holds is exactly the first `m`
+//! file, or it recovers to the last good batch: what it holds is exactly the first `m`
 //! batches written, each whole, and the cut journal is reported. Never a gap, never half
 //! a batch, never a silent loss of older batches.
 
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use statehub_storage::{Batch, OpenError, Options, StorageError, Store, SyncPolicy};
 
@@ -15,62 +15,45 @@ fn key(batch: usize, i: usize) -> Vec<u8> {
     format!("b{batch:05}-{i}").into_bytes()
 }
 
+fn options() -> Options {
+    Options { sync: SyncPolicy::Interval(Duration::from_secs(1)), ..Options::default() }
+}
+
 /// Writes `batches` batches of `PER_BATCH` keys with `value_len`-byte values, each
-/// awaited before the next is submitted (so each is its own commit: batches submitted
-/// together are committed as one, and recover or vanish together), then closes.
+/// awaited before the next is submitted (so each is its own record), then closes.
 fn fill(dir: &Path, batches: usize, value_len: usize) {
-    let store = Store::open(
-        dir,
-        Options {
-            sync: SyncPolicy::Interval(Duration::from_secs(1)),
-            ..Options::default()
-        },
-    )
-    .unwrap();
+    let store = Store::open(dir, options()).unwrap();
     let t = store.table("t").unwrap();
     for b in 0..batches {
         let mut batch = Batch::new();
         for i in 0..PER_BATCH {
-            batch
-                .put(&t, &key(b, i), &vec![(b % 251) as u8; value_len])
-                .unwrap();
+            batch.put(&t, &key(b, i), &vec![(b % 251) as u8; value_len]).unwrap();
         }
         store.submit(batch).unwrap().wait().unwrap();
     }
     store.close().unwrap();
 }
 
-fn files(dir: &Path, pick: &dyn Fn(&Path) -> bool) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    let mut stack = vec![dir.to_owned()];
-    while let Some(d) = stack.pop() {
-        for e in std::fs::read_dir(&d).unwrap().flatten() {
-            let p = e.path();
-            if p.is_dir() {
-                stack.push(p);
-            } else if pick(&p) {
-                out.push(p);
-            }
-        }
-    }
+/// Folds the journal into a snapshot: reopens, compacts, closes.
+fn compact(dir: &Path) {
+    let store = Store::open(dir, options()).unwrap();
+    store.compact().unwrap();
+    store.close().unwrap();
+}
+
+fn files_in(dir: &Path, ext: &str) -> Vec<PathBuf> {
+    let mut out: Vec<PathBuf> = ["journal", "snapshots"]
+        .iter()
+        .flat_map(|d| std::fs::read_dir(dir.join(d)).unwrap().flatten())
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == ext))
+        .collect();
     out.sort();
     out
 }
 
-fn non_empty(p: &Path) -> bool {
-    std::fs::metadata(p).unwrap().len() > 0
-}
-
-fn journals(dir: &Path) -> Vec<PathBuf> {
-    files(dir, &|p| {
-        p.extension().is_some_and(|x| x == "jnl") && non_empty(p)
-    })
-}
-
-fn tables(dir: &Path) -> Vec<PathBuf> {
-    files(dir, &|p| {
-        p.parent().is_some_and(|d| d.ends_with("tables")) && non_empty(p)
-    })
+fn last_segment(dir: &Path) -> PathBuf {
+    files_in(dir, "log").pop().expect("a journal segment")
 }
 
 fn flip(path: &Path, at: u64) {
@@ -84,15 +67,15 @@ fn flip(path: &Path, at: u64) {
 }
 
 fn truncate(path: &Path, len: u64) {
-    std::fs::OpenOptions::new()
-        .write(true)
-        .open(path)
-        .unwrap()
-        .set_len(len)
-        .unwrap();
+    std::fs::OpenOptions::new().write(true).open(path).unwrap().set_len(len).unwrap();
+}
+
+fn len(path: &Path) -> u64 {
+    std::fs::metadata(path).unwrap().len()
 }
 
 /// What opening and reading everything gave.
+#[derive(Debug)]
 enum Outcome {
     Refused(String),
     Recovered { batches: usize, truncated: bool },
@@ -116,49 +99,58 @@ fn outcome(dir: &Path, written: usize) -> Outcome {
     }
     assert_eq!(keys.len() % PER_BATCH, 0, "half a batch recovered");
     let batches = keys.len() / PER_BATCH;
-    let expected: Vec<Vec<u8>> = (0..batches)
-        .flat_map(|b| (0..PER_BATCH).map(move |i| key(b, i)))
-        .collect();
-    assert_eq!(
-        keys, expected,
-        "recovered batches are not the first {batches} written"
-    );
+    let expected: Vec<Vec<u8>> = (0..batches).flat_map(|b| (0..PER_BATCH).map(move |i| key(b, i))).collect();
+    assert_eq!(keys, expected, "recovered batches are not the first {batches} written");
     assert!(batches <= written);
     let truncated = !store.recovery().truncated_journals.is_empty();
     Outcome::Recovered { batches, truncated }
 }
 
 fn copy_dir(from: &Path, to: &Path) {
-    for f in files(from, &|_| true) {
-        let dest = to.join(f.strip_prefix(from).unwrap());
-        std::fs::create_dir_all(dest.parent().unwrap()).unwrap();
-        std::fs::copy(&f, dest).unwrap();
+    let mut stack = vec![from.to_owned()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap().flatten() {
+            let p = e.path();
+            let dest = to.join(p.strip_prefix(from).unwrap());
+            if p.is_dir() {
+                std::fs::create_dir_all(&dest).unwrap();
+                stack.push(p);
+            } else if p.file_name().is_some_and(|n| n != "LOCK") {
+                std::fs::copy(&p, dest).unwrap();
+            }
+        }
     }
+}
+
+/// (header, record) lengths of a segment of `fill(_, n, 100)`, measured from two fills.
+fn record_layout() -> (u64, u64) {
+    let (one, two) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    fill(one.path(), 1, 100);
+    fill(two.path(), 2, 100);
+    let (l1, l2) = (len(&last_segment(one.path())), len(&last_segment(two.path())));
+    (l1 - (l2 - l1), l2 - l1)
 }
 
 #[test]
 fn a_torn_tail_is_cut_and_reported_without_losing_a_batch() {
     let dir = tempfile::tempdir().unwrap();
     fill(dir.path(), 50, 100);
-    let journal = journals(dir.path()).pop().expect("a journal");
-    let mut bytes = std::fs::read(&journal).unwrap();
-    let end = usize::try_from(written(&journal)).unwrap();
-    // The start of a batch whose items never arrived, as a crash mid-write leaves it.
-    bytes[end..end + 6].copy_from_slice(&[0x01, 0x07, 0x00, 0x00, 0x17, 0x42]);
-    std::fs::write(&journal, bytes).unwrap();
+    let segment = last_segment(dir.path());
+    let before = len(&segment);
+    // The start of a batch whose payload never arrived, as a crash mid-write leaves it.
+    let mut bytes = std::fs::read(&segment).unwrap();
+    bytes.extend_from_slice(&[0x40, 0x01, 0, 0, 51, 0, 0, 0, 0, 0, 0, 0, 0x01, 0x00]);
+    std::fs::write(&segment, bytes).unwrap();
     match outcome(dir.path(), 50) {
         Outcome::Recovered { batches, truncated } => assert_eq!((batches, truncated), (50, true)),
         Outcome::Refused(e) => panic!("a torn tail must be repaired, not refused: {e}"),
     }
-}
-
-/// Where the journal's written bytes end (journals are preallocated with zeros).
-fn written(path: &Path) -> u64 {
-    let bytes = std::fs::read(path).unwrap();
-    bytes
-        .iter()
-        .rposition(|&b| b != 0)
-        .map_or(0, |i| i as u64 + 1)
+    assert_eq!(len(&segment), before, "the torn bytes are cut off the file");
+    // Cut for good: the next open has nothing to report.
+    match outcome(dir.path(), 50) {
+        Outcome::Recovered { batches, truncated } => assert_eq!((batches, truncated), (50, false)),
+        Outcome::Refused(e) => panic!("{e}"),
+    }
 }
 
 #[test]
@@ -175,24 +167,18 @@ fn a_clean_journal_is_not_reported() {
 fn a_journal_cut_inside_a_batch_recovers_to_the_last_whole_batch_and_says_so() {
     let source = tempfile::tempdir().unwrap();
     fill(source.path(), 200, 100);
-    let journal_len = written(&journals(source.path()).pop().unwrap());
-    // The 200 batches are the same size, so a fraction of the journal plus 7 bytes is
-    // inside a batch.
+    let (header, record) = record_layout();
     for fraction in [0.1, 0.5, 0.9] {
+        let whole = (200.0 * fraction) as u64;
         let dir = tempfile::tempdir().unwrap();
         copy_dir(source.path(), dir.path());
-        truncate(
-            &journals(dir.path()).pop().unwrap(),
-            (journal_len as f64 * fraction) as u64 + 7,
-        );
+        truncate(&last_segment(dir.path()), header + whole * record + 7);
         match outcome(dir.path(), 200) {
             Outcome::Recovered { batches, truncated } => {
-                assert_eq!(batches, (200.0 * fraction) as usize, "cut at {fraction}");
+                assert_eq!(batches as u64, whole, "cut at {fraction}");
                 assert!(truncated, "cut at {fraction} not reported");
             }
-            Outcome::Refused(e) => {
-                panic!("a cut journal must recover to its last whole batch: {e}")
-            }
+            Outcome::Refused(e) => panic!("a cut journal must recover to its last whole batch: {e}"),
         }
     }
 }
@@ -203,8 +189,8 @@ fn a_journal_cut_inside_a_batch_recovers_to_the_last_whole_batch_and_says_so() {
 fn a_journal_cut_between_batches_recovers_the_batches_before_the_cut() {
     let dir = tempfile::tempdir().unwrap();
     fill(dir.path(), 200, 100);
-    let journal = journals(dir.path()).pop().unwrap();
-    truncate(&journal, written(&journal) / 4);
+    let (header, record) = record_layout();
+    truncate(&last_segment(dir.path()), header + 50 * record);
     match outcome(dir.path(), 200) {
         Outcome::Recovered { batches, .. } => assert_eq!(batches, 50),
         Outcome::Refused(e) => panic!("{e}"),
@@ -215,72 +201,139 @@ fn a_journal_cut_between_batches_recovers_the_batches_before_the_cut() {
 fn flipped_journal_bytes_are_refused_or_recovered_to_a_prefix() {
     let source = tempfile::tempdir().unwrap();
     fill(source.path(), 200, 100);
-    let journal_len = written(&journals(source.path()).pop().unwrap());
+    let segment_len = len(&last_segment(source.path()));
     let mut refused = 0;
-    for at in [
-        0,
-        9,
-        100,
-        journal_len / 3,
-        journal_len / 2,
-        journal_len - 40,
-    ] {
+    for at in [0, 9, 100, segment_len / 3, segment_len / 2, segment_len - 40] {
         let dir = tempfile::tempdir().unwrap();
         copy_dir(source.path(), dir.path());
-        flip(&journals(dir.path()).pop().unwrap(), at);
+        flip(&last_segment(dir.path()), at);
         match outcome(dir.path(), 200) {
             Outcome::Refused(e) => {
-                assert!(e.contains("damaged") && e.contains(".jnl"), "{e}");
+                assert!(e.contains("damaged") && e.contains(".log"), "{e}");
                 refused += 1;
             }
-            Outcome::Recovered { .. } => {}
+            Outcome::Recovered { .. } => assert!(at >= segment_len - 40, "a flip at {at} of {segment_len} lost later batches"),
         }
     }
-    assert!(refused > 0, "no flip was caught by a checksum");
+    assert!(refused >= 5, "only {refused} flips in the middle of the journal were refused");
 }
 
-/// Writes enough for the memtable to be flushed into table files.
-fn filled_with_tables() -> tempfile::TempDir {
+/// A journal of several segments, the older ones folded into a snapshot.
+fn with_snapshot() -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
-    fill(dir.path(), 600, 8 << 10);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    // Flushes run on fjall's worker; reopen until one has produced a table file.
-    while tables(dir.path()).is_empty() {
-        assert!(
-            Instant::now() < deadline,
-            "no table file after writing 19 MB"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-        drop(Store::open(dir.path(), Options::default()).unwrap());
+    let small = Options { min_segment_bytes: 16 << 10, ..options() };
+    let store = Store::open(dir.path(), small).unwrap();
+    let t = store.table("t").unwrap();
+    for b in 0..400 {
+        let mut batch = Batch::new();
+        for i in 0..PER_BATCH {
+            batch.put(&t, &key(b, i), &[(b % 251) as u8; 100]).unwrap();
+        }
+        store.submit(batch).unwrap().wait().unwrap();
     }
+    store.compact().unwrap();
+    store.close().unwrap();
+    assert_eq!(files_in(dir.path(), "snap").len(), 1, "no snapshot written");
+    assert!(!files_in(dir.path(), "log").is_empty());
     dir
 }
 
 #[test]
-fn damaged_table_files_are_refused_naming_the_table_directory() {
-    let source = filled_with_tables();
-    let table = tables(source.path()).remove(0);
-    let rel = table.strip_prefix(source.path()).unwrap().to_owned();
-    let len = std::fs::metadata(&table).unwrap().len();
+fn a_snapshot_and_the_journal_after_it_read_back_whole() {
+    let dir = with_snapshot();
+    match outcome(dir.path(), 400) {
+        Outcome::Recovered { batches, truncated } => assert_eq!((batches, truncated), (400, false)),
+        Outcome::Refused(e) => panic!("{e}"),
+    }
+}
+
+#[test]
+fn damaged_or_missing_snapshots_are_refused_naming_the_file() {
+    let source = with_snapshot();
+    let snapshot = files_in(source.path(), "snap").remove(0);
+    let rel = snapshot.strip_prefix(source.path()).unwrap().to_owned();
+    let size = len(&snapshot);
     type Damage = Box<dyn Fn(&Path)>;
     let damages: Vec<(&str, Damage)> = vec![
-        ("flip in the middle", Box::new(move |p| flip(p, len / 2))),
-        ("flip near the start", Box::new(|p| flip(p, 64))),
-        ("truncated to half", Box::new(move |p| truncate(p, len / 2))),
+        ("flip in the middle", Box::new(move |p| flip(p, size / 2))),
+        ("flip near the start", Box::new(|p| flip(p, 3))),
+        ("flip in the footer", Box::new(move |p| flip(p, size - 30))),
+        ("truncated to half", Box::new(move |p| truncate(p, size / 2))),
         ("deleted", Box::new(|p| std::fs::remove_file(p).unwrap())),
     ];
     for (what, damage) in damages {
         let dir = tempfile::tempdir().unwrap();
         copy_dir(source.path(), dir.path());
         damage(&dir.path().join(&rel));
-        match outcome(dir.path(), 600) {
-            Outcome::Refused(e) => assert!(
-                e.contains("damaged") && e.contains("keyspaces"),
-                "{what}: {e}"
-            ),
-            Outcome::Recovered { batches, .. } => {
-                panic!("{what}: opened with {batches} batches from a damaged table")
-            }
+        match outcome(dir.path(), 400) {
+            Outcome::Refused(e) => assert!(e.contains("damaged") && e.contains(".snap"), "{what}: {e}"),
+            Outcome::Recovered { batches, .. } => panic!("{what}: opened with {batches} batches from a damaged snapshot"),
         }
+    }
+}
+
+#[test]
+fn a_missing_segment_or_manifest_is_refused() {
+    // Each open starts a new segment at its first commit: four runs, four segments
+    // (far below the size that would make the compactor fold them).
+    let source = tempfile::tempdir().unwrap();
+    for run in 0..4 {
+        let store = Store::open(source.path(), options()).unwrap();
+        let t = store.table("t").unwrap();
+        for b in 0..50 {
+            let mut batch = Batch::new();
+            batch.put(&t, &key(run * 50 + b, 0), &[1; 100]).unwrap();
+            store.submit(batch).unwrap().wait().unwrap();
+        }
+        store.close().unwrap();
+    }
+    let segments = files_in(source.path(), "log");
+    assert_eq!(segments.len(), 4, "{segments:?}");
+    let rel = |p: &Path| p.strip_prefix(source.path()).unwrap().to_owned();
+    for (what, victim) in [
+        ("the first segment", rel(&segments[0])),
+        ("a middle segment", rel(&segments[1])),
+        ("the newest segment", rel(&segments[segments.len() - 1])),
+        ("the manifest", PathBuf::from("MANIFEST")),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        copy_dir(source.path(), dir.path());
+        std::fs::remove_file(dir.path().join(&victim)).unwrap();
+        match Store::open(dir.path(), Options::default()) {
+            Err(e @ OpenError::Corrupt { .. }) => {
+                let e = e.to_string();
+                assert!(e.contains("damaged"), "{what}: {e}");
+            }
+            Err(e) => panic!("{what}: {e}"),
+            Ok(s) => panic!("{what} deleted, yet opened at batch {}", s.last_seq()),
+        }
+    }
+    let dir = tempfile::tempdir().unwrap();
+    copy_dir(source.path(), dir.path());
+    flip(&dir.path().join("MANIFEST"), 10);
+    assert!(matches!(Store::open(dir.path(), Options::default()), Err(OpenError::Corrupt { .. })));
+}
+
+#[test]
+fn an_older_statehubs_store_is_refused_not_overwritten() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("db/keyspaces")).unwrap();
+    std::fs::write(dir.path().join("db/0.jnl"), b"old").unwrap();
+    match Store::open(dir.path(), Options::default()) {
+        Err(e @ OpenError::Unsupported { .. }) => assert!(e.to_string().contains("older statehub"), "{e}"),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(std::fs::read(dir.path().join("db/0.jnl")).unwrap(), b"old");
+}
+
+#[test]
+fn compact_after_reopen_keeps_everything() {
+    let dir = tempfile::tempdir().unwrap();
+    fill(dir.path(), 30, 10);
+    compact(dir.path());
+    fill(dir.path(), 0, 10);
+    match outcome(dir.path(), 30) {
+        Outcome::Recovered { batches, .. } => assert_eq!(batches, 30),
+        Outcome::Refused(e) => panic!("{e}"),
     }
 }

@@ -1,0 +1,288 @@
+//! The bytes on disk: journal segments, their records and the operations inside them,
+//! and the framing shared with snapshots. Sans-IO: encoders append to a `Vec<u8>`,
+//! decoders read from a slice and say how far they got.
+//!
+//! All integers are little-endian; every checksum is CRC-32 (IEEE) and covers every
+//! byte before it in its unit, lengths included, so a flipped length is caught like a
+//! flipped value.
+//!
+//! # Journal segment (`journal/{first_seq:020}.log`)
+//!
+//! ```text
+//! header  "SHJRNL01" | first_seq u64 | tables u16 | tables × (id u16, len u8, name) | crc u32
+//! record  len u32 | seq u64 | payload (len bytes) | crc u32           (one batch each)
+//! payload ops, each: kind u8 (1 put, 2 delete) | table u16 | key_len u16 | key
+//!                    | (put only) value_len u32 | value
+//! ```
+//!
+//! A segment names its tables in its header, so a record's operations refer to a table
+//! by a small id; a store that opens a new table starts a new segment.
+
+/// Magic of a journal segment.
+pub(crate) const SEGMENT_MAGIC: &[u8; 8] = b"SHJRNL01";
+/// Bytes a record adds around its payload: length, sequence number, checksum.
+pub(crate) const RECORD_OVERHEAD: usize = 4 + 8 + 4;
+/// An operation that sets a key.
+pub(crate) const OP_PUT: u8 = 1;
+/// An operation that removes a key.
+pub(crate) const OP_DELETE: u8 = 2;
+
+/// The ids and names of the tables a segment or snapshot refers to.
+pub(crate) type TableNames = Vec<(u16, String)>;
+
+/// What is wrong with bytes that should hold a header, a record or an operation.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum FormatError {
+    /// The unit ends before its declared end.
+    #[error("cut short")]
+    Truncated,
+    /// The checksum does not match.
+    #[error("checksum mismatch")]
+    Checksum,
+    /// Not what the file's kind starts with.
+    #[error("not a statehub {0} (bad magic)")]
+    Magic(&'static str),
+    /// Well framed, but meaningless.
+    #[error("malformed: {0}")]
+    Malformed(&'static str),
+}
+
+pub(crate) fn crc(bytes: &[u8]) -> u32 {
+    crc32fast::hash(bytes)
+}
+
+/// A little-endian reader over a slice; every read checks the length.
+pub(crate) struct Reader<'a> {
+    bytes: &'a [u8],
+    pos: usize,
+}
+
+impl<'a> Reader<'a> {
+    pub(crate) fn new(bytes: &'a [u8]) -> Self {
+        Self { bytes, pos: 0 }
+    }
+
+    pub(crate) fn pos(&self) -> usize {
+        self.pos
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.pos >= self.bytes.len()
+    }
+
+    pub(crate) fn take(&mut self, n: usize) -> Result<&'a [u8], FormatError> {
+        let end = self.pos.checked_add(n).filter(|&e| e <= self.bytes.len()).ok_or(FormatError::Truncated)?;
+        let out = &self.bytes[self.pos..end];
+        self.pos = end;
+        Ok(out)
+    }
+
+    fn array<const N: usize>(&mut self) -> Result<[u8; N], FormatError> {
+        let mut out = [0u8; N];
+        out.copy_from_slice(self.take(N)?);
+        Ok(out)
+    }
+
+    pub(crate) fn u8(&mut self) -> Result<u8, FormatError> {
+        Ok(self.array::<1>()?[0])
+    }
+
+    pub(crate) fn u16(&mut self) -> Result<u16, FormatError> {
+        self.array().map(u16::from_le_bytes)
+    }
+
+    pub(crate) fn u32(&mut self) -> Result<u32, FormatError> {
+        self.array().map(u32::from_le_bytes)
+    }
+
+    pub(crate) fn u64(&mut self) -> Result<u64, FormatError> {
+        self.array().map(u64::from_le_bytes)
+    }
+}
+
+/// Appends a table list: count, then (id, name length, name) each.
+pub(crate) fn put_tables(out: &mut Vec<u8>, tables: &[(u16, String)]) {
+    out.extend_from_slice(&(tables.len() as u16).to_le_bytes());
+    for (id, name) in tables {
+        out.extend_from_slice(&id.to_le_bytes());
+        out.push(name.len() as u8);
+        out.extend_from_slice(name.as_bytes());
+    }
+}
+
+pub(crate) fn read_tables(r: &mut Reader<'_>) -> Result<TableNames, FormatError> {
+    let n = r.u16()?;
+    let mut tables = Vec::with_capacity(usize::from(n));
+    for _ in 0..n {
+        let id = r.u16()?;
+        let len = r.u8()?;
+        let name = std::str::from_utf8(r.take(usize::from(len))?).map_err(|_| FormatError::Malformed("table name"))?;
+        tables.push((id, name.to_owned()));
+    }
+    Ok(tables)
+}
+
+/// A segment header for a segment whose first record will be `first_seq`.
+pub(crate) fn segment_header(first_seq: u64, tables: &[(u16, String)]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(64);
+    out.extend_from_slice(SEGMENT_MAGIC);
+    out.extend_from_slice(&first_seq.to_le_bytes());
+    put_tables(&mut out, tables);
+    let sum = crc(&out);
+    out.extend_from_slice(&sum.to_le_bytes());
+    out
+}
+
+/// A segment header read back: its first sequence number, its tables, and where its
+/// records start.
+#[derive(Debug)]
+pub(crate) struct SegmentHeader {
+    pub(crate) first_seq: u64,
+    pub(crate) tables: TableNames,
+    pub(crate) len: usize,
+}
+
+pub(crate) fn read_segment_header(bytes: &[u8]) -> Result<SegmentHeader, FormatError> {
+    let mut r = Reader::new(bytes);
+    if r.take(8)? != SEGMENT_MAGIC {
+        return Err(FormatError::Magic("journal segment"));
+    }
+    let first_seq = r.u64()?;
+    let tables = read_tables(&mut r)?;
+    let end = r.pos();
+    if r.u32()? != crc(&bytes[..end]) {
+        return Err(FormatError::Checksum);
+    }
+    Ok(SegmentHeader { first_seq, tables, len: r.pos() })
+}
+
+/// Appends one record: the batch `payload` under sequence number `seq`.
+pub(crate) fn put_record(out: &mut Vec<u8>, seq: u64, payload: &[u8]) {
+    let start = out.len();
+    out.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+    out.extend_from_slice(&seq.to_le_bytes());
+    out.extend_from_slice(payload);
+    let sum = crc(&out[start..]);
+    out.extend_from_slice(&sum.to_le_bytes());
+}
+
+/// One record read from a segment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct RecordRef<'a> {
+    pub(crate) seq: u64,
+    pub(crate) payload: &'a [u8],
+}
+
+/// Reads the record at the start of `bytes`; returns it and its length on disk.
+/// `Truncated` when `bytes` ends inside it (a torn write looks so), `Checksum` when it
+/// is all there but damaged.
+pub(crate) fn read_record(bytes: &[u8]) -> Result<(RecordRef<'_>, usize), FormatError> {
+    let mut r = Reader::new(bytes);
+    let len = r.u32()? as usize;
+    let seq = r.u64()?;
+    let payload = r.take(len)?;
+    let end = r.pos();
+    if r.u32()? != crc(&bytes[..end]) {
+        return Err(FormatError::Checksum);
+    }
+    Ok((RecordRef { seq, payload }, r.pos()))
+}
+
+/// One operation of a batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Op<'a> {
+    pub(crate) table: u16,
+    pub(crate) key: &'a [u8],
+    /// `None` removes the key.
+    pub(crate) value: Option<&'a [u8]>,
+}
+
+pub(crate) fn put_op(out: &mut Vec<u8>, table: u16, key: &[u8], value: Option<&[u8]>) {
+    out.push(if value.is_some() { OP_PUT } else { OP_DELETE });
+    out.extend_from_slice(&table.to_le_bytes());
+    out.extend_from_slice(&(key.len() as u16).to_le_bytes());
+    out.extend_from_slice(key);
+    if let Some(value) = value {
+        out.extend_from_slice(&(value.len() as u32).to_le_bytes());
+        out.extend_from_slice(value);
+    }
+}
+
+/// The operations of a record's payload, in order.
+pub(crate) fn ops(payload: &[u8]) -> impl Iterator<Item = Result<Op<'_>, FormatError>> {
+    let mut r = Reader::new(payload);
+    std::iter::from_fn(move || {
+        if r.is_empty() {
+            return None;
+        }
+        Some(read_op(&mut r))
+    })
+}
+
+fn read_op<'a>(r: &mut Reader<'a>) -> Result<Op<'a>, FormatError> {
+    let kind = r.u8()?;
+    let table = r.u16()?;
+    let key_len = r.u16()?;
+    let key = r.take(usize::from(key_len))?;
+    let value = match kind {
+        OP_PUT => {
+            let len = r.u32()? as usize;
+            Some(r.take(len)?)
+        }
+        OP_DELETE => None,
+        _ => return Err(FormatError::Malformed("unknown operation")),
+    };
+    Ok(Op { table, key, value })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn records_and_ops_round_trip_and_every_flipped_byte_is_caught() {
+        let mut payload = Vec::new();
+        put_op(&mut payload, 3, b"key", Some(b"value"));
+        put_op(&mut payload, 4, b"gone", None);
+        let mut out = Vec::new();
+        put_record(&mut out, 42, &payload);
+        assert_eq!(out.len(), payload.len() + RECORD_OVERHEAD);
+        let (record, len) = read_record(&out).unwrap();
+        assert_eq!((record.seq, len), (42, out.len()));
+        let ops: Vec<Op<'_>> = ops(record.payload).collect::<Result<_, _>>().unwrap();
+        assert_eq!(
+            ops,
+            vec![
+                Op { table: 3, key: b"key", value: Some(b"value") },
+                Op { table: 4, key: b"gone", value: None },
+            ]
+        );
+        for i in 0..out.len() {
+            let mut damaged = out.clone();
+            damaged[i] ^= 0x10;
+            assert!(read_record(&damaged).is_err(), "flip at {i} not caught");
+        }
+        for cut in 0..out.len() {
+            assert_eq!(read_record(&out[..cut]).unwrap_err(), FormatError::Truncated, "cut at {cut}");
+        }
+    }
+
+    #[test]
+    fn segment_headers_round_trip_and_are_checked() {
+        let tables = vec![(0, "a".to_owned()), (7, "state_store".to_owned())];
+        let header = segment_header(9, &tables);
+        let read = read_segment_header(&header).unwrap();
+        assert_eq!((read.first_seq, read.tables, read.len), (9, tables, header.len()));
+        for i in 0..header.len() {
+            let mut damaged = header.clone();
+            damaged[i] ^= 1;
+            assert!(read_segment_header(&damaged).is_err(), "flip at {i} not caught");
+        }
+    }
+
+    #[test]
+    fn bad_operations_are_refused() {
+        assert_eq!(ops(&[9, 0, 0, 0, 0]).next(), Some(Err(FormatError::Malformed("unknown operation"))));
+        assert_eq!(ops(&[OP_PUT, 0, 0, 3, 0, b'a']).next(), Some(Err(FormatError::Truncated)));
+    }
+}

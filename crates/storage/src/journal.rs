@@ -1,0 +1,458 @@
+//! The journal: segment files of records, one record per batch, appended by the
+//! committer ([`Log`], its [`Backend`]) and read back at open, for reads and by the
+//! compactor ([`scan`]).
+//!
+//! The committer starts a segment at its first commit after the store opens, when the
+//! current one has grown past [`Files::roll_at`], and when a table was opened since
+//! the current one started (a segment's header names every table its records use).
+//! Rolling syncs the finished segment, so a closed segment is complete on disk, syncs
+//! the directory after creating the new one, so its name survives a power cut, and then
+//! records it in the manifest (`manifest.rs`).
+
+use std::collections::HashMap;
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use parking_lot::{Mutex, RwLock};
+
+use crate::batch::Batch;
+use crate::committer::{Backend, BackendError};
+use crate::format::{self, read_record, read_segment_header, segment_header, FormatError, TableNames};
+use crate::manifest::Manifest;
+use crate::snapshot::Snapshot;
+
+/// Largest size at which the committer starts a new segment (unless the configured
+/// smallest is larger).
+pub(crate) const ROLL_MAX: u64 = 64 << 20;
+
+/// Where a journal segment lives: `DIR/journal/{first_seq:020}.log`.
+pub(crate) fn segment_path(dir: &Path, first_seq: u64) -> PathBuf {
+    dir.join("journal").join(format!("{first_seq:020}.log"))
+}
+
+/// The names of the tables opened so far, indexed by their ids in this process (a
+/// segment's header maps its own ids to names, so ids need not agree across runs).
+#[derive(Debug, Default)]
+pub(crate) struct Registry {
+    names: Mutex<Vec<Arc<str>>>,
+    version: AtomicU64,
+}
+
+impl Registry {
+    /// The id of table `name`, adding it if new.
+    pub(crate) fn id(&self, name: &str) -> u16 {
+        let mut names = self.names.lock();
+        if let Some(i) = names.iter().position(|n| &**n == name) {
+            return i as u16;
+        }
+        names.push(Arc::from(name));
+        self.version.fetch_add(1, Ordering::AcqRel);
+        (names.len() - 1) as u16
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.names.lock().len()
+    }
+
+    pub(crate) fn version(&self) -> u64 {
+        self.version.load(Ordering::Acquire)
+    }
+
+    /// Every table, as a segment header lists them.
+    pub(crate) fn tables(&self) -> TableNames {
+        self.names.lock().iter().enumerate().map(|(i, n)| (i as u16, n.to_string())).collect()
+    }
+}
+
+/// A journal segment the store knows of.
+#[derive(Debug, Clone)]
+pub(crate) struct Segment {
+    pub(crate) path: PathBuf,
+    pub(crate) first_seq: u64,
+    /// Its length once closed.
+    pub(crate) bytes: u64,
+    /// Whether it is complete: every segment but the one the committer writes.
+    pub(crate) closed: bool,
+}
+
+/// The files that hold the store: the snapshot and the segments after it (the last one
+/// is the committer's, still growing). Readers hold the lock shared while they read
+/// files; the compactor takes it exclusively to swap a new snapshot in.
+#[derive(Debug, Default)]
+pub(crate) struct FileSet {
+    pub(crate) snapshot: Option<Arc<Snapshot>>,
+    pub(crate) segments: Vec<Segment>,
+    /// Changes whenever the snapshot does.
+    pub(crate) generation: u64,
+}
+
+impl FileSet {
+    /// Bytes of the segments the committer has closed.
+    pub(crate) fn closed_bytes(&self) -> u64 {
+        self.segments.iter().filter(|s| s.closed).map(|s| s.bytes).sum()
+    }
+}
+
+/// The store's directory and its file set, shared by the committer, the compactor and
+/// readers.
+#[derive(Debug)]
+pub(crate) struct Files {
+    pub(crate) dir: PathBuf,
+    pub(crate) set: RwLock<FileSet>,
+    /// Segment size at which the committer rolls (see [`roll_at`]).
+    roll_at: AtomicU64,
+    /// [`crate::Options::min_segment_bytes`].
+    pub(crate) min_segment: u64,
+    /// Rung when a segment closes: the compactor may have work.
+    pub(crate) rolled: (Mutex<()>, parking_lot::Condvar),
+    /// Held through a compaction: one at a time (the compactor's, or a forced one).
+    pub(crate) compacting: Mutex<()>,
+}
+
+/// Where to roll: half the snapshot, within `min`..=[`ROLL_MAX`], so a small store's
+/// journal stays small next to its data and a large one's start-up replays at most a
+/// bounded journal.
+pub(crate) fn roll_at(snapshot_len: u64, min: u64) -> u64 {
+    (snapshot_len / 2).clamp(min, ROLL_MAX.max(min))
+}
+
+impl Files {
+    pub(crate) fn new(dir: PathBuf, set: FileSet, min_segment: u64) -> Self {
+        let snapshot_len = set.snapshot.as_ref().map_or(0, |s| s.len);
+        Self {
+            dir,
+            set: RwLock::new(set),
+            roll_at: AtomicU64::new(roll_at(snapshot_len, min_segment)),
+            min_segment,
+            rolled: (Mutex::new(()), parking_lot::Condvar::new()),
+            compacting: Mutex::new(()),
+        }
+    }
+
+    pub(crate) fn roll_at(&self) -> u64 {
+        self.roll_at.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn set_snapshot_len(&self, len: u64) {
+        self.roll_at.store(roll_at(len, self.min_segment), Ordering::Relaxed);
+    }
+
+    pub(crate) fn notify_rolled(&self) {
+        let _guard = self.rolled.0.lock();
+        self.rolled.1.notify_all();
+    }
+}
+
+/// Fsyncs a directory, so that files created or renamed in it stay after a power cut.
+pub(crate) fn sync_dir(dir: &Path) -> std::io::Result<()> {
+    File::open(dir)?.sync_all()
+}
+
+/// The segment being written.
+struct Current {
+    file: File,
+    bytes: u64,
+    /// The registry version its header lists.
+    registry_version: u64,
+}
+
+/// The committer's backend: appends each batch as a record to the current segment.
+pub(crate) struct Log {
+    files: Arc<Files>,
+    registry: Arc<Registry>,
+    current: Option<Current>,
+    buf: Vec<u8>,
+    /// The sequence number the next batch gets on disk.
+    next_seq: u64,
+    /// Told after each commit: a view of the tables read at open is stale now.
+    on_commit: Box<dyn FnMut() + Send>,
+}
+
+impl Log {
+    pub(crate) fn new(files: Arc<Files>, registry: Arc<Registry>, last_seq: u64, on_commit: Box<dyn FnMut() + Send>) -> Self {
+        Self { files, registry, current: None, buf: Vec::with_capacity(64 << 10), next_seq: last_seq + 1, on_commit }
+    }
+
+    /// Closes the current segment (synced) and starts the next one at `next_seq`.
+    fn roll(&mut self) -> std::io::Result<()> {
+        let version = self.registry.version();
+        let path = segment_path(&self.files.dir, self.next_seq);
+        let mut file = OpenOptions::new().write(true).create_new(true).open(&path)?;
+        file.write_all(&segment_header(self.next_seq, &self.registry.tables()))?;
+        let bytes = file.metadata()?.len();
+        if let Some(done) = self.current.take() {
+            done.file.sync_data()?;
+        }
+        file.sync_data()?;
+        sync_dir(&self.files.dir.join("journal"))?;
+        {
+            let mut set = self.files.set.write();
+            if let Some(last) = set.segments.last_mut().filter(|s| !s.closed) {
+                last.bytes = std::fs::metadata(&last.path)?.len();
+                last.closed = true;
+            }
+            set.segments.push(Segment { path, first_seq: self.next_seq, bytes: 0, closed: false });
+            Manifest::of(&set).write(&self.files.dir)?;
+        }
+        self.current = Some(Current { file, bytes, registry_version: version });
+        self.files.notify_rolled();
+        Ok(())
+    }
+}
+
+impl Backend for Log {
+    fn commit(&mut self, batches: Vec<Batch>, sync: bool) -> Result<(), BackendError> {
+        let stale = match &self.current {
+            None => true,
+            Some(c) => c.bytes >= self.files.roll_at() || c.registry_version != self.registry.version(),
+        };
+        if stale {
+            self.roll()?;
+        }
+        self.buf.clear();
+        self.buf.reserve(batches.iter().map(|b| b.ops.len() + format::RECORD_OVERHEAD).sum());
+        for batch in &batches {
+            format::put_record(&mut self.buf, self.next_seq, &batch.ops);
+            self.next_seq += 1;
+        }
+        let Some(current) = self.current.as_mut() else { return Err("no journal segment".into()) };
+        current.file.write_all(&self.buf)?;
+        current.bytes += self.buf.len() as u64;
+        if sync {
+            current.file.sync_data()?;
+        }
+        (self.on_commit)();
+        Ok(())
+    }
+
+    fn sync(&mut self) -> Result<(), BackendError> {
+        if let Some(current) = &self.current {
+            current.file.sync_data()?;
+        }
+        Ok(())
+    }
+}
+
+/// Changes recorded in the journal since a snapshot, per table name: the latest value of
+/// each key written (`None`: removed), sorted by key.
+pub(crate) type Overlay = HashMap<Arc<str>, Vec<(Bytes, Option<Bytes>)>>;
+
+/// An [`Overlay`] being collected from segments: hashed, then sorted once per table by
+/// [`Changes::sorted`]. Most writes overwrite a key written shortly before, and a sorted
+/// map would pay a search for each.
+#[derive(Debug, Default)]
+pub(crate) struct Changes(HashMap<Arc<str>, HashMap<Bytes, Option<Bytes>>>);
+
+impl Changes {
+    /// An `apply_op` for [`scan`] that records each operation.
+    pub(crate) fn sink(&mut self) -> impl FnMut(&Arc<str>, Bytes, Option<Bytes>) + '_ {
+        |table, key, value| {
+            self.0.entry(table.clone()).or_default().insert(key, value);
+        }
+    }
+
+    pub(crate) fn sorted(self) -> Overlay {
+        self.0
+            .into_iter()
+            .map(|(table, keys)| {
+                let mut keys: Vec<(Bytes, Option<Bytes>)> = keys.into_iter().collect();
+                keys.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+                (table, keys)
+            })
+            .collect()
+    }
+}
+
+/// Damage found in a journal segment.
+#[derive(Debug, Clone)]
+pub(crate) struct SegmentDamage {
+    pub(crate) path: PathBuf,
+    pub(crate) detail: String,
+}
+
+/// What reading one segment found.
+#[derive(Debug)]
+pub(crate) struct Scanned {
+    /// The sequence number of the last whole record (`first_seq - 1` if none).
+    pub(crate) last_seq: u64,
+    /// Where the last whole record ends.
+    pub(crate) end: u64,
+    /// The file's length.
+    pub(crate) written: u64,
+    /// Bytes after `end` that are not a record: a torn last write.
+    pub(crate) torn: bool,
+}
+
+/// How a segment read treats what follows its last whole record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Tail {
+    /// The last segment at open: a torn last write is cut off (unless whole records
+    /// follow the damage, which is then no torn write).
+    Recover,
+    /// A closed segment: it must end exactly after a record.
+    Whole,
+    /// The segment the committer is writing: stop at the first record past `upto`.
+    Live { upto: u64 },
+}
+
+/// Reads the segment at `path` whose name says `first_seq`: checks its header, its
+/// records' checksums and that their sequence numbers count up from `first_seq`, and
+/// hands each operation of the records above `after` to `apply_op` (table, key, value
+/// or `None` for a removal; slices of the file as read).
+pub(crate) fn scan(
+    path: &Path,
+    first_seq: u64,
+    after: u64,
+    tail: Tail,
+    apply_op: &mut dyn FnMut(&Arc<str>, Bytes, Option<Bytes>),
+) -> Result<Scanned, SegmentDamage> {
+    let damage = |detail: String| SegmentDamage { path: path.to_owned(), detail };
+    let bytes = Bytes::from(std::fs::read(path).map_err(|e| damage(e.to_string()))?);
+    let written = bytes.len() as u64;
+    let header = match read_segment_header(&bytes) {
+        Ok(h) => h,
+        // A crash while the committer created the segment: nothing was written in it.
+        Err(FormatError::Truncated) if tail == Tail::Recover && no_record_follows(&bytes, 0, first_seq - 1) => {
+            return Ok(Scanned { last_seq: first_seq - 1, end: 0, written, torn: written > 0 });
+        }
+        Err(e) => return Err(damage(format!("header: {e}"))),
+    };
+    if header.first_seq != first_seq {
+        return Err(damage(format!("header says it starts at batch {}, its name at {first_seq}", header.first_seq)));
+    }
+    let names: HashMap<u16, Arc<str>> = header.tables.iter().map(|(id, name)| (*id, Arc::from(name.as_str()))).collect();
+    let mut pos = header.len;
+    let mut last_seq = first_seq - 1;
+    while pos < bytes.len() {
+        let (record, len) = match read_record(&bytes[pos..]) {
+            Ok(r) => r,
+            Err(e) => match tail {
+                Tail::Live { .. } => break,
+                Tail::Recover if no_record_follows(&bytes, pos + 1, last_seq) => {
+                    return Ok(Scanned { last_seq, end: pos as u64, written, torn: true });
+                }
+                _ => return Err(damage(format!("record after batch {last_seq} at byte {pos}: {e}"))),
+            },
+        };
+        if record.seq != last_seq + 1 {
+            return Err(damage(format!("batch {} follows batch {last_seq} at byte {pos}", record.seq)));
+        }
+        if let Tail::Live { upto } = tail {
+            if record.seq > upto {
+                break;
+            }
+        }
+        if record.seq > after {
+            apply(record.payload, &names, &bytes, apply_op).map_err(|e| damage(format!("batch {}: {e}", record.seq)))?;
+        }
+        last_seq = record.seq;
+        pos += len;
+    }
+    Ok(Scanned { last_seq, end: pos as u64, written, torn: false })
+}
+
+/// Whether no whole record with a later sequence number than `last_seq` starts at or
+/// after `from`: only then is damage at the end of a segment a torn last write rather
+/// than damage in the middle of the journal, which would lose acknowledged batches.
+fn no_record_follows(bytes: &[u8], from: usize, last_seq: u64) -> bool {
+    (from..bytes.len()).all(|at| match read_record(&bytes[at..]) {
+        Ok((record, _)) => record.seq <= last_seq,
+        Err(_) => true,
+    })
+}
+
+/// Hands one record's operations to `apply_op`, as slices of `file`.
+fn apply(
+    payload: &[u8],
+    names: &HashMap<u16, Arc<str>>,
+    file: &Bytes,
+    apply_op: &mut dyn FnMut(&Arc<str>, Bytes, Option<Bytes>),
+) -> Result<(), FormatError> {
+    for op in format::ops(payload) {
+        let op = op?;
+        let name = names.get(&op.table).ok_or(FormatError::Malformed("table id not in the segment header"))?;
+        apply_op(name, file.slice_ref(op.key), op.value.map(|v| file.slice_ref(v)));
+    }
+    Ok(())
+}
+
+
+/// The `.log` segments in `dir/journal`, by first sequence number.
+pub(crate) fn list_segments(dir: &Path) -> std::io::Result<Vec<Segment>> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir.join("journal"))? {
+        let path = entry?.path();
+        let first = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .and_then(|n| n.strip_suffix(".log"))
+            .and_then(|n| n.parse::<u64>().ok());
+        if let Some(first_seq) = first.filter(|&f| f > 0) {
+            let bytes = std::fs::metadata(&path)?.len();
+            out.push(Segment { path, first_seq, bytes, closed: true });
+        }
+    }
+    out.sort_by_key(|s| s.first_seq);
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn roll_sizes_follow_the_snapshot_within_bounds() {
+        let min = 16 << 20;
+        assert_eq!(roll_at(0, min), min);
+        assert_eq!(roll_at(3 * min, min), 3 * min / 2);
+        assert_eq!(roll_at(u64::MAX, min), ROLL_MAX);
+        assert_eq!(roll_at(u64::MAX, 2 * ROLL_MAX), 2 * ROLL_MAX);
+    }
+
+    fn segment(records: &[(u64, &[u8])]) -> Vec<u8> {
+        let mut out = segment_header(records.first().map_or(1, |r| r.0), &[(0, "t".to_owned())]);
+        for (seq, key) in records {
+            let mut payload = Vec::new();
+            format::put_op(&mut payload, 0, key, Some(b"v"));
+            format::put_record(&mut out, *seq, &payload);
+        }
+        out
+    }
+
+    fn scan_bytes(bytes: &[u8], tail: Tail) -> Result<(Scanned, Overlay), SegmentDamage> {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.log");
+        std::fs::write(&path, bytes).unwrap();
+        let mut changes = Changes::default();
+        let scanned = scan(&path, 1, 0, tail, &mut changes.sink())?;
+        Ok((scanned, changes.sorted()))
+    }
+
+    #[test]
+    fn a_torn_tail_is_cut_but_damage_before_whole_records_is_not() {
+        let clean = segment(&[(1, b"a"), (2, b"b"), (3, b"c")]);
+        let (s, overlay) = scan_bytes(&clean, Tail::Recover).unwrap();
+        assert_eq!((s.last_seq, s.end, s.torn), (3, clean.len() as u64, false));
+        assert_eq!(overlay[&Arc::from("t")].len(), 3);
+        // Cut inside the last record: recovered to the first two.
+        let (s, _) = scan_bytes(&clean[..clean.len() - 3], Tail::Recover).unwrap();
+        assert_eq!((s.last_seq, s.torn), (2, true));
+        // The same cut in a closed segment is damage.
+        assert!(scan_bytes(&clean[..clean.len() - 3], Tail::Whole).is_err());
+        // A flipped byte in the middle record, with a whole record after it: refused.
+        let second = segment(&[(1, b"a")]).len() + 13;
+        let mut damaged = clean.clone();
+        damaged[second] ^= 1;
+        assert!(scan_bytes(&damaged, Tail::Recover).is_err());
+    }
+
+    #[test]
+    fn sequence_gaps_are_damage() {
+        let gap = segment(&[(1, b"a"), (3, b"c")]);
+        assert!(scan_bytes(&gap, Tail::Recover).unwrap_err().detail.contains("follows batch 1"));
+    }
+}

@@ -1,0 +1,140 @@
+//! Opening a data directory: the snapshot the manifest names, then every journal segment
+//! after it, checked and replayed; a torn last write cut off; anything else damaged
+//! refused.
+//!
+//! The rules, each checked by `tests/damage_test.rs`:
+//! * the manifest must be whole, and present unless the directory holds no snapshot or
+//!   segment (a new store);
+//! * the snapshot it names must open (header, footer and table list checksums); its
+//!   blocks are checked when read;
+//! * the newest segment it names must be there (later ones may be: a crash while the
+//!   committer started one);
+//! * the segments after it must continue it without a gap: the first holds the batch
+//!   after the snapshot's, and each next one starts right after the last batch of the
+//!   one before (a missing segment or batch is refused, never skipped);
+//! * every record's checksum must match and sequence numbers must count up by one;
+//! * the end of the last segment may hold a torn write (a crash in the middle of a
+//!   write): a record cut short or failing its checksum with no whole later record
+//!   after it. Recovery cuts it off, reports it, and keeps every batch before it.
+//!
+//! Segments whose batches are all in the snapshot (a crash between a compaction's swap
+//! and its clean-up), snapshots other than the manifest's (older ones, or one a crash
+//! left before the manifest named it) and temporary files are deleted.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use crate::error::OpenError;
+use crate::journal::{list_segments, scan, Changes, Overlay, Segment, SegmentDamage, Tail};
+use crate::manifest::Manifest;
+use crate::snapshot::{Snapshot, SnapshotDamage};
+use crate::store::TruncatedJournal;
+
+/// The state of a directory after recovery.
+#[derive(Debug)]
+pub(crate) struct Recovered {
+    pub(crate) snapshot: Option<Arc<Snapshot>>,
+    /// The segments after the snapshot, all closed.
+    pub(crate) segments: Vec<Segment>,
+    /// Their changes to the snapshot.
+    pub(crate) overlay: Overlay,
+    /// The last batch recovered (0 for a new store).
+    pub(crate) last_seq: u64,
+    pub(crate) truncated_journals: Vec<TruncatedJournal>,
+}
+
+fn corrupt(dir: &Path, files: &Path, detail: impl Into<String>) -> OpenError {
+    OpenError::Corrupt { dir: dir.to_owned(), files: files.display().to_string(), detail: detail.into() }
+}
+
+/// The `.snap` files of `dir/snapshots` by batch, oldest first; temporary files are
+/// removed.
+fn list_snapshots(dir: &Path) -> std::io::Result<Vec<(u64, PathBuf)>> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir.join("snapshots"))? {
+        let path = entry?.path();
+        let Some(name) = path.file_name().and_then(|n| n.to_str()) else { continue };
+        if name.ends_with(".tmp") {
+            std::fs::remove_file(&path)?;
+        } else if let Some(seq) = name.strip_suffix(".snap").and_then(|n| n.parse::<u64>().ok()) {
+            out.push((seq, path));
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// Recovers `dir` (which holds `journal/` and `snapshots/`); see the module docs.
+pub(crate) fn recover(dir: &Path) -> Result<Recovered, OpenError> {
+    let io = |path: PathBuf| move |source| OpenError::Io { path, source };
+    let snapshots = list_snapshots(dir).map_err(io(dir.join("snapshots")))?;
+    let all = list_segments(dir).map_err(io(dir.join("journal")))?;
+    let manifest = match Manifest::read(dir) {
+        Ok(Some(m)) => m,
+        Ok(None) if snapshots.is_empty() && all.is_empty() => Manifest::default(),
+        Ok(None) => return Err(corrupt(dir, &Manifest::path(dir), "missing")),
+        Err(detail) => return Err(corrupt(dir, &Manifest::path(dir), detail)),
+    };
+    let snapshot = match manifest.snapshot_seq {
+        0 => None,
+        seq => {
+            let path = crate::compactor::snapshot_path(dir, seq);
+            Some(Arc::new(Snapshot::open(&path).map_err(|SnapshotDamage { path, detail }| corrupt(dir, &path, detail))?))
+        }
+    };
+    if manifest.newest_segment > 0 && !all.iter().any(|s| s.first_seq == manifest.newest_segment) {
+        let path = crate::journal::segment_path(dir, manifest.newest_segment);
+        return Err(corrupt(dir, &path, "missing (the manifest names it as the newest journal segment)"));
+    }
+    let after = snapshot.as_ref().map_or(0, |s| s.seq);
+    let all = list_segments(dir).map_err(io(dir.join("journal")))?;
+    let mut changes = Changes::default();
+    let mut segments = Vec::new();
+    let mut obsolete = Vec::new();
+    let mut truncated_journals = Vec::new();
+    // The last batch of the segment before (or the snapshot's).
+    let mut previous = after;
+    for (i, segment) in all.iter().enumerate() {
+        let last = i + 1 == all.len();
+        if all.get(i + 1).is_some_and(|next| next.first_seq <= after + 1) {
+            obsolete.push(segment.path.clone());
+            continue;
+        }
+        let expected = if segments.is_empty() { segment.first_seq <= after + 1 } else { segment.first_seq == previous + 1 };
+        if !expected {
+            return Err(corrupt(
+                dir,
+                &segment.path,
+                format!("batches {} to {} are missing (a journal segment is gone)", previous + 1, segment.first_seq - 1),
+            ));
+        }
+        let tail = if last { Tail::Recover } else { Tail::Whole };
+        let scanned = scan(&segment.path, segment.first_seq, after, tail, &mut changes.sink())
+            .map_err(|SegmentDamage { path, detail }| corrupt(dir, &path, detail))?;
+        if scanned.torn {
+            truncated_journals.push(TruncatedJournal { path: segment.path.clone(), written: scanned.written, after: scanned.end });
+            let cut = std::fs::OpenOptions::new().write(true).open(&segment.path).and_then(|f| {
+                f.set_len(scanned.end)?;
+                f.sync_all()
+            });
+            cut.map_err(io(segment.path.clone()))?;
+        }
+        previous = scanned.last_seq;
+        if scanned.end == 0 {
+            // Not even its header was written: a crash as it was created, unless the
+            // manifest names it, which happens only once its header is on disk.
+            if manifest.newest_segment == segment.first_seq {
+                return Err(corrupt(dir, &segment.path, "its header is cut short"));
+            }
+            std::fs::remove_file(&segment.path).map_err(io(segment.path.clone()))?;
+            continue;
+        }
+        segments.push(Segment { path: segment.path.clone(), first_seq: segment.first_seq, bytes: scanned.end, closed: true });
+    }
+    let last_seq = previous.max(after);
+    let others = snapshots.iter().filter(|(seq, _)| *seq != manifest.snapshot_seq).map(|(_, p)| p);
+    for path in obsolete.iter().chain(others) {
+        std::fs::remove_file(path).map_err(io(path.clone()))?;
+    }
+    Ok(Recovered { snapshot, segments, overlay: changes.sorted(), last_seq, truncated_journals })
+}
