@@ -11,8 +11,10 @@ use crate::store::Table;
 
 /// Longest key a table takes, in bytes.
 pub const MAX_KEY_LEN: usize = u16::MAX as usize;
-/// Longest value a table takes, in bytes.
-pub const MAX_VALUE_LEN: usize = u32::MAX as usize;
+/// Longest value a table takes, in bytes: 256 MiB, the largest MQTT packet.
+pub const MAX_VALUE_LEN: usize = 256 << 20;
+/// Largest batch, encoded: a journal record's length is 32 bits.
+pub const MAX_BATCH_BYTES: usize = u32::MAX as usize - 64;
 
 /// Writes to apply together, all or nothing, in the order staged. Building one does no
 /// I/O; hand it to [`crate::Store::submit`].
@@ -44,12 +46,14 @@ impl Batch {
     }
 
     /// Stages `key = value` in `table`. Refuses (leaving the batch unchanged) a key over
-    /// [`MAX_KEY_LEN`] or a value over [`MAX_VALUE_LEN`] bytes.
+    /// [`MAX_KEY_LEN`] or a value over [`MAX_VALUE_LEN`] bytes, and a write that would
+    /// take the batch over [`MAX_BATCH_BYTES`].
     pub fn put(&mut self, table: &Table, key: &[u8], value: &[u8]) -> Result<(), StorageError> {
         check_key(key)?;
         if value.len() > MAX_VALUE_LEN {
             return Err(StorageError::ValueTooLong { len: value.len(), max: MAX_VALUE_LEN });
         }
+        self.check_room(key.len() + value.len() + 13)?;
         if self.ops.capacity() == 0 {
             self.ops.reserve(64 + key.len() + value.len());
         }
@@ -62,9 +66,17 @@ impl Batch {
     /// Stages the removal of `key` from `table` (a no-op if it is absent).
     pub fn delete(&mut self, table: &Table, key: &[u8]) -> Result<(), StorageError> {
         check_key(key)?;
+        self.check_room(key.len() + 5)?;
         put_op(&mut self.ops, table.id(), key, None);
         self.len += 1;
         self.bytes += key.len();
+        Ok(())
+    }
+
+    fn check_room(&self, op_bytes: usize) -> Result<(), StorageError> {
+        if self.ops.len() + op_bytes > MAX_BATCH_BYTES {
+            return Err(StorageError::BatchTooLarge { max: MAX_BATCH_BYTES });
+        }
         Ok(())
     }
 

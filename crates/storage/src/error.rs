@@ -78,6 +78,12 @@ pub enum StorageError {
         /// The limit.
         max: usize,
     },
+    /// The batch would grow past [`crate::MAX_BATCH_BYTES`]; it is unchanged.
+    #[error("a batch may hold at most {max} bytes")]
+    BatchTooLarge {
+        /// The limit.
+        max: usize,
+    },
     /// Reading found damaged data.
     #[error("damaged data in {files}: {detail}")]
     Corrupt {

@@ -124,7 +124,7 @@ mod relay;
 mod snapshot;
 mod store;
 
-pub use batch::{Batch, MAX_KEY_LEN, MAX_VALUE_LEN};
+pub use batch::{Batch, MAX_BATCH_BYTES, MAX_KEY_LEN, MAX_VALUE_LEN};
 pub use error::{OpenError, StorageError};
 pub use options::{Options, SyncPolicy, SyncPolicyParseError};
 pub use store::{Record, Recovery, Store, Table, Ticket, TruncatedJournal};

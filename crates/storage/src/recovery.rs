@@ -18,8 +18,10 @@
 //!   after it. Recovery cuts it off, reports it, and keeps every batch before it.
 //!
 //! Segments whose batches are all in the snapshot (a crash between a compaction's swap
-//! and its clean-up), snapshots other than the manifest's (older ones, or one a crash
-//! left before the manifest named it) and temporary files are deleted.
+//! and its clean-up), a last segment without a batch (a crash as the committer started
+//! it), snapshots other than the manifest's (older ones, or one a crash left before the
+//! manifest named it) and temporary files are deleted, once the manifest written at
+//! open no longer names them.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -41,6 +43,9 @@ pub(crate) struct Recovered {
     /// The last batch recovered (0 for a new store).
     pub(crate) last_seq: u64,
     pub(crate) truncated_journals: Vec<TruncatedJournal>,
+    /// Files that hold nothing the store needs: to delete once the manifest no longer
+    /// names them.
+    pub(crate) obsolete: Vec<PathBuf>,
 }
 
 fn corrupt(dir: &Path, files: &Path, detail: impl Into<String>) -> OpenError {
@@ -120,21 +125,52 @@ pub(crate) fn recover(dir: &Path) -> Result<Recovered, OpenError> {
             cut.map_err(io(segment.path.clone()))?;
         }
         previous = scanned.last_seq;
-        if scanned.end == 0 {
-            // Not even its header was written: a crash as it was created, unless the
-            // manifest names it, which happens only once its header is on disk.
-            if manifest.newest_segment == segment.first_seq {
-                return Err(corrupt(dir, &segment.path, "its header is cut short"));
-            }
-            std::fs::remove_file(&segment.path).map_err(io(segment.path.clone()))?;
+        if scanned.end == 0 && manifest.newest_segment == segment.first_seq {
+            // The manifest names a segment only once its header is on disk.
+            return Err(corrupt(dir, &segment.path, "its header is cut short"));
+        }
+        if last && scanned.last_seq < segment.first_seq {
+            // No batch in it (a crash as the committer started it): the next commit
+            // starts a segment of that name again.
+            obsolete.push(segment.path.clone());
             continue;
         }
         segments.push(Segment { path: segment.path.clone(), first_seq: segment.first_seq, bytes: scanned.end, closed: true });
     }
     let last_seq = previous.max(after);
-    let others = snapshots.iter().filter(|(seq, _)| *seq != manifest.snapshot_seq).map(|(_, p)| p);
-    for path in obsolete.iter().chain(others) {
-        std::fs::remove_file(path).map_err(io(path.clone()))?;
+    obsolete.extend(snapshots.iter().filter(|(seq, _)| *seq != manifest.snapshot_seq).map(|(_, p)| p.clone()));
+    Ok(Recovered { snapshot, segments, overlay: changes.sorted(), last_seq, truncated_journals, obsolete })
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::format::segment_header;
+    use crate::manifest::Manifest;
+    use crate::{Batch, Options, Store};
+
+    /// A crash right after the committer started a segment (its header on disk and named
+    /// by the manifest, no batch in it): the store opens, and its next commit starts a
+    /// segment of the same name.
+    #[test]
+    fn a_segment_without_batches_is_dropped_and_its_name_reused() {
+        let dir = tempfile::tempdir().unwrap();
+        let write = |n: u8| {
+            let store = Store::open(dir.path(), Options::default()).unwrap();
+            let t = store.table("t").unwrap();
+            let mut batch = Batch::new();
+            batch.put(&t, &[n], b"v").unwrap();
+            let seq = store.submit(batch).unwrap().seq();
+            store.close().unwrap();
+            seq
+        };
+        let seq = write(1);
+        let empty = crate::journal::segment_path(dir.path(), seq + 1);
+        std::fs::write(&empty, segment_header(seq + 1, &[(0, "t".to_owned())])).unwrap();
+        Manifest { snapshot_seq: 0, newest_segment: seq + 1 }.write(dir.path()).unwrap();
+        assert_eq!(write(2), seq + 1);
+        let store = Store::open(dir.path(), Options::default()).unwrap();
+        let keys: Vec<Vec<u8>> = store.table("t").unwrap().iter().map(|r| r.unwrap().key().to_vec()).collect();
+        assert_eq!(keys, vec![vec![1], vec![2]]);
+        assert!(store.recovery().truncated_journals.is_empty());
     }
-    Ok(Recovered { snapshot, segments, overlay: changes.sorted(), last_seq, truncated_journals })
 }

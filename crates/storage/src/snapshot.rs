@@ -29,6 +29,9 @@ const HEADER_LEN: u64 = 16;
 const TRAILER_LEN: u64 = 4 + 4 + 8;
 /// Target size of a block.
 pub(crate) const BLOCK_BYTES: usize = 64 << 10;
+/// Largest block a reader accepts: the target plus one record of the largest key and
+/// value, and their lengths.
+const MAX_BLOCK_BYTES: usize = BLOCK_BYTES + crate::MAX_KEY_LEN + crate::MAX_VALUE_LEN + 16;
 
 /// Damage found in a snapshot: the file and what is wrong.
 #[derive(Debug, Clone)]
@@ -174,7 +177,7 @@ impl SnapshotRecords {
             return Err(self.damage(e));
         }
         let body_len = u32::from_le_bytes(len) as usize;
-        if !(6..=1 << 30).contains(&body_len) {
+        if !(6..=MAX_BLOCK_BYTES).contains(&body_len) {
             return Err(self.damage("block length out of range"));
         }
         let mut block = vec![0u8; 4 + body_len + 4];

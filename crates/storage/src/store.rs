@@ -182,7 +182,7 @@ impl Store {
         for sub in ["journal", "snapshots"] {
             std::fs::create_dir_all(dir.join(sub)).map_err(io(&dir.join(sub)))?;
         }
-        let Recovered { snapshot, segments, overlay, last_seq, truncated_journals } = recover(&dir)?;
+        let Recovered { snapshot, segments, overlay, last_seq, truncated_journals, obsolete } = recover(&dir)?;
         for t in &truncated_journals {
             tracing::warn!(
                 journal = %t.path.display(),
@@ -197,6 +197,9 @@ impl Store {
         // What recovery kept (a new store's first manifest, or one without a segment it
         // removed).
         Manifest::of(&set).write(&dir).map_err(io(&Manifest::path(&dir)))?;
+        for path in &obsolete {
+            std::fs::remove_file(path).map_err(io(path))?;
+        }
         let files = Arc::new(Files::new(dir.clone(), set, options.min_segment_bytes.max(1)));
         let shared = Arc::new(Shared::new(options.max_pending_bytes, last_seq));
         let disk = Arc::new(Disk {
