@@ -267,6 +267,9 @@ impl Changes {
     }
 }
 
+/// What [`scan`] hands each operation to: table, key, and value (`None`: removed).
+pub(crate) type ApplyOp<'a> = dyn FnMut(&Arc<str>, Bytes, Option<Bytes>) + 'a;
+
 /// Damage found in a journal segment.
 #[derive(Debug, Clone)]
 pub(crate) struct SegmentDamage {
@@ -308,7 +311,7 @@ pub(crate) fn scan(
     first_seq: u64,
     after: u64,
     tail: Tail,
-    apply_op: &mut dyn FnMut(&Arc<str>, Bytes, Option<Bytes>),
+    apply_op: &mut ApplyOp<'_>,
 ) -> Result<Scanned, SegmentDamage> {
     let damage = |detail: String| SegmentDamage { path: path.to_owned(), detail };
     let bytes = Bytes::from(std::fs::read(path).map_err(|e| damage(e.to_string()))?);
@@ -370,7 +373,7 @@ fn apply(
     payload: &[u8],
     names: &HashMap<u16, Arc<str>>,
     file: &Bytes,
-    apply_op: &mut dyn FnMut(&Arc<str>, Bytes, Option<Bytes>),
+    apply_op: &mut ApplyOp<'_>,
 ) -> Result<(), FormatError> {
     for op in format::ops(payload) {
         let op = op?;
