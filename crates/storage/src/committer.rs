@@ -151,6 +151,10 @@ impl Shared {
     /// wake-ups come through this thread's relay (`relay.rs`), registered before each
     /// check so none is missed.
     async fn until<T>(self: &Arc<Self>, mut ready: impl FnMut() -> Option<T>) -> T {
+        // Most calls find it ready (admit, nearly always): no relay, no registration.
+        if let Some(value) = ready() {
+            return value;
+        }
         let relay = relay::local(self);
         let notify = relay.as_deref().unwrap_or(&self.progress);
         loop {

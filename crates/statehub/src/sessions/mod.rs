@@ -31,11 +31,11 @@
 mod load;
 mod records;
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
+use rustc_hash::FxHashMap;
 use statehub_broker::{BoxFuture, Delivery, SessionChange, SessionStore, SessionStoreError};
 use statehub_storage::{Batch, StorageError, Store, Table};
 use tokio::sync::watch;
@@ -78,8 +78,10 @@ struct Pending {
     open: u32,
     batch: Batch,
     closed: u64,
-    /// Queued messages not written yet, by (incarnation, sequence number).
-    held: HashMap<(u64, u64), (Delivery, Instant)>,
+    /// Queued messages not written yet, by (incarnation, sequence number): keys the
+    /// server makes, so a fast hash (every response to a persistent session is held here
+    /// and removed by its PUBACK).
+    held: FxHashMap<(u64, u64), (Delivery, Instant)>,
     /// When the oldest held message was queued.
     held_since: Option<Instant>,
 }
