@@ -63,11 +63,11 @@ pub struct FileConfig {
     pub data_dir: Option<PathBuf>,
     /// See `ServeArgs::sync` (`"always"` or `"interval=<ms>"`).
     pub sync: Option<String>,
-    /// With a data dir: the journal's smallest segment, in MiB (1 to 4096; default 64).
-    /// Compaction waits until this much journal has closed, so a smaller value keeps a
-    /// small store's disk footprint smaller at the cost of compacting more often (see
-    /// `statehub_storage::Options::min_segment_bytes`).
-    pub journal_segment_mib: Option<u64>,
+    /// With a data dir: how much closed journal compaction waits for, in MiB (1 to
+    /// 4096; default 64; half the snapshot if that is more). Smaller keeps a small
+    /// store's disk footprint smaller at the cost of compacting more often (see
+    /// `statehub_storage::Options::compact_after_bytes`).
+    pub compact_after_mib: Option<u64>,
     /// The `[webpubsub]` table: access keys, limits, per-hub event handlers.
     pub webpubsub: WebPubSubConfig,
 }
@@ -83,10 +83,10 @@ pub enum ConfigError {
     Sync { path: PathBuf, source: SyncPolicyParseError },
     #[error("sync is set to {0} but there is no data_dir: an in-memory store has nothing to sync")]
     SyncWithoutDataDir(SyncPolicy),
-    #[error("invalid config file {path}: journal_segment_mib is {value}; expected 1 to 4096")]
-    JournalSegment { path: PathBuf, value: u64 },
-    #[error("journal_segment_mib is set but there is no data_dir: an in-memory store has no journal")]
-    JournalSegmentWithoutDataDir,
+    #[error("invalid config file {path}: compact_after_mib is {value}; expected 1 to 4096")]
+    CompactAfter { path: PathBuf, value: u64 },
+    #[error("compact_after_mib is set but there is no data_dir: an in-memory store has no journal")]
+    CompactAfterWithoutDataDir,
     #[error(transparent)]
     WebPubSub(#[from] statehub_webpubsub::config::ConfigError),
 }
@@ -106,8 +106,8 @@ pub struct Settings {
     /// `None`: the in-memory store.
     pub data_dir: Option<PathBuf>,
     pub sync: SyncPolicy,
-    /// The journal's smallest segment, in bytes.
-    pub journal_segment_bytes: u64,
+    /// How much closed journal compaction waits for, in bytes.
+    pub compact_after_bytes: u64,
 }
 
 impl Settings {
@@ -127,13 +127,13 @@ impl Settings {
         if let (None, Some(sync)) = (&data_dir, sync) {
             return Err(ConfigError::SyncWithoutDataDir(sync));
         }
-        let journal_segment_bytes = match (file.journal_segment_mib, &args.config) {
-            (Some(_), _) if data_dir.is_none() => return Err(ConfigError::JournalSegmentWithoutDataDir),
+        let compact_after_bytes = match (file.compact_after_mib, &args.config) {
+            (Some(_), _) if data_dir.is_none() => return Err(ConfigError::CompactAfterWithoutDataDir),
             (Some(mib), Some(path)) if !(1..=4096).contains(&mib) => {
-                return Err(ConfigError::JournalSegment { path: path.clone(), value: mib });
+                return Err(ConfigError::CompactAfter { path: path.clone(), value: mib });
             }
             (Some(mib), _) => mib << 20,
-            (None, _) => statehub_storage::Options::default().min_segment_bytes,
+            (None, _) => statehub_storage::Options::default().compact_after_bytes,
         };
         Ok(Settings {
             mqtt_listen: args.mqtt_listen.or(file.mqtt_listen).unwrap_or(([0, 0, 0, 0], 1883).into()),
@@ -158,7 +158,7 @@ impl Settings {
             },
             data_dir,
             sync: sync.unwrap_or_default(),
-            journal_segment_bytes,
+            compact_after_bytes,
         })
     }
 }

@@ -152,7 +152,7 @@ fn start_state_store(settings: &Settings, broker: &Broker) -> std::io::Result<(J
         return Ok((register(broker, service), None));
     };
     let started = Instant::now();
-    let options = Options { sync: settings.sync, min_segment_bytes: settings.journal_segment_bytes, ..Options::default() };
+    let options = Options { sync: settings.sync, compact_after_bytes: settings.compact_after_bytes, ..Options::default() };
     let store = Store::open(dir, options).map_err(|e| std::io::Error::other(chain(&e)))?;
     let service = StateStoreService::open_durable(&settings.state_store, &store).map_err(|e| std::io::Error::other(chain(&e)))?;
     let (retained, loaded) = retained::RetainedTable::open(&store).map_err(|e| std::io::Error::other(chain(&e)))?;

@@ -210,11 +210,11 @@ fn key(i: usize) -> Vec<u8> {
 
 /// Writes the keys one acknowledged SET at a time, then stops the server gracefully.
 /// A persistent session, offline, gets every state store response of another
-/// persistent session queued too, so the session table has records of its own. Journal
-/// segments of 4 MiB, so the journal is folded into a snapshot on the way.
+/// persistent session queued too, so the session table has records of its own.
+/// Compaction after 4 MiB, so the journal is folded into a snapshot on the way.
 fn fill(dir: &Path) {
     let config = tempfile::NamedTempFile::new().unwrap();
-    std::fs::write(config.path(), "journal_segment_mib = 4\n").unwrap();
+    std::fs::write(config.path(), "compact_after_mib = 4\n").unwrap();
     let mut args = args(dir);
     args.extend(["--config".to_owned(), config.path().display().to_string()]);
     let mut server = start(&args.iter().map(String::as_str).collect::<Vec<_>>(), &[]);
@@ -407,11 +407,11 @@ fn bad_sync_settings_exit_2_with_a_clear_error() {
     let (status, err) = common::run_to_exit(&["--config", config.to_str().unwrap()]);
     assert_eq!(status.code(), Some(2), "{err}");
     assert!(err.contains("sync") && err.contains("weekly") && err.contains(config.to_str().unwrap()), "{err}");
-    std::fs::write(&config, "data_dir = \"/tmp/x\"\njournal_segment_mib = 0\n").unwrap();
+    std::fs::write(&config, "data_dir = \"/tmp/x\"\ncompact_after_mib = 0\n").unwrap();
     let (status, err) = common::run_to_exit(&["--config", config.to_str().unwrap()]);
     assert_eq!(status.code(), Some(2), "{err}");
-    assert!(err.contains("journal_segment_mib is 0") && err.contains(config.to_str().unwrap()), "{err}");
-    std::fs::write(&config, "journal_segment_mib = 8\n").unwrap();
+    assert!(err.contains("compact_after_mib is 0") && err.contains(config.to_str().unwrap()), "{err}");
+    std::fs::write(&config, "compact_after_mib = 8\n").unwrap();
     let (status, err) = common::run_to_exit(&["--config", config.to_str().unwrap()]);
     assert_eq!(status.code(), Some(2), "{err}");
     assert!(err.contains("no data_dir"), "{err}");

@@ -1,9 +1,10 @@
 //! The compactor: one thread per store that folds closed journal segments into a new
 //! snapshot, so the journal a start-up replays stays bounded and the disk holds little
-//! more than the live data.
+//! more than the live data; it also writes the spare segment the committer's next roll
+//! takes (`journal::prepare_spare`).
 //!
 //! It wakes when the committer closes a segment and works once the closed segments add
-//! up to half the snapshot (at least [`crate::Options::min_segment_bytes`]), which bounds the
+//! up to half the snapshot (at least [`crate::Options::compact_after_bytes`]), which bounds the
 //! bytes rewritten per byte of journal to about three. A compaction reads the closed
 //! segments into an overlay (the last write of each key), merges it with the current
 //! snapshot table by table into a new snapshot (written under a temporary name, synced,
@@ -16,7 +17,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::journal::{scan, sync_dir, Changes, Files, Overlay, Tail};
+use crate::journal::{prepare_spare, scan, spare_len, spare_path, sync_dir, Changes, Files, Overlay, Tail};
 use crate::manifest::Manifest;
 use crate::merge::merge;
 use crate::snapshot::{Snapshot, SnapshotWriter};
@@ -34,7 +35,7 @@ fn backlog(files: &Files) -> u64 {
     let set = files.set.read();
     let closed = set.closed_bytes();
     let snapshot = set.snapshot.as_ref().map_or(0, |s| s.len);
-    closed / (snapshot / 2).max(files.min_segment)
+    closed / (snapshot / 2).max(files.compact_after)
 }
 
 fn due(files: &Files) -> bool {
@@ -68,14 +69,28 @@ pub(crate) fn run(files: Arc<Files>, stop: Arc<AtomicBool>) {
             set_nice(wanted);
             nice = wanted;
         }
+        // The committer takes the spare segment when it rolls: the next one is written
+        // here, while there is time.
+        let spare = prepare_spare(&files.dir, spare_len(&files));
+        if let Err(e) = &spare {
+            tracing::warn!(dir = %files.dir.display(), error = %e, "cannot write a spare journal segment; the next one starts empty");
+        }
         {
             let mut guard = files.rolled.0.lock();
-            while !stop.load(Ordering::Acquire) && !due(&files) {
-                files.rolled.1.wait(&mut guard);
+            if !stop.load(Ordering::Acquire) && !due(&files) {
+                match spare {
+                    Ok(()) if spare_path(&files.dir).exists() => files.rolled.1.wait(&mut guard),
+                    Ok(()) => {}
+                    Err(_) => drop(files.rolled.1.wait_for(&mut guard, RETRY)),
+                }
+                continue;
             }
         }
         if stop.load(Ordering::Acquire) {
             return;
+        }
+        if !due(&files) {
+            continue;
         }
         if let Err(e) = compact(&files, &stop) {
             tracing::error!(dir = %files.dir.display(), error = %e, "compaction failed; the journal keeps growing until a later one succeeds");
@@ -131,7 +146,6 @@ pub(crate) fn compact(files: &Files, stop: &AtomicBool) -> Result<(), String> {
         set.segments.drain(..segments.len());
     }
     if let Some(new) = &new {
-        files.set_snapshot_len(new.len);
         if let Some(old) = old.filter(|o| o.path != new.path) {
             remove(&old.path);
         }

@@ -3,8 +3,10 @@
 //! compactor ([`scan`]).
 //!
 //! The committer starts a segment at its first commit after the store opens, when the
-//! current one has grown past [`Files::roll_at`], and when a table was opened since
-//! the current one started (a segment's header names every table its records use).
+//! current one holds [`crate::Options::segment_bytes`], and when a table was opened
+//! since the current one started (a segment's header names every table its records
+//! use). It starts it in the spare segment (zeros written in advance, see
+//! [`prepare_spare`]) when one is waiting.
 //! Rolling syncs the finished segment, so a closed segment is complete on disk, syncs
 //! the directory after creating the new one, so its name survives a power cut, and then
 //! records it in the manifest (`manifest.rs`).
@@ -25,9 +27,6 @@ use crate::format::{self, read_record, read_segment_header, segment_header, Form
 use crate::manifest::Manifest;
 use crate::snapshot::Snapshot;
 
-/// Largest size at which the committer starts a new segment (unless the configured
-/// smallest is larger).
-pub(crate) const ROLL_MAX: u64 = 64 << 20;
 
 /// Where a journal segment lives: `DIR/journal/{first_seq:020}.log`.
 pub(crate) fn segment_path(dir: &Path, first_seq: u64) -> PathBuf {
@@ -103,48 +102,69 @@ impl FileSet {
 pub(crate) struct Files {
     pub(crate) dir: PathBuf,
     pub(crate) set: RwLock<FileSet>,
-    /// Segment size at which the committer rolls (see [`roll_at`]).
-    roll_at: AtomicU64,
-    /// [`crate::Options::min_segment_bytes`].
-    pub(crate) min_segment: u64,
+    /// [`crate::Options::segment_bytes`].
+    pub(crate) segment_bytes: u64,
+    /// [`crate::Options::compact_after_bytes`].
+    pub(crate) compact_after: u64,
     /// Rung when a segment closes: the compactor may have work.
     pub(crate) rolled: (Mutex<()>, parking_lot::Condvar),
     /// Held through a compaction: one at a time (the compactor's, or a forced one).
     pub(crate) compacting: Mutex<()>,
 }
 
-/// Where to roll: half the snapshot, within `min`..=[`ROLL_MAX`], so a small store's
-/// journal stays small next to its data and a large one's start-up replays at most a
-/// bounded journal.
-pub(crate) fn roll_at(snapshot_len: u64, min: u64) -> u64 {
-    (snapshot_len / 2).clamp(min, ROLL_MAX.max(min))
-}
-
 impl Files {
-    pub(crate) fn new(dir: PathBuf, set: FileSet, min_segment: u64) -> Self {
-        let snapshot_len = set.snapshot.as_ref().map_or(0, |s| s.len);
+    pub(crate) fn new(dir: PathBuf, set: FileSet, segment_bytes: u64, compact_after: u64) -> Self {
         Self {
             dir,
             set: RwLock::new(set),
-            roll_at: AtomicU64::new(roll_at(snapshot_len, min_segment)),
-            min_segment,
+            segment_bytes,
+            compact_after,
             rolled: (Mutex::new(()), parking_lot::Condvar::new()),
             compacting: Mutex::new(()),
         }
-    }
-
-    pub(crate) fn roll_at(&self) -> u64 {
-        self.roll_at.load(Ordering::Relaxed)
-    }
-
-    pub(crate) fn set_snapshot_len(&self, len: u64) {
-        self.roll_at.store(roll_at(len, self.min_segment), Ordering::Relaxed);
     }
 
     pub(crate) fn notify_rolled(&self) {
         let _guard = self.rolled.0.lock();
         self.rolled.1.notify_all();
     }
+}
+
+/// Where the spare segment waits: zeros, written and synced ahead of the roll that
+/// takes it (see [`prepare_spare`]).
+pub(crate) fn spare_path(dir: &Path) -> PathBuf {
+    dir.join("journal").join("spare")
+}
+
+/// Writes the spare segment (`len` zeros, synced) unless one is waiting already.
+///
+/// Why zeros written in advance: appending grows the file, and an `fdatasync` after an
+/// append must also write the inode (its size), one more I/O the sync waits for before
+/// the device flush. Overwriting bytes that are already there changes no metadata. On
+/// the development machine's virtio disk that made `--sync always` about 13% faster
+/// (64 clients, A/B of the same binary with and without a zeroed segment).
+pub(crate) fn prepare_spare(dir: &Path, len: u64) -> std::io::Result<()> {
+    let spare = spare_path(dir);
+    if spare.exists() {
+        return Ok(());
+    }
+    let tmp = spare.with_extension("tmp");
+    let mut file = File::create(&tmp)?;
+    let zeros = vec![0u8; 1 << 20];
+    let mut left = len;
+    while left > 0 {
+        let n = left.min(zeros.len() as u64) as usize;
+        file.write_all(&zeros[..n])?;
+        left -= n as u64;
+    }
+    file.sync_all()?;
+    std::fs::rename(&tmp, &spare)
+}
+
+/// How many bytes a spare segment holds: a segment's size plus room for the commit
+/// that crosses it (usually; a larger one grows the file).
+pub(crate) fn spare_len(files: &Files) -> u64 {
+    files.segment_bytes + files.segment_bytes / 8
 }
 
 /// Fsyncs a directory, so that files created or renamed in it stay after a power cut.
@@ -177,14 +197,23 @@ impl Log {
         Self { files, registry, current: None, buf: Vec::with_capacity(64 << 10), next_seq: last_seq + 1, on_commit }
     }
 
-    /// Closes the current segment (synced) and starts the next one at `next_seq`.
+    /// Closes the current segment (synced) and starts the next one at `next_seq`, in the
+    /// spare segment if one is waiting (see [`prepare_spare`]), else in a new file.
     fn roll(&mut self) -> std::io::Result<()> {
         let version = self.registry.version();
         let path = segment_path(&self.files.dir, self.next_seq);
-        let mut file = OpenOptions::new().write(true).create_new(true).open(&path)?;
-        file.write_all(&segment_header(self.next_seq, &self.registry.tables()))?;
-        let bytes = file.metadata()?.len();
-        if let Some(done) = self.current.take() {
+        let mut file = match std::fs::rename(spare_path(&self.files.dir), &path) {
+            Ok(()) => OpenOptions::new().write(true).open(&path)?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                OpenOptions::new().write(true).create_new(true).open(&path)?
+            }
+            Err(e) => return Err(e),
+        };
+        let header = segment_header(self.next_seq, &self.registry.tables());
+        file.write_all(&header)?;
+        let bytes = header.len() as u64;
+        let done = self.current.take();
+        if let Some(done) = &done {
             done.file.sync_data()?;
         }
         file.sync_data()?;
@@ -192,7 +221,7 @@ impl Log {
         {
             let mut set = self.files.set.write();
             if let Some(last) = set.segments.last_mut().filter(|s| !s.closed) {
-                last.bytes = std::fs::metadata(&last.path)?.len();
+                last.bytes = done.map_or(0, |d| d.bytes);
                 last.closed = true;
             }
             set.segments.push(Segment { path, first_seq: self.next_seq, bytes: 0, closed: false });
@@ -208,7 +237,7 @@ impl Backend for Log {
     fn commit(&mut self, batches: Vec<Batch>, sync: bool) -> Result<(), BackendError> {
         let stale = match &self.current {
             None => true,
-            Some(c) => c.bytes >= self.files.roll_at() || c.registry_version != self.registry.version(),
+            Some(c) => c.bytes >= self.files.segment_bytes || c.registry_version != self.registry.version(),
         };
         if stale {
             self.roll()?;
@@ -284,7 +313,7 @@ pub(crate) struct Scanned {
     pub(crate) last_seq: u64,
     /// Where the last whole record ends.
     pub(crate) end: u64,
-    /// The file's length.
+    /// Where its written bytes end (its length, but for zeros not written yet).
     pub(crate) written: u64,
     /// Bytes after `end` that are not a record: a torn last write.
     pub(crate) torn: bool,
@@ -318,9 +347,13 @@ pub(crate) fn scan(
     let written = bytes.len() as u64;
     let header = match read_segment_header(&bytes) {
         Ok(h) => h,
-        // A crash while the committer created the segment: nothing was written in it.
+        // A crash while the committer started the segment, before its header was
+        // whole: no batch was written in it.
         Err(FormatError::Truncated) if tail == Tail::Recover && no_record_follows(&bytes, 0, first_seq - 1) => {
             return Ok(Scanned { last_seq: first_seq - 1, end: 0, written, torn: written > 0 });
+        }
+        Err(_) if tail == Tail::Recover && all_zero(&bytes) => {
+            return Ok(Scanned { last_seq: first_seq - 1, end: 0, written, torn: false });
         }
         Err(e) => return Err(damage(format!("header: {e}"))),
     };
@@ -333,9 +366,12 @@ pub(crate) fn scan(
     while pos < bytes.len() {
         let (record, len) = match read_record(&bytes[pos..]) {
             Ok(r) => r,
+            // The zeros a segment is made of, not written yet: its end.
+            Err(_) if all_zero(&bytes[pos..]) => break,
             Err(e) => match tail {
                 Tail::Live { .. } => break,
                 Tail::Recover if no_record_follows(&bytes, pos + 1, last_seq) => {
+                    let written = bytes.iter().rposition(|&b| b != 0).map_or(0, |i| i as u64 + 1);
                     return Ok(Scanned { last_seq, end: pos as u64, written, torn: true });
                 }
                 _ => return Err(damage(format!("record after batch {last_seq} at byte {pos}: {e}"))),
@@ -356,6 +392,12 @@ pub(crate) fn scan(
         pos += len;
     }
     Ok(Scanned { last_seq, end: pos as u64, written, torn: false })
+}
+
+/// Whether `bytes` are all zero: an OR over them, which the compiler vectorises (a
+/// segment can end in tens of MiB of them).
+fn all_zero(bytes: &[u8]) -> bool {
+    bytes.iter().fold(0u8, |acc, &b| acc | b) == 0
 }
 
 /// Whether no whole record with a later sequence number than `last_seq` starts at or
@@ -406,15 +448,6 @@ pub(crate) fn list_segments(dir: &Path) -> std::io::Result<Vec<Segment>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn roll_sizes_follow_the_snapshot_within_bounds() {
-        let min = 16 << 20;
-        assert_eq!(roll_at(0, min), min);
-        assert_eq!(roll_at(3 * min, min), 3 * min / 2);
-        assert_eq!(roll_at(u64::MAX, min), ROLL_MAX);
-        assert_eq!(roll_at(u64::MAX, 2 * ROLL_MAX), 2 * ROLL_MAX);
-    }
 
     fn segment(records: &[(u64, &[u8])]) -> Vec<u8> {
         let mut out = segment_header(records.first().map_or(1, |r| r.0), &[(0, "t".to_owned())]);

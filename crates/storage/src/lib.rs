@@ -99,8 +99,8 @@
 //! the snapshot and the newest segment, so a missing file is noticed (`manifest.rs`). A
 //! compactor thread folds closed journal segments into a new snapshot (`compactor.rs`),
 //! so start-up replays a bounded journal and the disk holds about the live data plus
-//! [`Options::min_segment_bytes`] to twice that of journal. `recovery.rs` has the rules
-//! of opening.
+//! [`Options::compact_after_bytes`] to about twice that of journal (and a spare segment
+//! of zeros). `recovery.rs` has the rules of opening.
 //!
 //! Every user of this crate keeps its live state in memory and reads its tables only at
 //! start-up, so the store needs no index of its own: a commit is one append and one

@@ -58,15 +58,19 @@ pub struct Options {
     /// Bytes (keys plus values) submitted but not yet committed above which
     /// [`crate::Store::admit`] makes callers wait.
     pub max_pending_bytes: usize,
-    /// The journal's smallest segment: the committer starts a new segment once the
-    /// current one holds half the snapshot's size, at least this and at most 64 MiB (or
-    /// this, if larger), and the compactor folds closed segments into a new snapshot
-    /// once they add up to half the snapshot, at least this. Smaller keeps a small
-    /// store's journal (and disk footprint) smaller, at the cost of compacting more
-    /// often: each compaction reads the journal it folds and rewrites the snapshot, work
-    /// taken from the requests when they share a core. The default, 64 MiB, is what
-    /// Redis waits for before it first rewrites its append-only file.
-    pub min_segment_bytes: u64,
+    /// Size of a journal segment. Each is a file of this many zeros, written and synced
+    /// before it is needed (by the compactor thread, or at open), which commits then
+    /// overwrite: an `fdatasync` after an append also writes the file's size, one more
+    /// I/O per commit. The committer starts a new segment once the current one holds
+    /// this much.
+    pub segment_bytes: u64,
+    /// How much closed journal the compactor waits for before it folds it into a new
+    /// snapshot: half the snapshot's size, and at least this. Smaller keeps a small
+    /// store's disk footprint smaller at the cost of compacting more often: each
+    /// compaction reads the journal it folds and rewrites the snapshot, work taken from
+    /// the requests when they share a core. The default, 64 MiB, is what Redis waits for
+    /// before it first rewrites its append-only file.
+    pub compact_after_bytes: u64,
 }
 
 impl Default for Options {
@@ -74,7 +78,8 @@ impl Default for Options {
         Self {
             sync: SyncPolicy::Always,
             max_pending_bytes: 64 << 20,
-            min_segment_bytes: 64 << 20,
+            segment_bytes: 8 << 20,
+            compact_after_bytes: 64 << 20,
         }
     }
 }

@@ -13,7 +13,7 @@ use crate::batch::Batch;
 use crate::committer::{self, Shared};
 use crate::compactor;
 use crate::error::{OpenError, StorageError};
-use crate::journal::{FileSet, Files, Log, Overlay, Registry};
+use crate::journal::{prepare_spare, spare_len, spare_path, FileSet, Files, Log, Overlay, Registry};
 use crate::lock::DirLock;
 use crate::manifest::Manifest;
 use crate::merge::merge;
@@ -200,7 +200,9 @@ impl Store {
         for path in &obsolete {
             std::fs::remove_file(path).map_err(io(path))?;
         }
-        let files = Arc::new(Files::new(dir.clone(), set, options.min_segment_bytes.max(1)));
+        let files = Arc::new(Files::new(dir.clone(), set, options.segment_bytes.max(1024), options.compact_after_bytes.max(1)));
+        // The first segment of this run, zeros ready (see `journal::prepare_spare`).
+        prepare_spare(&dir, spare_len(&files)).map_err(io(&spare_path(&dir)))?;
         let shared = Arc::new(Shared::new(options.max_pending_bytes, last_seq));
         let disk = Arc::new(Disk {
             files: files.clone(),
@@ -464,7 +466,7 @@ impl Ticket {
 impl Table {
     /// A table that only stages writes, for the committer's unit tests.
     pub(crate) fn for_test(name: &str, id: u16) -> Self {
-        let files = Arc::new(Files::new(PathBuf::from("/nonexistent"), FileSet::default(), 1));
+        let files = Arc::new(Files::new(PathBuf::from("/nonexistent"), FileSet::default(), 1 << 20, 1));
         let shared = Arc::new(Shared::new(usize::MAX, 0));
         let disk = Arc::new(Disk { files, shared, view: Mutex::new(None), view_held: AtomicBool::new(false) });
         Self { name: Arc::from(name), id, disk }

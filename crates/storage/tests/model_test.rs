@@ -49,7 +49,7 @@ fn key(k: u8) -> Vec<u8> {
 type Model = [BTreeMap<Vec<u8>, Vec<u8>>; 3];
 
 fn open(dir: &Path) -> (Store, Vec<Table>) {
-    let options = Options { sync: SyncPolicy::Always, min_segment_bytes: 512, ..Options::default() };
+    let options = Options { sync: SyncPolicy::Always, segment_bytes: 1024, compact_after_bytes: 512, ..Options::default() };
     let store = Store::open(dir, options).unwrap();
     let tables = TABLES.iter().map(|t| store.table(t).unwrap()).collect();
     (store, tables)
@@ -121,7 +121,12 @@ proptest! {
 #[test]
 fn overwrites_are_compacted_away() {
     let dir = tempfile::tempdir().unwrap();
-    let options = Options { sync: SyncPolicy::Interval(std::time::Duration::from_millis(50)), min_segment_bytes: 64 << 10, ..Options::default() };
+    let options = Options {
+        sync: SyncPolicy::Interval(std::time::Duration::from_millis(50)),
+        segment_bytes: 64 << 10,
+        compact_after_bytes: 64 << 10,
+        ..Options::default()
+    };
     let store = Store::open(dir.path(), options.clone()).unwrap();
     let t = store.table("t").unwrap();
     for i in 0..10_000u32 {
