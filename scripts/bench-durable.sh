@@ -76,6 +76,8 @@ pin_cpus "$SERVER_CPU" "$BENCH_CPU"
 has_server() { [[ " $SERVERS " == *" $1 "* ]]; }
 
 now_ms() { date +%s%3N; }
+# CPU seconds PID has used (utime + stime), 0 if it is gone.
+cpu_s() { awk -v hz="$(getconf CLK_TCK)" '{ sub(/^.*\) /, ""); print ($12 + $13) / hz }' "/proc/$1/stat" 2>/dev/null || echo 0; }
 
 # ---- dependencies and build ---------------------------------------------------
 if has_server redis && [ "${SKIP_INSTALL:-0}" != 1 ]; then
@@ -139,15 +141,18 @@ bench_statehub() { # NAME SYNC RUN
     "${PIN_BENCH[@]}" timeout 900 "$BENCH_BIN" --threads 1 statestore --port "$SRV_PORT" --clients "$CLIENTS" \
         --requests-per-client "$PER_CLIENT" --ratio-get 0 --keys "$KEYS" --value-size "$VALUE" --pipeline 1 \
         --fail-on-error --json --quiet >"$out" 2>>"$OUT_DIR/statehub-stderr.txt" || true
+    local cpu
+    cpu="$(cpu_s "$SRV_PID")"
     stop "$SRV_PID"
     mkdir -p "$dir"
-    python3 - "$1" "$3" "$(tail -n1 "$out")" "$(du -sk "$dir" | cut -f1)" >>"$RESULTS" <<'PY'
+    python3 - "$1" "$3" "$(tail -n1 "$out")" "$(du -sk "$dir" | cut -f1)" "$cpu" "$((PER_CLIENT * CLIENTS))" >>"$RESULTS" <<'PY'
 import json, sys
 name, run, line, kb = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
 r = json.loads(line) if line.strip() else {"ok": False}
 print(json.dumps({"test": "set", "config": name, "run": run, "ops": r.get("set_per_sec", 0.0),
                   "p50_us": r.get("set_latency_p50_us"), "p99_us": r.get("set_latency_p99_us"),
-                  "errors": r.get("error_count", 0), "ok": r.get("ok", False), "disk_kb": kb}))
+                  "errors": r.get("error_count", 0), "ok": r.get("ok", False), "disk_kb": kb,
+                  "cpu_us_per_request": float(sys.argv[5]) * 1e6 / int(sys.argv[6])}))
 PY
 }
 
@@ -157,15 +162,18 @@ bench_redis() { # NAME FSYNC RUN
     start_redis "$dir" "$2" "$OUT_DIR/$1-$3.log" || return 0
     "${PIN_BENCH[@]}" timeout 900 redis-benchmark -h 127.0.0.1 -p "$SRV_PORT" -c "$CLIENTS" -n "$N" \
         -t set -d "$VALUE" -r "$KEYS" -P 1 --csv >"$out" 2>>"$OUT_DIR/redis-stderr.txt" || true
+    local cpu
+    cpu="$(cpu_s "$SRV_PID")"
     stop "$SRV_PID"
-    python3 - "$1" "$3" "$out" "$(du -sk "$dir" | cut -f1)" >>"$RESULTS" <<'PY'
+    python3 - "$1" "$3" "$out" "$(du -sk "$dir" | cut -f1)" "$cpu" "$N" >>"$RESULTS" <<'PY'
 import csv, json, sys
 name, run, path, kb = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
 row = next((r for r in csv.DictReader(open(path)) if r.get("test", "").upper() == "SET"), None)
 ms = lambda k: float(row[k]) * 1000 if row and row.get(k) else None
 print(json.dumps({"test": "set", "config": name, "run": run, "ops": float(row["rps"]) if row else 0.0,
                   "p50_us": ms("p50_latency_ms"), "p99_us": ms("p99_latency_ms"), "errors": 0,
-                  "ok": row is not None, "disk_kb": kb}))
+                  "ok": row is not None, "disk_kb": kb,
+                  "cpu_us_per_request": float(sys.argv[5]) * 1e6 / int(sys.argv[6])}))
 PY
 }
 
@@ -257,18 +265,25 @@ for r in rows:
 med = {c: median(rs, lambda x: x["ops"] if x.get("ok") else 0.0) for c, rs in sets.items()}
 peer = {"statehub-always": "redis-always", "statehub-interval": "redis-everysec"}
 lat = lambda us: "-" if us is None else (f"{us / 1000:.2f} ms" if us >= 1000 else f"{us:.0f} µs")
-print("| configuration | SET ops/s | p50 | p99 | errors | data dir after | vs Redis at the same durability |")
-print("|---|---:|---:|---:|---:|---:|---:|")
+print("| configuration | SET ops/s | p50 | p99 | errors | data dir after | server CPU per request | vs Redis at the same durability: ops/s | p99 | CPU per request |")
+print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 for c in ["statehub-always", "redis-always", "statehub-interval", "redis-everysec", "statehub-memory"]:
     r = med.get(c)
     if not r:
         continue
-    ratio = ""
+    ratio = ratio_p99 = ratio_cpu = ""
     p = med.get(peer.get(c, ""))
     if p and p["ops"] and r["ops"]:
         ratio = f"{r['ops'] / p['ops']:.2f}x ({peer[c]})"
+        if p.get("p99_us") and r.get("p99_us"):
+            ratio_p99 = f"{r['p99_us'] / p['p99_us']:.2f}x"
+        if p.get("cpu_us_per_request") and r.get("cpu_us_per_request"):
+            ratio_cpu = f"{r['cpu_us_per_request'] / p['cpu_us_per_request']:.2f}x"
+    cpu = r.get("cpu_us_per_request")
+    cpu = "-" if cpu is None else f"{cpu:.1f} µs"
     name = c if r.get("ok") else f"{c} (FAILED)"
-    print(f"| {name} | {r['ops']:,.0f} | {lat(r['p50_us'])} | {lat(r['p99_us'])} | {r['errors']} | {r['disk_kb'] / 1024:.1f} MiB | {ratio} |")
+    print(f"| {name} | {r['ops']:,.0f} | {lat(r['p50_us'])} | {lat(r['p99_us'])} | {r['errors']} | {r['disk_kb'] / 1024:.1f} MiB | {cpu} | {ratio} | {ratio_p99} | {ratio_cpu} |")
+print("\nServer CPU per request: the server process's CPU time (all its threads, start-up included) over the requests of the run.")
 
 ups = {}
 for r in rows:

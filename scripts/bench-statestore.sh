@@ -151,7 +151,8 @@ done
 emit() { printf '%s\n' "$1" >>"$RESULTS"; }
 
 # run_measured SERVER OUTFILE CMD...: runs CMD pinned to the bench core; sets
-# SRV_CPU and TOOL_CPU (percent of one core) for the invocation.
+# SRV_CPU and TOOL_CPU (percent of one core) for the invocation, and SRV_CPU_S, the
+# server's CPU seconds during it.
 run_measured() {
     local server="$1" out="$2"
     shift 2
@@ -166,7 +167,7 @@ run_measured() {
     fi
     t1="$(now_s)"
     c1="$(cpu_ticks "$pid")"
-    read -r SRV_CPU TOOL_CPU < <(python3 - "$t0" "$t1" "$c0" "$c1" "$tf" <<'PY'
+    read -r SRV_CPU TOOL_CPU SRV_CPU_S < <(python3 - "$t0" "$t1" "$c0" "$c1" "$tf" <<'PY'
 import os, sys
 t0, t1, c0, c1, tf = float(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4]), sys.argv[5]
 wall = max(t1 - t0, 1e-9)
@@ -179,7 +180,7 @@ try:
     tool = (u + s) * 100 / max(e, 1e-9)
 except Exception:
     pass
-print(f"{srv:.0f} {tool:.0f}")
+print(f"{srv:.0f} {tool:.0f} {(c1 - c0) / hz:.3f}")
 PY
 )
     return "$rc"
@@ -197,7 +198,9 @@ bench_statehub() { # PIPELINE RUN
             --fail-on-error --json --quiet || true
         line="$(tail -n1 "$out")"
         [ -n "$line" ] || line='{"ok":false,"errors":["statehub-bench produced no result"]}'
-        python3 - "$line" "$cmd" "$p" "$run" "$SRV_CPU" "$TOOL_CPU" >>"$RESULTS" <<'PY'
+        local requests=$((PER_CLIENT * CLIENTS))
+        [ "$cmd" = GET ] && requests=$((requests + KEYS))
+        python3 - "$line" "$cmd" "$p" "$run" "$SRV_CPU" "$TOOL_CPU" "$SRV_CPU_S" "$requests" >>"$RESULTS" <<'PY'
 import json, sys
 r = json.loads(sys.argv[1]); cmd = sys.argv[2]; c = cmd.lower()
 print(json.dumps({
@@ -205,6 +208,7 @@ print(json.dumps({
     "ops": r.get(f"{c}_per_sec", 0.0), "p50_us": r.get(f"{c}_latency_p50_us"),
     "p99_us": r.get(f"{c}_latency_p99_us"), "errors": r.get("error_count", 0),
     "server_cpu": float(sys.argv[5]), "tool_cpu": float(sys.argv[6]),
+    "cpu_us_per_request": float(sys.argv[7]) * 1e6 / int(sys.argv[8]),
     "bench_cpu_pct": r.get("bench_cpu_pct"), "ok": r.get("ok", False),
     "note": "; ".join(r.get("errors", []) + r.get("warnings", [])),
 }))
@@ -216,9 +220,11 @@ bench_redis() { # PIPELINE RUN
     local p="$1" run="$2" out="$OUT_DIR/redis-p$1-$2.csv"
     run_measured redis "$out" redis-benchmark -h 127.0.0.1 -p "${PORT[redis]}" -c "$CLIENTS" -n "$N" \
         -t set,get -d "$VALUE" -r "$KEYS" -P "$p" --csv || true
-    python3 - "$out" "$p" "$run" "$SRV_CPU" "$TOOL_CPU" >>"$RESULTS" <<'PY'
+    python3 - "$out" "$p" "$run" "$SRV_CPU" "$TOOL_CPU" "$SRV_CPU_S" "$((2 * N))" >>"$RESULTS" <<'PY'
 import csv, json, sys
 path, p, run, srv, tool = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]), float(sys.argv[5])
+# One invocation runs the SETs and then the GETs: its CPU per request covers both.
+per_request = float(sys.argv[6]) * 1e6 / int(sys.argv[7])
 seen = set()
 for row in csv.DictReader(open(path)):
     cmd = row.get("test", "").strip().upper()
@@ -229,7 +235,8 @@ for row in csv.DictReader(open(path)):
     # redis-benchmark runs SET then GET in one process: the CPU figures cover both.
     print(json.dumps({"server": "redis", "pipeline": p, "run": run, "command": cmd,
                       "ops": float(row["rps"]), "p50_us": ms("p50_latency_ms"), "p99_us": ms("p99_latency_ms"),
-                      "errors": 0, "server_cpu": srv, "tool_cpu": tool, "ok": True, "note": ""}))
+                      "errors": 0, "server_cpu": srv, "tool_cpu": tool, "cpu_us_per_request": per_request,
+                      "ok": True, "note": ""}))
 for cmd in ("SET", "GET"):
     if cmd not in seen:
         print(json.dumps({"server": "redis", "pipeline": p, "run": run, "command": cmd, "ops": 0.0,
@@ -273,19 +280,23 @@ def lat(us):
 def pct(v):
     return "-" if v is None or v < 0 else f"{v:.0f}%"
 
-print("| pipeline | command | server | ops/s | p50 | p99 | errors | server CPU | load tool CPU | statehub/redis ops/s | statehub/redis p50 |")
-print("|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+print("| pipeline | command | server | ops/s | p50 | p99 | errors | server CPU | load tool CPU | server CPU per request | statehub/redis ops/s | statehub/redis p99 | statehub/redis CPU per request |")
+print("|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 for (p, cmd, server) in sorted(med, key=lambda k: (k[0], k[1] != "SET", k[2] != "statehub")):
     r = med[(p, cmd, server)]
     rd = med.get((p, cmd, "redis"))
-    ratio_ops = ratio_p50 = ""
+    ratio_ops = ratio_p99 = ratio_cpu = ""
     if server == "statehub" and rd and rd.get("ops") and r.get("ops"):
         ratio_ops = f"{r['ops'] / rd['ops']:.2f}x"
-        if rd.get("p50_us") and r.get("p50_us"):
-            ratio_p50 = f"{r['p50_us'] / rd['p50_us']:.2f}x"
+        if rd.get("p99_us") and r.get("p99_us"):
+            ratio_p99 = f"{r['p99_us'] / rd['p99_us']:.2f}x"
+        if rd.get("cpu_us_per_request") and r.get("cpu_us_per_request"):
+            ratio_cpu = f"{r['cpu_us_per_request'] / rd['cpu_us_per_request']:.2f}x"
+    cpu = r.get("cpu_us_per_request")
+    cpu = "-" if cpu is None else f"{cpu:.1f} µs"
     name = server if r.get("ok") else f"{server} (FAILED: {r.get('note', '')})"
     print(f"| {p} | {cmd} | {name} | {r.get('ops', 0):,.0f} | {lat(r.get('p50_us'))} | {lat(r.get('p99_us'))} | "
-          f"{r.get('errors', 0)} | {pct(r.get('server_cpu'))} | {pct(r.get('tool_cpu'))} | {ratio_ops} | {ratio_p50} |")
+          f"{r.get('errors', 0)} | {pct(r.get('server_cpu'))} | {pct(r.get('tool_cpu'))} | {cpu} | {ratio_ops} | {ratio_p99} | {ratio_cpu} |")
 PY
-printf '\nCPU columns: %% of one core over the whole invocation (statehub GET runs include the unmeasured SET populate; redis-benchmark runs SET and GET in one invocation).\n'
+printf '\nCPU columns: %% of one core over the whole invocation (statehub GET runs include the unmeasured SET populate; redis-benchmark runs SET and GET in one invocation). Server CPU per request: the server CPU time over the invocation divided by the requests answered in it (populate included; for redis, its SETs and GETs together).\n'
 log "raw results: $RESULTS (logs in $OUT_DIR)"
