@@ -250,8 +250,10 @@ fi
 # ---- tables -------------------------------------------------------------------------
 printf '\nDurable SET: %s connections, %s SETs per run, %s keys, %s-byte values; median of %s runs (by ops/s); server on cpu %s, load tool on cpu %s; data under %s\n\n' \
     "$CLIENTS" "$N" "$KEYS" "$VALUE" "$REPEAT" "$SERVER_CPU" "$BENCH_CPU" "$DATA_ROOT"
-python3 - "$RESULTS" "$STARTUP_KEYS" <<'PY'
+python3 - "$RESULTS" "$STARTUP_KEYS" "$ROOT/scripts/lib" <<'PY'
 import json, sys
+sys.path.insert(0, sys.argv[3])
+import bench_ratios
 
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 def median(rs, key):
@@ -271,16 +273,9 @@ for c in ["statehub-always", "redis-always", "statehub-interval", "redis-everyse
     r = med.get(c)
     if not r:
         continue
-    ratio = ratio_p99 = ratio_cpu = ""
-    p = med.get(peer.get(c, ""))
-    if p and p["ops"] and r["ops"]:
-        ratio = f"{r['ops'] / p['ops']:.2f}x ({peer[c]})"
-        if p.get("p99_us") and r.get("p99_us"):
-            ratio_p99 = f"{r['p99_us'] / p['p99_us']:.2f}x"
-        if p.get("cpu_us_per_request") and r.get("cpu_us_per_request"):
-            ratio_cpu = f"{r['cpu_us_per_request'] / p['cpu_us_per_request']:.2f}x"
-    cpu = r.get("cpu_us_per_request")
-    cpu = "-" if cpu is None else f"{cpu:.1f} µs"
+    cpu, ratio, ratio_p99, ratio_cpu = bench_ratios.cells(r, med.get(peer.get(c, "")))
+    if ratio:
+        ratio = f"{ratio} ({peer[c]})"
     name = c if r.get("ok") else f"{c} (FAILED)"
     print(f"| {name} | {r['ops']:,.0f} | {lat(r['p50_us'])} | {lat(r['p99_us'])} | {r['errors']} | {r['disk_kb'] / 1024:.1f} MiB | {cpu} | {ratio} | {ratio_p99} | {ratio_cpu} |")
 print("\nServer CPU per request: the server process's CPU time (all its threads, start-up included) over the requests of the run.")

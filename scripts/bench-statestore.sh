@@ -260,8 +260,10 @@ done
 # ---- table ------------------------------------------------------------------
 printf '\nState store SET/GET: %s connections, %s requests per command, %s keys, %s-byte values; median of %s runs (by ops/s); server on cpu %s, load tool on cpu %s\n\n' \
     "$CLIENTS" "$N" "$KEYS" "$VALUE" "$REPEAT" "$SERVER_CPU" "$BENCH_CPU"
-python3 - "$RESULTS" <<'PY'
+python3 - "$RESULTS" "$ROOT/scripts/lib" <<'PY'
 import json, sys
+sys.path.insert(0, sys.argv[2])
+import bench_ratios
 
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 groups = {}
@@ -285,15 +287,7 @@ print("|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 for (p, cmd, server) in sorted(med, key=lambda k: (k[0], k[1] != "SET", k[2] != "statehub")):
     r = med[(p, cmd, server)]
     rd = med.get((p, cmd, "redis"))
-    ratio_ops = ratio_p99 = ratio_cpu = ""
-    if server == "statehub" and rd and rd.get("ops") and r.get("ops"):
-        ratio_ops = f"{r['ops'] / rd['ops']:.2f}x"
-        if rd.get("p99_us") and r.get("p99_us"):
-            ratio_p99 = f"{r['p99_us'] / rd['p99_us']:.2f}x"
-        if rd.get("cpu_us_per_request") and r.get("cpu_us_per_request"):
-            ratio_cpu = f"{r['cpu_us_per_request'] / rd['cpu_us_per_request']:.2f}x"
-    cpu = r.get("cpu_us_per_request")
-    cpu = "-" if cpu is None else f"{cpu:.1f} µs"
+    cpu, ratio_ops, ratio_p99, ratio_cpu = bench_ratios.cells(r, rd if server == "statehub" else None)
     name = server if r.get("ok") else f"{server} (FAILED: {r.get('note', '')})"
     print(f"| {p} | {cmd} | {name} | {r.get('ops', 0):,.0f} | {lat(r.get('p50_us'))} | {lat(r.get('p99_us'))} | "
           f"{r.get('errors', 0)} | {pct(r.get('server_cpu'))} | {pct(r.get('tool_cpu'))} | {cpu} | {ratio_ops} | {ratio_p99} | {ratio_cpu} |")

@@ -98,6 +98,12 @@ impl<'a> Reader<'a> {
     pub(crate) fn u64(&mut self) -> Result<u64, FormatError> {
         self.array().map(u64::from_le_bytes)
     }
+
+    /// A table name: its length (one byte), then that many bytes of UTF-8.
+    pub(crate) fn name(&mut self) -> Result<&'a str, FormatError> {
+        let len = self.u8()?;
+        std::str::from_utf8(self.take(usize::from(len))?).map_err(|_| FormatError::Malformed("table name"))
+    }
 }
 
 /// Appends a table list: count, then (id, name length, name) each.
@@ -115,9 +121,7 @@ pub(crate) fn read_tables(r: &mut Reader<'_>) -> Result<TableNames, FormatError>
     let mut tables = Vec::with_capacity(usize::from(n));
     for _ in 0..n {
         let id = r.u16()?;
-        let len = r.u8()?;
-        let name = std::str::from_utf8(r.take(usize::from(len))?).map_err(|_| FormatError::Malformed("table name"))?;
-        tables.push((id, name.to_owned()));
+        tables.push((id, r.name()?.to_owned()));
     }
     Ok(tables)
 }

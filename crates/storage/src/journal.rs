@@ -42,6 +42,15 @@ pub(crate) struct Registry {
 }
 
 impl Registry {
+    /// A registry holding `tables` under their ids, if those are 0, 1, 2...: the tables
+    /// of the segment the committer continues after a restart.
+    pub(crate) fn continuing(tables: &[(u16, String)]) -> Option<Registry> {
+        let mut sorted = tables.to_vec();
+        sorted.sort_by_key(|(id, _)| *id);
+        let contiguous = sorted.iter().enumerate().all(|(i, (id, _))| usize::from(*id) == i);
+        contiguous.then(|| Registry { names: Mutex::new(sorted.into_iter().map(|(_, n)| Arc::from(n.as_str())).collect()), version: AtomicU64::new(0) })
+    }
+
     /// The id of table `name`, adding it if new.
     pub(crate) fn id(&self, name: &str) -> u16 {
         let mut names = self.names.lock();
@@ -192,9 +201,36 @@ pub(crate) struct Log {
     on_commit: Box<dyn FnMut() + Send>,
 }
 
+/// The segment the committer goes on writing after a restart: its path and where its
+/// batches end.
+#[derive(Debug, Clone)]
+pub(crate) struct Continue {
+    pub(crate) path: PathBuf,
+    pub(crate) end: u64,
+}
+
 impl Log {
-    pub(crate) fn new(files: Arc<Files>, registry: Arc<Registry>, last_seq: u64, on_commit: Box<dyn FnMut() + Send>) -> Self {
-        Self { files, registry, current: None, buf: Vec::with_capacity(64 << 10), next_seq: last_seq + 1, on_commit }
+    /// The committer's log, after batch `last_seq`. With `resume` it writes on in that
+    /// segment (whose tables the registry holds), so a store restarted often does not
+    /// leave a mostly empty segment behind each time; otherwise its first commit starts
+    /// a segment.
+    pub(crate) fn new(
+        files: Arc<Files>,
+        registry: Arc<Registry>,
+        last_seq: u64,
+        resume: Option<Continue>,
+        on_commit: Box<dyn FnMut() + Send>,
+    ) -> std::io::Result<Self> {
+        let current = match resume {
+            Some(Continue { path, end }) => {
+                use std::io::{Seek, SeekFrom};
+                let mut file = OpenOptions::new().write(true).open(path)?;
+                file.seek(SeekFrom::Start(end))?;
+                Some(Current { file, bytes: end, registry_version: registry.version() })
+            }
+            None => None,
+        };
+        Ok(Self { files, registry, current, buf: Vec::with_capacity(64 << 10), next_seq: last_seq + 1, on_commit })
     }
 
     /// Closes the current segment (synced) and starts the next one at `next_seq`, in the
@@ -317,6 +353,8 @@ pub(crate) struct Scanned {
     pub(crate) written: u64,
     /// Bytes after `end` that are not a record: a torn last write.
     pub(crate) torn: bool,
+    /// The tables its header names (none without a header).
+    pub(crate) tables: TableNames,
 }
 
 /// How a segment read treats what follows its last whole record.
@@ -350,10 +388,10 @@ pub(crate) fn scan(
         // A crash while the committer started the segment, before its header was
         // whole: no batch was written in it.
         Err(FormatError::Truncated) if tail == Tail::Recover && no_record_follows(&bytes, 0, first_seq - 1) => {
-            return Ok(Scanned { last_seq: first_seq - 1, end: 0, written, torn: written > 0 });
+            return Ok(Scanned { last_seq: first_seq - 1, end: 0, written, torn: written > 0, tables: Vec::new() });
         }
         Err(_) if tail == Tail::Recover && all_zero(&bytes) => {
-            return Ok(Scanned { last_seq: first_seq - 1, end: 0, written, torn: false });
+            return Ok(Scanned { last_seq: first_seq - 1, end: 0, written, torn: false, tables: Vec::new() });
         }
         Err(e) => return Err(damage(format!("header: {e}"))),
     };
@@ -372,7 +410,7 @@ pub(crate) fn scan(
                 Tail::Live { .. } => break,
                 Tail::Recover if no_record_follows(&bytes, pos + 1, last_seq) => {
                     let written = bytes.iter().rposition(|&b| b != 0).map_or(0, |i| i as u64 + 1);
-                    return Ok(Scanned { last_seq, end: pos as u64, written, torn: true });
+                    return Ok(Scanned { last_seq, end: pos as u64, written, torn: true, tables: header.tables });
                 }
                 _ => return Err(damage(format!("record after batch {last_seq} at byte {pos}: {e}"))),
             },
@@ -391,7 +429,7 @@ pub(crate) fn scan(
         last_seq = record.seq;
         pos += len;
     }
-    Ok(Scanned { last_seq, end: pos as u64, written, torn: false })
+    Ok(Scanned { last_seq, end: pos as u64, written, torn: false, tables: header.tables })
 }
 
 /// Whether `bytes` are all zero: an OR over them, which the compiler vectorises (a

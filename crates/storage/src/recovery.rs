@@ -27,7 +27,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::error::OpenError;
-use crate::journal::{list_segments, scan, Changes, Overlay, Segment, SegmentDamage, Tail};
+use crate::format::TableNames;
+use crate::journal::{list_segments, scan, Changes, Continue, Overlay, Segment, SegmentDamage, Tail};
 use crate::manifest::Manifest;
 use crate::snapshot::{Snapshot, SnapshotDamage};
 use crate::store::TruncatedJournal;
@@ -46,6 +47,9 @@ pub(crate) struct Recovered {
     /// Files that hold nothing the store needs: to delete once the manifest no longer
     /// names them.
     pub(crate) obsolete: Vec<PathBuf>,
+    /// The last segment, which the committer goes on writing, and the tables its header
+    /// names.
+    pub(crate) resume: Option<(Continue, TableNames)>,
 }
 
 fn corrupt(dir: &Path, files: &Path, detail: impl Into<String>) -> OpenError {
@@ -67,6 +71,16 @@ fn list_snapshots(dir: &Path) -> std::io::Result<Vec<(u64, PathBuf)>> {
     }
     out.sort();
     Ok(out)
+}
+
+/// Overwrites bytes `from..to` of the file at `path` with zeros, synced.
+fn zero(path: &Path, from: u64, to: u64) -> std::io::Result<()> {
+    use std::io::{Seek, SeekFrom, Write};
+    let mut file = std::fs::OpenOptions::new().write(true).open(path)?;
+    file.seek(SeekFrom::Start(from))?;
+    let zeros = vec![0u8; usize::try_from(to.saturating_sub(from)).unwrap_or(0)];
+    file.write_all(&zeros)?;
+    file.sync_data()
 }
 
 /// Recovers `dir` (which holds `journal/` and `snapshots/`); see the module docs.
@@ -97,6 +111,7 @@ pub(crate) fn recover(dir: &Path) -> Result<Recovered, OpenError> {
     let mut segments = Vec::new();
     let mut obsolete = Vec::new();
     let mut truncated_journals = Vec::new();
+    let mut resume = None;
     // The last batch of the segment before (or the snapshot's).
     let mut previous = after;
     for (i, segment) in all.iter().enumerate() {
@@ -118,28 +133,29 @@ pub(crate) fn recover(dir: &Path) -> Result<Recovered, OpenError> {
             .map_err(|SegmentDamage { path, detail }| corrupt(dir, &path, detail))?;
         if scanned.torn {
             truncated_journals.push(TruncatedJournal { path: segment.path.clone(), written: scanned.written, after: scanned.end });
-            let cut = std::fs::OpenOptions::new().write(true).open(&segment.path).and_then(|f| {
-                f.set_len(scanned.end)?;
-                f.sync_all()
-            });
-            cut.map_err(io(segment.path.clone()))?;
+            // Zeros over the torn bytes: the segment keeps its length (see
+            // `journal::prepare_spare`), and the committer writes on from its last batch.
+            zero(&segment.path, scanned.end, scanned.written).map_err(io(segment.path.clone()))?;
         }
         previous = scanned.last_seq;
         if scanned.end == 0 && manifest.newest_segment == segment.first_seq {
             // The manifest names a segment only once its header is on disk.
             return Err(corrupt(dir, &segment.path, "its header is cut short"));
         }
-        if last && scanned.last_seq < segment.first_seq {
-            // No batch in it (a crash as the committer started it): the next commit
+        if scanned.end == 0 {
+            // Not even a header (a crash as the committer started it): the next commit
             // starts a segment of that name again.
             obsolete.push(segment.path.clone());
             continue;
+        }
+        if last {
+            resume = Some((Continue { path: segment.path.clone(), end: scanned.end }, scanned.tables));
         }
         segments.push(Segment { path: segment.path.clone(), first_seq: segment.first_seq, bytes: scanned.end, closed: true });
     }
     let last_seq = previous.max(after);
     obsolete.extend(snapshots.iter().filter(|(seq, _)| *seq != manifest.snapshot_seq).map(|(_, p)| p.clone()));
-    Ok(Recovered { snapshot, segments, overlay: changes.sorted(), last_seq, truncated_journals, obsolete })
+    Ok(Recovered { snapshot, segments, overlay: changes.sorted(), last_seq, truncated_journals, obsolete, resume })
 }
 
 #[cfg(test)]

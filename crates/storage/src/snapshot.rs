@@ -127,8 +127,7 @@ fn read_footer(footer: &[u8], footer_start: u64) -> Result<Vec<SnapshotTable>, F
     let mut tables = Vec::with_capacity(usize::from(n));
     for _ in 0..n {
         let _id = r.u16()?;
-        let len = r.u8()?;
-        let name = std::str::from_utf8(r.take(usize::from(len))?).map_err(|_| FormatError::Malformed("table name"))?;
+        let name = r.name()?;
         let first_block = r.u64()?;
         let blocks = r.u32()?;
         let records = r.u64()?;

@@ -182,7 +182,7 @@ impl Store {
         for sub in ["journal", "snapshots"] {
             std::fs::create_dir_all(dir.join(sub)).map_err(io(&dir.join(sub)))?;
         }
-        let Recovered { snapshot, segments, overlay, last_seq, truncated_journals, obsolete } = recover(&dir)?;
+        let Recovered { snapshot, mut segments, overlay, last_seq, truncated_journals, obsolete, resume } = recover(&dir)?;
         for t in &truncated_journals {
             tracing::warn!(
                 journal = %t.path.display(),
@@ -192,6 +192,17 @@ impl Store {
                  which case the writes after the damaged point are lost; every batch before it is kept"
             );
         }
+        // Go on writing the last segment, if its tables can keep their ids.
+        let (registry, resume) = match resume.and_then(|(at, tables)| Some((Registry::continuing(&tables)?, at))) {
+            Some((registry, at)) => {
+                if let Some(last) = segments.last_mut() {
+                    last.closed = false;
+                }
+                (registry, Some(at))
+            }
+            None => (Registry::default(), None),
+        };
+        let registry = Arc::new(registry);
         let view = View { seq: last_seq, generation: 0, snapshot: snapshot.clone(), overlay };
         let set = FileSet { snapshot, segments, generation: 0 };
         // What recovery kept (a new store's first manifest, or one without a segment it
@@ -210,15 +221,14 @@ impl Store {
             view: Mutex::new(Some(Arc::new(view))),
             view_held: AtomicBool::new(true),
         });
-        let registry = Arc::new(Registry::default());
+        let backend = Log::new(files.clone(), registry.clone(), last_seq, resume, {
+            let disk = disk.clone();
+            Box::new(move || disk.drop_view())
+        })
+        .map_err(io(&dir.join("journal")))?;
         let committer = std::thread::Builder::new()
             .name("storage-committer".to_owned())
             .spawn({
-                let on_commit = {
-                    let disk = disk.clone();
-                    Box::new(move || disk.drop_view())
-                };
-                let backend = Log::new(files.clone(), registry.clone(), last_seq, on_commit);
                 let shared = shared.clone();
                 move || committer::run(shared, backend, options.sync)
             })

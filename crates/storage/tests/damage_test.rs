@@ -153,7 +153,7 @@ fn a_torn_tail_is_cut_and_reported_without_losing_a_batch() {
         Outcome::Recovered { batches, truncated } => assert_eq!((batches, truncated), (50, true)),
         Outcome::Refused(e) => panic!("a torn tail must be repaired, not refused: {e}"),
     }
-    assert_eq!(len(&segment), end, "the torn bytes are cut off the file");
+    assert_eq!(written(&segment), end, "the torn bytes are zeroed");
     // Cut for good: the next open has nothing to report.
     match outcome(dir.path(), 50) {
         Outcome::Recovered { batches, truncated } => assert_eq!((batches, truncated), (50, false)),
@@ -282,11 +282,11 @@ fn damaged_or_missing_snapshots_are_refused_naming_the_file() {
 
 #[test]
 fn a_missing_segment_or_manifest_is_refused() {
-    // Each open starts a new segment at its first commit: four runs, four segments
-    // (far below the size that would make the compactor fold them).
+    // Segments of 4 KiB: several of them, far below the size that would make the
+    // compactor fold them.
     let source = tempfile::tempdir().unwrap();
     for run in 0..4 {
-        let store = Store::open(source.path(), options()).unwrap();
+        let store = Store::open(source.path(), Options { segment_bytes: 4 << 10, ..options() }).unwrap();
         let t = store.table("t").unwrap();
         for b in 0..50 {
             let mut batch = Batch::new();
@@ -296,7 +296,7 @@ fn a_missing_segment_or_manifest_is_refused() {
         store.close().unwrap();
     }
     let segments = files_in(source.path(), "log");
-    assert_eq!(segments.len(), 4, "{segments:?}");
+    assert!(segments.len() >= 4, "{segments:?}");
     let rel = |p: &Path| p.strip_prefix(source.path()).unwrap().to_owned();
     for (what, victim) in [
         ("the first segment", rel(&segments[0])),

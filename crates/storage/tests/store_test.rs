@@ -176,3 +176,27 @@ fn empty_store_reports_no_recovery_and_holds_its_pid() {
     assert_eq!(pid.trim(), std::process::id().to_string());
     assert!(store.failure().is_none());
 }
+
+/// A store restarted often goes on writing its last segment: restarts leave no segment
+/// of zeros behind each (a segment is a file of zeros written in advance).
+#[test]
+fn restarts_go_on_writing_the_last_segment() {
+    let dir = tempfile::tempdir().unwrap();
+    for i in 0..20u32 {
+        let store = Store::open(dir.path(), Options::default()).unwrap();
+        let t = store.table("t").unwrap();
+        let mut batch = Batch::new();
+        batch.put(&t, &i.to_be_bytes(), b"v").unwrap();
+        store.submit(batch).unwrap().wait().unwrap();
+        store.close().unwrap();
+    }
+    let segments: Vec<_> = std::fs::read_dir(dir.path().join("journal"))
+        .unwrap()
+        .flatten()
+        .filter(|e| e.path().extension().is_some_and(|x| x == "log"))
+        .collect();
+    assert_eq!(segments.len(), 1, "{segments:?}");
+    let store = Store::open(dir.path(), Options::default()).unwrap();
+    assert_eq!(all(&store.table("t").unwrap()).len(), 20);
+    assert_eq!(store.last_seq(), 20);
+}
