@@ -360,7 +360,7 @@ pub(crate) struct Scanned {
 /// How a segment read treats what follows its last whole record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Tail {
-    /// The last segment at open: a torn last write is cut off (unless whole records
+    /// The last segment at open: a torn last write is discarded (unless whole records
     /// follow the damage, which is then no torn write).
     Recover,
     /// A closed segment: it must end exactly after a record.

@@ -1,5 +1,5 @@
 //! Opening a data directory: the snapshot the manifest names, then every journal segment
-//! after it, checked and replayed; a torn last write cut off; anything else damaged
+//! after it, checked and replayed; a torn last write discarded; anything else damaged
 //! refused.
 //!
 //! The rules, each checked by `tests/damage_test.rs`:
@@ -15,11 +15,12 @@
 //! * every record's checksum must match and sequence numbers must count up by one;
 //! * the end of the last segment may hold a torn write (a crash in the middle of a
 //!   write): a record cut short or failing its checksum with no whole later record
-//!   after it. Recovery cuts it off, reports it, and keeps every batch before it.
+//!   after it. Recovery overwrites it with zeros, reports it, and keeps every batch
+//!   before it; the committer then writes on in that segment.
 //!
 //! Segments whose batches are all in the snapshot (a crash between a compaction's swap
-//! and its clean-up), a last segment without a batch (a crash as the committer started
-//! it), snapshots other than the manifest's (older ones, or one a crash left before the
+//! and its clean-up), a last segment without even a header (a crash as the committer
+//! started it), snapshots other than the manifest's (older ones, or one a crash left before the
 //! manifest named it) and temporary files are deleted, once the manifest written at
 //! open no longer names them.
 

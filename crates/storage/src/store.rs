@@ -49,7 +49,8 @@ impl std::fmt::Debug for Inner {
 /// What recovery did when the store was opened.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Recovery {
-    /// Journal segments whose torn or damaged tail recovery cut off.
+    /// Journal segments whose torn or damaged tail recovery discarded (overwrote with
+    /// zeros).
     pub truncated_journals: Vec<TruncatedJournal>,
 }
 
@@ -58,9 +59,9 @@ pub struct Recovery {
 pub struct TruncatedJournal {
     /// The segment file.
     pub path: PathBuf,
-    /// Its length before opening.
+    /// Where its written bytes ended before opening.
     pub written: u64,
-    /// Its length after recovery: the end of its last whole batch.
+    /// Where they end after recovery: the end of its last whole batch.
     pub after: u64,
 }
 
