@@ -34,6 +34,11 @@ pub(crate) trait Backend: Send + 'static {
     fn commit(&mut self, batches: Vec<Batch>, sync: bool) -> Result<(), BackendError>;
     /// Makes everything committed so far durable.
     fn sync(&mut self) -> Result<(), BackendError>;
+    /// Has everything committed so far made durable soon (the interval policy's
+    /// periodic sync): a backend that can sync on another thread returns at once.
+    fn sync_soon(&mut self) -> Result<(), BackendError> {
+        self.sync()
+    }
 }
 
 /// A failure of the backend; fatal for the store.
@@ -201,7 +206,7 @@ impl Shared {
         self.progress.notify_waiters();
     }
 
-    fn fail(&self, error: BackendError) {
+    pub(crate) fn fail(&self, error: BackendError) {
         tracing::error!(error = %error, "storage commit failed; the store accepts no more writes");
         let failure = StorageError::Failed(Arc::from(error));
         self.publish(|| {
@@ -261,7 +266,9 @@ pub(crate) fn run(shared: Arc<Shared>, mut backend: impl Backend, policy: SyncPo
         let sync_due = sync_deadline(interval, unsynced_since)
             .is_some_and(|deadline| closing || deadline <= Instant::now());
         if sync_due {
-            if let Err(e) = backend.sync() {
+            // Closing, the sync must be done before the store says it closed.
+            let synced = if closing { backend.sync() } else { backend.sync_soon() };
+            if let Err(e) = synced {
                 shared.fail(e);
                 return;
             }

@@ -123,6 +123,7 @@ mod recovery;
 mod relay;
 mod snapshot;
 mod store;
+mod syncer;
 
 pub use batch::{Batch, MAX_BATCH_BYTES, MAX_KEY_LEN, MAX_VALUE_LEN};
 pub use error::{OpenError, StorageError};

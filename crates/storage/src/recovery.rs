@@ -13,10 +13,14 @@
 //!   after the snapshot's, and each next one starts right after the last batch of the
 //!   one before (a missing segment or batch is refused, never skipped);
 //! * every record's checksum must match and sequence numbers must count up by one;
-//! * the end of the last segment may hold a torn write (a crash in the middle of a
-//!   write): a record cut short or failing its checksum with no whole later record
-//!   after it. Recovery overwrites it with zeros, reports it, and keeps every batch
-//!   before it; the committer then writes on in that segment.
+//! * the end of the last segment may hold a torn write: from the first record cut short
+//!   or failing its checksum, the rest of the segment is discarded (overwritten with
+//!   zeros and reported; every batch before it is kept, and the committer writes on in
+//!   that segment). Whole records after a bad one do not make it damage: a power cut
+//!   may persist a later page of the last write but not an earlier one (the kernel
+//!   writes dirty pages in no set order), and under the interval policy the last write
+//!   can be a second's worth. Closed segments were synced before the next one got
+//!   anything, so they must be whole.
 //!
 //! Segments whose batches are all in the snapshot (a crash between a compaction's swap
 //! and its clean-up), a last segment without even a header (a crash as the committer

@@ -17,7 +17,8 @@ use crate::journal::{prepare_spare, spare_len, spare_path, FileSet, Files, Log, 
 use crate::lock::DirLock;
 use crate::manifest::Manifest;
 use crate::merge::merge;
-use crate::options::Options;
+use crate::options::{Options, SyncPolicy};
+use crate::syncer::Syncer;
 use crate::recovery::{recover, Recovered};
 use crate::snapshot::{Snapshot, SnapshotDamage};
 
@@ -33,6 +34,7 @@ struct Inner {
     disk: Arc<Disk>,
     registry: Arc<Registry>,
     committer: Mutex<Option<JoinHandle<()>>>,
+    syncer: Mutex<Option<(Arc<Syncer>, JoinHandle<()>)>>,
     compactor: Mutex<Option<JoinHandle<()>>>,
     stop_compactor: Arc<AtomicBool>,
     recovery: Recovery,
@@ -222,7 +224,11 @@ impl Store {
             view: Mutex::new(Some(Arc::new(view))),
             view_held: AtomicBool::new(true),
         });
-        let backend = Log::new(files.clone(), registry.clone(), last_seq, resume, {
+        let syncer = match options.sync {
+            SyncPolicy::Interval(_) => Some(Syncer::start(shared.clone()).map_err(io(&dir))?),
+            SyncPolicy::Always => None,
+        };
+        let backend = Log::new(files.clone(), registry.clone(), last_seq, resume, syncer.as_ref().map(|(s, _)| s.clone()), {
             let disk = disk.clone();
             Box::new(move || disk.drop_view())
         })
@@ -248,6 +254,7 @@ impl Store {
                 disk,
                 registry,
                 committer: Mutex::new(Some(committer)),
+                syncer: Mutex::new(syncer),
                 compactor: Mutex::new(Some(compactor)),
                 stop_compactor,
                 recovery: Recovery { truncated_journals },
@@ -353,6 +360,12 @@ impl Inner {
         if let Some(handle) = self.committer.lock().take() {
             if handle.join().is_err() {
                 tracing::error!("the storage committer thread panicked");
+            }
+        }
+        if let Some((syncer, handle)) = self.syncer.lock().take() {
+            syncer.stop();
+            if handle.join().is_err() {
+                tracing::error!("the storage syncer thread panicked");
             }
         }
         self.stop_compactor.store(true, Ordering::Release);

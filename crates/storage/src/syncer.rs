@@ -1,0 +1,93 @@
+//! The interval policy's syncs, off the committer's path.
+//!
+//! Under [`crate::SyncPolicy::Interval`] a batch is acknowledged once it is written to the
+//! operating system, and an `fdatasync` must follow within the interval. When the
+//! committer made that sync itself, every commit waited behind it for as long as the
+//! dirty data took to reach the disk (up to about 2.5 ms for a segment, measured with
+//! strace), and those stalls set the benchmark's p99. The syncer thread makes them
+//! instead: when the committer asks (the interval has passed) and whenever about a MiB
+//! has been written since the last one, so that the sync the committer still makes
+//! itself when it closes a segment (a closed segment must be whole on disk before the
+//! next one gets anything) finds little left to write.
+//!
+//! A failed sync fails the store, as a failed commit does.
+
+use std::fs::File;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use parking_lot::{Condvar, Mutex};
+
+use crate::committer::Shared;
+
+/// Bytes written since the last sync past which the committer asks for one.
+pub(crate) const SYNC_EVERY_BYTES: u64 = 1 << 20;
+
+#[derive(Debug, Default)]
+struct State {
+    /// The segment being written (a second handle on it).
+    file: Option<Arc<File>>,
+    requested: bool,
+    stop: bool,
+}
+
+/// The syncer thread's handle; see the module docs.
+#[derive(Debug)]
+pub(crate) struct Syncer {
+    state: Mutex<State>,
+    wake: Condvar,
+}
+
+impl Syncer {
+    /// Starts the thread.
+    pub(crate) fn start(shared: Arc<Shared>) -> std::io::Result<(Arc<Syncer>, JoinHandle<()>)> {
+        let syncer = Arc::new(Syncer { state: Mutex::default(), wake: Condvar::new() });
+        let handle = std::thread::Builder::new().name("storage-syncer".to_owned()).spawn({
+            let syncer = syncer.clone();
+            move || syncer.run(&shared)
+        })?;
+        Ok((syncer, handle))
+    }
+
+    /// From now on, syncs go to `file` (the segment the committer started).
+    pub(crate) fn set_file(&self, file: File) {
+        self.state.lock().file = Some(Arc::new(file));
+    }
+
+    /// Asks for a sync of the current segment (coalesced with one already asked for).
+    pub(crate) fn request(&self) {
+        let mut state = self.state.lock();
+        if !state.requested {
+            state.requested = true;
+            self.wake.notify_one();
+        }
+    }
+
+    /// Ends the thread once a requested sync is done.
+    pub(crate) fn stop(&self) {
+        self.state.lock().stop = true;
+        self.wake.notify_one();
+    }
+
+    fn run(&self, shared: &Shared) {
+        loop {
+            let file = {
+                let mut state = self.state.lock();
+                while !state.requested && !state.stop {
+                    self.wake.wait(&mut state);
+                }
+                if !state.requested {
+                    return;
+                }
+                state.requested = false;
+                state.file.clone()
+            };
+            if let Some(file) = file {
+                if let Err(e) = file.sync_data() {
+                    shared.fail(Box::new(e));
+                    return;
+                }
+            }
+        }
+    }
+}
