@@ -79,8 +79,15 @@ fn take_header(input: &mut &[u8]) -> Result<u8, RecordError> {
 }
 
 /// The stored form of `entry`.
+#[cfg(test)]
 pub(crate) fn encode_entry(entry: &Entry) -> Vec<u8> {
     let mut out = Vec::with_capacity(48 + entry.value.len());
+    encode_entry_into(entry, &mut out);
+    out
+}
+
+/// Appends the stored form of `entry` to `out` (a batch's buffer: no copy of its own).
+pub(crate) fn encode_entry_into(entry: &Entry, out: &mut Vec<u8>) {
     let mut flags = 0;
     if entry.fencing_token.is_some() {
         flags |= HAS_FENCING_TOKEN;
@@ -89,15 +96,14 @@ pub(crate) fn encode_entry(entry: &Entry) -> Vec<u8> {
         flags |= HAS_EXPIRY;
     }
     out.extend_from_slice(&[FORMAT, flags]);
-    put_hlc(&entry.version, &mut out);
+    put_hlc(&entry.version, out);
     if let Some(token) = &entry.fencing_token {
-        put_hlc(token, &mut out);
+        put_hlc(token, out);
     }
     if let Some(at) = entry.expires_at_ms {
         out.extend_from_slice(&at.to_be_bytes());
     }
     out.extend_from_slice(&entry.value);
-    out
 }
 
 /// Parses a stored entry; the value is copied out, so the record can be dropped.

@@ -6,7 +6,7 @@
 //! one per key and value.
 
 use crate::error::StorageError;
-use crate::format::put_op;
+use crate::format::{put_op, put_op_with};
 use crate::store::Table;
 
 /// Longest key a table takes, in bytes.
@@ -60,6 +60,32 @@ impl Batch {
         put_op(&mut self.ops, table.id(), key, Some(value));
         self.len += 1;
         self.bytes += key.len() + value.len();
+        Ok(())
+    }
+
+    /// Stages `key = value` in `table`, the value appended by `write` straight into the
+    /// batch (no buffer of its own). Refuses what [`Batch::put`] refuses, leaving the
+    /// batch unchanged.
+    pub fn put_with(&mut self, table: &Table, key: &[u8], write: impl FnOnce(&mut Vec<u8>)) -> Result<(), StorageError> {
+        check_key(key)?;
+        let start = self.ops.len();
+        if start == 0 {
+            self.ops.reserve(256);
+        }
+        let len = put_op_with(&mut self.ops, table.id(), key, write);
+        let refused = if len > MAX_VALUE_LEN {
+            Some(StorageError::ValueTooLong { len, max: MAX_VALUE_LEN })
+        } else if self.ops.len() > MAX_BATCH_BYTES {
+            Some(StorageError::BatchTooLarge { max: MAX_BATCH_BYTES })
+        } else {
+            None
+        };
+        if let Some(e) = refused {
+            self.ops.truncate(start);
+            return Err(e);
+        }
+        self.len += 1;
+        self.bytes += key.len() + len;
         Ok(())
     }
 

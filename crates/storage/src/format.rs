@@ -212,6 +212,20 @@ pub(crate) fn put_op(out: &mut Vec<u8>, table: u16, key: &[u8], value: Option<&[
     }
 }
 
+/// Appends a put whose value `write` appends in place; returns the value's length.
+pub(crate) fn put_op_with(out: &mut Vec<u8>, table: u16, key: &[u8], write: impl FnOnce(&mut Vec<u8>)) -> usize {
+    out.push(OP_PUT);
+    out.extend_from_slice(&table.to_le_bytes());
+    out.extend_from_slice(&(key.len() as u16).to_le_bytes());
+    out.extend_from_slice(key);
+    let len_at = out.len();
+    out.extend_from_slice(&[0; 4]);
+    write(out);
+    let len = out.len() - len_at - 4;
+    out[len_at..len_at + 4].copy_from_slice(&(len as u32).to_le_bytes());
+    len
+}
+
 /// The operations of a record's payload, in order.
 pub(crate) fn ops(payload: &[u8]) -> impl Iterator<Item = Result<Op<'_>, FormatError>> {
     let mut r = Reader::new(payload);
@@ -282,6 +296,14 @@ mod tests {
             damaged[i] ^= 1;
             assert!(read_segment_header(&damaged).is_err(), "flip at {i} not caught");
         }
+    }
+
+    #[test]
+    fn a_value_written_in_place_reads_back_as_put() {
+        let (mut direct, mut in_place) = (Vec::new(), Vec::new());
+        put_op(&mut direct, 2, b"k", Some(b"value"));
+        assert_eq!(put_op_with(&mut in_place, 2, b"k", |out| out.extend_from_slice(b"value")), 5);
+        assert_eq!(direct, in_place);
     }
 
     #[test]

@@ -36,16 +36,17 @@ thread_local! {
 /// The `Notify` the calling task waits on for `shared`'s progress: this thread's relay,
 /// started on first use. `None` outside a tokio runtime.
 pub(crate) fn local(shared: &Arc<Shared>) -> Option<Arc<Notify>> {
-    let handle = tokio::runtime::Handle::try_current().ok()?;
     RELAYS.with(|relays| {
         let mut relays = relays.borrow_mut();
-        relays.retain(|(store, notify)| store.strong_count() > 0 && Arc::strong_count(notify) > 1);
+        // Every durable request's wait comes here: finding the relay is the fast path.
         if let Some((_, notify)) = relays
             .iter()
-            .find(|(store, _)| store.as_ptr() == Arc::as_ptr(shared))
+            .find(|(store, notify)| store.as_ptr() == Arc::as_ptr(shared) && Arc::strong_count(notify) > 1)
         {
             return Some(notify.clone());
         }
+        let handle = tokio::runtime::Handle::try_current().ok()?;
+        relays.retain(|(store, notify)| store.strong_count() > 0 && Arc::strong_count(notify) > 1);
         let notify = Arc::new(Notify::new());
         relays.push((Arc::downgrade(shared), notify.clone()));
         handle.spawn(relay(Arc::downgrade(shared), notify.clone()));
