@@ -34,6 +34,21 @@ fn fill(dir: &Path, batches: usize, value_len: usize) {
     store.close().unwrap();
 }
 
+/// `runs` opens of the store with segments of `segment_bytes`, each writing 50 batches of
+/// one key: a journal of several segments.
+fn fill_segments(dir: &Path, runs: usize, segment_bytes: u64) {
+    for run in 0..runs {
+        let store = Store::open(dir, Options { segment_bytes, ..options() }).unwrap();
+        let t = store.table("t").unwrap();
+        for b in 0..50 {
+            let mut batch = Batch::new();
+            batch.put(&t, &key(run * 50 + b, 0), &[1; 100]).unwrap();
+            store.submit(batch).unwrap().wait().unwrap();
+        }
+        store.close().unwrap();
+    }
+}
+
 /// Folds the journal into a snapshot: reopens, compacts, closes.
 fn compact(dir: &Path) {
     let store = Store::open(dir, options()).unwrap();
@@ -236,16 +251,7 @@ fn flipped_journal_bytes_are_refused_or_recovered_to_a_prefix_and_reported() {
 #[test]
 fn flipped_bytes_in_a_closed_segment_are_refused() {
     let source = tempfile::tempdir().unwrap();
-    for run in 0..2 {
-        let store = Store::open(source.path(), Options { segment_bytes: 8 << 10, ..options() }).unwrap();
-        let t = store.table("t").unwrap();
-        for b in 0..50 {
-            let mut batch = Batch::new();
-            batch.put(&t, &key(run * 50 + b, 0), &[1; 100]).unwrap();
-            store.submit(batch).unwrap().wait().unwrap();
-        }
-        store.close().unwrap();
-    }
+    fill_segments(source.path(), 2, 8 << 10);
     let closed = files_in(source.path(), "log").remove(0);
     let at = written(&closed) / 2;
     flip(&closed, at);
@@ -314,16 +320,7 @@ fn a_missing_segment_or_manifest_is_refused() {
     // Segments of 4 KiB: several of them, far below the size that would make the
     // compactor fold them.
     let source = tempfile::tempdir().unwrap();
-    for run in 0..4 {
-        let store = Store::open(source.path(), Options { segment_bytes: 4 << 10, ..options() }).unwrap();
-        let t = store.table("t").unwrap();
-        for b in 0..50 {
-            let mut batch = Batch::new();
-            batch.put(&t, &key(run * 50 + b, 0), &[1; 100]).unwrap();
-            store.submit(batch).unwrap().wait().unwrap();
-        }
-        store.close().unwrap();
-    }
+    fill_segments(source.path(), 4, 4 << 10);
     let segments = files_in(source.path(), "log");
     assert!(segments.len() >= 4, "{segments:?}");
     let rel = |p: &Path| p.strip_prefix(source.path()).unwrap().to_owned();
