@@ -111,7 +111,6 @@ pub(crate) fn recover(dir: &Path) -> Result<Recovered, OpenError> {
         return Err(corrupt(dir, &path, "missing (the manifest names it as the newest journal segment)"));
     }
     let after = snapshot.as_ref().map_or(0, |s| s.seq);
-    let all = list_segments(dir).map_err(io(dir.join("journal")))?;
     let mut changes = Changes::default();
     let mut segments = Vec::new();
     let mut obsolete = Vec::new();
@@ -136,16 +135,19 @@ pub(crate) fn recover(dir: &Path) -> Result<Recovered, OpenError> {
         let tail = if last { Tail::Recover } else { Tail::Whole };
         let scanned = scan(&segment.path, segment.first_seq, after, tail, &mut changes.sink())
             .map_err(|SegmentDamage { path, detail }| corrupt(dir, &path, detail))?;
+        previous = scanned.last_seq;
+        if scanned.end == 0 && manifest.newest_segment == segment.first_seq {
+            // The manifest names a segment only once its header is on disk. Refused
+            // before anything is written to it.
+            return Err(corrupt(dir, &segment.path, "its header is cut short"));
+        }
         if scanned.torn {
             truncated_journals.push(TruncatedJournal { path: segment.path.clone(), written: scanned.written, after: scanned.end });
+        }
+        if scanned.torn && scanned.end > 0 {
             // Zeros over the torn bytes: the segment keeps its length (see
             // `journal::prepare_spare`), and the committer writes on from its last batch.
             zero(&segment.path, scanned.end, scanned.written).map_err(io(segment.path.clone()))?;
-        }
-        previous = scanned.last_seq;
-        if scanned.end == 0 && manifest.newest_segment == segment.first_seq {
-            // The manifest names a segment only once its header is on disk.
-            return Err(corrupt(dir, &segment.path, "its header is cut short"));
         }
         if scanned.end == 0 {
             // Not even a header (a crash as the committer started it): the next commit

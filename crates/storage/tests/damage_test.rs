@@ -348,6 +348,22 @@ fn a_missing_segment_or_manifest_is_refused() {
     assert!(matches!(Store::open(dir.path(), Options::default()), Err(OpenError::Corrupt { .. })));
 }
 
+/// The manifest names a segment only once its header is on disk: a cut header there is
+/// damage, refused with the file left as it was found.
+#[test]
+fn a_cut_header_of_the_newest_segment_is_refused_and_left_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    fill(dir.path(), 3, 10);
+    let segment = last_segment(dir.path());
+    truncate(&segment, 10);
+    let before = std::fs::read(&segment).unwrap();
+    match Store::open(dir.path(), Options::default()) {
+        Err(e @ OpenError::Corrupt { .. }) => assert!(e.to_string().contains("header is cut short"), "{e}"),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(std::fs::read(&segment).unwrap(), before, "the refused segment was changed");
+}
+
 #[test]
 fn an_older_statehubs_store_is_refused_not_overwritten() {
     let dir = tempfile::tempdir().unwrap();
