@@ -12,21 +12,35 @@
 //! only then deletes the old snapshot and the segments it folded in. Nothing it does is needed for durability, so a failed
 //! compaction (a full disk, say) is logged and retried later while writes go on.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::journal::{prepare_spare, scan, spare_len, spare_path, sync_dir, Changes, Files, Overlay, Tail};
+use crate::journal::{prepare_spare, scan, spare_len, spare_path, sync_dir, Changes, Files, Overlay, SegmentDamage, Tail};
 use crate::manifest::Manifest;
 use crate::merge::merge;
-use crate::snapshot::{Snapshot, SnapshotWriter};
+use crate::snapshot::{Snapshot, SnapshotDamage, SnapshotWriter};
+
+/// Why one compaction gave up; the store is unharmed and a later one tries again.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum CompactError {
+    /// Writing the new snapshot or the manifest failed.
+    #[error("{}: {source}", path.display())]
+    Io { path: PathBuf, source: std::io::Error },
+    /// A closed segment cannot be read back.
+    #[error(transparent)]
+    Segment(#[from] SegmentDamage),
+    /// The current snapshot, or the one just written, cannot be read back.
+    #[error(transparent)]
+    Snapshot(#[from] SnapshotDamage),
+}
 
 /// How long the compactor waits after a failure before it tries again.
 const RETRY: Duration = Duration::from_secs(10);
 
 /// Where the snapshot of batch `seq` lives.
-pub(crate) fn snapshot_path(dir: &Path, seq: u64) -> std::path::PathBuf {
+pub(crate) fn snapshot_path(dir: &Path, seq: u64) -> PathBuf {
     dir.join("snapshots").join(format!("{seq:020}.snap"))
 }
 
@@ -103,7 +117,7 @@ pub(crate) fn run(files: Arc<Files>, stop: Arc<AtomicBool>) {
 }
 
 /// Folds every closed segment into a new snapshot.
-pub(crate) fn compact(files: &Files, stop: &AtomicBool) -> Result<(), String> {
+pub(crate) fn compact(files: &Files, stop: &AtomicBool) -> Result<(), CompactError> {
     let _one_at_a_time = files.compacting.lock();
     let (old, segments) = {
         let set = files.set.read();
@@ -117,8 +131,7 @@ pub(crate) fn compact(files: &Files, stop: &AtomicBool) -> Result<(), String> {
     let mut changes = Changes::default();
     let mut last = after;
     for segment in &segments {
-        let scanned = scan(&segment.path, segment.first_seq, after, Tail::Whole, &mut changes.sink())
-            .map_err(|d| format!("{}: {}", d.path.display(), d.detail))?;
+        let scanned = scan(&segment.path, segment.first_seq, after, Tail::Whole, &mut changes.sink())?;
         last = last.max(scanned.last_seq);
     }
     let overlay = changes.sorted();
@@ -138,7 +151,7 @@ pub(crate) fn compact(files: &Files, stop: &AtomicBool) -> Result<(), String> {
             snapshot_seq: new.as_ref().map_or(after, |n| n.seq),
             newest_segment: set.segments.get(segments.len()..).and_then(<[_]>::last).map_or(0, |s| s.first_seq),
         };
-        manifest.write(&files.dir).map_err(|e| format!("{}: {e}", Manifest::path(&files.dir).display()))?;
+        manifest.write(&files.dir).map_err(|source| CompactError::Io { path: Manifest::path(&files.dir), source })?;
         if let Some(new) = &new {
             set.snapshot = Some(Arc::new(new.clone()));
             set.generation += 1;
@@ -165,10 +178,10 @@ fn remove(path: &Path) {
 
 /// Writes the snapshot of batch `seq`: `old` with `overlay` applied, every table in
 /// name order. Gives up (`None`, the temporary file removed) if `stop` is set meanwhile.
-fn write_snapshot(files: &Files, old: Option<&Snapshot>, mut overlay: Overlay, seq: u64, stop: &AtomicBool) -> Result<Option<Snapshot>, String> {
+fn write_snapshot(files: &Files, old: Option<&Snapshot>, mut overlay: Overlay, seq: u64, stop: &AtomicBool) -> Result<Option<Snapshot>, CompactError> {
     let path = snapshot_path(&files.dir, seq);
     let tmp = path.with_extension("snap.tmp");
-    let io = |e: std::io::Error| format!("{}: {e}", tmp.display());
+    let io = |source: std::io::Error| CompactError::Io { path: tmp.clone(), source };
     let mut names: Vec<Arc<str>> = old.map(|s| s.tables.iter().map(|t| Arc::from(t.name.as_str())).collect()).unwrap_or_default();
     names.extend(overlay.keys().cloned());
     names.sort();
@@ -179,7 +192,7 @@ fn write_snapshot(files: &Files, old: Option<&Snapshot>, mut overlay: Overlay, s
         let changes = overlay.remove(name).unwrap_or_default();
         let base = old.map(|s| s.records(name)).into_iter().flatten();
         for (i, record) in merge(base, changes).enumerate() {
-            let (key, value) = record.map_err(|d| format!("{}: {}", d.path.display(), d.detail))?;
+            let (key, value) = record?;
             writer.put(&key, &value).map_err(io)?;
             if i % 4096 == 0 && stop.load(Ordering::Acquire) {
                 drop(writer);
@@ -191,5 +204,5 @@ fn write_snapshot(files: &Files, old: Option<&Snapshot>, mut overlay: Overlay, s
     writer.finish().map_err(io)?;
     std::fs::rename(&tmp, &path).map_err(io)?;
     sync_dir(&files.dir.join("snapshots")).map_err(io)?;
-    Snapshot::open(&path).map(Some).map_err(|d| format!("{}: {}", d.path.display(), d.detail))
+    Ok(Some(Snapshot::open(&path)?))
 }

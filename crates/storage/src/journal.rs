@@ -376,7 +376,8 @@ impl Changes {
 pub(crate) type ApplyOp<'a> = dyn FnMut(&Arc<str>, Bytes, Option<Bytes>) + 'a;
 
 /// Damage found in a journal segment.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{}: {detail}", path.display())]
 pub(crate) struct SegmentDamage {
     pub(crate) path: PathBuf,
     pub(crate) detail: String,

@@ -34,7 +34,8 @@ pub(crate) const BLOCK_BYTES: usize = 64 << 10;
 const MAX_BLOCK_BYTES: usize = BLOCK_BYTES + crate::MAX_KEY_LEN + crate::MAX_VALUE_LEN + 16;
 
 /// Damage found in a snapshot: the file and what is wrong.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{}: {detail}", path.display())]
 pub(crate) struct SnapshotDamage {
     pub(crate) path: PathBuf,
     pub(crate) detail: String,
@@ -109,14 +110,14 @@ impl Snapshot {
     /// first item.
     pub(crate) fn records(&self, name: &str) -> SnapshotRecords {
         let table = self.table(name).cloned();
-        let next_block = table.as_ref().map_or(0, |t| t.first_block);
+        let first_block = table.as_ref().map_or(0, |t| t.first_block);
         let blocks_left = table.as_ref().map_or(0, |t| t.blocks);
         let file = (blocks_left > 0).then(|| {
             let mut file = File::open(&self.path)?;
-            file.seek(SeekFrom::Start(next_block))?;
+            file.seek(SeekFrom::Start(first_block))?;
             Ok(BufReader::with_capacity(BLOCK_BYTES + 64, file))
         });
-        SnapshotRecords { path: self.path.clone(), file, next_block, blocks_left, block: Bytes::new(), failed: false }
+        SnapshotRecords { path: self.path.clone(), file, blocks_left, block: Bytes::new(), failed: false }
     }
 }
 
@@ -148,7 +149,6 @@ pub(crate) struct SnapshotRecords {
     path: PathBuf,
     /// `None` when the table has no blocks.
     file: Option<std::io::Result<BufReader<File>>>,
-    next_block: u64,
     blocks_left: u32,
     /// What is left of the current block's records.
     block: Bytes,
@@ -192,7 +192,6 @@ impl SnapshotRecords {
         }
         block.truncate(sum_at);
         self.blocks_left -= 1;
-        self.next_block += (sum_at + 4) as u64;
         // table u16, count u32, then the records.
         self.block = Bytes::from(block).slice(4 + 2 + 4..);
         Ok(())

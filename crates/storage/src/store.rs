@@ -343,7 +343,7 @@ impl Store {
     /// the compactor next finds it worth it (for tests and tools).
     pub fn compact(&self) -> Result<(), StorageError> {
         compactor::compact(&self.inner.disk.files, &AtomicBool::new(false))
-            .map_err(|detail| StorageError::Failed(Arc::from(Box::<dyn std::error::Error + Send + Sync>::from(detail))))
+            .map_err(|e| StorageError::Failed(Arc::new(e)))
     }
 
     /// Commits and syncs everything submitted, then stops the committer and the
