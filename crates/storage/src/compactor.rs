@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::journal::{prepare_spare, scan, spare_len, spare_path, sync_dir, Changes, Files, Overlay, SegmentDamage, Tail};
+use crate::journal::{prepare_spare, scan, spare_path, sync_dir, Changes, Files, Overlay, SegmentDamage, Tail};
 use crate::manifest::Manifest;
 use crate::merge::merge;
 use crate::snapshot::{Snapshot, SnapshotDamage, SnapshotWriter};
@@ -85,7 +85,7 @@ pub(crate) fn run(files: Arc<Files>, stop: Arc<AtomicBool>) {
         }
         // The committer takes the spare segment when it rolls: the next one is written
         // here, while there is time.
-        let spare = prepare_spare(&files.dir, spare_len(&files));
+        let spare = prepare_spare(&files);
         if let Err(e) = &spare {
             tracing::warn!(dir = %files.dir.display(), error = %e, "cannot write a spare journal segment; the next one starts empty");
         }

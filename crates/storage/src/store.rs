@@ -13,7 +13,7 @@ use crate::batch::Batch;
 use crate::committer::{self, Shared};
 use crate::compactor;
 use crate::error::{OpenError, StorageError};
-use crate::journal::{prepare_spare, spare_len, spare_path, FileSet, Files, Log, Overlay, Registry};
+use crate::journal::{prepare_spare, spare_path, FileSet, Files, Log, Overlay, Registry};
 use crate::lock::DirLock;
 use crate::manifest::Manifest;
 use crate::merge::merge;
@@ -216,7 +216,7 @@ impl Store {
         }
         let files = Arc::new(Files::new(dir.clone(), set, options.segment_bytes.max(1024), options.compact_after_bytes.max(1)));
         // The first segment of this run, zeros ready (see `journal::prepare_spare`).
-        prepare_spare(&dir, spare_len(&files)).map_err(io(&spare_path(&dir)))?;
+        prepare_spare(&files).map_err(io(&spare_path(&dir)))?;
         let shared = Arc::new(Shared::new(options.max_pending_bytes, last_seq));
         let disk = Arc::new(Disk {
             files: files.clone(),
