@@ -202,10 +202,7 @@ pub(crate) struct Op<'a> {
 }
 
 pub(crate) fn put_op(out: &mut Vec<u8>, table: u16, key: &[u8], value: Option<&[u8]>) {
-    out.push(if value.is_some() { OP_PUT } else { OP_DELETE });
-    out.extend_from_slice(&table.to_le_bytes());
-    out.extend_from_slice(&(key.len() as u16).to_le_bytes());
-    out.extend_from_slice(key);
+    put_op_head(out, if value.is_some() { OP_PUT } else { OP_DELETE }, table, key);
     if let Some(value) = value {
         out.extend_from_slice(&(value.len() as u32).to_le_bytes());
         out.extend_from_slice(value);
@@ -214,16 +211,21 @@ pub(crate) fn put_op(out: &mut Vec<u8>, table: u16, key: &[u8], value: Option<&[
 
 /// Appends a put whose value `write` appends in place; returns the value's length.
 pub(crate) fn put_op_with(out: &mut Vec<u8>, table: u16, key: &[u8], write: impl FnOnce(&mut Vec<u8>)) -> usize {
-    out.push(OP_PUT);
-    out.extend_from_slice(&table.to_le_bytes());
-    out.extend_from_slice(&(key.len() as u16).to_le_bytes());
-    out.extend_from_slice(key);
+    put_op_head(out, OP_PUT, table, key);
     let len_at = out.len();
     out.extend_from_slice(&[0; 4]);
     write(out);
     let len = out.len() - len_at - 4;
     out[len_at..len_at + 4].copy_from_slice(&(len as u32).to_le_bytes());
     len
+}
+
+/// An operation's kind, table and key: what a put and a delete both start with.
+fn put_op_head(out: &mut Vec<u8>, kind: u8, table: u16, key: &[u8]) {
+    out.push(kind);
+    out.extend_from_slice(&table.to_le_bytes());
+    out.extend_from_slice(&(key.len() as u16).to_le_bytes());
+    out.extend_from_slice(key);
 }
 
 /// The operations of a record's payload, in order.
