@@ -91,7 +91,10 @@ pub(crate) fn run(files: Arc<Files>, stop: Arc<AtomicBool>) {
         }
         {
             let mut guard = files.rolled.0.lock();
-            if !stop.load(Ordering::Acquire) && !due(&files) {
+            if stop.load(Ordering::Acquire) {
+                return;
+            }
+            if !due(&files) {
                 match spare {
                     Ok(()) if spare_path(&files.dir).exists() => files.rolled.1.wait(&mut guard),
                     Ok(()) => {}
@@ -99,12 +102,6 @@ pub(crate) fn run(files: Arc<Files>, stop: Arc<AtomicBool>) {
                 }
                 continue;
             }
-        }
-        if stop.load(Ordering::Acquire) {
-            return;
-        }
-        if !due(&files) {
-            continue;
         }
         if let Err(e) = compact(&files, &stop) {
             tracing::error!(dir = %files.dir.display(), error = %e, "compaction failed; the journal keeps growing until a later one succeeds");
