@@ -123,19 +123,32 @@ impl Broker {
 
     /// Gives `filter`'s topics to a built-in service (see `service.rs`).
     pub fn register_service(&self, filter: &str, service: Arc<dyn Service>) {
-        self.inner.services.write().push((filter.to_owned(), service));
+        self.inner
+            .services
+            .write()
+            .push((filter.to_owned(), service));
     }
 
     pub(crate) fn service_for(&self, topic_name: &str) -> Option<Arc<dyn Service>> {
         let services = self.inner.services.read();
         // Every PUBLISH asks: a filter without wildcards (the state store's) is compared
         // whole, not split level by level.
-        let hit = |f: &str| f == topic_name || (topic::has_wildcard(f) && topic::matches(f, topic_name));
-        services.iter().find(|(f, _)| hit(f)).map(|(_, s)| s.clone())
+        let hit =
+            |f: &str| f == topic_name || (topic::has_wildcard(f) && topic::matches(f, topic_name));
+        services
+            .iter()
+            .find(|(f, _)| hit(f))
+            .map(|(_, s)| s.clone())
     }
 
     pub(crate) fn notify_services_closed(&self, client_id: &str) {
-        let services: Vec<_> = self.inner.services.read().iter().map(|(_, s)| s.clone()).collect();
+        let services: Vec<_> = self
+            .inner
+            .services
+            .read()
+            .iter()
+            .map(|(_, s)| s.clone())
+            .collect();
         for s in services {
             s.on_connection_closed(self, client_id);
         }
@@ -151,7 +164,16 @@ impl Broker {
             .map(|s| s.clone())
             .ok_or_else(|| DeliverError::NoSession(client_id.to_owned()))?;
         let msg = Arc::new(Message::from_publish(publish, None, Instant::now()));
-        let d = Delivery { qos: msg.qos, retain: msg.retain, msg, subscription_ids: Vec::new(), shared: None, seq: 0, dup: false, gate: None };
+        let d = Delivery {
+            qos: msg.qos,
+            retain: msg.retain,
+            msg,
+            subscription_ids: Vec::new(),
+            shared: None,
+            seq: 0,
+            dup: false,
+            gate: None,
+        };
         match session.enqueue(d, &self.inner.limits) {
             Enqueued::Queued { .. } | Enqueued::SlowConsumer { .. } => Ok(()),
             Enqueued::SkippedOffline | Enqueued::DroppedOffline | Enqueued::DroppedQoS0 => {
@@ -223,7 +245,12 @@ impl Broker {
     pub(crate) fn retained_matching(&self, filter: &str, now: Instant) -> Vec<Arc<Message>> {
         let retained = self.inner.retained.read();
         if !topic::has_wildcard(filter) {
-            return retained.get(filter).filter(|m| !m.is_expired(now)).cloned().into_iter().collect();
+            return retained
+                .get(filter)
+                .filter(|m| !m.is_expired(now))
+                .cloned()
+                .into_iter()
+                .collect();
         }
         retained
             .iter()
@@ -244,7 +271,8 @@ impl Broker {
         metrics.messages_in.fetch_add(1, Ordering::Relaxed);
         let trie = self.inner.trie.read();
         let matches = trie.matches(&msg.topic);
-        let mut targets: SmallVec<[(&SubEntry, Delivery); 4]> = SmallVec::with_capacity(matches.plain.len());
+        let mut targets: SmallVec<[(&SubEntry, Delivery); 4]> =
+            SmallVec::with_capacity(matches.plain.len());
         for (client, entry) in &matches.plain {
             if entry.options.no_local && msg.publisher.as_deref() == Some(*client) {
                 continue;
@@ -252,7 +280,9 @@ impl Broker {
             let qos = msg.qos.min(entry.options.qos);
             let retain = entry.options.retain_as_published && msg.retain;
             let merge = self.inner.config.overlapping_subscriptions == Overlap::Single;
-            let existing = targets.iter_mut().find(|(e, _)| merge && e.session.client_id() == *client);
+            let existing = targets
+                .iter_mut()
+                .find(|(e, _)| merge && e.session.client_id() == *client);
             if let Some((_, d)) = existing {
                 d.qos = d.qos.max(qos);
                 d.retain |= retain;
@@ -278,7 +308,10 @@ impl Broker {
                     qos: msg.qos.min(entry.options.qos),
                     retain: entry.options.retain_as_published && msg.retain,
                     subscription_ids: entry.identifier.into_iter().collect(),
-                    shared: Some(SharedVia { filter: group.filter.as_ref().into(), group: group.name.as_ref().into() }),
+                    shared: Some(SharedVia {
+                        filter: group.filter.as_ref().into(),
+                        group: group.name.as_ref().into(),
+                    }),
                     seq: 0,
                     dup: false,
                     gate: gate.cloned(),
@@ -303,11 +336,17 @@ impl Broker {
             Enqueued::Queued { .. } => m.messages_out.fetch_add(1, Ordering::Relaxed),
             Enqueued::SkippedOffline => 0,
             Enqueued::DroppedQoS0 | Enqueued::DroppedOffline => {
-                tracing::debug!(client = session.client_id(), "session queue full; message dropped");
+                tracing::debug!(
+                    client = session.client_id(),
+                    "session queue full; message dropped"
+                );
                 m.dropped.fetch_add(1, Ordering::Relaxed)
             }
             Enqueued::SlowConsumer { .. } => {
-                tracing::info!(client = session.client_id(), "slow consumer; disconnecting with 0x97");
+                tracing::info!(
+                    client = session.client_id(),
+                    "slow consumer; disconnecting with 0x97"
+                );
                 m.slow_consumers.fetch_add(1, Ordering::Relaxed)
             }
         };
@@ -318,8 +357,12 @@ impl Broker {
     /// other member exists; returns false when it should stay where it is.
     pub(crate) fn reroute_shared(&self, d: &Delivery, via: &SharedVia, from_client: &str) -> bool {
         let trie = self.inner.trie.read();
-        let Some(group) = trie.shared_group(&via.filter, &via.group) else { return false };
-        let Some(entry) = group.pick(Some(from_client)) else { return false };
+        let Some(group) = trie.shared_group(&via.filter, &via.group) else {
+            return false;
+        };
+        let Some(entry) = group.pick(Some(from_client)) else {
+            return false;
+        };
         let mut d = d.clone();
         d.qos = d.msg.qos.min(entry.options.qos);
         // Nobody waits for the hand-over to be durable: the message was acknowledged
@@ -330,9 +373,19 @@ impl Broker {
     }
 
     /// Records a subscription in the trie.
-    pub(crate) fn index_subscription(&self, session: &Arc<Session>, filter: &str, options: SubscriptionOptions, identifier: Option<u32>) -> bool {
+    pub(crate) fn index_subscription(
+        &self,
+        session: &Arc<Session>,
+        filter: &str,
+        options: SubscriptionOptions,
+        identifier: Option<u32>,
+    ) -> bool {
         let (group, f) = split_shared(filter);
-        let entry = SubEntry { session: session.clone(), options, identifier };
+        let entry = SubEntry {
+            session: session.clone(),
+            options,
+            identifier,
+        };
         self.inner.trie.write().insert(f, group, entry)
     }
 

@@ -37,5 +37,8 @@ pub use retain_store::{RetainStore, RetainStoreError};
 pub use server::MqttListener;
 pub use service::{done, BoxFuture, ClientInfo, Service};
 pub use session::Subscription;
-pub use session_store::{packet_id_for, Gate, SessionChange, SessionStore, SessionStoreError, StoredMessage, StoredSession};
+pub use session_store::{
+    packet_id_for, Gate, SessionChange, SessionStore, SessionStoreError, StoredMessage,
+    StoredSession,
+};
 pub use statehub_mqtt_codec as codec;

@@ -97,7 +97,9 @@ impl Delivery {
     /// The PUBLISH for this delivery (topic alias and packet id set by the caller).
     pub fn to_publish(&self, packet_id: Option<u16>, dup: bool, now: Instant) -> Publish {
         let mut properties = self.msg.properties.clone();
-        properties.subscription_identifiers.clone_from(&self.subscription_ids);
+        properties
+            .subscription_identifiers
+            .clone_from(&self.subscription_ids);
         properties.message_expiry_interval = self.msg.remaining_expiry(now);
         Publish {
             dup,

@@ -30,5 +30,9 @@ pub struct RetainStoreError(pub Arc<dyn std::error::Error + Send + Sync>);
 ///   `now` as its receipt time and expired by the time it is loaded is not loaded.
 pub trait RetainStore: Send + Sync + std::fmt::Debug {
     /// Records `msg` as its topic's retained message (or its removal).
-    fn record(&self, msg: &Message, now: Instant) -> BoxFuture<'static, Result<(), RetainStoreError>>;
+    fn record(
+        &self,
+        msg: &Message,
+        now: Instant,
+    ) -> BoxFuture<'static, Result<(), RetainStoreError>>;
 }

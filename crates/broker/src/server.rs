@@ -24,7 +24,11 @@ impl MqttListener {
     /// Binds `addr` (port 0 picks a free port; see [`MqttListener::local_addr`]).
     pub async fn bind(broker: Broker, addr: SocketAddr) -> std::io::Result<MqttListener> {
         let listener = TcpListener::bind(addr).await?;
-        Ok(MqttListener { listener, broker, workers: Vec::new() })
+        Ok(MqttListener {
+            listener,
+            broker,
+            workers: Vec::new(),
+        })
     }
 
     /// Runs connection tasks on these runtimes, round-robin, instead of the

@@ -54,7 +54,12 @@ pub trait Service: Send + Sync + std::fmt::Debug + 'static {
     /// Handles one PUBLISH on one of the service's topics. The topic alias has been
     /// resolved; the packet id is the publisher's; the topic and any Response Topic are
     /// valid Topic Names (non-empty, no wildcards, no U+0000).
-    fn on_publish<'a>(&'a self, broker: &'a Broker, from: &'a ClientInfo, publish: Publish) -> BoxFuture<'a, ()>;
+    fn on_publish<'a>(
+        &'a self,
+        broker: &'a Broker,
+        from: &'a ClientInfo,
+        publish: Publish,
+    ) -> BoxFuture<'a, ()>;
 
     /// The client's network connection ended (for any reason, including takeover).
     fn on_connection_closed(&self, _broker: &Broker, _client_id: &str) {}

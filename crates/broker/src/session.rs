@@ -74,7 +74,10 @@ pub enum Enqueued {
 impl Enqueued {
     /// Whether the delivery was recorded in the session store.
     pub fn stored(self) -> bool {
-        matches!(self, Enqueued::Queued { stored: true } | Enqueued::SlowConsumer { stored: true })
+        matches!(
+            self,
+            Enqueued::Queued { stored: true } | Enqueued::SlowConsumer { stored: true }
+        )
     }
 }
 
@@ -172,7 +175,11 @@ impl SessionState {
     /// Forgets every stored record of the session and stops storing it.
     pub(crate) fn unpersist(&mut self) {
         if let Some(p) = self.persist.take() {
-            let messages = self.queue.iter().map(|d| d.seq).chain(self.inflight.iter().map(|i| i.delivery.seq));
+            let messages = self
+                .queue
+                .iter()
+                .map(|d| d.seq)
+                .chain(self.inflight.iter().map(|i| i.delivery.seq));
             p.store.record(SessionChange::Ended {
                 incarnation: p.incarnation,
                 messages: messages.filter(|&s| s != 0).collect(),
@@ -207,7 +214,10 @@ impl Session {
         Session {
             client_id,
             connected: AtomicBool::new(false),
-            state: Mutex::new(SessionState { expiry_interval, ..Default::default() }),
+            state: Mutex::new(SessionState {
+                expiry_interval,
+                ..Default::default()
+            }),
             ended: CancellationToken::new(),
         }
     }
@@ -243,7 +253,10 @@ impl Session {
         // session that resumes with a full queue has room to drain it; only a
         // consumer that still falls behind by that much is cut off.
         let (max_messages, max_bytes) = if connected {
-            (limits.max_messages + limits.max_messages / 2, limits.max_bytes + limits.max_bytes / 2)
+            (
+                limits.max_messages + limits.max_messages / 2,
+                limits.max_bytes + limits.max_bytes / 2,
+            )
         } else {
             (limits.max_messages, limits.max_bytes)
         };
@@ -267,7 +280,13 @@ impl Session {
                 st.next_seq += 1;
                 d.seq = st.next_seq;
                 let now = std::time::Instant::now();
-                st.record(|incarnation| SessionChange::Message { incarnation, seq: d.seq, delivery: &d, released: false, now });
+                st.record(|incarnation| SessionChange::Message {
+                    incarnation,
+                    seq: d.seq,
+                    delivery: &d,
+                    released: false,
+                    now,
+                });
             }
             st.queued_bytes += d.msg.weight();
             st.queue.push_back(d);

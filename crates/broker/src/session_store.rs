@@ -43,13 +43,27 @@ pub enum SessionChange<'a> {
         subscriptions: Vec<(&'a ByteString, Subscription)>,
     },
     /// The session ended: forget it, its messages and its QoS 2 receipts.
-    Ended { incarnation: u64, messages: Vec<u64>, incoming_qos2: Vec<u16> },
+    Ended {
+        incarnation: u64,
+        messages: Vec<u64>,
+        incoming_qos2: Vec<u16>,
+    },
     /// A message queued for the session (or, `released`, one whose PUBREL is sent).
-    Message { incarnation: u64, seq: u64, delivery: &'a Delivery, released: bool, now: Instant },
+    Message {
+        incarnation: u64,
+        seq: u64,
+        delivery: &'a Delivery,
+        released: bool,
+        now: Instant,
+    },
     /// The message was acknowledged, expired or handed to someone else.
     MessageDone { incarnation: u64, seq: u64 },
     /// A QoS 2 PUBLISH from the client was received (PUBREC sent) or released.
-    IncomingQos2 { incarnation: u64, packet_id: u16, pending: bool },
+    IncomingQos2 {
+        incarnation: u64,
+        packet_id: u16,
+        pending: bool,
+    },
 }
 
 /// Where persistent sessions are kept.
@@ -133,10 +147,16 @@ impl Broker {
     pub fn set_session_store(&self, store: Arc<dyn SessionStore>, loaded: Vec<StoredSession>) {
         *self.inner.session_store.write() = Some(store.clone());
         for stored in loaded {
-            let session = Arc::new(Session::new(stored.client_id.clone(), stored.expiry_interval));
+            let session = Arc::new(Session::new(
+                stored.client_id.clone(),
+                stored.expiry_interval,
+            ));
             {
                 let mut st = session.state.lock();
-                st.persist = Some(Persist { store: store.clone(), incarnation: stored.incarnation });
+                st.persist = Some(Persist {
+                    store: store.clone(),
+                    incarnation: stored.incarnation,
+                });
                 for m in stored.messages {
                     st.next_seq = st.next_seq.max(m.seq);
                     let mut delivery = m.delivery;
@@ -144,7 +164,11 @@ impl Broker {
                     delivery.dup = true;
                     if m.released {
                         let packet_id = packet_id_for(m.seq);
-                        st.inflight.push_back(Inflight { packet_id, stage: Stage::Released, delivery });
+                        st.inflight.push_back(Inflight {
+                            packet_id,
+                            stage: Stage::Released,
+                            delivery,
+                        });
                     } else {
                         st.queued_bytes += delivery.msg.weight();
                         st.queue.push_back(delivery);
@@ -158,7 +182,9 @@ impl Broker {
             for (filter, sub) in stored.subscriptions {
                 self.index_subscription(&session, &filter, sub.options, sub.identifier);
             }
-            self.inner.sessions.insert(stored.client_id, session.clone());
+            self.inner
+                .sessions
+                .insert(stored.client_id, session.clone());
             schedule_expiry(self, &session, 0, stored.expires_in);
         }
     }
@@ -215,6 +241,8 @@ mod tests {
         assert_eq!(packet_id_for(1), 1);
         assert_eq!(packet_id_for(65_535), 65_535);
         assert_eq!(packet_id_for(65_536), 1);
-        assert!((0..200_000u64).chain([u64::MAX]).all(|s| packet_id_for(s) != 0));
+        assert!((0..200_000u64)
+            .chain([u64::MAX])
+            .all(|s| packet_id_for(s) != 0));
     }
 }

@@ -39,7 +39,10 @@ impl Signal {
     /// one was already made.
     pub fn close(&self, reason: ReasonCode) -> bool {
         debug_assert!(reason.0 != 0, "a close reason is never 0");
-        let first = self.close.compare_exchange(0, reason.0, Ordering::AcqRel, Ordering::Acquire).is_ok();
+        let first = self
+            .close
+            .compare_exchange(0, reason.0, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok();
         self.waker.wake();
         first
     }
@@ -93,7 +96,9 @@ mod tests {
         let s = Signal::default();
         s.deliveries();
         assert_eq!(wait(&s).await, None);
-        assert!(tokio::time::timeout(Duration::from_millis(20), wait(&s)).await.is_err());
+        assert!(tokio::time::timeout(Duration::from_millis(20), wait(&s))
+            .await
+            .is_err());
     }
 
     #[tokio::test]

@@ -45,7 +45,11 @@ impl SharedGroup {
             .map(|i| &self.members[(start + i) % n])
             .filter(eligible)
             .find(|e| e.session.is_connected());
-        online.or_else(|| (0..n).map(|i| &self.members[(start + i) % n]).find(eligible))
+        online.or_else(|| {
+            (0..n)
+                .map(|i| &self.members[(start + i) % n])
+                .find(eligible)
+        })
     }
 }
 
@@ -126,7 +130,11 @@ impl SubscriptionTrie {
                     members: Vec::new(),
                     next: AtomicUsize::new(0),
                 });
-                match grp.members.iter_mut().find(|m| m.session.client_id() == &*client) {
+                match grp
+                    .members
+                    .iter_mut()
+                    .find(|m| m.session.client_id() == &*client)
+                {
                     Some(m) => {
                         *m = entry;
                         true
@@ -150,7 +158,9 @@ impl SubscriptionTrie {
             let levels: Vec<&str> = filter.split('/').collect();
             remove_at(&mut self.root, &levels, group, client_id)
         } else {
-            let Some(node) = self.exact.get_mut(filter) else { return false };
+            let Some(node) = self.exact.get_mut(filter) else {
+                return false;
+            };
             let removed = remove_at(node, &[], group, client_id);
             if node.is_empty() {
                 self.exact.remove(filter);
@@ -183,7 +193,10 @@ impl SubscriptionTrie {
     /// Everything that matches `topic`.
     pub fn matches<'a>(&'a self, topic: &str) -> Matches<'a> {
         let mut out = Matches::default();
-        let walk = Walk { exact: self.exact.get(topic), dollar: topic.starts_with('$') };
+        let walk = Walk {
+            exact: self.exact.get(topic),
+            dollar: topic.starts_with('$'),
+        };
         collect(&self.root, Some(topic), true, true, &walk, &mut out);
         out
     }
@@ -194,7 +207,9 @@ fn remove_at(node: &mut Node, levels: &[&str], group: Option<&str>, client_id: &
         return match group {
             None => node.plain.remove(client_id).is_some(),
             Some(g) => {
-                let Some(grp) = node.shared.get_mut(g) else { return false };
+                let Some(grp) = node.shared.get_mut(g) else {
+                    return false;
+                };
                 let before = grp.members.len();
                 grp.members.retain(|m| m.session.client_id() != client_id);
                 let removed = grp.members.len() != before;
@@ -205,7 +220,9 @@ fn remove_at(node: &mut Node, levels: &[&str], group: Option<&str>, client_id: &
             }
         };
     };
-    let Some(child) = node.children.get_mut(*first) else { return false };
+    let Some(child) = node.children.get_mut(*first) else {
+        return false;
+    };
     let removed = remove_at(child, rest, group, client_id);
     if child.is_empty() {
         node.children.remove(*first);
@@ -227,7 +244,14 @@ struct Walk<'a> {
 /// level, `literal` whether the path so far took no wildcard. The exact subscriptions
 /// come where the literal path ends (after the `#` filters along it, before any `+`
 /// branch), the order the single trie of before gave them.
-fn collect<'a>(node: &'a Node, rest: Option<&str>, first: bool, literal: bool, walk: &Walk<'a>, out: &mut Matches<'a>) {
+fn collect<'a>(
+    node: &'a Node,
+    rest: Option<&str>,
+    first: bool,
+    literal: bool,
+    walk: &Walk<'a>,
+    out: &mut Matches<'a>,
+) {
     let wildcard_ok = !(walk.dollar && first);
     if wildcard_ok && node.has_hash {
         if let Some(hash) = node.children.get("#") {
@@ -237,7 +261,9 @@ fn collect<'a>(node: &'a Node, rest: Option<&str>, first: bool, literal: bool, w
     let Some(rest) = rest else {
         push_leaf(node, out);
         if literal {
-            walk.exact.into_iter().for_each(|exact| push_leaf(exact, out));
+            walk.exact
+                .into_iter()
+                .for_each(|exact| push_leaf(exact, out));
         }
         return;
     };
@@ -247,7 +273,10 @@ fn collect<'a>(node: &'a Node, rest: Option<&str>, first: bool, literal: bool, w
     };
     match node.children.get(level) {
         Some(child) => collect(child, next, false, literal, walk, out),
-        None if literal => walk.exact.into_iter().for_each(|exact| push_leaf(exact, out)),
+        None if literal => walk
+            .exact
+            .into_iter()
+            .for_each(|exact| push_leaf(exact, out)),
         None => {}
     }
     if wildcard_ok && node.has_plus {
@@ -267,17 +296,27 @@ mod tests {
     use super::*;
 
     fn entry(session: &Arc<Session>, id: u32) -> SubEntry {
-        SubEntry { session: session.clone(), options: SubscriptionOptions::default(), identifier: Some(id) }
+        SubEntry {
+            session: session.clone(),
+            options: SubscriptionOptions::default(),
+            identifier: Some(id),
+        }
     }
 
     fn ids(trie: &SubscriptionTrie, topic: &str) -> Vec<u32> {
-        trie.matches(topic).plain.iter().filter_map(|(_, e)| e.identifier).collect()
+        trie.matches(topic)
+            .plain
+            .iter()
+            .filter_map(|(_, e)| e.identifier)
+            .collect()
     }
 
     #[test]
     fn exact_filters_keep_their_place_among_wildcards() {
         let mut trie = SubscriptionTrie::default();
-        let sessions: Vec<Arc<Session>> = (0..5).map(|i| Arc::new(Session::new(format!("c{i}").into(), 0))).collect();
+        let sessions: Vec<Arc<Session>> = (0..5)
+            .map(|i| Arc::new(Session::new(format!("c{i}").into(), 0)))
+            .collect();
         trie.insert("a/b", None, entry(&sessions[0], 1));
         trie.insert("a/#", None, entry(&sessions[1], 2));
         trie.insert("a/+", None, entry(&sessions[2], 3));

@@ -26,15 +26,21 @@ impl Authenticator for Challenge {
             return AuthDecision::Deny(ReasonCode::BAD_AUTHENTICATION_METHOD);
         }
         match connect.properties.authentication_data.as_deref() {
-            Some(b"ecnon") => AuthDecision::Success { data: Some(Bytes::from_static(b"welcome")) },
+            Some(b"ecnon") => AuthDecision::Success {
+                data: Some(Bytes::from_static(b"welcome")),
+            },
             Some(b"deny") => AuthDecision::Deny(ReasonCode::NOT_AUTHORIZED),
-            _ => AuthDecision::Continue { data: Some(Bytes::from_static(b"nonce")) },
+            _ => AuthDecision::Continue {
+                data: Some(Bytes::from_static(b"nonce")),
+            },
         }
     }
 
     fn auth(&self, _client_id: &ByteString, _method: &ByteString, auth: &Auth) -> AuthDecision {
         match auth.authentication_data.as_deref() {
-            Some(b"ecnon") => AuthDecision::Success { data: Some(Bytes::from_static(b"welcome")) },
+            Some(b"ecnon") => AuthDecision::Success {
+                data: Some(Bytes::from_static(b"welcome")),
+            },
             _ => AuthDecision::Deny(ReasonCode::NOT_AUTHORIZED),
         }
     }
@@ -66,7 +72,10 @@ fn auth(code: ReasonCode, data: &'static [u8]) -> Packet {
 async fn challenge_response_during_connect() {
     let addr = broker_with_challenge().await;
     let mut c = RawClient::open(addr, V5).await;
-    c.send(&Packet::Connect(Box::new(connect_with_method("auth-1", None)))).await;
+    c.send(&Packet::Connect(Box::new(connect_with_method(
+        "auth-1", None,
+    ))))
+    .await;
     match c.expect().await {
         Packet::Auth(a) => {
             assert_eq!(a.reason_code, ReasonCode::CONTINUE_AUTHENTICATION);
@@ -75,12 +84,19 @@ async fn challenge_response_during_connect() {
         }
         other => panic!("expected AUTH 0x18, got {other:?}"),
     }
-    c.send(&auth(ReasonCode::CONTINUE_AUTHENTICATION, b"ecnon")).await;
+    c.send(&auth(ReasonCode::CONTINUE_AUTHENTICATION, b"ecnon"))
+        .await;
     match c.expect().await {
         Packet::ConnAck(ack) => {
             assert_eq!(ack.reason_code, ReasonCode::SUCCESS);
-            assert_eq!(ack.properties.authentication_method.as_deref(), Some(METHOD));
-            assert_eq!(ack.properties.authentication_data.as_deref(), Some(&b"welcome"[..]));
+            assert_eq!(
+                ack.properties.authentication_method.as_deref(),
+                Some(METHOD)
+            );
+            assert_eq!(
+                ack.properties.authentication_data.as_deref(),
+                Some(&b"welcome"[..])
+            );
         }
         other => panic!("expected CONNACK, got {other:?}"),
     }
@@ -93,9 +109,13 @@ async fn challenge_response_during_connect() {
 async fn wrong_answer_during_connect_is_refused_with_the_hook_code() {
     let addr = broker_with_challenge().await;
     let mut c = RawClient::open(addr, V5).await;
-    c.send(&Packet::Connect(Box::new(connect_with_method("auth-2", None)))).await;
+    c.send(&Packet::Connect(Box::new(connect_with_method(
+        "auth-2", None,
+    ))))
+    .await;
     assert!(matches!(c.expect().await, Packet::Auth(_)));
-    c.send(&auth(ReasonCode::CONTINUE_AUTHENTICATION, b"guess")).await;
+    c.send(&auth(ReasonCode::CONTINUE_AUTHENTICATION, b"guess"))
+        .await;
     match c.expect().await {
         Packet::ConnAck(ack) => assert_eq!(ack.reason_code, ReasonCode::NOT_AUTHORIZED),
         other => panic!("expected CONNACK 0x87, got {other:?}"),
@@ -106,9 +126,11 @@ async fn wrong_answer_during_connect_is_refused_with_the_hook_code() {
 #[tokio::test]
 async fn one_step_success_and_denial_on_connect() {
     let addr = broker_with_challenge().await;
-    let (_ok, ack) = RawClient::connect_with(addr, connect_with_method("auth-3", Some(b"ecnon"))).await;
+    let (_ok, ack) =
+        RawClient::connect_with(addr, connect_with_method("auth-3", Some(b"ecnon"))).await;
     assert_eq!(ack.reason_code, ReasonCode::SUCCESS);
-    let (mut denied, ack) = RawClient::connect_with(addr, connect_with_method("auth-4", Some(b"deny"))).await;
+    let (mut denied, ack) =
+        RawClient::connect_with(addr, connect_with_method("auth-4", Some(b"deny"))).await;
     assert_eq!(ack.reason_code, ReasonCode::NOT_AUTHORIZED);
     denied.expect_closed().await;
 }
@@ -116,7 +138,8 @@ async fn one_step_success_and_denial_on_connect() {
 #[tokio::test]
 async fn re_authentication_after_connect() {
     let addr = broker_with_challenge().await;
-    let (mut c, ack) = RawClient::connect_with(addr, connect_with_method("auth-5", Some(b"ecnon"))).await;
+    let (mut c, ack) =
+        RawClient::connect_with(addr, connect_with_method("auth-5", Some(b"ecnon"))).await;
     assert_eq!(ack.reason_code, ReasonCode::SUCCESS);
     c.send(&auth(ReasonCode::RE_AUTHENTICATE, b"ecnon")).await;
     match c.expect().await {

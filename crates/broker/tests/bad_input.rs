@@ -16,7 +16,10 @@ use statehub_broker::Broker;
 async fn assert_healthy(addr: std::net::SocketAddr, id: &str) {
     let mut c = RawClient::connect(addr, V5, id).await;
     c.subscribe("health/t", opts(QoS::AtLeastOnce)).await;
-    assert_eq!(c.publish_simple("health/t", QoS::AtLeastOnce, b"ok").await, ReasonCode::SUCCESS);
+    assert_eq!(
+        c.publish_simple("health/t", QoS::AtLeastOnce, b"ok").await,
+        ReasonCode::SUCCESS
+    );
     assert_eq!(&c.expect_publish_ack().await.payload[..], b"ok");
     c.disconnect().await;
 }
@@ -25,7 +28,11 @@ async fn assert_healthy(addr: std::net::SocketAddr, id: &str) {
 /// a panicking task never decrements the count).
 async fn assert_connections_drain(broker: &Broker) {
     let ok = wait_until(Duration::from_secs(3), || broker.connection_count() == 0).await;
-    assert!(ok, "connection tasks did not finish: {} open", broker.connection_count());
+    assert!(
+        ok,
+        "connection tasks did not finish: {} open",
+        broker.connection_count()
+    );
 }
 
 #[tokio::test]
@@ -44,7 +51,9 @@ async fn garbage_instead_of_connect_is_closed() {
         match c.next_event(WAIT).await {
             Event::Closed => {}
             // A CONNACK refusal before the close is fine too.
-            Event::Packet(Packet::ConnAck(a)) if !a.reason_code.is_success() => c.expect_closed().await,
+            Event::Packet(Packet::ConnAck(a)) if !a.reason_code.is_success() => {
+                c.expect_closed().await
+            }
             other => panic!("input {input:02X?}: expected close, got {other:?}"),
         }
     }
@@ -93,7 +102,8 @@ async fn oversize_packet_is_refused_with_0x95_without_waiting_for_the_body() {
     header.extend_from_slice(&[0, 1, b'a', 0]);
     let start = Instant::now();
     c.send_raw(&header).await;
-    c.expect_disconnect_within(ReasonCode::PACKET_TOO_LARGE, Duration::from_secs(1)).await;
+    c.expect_disconnect_within(ReasonCode::PACKET_TOO_LARGE, Duration::from_secs(1))
+        .await;
     assert!(start.elapsed() < Duration::from_secs(2));
     drop(c);
     assert_connections_drain(&broker).await;
@@ -101,7 +111,10 @@ async fn oversize_packet_is_refused_with_0x95_without_waiting_for_the_body() {
 
 #[tokio::test]
 async fn oversize_connect_is_closed() {
-    let cfg = statehub_broker::BrokerConfig { max_packet_size: 1024, ..Default::default() };
+    let cfg = statehub_broker::BrokerConfig {
+        max_packet_size: 1024,
+        ..Default::default()
+    };
     let (broker, addr) = start_broker(cfg).await;
     let mut connect = connect_packet(V5, "bigconnect");
     connect.properties.user_properties = vec![(bs("k"), bs(&"v".repeat(4000)))];
@@ -109,7 +122,9 @@ async fn oversize_connect_is_closed() {
     c.send(&Packet::Connect(Box::new(connect))).await;
     match c.next_event(WAIT).await {
         Event::Closed => {}
-        Event::Packet(Packet::ConnAck(a)) if a.reason_code == ReasonCode::PACKET_TOO_LARGE => c.expect_closed().await,
+        Event::Packet(Packet::ConnAck(a)) if a.reason_code == ReasonCode::PACKET_TOO_LARGE => {
+            c.expect_closed().await
+        }
         other => panic!("expected close (or CONNACK 0x95), got {other:?}"),
     }
     drop(c);
@@ -120,7 +135,8 @@ async fn oversize_connect_is_closed() {
 async fn invalid_utf8_topic_v5_is_malformed_0x81() {
     let (_b, addr) = start_default().await;
     let mut c = RawClient::connect(addr, V5, "utf8v5").await;
-    c.send_raw(&[0x30, 7, 0, 3, b'a', 0xFF, b'b', 0, b'x']).await;
+    c.send_raw(&[0x30, 7, 0, 3, b'a', 0xFF, b'b', 0, b'x'])
+        .await;
     c.expect_disconnect(ReasonCode::MALFORMED_PACKET).await;
 }
 
@@ -150,7 +166,10 @@ async fn wildcard_in_topic_name_is_refused() {
     c.send_raw(&[0x30, 6, 0, 3, b'a', b'/', b'#', 0]).await;
     match c.next_event(WAIT).await {
         Event::Packet(Packet::Disconnect(d)) => {
-            assert!(matches!(d.reason_code.0, 0x82 | 0x90), "expected 0x90 (or 0x82), got {d:?}")
+            assert!(
+                matches!(d.reason_code.0, 0x82 | 0x90),
+                "expected 0x90 (or 0x82), got {d:?}"
+            )
         }
         other => panic!("expected DISCONNECT, got {other:?}"),
     }
@@ -179,16 +198,32 @@ async fn truncated_packet_then_close_does_not_leak() {
 fn first_byte() -> impl Strategy<Value = u8> {
     prop_oneof![
         any::<u8>(),
-        proptest::sample::select(vec![0x10u8, 0x20, 0x30, 0x32, 0x34, 0x3D, 0x40, 0x50, 0x62, 0x70, 0x82, 0xA2, 0xC0, 0xE0, 0xF0]),
+        proptest::sample::select(vec![
+            0x10u8, 0x20, 0x30, 0x32, 0x34, 0x3D, 0x40, 0x50, 0x62, 0x70, 0x82, 0xA2, 0xC0, 0xE0,
+            0xF0
+        ]),
     ]
 }
 
 #[test]
 fn arbitrary_bytes_after_connect_never_take_the_broker_down() {
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
     let (broker, addr) = rt.block_on(start_default());
-    let strategy = (any::<bool>(), first_byte(), proptest::collection::vec(any::<u8>(), 0..300));
-    let mut runner = TestRunner::new(Config { cases: 48, max_shrink_iters: 64, failure_persistence: None, ..Config::default() });
+    let strategy = (
+        any::<bool>(),
+        first_byte(),
+        proptest::collection::vec(any::<u8>(), 0..300),
+    );
+    let mut runner = TestRunner::new(Config {
+        cases: 48,
+        max_shrink_iters: 64,
+        failure_persistence: None,
+        ..Config::default()
+    });
     let started = Instant::now();
     runner
         .run(&strategy, |(v5, first, rest)| {

@@ -16,7 +16,8 @@ use common::*;
 use statehub_broker::codec::{QoS, ReasonCode};
 use statehub_broker::Broker;
 
-const INSTALL: &str = "run scripts/install-test-deps.sh (or scripts/test.sh, which runs it) to install it";
+const INSTALL: &str =
+    "run scripts/install-test-deps.sh (or scripts/test.sh, which runs it) to install it";
 
 fn repo_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
@@ -29,7 +30,8 @@ fn mosquitto(tool: &str) -> PathBuf {
         .chain([PathBuf::from("/usr/bin"), PathBuf::from("/usr/local/bin")])
         .map(|d| d.join(tool))
         .find(|p| p.is_file());
-    found.unwrap_or_else(|| panic!("{tool} not found (Debian package mosquitto-clients): {INSTALL}"))
+    found
+        .unwrap_or_else(|| panic!("{tool} not found (Debian package mosquitto-clients): {INSTALL}"))
 }
 
 fn paho_python() -> PathBuf {
@@ -77,7 +79,11 @@ async fn finish(mut child: std::process::Child, limit: Duration, what: &str) -> 
 }
 
 fn spawn(cmd: &mut Command) -> std::process::Child {
-    cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("spawn")
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn")
 }
 
 async fn wait_for_subscriptions(broker: &Broker, n: usize) {
@@ -88,15 +94,39 @@ async fn wait_for_subscriptions(broker: &Broker, n: usize) {
 }
 
 fn stdout(o: &Output) -> String {
-    assert!(o.status.success(), "tool failed: {:?}\nstdout: {}\nstderr: {}", o.status,
-        String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+    assert!(
+        o.status.success(),
+        "tool failed: {:?}\nstdout: {}\nstderr: {}",
+        o.status,
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
     String::from_utf8_lossy(&o.stdout).trim().to_owned()
 }
 
-fn mosquitto_sub(addr: std::net::SocketAddr, version: &str, topic: &str, format: &str) -> std::process::Child {
+fn mosquitto_sub(
+    addr: std::net::SocketAddr,
+    version: &str,
+    topic: &str,
+    format: &str,
+) -> std::process::Child {
     spawn(Command::new(mosquitto("mosquitto_sub")).args([
-        "-h", "127.0.0.1", "-p", &addr.port().to_string(), "-V", version, "-q", "1", "-C", "1", "-W", "8",
-        "-t", topic, "-F", format,
+        "-h",
+        "127.0.0.1",
+        "-p",
+        &addr.port().to_string(),
+        "-V",
+        version,
+        "-q",
+        "1",
+        "-C",
+        "1",
+        "-W",
+        "8",
+        "-t",
+        topic,
+        "-F",
+        format,
     ]))
 }
 
@@ -106,23 +136,68 @@ async fn mosquitto_v5_publish_and_subscribe_with_properties() {
     let sub = mosquitto_sub(addr, "mqttv5", "ext/#", "%t|%p|%q|%C|%R|%D|%E|%P");
     wait_for_subscriptions(&broker, 1).await;
     let publ = spawn(Command::new(mosquitto("mosquitto_pub")).args([
-        "-h", "127.0.0.1", "-p", &addr.port().to_string(), "-V", "mqttv5", "-q", "1", "-t", "ext/a", "-m", "hello",
-        "-D", "publish", "user-property", "k1", "v1",
-        "-D", "publish", "user-property", "k1", "v2",
-        "-D", "publish", "user-property", "a", "b",
-        "-D", "publish", "content-type", "text/x",
-        "-D", "publish", "response-topic", "resp/t",
-        "-D", "publish", "correlation-data", "abc",
-        "-D", "publish", "message-expiry-interval", "30",
-        "-D", "publish", "payload-format-indicator", "1",
+        "-h",
+        "127.0.0.1",
+        "-p",
+        &addr.port().to_string(),
+        "-V",
+        "mqttv5",
+        "-q",
+        "1",
+        "-t",
+        "ext/a",
+        "-m",
+        "hello",
+        "-D",
+        "publish",
+        "user-property",
+        "k1",
+        "v1",
+        "-D",
+        "publish",
+        "user-property",
+        "k1",
+        "v2",
+        "-D",
+        "publish",
+        "user-property",
+        "a",
+        "b",
+        "-D",
+        "publish",
+        "content-type",
+        "text/x",
+        "-D",
+        "publish",
+        "response-topic",
+        "resp/t",
+        "-D",
+        "publish",
+        "correlation-data",
+        "abc",
+        "-D",
+        "publish",
+        "message-expiry-interval",
+        "30",
+        "-D",
+        "publish",
+        "payload-format-indicator",
+        "1",
     ]));
     stdout(&finish(publ, Duration::from_secs(8), "mosquitto_pub").await);
     let line = stdout(&finish(sub, Duration::from_secs(9), "mosquitto_sub").await);
     let fields: Vec<&str> = line.split('|').collect();
     assert_eq!(fields.len(), 8, "{line}");
-    assert_eq!(&fields[..6], ["ext/a", "hello", "1", "text/x", "resp/t", "abc"], "{line}");
+    assert_eq!(
+        &fields[..6],
+        ["ext/a", "hello", "1", "text/x", "resp/t", "abc"],
+        "{line}"
+    );
     assert!(matches!(fields[6], "29" | "30"), "message expiry: {line}");
-    assert_eq!(fields[7], "k1:v1 k1:v2 a:b", "user properties in order, duplicates kept: {line}");
+    assert_eq!(
+        fields[7], "k1:v1 k1:v2 a:b",
+        "user properties in order, duplicates kept: {line}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -131,8 +206,23 @@ async fn mosquitto_v311_subscriber_gets_a_v5_publish() {
     let sub = mosquitto_sub(addr, "mqttv311", "ext3/+", "%t|%p|%q|%r");
     wait_for_subscriptions(&broker, 1).await;
     let publ = spawn(Command::new(mosquitto("mosquitto_pub")).args([
-        "-h", "127.0.0.1", "-p", &addr.port().to_string(), "-V", "mqttv5", "-q", "2", "-t", "ext3/x", "-m", "to v3",
-        "-D", "publish", "user-property", "dropped", "for v3",
+        "-h",
+        "127.0.0.1",
+        "-p",
+        &addr.port().to_string(),
+        "-V",
+        "mqttv5",
+        "-q",
+        "2",
+        "-t",
+        "ext3/x",
+        "-m",
+        "to v3",
+        "-D",
+        "publish",
+        "user-property",
+        "dropped",
+        "for v3",
     ]));
     stdout(&finish(publ, Duration::from_secs(8), "mosquitto_pub").await);
     let line = stdout(&finish(sub, Duration::from_secs(9), "mosquitto_sub").await);
@@ -143,7 +233,18 @@ async fn mosquitto_v311_subscriber_gets_a_v5_publish() {
 async fn mosquitto_v311_publish_and_retained_to_v5_subscriber() {
     let (_broker, addr) = start_default().await;
     let publ = spawn(Command::new(mosquitto("mosquitto_pub")).args([
-        "-h", "127.0.0.1", "-p", &addr.port().to_string(), "-V", "mqttv311", "-q", "1", "-r", "-t", "ext/ret", "-m",
+        "-h",
+        "127.0.0.1",
+        "-p",
+        &addr.port().to_string(),
+        "-V",
+        "mqttv311",
+        "-q",
+        "1",
+        "-r",
+        "-t",
+        "ext/ret",
+        "-m",
         "kept",
     ]));
     stdout(&finish(publ, Duration::from_secs(8), "mosquitto_pub").await);
@@ -156,7 +257,11 @@ async fn mosquitto_v311_publish_and_retained_to_v5_subscriber() {
 async fn paho_v5_subscriber_gets_every_property() {
     let (broker, addr) = start_default().await;
     let sub = spawn(Command::new(paho_python()).arg(paho_script()).args([
-        "127.0.0.1", &addr.port().to_string(), "5", "paho/#", "sub",
+        "127.0.0.1",
+        &addr.port().to_string(),
+        "5",
+        "paho/#",
+        "sub",
     ]));
     wait_for_subscriptions(&broker, 1).await;
     let mut publ = RawClient::connect(addr, V5, "to-paho").await;
@@ -175,7 +280,10 @@ async fn paho_v5_subscriber_gets_every_property() {
     ] {
         assert!(out.contains(want), "missing {want} in paho output: {out}");
     }
-    assert!(out.contains(r#""expiry": 3600"#) || out.contains(r#""expiry": 3599"#), "{out}");
+    assert!(
+        out.contains(r#""expiry": 3600"#) || out.contains(r#""expiry": 3599"#),
+        "{out}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -184,7 +292,11 @@ async fn paho_v5_publisher_properties_reach_a_v5_subscriber() {
     let mut sub = RawClient::connect(addr, V5, "from-paho").await;
     sub.subscribe("paho/#", opts(QoS::AtLeastOnce)).await;
     let publ = spawn(Command::new(paho_python()).arg(paho_script()).args([
-        "127.0.0.1", &addr.port().to_string(), "5", "paho/in", "pub",
+        "127.0.0.1",
+        &addr.port().to_string(),
+        "5",
+        "paho/in",
+        "pub",
     ]));
     let out = stdout(&finish(publ, Duration::from_secs(10), "paho publisher").await);
     assert!(out.contains(r#""puback": "Success""#), "{out}");
@@ -192,10 +304,16 @@ async fn paho_v5_publisher_properties_reach_a_v5_subscriber() {
     assert_eq!(&*got.topic, "paho/in");
     assert_eq!(&got.payload[..], b"{\"from\":\"paho\"}");
     let pr = &got.properties;
-    assert_eq!(pr.user_properties, vec![(bs("k"), bs("1")), (bs("a"), bs("x")), (bs("k"), bs("2"))]);
+    assert_eq!(
+        pr.user_properties,
+        vec![(bs("k"), bs("1")), (bs("a"), bs("x")), (bs("k"), bs("2"))]
+    );
     assert_eq!(pr.content_type.as_deref(), Some("application/json"));
     assert_eq!(pr.response_topic.as_deref(), Some("reply/py"));
-    assert_eq!(pr.correlation_data, Some(Bytes::from_static(b"\x00\x01corr")));
+    assert_eq!(
+        pr.correlation_data,
+        Some(Bytes::from_static(b"\x00\x01corr"))
+    );
     assert!(pr.payload_format_utf8);
     assert!(matches!(pr.message_expiry_interval, Some(59 | 60)));
 }
@@ -204,18 +322,30 @@ async fn paho_v5_publisher_properties_reach_a_v5_subscriber() {
 async fn paho_v311_both_directions() {
     let (broker, addr) = start_default().await;
     let sub = spawn(Command::new(paho_python()).arg(paho_script()).args([
-        "127.0.0.1", &addr.port().to_string(), "3", "paho3/#", "sub",
+        "127.0.0.1",
+        &addr.port().to_string(),
+        "3",
+        "paho3/#",
+        "sub",
     ]));
     wait_for_subscriptions(&broker, 1).await;
     let mut publ = RawClient::connect(addr, V311, "to-paho3").await;
-    publ.publish_simple("paho3/t", QoS::ExactlyOnce, b"{\"from\":\"rust\"}").await;
+    publ.publish_simple("paho3/t", QoS::ExactlyOnce, b"{\"from\":\"rust\"}")
+        .await;
     let out = stdout(&finish(sub, Duration::from_secs(10), "paho v3 subscriber").await);
-    assert!(out.contains(r#""topic": "paho3/t""#) && out.contains(r#""qos": 1"#), "{out}");
+    assert!(
+        out.contains(r#""topic": "paho3/t""#) && out.contains(r#""qos": 1"#),
+        "{out}"
+    );
 
     let mut rsub = RawClient::connect(addr, V5, "from-paho3").await;
     rsub.subscribe("paho3/#", opts(QoS::AtLeastOnce)).await;
     let p = spawn(Command::new(paho_python()).arg(paho_script()).args([
-        "127.0.0.1", &addr.port().to_string(), "3", "paho3/in", "pub",
+        "127.0.0.1",
+        &addr.port().to_string(),
+        "3",
+        "paho3/in",
+        "pub",
     ]));
     stdout(&finish(p, Duration::from_secs(10), "paho v3 publisher").await);
     let got = rsub.expect_publish_ack().await;

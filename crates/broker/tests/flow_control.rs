@@ -19,7 +19,10 @@ fn with_props(id: &str, props: ConnectProperties) -> statehub_broker::codec::Con
 #[tokio::test]
 async fn client_receive_maximum_bounds_unacknowledged_qos1() {
     let (_b, addr) = start_default().await;
-    let props = ConnectProperties { receive_maximum: Some(2), ..Default::default() };
+    let props = ConnectProperties {
+        receive_maximum: Some(2),
+        ..Default::default()
+    };
     let (mut s, _) = RawClient::connect_with(addr, with_props("rm", props)).await;
     s.subscribe("rm/t", opts(QoS::AtLeastOnce)).await;
     let mut publ = RawClient::connect(addr, V5, "rmpub").await;
@@ -42,7 +45,10 @@ async fn client_receive_maximum_bounds_unacknowledged_qos1() {
 
 #[tokio::test]
 async fn server_receive_maximum_exceeded_with_qos2_is_0x93() {
-    let cfg = BrokerConfig { receive_maximum: 2, ..Default::default() };
+    let cfg = BrokerConfig {
+        receive_maximum: 2,
+        ..Default::default()
+    };
     let (_b, addr) = start_broker(cfg).await;
     let (mut c, ack) = RawClient::connect_with(addr, connect_packet(V5, "srm")).await;
     assert_eq!(ack.properties.receive_maximum, Some(2));
@@ -55,12 +61,16 @@ async fn server_receive_maximum_exceeded_with_qos2_is_0x93() {
     let mut p = publish("srm/t", QoS::ExactlyOnce, b"x");
     p.packet_id = Some(3);
     c.send(&Packet::Publish(p)).await;
-    c.expect_disconnect(ReasonCode::RECEIVE_MAXIMUM_EXCEEDED).await;
+    c.expect_disconnect(ReasonCode::RECEIVE_MAXIMUM_EXCEEDED)
+        .await;
 }
 
 #[tokio::test]
 async fn server_receive_maximum_frees_up_after_pubrel() {
-    let cfg = BrokerConfig { receive_maximum: 1, ..Default::default() };
+    let cfg = BrokerConfig {
+        receive_maximum: 1,
+        ..Default::default()
+    };
     let (_b, addr) = start_broker(cfg).await;
     let mut c = RawClient::connect(addr, V5, "srm2").await;
     for _ in 0..3 {
@@ -72,15 +82,25 @@ async fn server_receive_maximum_frees_up_after_pubrel() {
 #[tokio::test]
 async fn client_maximum_packet_size_drops_oversize_messages() {
     let (broker, addr) = start_default().await;
-    let props = ConnectProperties { maximum_packet_size: Some(100), ..Default::default() };
+    let props = ConnectProperties {
+        maximum_packet_size: Some(100),
+        ..Default::default()
+    };
     let (mut s, _) = RawClient::connect_with(addr, with_props("mps", props)).await;
     s.subscribe("mps/t", opts(QoS::AtLeastOnce)).await;
     let mut publ = RawClient::connect(addr, V5, "mpspub").await;
-    publ.publish_simple("mps/t", QoS::AtLeastOnce, &[7u8; 500]).await;
-    publ.publish_simple("mps/t", QoS::AtMostOnce, &[8u8; 500]).await;
-    publ.publish_simple("mps/t", QoS::AtLeastOnce, b"small").await;
+    publ.publish_simple("mps/t", QoS::AtLeastOnce, &[7u8; 500])
+        .await;
+    publ.publish_simple("mps/t", QoS::AtMostOnce, &[8u8; 500])
+        .await;
+    publ.publish_simple("mps/t", QoS::AtLeastOnce, b"small")
+        .await;
     let got = s.expect_publish_ack().await;
-    assert_eq!(&got.payload[..], b"small", "oversize messages are discarded [MQTT-3.1.2-25]");
+    assert_eq!(
+        &got.payload[..],
+        b"small",
+        "oversize messages are discarded [MQTT-3.1.2-25]"
+    );
     s.expect_nothing(QUIET).await;
     assert_eq!(broker.metrics().oversize_dropped.load(Ordering::Relaxed), 2);
 }
@@ -102,16 +122,27 @@ async fn topic_alias_from_the_client_is_resolved() {
     publ.publish(aliased("", 1, b"use")).await;
     publ.publish(aliased("ta/two", 1, b"reset")).await;
     publ.publish(aliased("", 1, b"use2")).await;
-    for (topic, payload) in [("ta/one", "set"), ("ta/one", "use"), ("ta/two", "reset"), ("ta/two", "use2")] {
+    for (topic, payload) in [
+        ("ta/one", "set"),
+        ("ta/one", "use"),
+        ("ta/two", "reset"),
+        ("ta/two", "use2"),
+    ] {
         let got = s.expect_publish_ack().await;
         assert_eq!((&*got.topic, &got.payload[..]), (topic, payload.as_bytes()));
-        assert_eq!(got.properties.topic_alias, None, "the client's alias is not forwarded");
+        assert_eq!(
+            got.properties.topic_alias, None,
+            "the client's alias is not forwarded"
+        );
     }
 }
 
 #[tokio::test]
 async fn topic_alias_over_the_maximum_is_0x94() {
-    let cfg = BrokerConfig { topic_alias_maximum: 4, ..Default::default() };
+    let cfg = BrokerConfig {
+        topic_alias_maximum: 4,
+        ..Default::default()
+    };
     let (_b, addr) = start_broker(cfg).await;
     let (mut c, ack) = RawClient::connect_with(addr, connect_packet(V5, "tamax")).await;
     assert_eq!(ack.properties.topic_alias_maximum, Some(4));
@@ -130,9 +161,15 @@ async fn unknown_topic_alias_is_a_protocol_error() {
 
 #[tokio::test]
 async fn server_assigns_topic_aliases_when_allowed() {
-    let cfg = BrokerConfig { server_topic_aliases: true, ..Default::default() };
+    let cfg = BrokerConfig {
+        server_topic_aliases: true,
+        ..Default::default()
+    };
     let (_b, addr) = start_broker(cfg).await;
-    let props = ConnectProperties { topic_alias_maximum: Some(2), ..Default::default() };
+    let props = ConnectProperties {
+        topic_alias_maximum: Some(2),
+        ..Default::default()
+    };
     let (mut s, _) = RawClient::connect_with(addr, with_props("sta", props)).await;
     s.subscribe("sta/#", opts(QoS::AtLeastOnce)).await;
     let mut publ = RawClient::connect(addr, V5, "stapub").await;
@@ -145,9 +182,16 @@ async fn server_assigns_topic_aliases_when_allowed() {
         assert_eq!(&got.payload[..], t.as_bytes());
         match got.properties.topic_alias {
             Some(a) => {
-                assert!((1..=2).contains(&a), "alias {a} over the client's maximum 2");
+                assert!(
+                    (1..=2).contains(&a),
+                    "alias {a} over the client's maximum 2"
+                );
                 if got.topic.is_empty() {
-                    assert_eq!(aliases.get(&a).map(String::as_str), Some(t), "alias {a} maps to the wrong topic");
+                    assert_eq!(
+                        aliases.get(&a).map(String::as_str),
+                        Some(t),
+                        "alias {a} maps to the wrong topic"
+                    );
                 } else {
                     assert_eq!(&*got.topic, t);
                     aliases.insert(a, t.to_owned());
@@ -156,15 +200,25 @@ async fn server_assigns_topic_aliases_when_allowed() {
             None => assert_eq!(&*got.topic, t),
         }
     }
-    assert_eq!(aliases.len(), 2, "two aliases should have been assigned: {aliases:?}");
+    assert_eq!(
+        aliases.len(),
+        2,
+        "two aliases should have been assigned: {aliases:?}"
+    );
 }
 
 #[tokio::test]
 async fn no_server_aliases_for_clients_with_alias_maximum_zero() {
-    let cfg = BrokerConfig { server_topic_aliases: true, ..Default::default() };
+    let cfg = BrokerConfig {
+        server_topic_aliases: true,
+        ..Default::default()
+    };
     let (_b, addr) = start_broker(cfg).await;
     for (id, max) in [("zero", Some(0)), ("none", None)] {
-        let props = ConnectProperties { topic_alias_maximum: max, ..Default::default() };
+        let props = ConnectProperties {
+            topic_alias_maximum: max,
+            ..Default::default()
+        };
         let (mut s, _) = RawClient::connect_with(addr, with_props(id, props)).await;
         s.subscribe("z/t", opts(QoS::AtMostOnce)).await;
         let mut publ = RawClient::connect(addr, V5, &format!("{id}-pub")).await;
@@ -195,7 +249,9 @@ async fn shared_subscription_delivers_each_message_to_one_member() {
     m1.subscribe("$share/g/sh/t", opts(QoS::AtLeastOnce)).await;
     m2.subscribe("$share/g/sh/t", opts(QoS::AtLeastOnce)).await;
     let mut other = RawClient::connect(addr, V5, "m3").await;
-    other.subscribe("$share/h/sh/+", opts(QoS::AtLeastOnce)).await;
+    other
+        .subscribe("$share/h/sh/+", opts(QoS::AtLeastOnce))
+        .await;
     let mut plain = RawClient::connect(addr, V5, "plain").await;
     plain.subscribe("sh/t", opts(QoS::AtLeastOnce)).await;
     let mut publ = RawClient::connect(addr, V5, "shpub").await;
@@ -206,9 +262,20 @@ async fn shared_subscription_delivers_each_message_to_one_member() {
     let b = count(&mut m2).await;
     let mut all: Vec<u8> = a.iter().chain(&b).copied().collect();
     all.sort_unstable();
-    assert_eq!(all, (0..10).collect::<Vec<_>>(), "each message to exactly one member of g: {a:?} {b:?}");
-    assert!(!a.is_empty() && !b.is_empty(), "round robin should use both members: {a:?} {b:?}");
-    assert_eq!(count(&mut other).await.len(), 10, "group h gets its own copy");
+    assert_eq!(
+        all,
+        (0..10).collect::<Vec<_>>(),
+        "each message to exactly one member of g: {a:?} {b:?}"
+    );
+    assert!(
+        !a.is_empty() && !b.is_empty(),
+        "round robin should use both members: {a:?} {b:?}"
+    );
+    assert_eq!(
+        count(&mut other).await.len(),
+        10,
+        "group h gets its own copy"
+    );
     assert_eq!(count(&mut plain).await.len(), 10);
 }
 
@@ -220,18 +287,23 @@ async fn unacknowledged_shared_message_goes_to_another_member_when_one_drops() {
     m1.subscribe("$share/g/sd/t", opts(QoS::AtLeastOnce)).await;
     m2.subscribe("$share/g/sd/t", opts(QoS::AtLeastOnce)).await;
     let mut publ = RawClient::connect(addr, V5, "sdpub").await;
-    publ.publish_simple("sd/t", QoS::AtLeastOnce, b"hand over").await;
+    publ.publish_simple("sd/t", QoS::AtLeastOnce, b"hand over")
+        .await;
     let (got, first_is_m1) = tokio::select! {
         e = m1.next_event(WAIT) => (e, true),
         e = m2.next_event(WAIT) => (e, false),
     };
-    let Event::Packet(Packet::Publish(first)) = got else { panic!("expected a PUBLISH, got {got:?}") };
+    let Event::Packet(Packet::Publish(first)) = got else {
+        panic!("expected a PUBLISH, got {got:?}")
+    };
     assert_eq!(&first.payload[..], b"hand over");
     let (dropped, mut survivor) = if first_is_m1 { (m1, m2) } else { (m2, m1) };
     drop(dropped); // no PUBACK
     let again = survivor.expect_publish().await;
     assert_eq!(&again.payload[..], b"hand over");
-    survivor.send(&Packet::PubAck(PubResponse::ok(again.packet_id.unwrap()))).await;
+    survivor
+        .send(&Packet::PubAck(PubResponse::ok(again.packet_id.unwrap())))
+        .await;
     survivor.expect_nothing(QUIET).await;
     let _ = Duration::ZERO;
 }
@@ -240,7 +312,11 @@ async fn unacknowledged_shared_message_goes_to_another_member_when_one_drops() {
 async fn no_local_on_shared_subscription_is_a_protocol_error() {
     let (_b, addr) = start_default().await;
     let mut c = RawClient::connect(addr, V5, "shnl").await;
-    let o = statehub_broker::codec::SubscriptionOptions { qos: QoS::AtMostOnce, no_local: true, ..Default::default() };
+    let o = statehub_broker::codec::SubscriptionOptions {
+        qos: QoS::AtMostOnce,
+        no_local: true,
+        ..Default::default()
+    };
     c.send(&Packet::Subscribe(statehub_broker::codec::Subscribe {
         packet_id: 1,
         filters: vec![(bs("$share/g/x"), o)],

@@ -17,8 +17,13 @@ async fn qos_0_1_2_both_directions_raw_v5() {
     let ack = sub.subscribe("q/#", opts(QoS::ExactlyOnce)).await;
     assert_eq!(ack.reason_codes, vec![ReasonCode::GRANTED_QOS_2]);
     let mut publ = RawClient::connect(addr, V5, "pub").await;
-    for (i, qos) in [QoS::AtMostOnce, QoS::AtLeastOnce, QoS::ExactlyOnce].into_iter().enumerate() {
-        let code = publ.publish_simple(&format!("q/{i}"), qos, format!("m{i}").as_bytes()).await;
+    for (i, qos) in [QoS::AtMostOnce, QoS::AtLeastOnce, QoS::ExactlyOnce]
+        .into_iter()
+        .enumerate()
+    {
+        let code = publ
+            .publish_simple(&format!("q/{i}"), qos, format!("m{i}").as_bytes())
+            .await;
         assert_eq!(code, ReasonCode::SUCCESS);
         let got = sub.expect_publish_ack().await;
         assert_eq!(got.qos, qos);
@@ -52,8 +57,17 @@ async fn rumqttc_v5_round_trip_all_qos() {
     sub.subscribe("r5/#", v5c::QoS::ExactlyOnce).await.unwrap();
     v5c::next_suback(&mut rx).await;
     let (publ, _prx) = v5c::connect(v5c::options(addr, "r5pub")).await;
-    for (i, qos) in [v5c::QoS::AtMostOnce, v5c::QoS::AtLeastOnce, v5c::QoS::ExactlyOnce].into_iter().enumerate() {
-        publ.publish(format!("r5/{i}"), qos, false, format!("p{i}")).await.unwrap();
+    for (i, qos) in [
+        v5c::QoS::AtMostOnce,
+        v5c::QoS::AtLeastOnce,
+        v5c::QoS::ExactlyOnce,
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        publ.publish(format!("r5/{i}"), qos, false, format!("p{i}"))
+            .await
+            .unwrap();
         let got = v5c::next_publish(&mut rx).await;
         assert_eq!(got.qos, qos);
         assert_eq!(&got.topic[..], format!("r5/{i}").as_bytes());
@@ -68,8 +82,17 @@ async fn rumqttc_v311_round_trip_all_qos() {
     sub.subscribe("r4/#", v4c::QoS::ExactlyOnce).await.unwrap();
     v4c::next_suback(&mut rx).await;
     let (publ, _prx) = v4c::connect(v4c::options(addr, "r4pub")).await;
-    for (i, qos) in [v4c::QoS::AtMostOnce, v4c::QoS::AtLeastOnce, v4c::QoS::ExactlyOnce].into_iter().enumerate() {
-        publ.publish(format!("r4/{i}"), qos, false, format!("p{i}")).await.unwrap();
+    for (i, qos) in [
+        v4c::QoS::AtMostOnce,
+        v4c::QoS::AtLeastOnce,
+        v4c::QoS::ExactlyOnce,
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        publ.publish(format!("r4/{i}"), qos, false, format!("p{i}"))
+            .await
+            .unwrap();
         let got = v4c::next_publish(&mut rx).await;
         assert_eq!(got.qos, qos);
         assert_eq!(got.topic, format!("r4/{i}"));
@@ -83,7 +106,9 @@ async fn v311_publisher_to_v5_subscriber() {
     let mut sub = RawClient::connect(addr, V5, "i5sub").await;
     sub.subscribe("interop/#", opts(QoS::AtLeastOnce)).await;
     let (publ, _prx) = v4c::connect(v4c::options(addr, "i3pub")).await;
-    publ.publish("interop/a", v4c::QoS::AtLeastOnce, false, "from v3").await.unwrap();
+    publ.publish("interop/a", v4c::QoS::AtLeastOnce, false, "from v3")
+        .await
+        .unwrap();
     let got = sub.expect_publish_ack().await;
     assert_eq!(&*got.topic, "interop/a");
     assert_eq!(&got.payload[..], b"from v3");
@@ -95,7 +120,9 @@ async fn v311_publisher_to_v5_subscriber() {
 async fn v5_publisher_with_properties_to_v311_subscriber() {
     let (_b, addr) = start_default().await;
     let (sub, mut rx) = v4c::connect(v4c::options(addr, "i3sub")).await;
-    sub.subscribe("interop/#", v4c::QoS::ExactlyOnce).await.unwrap();
+    sub.subscribe("interop/#", v4c::QoS::ExactlyOnce)
+        .await
+        .unwrap();
     v4c::next_suback(&mut rx).await;
     let mut publ = RawClient::connect(addr, V5, "i5pub").await;
     let mut p = publish("interop/b", QoS::ExactlyOnce, b"from v5");
@@ -145,26 +172,42 @@ async fn single_and_multi_level_wildcards() {
     let mut hash = RawClient::connect(addr, V5, "hash").await;
     hash.subscribe("w/#", opts(QoS::AtMostOnce)).await;
     let mut publ = RawClient::connect(addr, V5, "wpub").await;
-    for t in ["a/b/c", "a/b/c/d", "a/c", "a//c", "w", "w/x", "w/x/y/z", "ww/x", "x/w"] {
+    for t in [
+        "a/b/c", "a/b/c/d", "a/c", "a//c", "w", "w/x", "w/x/y/z", "ww/x", "x/w",
+    ] {
         publ.publish_simple(t, QoS::AtMostOnce, b"").await;
     }
     publ.ping().await;
     assert_eq!(received_topics(&mut plus).await, vec!["a/b/c", "a//c"]);
-    assert_eq!(received_topics(&mut hash).await, vec!["w", "w/x", "w/x/y/z"]);
+    assert_eq!(
+        received_topics(&mut hash).await,
+        vec!["w", "w/x", "w/x/y/z"]
+    );
 }
 
 #[tokio::test]
 async fn dollar_topics_are_not_matched_by_leading_wildcards() {
     let (_b, addr) = start_default().await;
     let mut all = RawClient::connect(addr, V5, "all").await;
-    all.subscribe_with(vec![(bs("#"), opts(QoS::AtMostOnce)), (bs("+/x"), opts(QoS::AtMostOnce))], None).await;
+    all.subscribe_with(
+        vec![
+            (bs("#"), opts(QoS::AtMostOnce)),
+            (bs("+/x"), opts(QoS::AtMostOnce)),
+        ],
+        None,
+    )
+    .await;
     let mut sys = RawClient::connect(addr, V5, "sys").await;
     sys.subscribe("$SYS/#", opts(QoS::AtMostOnce)).await;
     let mut publ = RawClient::connect(addr, V5, "dpub").await;
     publ.publish_simple("$SYS/x", QoS::AtMostOnce, b"1").await;
     publ.publish_simple("n/x", QoS::AtMostOnce, b"2").await;
     publ.ping().await;
-    assert_eq!(received_topics(&mut all).await, vec!["n/x"], "one copy of n/x, no $SYS/x");
+    assert_eq!(
+        received_topics(&mut all).await,
+        vec!["n/x"],
+        "one copy of n/x, no $SYS/x"
+    );
     assert_eq!(received_topics(&mut sys).await, vec!["$SYS/x"]);
 }
 
@@ -172,13 +215,20 @@ async fn dollar_topics_are_not_matched_by_leading_wildcards() {
 async fn overlapping_subscriptions_give_one_copy_with_max_qos_and_all_identifiers() {
     let (_b, addr) = start_default().await;
     let mut sub = RawClient::connect(addr, V5, "ovl").await;
-    sub.subscribe_with(vec![(bs("o/+"), opts(QoS::AtMostOnce))], Some(1)).await;
-    sub.subscribe_with(vec![(bs("o/#"), opts(QoS::AtLeastOnce))], Some(2)).await;
-    sub.subscribe_with(vec![(bs("o/x"), opts(QoS::AtMostOnce))], Some(3)).await;
+    sub.subscribe_with(vec![(bs("o/+"), opts(QoS::AtMostOnce))], Some(1))
+        .await;
+    sub.subscribe_with(vec![(bs("o/#"), opts(QoS::AtLeastOnce))], Some(2))
+        .await;
+    sub.subscribe_with(vec![(bs("o/x"), opts(QoS::AtMostOnce))], Some(3))
+        .await;
     let mut publ = RawClient::connect(addr, V5, "ovlpub").await;
     publ.publish_simple("o/x", QoS::ExactlyOnce, b"once").await;
     let got = sub.expect_publish_ack().await;
-    assert_eq!(got.qos, QoS::AtLeastOnce, "highest QoS of the matching subscriptions");
+    assert_eq!(
+        got.qos,
+        QoS::AtLeastOnce,
+        "highest QoS of the matching subscriptions"
+    );
     let mut ids = got.properties.subscription_identifiers.clone();
     ids.sort_unstable();
     assert_eq!(ids, vec![1, 2, 3]);
@@ -189,26 +239,49 @@ async fn overlapping_subscriptions_give_one_copy_with_max_qos_and_all_identifier
 async fn subscription_identifier_is_sent_and_updated() {
     let (_b, addr) = start_default().await;
     let mut sub = RawClient::connect(addr, V5, "sid").await;
-    sub.subscribe_with(vec![(bs("sid/t"), opts(QoS::AtMostOnce))], Some(42)).await;
+    sub.subscribe_with(vec![(bs("sid/t"), opts(QoS::AtMostOnce))], Some(42))
+        .await;
     let mut publ = RawClient::connect(addr, V5, "sidpub").await;
     publ.publish_simple("sid/t", QoS::AtMostOnce, b"1").await;
-    assert_eq!(sub.expect_publish().await.properties.subscription_identifiers, vec![42]);
+    assert_eq!(
+        sub.expect_publish()
+            .await
+            .properties
+            .subscription_identifiers,
+        vec![42]
+    );
     // Re-subscribing without an identifier removes it.
-    sub.subscribe_with(vec![(bs("sid/t"), opts(QoS::AtMostOnce))], None).await;
+    sub.subscribe_with(vec![(bs("sid/t"), opts(QoS::AtMostOnce))], None)
+        .await;
     publ.publish_simple("sid/t", QoS::AtMostOnce, b"2").await;
-    assert!(sub.expect_publish().await.properties.subscription_identifiers.is_empty());
+    assert!(sub
+        .expect_publish()
+        .await
+        .properties
+        .subscription_identifiers
+        .is_empty());
 }
 
 #[tokio::test]
 async fn no_local_suppresses_own_messages_only() {
     let (_b, addr) = start_default().await;
     let mut c = RawClient::connect(addr, V5, "nl").await;
-    c.subscribe("nl/t", SubscriptionOptions { qos: QoS::AtLeastOnce, no_local: true, ..Default::default() }).await;
+    c.subscribe(
+        "nl/t",
+        SubscriptionOptions {
+            qos: QoS::AtLeastOnce,
+            no_local: true,
+            ..Default::default()
+        },
+    )
+    .await;
     let code = c.publish_simple("nl/t", QoS::AtLeastOnce, b"mine").await;
     assert!(code.is_success());
     c.expect_nothing(QUIET).await;
     let mut other = RawClient::connect(addr, V5, "nl-other").await;
-    other.publish_simple("nl/t", QoS::AtLeastOnce, b"theirs").await;
+    other
+        .publish_simple("nl/t", QoS::AtLeastOnce, b"theirs")
+        .await;
     assert_eq!(&c.expect_publish_ack().await.payload[..], b"theirs");
 }
 
@@ -216,15 +289,29 @@ async fn no_local_suppresses_own_messages_only() {
 async fn retain_as_published() {
     let (_b, addr) = start_default().await;
     let mut rap = RawClient::connect(addr, V5, "rap").await;
-    rap.subscribe("rap/t", SubscriptionOptions { qos: QoS::AtMostOnce, retain_as_published: true, ..Default::default() }).await;
+    rap.subscribe(
+        "rap/t",
+        SubscriptionOptions {
+            qos: QoS::AtMostOnce,
+            retain_as_published: true,
+            ..Default::default()
+        },
+    )
+    .await;
     let mut plain = RawClient::connect(addr, V5, "norap").await;
     plain.subscribe("rap/t", opts(QoS::AtMostOnce)).await;
     let mut publ = RawClient::connect(addr, V5, "rappub").await;
     let mut p = publish("rap/t", QoS::AtMostOnce, b"r");
     p.retain = true;
     publ.publish(p).await;
-    assert!(rap.expect_publish().await.retain, "Retain As Published keeps RETAIN");
-    assert!(!plain.expect_publish().await.retain, "RETAIN cleared on normal delivery [MQTT-3.3.1-12]");
+    assert!(
+        rap.expect_publish().await.retain,
+        "Retain As Published keeps RETAIN"
+    );
+    assert!(
+        !plain.expect_publish().await.retain,
+        "RETAIN cleared on normal delivery [MQTT-3.3.1-12]"
+    );
     publ.publish_simple("rap/t", QoS::AtMostOnce, b"n").await;
     assert!(!rap.expect_publish().await.retain);
 }
@@ -235,7 +322,10 @@ async fn unsubscribe_reports_0x11_when_nothing_existed_and_stops_delivery() {
     let mut c = RawClient::connect(addr, V5, "unsub").await;
     c.subscribe("u/1", opts(QoS::AtMostOnce)).await;
     let ack = c.unsubscribe(&["u/1", "u/none"]).await;
-    assert_eq!(ack.reason_codes, vec![ReasonCode::SUCCESS, ReasonCode::NO_SUBSCRIPTION_EXISTED]);
+    assert_eq!(
+        ack.reason_codes,
+        vec![ReasonCode::SUCCESS, ReasonCode::NO_SUBSCRIPTION_EXISTED]
+    );
     let mut publ = RawClient::connect(addr, V5, "unsubpub").await;
     let code = publ.publish_simple("u/1", QoS::AtLeastOnce, b"x").await;
     assert_eq!(code, ReasonCode::NO_MATCHING_SUBSCRIBERS);
@@ -248,11 +338,22 @@ async fn invalid_filters_get_0x8f_and_valid_ones_in_the_same_subscribe_work() {
     let mut c = RawClient::connect(addr, V5, "badfilter").await;
     let ack = c
         .subscribe_with(
-            vec![(bs("a/#/b"), opts(QoS::AtMostOnce)), (bs("a+"), opts(QoS::AtMostOnce)), (bs("ok"), opts(QoS::AtLeastOnce))],
+            vec![
+                (bs("a/#/b"), opts(QoS::AtMostOnce)),
+                (bs("a+"), opts(QoS::AtMostOnce)),
+                (bs("ok"), opts(QoS::AtLeastOnce)),
+            ],
             None,
         )
         .await;
-    assert_eq!(ack.reason_codes, vec![ReasonCode::TOPIC_FILTER_INVALID, ReasonCode::TOPIC_FILTER_INVALID, ReasonCode::GRANTED_QOS_1]);
+    assert_eq!(
+        ack.reason_codes,
+        vec![
+            ReasonCode::TOPIC_FILTER_INVALID,
+            ReasonCode::TOPIC_FILTER_INVALID,
+            ReasonCode::GRANTED_QOS_1
+        ]
+    );
 }
 
 #[tokio::test]
@@ -269,7 +370,9 @@ async fn qos2_duplicate_publish_is_delivered_once() {
     publ.send(&Packet::Publish(p)).await;
     assert!(matches!(publ.expect().await, Packet::PubRec(r) if r.packet_id == 7));
     publ.send(&Packet::PubRel(PubResponse::ok(7))).await;
-    assert!(matches!(publ.expect().await, Packet::PubComp(r) if r.packet_id == 7 && r.reason_code == ReasonCode::SUCCESS));
+    assert!(
+        matches!(publ.expect().await, Packet::PubComp(r) if r.packet_id == 7 && r.reason_code == ReasonCode::SUCCESS)
+    );
     assert_eq!(&sub.expect_publish_ack().await.payload[..], b"once");
     sub.expect_nothing(QUIET).await;
     // An unknown PUBREL gets PUBCOMP 0x92.
@@ -298,13 +401,26 @@ async fn empty_and_large_payloads_pass_through() {
 
 #[tokio::test]
 async fn refused_filters_get_0x80_v5_and_v311() {
-    let cfg = statehub_broker::BrokerConfig { refused_filters: vec!["test/nosubscribe".into()], ..Default::default() };
+    let cfg = statehub_broker::BrokerConfig {
+        refused_filters: vec!["test/nosubscribe".into()],
+        ..Default::default()
+    };
     let (_b, addr) = start_broker(cfg).await;
     for (v, id) in [(V5, "ref5"), (V311, "ref3")] {
         let mut c = RawClient::connect(addr, v, id).await;
         let ack = c
-            .subscribe_with(vec![(bs("test/nosubscribe"), opts(QoS::AtLeastOnce)), (bs("test/ok"), opts(QoS::AtLeastOnce))], None)
+            .subscribe_with(
+                vec![
+                    (bs("test/nosubscribe"), opts(QoS::AtLeastOnce)),
+                    (bs("test/ok"), opts(QoS::AtLeastOnce)),
+                ],
+                None,
+            )
             .await;
-        assert_eq!(ack.reason_codes, vec![ReasonCode::UNSPECIFIED_ERROR, ReasonCode::GRANTED_QOS_1], "{v:?}");
+        assert_eq!(
+            ack.reason_codes,
+            vec![ReasonCode::UNSPECIFIED_ERROR, ReasonCode::GRANTED_QOS_1],
+            "{v:?}"
+        );
     }
 }

@@ -7,7 +7,9 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use common::*;
-use statehub_broker::codec::{ConnectProperties, Packet, PublishProperties, QoS, ReasonCode, SubscriptionOptions};
+use statehub_broker::codec::{
+    ConnectProperties, Packet, PublishProperties, QoS, ReasonCode, SubscriptionOptions,
+};
 
 fn retained(topic: &str, payload: &[u8]) -> statehub_broker::codec::Publish {
     let mut p = publish(topic, QoS::AtLeastOnce, payload);
@@ -39,24 +41,34 @@ async fn retained_store_replace_and_clear() {
     publ.publish(retained("r/a", b"1")).await;
     publ.publish(retained("r/a", b"2")).await;
     publ.publish(retained("r/b", b"b")).await;
-    publ.publish_simple("r/c", QoS::AtLeastOnce, b"not retained").await;
+    publ.publish_simple("r/c", QoS::AtLeastOnce, b"not retained")
+        .await;
 
     let mut s = RawClient::connect(addr, V5, "rs1").await;
     s.subscribe("r/#", opts(QoS::AtLeastOnce)).await;
     assert_eq!(
         collect(&mut s).await,
-        vec![("r/a".into(), b"2".to_vec(), true), ("r/b".into(), b"b".to_vec(), true)],
+        vec![
+            ("r/a".into(), b"2".to_vec(), true),
+            ("r/b".into(), b"b".to_vec(), true)
+        ],
         "latest retained per topic, RETAIN set"
     );
 
     // An empty retained payload clears; it is still delivered to current subscribers.
     publ.publish(retained("r/a", b"")).await;
     let got = s.expect_publish_ack().await;
-    assert_eq!((&*got.topic, got.payload.len(), got.retain), ("r/a", 0, false));
+    assert_eq!(
+        (&*got.topic, got.payload.len(), got.retain),
+        ("r/a", 0, false)
+    );
 
     let mut s2 = RawClient::connect(addr, V5, "rs2").await;
     s2.subscribe("r/#", opts(QoS::AtLeastOnce)).await;
-    assert_eq!(collect(&mut s2).await, vec![("r/b".into(), b"b".to_vec(), true)]);
+    assert_eq!(
+        collect(&mut s2).await,
+        vec![("r/b".into(), b"b".to_vec(), true)]
+    );
 }
 
 #[tokio::test]
@@ -73,7 +85,9 @@ async fn retained_qos_is_downgraded_and_properties_kept() {
     assert_eq!(got.qos, QoS::AtMostOnce);
     assert!(got.retain);
     let mut props = got.properties.clone();
-    assert!(props.message_expiry_interval.is_some_and(|e| (3598..=3600).contains(&e)));
+    assert!(props
+        .message_expiry_interval
+        .is_some_and(|e| (3598..=3600).contains(&e)));
     props.message_expiry_interval = Some(3600);
     assert_eq!(props, full_properties());
 }
@@ -83,23 +97,43 @@ async fn retain_handling_0_1_2() {
     let (_b, addr) = start_default().await;
     let mut publ = RawClient::connect(addr, V5, "rhpub").await;
     publ.publish(retained("rh/t", b"kept")).await;
-    let rh = |n: u8| SubscriptionOptions { qos: QoS::AtLeastOnce, retain_handling: n, ..Default::default() };
+    let rh = |n: u8| SubscriptionOptions {
+        qos: QoS::AtLeastOnce,
+        retain_handling: n,
+        ..Default::default()
+    };
 
     let mut s0 = RawClient::connect(addr, V5, "rh0").await;
     s0.subscribe("rh/t", rh(0)).await;
     assert_eq!(collect(&mut s0).await.len(), 1, "RH 0: sent on subscribe");
     s0.subscribe("rh/t", rh(0)).await;
-    assert_eq!(collect(&mut s0).await.len(), 1, "RH 0: sent again on re-subscribe");
+    assert_eq!(
+        collect(&mut s0).await.len(),
+        1,
+        "RH 0: sent again on re-subscribe"
+    );
 
     let mut s1 = RawClient::connect(addr, V5, "rh1").await;
     s1.subscribe("rh/t", rh(1)).await;
-    assert_eq!(collect(&mut s1).await.len(), 1, "RH 1: sent for a new subscription");
+    assert_eq!(
+        collect(&mut s1).await.len(),
+        1,
+        "RH 1: sent for a new subscription"
+    );
     s1.subscribe("rh/t", rh(1)).await;
-    assert_eq!(collect(&mut s1).await.len(), 0, "RH 1: not sent when the subscription existed");
+    assert_eq!(
+        collect(&mut s1).await.len(),
+        0,
+        "RH 1: not sent when the subscription existed"
+    );
 
     let mut s2 = RawClient::connect(addr, V5, "rh2").await;
     s2.subscribe("rh/t", rh(2)).await;
-    assert_eq!(collect(&mut s2).await.len(), 0, "RH 2: never sent on subscribe");
+    assert_eq!(
+        collect(&mut s2).await.len(),
+        0,
+        "RH 2: never sent on subscribe"
+    );
     // RH 2 still gets new messages.
     publ.publish(retained("rh/t", b"new")).await;
     assert_eq!(collect(&mut s2).await.len(), 1);
@@ -111,7 +145,8 @@ async fn retained_message_on_subscribe_carries_the_subscription_identifier() {
     let mut publ = RawClient::connect(addr, V5, "rsidpub").await;
     publ.publish(retained("rsid/t", b"x")).await;
     let mut s = RawClient::connect(addr, V5, "rsid").await;
-    s.subscribe_with(vec![(bs("rsid/+"), opts(QoS::AtLeastOnce))], Some(9)).await;
+    s.subscribe_with(vec![(bs("rsid/+"), opts(QoS::AtLeastOnce))], Some(9))
+        .await;
     let got = s.expect_publish_ack().await;
     assert!(got.retain);
     assert_eq!(got.properties.subscription_identifiers, vec![9]);
@@ -137,24 +172,36 @@ async fn every_publish_property_is_forwarded_untouched() {
         let mut p = publish("props/t", qos, "héllo".as_bytes());
         p.properties = full_properties();
         p.properties.user_properties.push((bs("ünï"), bs("")));
-        p.properties.user_properties.push((bs(""), bs("empty name")));
+        p.properties
+            .user_properties
+            .push((bs(""), bs("empty name")));
         publ.publish(p.clone()).await;
         let got = s.expect_publish_ack().await;
         let mut want = p.properties.clone();
         want.message_expiry_interval = got.properties.message_expiry_interval;
         assert_eq!(got.properties, want, "QoS {qos:?}");
-        assert!(got.properties.message_expiry_interval.is_some_and(|e| (3599..=3600).contains(&e)));
+        assert!(got
+            .properties
+            .message_expiry_interval
+            .is_some_and(|e| (3599..=3600).contains(&e)));
     }
     // No properties in, none out.
-    publ.publish_simple("props/t", QoS::AtLeastOnce, b"bare").await;
-    assert_eq!(s.expect_publish_ack().await.properties, PublishProperties::default());
+    publ.publish_simple("props/t", QoS::AtLeastOnce, b"bare")
+        .await;
+    assert_eq!(
+        s.expect_publish_ack().await.properties,
+        PublishProperties::default()
+    );
 }
 
 #[tokio::test]
 async fn message_expiry_is_decremented_and_expired_messages_are_not_delivered() {
     let (_b, addr) = start_default().await;
     let mut connect = connect_packet(V5, "expsub");
-    connect.properties = ConnectProperties { session_expiry_interval: Some(60), ..Default::default() };
+    connect.properties = ConnectProperties {
+        session_expiry_interval: Some(60),
+        ..Default::default()
+    };
     let (mut s, _) = RawClient::connect_with(addr, connect.clone()).await;
     s.subscribe("exp/#", opts(QoS::AtLeastOnce)).await;
     s.disconnect().await;
@@ -172,9 +219,18 @@ async fn message_expiry_is_decremented_and_expired_messages_are_not_delivered() 
     let (mut s, ack) = RawClient::connect_with(addr, connect).await;
     assert!(ack.session_present);
     let got = s.expect_publish_ack().await;
-    assert_eq!(&*got.topic, "exp/long", "the 1 s message expired while the session was offline");
-    let left = got.properties.message_expiry_interval.expect("expiry must be forwarded");
-    assert!((8..=9).contains(&left), "10 s minus ~1.3 s waited, got {left}");
+    assert_eq!(
+        &*got.topic, "exp/long",
+        "the 1 s message expired while the session was offline"
+    );
+    let left = got
+        .properties
+        .message_expiry_interval
+        .expect("expiry must be forwarded");
+    assert!(
+        (8..=9).contains(&left),
+        "10 s minus ~1.3 s waited, got {left}"
+    );
     s.expect_nothing(QUIET).await;
 }
 
@@ -203,8 +259,14 @@ async fn payload_format_indicator_with_invalid_utf8_is_refused_0x99() {
     let mut s = RawClient::connect(addr, V5, "pfisub").await;
     s.subscribe("pfi/#", opts(QoS::ExactlyOnce)).await;
     let mut publ = RawClient::connect(addr, V5, "pfipub").await;
-    assert_eq!(publ.publish(bad_utf8(QoS::AtLeastOnce)).await, ReasonCode::PAYLOAD_FORMAT_INVALID);
-    assert_eq!(publ.publish(bad_utf8(QoS::ExactlyOnce)).await, ReasonCode::PAYLOAD_FORMAT_INVALID);
+    assert_eq!(
+        publ.publish(bad_utf8(QoS::AtLeastOnce)).await,
+        ReasonCode::PAYLOAD_FORMAT_INVALID
+    );
+    assert_eq!(
+        publ.publish(bad_utf8(QoS::ExactlyOnce)).await,
+        ReasonCode::PAYLOAD_FORMAT_INVALID
+    );
     s.expect_nothing(QUIET).await;
     // Valid UTF-8 with the indicator passes, and the indicator is forwarded.
     let mut ok = publish("pfi/t", QoS::AtLeastOnce, "ok ✓".as_bytes());
@@ -212,10 +274,12 @@ async fn payload_format_indicator_with_invalid_utf8_is_refused_0x99() {
     assert_eq!(publ.publish(ok).await, ReasonCode::SUCCESS);
     assert!(s.expect_publish_ack().await.properties.payload_format_utf8);
     // Invalid UTF-8 *without* the indicator is just bytes.
-    publ.publish_simple("pfi/t", QoS::AtLeastOnce, &[0xFF]).await;
+    publ.publish_simple("pfi/t", QoS::AtLeastOnce, &[0xFF])
+        .await;
     assert_eq!(&s.expect_publish_ack().await.payload[..], &[0xFF]);
     // QoS 0 has no acknowledgement: the server disconnects with 0x99.
     publ.send(&Packet::Publish(bad_utf8(QoS::AtMostOnce))).await;
-    publ.expect_disconnect(ReasonCode::PAYLOAD_FORMAT_INVALID).await;
+    publ.expect_disconnect(ReasonCode::PAYLOAD_FORMAT_INVALID)
+        .await;
     let _ = Bytes::new();
 }

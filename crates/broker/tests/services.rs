@@ -20,12 +20,19 @@ struct Echo {
 }
 
 impl Service for Echo {
-    fn on_publish<'a>(&'a self, broker: &'a Broker, from: &'a ClientInfo, publish: Publish) -> BoxFuture<'a, ()> {
+    fn on_publish<'a>(
+        &'a self,
+        broker: &'a Broker,
+        from: &'a ClientInfo,
+        publish: Publish,
+    ) -> BoxFuture<'a, ()> {
         Box::pin(async move {
             if let Some(d) = self.delay {
                 tokio::time::sleep(d).await;
             }
-            self.requests.lock().push((from.client_id.to_string(), publish.clone()));
+            self.requests
+                .lock()
+                .push((from.client_id.to_string(), publish.clone()));
             let reply = Publish {
                 topic: bs(&format!("answers/{}", from.client_id)),
                 qos: QoS::AtLeastOnce,
@@ -36,7 +43,9 @@ impl Service for Echo {
                 },
                 ..Default::default()
             };
-            broker.deliver_to(&from.client_id, reply).expect("deliver_to");
+            broker
+                .deliver_to(&from.client_id, reply)
+                .expect("deliver_to");
         })
     }
 
@@ -61,7 +70,11 @@ async fn service_answer_reaches_the_sender_exactly_once() {
     let mut req = publish("svc/echo", QoS::AtLeastOnce, b"ping");
     req.properties.correlation_data = Some(Bytes::from_static(b"c1"));
     req.properties.user_properties = vec![(bs("x"), bs("y"))];
-    assert_eq!(c.publish(req).await, ReasonCode::SUCCESS, "a service-owned topic is acknowledged with success");
+    assert_eq!(
+        c.publish(req).await,
+        ReasonCode::SUCCESS,
+        "a service-owned topic is acknowledged with success"
+    );
     let got = c.expect_publish_ack().await;
     assert_eq!(&*got.topic, "answers/asker");
     assert_eq!(&got.payload[..], b"ping");
@@ -71,7 +84,11 @@ async fn service_answer_reaches_the_sender_exactly_once() {
     let reqs = svc.requests.lock().clone();
     assert_eq!(reqs.len(), 1);
     assert_eq!(reqs[0].0, "asker");
-    assert_eq!(reqs[0].1.properties.user_properties, vec![(bs("x"), bs("y"))], "properties reach the service");
+    assert_eq!(
+        reqs[0].1.properties.user_properties,
+        vec![(bs("x"), bs("y"))],
+        "properties reach the service"
+    );
     // Requests go to the service, not to subscribers; the answer only to the sender.
     snoop.expect_nothing(QUIET).await;
 }
@@ -93,18 +110,28 @@ async fn service_answers_each_of_many_requests_once() {
 async fn service_works_for_v311_clients_and_qos2() {
     let (_b, addr, _svc) = with_service(Echo::default()).await;
     let mut c = RawClient::connect(addr, V311, "v3asker").await;
-    assert_eq!(c.publish_simple("svc/q2", QoS::ExactlyOnce, b"two").await, ReasonCode::SUCCESS);
+    assert_eq!(
+        c.publish_simple("svc/q2", QoS::ExactlyOnce, b"two").await,
+        ReasonCode::SUCCESS
+    );
     let got = c.expect_publish_ack().await;
     assert_eq!(&*got.topic, "answers/v3asker");
 }
 
 #[tokio::test]
 async fn publish_is_acknowledged_after_the_service_finished() {
-    let (_b, addr, svc) = with_service(Echo { delay: Some(Duration::from_millis(300)), ..Default::default() }).await;
+    let (_b, addr, svc) = with_service(Echo {
+        delay: Some(Duration::from_millis(300)),
+        ..Default::default()
+    })
+    .await;
     let mut c = RawClient::connect(addr, V5, "slowsvc").await;
     let start = Instant::now();
     c.publish_simple("svc/slow", QoS::AtLeastOnce, b"x").await;
-    assert!(start.elapsed() >= Duration::from_millis(250), "PUBACK came before on_publish finished");
+    assert!(
+        start.elapsed() >= Duration::from_millis(250),
+        "PUBACK came before on_publish finished"
+    );
     assert_eq!(svc.requests.lock().len(), 1);
     c.expect_publish_ack().await;
 }
@@ -132,7 +159,13 @@ async fn disconnect_client_closes_with_the_given_reason() {
     let mut c = RawClient::connect(addr, V5, "kicked").await;
     assert!(broker.disconnect_client("kicked", ReasonCode::ADMINISTRATIVE_ACTION));
     c.expect_disconnect(ReasonCode::ADMINISTRATIVE_ACTION).await;
-    assert!(wait_until(Duration::from_secs(2), || svc.closed.lock().contains(&"kicked".to_owned())).await);
+    assert!(
+        wait_until(Duration::from_secs(2), || svc
+            .closed
+            .lock()
+            .contains(&"kicked".to_owned()))
+        .await
+    );
     assert!(!broker.disconnect_client("nobody", ReasonCode::ADMINISTRATIVE_ACTION));
     // v3.1.1 clients are just closed.
     let mut c = RawClient::connect(addr, V311, "kicked3").await;
@@ -143,7 +176,9 @@ async fn disconnect_client_closes_with_the_given_reason() {
 #[tokio::test]
 async fn deliver_to_an_unknown_client_fails() {
     let (broker, _addr, _svc) = with_service(Echo::default()).await;
-    let err = broker.deliver_to("ghost", publish("x", QoS::AtLeastOnce, b"")).unwrap_err();
+    let err = broker
+        .deliver_to("ghost", publish("x", QoS::AtLeastOnce, b""))
+        .unwrap_err();
     assert_eq!(err, DeliverError::NoSession("ghost".into()));
 }
 
@@ -154,10 +189,15 @@ async fn deliver_to_an_offline_persistent_session_is_queued() {
     connect.properties.session_expiry_interval = Some(60);
     let (c, _) = RawClient::connect_with(addr, connect.clone()).await;
     c.disconnect().await;
-    broker.deliver_to("away", publish("note/for/you", QoS::AtLeastOnce, b"later")).unwrap();
+    broker
+        .deliver_to("away", publish("note/for/you", QoS::AtLeastOnce, b"later"))
+        .unwrap();
     connect.clean_start = false;
     let (mut c, _) = RawClient::connect_with(addr, connect).await;
     let got = c.expect_publish_ack().await;
-    assert_eq!((&*got.topic, &got.payload[..]), ("note/for/you", &b"later"[..]));
+    assert_eq!(
+        (&*got.topic, &got.payload[..]),
+        ("note/for/you", &b"later"[..])
+    );
     let _ = Packet::PingReq;
 }

@@ -8,13 +8,17 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use common::*;
 use statehub_broker::codec::{
-    Connect, ConnectProperties, Disconnect, LastWill, Packet, PubResponse, QoS, ReasonCode, WillProperties,
+    Connect, ConnectProperties, Disconnect, LastWill, Packet, PubResponse, QoS, ReasonCode,
+    WillProperties,
 };
 
 fn persistent(id: &str, clean_start: bool) -> Connect {
     let mut c = connect_packet(V5, id);
     c.clean_start = clean_start;
-    c.properties = ConnectProperties { session_expiry_interval: Some(60), ..Default::default() };
+    c.properties = ConnectProperties {
+        session_expiry_interval: Some(60),
+        ..Default::default()
+    };
     c
 }
 
@@ -26,7 +30,8 @@ async fn queued_qos1_messages_are_delivered_after_reconnect() {
     s.disconnect().await;
     let mut publ = RawClient::connect(addr, V5, "q1pub").await;
     publ.publish_simple("q1/a", QoS::AtLeastOnce, b"1").await;
-    publ.publish_simple("q1/a", QoS::AtMostOnce, b"qos0 not queued").await;
+    publ.publish_simple("q1/a", QoS::AtMostOnce, b"qos0 not queued")
+        .await;
     publ.publish_simple("q1/b", QoS::ExactlyOnce, b"2").await;
     publ.publish_simple("q1/a", QoS::AtLeastOnce, b"3").await;
 
@@ -36,7 +41,14 @@ async fn queued_qos1_messages_are_delivered_after_reconnect() {
     for _ in 0..3 {
         got.push(s.expect_publish_ack().await.payload);
     }
-    assert_eq!(got, vec![Bytes::from_static(b"1"), Bytes::from_static(b"2"), Bytes::from_static(b"3")]);
+    assert_eq!(
+        got,
+        vec![
+            Bytes::from_static(b"1"),
+            Bytes::from_static(b"2"),
+            Bytes::from_static(b"3")
+        ]
+    );
     s.expect_nothing(QUIET).await;
 }
 
@@ -53,7 +65,8 @@ async fn rumqttc_v311_persistent_session() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let mut publ = RawClient::connect(addr, V311, "p4pub").await;
-    publ.publish_simple("p4/t", QoS::AtLeastOnce, b"while away").await;
+    publ.publish_simple("p4/t", QoS::AtLeastOnce, b"while away")
+        .await;
     let (_c, mut rx) = v4c::connect(o).await;
     let got = v4c::next_publish(&mut rx).await;
     assert_eq!(&got.payload[..], b"while away");
@@ -65,7 +78,8 @@ async fn unacknowledged_qos1_is_resent_with_dup_on_resume() {
     let (mut s, _) = RawClient::connect_with(addr, persistent("dup1", true)).await;
     s.subscribe("dup/t", opts(QoS::AtLeastOnce)).await;
     let mut publ = RawClient::connect(addr, V5, "duppub").await;
-    publ.publish_simple("dup/t", QoS::AtLeastOnce, b"again").await;
+    publ.publish_simple("dup/t", QoS::AtLeastOnce, b"again")
+        .await;
     let first = s.expect_publish().await;
     assert!(!first.dup);
     drop(s); // no PUBACK, TCP closed
@@ -87,7 +101,8 @@ async fn qos2_exchange_resumes_with_pubrel() {
     let (mut s, _) = RawClient::connect_with(addr, persistent("dup2", true)).await;
     s.subscribe("dup2/t", opts(QoS::ExactlyOnce)).await;
     let mut publ = RawClient::connect(addr, V5, "dup2pub").await;
-    publ.publish_simple("dup2/t", QoS::ExactlyOnce, b"two").await;
+    publ.publish_simple("dup2/t", QoS::ExactlyOnce, b"two")
+        .await;
     let first = s.expect_publish().await;
     let id = first.packet_id.unwrap();
     s.send(&Packet::PubRec(PubResponse::ok(id))).await;
@@ -120,10 +135,16 @@ async fn session_expires_after_its_interval() {
     drop(s);
     tokio::time::sleep(Duration::from_millis(2000)).await;
     let (mut s, ack) = RawClient::connect_with(addr, c).await;
-    assert!(!ack.session_present, "session should have expired after 1 s");
+    assert!(
+        !ack.session_present,
+        "session should have expired after 1 s"
+    );
     // ... and its subscription with it.
     let mut publ = RawClient::connect(addr, V5, "gonepub").await;
-    assert_eq!(publ.publish_simple("gone/t", QoS::AtLeastOnce, b"x").await, ReasonCode::NO_MATCHING_SUBSCRIBERS);
+    assert_eq!(
+        publ.publish_simple("gone/t", QoS::AtLeastOnce, b"x").await,
+        ReasonCode::NO_MATCHING_SUBSCRIBERS
+    );
     s.expect_nothing(QUIET).await;
 }
 
@@ -179,7 +200,10 @@ async fn will_is_published_on_disconnect_with_will_message() {
     let (_b, addr) = start_default().await;
     let mut w = watcher(addr, "dww").await;
     let (mut c, _) = RawClient::connect_with(addr, with_will("dww", None, 0)).await;
-    c.send(&Packet::Disconnect(Disconnect::with_reason(ReasonCode::DISCONNECT_WITH_WILL))).await;
+    c.send(&Packet::Disconnect(Disconnect::with_reason(
+        ReasonCode::DISCONNECT_WITH_WILL,
+    )))
+    .await;
     assert_eq!(&*w.expect_publish_ack().await.topic, "will/dww");
 }
 
@@ -190,7 +214,8 @@ async fn will_is_published_on_keep_alive_timeout() {
     let mut connect = with_will("kat", None, 0);
     connect.keep_alive = 1;
     let (mut c, _) = RawClient::connect_with(addr, connect).await;
-    c.expect_disconnect_within(ReasonCode::KEEP_ALIVE_TIMEOUT, Duration::from_millis(2500)).await;
+    c.expect_disconnect_within(ReasonCode::KEEP_ALIVE_TIMEOUT, Duration::from_millis(2500))
+        .await;
     assert_eq!(&*w.expect_publish_ack().await.topic, "will/kat");
 }
 
@@ -245,7 +270,10 @@ async fn delayed_will_is_sent_after_the_delay() {
     let got = w.expect_publish_ack().await;
     assert_eq!(&*got.topic, "will/late");
     let waited = start.elapsed();
-    assert!(waited >= Duration::from_millis(900), "will delay not honoured: {waited:?}");
+    assert!(
+        waited >= Duration::from_millis(900),
+        "will delay not honoured: {waited:?}"
+    );
 }
 
 #[tokio::test]

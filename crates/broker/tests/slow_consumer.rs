@@ -19,7 +19,11 @@ use tokio::net::TcpSocket;
 const MAX_QUEUED: usize = 50;
 
 fn config() -> BrokerConfig {
-    BrokerConfig { max_queued_messages: MAX_QUEUED, socket_write_high_water: 16 * 1024, ..Default::default() }
+    BrokerConfig {
+        max_queued_messages: MAX_QUEUED,
+        socket_write_high_water: 16 * 1024,
+        ..Default::default()
+    }
 }
 
 /// Connects a v5 subscriber with a tiny receive buffer, subscribes QoS 1 to
@@ -27,10 +31,16 @@ fn config() -> BrokerConfig {
 async fn stalled_subscriber(addr: SocketAddr, id: &str, expiry: u32) -> RawClient {
     let sock = TcpSocket::new_v4().unwrap();
     sock.set_recv_buffer_size(4096).unwrap();
-    let stream = tokio::time::timeout(WAIT, sock.connect(addr)).await.unwrap().unwrap();
+    let stream = tokio::time::timeout(WAIT, sock.connect(addr))
+        .await
+        .unwrap()
+        .unwrap();
     let mut c = RawClient::from_stream(stream, V5);
     let mut connect = connect_packet(V5, id);
-    connect.properties = ConnectProperties { session_expiry_interval: Some(expiry), ..Default::default() };
+    connect.properties = ConnectProperties {
+        session_expiry_interval: Some(expiry),
+        ..Default::default()
+    };
     c.send(&Packet::Connect(Box::new(connect))).await;
     assert!(matches!(c.expect().await, Packet::ConnAck(a) if a.reason_code.is_success()));
     c.subscribe("slow/t", opts(QoS::AtLeastOnce)).await;
@@ -62,7 +72,10 @@ fn flood(addr: SocketAddr, stop: Arc<AtomicBool>) -> tokio::task::JoinHandle<u64
                 p.packet_id = Some((sent % 60_000) as u16 + 1);
                 codec.encode(&Packet::Publish(p), &mut buf).unwrap();
             }
-            if tokio::time::timeout(WAIT, wr.write_all(&buf)).await.is_err() {
+            if tokio::time::timeout(WAIT, wr.write_all(&buf))
+                .await
+                .is_err()
+            {
                 break;
             }
             tokio::task::yield_now().await;
@@ -77,13 +90,20 @@ async fn flood_until_cut_off(broker: &Broker, addr: SocketAddr, limit: Duration)
     let stop = Arc::new(AtomicBool::new(false));
     let task = flood(addr, stop.clone());
     let cut = wait_until(limit, || {
-        broker.metrics().slow_consumers.load(Ordering::Relaxed) > 0 && broker.connection_count() <= 1
+        broker.metrics().slow_consumers.load(Ordering::Relaxed) > 0
+            && broker.connection_count() <= 1
     })
     .await;
     stop.store(true, Ordering::Relaxed);
-    let sent = tokio::time::timeout(WAIT, task).await.expect("flooder stuck").unwrap();
-    assert!(cut, "slow consumer not cut off within {limit:?} ({sent} messages flooded, slow_consumers={})",
-        broker.metrics().slow_consumers.load(Ordering::Relaxed));
+    let sent = tokio::time::timeout(WAIT, task)
+        .await
+        .expect("flooder stuck")
+        .unwrap();
+    assert!(
+        cut,
+        "slow consumer not cut off within {limit:?} ({sent} messages flooded, slow_consumers={})",
+        broker.metrics().slow_consumers.load(Ordering::Relaxed)
+    );
     // Let the broker finish the PUBLISHes still buffered from the flooder.
     let mut last = u64::MAX;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
@@ -127,8 +147,11 @@ async fn slow_consumer_metric_counts_connections_not_messages() {
     let _s = stalled_subscriber(addr, "slow-count", 0).await;
     flood_until_cut_off(&broker, addr, Duration::from_secs(6)).await;
     let n = broker.metrics().slow_consumers.load(Ordering::Relaxed);
-    assert_eq!(n, 1, "one slow connection was closed with 0x97, but metrics().slow_consumers = {n} \
-        (documented as 'Connections closed with 0x97')");
+    assert_eq!(
+        n, 1,
+        "one slow connection was closed with 0x97, but metrics().slow_consumers = {n} \
+        (documented as 'Connections closed with 0x97')"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -140,7 +163,10 @@ async fn slow_consumer_session_queue_stays_bounded() {
     // it must stay within the configured limit.
     let mut connect = connect_packet(V5, "slow-bound");
     connect.clean_start = false;
-    connect.properties = ConnectProperties { session_expiry_interval: Some(60), ..Default::default() };
+    connect.properties = ConnectProperties {
+        session_expiry_interval: Some(60),
+        ..Default::default()
+    };
     let (mut c, ack) = RawClient::connect_with(addr, connect).await;
     assert!(ack.session_present);
     let mut held = 0usize;
@@ -175,7 +201,10 @@ async fn a_session_resuming_with_a_full_queue_is_not_cut_off() {
     let mut sub = RawClient::connect_with(addr, {
         let mut c = connect_packet(V5, "resume-full");
         c.clean_start = false;
-        c.properties = ConnectProperties { session_expiry_interval: Some(60), ..Default::default() };
+        c.properties = ConnectProperties {
+            session_expiry_interval: Some(60),
+            ..Default::default()
+        };
         c
     })
     .await
@@ -187,17 +216,32 @@ async fn a_session_resuming_with_a_full_queue_is_not_cut_off() {
     // Fill the offline queue to its bound.
     let mut publisher = RawClient::connect(addr, V5, "resume-pub").await;
     for i in 0..MAX_QUEUED {
-        publisher.publish(publish("resume/full", QoS::AtLeastOnce, format!("old {i}").as_bytes())).await;
+        publisher
+            .publish(publish(
+                "resume/full",
+                QoS::AtLeastOnce,
+                format!("old {i}").as_bytes(),
+            ))
+            .await;
     }
 
     // Resume, and keep publishing while the backlog drains.
     let mut connect = connect_packet(V5, "resume-full");
     connect.clean_start = false;
-    connect.properties = ConnectProperties { session_expiry_interval: Some(60), ..Default::default() };
+    connect.properties = ConnectProperties {
+        session_expiry_interval: Some(60),
+        ..Default::default()
+    };
     let (mut sub, ack) = RawClient::connect_with(addr, connect).await;
     assert!(ack.session_present);
     for i in 0..10 {
-        publisher.publish(publish("resume/full", QoS::AtLeastOnce, format!("new {i}").as_bytes())).await;
+        publisher
+            .publish(publish(
+                "resume/full",
+                QoS::AtLeastOnce,
+                format!("new {i}").as_bytes(),
+            ))
+            .await;
     }
     let mut received = 0;
     while received < MAX_QUEUED + 10 {
@@ -206,7 +250,9 @@ async fn a_session_resuming_with_a_full_queue_is_not_cut_off() {
                 received += 1;
                 sub.ack(&p).await;
             }
-            Event::Packet(Packet::Disconnect(d)) => panic!("resumed session was cut off: {d:?} after {received}"),
+            Event::Packet(Packet::Disconnect(d)) => {
+                panic!("resumed session was cut off: {d:?} after {received}")
+            }
             Event::Packet(_) => {}
             other => panic!("expected the backlog, got {other:?} after {received}"),
         }

@@ -28,7 +28,9 @@ use tokio_util::codec::{Decoder, Encoder};
 
 use crate::frame::{self, FixedHeader};
 use crate::wire::MAX_VARINT;
-use crate::{publish, DecodeError, EncodeError, Packet, ProtocolVersion, PubResponse, PublishRef, ReasonCode};
+use crate::{
+    publish, DecodeError, EncodeError, Packet, ProtocolVersion, PubResponse, PublishRef, ReasonCode,
+};
 
 /// MQTT framing for one connection.
 ///
@@ -120,7 +122,11 @@ impl Codec {
 
     /// Appends one PUBLISH given as a [`PublishRef`] (a shared message with its
     /// per-hop fields), the way [`Codec::encode`] would write the whole [`Publish`].
-    pub fn encode_publish(&self, publish: &PublishRef<'_>, dst: &mut BytesMut) -> Result<(), EncodeError> {
+    pub fn encode_publish(
+        &self,
+        publish: &PublishRef<'_>,
+        dst: &mut BytesMut,
+    ) -> Result<(), EncodeError> {
         publish::encode(publish, self.version.ok_or(EncodeError::NoVersion)?, dst)
     }
 
@@ -376,17 +382,26 @@ mod tests {
     #[test]
     fn short_acks_match_the_general_decoder() {
         for version in [ProtocolVersion::V311, ProtocolVersion::V5] {
-            for (packet_type, flags) in [(frame::PUBACK, 0), (frame::PUBREC, 0), (frame::PUBREL, 2), (frame::PUBCOMP, 0)] {
+            for (packet_type, flags) in [
+                (frame::PUBACK, 0),
+                (frame::PUBREC, 0),
+                (frame::PUBREL, 2),
+                (frame::PUBCOMP, 0),
+            ] {
                 for pid in [1u16, 0x00ff, 0x0100, 0xbeef, u16::MAX] {
                     let [high, low] = pid.to_be_bytes();
                     let bytes = [packet_type << 4 | flags, 2, high, low];
                     let fast = read_short_ack(packet_type, &bytes[2..]).expect("a short ack");
-                    let general = delegate(version, &mut BytesMut::from(&bytes[..]), packet_type).expect("decodes");
+                    let general = delegate(version, &mut BytesMut::from(&bytes[..]), packet_type)
+                        .expect("decodes");
                     assert_eq!(fast, general, "{version:?} type {packet_type} id {pid}");
                 }
             }
         }
-        assert!(read_short_ack(frame::PUBACK, &[0, 1, 0]).is_none(), "a reason code goes the general way");
+        assert!(
+            read_short_ack(frame::PUBACK, &[0, 1, 0]).is_none(),
+            "a reason code goes the general way"
+        );
         assert!(read_short_ack(frame::UNSUBACK, &[0, 1]).is_none());
     }
 }

@@ -10,10 +10,16 @@ use crate::ReasonCode;
 pub enum DecodeError {
     /// The bytes do not form a valid packet (bad lengths, bad flags, bad property, ...).
     #[error("malformed packet [{clause}]: {detail}")]
-    Malformed { clause: &'static str, detail: &'static str },
+    Malformed {
+        clause: &'static str,
+        detail: &'static str,
+    },
     /// A well-formed packet that the protocol forbids here.
     #[error("protocol error [{clause}]: {detail}")]
-    Protocol { clause: &'static str, detail: &'static str },
+    Protocol {
+        clause: &'static str,
+        detail: &'static str,
+    },
     /// A string field is not valid UTF-8 or contains forbidden code points.
     #[error("invalid UTF-8 string [MQTT-1.5.4-1]")]
     InvalidUtf8,
@@ -34,9 +40,16 @@ impl DecodeError {
     /// 3.1.1 CONNACK carries as return code 2, as [MQTT-3.1.3-8] requires.
     pub fn reason_code(&self) -> ReasonCode {
         match self {
-            DecodeError::Protocol { clause: "MQTT-3.1.3-8", .. } => ReasonCode::CLIENT_IDENTIFIER_NOT_VALID,
-            DecodeError::Malformed { .. } | DecodeError::InvalidUtf8 => ReasonCode::MALFORMED_PACKET,
-            DecodeError::Protocol { .. } | DecodeError::ExpectedConnect => ReasonCode::PROTOCOL_ERROR,
+            DecodeError::Protocol {
+                clause: "MQTT-3.1.3-8",
+                ..
+            } => ReasonCode::CLIENT_IDENTIFIER_NOT_VALID,
+            DecodeError::Malformed { .. } | DecodeError::InvalidUtf8 => {
+                ReasonCode::MALFORMED_PACKET
+            }
+            DecodeError::Protocol { .. } | DecodeError::ExpectedConnect => {
+                ReasonCode::PROTOCOL_ERROR
+            }
             DecodeError::PacketTooLarge { .. } => ReasonCode::PACKET_TOO_LARGE,
             DecodeError::UnsupportedProtocolVersion(_) => ReasonCode::UNSUPPORTED_PROTOCOL_VERSION,
         }

@@ -11,20 +11,20 @@
 //!   (`frame`), PUBLISH (`publish`) and the MQTT 5 short-form acknowledgements
 //!   (see [`Codec`]); `wire` holds the byte-level helpers they share.
 
-pub mod packet;
-mod reason;
-mod error;
 mod codec;
 mod convert;
+mod error;
 mod frame;
+pub mod packet;
 mod publish;
+mod reason;
 mod strings;
 pub mod validate;
 mod wire;
 
+pub use bytestring::ByteString;
 pub use codec::Codec;
-pub use publish::PublishRef;
 pub use error::{DecodeError, EncodeError};
 pub use packet::*;
+pub use publish::PublishRef;
 pub use reason::ReasonCode;
-pub use bytestring::ByteString;

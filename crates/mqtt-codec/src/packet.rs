@@ -181,7 +181,10 @@ pub struct PubResponse {
 impl PubResponse {
     /// A success acknowledgement with no properties.
     pub fn ok(packet_id: u16) -> Self {
-        PubResponse { packet_id, ..Default::default() }
+        PubResponse {
+            packet_id,
+            ..Default::default()
+        }
     }
 }
 
@@ -238,7 +241,10 @@ pub struct Disconnect {
 
 impl Disconnect {
     pub fn with_reason(reason_code: ReasonCode) -> Self {
-        Disconnect { reason_code, ..Default::default() }
+        Disconnect {
+            reason_code,
+            ..Default::default()
+        }
     }
 }
 

@@ -362,5 +362,13 @@ fn publish_ref_overrides_the_per_hop_fields() {
     codec.encode_publish(&view, &mut out).unwrap();
     assert_eq!(&out[..], PUBLISH_V5_FULL);
     let alias_only = PublishRef { topic: "", ..view };
-    assert!(codec.encode_publish(&PublishRef { topic_alias: None, ..alias_only }, &mut out).is_err());
+    assert!(codec
+        .encode_publish(
+            &PublishRef {
+                topic_alias: None,
+                ..alias_only
+            },
+            &mut out
+        )
+        .is_err());
 }

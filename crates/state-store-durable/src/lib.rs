@@ -129,7 +129,9 @@ impl Engine for DurableEngine {
 
     fn put(&mut self, key: &[u8], entry: Entry) -> Result<Option<Entry>, EngineError> {
         self.staged
-            .put_with(&self.entries, key, |out| record::encode_entry_into(&entry, out))
+            .put_with(&self.entries, key, |out| {
+                record::encode_entry_into(&entry, out)
+            })
             .map_err(storage)?;
         self.staged_version = Some((entry.version.wall_ms, entry.version.counter));
         self.memory.put(key, entry)

@@ -166,7 +166,14 @@ impl ResponseCache {
         // queue copies every entry.
         let queue = VecDeque::with_capacity(capacity.min(1 << 16));
         let in_flight = in_flight.max(capacity);
-        Self { capacity, in_flight, keys: RandomState::new(), index: HashMap::default(), queue, next: 0 }
+        Self {
+            capacity,
+            in_flight,
+            keys: RandomState::new(),
+            index: HashMap::default(),
+            queue,
+            next: 0,
+        }
     }
 
     #[cfg(test)]
@@ -198,7 +205,14 @@ impl ResponseCache {
 
     /// Remembers `reply` to `client_id`'s request, whose lookup missed at `at` (the
     /// request's Correlation Data is the reply's), and sent as `sent`.
-    pub fn insert(&mut self, at: Vacancy, client_id: ByteString, reply: CachedReply, sent: &Arc<Message>, now: Instant) {
+    pub fn insert(
+        &mut self,
+        at: Vacancy,
+        client_id: ByteString,
+        reply: CachedReply,
+        sent: &Arc<Message>,
+        now: Instant,
+    ) {
         if self.capacity == 0 {
             return;
         }
@@ -208,7 +222,13 @@ impl ResponseCache {
         let end = reply.deadline + GRACE;
         self.index.insert(fingerprint, self.next);
         self.next += 1;
-        self.queue.push_back(Slot { fingerprint, client_id, reply, sent: Arc::downgrade(sent), end });
+        self.queue.push_back(Slot {
+            fingerprint,
+            client_id,
+            reply,
+            sent: Arc::downgrade(sent),
+            end,
+        });
     }
 
     /// Evicts until there is room for one more entry, keeping (up to the in-flight bound)
@@ -217,7 +237,10 @@ impl ResponseCache {
     fn make_room(&mut self) {
         let mut moved = false;
         while self.queue.len() >= self.capacity {
-            let in_flight = self.queue.front().is_some_and(|s| s.sent.strong_count() > 0);
+            let in_flight = self
+                .queue
+                .front()
+                .is_some_and(|s| s.sent.strong_count() > 0);
             if !in_flight || self.queue.len() >= self.in_flight {
                 self.pop_front();
             } else if moved {
@@ -232,7 +255,9 @@ impl ResponseCache {
     /// Requeues the oldest entry as the newest (its index entry follows it).
     fn move_front_to_back(&mut self) {
         let n = self.next - self.queue.len() as u64;
-        let Some(slot) = self.queue.pop_front() else { return };
+        let Some(slot) = self.queue.pop_front() else {
+            return;
+        };
         if let Some(place) = self.index.get_mut(&slot.fingerprint) {
             if *place == n {
                 *place = self.next;
@@ -258,7 +283,9 @@ impl ResponseCache {
     /// over).
     fn pop_front(&mut self) {
         let n = self.next - self.queue.len() as u64;
-        let Some(slot) = self.queue.pop_front() else { return };
+        let Some(slot) = self.queue.pop_front() else {
+            return;
+        };
         if let hash_map::Entry::Occupied(e) = self.index.entry(slot.fingerprint) {
             if *e.get() == n {
                 e.remove();
@@ -272,17 +299,26 @@ mod tests {
     use super::*;
 
     fn reply(n: u8, deadline: Instant) -> CachedReply {
-        CachedReply { parts: OkParts::new("t", Some(&[n; 16]), None), payload: Bytes::from_static(b"+OK\r\n"), deadline }
+        CachedReply {
+            parts: OkParts::new("t", Some(&[n; 16]), None),
+            payload: Bytes::from_static(b"+OK\r\n"),
+            deadline,
+        }
     }
 
     fn key(n: u8) -> CacheKey {
-        CacheKey { client_id: "c".into(), correlation: Bytes::from(vec![n; 16]) }
+        CacheKey {
+            client_id: "c".into(),
+            correlation: Bytes::from(vec![n; 16]),
+        }
     }
 
     /// Looks key `n` up (it must miss) and inserts its reply there, as the service does;
     /// returns the message as sent (the entry counts it in flight while it is kept).
     fn put(cache: &mut ResponseCache, n: u8, deadline: Instant, now: Instant) -> Arc<Message> {
-        let Lookup::Miss(at) = cache.lookup(&key(n), now) else { panic!("key {n} is cached") };
+        let Lookup::Miss(at) = cache.lookup(&key(n), now) else {
+            panic!("key {n} is cached")
+        };
         let reply = reply(n, deadline);
         let sent = Arc::new(reply.message());
         cache.insert(at, "c".into(), reply, &sent, now);
@@ -313,9 +349,16 @@ mod tests {
 
     /// A cache with bounds `capacity` and `in_flight` after `n` requests whose responses
     /// are all still on their way (the returned messages), at `now`.
-    fn unanswered(capacity: usize, in_flight: usize, n: u8, now: Instant) -> (ResponseCache, Vec<Arc<Message>>) {
+    fn unanswered(
+        capacity: usize,
+        in_flight: usize,
+        n: u8,
+        now: Instant,
+    ) -> (ResponseCache, Vec<Arc<Message>>) {
         let mut cache = ResponseCache::new(capacity, in_flight);
-        let held = (0..n).map(|n| put(&mut cache, n, now + Duration::from_secs(5), now)).collect();
+        let held = (0..n)
+            .map(|n| put(&mut cache, n, now + Duration::from_secs(5), now))
+            .collect();
         (cache, held)
     }
 
@@ -349,11 +392,22 @@ mod tests {
         let mut cache = ResponseCache::new(4, 8);
         assert!(matches!(cache.lookup(&key(1), now), Lookup::Miss(_)));
         put(&mut cache, 1, now + Duration::from_secs(5), now);
-        let Lookup::Hit(hit) = cache.lookup(&key(1), now) else { panic!("no hit") };
-        assert_eq!(hit.properties.correlation_data.as_deref(), Some(&[1; 16][..]));
+        let Lookup::Hit(hit) = cache.lookup(&key(1), now) else {
+            panic!("no hit")
+        };
+        assert_eq!(
+            hit.properties.correlation_data.as_deref(),
+            Some(&[1; 16][..])
+        );
         assert_eq!(hit.expires_at, Some(now + Duration::from_secs(5)));
-        assert!(matches!(cache.lookup(&key(1), now + Duration::from_secs(6)), Lookup::Late));
-        assert!(matches!(cache.lookup(&key(1), now + Duration::from_secs(70)), Lookup::Miss(_)));
+        assert!(matches!(
+            cache.lookup(&key(1), now + Duration::from_secs(6)),
+            Lookup::Late
+        ));
+        assert!(matches!(
+            cache.lookup(&key(1), now + Duration::from_secs(70)),
+            Lookup::Miss(_)
+        ));
         assert_eq!(cache.len(), 0);
     }
 
@@ -362,7 +416,10 @@ mod tests {
         let now = Instant::now();
         let mut cache = ResponseCache::new(4, 8);
         put(&mut cache, 1, now + Duration::from_secs(5), now);
-        let other_client = CacheKey { client_id: "d".into(), ..key(1) };
+        let other_client = CacheKey {
+            client_id: "d".into(),
+            ..key(1)
+        };
         assert!(matches!(cache.lookup(&other_client, now), Lookup::Miss(_)));
         assert!(matches!(cache.lookup(&key(2), now), Lookup::Miss(_)));
     }
@@ -390,7 +447,12 @@ mod tests {
         let now = Instant::now();
         let mut cache = ResponseCache::new(2, 4);
         for n in 0..5 {
-            put(&mut cache, n, now + Duration::from_secs(u64::from(n) + 1), now);
+            put(
+                &mut cache,
+                n,
+                now + Duration::from_secs(u64::from(n) + 1),
+                now,
+            );
         }
         assert_eq!(cache.len(), 2);
         assert!(matches!(cache.lookup(&key(4), now), Lookup::Hit(_)));

@@ -82,7 +82,11 @@ impl Durability {
         if seq == 0 {
             return Next::Now(reply, effects);
         }
-        outbox.push_back(Held { seq, reply, effects });
+        outbox.push_back(Held {
+            seq,
+            reply,
+            effects,
+        });
         Next::Wait(seq)
     }
 }
@@ -124,9 +128,16 @@ where
         let _order = durability.release.lock();
         let lost: Vec<Held> = durability.outbox.lock().drain(..).collect();
         for held in lost {
-            let dropped = held.effects.iter().filter(|e| matches!(e, Effect::Notify(_))).count();
+            let dropped = held
+                .effects
+                .iter()
+                .filter(|e| matches!(e, Effect::Notify(_)))
+                .count();
             if dropped > 0 {
-                tracing::warn!(dropped, "notifications of writes lost to a storage failure not sent");
+                tracing::warn!(
+                    dropped,
+                    "notifications of writes lost to a storage failure not sent"
+                );
             }
             if let Some(reply) = held.reply {
                 let unavailable = rpc::fault_response(

@@ -41,8 +41,8 @@ use parking_lot::Mutex;
 use statehub_broker::codec::{ByteString, Publish, PublishProperties, QoS, ReasonCode};
 use statehub_broker::{BoxFuture, Broker, ClientInfo, Message, Service};
 use statehub_state_store::{
-    unix_ms, AllowAll, Effect, FatalError, Machine, MemoryEngine, Request,
-    FENCING_TOKEN_PROPERTY, TIMESTAMP_PROPERTY,
+    unix_ms, AllowAll, Effect, FatalError, Machine, MemoryEngine, Request, FENCING_TOKEN_PROPERTY,
+    TIMESTAMP_PROPERTY,
 };
 use statehub_state_store_durable::DurableEngine;
 use statehub_storage::Store;
@@ -51,9 +51,9 @@ use tokio::sync::Notify;
 use cache::{CacheKey, CachedReply, Lookup, ResponseCache};
 use durable::{Durability, Next};
 
-pub use settings::SettingsError;
 pub use rpc::{is_forbidden_response_topic, CONTENT_TYPE, PROTOCOL_VERSION};
 pub use settings::Settings;
+pub use settings::SettingsError;
 pub use statehub_state_store::{Authorizer, Engine, Stats, REQUEST_TOPIC};
 
 /// The state store as a broker service. Register it on [`REQUEST_TOPIC`] and spawn
@@ -95,7 +95,10 @@ struct State<E, A> {
 impl StateStoreService {
     /// An empty in-memory store.
     pub fn in_memory(settings: &Settings) -> Result<Self, SettingsError> {
-        Ok(Self::with_machine(Machine::in_memory(settings.machine_config()?), settings))
+        Ok(Self::with_machine(
+            Machine::in_memory(settings.machine_config()?),
+            settings,
+        ))
     }
 }
 
@@ -105,7 +108,10 @@ impl StateStoreService<DurableEngine> {
     /// only once writes are durable.
     pub fn open_durable(settings: &Settings, store: &Store) -> Result<Self, OpenError> {
         let config = settings.machine_config()?;
-        let load = |source: FatalError| OpenError::Load { dir: store.dir().to_owned(), source };
+        let load = |source: FatalError| OpenError::Load {
+            dir: store.dir().to_owned(),
+            source,
+        };
         let engine = DurableEngine::open(store).map_err(|e| load(e.into()))?;
         let mut machine = Machine::new(engine, AllowAll, config).map_err(load)?;
         machine.expire(unix_ms(SystemTime::now())).map_err(load)?;
@@ -121,7 +127,14 @@ where
     /// A service over an existing machine (another engine, another authorizer).
     pub fn with_machine(machine: Machine<E, A>, settings: &Settings) -> Self {
         Self {
-            state: Mutex::new(State { machine, cache: ResponseCache::new(settings.response_cache_entries, settings.response_cache_in_flight), failed: false }),
+            state: Mutex::new(State {
+                machine,
+                cache: ResponseCache::new(
+                    settings.response_cache_entries,
+                    settings.response_cache_in_flight,
+                ),
+                failed: false,
+            }),
             rearm: Notify::new(),
             durability: None,
         }
@@ -129,7 +142,10 @@ where
 
     /// A service over a persistent engine writing to `store`: replies wait for durability.
     pub fn with_storage(machine: Machine<E, A>, settings: &Settings, store: Store) -> Self {
-        Self { durability: Some(Durability::new(store)), ..Self::with_machine(machine, settings) }
+        Self {
+            durability: Some(Durability::new(store)),
+            ..Self::with_machine(machine, settings)
+        }
     }
 
     /// How many keys and bytes the store holds.
@@ -148,7 +164,12 @@ where
     }
 
     /// Handles one request; `Some` when its answer is held until that write is durable.
-    fn handle(&self, broker: &Broker, from: &ClientInfo, publish: Publish) -> Option<statehub_state_store::WriteSeq> {
+    fn handle(
+        &self,
+        broker: &Broker,
+        from: &ClientInfo,
+        publish: Publish,
+    ) -> Option<statehub_state_store::WriteSeq> {
         let client_id = &*from.client_id;
         if publish.qos == QoS::AtMostOnce {
             tracing::debug!(client = client_id, "state store request with QoS 0 ignored");
@@ -156,24 +177,42 @@ where
         }
         let props = publish.properties;
         let Some(response_topic) = props.response_topic.as_deref() else {
-            tracing::debug!(client = client_id, "state store request without Response Topic ignored");
+            tracing::debug!(
+                client = client_id,
+                "state store request without Response Topic ignored"
+            );
             return None;
         };
         if rpc::is_forbidden_response_topic(response_topic) {
-            tracing::info!(client = client_id, topic = response_topic, "reserved Response Topic; disconnecting");
+            tracing::info!(
+                client = client_id,
+                topic = response_topic,
+                "reserved Response Topic; disconnecting"
+            );
             broker.disconnect_client(client_id, ReasonCode::PROTOCOL_ERROR);
             return None;
         }
         let received = Instant::now();
         let deadline = rpc::deadline(&props, received);
         if let Err(fault) = rpc::check(&props) {
-            let correlation = props.correlation_data.as_deref().map(Bytes::copy_from_slice);
-            broker.publish(rpc::fault_response(response_topic.into(), correlation, &fault, deadline));
+            let correlation = props
+                .correlation_data
+                .as_deref()
+                .map(Bytes::copy_from_slice);
+            broker.publish(rpc::fault_response(
+                response_topic.into(),
+                correlation,
+                &fault,
+                deadline,
+            ));
             return None;
         }
         // Looked up with the request's own Correlation Data (a slice of the read buffer);
         // stored under the reply's copy, so a cached entry never pins that buffer.
-        let lookup = CacheKey { client_id: from.client_id.clone(), correlation: props.correlation_data.clone().unwrap_or_default() };
+        let lookup = CacheKey {
+            client_id: from.client_id.clone(),
+            correlation: props.correlation_data.clone().unwrap_or_default(),
+        };
         let next = {
             let mut state = self.state.lock();
             let (reply, effects) = match state.cache.lookup(&lookup, received) {
@@ -183,11 +222,14 @@ where
                 }
                 Lookup::Late => (None, Vec::new()),
                 Lookup::Miss(at) => {
-                    let (answer, effects) = state.execute(client_id, publish.payload, &props, response_topic, deadline);
+                    let (answer, effects) =
+                        state.execute(client_id, publish.payload, &props, response_topic, deadline);
                     let reply = match answer {
                         Answer::Ok(ok) => {
                             let reply = Arc::new(ok.message());
-                            state.cache.insert(at, lookup.client_id, ok, &reply, received);
+                            state
+                                .cache
+                                .insert(at, lookup.client_id, ok, &reply, received);
                             reply
                         }
                         // Only a failed store answers so, and it keeps answering so: a
@@ -238,7 +280,10 @@ where
                         payload: n.payload,
                         properties: PublishProperties {
                             content_type: Some(ByteString::from_static(CONTENT_TYPE)),
-                            user_properties: vec![(TIMESTAMP_PROPERTY.into(), n.version.to_string().into())],
+                            user_properties: vec![(
+                                TIMESTAMP_PROPERTY.into(),
+                                n.version.to_string().into(),
+                            )],
                             ..PublishProperties::default()
                         },
                     };
@@ -280,9 +325,23 @@ impl<E: Engine, A: Authorizer> State<E, A> {
     }
 
     /// Runs one request in the machine and builds its response.
-    fn execute(&mut self, client_id: &str, payload: Bytes, props: &PublishProperties, topic: &str, deadline: Instant) -> (Answer, Vec<Effect>) {
+    fn execute(
+        &mut self,
+        client_id: &str,
+        payload: Bytes,
+        props: &PublishProperties,
+        topic: &str,
+        deadline: Instant,
+    ) -> (Answer, Vec<Effect>) {
         let correlation = props.correlation_data.as_deref();
-        let unavailable = || Answer::Fault(rpc::fault_response(topic.into(), correlation.map(Bytes::copy_from_slice), &rpc::Fault::unavailable(), deadline));
+        let unavailable = || {
+            Answer::Fault(rpc::fault_response(
+                topic.into(),
+                correlation.map(Bytes::copy_from_slice),
+                &rpc::Fault::unavailable(),
+                deadline,
+            ))
+        };
         if self.failed {
             return (unavailable(), Vec::new());
         }
@@ -295,7 +354,14 @@ impl<E: Engine, A: Authorizer> State<E, A> {
         match self.machine.handle(request, unix_ms(SystemTime::now())) {
             Ok(outcome) => {
                 let parts = rpc::OkParts::new(topic, correlation, outcome.reply.version.as_ref());
-                (Answer::Ok(CachedReply { parts, payload: outcome.reply.payload, deadline }), outcome.effects)
+                (
+                    Answer::Ok(CachedReply {
+                        parts,
+                        payload: outcome.reply.payload,
+                        deadline,
+                    }),
+                    outcome.effects,
+                )
             }
             Err(e) => {
                 tracing::error!(error = %e, "state store engine failed; the store now answers 503");
@@ -312,7 +378,12 @@ where
     E: Engine + Send + Debug + 'static,
     A: Authorizer + Send + Debug + 'static,
 {
-    fn on_publish<'a>(&'a self, broker: &'a Broker, from: &'a ClientInfo, publish: Publish) -> BoxFuture<'a, ()> {
+    fn on_publish<'a>(
+        &'a self,
+        broker: &'a Broker,
+        from: &'a ClientInfo,
+        publish: Publish,
+    ) -> BoxFuture<'a, ()> {
         let Some(durability) = &self.durability else {
             self.handle(broker, from, publish);
             return statehub_broker::done();
@@ -377,7 +448,8 @@ where
                 };
                 self.next(None, effects)
             };
-            if let (Some(seq), Some(durability)) = (self.dispatch(&broker, next), &self.durability) {
+            if let (Some(seq), Some(durability)) = (self.dispatch(&broker, next), &self.durability)
+            {
                 self.finish(&broker, durability, seq).await;
             }
         }

@@ -32,7 +32,8 @@ pub const REQUEST_VERSION_PROPERTY: &str = "__requestProtVer";
 /// The version this server speaks.
 pub const PROTOCOL_VERSION: &str = "1.0";
 /// Response topics under this prefix are the store's own (notifications).
-pub const RESERVED_RESPONSE_PREFIX: &str = "clients/statestore/v1/FA9AE35F-2F64-47CD-9BFF-08E2B32A0FE8";
+pub const RESERVED_RESPONSE_PREFIX: &str =
+    "clients/statestore/v1/FA9AE35F-2F64-47CD-9BFF-08E2B32A0FE8";
 /// Lifetime the SDK executor assumes for a request without Message Expiry.
 const DEFAULT_EXPIRY: Duration = Duration::from_secs(10);
 
@@ -51,16 +52,31 @@ pub struct Fault {
 
 impl Fault {
     fn bad_request(message: &str, property: &'static str) -> Self {
-        Self { status: 400, message: message.to_owned(), property_name: Some(property), request_version: None }
+        Self {
+            status: 400,
+            message: message.to_owned(),
+            property_name: Some(property),
+            request_version: None,
+        }
     }
 
     fn version(message: String, requested: &str) -> Self {
-        Self { status: 505, message, property_name: None, request_version: Some(requested.to_owned()) }
+        Self {
+            status: 505,
+            message,
+            property_name: None,
+            request_version: Some(requested.to_owned()),
+        }
     }
 
     /// The store failed (its engine broke): every request gets this from then on.
     pub fn unavailable() -> Self {
-        Self { status: 503, message: "the state store is unavailable".to_owned(), property_name: None, request_version: None }
+        Self {
+            status: 503,
+            message: "the state store is unavailable".to_owned(),
+            property_name: None,
+            request_version: None,
+        }
     }
 }
 
@@ -72,12 +88,18 @@ pub fn is_forbidden_response_topic(topic: &str) -> bool {
 
 /// First value of user property `name`.
 pub fn user_property<'a>(props: &'a PublishProperties, name: &str) -> Option<&'a str> {
-    props.user_properties.iter().find(|(k, _)| k == name).map(|(_, v)| &**v)
+    props
+        .user_properties
+        .iter()
+        .find(|(k, _)| k == name)
+        .map(|(_, v)| &**v)
 }
 
 /// The request's deadline: receipt plus its Message Expiry (or the SDK default).
 pub fn deadline(props: &PublishProperties, received: Instant) -> Instant {
-    let lifetime = props.message_expiry_interval.map_or(DEFAULT_EXPIRY, |s| Duration::from_secs(u64::from(s)));
+    let lifetime = props
+        .message_expiry_interval
+        .map_or(DEFAULT_EXPIRY, |s| Duration::from_secs(u64::from(s)));
     received + lifetime
 }
 
@@ -85,12 +107,20 @@ pub fn deadline(props: &PublishProperties, received: Instant) -> Instant {
 /// Expiry, then `__protVer` (absent means 1.0).
 pub fn check(props: &PublishProperties) -> Result<(), Fault> {
     if props.correlation_data.is_none() {
-        return Err(Fault::bad_request("Correlation data missing", "Correlation Data"));
+        return Err(Fault::bad_request(
+            "Correlation data missing",
+            "Correlation Data",
+        ));
     }
     if props.message_expiry_interval.is_none() {
-        return Err(Fault::bad_request("Message expiry interval missing", "Message Expiry"));
+        return Err(Fault::bad_request(
+            "Message expiry interval missing",
+            "Message Expiry",
+        ));
     }
-    let Some(version) = user_property(props, PROTOCOL_VERSION_PROPERTY) else { return Ok(()) };
+    let Some(version) = user_property(props, PROTOCOL_VERSION_PROPERTY) else {
+        return Ok(());
+    };
     let major = version.split_once('.').and_then(|(major, minor)| {
         minor.parse::<u16>().ok()?;
         major.parse::<u16>().ok()
@@ -115,7 +145,13 @@ fn static_pair(k: &'static str, v: &'static str) -> (ByteString, ByteString) {
 }
 
 /// A response on `topic` (QoS 1, same Correlation Data) expiring at `deadline`.
-fn response(topic: ByteString, correlation: Option<Bytes>, payload: Bytes, user: UserProperties, deadline: Instant) -> Message {
+fn response(
+    topic: ByteString,
+    correlation: Option<Bytes>,
+    payload: Bytes,
+    user: UserProperties,
+    deadline: Instant,
+) -> Message {
     Message {
         topic,
         payload,
@@ -152,7 +188,9 @@ impl OkParts {
     /// `version`.
     pub fn new(topic: &str, correlation: Option<&[u8]>, version: Option<&Hlc>) -> Self {
         let correlation_len = correlation.map_or(0, <[u8]>::len);
-        let mut buf = BytesMut::with_capacity(topic.len() + correlation_len + if version.is_some() { 48 } else { 0 });
+        let mut buf = BytesMut::with_capacity(
+            topic.len() + correlation_len + if version.is_some() { 48 } else { 0 },
+        );
         buf.put_slice(topic.as_bytes());
         if let Some(c) = correlation {
             buf.put_slice(c);
@@ -161,32 +199,53 @@ impl OkParts {
             v.put_wire(&mut buf);
         }
         let topic_end = topic.len();
-        Self { buf: buf.freeze(), topic_end, correlation_end: correlation.map(|_| topic_end + correlation_len) }
+        Self {
+            buf: buf.freeze(),
+            topic_end,
+            correlation_end: correlation.map(|_| topic_end + correlation_len),
+        }
     }
 
     /// The Correlation Data (empty if none).
     pub fn correlation(&self) -> &[u8] {
-        self.correlation_end.map_or(&[][..], |end| &self.buf[self.topic_end..end])
+        self.correlation_end
+            .map_or(&[][..], |end| &self.buf[self.topic_end..end])
     }
 
     /// The response (QoS 1) carrying `payload`, expiring at `deadline`.
     pub fn message(&self, payload: Bytes, deadline: Instant) -> Message {
         let buf = &self.buf;
-        let text = |range: std::ops::Range<usize>| ByteString::try_from(buf.slice(range)).unwrap_or_default();
+        let text = |range: std::ops::Range<usize>| {
+            ByteString::try_from(buf.slice(range)).unwrap_or_default()
+        };
         let end = self.correlation_end.unwrap_or(self.topic_end);
         let mut user = Vec::with_capacity(3);
         user.push(static_pair(STATUS_PROPERTY, "200"));
         user.push(static_pair(PROTOCOL_VERSION_PROPERTY, PROTOCOL_VERSION));
         if end < buf.len() {
-            user.push((ByteString::from_static(TIMESTAMP_PROPERTY), text(end..buf.len())));
+            user.push((
+                ByteString::from_static(TIMESTAMP_PROPERTY),
+                text(end..buf.len()),
+            ));
         }
         let correlation = self.correlation_end.map(|c| buf.slice(self.topic_end..c));
-        response(text(0..self.topic_end), correlation, payload, user, deadline)
+        response(
+            text(0..self.topic_end),
+            correlation,
+            payload,
+            user,
+            deadline,
+        )
     }
 }
 
 /// A fault response, with the properties the SDK invoker reads for that status.
-pub fn fault_response(topic: ByteString, correlation: Option<Bytes>, fault: &Fault, deadline: Instant) -> Message {
+pub fn fault_response(
+    topic: ByteString,
+    correlation: Option<Bytes>,
+    fault: &Fault,
+    deadline: Instant,
+) -> Message {
     let mut user = vec![
         pair(APPLICATION_ERROR_PROPERTY, "false"),
         pair(STATUS_PROPERTY, &fault.status.to_string()),
@@ -211,17 +270,41 @@ mod tests {
         PublishProperties {
             correlation_data: correlation.then(|| Bytes::from_static(&[7; 16])),
             message_expiry_interval: expiry,
-            user_properties: version.map(|v| pair(PROTOCOL_VERSION_PROPERTY, v)).into_iter().collect(),
+            user_properties: version
+                .map(|v| pair(PROTOCOL_VERSION_PROPERTY, v))
+                .into_iter()
+                .collect(),
             ..PublishProperties::default()
         }
     }
 
     #[test]
     fn checks_follow_the_executor_order() {
-        assert_eq!(check(&props(false, None, Some("2.0"))).unwrap_err().property_name, Some("Correlation Data"));
-        assert_eq!(check(&props(true, None, Some("2.0"))).unwrap_err().property_name, Some("Message Expiry"));
-        assert_eq!(check(&props(true, Some(5), Some("2.0"))).unwrap_err().status, 505);
-        assert_eq!(check(&props(true, Some(5), Some("x"))).unwrap_err().request_version.as_deref(), Some("x"));
+        assert_eq!(
+            check(&props(false, None, Some("2.0")))
+                .unwrap_err()
+                .property_name,
+            Some("Correlation Data")
+        );
+        assert_eq!(
+            check(&props(true, None, Some("2.0")))
+                .unwrap_err()
+                .property_name,
+            Some("Message Expiry")
+        );
+        assert_eq!(
+            check(&props(true, Some(5), Some("2.0")))
+                .unwrap_err()
+                .status,
+            505
+        );
+        assert_eq!(
+            check(&props(true, Some(5), Some("x")))
+                .unwrap_err()
+                .request_version
+                .as_deref(),
+            Some("x")
+        );
         assert!(check(&props(true, Some(5), Some("1.7"))).is_ok());
         assert!(check(&props(true, Some(5), None)).is_ok());
     }
@@ -229,7 +312,11 @@ mod tests {
     #[test]
     fn reserved_response_topics() {
         assert!(is_forbidden_response_topic(REQUEST_TOPIC));
-        assert!(is_forbidden_response_topic("clients/statestore/v1/FA9AE35F-2F64-47CD-9BFF-08E2B32A0FE8/x"));
-        assert!(!is_forbidden_response_topic("clients/me/services/statestore/_any_/command/invoke/response"));
+        assert!(is_forbidden_response_topic(
+            "clients/statestore/v1/FA9AE35F-2F64-47CD-9BFF-08E2B32A0FE8/x"
+        ));
+        assert!(!is_forbidden_response_topic(
+            "clients/me/services/statestore/_any_/command/invoke/response"
+        ));
     }
 }

@@ -21,7 +21,11 @@ use statehub_storage::{Options, Store};
 
 /// Runs one server lifetime on `dir`: starts it, runs `f`, then drops everything.
 fn lifetime<T, F: Future<Output = T>>(dir: &Path, f: impl FnOnce(SocketAddr, Store) -> F) -> T {
-    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
     let out = runtime.block_on(async {
         let store = Store::open(dir, Options::default()).unwrap();
         let (_broker, addr) = start_durable(Settings::default(), &store).await;
@@ -39,9 +43,14 @@ fn a_reply_leaves_only_once_its_write_is_committed() {
         let table = store.table(ENTRIES_TABLE).unwrap();
         for i in 0..20u8 {
             let key = [b'k', i];
-            let set = c.call(&resp(&[b"SET", &key, b"v"]), i, Some(now_ts())).await;
+            let set = c
+                .call(&resp(&[b"SET", &key, b"v"]), i, Some(now_ts()))
+                .await;
             assert_eq!(set.payload, Bytes::from_static(b"+OK\r\n"));
-            assert!(table.get(&key).unwrap().is_some(), "SET {i} answered before it was committed");
+            assert!(
+                table.get(&key).unwrap().is_some(),
+                "SET {i} answered before it was committed"
+            );
         }
         assert_eq!(store.durable_seq(), store.last_seq());
     });
@@ -75,16 +84,30 @@ fn acknowledged_writes_survive_a_restart_and_keys_expired_meanwhile_are_gone() {
         let mut c = Client::connect(addr, "durable-restart").await;
         let get = c.call(&resp(&[b"GET", b"plain"]), 1, None).await;
         assert_eq!(get.payload, Bytes::from_static(b"$3\r\ntwo\r\n"));
-        assert_eq!(user1(&get, "__ts").as_ref(), Some(&before[1]), "the version changed across the restart");
+        assert_eq!(
+            user1(&get, "__ts").as_ref(),
+            Some(&before[1]),
+            "the version changed across the restart"
+        );
         let get = c.call(&resp(&[b"GET", b"later"]), 2, None).await;
         assert_eq!(user1(&get, "__ts").as_ref(), Some(&before[2]));
         for (i, key) in [&b"brief"[..], b"deleted"].into_iter().enumerate() {
             let get = c.call(&resp(&[b"GET", key]), 3 + i as u8, None).await;
-            assert_eq!(get.payload, Bytes::from_static(b"$-1\r\n"), "{}", key.escape_ascii());
+            assert_eq!(
+                get.payload,
+                Bytes::from_static(b"$-1\r\n"),
+                "{}",
+                key.escape_ascii()
+            );
         }
-        let set = c.call(&resp(&[b"SET", b"new", b"v"]), 9, Some(now_ts())).await;
+        let set = c
+            .call(&resp(&[b"SET", b"new", b"v"]), 9, Some(now_ts()))
+            .await;
         let version = user1(&set, "__ts").unwrap();
-        assert!(before.iter().all(|v| *v < version), "{version} is not above {before:?}");
+        assert!(
+            before.iter().all(|v| *v < version),
+            "{version} is not above {before:?}"
+        );
     });
 }
 
@@ -99,7 +122,9 @@ fn notifications_keep_version_order_through_group_commits() {
                 tokio::spawn(async move {
                     let mut c = Client::connect(addr, &format!("durable-writer-{w}")).await;
                     for i in 0..30u8 {
-                        let r = c.call(&resp(&[b"SET", b"hot", &[w, i]]), i, Some(now_ts())).await;
+                        let r = c
+                            .call(&resp(&[b"SET", b"hot", &[w, i]]), i, Some(now_ts()))
+                            .await;
                         assert_eq!(r.payload, Bytes::from_static(b"+OK\r\n"));
                     }
                 })
@@ -124,16 +149,23 @@ fn a_failed_store_answers_503() {
     let dir = tempfile::tempdir().unwrap();
     lifetime(dir.path(), |addr, store| async move {
         let mut c = Client::connect(addr, "durable-failed").await;
-        let ok = c.call(&resp(&[b"SET", b"k", b"v"]), 1, Some(now_ts())).await;
+        let ok = c
+            .call(&resp(&[b"SET", b"k", b"v"]), 1, Some(now_ts()))
+            .await;
         assert_eq!(user1(&ok, "__stat").as_deref(), Some("200"));
         store.close().unwrap();
-        for (i, request) in [resp(&[b"SET", b"k", b"w"]), resp(&[b"GET", b"k"])].iter().enumerate() {
+        for (i, request) in [resp(&[b"SET", b"k", b"w"]), resp(&[b"GET", b"k"])]
+            .iter()
+            .enumerate()
+        {
             let r = c.call(request, 2 + i as u8, Some(now_ts())).await;
             assert_eq!(user1(&r, "__stat").as_deref(), Some("503"));
             assert!(r.payload.is_empty());
         }
         // A duplicate of the acknowledged request is not answered from the cache either.
-        let again = c.call(&resp(&[b"SET", b"k", b"v"]), 1, Some(now_ts())).await;
+        let again = c
+            .call(&resp(&[b"SET", b"k", b"v"]), 1, Some(now_ts()))
+            .await;
         assert_eq!(user1(&again, "__stat").as_deref(), Some("503"));
     });
 }

@@ -34,20 +34,29 @@ impl Sdk {
             .use_tls(false)
             .build()
             .unwrap();
-        let options = SessionOptionsBuilder::default().connection_settings(settings).build().unwrap();
+        let options = SessionOptionsBuilder::default()
+            .connection_settings(settings)
+            .build()
+            .unwrap();
         let session = Session::new(options).unwrap();
         let store = state_store::Client::new(
             ApplicationContextBuilder::default().build().unwrap(),
             session.create_managed_client(),
             session.create_session_monitor(),
-            state_store::ClientOptionsBuilder::default().build().unwrap(),
+            state_store::ClientOptionsBuilder::default()
+                .build()
+                .unwrap(),
         )
         .unwrap();
         let exit = session.create_exit_handle();
         let run = tokio::spawn(async move {
             session.run().await.unwrap();
         });
-        Sdk { store: Arc::new(store), exit, run }
+        Sdk {
+            store: Arc::new(store),
+            exit,
+            run,
+        }
     }
 
     async fn close(self) {
@@ -63,7 +72,11 @@ fn newer(a: &HybridLogicalClock, b: &HybridLogicalClock) -> bool {
 }
 
 fn opts(condition: SetCondition, expires: Option<Duration>) -> SetOptions {
-    SetOptions { set_condition: condition, expires, ..SetOptions::default() }
+    SetOptions {
+        set_condition: condition,
+        expires,
+        ..SetOptions::default()
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -72,32 +85,109 @@ async fn set_get_del_vdel_with_fencing() {
     let sdk = Sdk::connect(addr, "sdk-basic");
     let s = &sdk.store;
 
-    let set = s.set(b"k".to_vec(), b"v1".to_vec(), TIMEOUT, None, SetOptions::default()).await.unwrap();
+    let set = s
+        .set(
+            b"k".to_vec(),
+            b"v1".to_vec(),
+            TIMEOUT,
+            None,
+            SetOptions::default(),
+        )
+        .await
+        .unwrap();
     assert!(set.response);
     let v1 = set.version.unwrap();
     let get = s.get(b"k".to_vec(), TIMEOUT).await.unwrap();
     assert_eq!(get.response, Some(b"v1".to_vec()));
     assert_eq!(get.version, Some(v1.clone()));
-    let nx = s.set(b"k".to_vec(), b"v2".to_vec(), TIMEOUT, None, opts(SetCondition::OnlyIfDoesNotExist, None)).await.unwrap();
+    let nx = s
+        .set(
+            b"k".to_vec(),
+            b"v2".to_vec(),
+            TIMEOUT,
+            None,
+            opts(SetCondition::OnlyIfDoesNotExist, None),
+        )
+        .await
+        .unwrap();
     assert!(!nx.response);
-    let nex = s.set(b"k".to_vec(), b"v1".to_vec(), TIMEOUT, None, opts(SetCondition::OnlyIfEqualOrDoesNotExist, None)).await.unwrap();
+    let nex = s
+        .set(
+            b"k".to_vec(),
+            b"v1".to_vec(),
+            TIMEOUT,
+            None,
+            opts(SetCondition::OnlyIfEqualOrDoesNotExist, None),
+        )
+        .await
+        .unwrap();
     assert!(nex.response);
-    let vdel = s.vdel(b"k".to_vec(), b"other".to_vec(), None, TIMEOUT).await.unwrap();
+    let vdel = s
+        .vdel(b"k".to_vec(), b"other".to_vec(), None, TIMEOUT)
+        .await
+        .unwrap();
     assert_eq!(vdel.response, -1);
-    let vdel = s.vdel(b"k".to_vec(), b"v1".to_vec(), None, TIMEOUT).await.unwrap();
+    let vdel = s
+        .vdel(b"k".to_vec(), b"v1".to_vec(), None, TIMEOUT)
+        .await
+        .unwrap();
     assert_eq!(vdel.response, 1);
     let missing = s.get(b"k".to_vec(), TIMEOUT).await.unwrap();
     assert_eq!(missing.response, None);
     assert!(missing.version.is_none());
 
     // Fencing: the lock's version protects another key.
-    let lock = s.set(b"lock".to_vec(), b"me".to_vec(), TIMEOUT, None, opts(SetCondition::OnlyIfEqualOrDoesNotExist, Some(Duration::from_secs(10)))).await.unwrap();
+    let lock = s
+        .set(
+            b"lock".to_vec(),
+            b"me".to_vec(),
+            TIMEOUT,
+            None,
+            opts(
+                SetCondition::OnlyIfEqualOrDoesNotExist,
+                Some(Duration::from_secs(10)),
+            ),
+        )
+        .await
+        .unwrap();
     let token = lock.version.unwrap();
-    assert!(s.set(b"fenced".to_vec(), b"a".to_vec(), TIMEOUT, Some(token.clone()), SetOptions::default()).await.unwrap().response);
-    assert!(s.set(b"fenced".to_vec(), b"b".to_vec(), TIMEOUT, None, SetOptions::default()).await.is_err());
+    assert!(
+        s.set(
+            b"fenced".to_vec(),
+            b"a".to_vec(),
+            TIMEOUT,
+            Some(token.clone()),
+            SetOptions::default()
+        )
+        .await
+        .unwrap()
+        .response
+    );
+    assert!(s
+        .set(
+            b"fenced".to_vec(),
+            b"b".to_vec(),
+            TIMEOUT,
+            None,
+            SetOptions::default()
+        )
+        .await
+        .is_err());
     assert!(s.del(b"fenced".to_vec(), None, TIMEOUT).await.is_err());
-    assert_eq!(s.del(b"fenced".to_vec(), Some(token), TIMEOUT).await.unwrap().response, 1);
-    assert_eq!(s.del(b"fenced".to_vec(), None, TIMEOUT).await.unwrap().response, 0);
+    assert_eq!(
+        s.del(b"fenced".to_vec(), Some(token), TIMEOUT)
+            .await
+            .unwrap()
+            .response,
+        1
+    );
+    assert_eq!(
+        s.del(b"fenced".to_vec(), None, TIMEOUT)
+            .await
+            .unwrap()
+            .response,
+        0
+    );
     sdk.close().await;
 }
 
@@ -106,28 +196,80 @@ async fn observe_set_delete_and_expiry() {
     let (_broker, addr) = common::start().await;
     let sdk = Sdk::connect(addr, "sdk-observe");
     let s = &sdk.store;
-    let mut obs = s.observe(b"watched".to_vec(), TIMEOUT).await.unwrap().response;
+    let mut obs = s
+        .observe(b"watched".to_vec(), TIMEOUT)
+        .await
+        .unwrap()
+        .response;
 
-    let set = s.set(b"watched".to_vec(), b"x".to_vec(), TIMEOUT, None, opts(SetCondition::Unconditional, Some(Duration::from_millis(500)))).await.unwrap();
-    let (n, _) = timeout(TIMEOUT, obs.recv_notification()).await.unwrap().unwrap();
+    let set = s
+        .set(
+            b"watched".to_vec(),
+            b"x".to_vec(),
+            TIMEOUT,
+            None,
+            opts(
+                SetCondition::Unconditional,
+                Some(Duration::from_millis(500)),
+            ),
+        )
+        .await
+        .unwrap();
+    let (n, _) = timeout(TIMEOUT, obs.recv_notification())
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(n.operation, Operation::Set(b"x".to_vec()));
     assert_eq!(Some(n.version), set.version);
-    let (n, _) = timeout(TIMEOUT, obs.recv_notification()).await.unwrap().unwrap();
+    let (n, _) = timeout(TIMEOUT, obs.recv_notification())
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(n.operation, Operation::Del, "the key expired");
 
-    assert!(s.unobserve(b"watched".to_vec(), TIMEOUT).await.unwrap().response);
-    assert!(!s.unobserve(b"watched".to_vec(), TIMEOUT).await.unwrap().response);
+    assert!(
+        s.unobserve(b"watched".to_vec(), TIMEOUT)
+            .await
+            .unwrap()
+            .response
+    );
+    assert!(
+        !s.unobserve(b"watched".to_vec(), TIMEOUT)
+            .await
+            .unwrap()
+            .response
+    );
     sdk.close().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn scan_pages_through_matching_keys() {
-    let (_broker, addr) = common::start_with(statehub_state_store_service::Settings { scan_count: 7, ..Default::default() }).await;
+    let (_broker, addr) = common::start_with(statehub_state_store_service::Settings {
+        scan_count: 7,
+        ..Default::default()
+    })
+    .await;
     let sdk = Sdk::connect(addr, "sdk-scan");
     let s = &sdk.store;
     for i in 0..20 {
-        s.set(format!("scan{i:02}").into_bytes(), b"v".to_vec(), TIMEOUT, None, SetOptions::default()).await.unwrap();
-        s.set(format!("other{i:02}").into_bytes(), b"v".to_vec(), TIMEOUT, None, SetOptions::default()).await.unwrap();
+        s.set(
+            format!("scan{i:02}").into_bytes(),
+            b"v".to_vec(),
+            TIMEOUT,
+            None,
+            SetOptions::default(),
+        )
+        .await
+        .unwrap();
+        s.set(
+            format!("other{i:02}").into_bytes(),
+            b"v".to_vec(),
+            TIMEOUT,
+            None,
+            SetOptions::default(),
+        )
+        .await
+        .unwrap();
     }
     let mut pager = s.list_keys(b"scan1[0-4]".to_vec(), TIMEOUT).unwrap();
     let mut keys = Vec::new();
@@ -149,16 +291,33 @@ async fn lease_is_exclusive_and_renewable() {
     let (_broker, addr) = common::start().await;
     let a = Sdk::connect(addr, "sdk-lease-a");
     let b = Sdk::connect(addr, "sdk-lease-b");
-    let la = lease::Client::new(a.store.clone(), b"lease".to_vec(), b"sdk-lease-a".to_vec()).unwrap();
-    let lb = lease::Client::new(b.store.clone(), b"lease".to_vec(), b"sdk-lease-b".to_vec()).unwrap();
+    let la =
+        lease::Client::new(a.store.clone(), b"lease".to_vec(), b"sdk-lease-a".to_vec()).unwrap();
+    let lb =
+        lease::Client::new(b.store.clone(), b"lease".to_vec(), b"sdk-lease-b".to_vec()).unwrap();
 
-    let t1 = la.acquire(Duration::from_secs(2), TIMEOUT, None).await.unwrap();
-    assert!(lb.acquire(Duration::from_secs(2), TIMEOUT, None).await.is_err());
-    assert_eq!(lb.get_holder(TIMEOUT).await.unwrap(), Some(b"sdk-lease-a".to_vec()));
-    let t2 = la.acquire(Duration::from_secs(2), TIMEOUT, None).await.unwrap();
+    let t1 = la
+        .acquire(Duration::from_secs(2), TIMEOUT, None)
+        .await
+        .unwrap();
+    assert!(lb
+        .acquire(Duration::from_secs(2), TIMEOUT, None)
+        .await
+        .is_err());
+    assert_eq!(
+        lb.get_holder(TIMEOUT).await.unwrap(),
+        Some(b"sdk-lease-a".to_vec())
+    );
+    let t2 = la
+        .acquire(Duration::from_secs(2), TIMEOUT, None)
+        .await
+        .unwrap();
     assert!(newer(&t2, &t1), "a renewal gets a newer fencing token");
     la.release(TIMEOUT).await.unwrap();
-    let t3 = lb.acquire(Duration::from_secs(2), TIMEOUT, None).await.unwrap();
+    let t3 = lb
+        .acquire(Duration::from_secs(2), TIMEOUT, None)
+        .await
+        .unwrap();
     assert!(newer(&t3, &t2));
     assert_eq!(t3.node_id, "state-store");
     a.close().await;
@@ -172,13 +331,28 @@ async fn lock_waits_for_the_holder_to_expire() {
     let b = Sdk::connect(addr, "sdk-lock-b");
     let la = lock::Client::new(a.store.clone(), b"lock".to_vec(), b"sdk-lock-a".to_vec()).unwrap();
     let lb = lock::Client::new(b.store.clone(), b"lock".to_vec(), b"sdk-lock-b".to_vec()).unwrap();
-    la.lock(Duration::from_secs(1), TIMEOUT, None).await.unwrap();
+    la.lock(Duration::from_secs(1), TIMEOUT, None)
+        .await
+        .unwrap();
     let started = std::time::Instant::now();
     // b waits for a's lock to expire (the NOTIFY DELETE wakes it), then takes it.
-    let token = timeout(TIMEOUT, lb.lock(Duration::from_secs(2), TIMEOUT, None)).await.unwrap().unwrap();
+    let token = timeout(TIMEOUT, lb.lock(Duration::from_secs(2), TIMEOUT, None))
+        .await
+        .unwrap()
+        .unwrap();
     assert!(started.elapsed() >= Duration::from_millis(500));
     // The token fences a protected key.
-    let set = b.store.set(b"protected".to_vec(), b"v".to_vec(), TIMEOUT, Some(token), SetOptions::default()).await.unwrap();
+    let set = b
+        .store
+        .set(
+            b"protected".to_vec(),
+            b"v".to_vec(),
+            TIMEOUT,
+            Some(token),
+            SetOptions::default(),
+        )
+        .await
+        .unwrap();
     assert!(set.response);
     lb.unlock(TIMEOUT).await.unwrap();
     a.close().await;

@@ -16,13 +16,18 @@ async fn set_get_del_exact_bytes_and_properties() {
     let (_broker, addr) = start().await;
     let mut c = Client::connect(addr, "wire-basic").await;
 
-    let set = c.call(&resp(&[b"SET", b"k1", b"v1"]), 1, Some(now_ts())).await;
+    let set = c
+        .call(&resp(&[b"SET", b"k1", b"v1"]), 1, Some(now_ts()))
+        .await;
     assert_eq!(set.payload, Bytes::from_static(b"+OK\r\n"));
     assert_eq!(set.topic, Bytes::from(c.response_topic.clone()));
     assert_eq!(set.qos, QoS::AtLeastOnce);
     let props = set.properties.clone().unwrap();
     assert_eq!(props.correlation_data, Some(Bytes::from(vec![1u8; 16])));
-    assert_eq!(props.content_type.as_deref(), Some("application/octet-stream"));
+    assert_eq!(
+        props.content_type.as_deref(),
+        Some("application/octet-stream")
+    );
     let expiry = props.message_expiry_interval.unwrap();
     assert!((9..=10).contains(&expiry), "expiry {expiry}");
     assert_eq!(user1(&set, "__stat").as_deref(), Some("200"));
@@ -39,7 +44,9 @@ async fn set_get_del_exact_bytes_and_properties() {
     assert_eq!(user1(&missing, "__stat").as_deref(), Some("200"));
     assert!(user(&missing, "__ts").is_empty(), "$-1 must not carry __ts");
 
-    let nx = c.call(&resp(&[b"SET", b"k1", b"v2", b"NX"]), 4, Some(now_ts())).await;
+    let nx = c
+        .call(&resp(&[b"SET", b"k1", b"v2", b"NX"]), 4, Some(now_ts()))
+        .await;
     assert_eq!(nx.payload, Bytes::from_static(b":-1\r\n"));
     assert!(user1(&nx, "__ts").is_some(), ":-1 carries __ts");
 
@@ -52,7 +59,10 @@ async fn set_get_del_exact_bytes_and_properties() {
     assert_eq!(bad.payload, Bytes::from_static(b"-ERR unknown command\r\n"));
     assert_eq!(user1(&bad, "__stat").as_deref(), Some("200"));
     let no_ts = c.call(&resp(&[b"SET", b"k", b"v"]), 8, None).await;
-    assert_eq!(no_ts.payload, Bytes::from_static(b"-ERR missing timestamp\r\n"));
+    assert_eq!(
+        no_ts.payload,
+        Bytes::from_static(b"-ERR missing timestamp\r\n")
+    );
 }
 
 #[tokio::test]
@@ -77,11 +87,16 @@ async fn rpc_faults() {
     let r = c.next_publish().await;
     assert_eq!(user1(&r, "__stat").as_deref(), Some("400"));
     assert_eq!(user1(&r, "__propName").as_deref(), Some("Message Expiry"));
-    assert_eq!(r.properties.as_ref().unwrap().correlation_data, Some(Bytes::from(vec![2u8; 16])));
+    assert_eq!(
+        r.properties.as_ref().unwrap().correlation_data,
+        Some(Bytes::from(vec![2u8; 16]))
+    );
 
     let mut props = c.props(3, None);
     props.user_properties.retain(|(k, _)| k != "__protVer");
-    props.user_properties.push(("__protVer".into(), "2.0".into()));
+    props
+        .user_properties
+        .push(("__protVer".into(), "2.0".into()));
     c.send(&get, props).await;
     let r = c.next_publish().await;
     assert_eq!(user1(&r, "__stat").as_deref(), Some("505"));
@@ -101,7 +116,8 @@ async fn rpc_faults() {
 async fn qos0_and_missing_response_topic_are_ignored() {
     let (_broker, addr) = start().await;
     let mut c = Client::connect(addr, "wire-qos0").await;
-    c.send_qos(&resp(&[b"GET", b"k"]), c.props(1, None), QoS::AtMostOnce).await;
+    c.send_qos(&resp(&[b"GET", b"k"]), c.props(1, None), QoS::AtMostOnce)
+        .await;
     c.expect_quiet().await;
     let mut props = c.props(2, None);
     props.response_topic = None;
@@ -155,7 +171,10 @@ async fn duplicate_request_is_answered_from_cache() {
 /// resends the request after reconnecting, however many requests others made meanwhile.
 #[tokio::test]
 async fn a_request_resent_after_a_reconnect_is_answered_from_cache_under_load() {
-    let settings = statehub_state_store_service::Settings { response_cache_entries: 4, ..Default::default() };
+    let settings = statehub_state_store_service::Settings {
+        response_cache_entries: 4,
+        ..Default::default()
+    };
     let (_broker, addr) = common::start_with(settings).await;
     let persistent = |opts: &mut rumqttc::v5::MqttOptions| {
         opts.set_clean_start(false);
@@ -200,27 +219,44 @@ async fn notifications_go_straight_into_the_session_once() {
     let topic = notify_topic(b"wire-observer", b"watched");
     // Subscribed or not, exactly one copy: subscribe to prove no routed duplicate.
     observer.subscribe(&topic).await;
-    let ok = observer.call(&resp(&[b"KEYNOTIFY", b"watched"]), 1, None).await;
+    let ok = observer
+        .call(&resp(&[b"KEYNOTIFY", b"watched"]), 1, None)
+        .await;
     assert_eq!(ok.payload, Bytes::from_static(b"+OK\r\n"));
 
-    let set = writer.call(&resp(&[b"SET", b"watched", b"abc"]), 1, Some(now_ts())).await;
+    let set = writer
+        .call(&resp(&[b"SET", b"watched", b"abc"]), 1, Some(now_ts()))
+        .await;
     let n = observer.next_publish().await;
     assert_eq!(n.topic, Bytes::from(topic.clone()));
-    assert_eq!(n.payload, Bytes::from_static(b"*4\r\n$6\r\nNOTIFY\r\n$3\r\nSET\r\n$5\r\nVALUE\r\n$3\r\nabc\r\n"));
+    assert_eq!(
+        n.payload,
+        Bytes::from_static(b"*4\r\n$6\r\nNOTIFY\r\n$3\r\nSET\r\n$5\r\nVALUE\r\n$3\r\nabc\r\n")
+    );
     assert_eq!(n.qos, QoS::AtLeastOnce);
     assert_eq!(user1(&n, "__ts"), user1(&set, "__ts"));
-    assert_eq!(n.properties.as_ref().unwrap().content_type.as_deref(), Some("application/octet-stream"));
+    assert_eq!(
+        n.properties.as_ref().unwrap().content_type.as_deref(),
+        Some("application/octet-stream")
+    );
     observer.expect_quiet().await;
 
     writer.call(&resp(&[b"DEL", b"watched"]), 2, None).await;
     let n = observer.next_publish().await;
-    assert_eq!(n.payload, Bytes::from_static(b"*2\r\n$6\r\nNOTIFY\r\n$6\r\nDELETE\r\n"));
+    assert_eq!(
+        n.payload,
+        Bytes::from_static(b"*2\r\n$6\r\nNOTIFY\r\n$6\r\nDELETE\r\n")
+    );
     assert!(user1(&n, "__ts").is_some());
     observer.expect_quiet().await;
 
-    let stop = observer.call(&resp(&[b"KEYNOTIFY", b"watched", b"STOP"]), 3, None).await;
+    let stop = observer
+        .call(&resp(&[b"KEYNOTIFY", b"watched", b"STOP"]), 3, None)
+        .await;
     assert_eq!(stop.payload, Bytes::from_static(b"+OK\r\n"));
-    let stop = observer.call(&resp(&[b"KEYNOTIFY", b"watched", b"STOP"]), 4, None).await;
+    let stop = observer
+        .call(&resp(&[b"KEYNOTIFY", b"watched", b"STOP"]), 4, None)
+        .await;
     assert_eq!(stop.payload, Bytes::from_static(b":0\r\n"));
 }
 
@@ -229,7 +265,9 @@ async fn unsubscribed_observer_still_gets_notifications() {
     let (_broker, addr) = start().await;
     let mut observer = Client::connect(addr, "wire-nosub").await;
     observer.call(&resp(&[b"KEYNOTIFY", b"k"]), 1, None).await;
-    let (_, n) = observer.call_and_notified(&resp(&[b"SET", b"k", b"v"]), 2, Some(now_ts())).await;
+    let (_, n) = observer
+        .call_and_notified(&resp(&[b"SET", b"k", b"v"]), 2, Some(now_ts()))
+        .await;
     assert_eq!(n.topic, Bytes::from(notify_topic(b"wire-nosub", b"k")));
 }
 
@@ -237,15 +275,32 @@ async fn unsubscribed_observer_still_gets_notifications() {
 async fn expiry_notifies_within_100ms() {
     let (_broker, addr) = start().await;
     let mut observer = Client::connect(addr, "wire-expiry").await;
-    observer.call(&resp(&[b"KEYNOTIFY", b"lease"]), 1, None).await;
+    observer
+        .call(&resp(&[b"KEYNOTIFY", b"lease"]), 1, None)
+        .await;
     let started = Instant::now();
-    let (set, n) = observer.call_and_notified(&resp(&[b"SET", b"lease", b"me", b"NEX", b"PX", b"300"]), 2, Some(now_ts())).await;
+    let (set, n) = observer
+        .call_and_notified(
+            &resp(&[b"SET", b"lease", b"me", b"NEX", b"PX", b"300"]),
+            2,
+            Some(now_ts()),
+        )
+        .await;
     assert_eq!(set.payload, Bytes::from_static(b"+OK\r\n"));
-    assert_eq!(n.payload, Bytes::from_static(b"*4\r\n$6\r\nNOTIFY\r\n$3\r\nSET\r\n$5\r\nVALUE\r\n$2\r\nme\r\n"));
+    assert_eq!(
+        n.payload,
+        Bytes::from_static(b"*4\r\n$6\r\nNOTIFY\r\n$3\r\nSET\r\n$5\r\nVALUE\r\n$2\r\nme\r\n")
+    );
     let n = observer.next_publish().await;
     let elapsed = started.elapsed();
-    assert_eq!(n.payload, Bytes::from_static(b"*2\r\n$6\r\nNOTIFY\r\n$6\r\nDELETE\r\n"));
-    assert!(elapsed >= Duration::from_millis(290) && elapsed <= Duration::from_millis(400), "{elapsed:?}");
+    assert_eq!(
+        n.payload,
+        Bytes::from_static(b"*2\r\n$6\r\nNOTIFY\r\n$6\r\nDELETE\r\n")
+    );
+    assert!(
+        elapsed >= Duration::from_millis(290) && elapsed <= Duration::from_millis(400),
+        "{elapsed:?}"
+    );
     assert!(user1(&n, "__ts").unwrap() > user1(&set, "__ts").unwrap());
     let get = observer.call(&resp(&[b"GET", b"lease"]), 3, None).await;
     assert_eq!(get.payload, Bytes::from_static(b"$-1\r\n"));
@@ -261,8 +316,12 @@ async fn observations_end_with_the_connection() {
     tokio::time::sleep(Duration::from_millis(200)).await;
     let mut back = Client::connect(addr, "wire-leaver").await;
     let mut writer = Client::connect(addr, "wire-leaver-writer").await;
-    writer.call(&resp(&[b"SET", b"k", b"v"]), 1, Some(now_ts())).await;
+    writer
+        .call(&resp(&[b"SET", b"k", b"v"]), 1, Some(now_ts()))
+        .await;
     back.expect_quiet().await;
-    let stop = back.call(&resp(&[b"KEYNOTIFY", b"k", b"STOP"]), 2, None).await;
+    let stop = back
+        .call(&resp(&[b"KEYNOTIFY", b"k", b"STOP"]), 2, None)
+        .await;
     assert_eq!(stop.payload, Bytes::from_static(b":0\r\n"));
 }

@@ -39,8 +39,8 @@ pub use engine::{Engine, Entry, MemoryEngine, ScanBatch, Stats, WriteSeq};
 pub use error::{EngineError, FatalError, Refusal};
 pub use hlc::{Hlc, HlcClock};
 pub use machine::{Config, Effect, Machine, Notification, Outcome, Reply, Request};
-pub use value::Value;
 pub use notify::{notify_topic, REQUEST_TOPIC};
+pub use value::Value;
 
 /// User property carrying an HLC: the client's clock on requests, the key's version on
 /// replies and notifications.

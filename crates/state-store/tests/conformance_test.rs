@@ -35,8 +35,14 @@ fn memory_engine_built_from_entries_equals_one_built_by_puts() {
     }
     let built = MemoryEngine::from_entries(input);
     assert_eq!(built.stats(), by_puts.stats());
-    assert_eq!(built.expired(u64::MAX, 10).unwrap(), by_puts.expired(u64::MAX, 10).unwrap());
+    assert_eq!(
+        built.expired(u64::MAX, 10).unwrap(),
+        by_puts.expired(u64::MAX, 10).unwrap()
+    );
     assert_eq!(built.next_expiry().unwrap(), Some(10));
-    assert_eq!(built.scan(None, 10).unwrap(), by_puts.scan(None, 10).unwrap());
+    assert_eq!(
+        built.scan(None, 10).unwrap(),
+        by_puts.scan(None, 10).unwrap()
+    );
     assert_eq!(built.get(b"a").unwrap(), by_puts.get(b"a").unwrap());
 }

@@ -50,7 +50,9 @@ fn parses_what_it_formats_and_what_sdks_send() {
 /// two all ASCII digits that fit a u64.
 fn reference(s: &str) -> Option<Hlc> {
     let parts: Vec<&str> = s.split(':').collect();
-    let [wall, counter, node] = parts[..] else { return None };
+    let [wall, counter, node] = parts[..] else {
+        return None;
+    };
     let number = |f: &str| -> Option<u64> {
         if f.is_empty() || !f.bytes().all(|b| b.is_ascii_digit()) {
             return None;

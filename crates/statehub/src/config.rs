@@ -29,7 +29,11 @@ pub struct ServeArgs {
     /// Web PubSub access key (give it twice for primary and secondary; the env
     /// variable takes a comma-separated list). Tokens signed with any of them are
     /// accepted on `/client/hubs/{hub}` and the REST API; replaces the file's keys.
-    #[arg(long = "access-key", env = "STATEHUB_ACCESS_KEYS", value_delimiter = ',')]
+    #[arg(
+        long = "access-key",
+        env = "STATEHUB_ACCESS_KEYS",
+        value_delimiter = ','
+    )]
     pub access_keys: Vec<String>,
     /// Seconds to wait for connections to close on shutdown (default 5).
     #[arg(long, env = "STATEHUB_SHUTDOWN_GRACE_SECS")]
@@ -76,16 +80,27 @@ pub struct FileConfig {
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     #[error("cannot read config file {path}: {source}")]
-    Read { path: PathBuf, source: std::io::Error },
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("invalid config file {path}: {source}")]
-    Parse { path: PathBuf, source: Box<toml::de::Error> },
+    Parse {
+        path: PathBuf,
+        source: Box<toml::de::Error>,
+    },
     #[error("invalid config file {path}: sync: {source}")]
-    Sync { path: PathBuf, source: SyncPolicyParseError },
+    Sync {
+        path: PathBuf,
+        source: SyncPolicyParseError,
+    },
     #[error("sync is set to {0} but there is no data_dir: an in-memory store has nothing to sync")]
     SyncWithoutDataDir(SyncPolicy),
     #[error("invalid config file {path}: compact_after_mib is {value}; expected 1 to 4096")]
     CompactAfter { path: PathBuf, value: u64 },
-    #[error("compact_after_mib is set but there is no data_dir: an in-memory store has no journal")]
+    #[error(
+        "compact_after_mib is set but there is no data_dir: an in-memory store has no journal"
+    )]
     CompactAfterWithoutDataDir,
     #[error(transparent)]
     WebPubSub(#[from] statehub_webpubsub::config::ConfigError),
@@ -118,7 +133,13 @@ impl Settings {
         };
         let file_sync = match (&file.sync, &args.config) {
             (Some(text), Some(path)) => {
-                Some(text.parse::<SyncPolicy>().map_err(|source| ConfigError::Sync { path: path.clone(), source })?)
+                Some(
+                    text.parse::<SyncPolicy>()
+                        .map_err(|source| ConfigError::Sync {
+                            path: path.clone(),
+                            source,
+                        })?,
+                )
             }
             _ => None,
         };
@@ -128,17 +149,31 @@ impl Settings {
             return Err(ConfigError::SyncWithoutDataDir(sync));
         }
         let compact_after_bytes = match (file.compact_after_mib, &args.config) {
-            (Some(_), _) if data_dir.is_none() => return Err(ConfigError::CompactAfterWithoutDataDir),
+            (Some(_), _) if data_dir.is_none() => {
+                return Err(ConfigError::CompactAfterWithoutDataDir)
+            }
             (Some(mib), Some(path)) if !(1..=4096).contains(&mib) => {
-                return Err(ConfigError::CompactAfter { path: path.clone(), value: mib });
+                return Err(ConfigError::CompactAfter {
+                    path: path.clone(),
+                    value: mib,
+                });
             }
             (Some(mib), _) => mib << 20,
             (None, _) => statehub_storage::Options::default().compact_after_bytes,
         };
         Ok(Settings {
-            mqtt_listen: args.mqtt_listen.or(file.mqtt_listen).unwrap_or(([0, 0, 0, 0], 1883).into()),
-            http_listen: args.http_listen.or(file.http_listen).unwrap_or(([0, 0, 0, 0], 8080).into()),
-            shutdown_grace_secs: args.shutdown_grace_secs.or(file.shutdown_grace_secs).unwrap_or(5),
+            mqtt_listen: args
+                .mqtt_listen
+                .or(file.mqtt_listen)
+                .unwrap_or(([0, 0, 0, 0], 1883).into()),
+            http_listen: args
+                .http_listen
+                .or(file.http_listen)
+                .unwrap_or(([0, 0, 0, 0], 8080).into()),
+            shutdown_grace_secs: args
+                .shutdown_grace_secs
+                .or(file.shutdown_grace_secs)
+                .unwrap_or(5),
             mqtt_threads: args
                 .mqtt_threads
                 .or(file.mqtt_threads)
@@ -164,6 +199,12 @@ impl Settings {
 }
 
 fn load(path: &Path) -> Result<FileConfig, ConfigError> {
-    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.into(), source })?;
-    toml::from_str(&text).map_err(|source| ConfigError::Parse { path: path.into(), source: Box::new(source) })
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        path: path.into(),
+        source,
+    })?;
+    toml::from_str(&text).map_err(|source| ConfigError::Parse {
+        path: path.into(),
+        source: Box::new(source),
+    })
 }

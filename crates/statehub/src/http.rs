@@ -17,12 +17,23 @@ pub fn router(mut config: Config, local: SocketAddr) -> (Router, Option<WebPubSu
     if config.access_keys.is_empty() {
         return (health, None);
     }
-    config.webhook_origin.get_or_insert_with(|| format!("localhost:{}", local.port()));
+    config
+        .webhook_origin
+        .get_or_insert_with(|| format!("localhost:{}", local.port()));
     let wps = WebPubSub::new(config);
-    (health.merge(statehub_webpubsub::router(wps.clone())), Some(wps))
+    (
+        health.merge(statehub_webpubsub::router(wps.clone())),
+        Some(wps),
+    )
 }
 
 /// Serves until `shutdown` is cancelled.
-pub async fn serve(listener: TcpListener, router: Router, shutdown: CancellationToken) -> std::io::Result<()> {
-    axum::serve(listener, router).with_graceful_shutdown(async move { shutdown.cancelled().await }).await
+pub async fn serve(
+    listener: TcpListener,
+    router: Router,
+    shutdown: CancellationToken,
+) -> std::io::Result<()> {
+    axum::serve(listener, router)
+        .with_graceful_shutdown(async move { shutdown.cancelled().await })
+        .await
 }

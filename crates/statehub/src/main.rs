@@ -30,7 +30,11 @@ use config::{ServeArgs, Settings};
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 #[derive(Debug, Parser)]
-#[command(name = "statehub", version, about = "MQTT 5 broker with a built-in state store")]
+#[command(
+    name = "statehub",
+    version,
+    about = "MQTT 5 broker with a built-in state store"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -44,7 +48,9 @@ enum Command {
 
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
-        .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")))
+        .with_env_filter(
+            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
+        )
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
@@ -56,7 +62,10 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             tracing::error!("cannot start runtime: {e}");
@@ -80,7 +89,9 @@ async fn serve(settings: Settings) -> std::io::Result<()> {
     let shutdown = broker.shutdown_token();
     let (expiry, storage) = start_state_store(&settings, &broker)?;
     let workers = Workers::start(settings.mqtt_threads)?;
-    let mqtt = MqttListener::bind(broker.clone(), settings.mqtt_listen).await?.with_workers(workers.handles());
+    let mqtt = MqttListener::bind(broker.clone(), settings.mqtt_listen)
+        .await?
+        .with_workers(workers.handles());
     let http = TcpListener::bind(settings.http_listen).await?;
     tracing::info!("mqtt listening on {}", mqtt.local_addr()?);
     tracing::info!("http listening on {}", http.local_addr()?);
@@ -97,7 +108,9 @@ async fn serve(settings: Settings) -> std::io::Result<()> {
     let (router, wps) = http::router(settings.webpubsub.clone(), http.local_addr()?);
     let wps_task = match wps {
         Some(wps) => {
-            tracing::info!("web pubsub client endpoint on /client/hubs/{{hub}}, REST API on /api/hubs/{{hub}}");
+            tracing::info!(
+                "web pubsub client endpoint on /client/hubs/{{hub}}, REST API on /api/hubs/{{hub}}"
+            );
             let shutdown = shutdown.clone();
             Some(tokio::spawn(async move {
                 shutdown.cancelled().await;
@@ -145,20 +158,31 @@ fn chain(error: &dyn Error) -> String {
 /// The state store, in memory or loaded from `--data-dir`, registered on the broker with
 /// its expiry task running; with a data directory, the broker's retained messages are
 /// loaded from it and kept there too. Returns the task and the open data directory.
-fn start_state_store(settings: &Settings, broker: &Broker) -> std::io::Result<(JoinHandle<()>, Option<DataDir>)> {
+fn start_state_store(
+    settings: &Settings,
+    broker: &Broker,
+) -> std::io::Result<(JoinHandle<()>, Option<DataDir>)> {
     let invalid = |e: &dyn Error| std::io::Error::new(std::io::ErrorKind::InvalidInput, chain(e));
     let Some(dir) = &settings.data_dir else {
-        let service = StateStoreService::in_memory(&settings.state_store).map_err(|e| invalid(&e))?;
+        let service =
+            StateStoreService::in_memory(&settings.state_store).map_err(|e| invalid(&e))?;
         return Ok((register(broker, service), None));
     };
     let started = Instant::now();
-    let options = Options { sync: settings.sync, compact_after_bytes: settings.compact_after_bytes, ..Options::default() };
+    let options = Options {
+        sync: settings.sync,
+        compact_after_bytes: settings.compact_after_bytes,
+        ..Options::default()
+    };
     let store = Store::open(dir, options).map_err(|e| std::io::Error::other(chain(&e)))?;
-    let service = StateStoreService::open_durable(&settings.state_store, &store).map_err(|e| std::io::Error::other(chain(&e)))?;
-    let (retained, loaded) = retained::RetainedTable::open(&store).map_err(|e| std::io::Error::other(chain(&e)))?;
+    let service = StateStoreService::open_durable(&settings.state_store, &store)
+        .map_err(|e| std::io::Error::other(chain(&e)))?;
+    let (retained, loaded) =
+        retained::RetainedTable::open(&store).map_err(|e| std::io::Error::other(chain(&e)))?;
     let retained_count = loaded.len();
     broker.set_retain_store(Arc::new(retained), loaded);
-    let (sessions, loaded) = sessions::SessionTable::open(&store).map_err(|e| std::io::Error::other(chain(&e)))?;
+    let (sessions, loaded) =
+        sessions::SessionTable::open(&store).map_err(|e| std::io::Error::other(chain(&e)))?;
     let session_count = loaded.len();
     let sessions = Arc::new(sessions);
     broker.set_session_store(sessions.clone(), loaded);
@@ -171,7 +195,10 @@ fn start_state_store(settings: &Settings, broker: &Broker) -> std::io::Result<(J
         started.elapsed().as_millis(),
         settings.sync
     );
-    Ok((register(broker, service), Some(DataDir::start(store, sessions))))
+    Ok((
+        register(broker, service),
+        Some(DataDir::start(store, sessions)),
+    ))
 }
 
 fn register<E, A>(broker: &Broker, service: StateStoreService<E, A>) -> JoinHandle<()>
@@ -204,7 +231,11 @@ impl DataDir {
                 }
             }
         });
-        DataDir { store, sessions, flusher }
+        DataDir {
+            store,
+            sessions,
+            flusher,
+        }
     }
 
     /// Writes what is held, then closes the store (which commits and syncs it all).
@@ -231,7 +262,9 @@ impl Workers {
         let mut handles = Vec::with_capacity(n);
         let mut threads = Vec::with_capacity(n);
         for i in 0..n {
-            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
             handles.push(rt.handle().clone());
             let stop = stop.clone();
             let thread = std::thread::Builder::new()
@@ -239,7 +272,11 @@ impl Workers {
                 .spawn(move || rt.block_on(stop.cancelled()))?;
             threads.push(thread);
         }
-        Ok(Workers { handles, threads, stop })
+        Ok(Workers {
+            handles,
+            threads,
+            stop,
+        })
     }
 
     fn handles(&self) -> Vec<tokio::runtime::Handle> {
@@ -264,7 +301,10 @@ struct Signals {
 impl Signals {
     fn install() -> std::io::Result<Signals> {
         use tokio::signal::unix::{signal, SignalKind};
-        Ok(Signals { interrupt: signal(SignalKind::interrupt())?, terminate: signal(SignalKind::terminate())? })
+        Ok(Signals {
+            interrupt: signal(SignalKind::interrupt())?,
+            terminate: signal(SignalKind::terminate())?,
+        })
     }
 
     async fn recv(&mut self) {

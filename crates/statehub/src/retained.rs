@@ -58,17 +58,31 @@ impl RetainedTable {
         if !expired.is_empty() {
             store.submit(expired)?;
         }
-        Ok((RetainedTable { store: store.clone(), table }, live))
+        Ok((
+            RetainedTable {
+                store: store.clone(),
+                table,
+            },
+            live,
+        ))
     }
 }
 
 impl RetainStore for RetainedTable {
-    fn record(&self, msg: &Message, now: Instant) -> statehub_broker::BoxFuture<'static, Result<(), RetainStoreError>> {
+    fn record(
+        &self,
+        msg: &Message,
+        now: Instant,
+    ) -> statehub_broker::BoxFuture<'static, Result<(), RetainStoreError>> {
         let mut batch = Batch::new();
         let queued = if msg.payload.is_empty() {
             batch.delete(&self.table, msg.topic.as_bytes())
         } else {
-            batch.put(&self.table, msg.topic.as_bytes(), &encode(msg, now, wall_ms()))
+            batch.put(
+                &self.table,
+                msg.topic.as_bytes(),
+                &encode(msg, now, wall_ms()),
+            )
         }
         .and_then(|()| self.store.submit(batch));
         Box::pin(async move {
@@ -124,7 +138,9 @@ mod tests {
     #[test]
     fn records_round_trip_with_every_property() {
         let msg = message(None);
-        let back = decode(&encode(&msg, Instant::now(), 1_000), 5_000).unwrap().unwrap();
+        let back = decode(&encode(&msg, Instant::now(), 1_000), 5_000)
+            .unwrap()
+            .unwrap();
         assert_eq!(back.topic, msg.topic);
         assert_eq!(back.payload, msg.payload);
         assert_eq!(back.qos, msg.qos);
@@ -137,9 +153,19 @@ mod tests {
         let msg = message(Some(10));
         let record = encode(&msg, Instant::now(), 1_000);
         let back = decode(&record, 4_500).unwrap().unwrap();
-        assert_eq!(back.properties.message_expiry_interval, Some(7), "10 s - 3.5 s, rounded up");
-        assert!(decode(&record, 11_000).unwrap().is_none(), "expired while down");
-        assert!(decode(&record, 0).unwrap().is_some(), "a clock that went back loses nothing");
+        assert_eq!(
+            back.properties.message_expiry_interval,
+            Some(7),
+            "10 s - 3.5 s, rounded up"
+        );
+        assert!(
+            decode(&record, 11_000).unwrap().is_none(),
+            "expired while down"
+        );
+        assert!(
+            decode(&record, 0).unwrap().is_some(),
+            "a clock that went back loses nothing"
+        );
     }
 
     #[test]

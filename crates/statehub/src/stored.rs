@@ -12,7 +12,9 @@ use statehub_broker::Message;
 
 /// Wall-clock milliseconds since the Unix epoch (0 if the clock is before it).
 pub(crate) fn wall_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
 }
 
 /// Time between a record's writing and now; zero if the clock went back.
@@ -54,7 +56,8 @@ pub(crate) fn read_message(bytes: &[u8], down: Duration) -> Result<Option<Messag
             return Ok(None);
         }
         let rounded_up = left.as_secs() + u64::from(left.subsec_nanos() > 0);
-        publish.properties.message_expiry_interval = Some(u32::try_from(rounded_up).unwrap_or(u32::MAX));
+        publish.properties.message_expiry_interval =
+            Some(u32::try_from(rounded_up).unwrap_or(u32::MAX));
     }
     Ok(Some(Message::from_publish(publish, None, Instant::now())))
 }

@@ -17,7 +17,11 @@ use common::{connect_tcp, run_to_exit, start, wait_exit};
 
 fn http_get(addr: SocketAddr, path: &str) -> String {
     let mut s = connect_tcp(addr);
-    write!(s, "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").unwrap();
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
     let mut out = String::new();
     s.read_to_string(&mut out).expect("read HTTP response");
     out
@@ -49,7 +53,12 @@ fn temp_file(name: &str, contents: &str) -> PathBuf {
     path
 }
 
-const LOCAL: [&str; 4] = ["--mqtt-listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0"];
+const LOCAL: [&str; 4] = [
+    "--mqtt-listen",
+    "127.0.0.1:0",
+    "--http-listen",
+    "127.0.0.1:0",
+];
 
 #[test]
 fn healthz_answers_200_ok() {
@@ -69,35 +78,61 @@ fn sigterm_disconnects_clients_with_0x8b_and_exits_0() {
     let (mut client, _) = mqtt5_connect(server.mqtt, "bye");
     let pid = server.child.id().to_string();
     let start = Instant::now();
-    let killed = Command::new("kill").args(["-TERM", &pid]).status().expect("run kill");
+    let killed = Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .expect("run kill");
     assert!(killed.success());
     // Everything the server sends until it closes: must be DISCONNECT 0x8B.
     let mut got = Vec::new();
     let _ = client.read_to_end(&mut got);
     assert!(got.len() >= 3, "expected a DISCONNECT, got {got:02X?}");
     assert_eq!(got[0], 0xE0, "expected DISCONNECT, got {got:02X?}");
-    assert_eq!(got[2], 0x8B, "DISCONNECT reason should be 0x8B (server shutting down): {got:02X?}");
+    assert_eq!(
+        got[2], 0x8B,
+        "DISCONNECT reason should be 0x8B (server shutting down): {got:02X?}"
+    );
     drop(client);
     let status = wait_exit(&mut server.child, Duration::from_secs(5));
     assert!(status.success(), "exit status {status:?}");
-    assert!(start.elapsed() < Duration::from_secs(4), "took {:?}, grace is 3 s", start.elapsed());
+    assert!(
+        start.elapsed() < Duration::from_secs(4),
+        "took {:?}, grace is 3 s",
+        start.elapsed()
+    );
     let log: Vec<String> = server.log.try_iter().collect();
-    assert!(log.iter().any(|l| l.contains("shutdown requested")), "log: {log:?}");
+    assert!(
+        log.iter().any(|l| l.contains("shutdown requested")),
+        "log: {log:?}"
+    );
 }
 
 #[test]
 fn sigterm_with_no_clients_exits_0_promptly() {
     let mut server = start(&LOCAL, &[]);
     let start = Instant::now();
-    Command::new("kill").args(["-TERM", &server.child.id().to_string()]).status().unwrap();
+    Command::new("kill")
+        .args(["-TERM", &server.child.id().to_string()])
+        .status()
+        .unwrap();
     let status = wait_exit(&mut server.child, Duration::from_secs(5));
     assert!(status.success(), "exit status {status:?}");
-    assert!(start.elapsed() < Duration::from_secs(2), "took {:?}", start.elapsed());
+    assert!(
+        start.elapsed() < Duration::from_secs(2),
+        "took {:?}",
+        start.elapsed()
+    );
 }
 
 #[test]
 fn listen_addresses_from_environment_variables() {
-    let server = start(&[], &[("STATEHUB_MQTT_LISTEN", "127.0.0.1:0"), ("STATEHUB_HTTP_LISTEN", "127.0.0.1:0")]);
+    let server = start(
+        &[],
+        &[
+            ("STATEHUB_MQTT_LISTEN", "127.0.0.1:0"),
+            ("STATEHUB_HTTP_LISTEN", "127.0.0.1:0"),
+        ],
+    );
     assert_eq!(server.mqtt.ip().to_string(), "127.0.0.1");
     assert_ne!(server.mqtt.port(), 0);
     assert_ne!(server.mqtt.port(), 1883, "STATEHUB_MQTT_LISTEN ignored");
@@ -115,7 +150,11 @@ fn settings_from_a_toml_file() {
     );
     let server = start(&["--config", path.to_str().unwrap()], &[]);
     assert_eq!(server.mqtt.ip().to_string(), "127.0.0.1");
-    assert_ne!(server.mqtt.port(), 1883, "mqtt_listen from the file ignored");
+    assert_ne!(
+        server.mqtt.port(),
+        1883,
+        "mqtt_listen from the file ignored"
+    );
     let (_c, connack) = mqtt5_connect(server.mqtt, "toml");
     // Server Keep Alive (0x13) = 7: the client asked for 60 and [mqtt] caps it.
     assert!(
@@ -127,21 +166,40 @@ fn settings_from_a_toml_file() {
 
 #[test]
 fn environment_overrides_the_file() {
-    let path = temp_file("override.toml", "mqtt_listen = \"127.0.0.1:1\"\nhttp_listen = \"127.0.0.1:0\"\n");
-    let server = start(&["--config", path.to_str().unwrap()], &[("STATEHUB_MQTT_LISTEN", "127.0.0.1:0")]);
-    assert_ne!(server.mqtt.port(), 1, "STATEHUB_MQTT_LISTEN should win over the file");
+    let path = temp_file(
+        "override.toml",
+        "mqtt_listen = \"127.0.0.1:1\"\nhttp_listen = \"127.0.0.1:0\"\n",
+    );
+    let server = start(
+        &["--config", path.to_str().unwrap()],
+        &[("STATEHUB_MQTT_LISTEN", "127.0.0.1:0")],
+    );
+    assert_ne!(
+        server.mqtt.port(),
+        1,
+        "STATEHUB_MQTT_LISTEN should win over the file"
+    );
     mqtt5_connect(server.mqtt, "override");
     let _ = std::fs::remove_file(path);
 }
 
 #[test]
 fn bad_config_file_exits_2_with_a_clear_error() {
-    let path = temp_file("bad.toml", "mqtt_listen = \"127.0.0.1:0\"\nno_such_setting = 1\n");
+    let path = temp_file(
+        "bad.toml",
+        "mqtt_listen = \"127.0.0.1:0\"\nno_such_setting = 1\n",
+    );
     let (status, err) = run_to_exit(&["--config", path.to_str().unwrap()]);
     assert_eq!(status.code(), Some(2), "stderr: {err}");
     assert!(err.contains("invalid config file"), "stderr: {err}");
-    assert!(err.contains(path.to_str().unwrap()), "error should name the file: {err}");
-    assert!(err.contains("no_such_setting"), "error should name the bad key: {err}");
+    assert!(
+        err.contains(path.to_str().unwrap()),
+        "error should name the file: {err}"
+    );
+    assert!(
+        err.contains("no_such_setting"),
+        "error should name the bad key: {err}"
+    );
     let _ = std::fs::remove_file(&path);
 
     let path = temp_file("badtype.toml", "[mqtt]\nmax_keep_alive = \"soon\"\n");
@@ -155,7 +213,10 @@ fn bad_config_file_exits_2_with_a_clear_error() {
 fn missing_config_file_exits_2() {
     let (status, err) = run_to_exit(&["--config", "/nonexistent/statehub.toml"]);
     assert_eq!(status.code(), Some(2), "stderr: {err}");
-    assert!(err.contains("cannot read config file") && err.contains("/nonexistent/statehub.toml"), "stderr: {err}");
+    assert!(
+        err.contains("cannot read config file") && err.contains("/nonexistent/statehub.toml"),
+        "stderr: {err}"
+    );
 }
 
 /// Reads one server WebSocket frame (unmasked): opcode and payload.
@@ -183,14 +244,32 @@ fn webpubsub_from_the_config_file_and_sigterm_closes_websockets() {
         "[webpubsub]\naccess_keys = [\"file-key\"]\n\n[webpubsub.limits]\nping_interval_secs = 20\n\n\
          [[webpubsub.hubs.chat.event_handlers]]\nurl_template = \"http://127.0.0.1:9/{event}\"\nsystem_events = [\"disconnected\"]\n",
     );
-    let mut server = start(&[&LOCAL[..], &["--config", path.to_str().unwrap()]].concat(), &[]);
+    let mut server = start(
+        &[&LOCAL[..], &["--config", path.to_str().unwrap()]].concat(),
+        &[],
+    );
     let resp = http_get(server.http, "/api/health?api-version=2024-12-01");
     assert!(resp.starts_with("HTTP/1.1 200"), "{resp}");
-    let resp = http_get(server.http, "/api/hubs/chat/groups/g/connections?api-version=2024-12-01");
-    assert!(resp.starts_with("HTTP/1.1 401"), "the REST API is mounted and wants a token: {resp}");
+    let resp = http_get(
+        server.http,
+        "/api/hubs/chat/groups/g/connections?api-version=2024-12-01",
+    );
+    assert!(
+        resp.starts_with("HTTP/1.1 401"),
+        "the REST API is mounted and wants a token: {resp}"
+    );
 
-    let claims = statehub_webpubsub::token::ClientClaims { user_id: Some("u".into()), roles: vec![], groups: vec![] };
-    let token = statehub_webpubsub::token::issue_token("file-key", "http://x/client/hubs/chat", &claims, Duration::from_secs(60));
+    let claims = statehub_webpubsub::token::ClientClaims {
+        user_id: Some("u".into()),
+        roles: vec![],
+        groups: vec![],
+    };
+    let token = statehub_webpubsub::token::issue_token(
+        "file-key",
+        "http://x/client/hubs/chat",
+        &claims,
+        Duration::from_secs(60),
+    );
     let mut ws = connect_tcp(server.http);
     write!(
         ws,
@@ -211,18 +290,28 @@ fn webpubsub_from_the_config_file_and_sigterm_closes_websockets() {
     assert_eq!(op, 1);
     assert!(String::from_utf8_lossy(&connected).contains("\"connected\""));
 
-    Command::new("kill").args(["-TERM", &server.child.id().to_string()]).status().unwrap();
+    Command::new("kill")
+        .args(["-TERM", &server.child.id().to_string()])
+        .status()
+        .unwrap();
     let (op, disconnected) = ws_frame(&mut ws);
     assert_eq!(op, 1, "a text frame first");
     let text = String::from_utf8_lossy(&disconnected);
-    assert!(text.contains("\"disconnected\"") && text.contains("shutting down"), "{text}");
+    assert!(
+        text.contains("\"disconnected\"") && text.contains("shutting down"),
+        "{text}"
+    );
     let (op, close) = ws_frame(&mut ws);
     assert_eq!(op, 8, "then a close frame");
     assert_eq!(u16::from_be_bytes([close[0], close[1]]), 1001);
     let status = wait_exit(&mut server.child, Duration::from_secs(8));
     assert!(status.success(), "exit status {status:?}");
     let log: Vec<String> = server.log.try_iter().collect();
-    assert!(log.iter().any(|l| l.contains("upstream event not delivered")), "the dead upstream is logged: {log:?}");
+    assert!(
+        log.iter()
+            .any(|l| l.contains("upstream event not delivered")),
+        "the dead upstream is logged: {log:?}"
+    );
     let _ = std::fs::remove_file(path);
 }
 
@@ -234,6 +323,9 @@ fn bad_webpubsub_settings_exit_2() {
     );
     let (status, err) = run_to_exit(&["--config", path.to_str().unwrap()]);
     assert_eq!(status.code(), Some(2), "stderr: {err}");
-    assert!(err.contains("url_template") && err.contains("chat"), "stderr: {err}");
+    assert!(
+        err.contains("url_template") && err.contains("chat"),
+        "stderr: {err}"
+    );
     let _ = std::fs::remove_file(&path);
 }

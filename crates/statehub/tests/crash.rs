@@ -56,7 +56,6 @@ struct Known {
     in_flight: Option<InFlight>,
 }
 
-
 fn resp(args: &[&[u8]]) -> Vec<u8> {
     let mut out = format!("*{}\r\n", args.len()).into_bytes();
     for a in args {
@@ -68,7 +67,10 @@ fn resp(args: &[&[u8]]) -> Vec<u8> {
 }
 
 fn now_ts() -> String {
-    let ms = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis();
+    let ms = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis();
     format!("{ms:015}:00000:client")
 }
 
@@ -110,10 +112,21 @@ impl Client {
                 }
             }
         });
-        let response_topic = format!("clients/{id}/services/statestore/_any_/command/invoke/response");
-        client.subscribe(response_topic.clone(), QoS::AtLeastOnce).await.ok()?;
-        timeout(Duration::from_secs(5), ready_rx.recv()).await.ok()??;
-        Some(Client { client, response_topic, rx, correlation: 0 })
+        let response_topic =
+            format!("clients/{id}/services/statestore/_any_/command/invoke/response");
+        client
+            .subscribe(response_topic.clone(), QoS::AtLeastOnce)
+            .await
+            .ok()?;
+        timeout(Duration::from_secs(5), ready_rx.recv())
+            .await
+            .ok()??;
+        Some(Client {
+            client,
+            response_topic,
+            rx,
+            correlation: 0,
+        })
     }
 
     /// Sends one request and waits for its answer; `None` if the connection died first.
@@ -130,20 +143,40 @@ impl Client {
                 response_topic: Some(self.response_topic.clone()),
                 correlation_data: Some(Bytes::copy_from_slice(&self.correlation.to_be_bytes())),
                 message_expiry_interval: Some(10),
-                user_properties: vec![("__protVer".into(), "1.0".into()), ("__ts".into(), now_ts())],
+                user_properties: vec![
+                    ("__protVer".into(), "1.0".into()),
+                    ("__ts".into(), now_ts()),
+                ],
                 ..PublishProperties::default()
             };
-            self.client.publish_with_properties(REQUEST_TOPIC, QoS::AtLeastOnce, false, payload, props).await.ok()?;
+            self.client
+                .publish_with_properties(REQUEST_TOPIC, QoS::AtLeastOnce, false, payload, props)
+                .await
+                .ok()?;
         }
         let mut answers: Vec<(u64, Answer)> = Vec::new();
         while answers.len() < (self.correlation + 1 - first) as usize {
-            let p = timeout(Duration::from_secs(10), self.rx.recv()).await.ok()???;
+            let p = timeout(Duration::from_secs(10), self.rx.recv())
+                .await
+                .ok()???;
             let props = p.properties.as_ref()?;
             let user = &props.user_properties;
             let prop = |name: &str| user.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone());
-            assert_eq!(prop("__stat").as_deref(), Some("200"), "a request failed: {:?}", p.payload);
-            let correlation = u64::from_be_bytes(props.correlation_data.as_deref()?.try_into().ok()?);
-            answers.push((correlation, Answer { payload: p.payload.to_vec(), version: prop("__ts") }));
+            assert_eq!(
+                prop("__stat").as_deref(),
+                Some("200"),
+                "a request failed: {:?}",
+                p.payload
+            );
+            let correlation =
+                u64::from_be_bytes(props.correlation_data.as_deref()?.try_into().ok()?);
+            answers.push((
+                correlation,
+                Answer {
+                    payload: p.payload.to_vec(),
+                    version: prop("__ts"),
+                },
+            ));
         }
         answers.sort_by_key(|(c, _)| *c);
         Some(answers.into_iter().map(|(_, a)| a).collect())
@@ -176,7 +209,10 @@ async fn write_until_killed(
             (resp(&[b"DEL", &key]), InFlight::Del)
         } else {
             let value = format!("i{iteration}-w{writer}-n{n}");
-            (resp(&[b"SET", &key, value.as_bytes()]), InFlight::Set(value))
+            (
+                resp(&[b"SET", &key, value.as_bytes()]),
+                InFlight::Set(value),
+            )
         };
         entry.in_flight = Some(in_flight.clone());
         let Some(answer) = client.call(request).await else {
@@ -184,18 +220,30 @@ async fn write_until_killed(
         };
         let version = answer.version.clone();
         if let (Some(new), Some(old)) = (&version, &entry.acked_version) {
-            assert!(new > old, "key {}: version went from {old} to {new}", key.escape_ascii());
+            assert!(
+                new > old,
+                "key {}: version went from {old} to {new}",
+                key.escape_ascii()
+            );
         }
         if let (Some(new), Some(floor)) = (&version, &floor) {
-            assert!(new > floor, "version {new} issued after a restart is not above {floor}, seen before it");
+            assert!(
+                new > floor,
+                "version {new} issued after a restart is not above {floor}, seen before it"
+            );
         }
         match in_flight {
             InFlight::Set(value) => {
                 assert_eq!(answer.payload, b"+OK\r\n");
-                entry.acked = State::Value(value, version.clone().expect("a SET answer carries __ts"));
+                entry.acked =
+                    State::Value(value, version.clone().expect("a SET answer carries __ts"));
             }
             InFlight::Del => {
-                assert!(answer.payload == b":1\r\n" || answer.payload == b":0\r\n", "{:?}", answer.payload);
+                assert!(
+                    answer.payload == b":1\r\n" || answer.payload == b":0\r\n",
+                    "{:?}",
+                    answer.payload
+                );
                 entry.acked = State::Absent;
             }
         }
@@ -210,10 +258,15 @@ async fn write_until_killed(
 /// GETs every key and checks it against what was acknowledged. Clears the in-flight
 /// writes (they have landed or not, for good).
 async fn check(addr: SocketAddr, known: &mut HashMap<Vec<u8>, Known>, iteration: u32) {
-    let mut client = Client::connect(addr, "crash-checker").await.expect("checker connects");
+    let mut client = Client::connect(addr, "crash-checker")
+        .await
+        .expect("checker connects");
     let mut keys: Vec<_> = known.keys().cloned().collect();
     keys.sort();
-    let answers = client.call_many(keys.iter().map(|k| resp(&[b"GET", k])).collect()).await.expect("GETs answered");
+    let answers = client
+        .call_many(keys.iter().map(|k| resp(&[b"GET", k])).collect())
+        .await
+        .expect("GETs answered");
     for (key, answer) in keys.into_iter().zip(answers) {
         let entry = known.get_mut(&key).unwrap();
         let got = if answer.payload == b"$-1\r\n" {
@@ -222,12 +275,19 @@ async fn check(addr: SocketAddr, known: &mut HashMap<Vec<u8>, Known>, iteration:
             let text = answer.payload;
             let start = text.iter().position(|&b| b == b'\n').expect("bulk string") + 1;
             let value = String::from_utf8_lossy(&text[start..text.len() - 2]).into_owned();
-            State::Value(value, answer.version.clone().expect("GET of a value carries __ts"))
+            State::Value(
+                value,
+                answer.version.clone().expect("GET of a value carries __ts"),
+            )
         };
         let ok = got == entry.acked
             || match (&entry.in_flight, &got) {
                 (Some(InFlight::Set(v)), State::Value(value, version)) => {
-                    v == value && entry.acked_version.as_ref().is_none_or(|acked| version > acked)
+                    v == value
+                        && entry
+                            .acked_version
+                            .as_ref()
+                            .is_none_or(|acked| version > acked)
                 }
                 (Some(InFlight::Del), State::Absent) => true,
                 _ => false,
@@ -249,9 +309,22 @@ async fn check(addr: SocketAddr, known: &mut HashMap<Vec<u8>, Known>, iteration:
 }
 
 fn launch(dir: &std::path::Path, iteration: u32) -> Server {
-    let sync = if iteration.is_multiple_of(2) { "always" } else { "interval=50" };
+    let sync = if iteration.is_multiple_of(2) {
+        "always"
+    } else {
+        "interval=50"
+    };
     start(
-        &["--mqtt-listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0", "--data-dir", dir.to_str().unwrap(), "--sync", sync],
+        &[
+            "--mqtt-listen",
+            "127.0.0.1:0",
+            "--http-listen",
+            "127.0.0.1:0",
+            "--data-dir",
+            dir.to_str().unwrap(),
+            "--sync",
+            sync,
+        ],
         &[],
     )
 }
@@ -263,7 +336,16 @@ async fn acknowledged_writes_survive_sigkill() {
     let dir = tempfile::tempdir().unwrap();
     let mut known: HashMap<Vec<u8>, Known> = (0..WRITERS)
         .flat_map(|w| (0..KEYS_PER_WRITER).map(move |k| key_name(w, k)))
-        .map(|key| (key, Known { acked: State::Absent, acked_version: None, in_flight: None }))
+        .map(|key| {
+            (
+                key,
+                Known {
+                    acked: State::Absent,
+                    acked_version: None,
+                    in_flight: None,
+                },
+            )
+        })
         .collect();
     let mut acknowledged = 0usize;
     for iteration in 0..iterations {
@@ -274,8 +356,19 @@ async fn acknowledged_writes_survive_sigkill() {
         let writers: Vec<_> = (0..WRITERS)
             .map(|w| {
                 let prefix = format!("crash-w{w}-").into_bytes();
-                let mine = known.iter().filter(|(k, _)| k.starts_with(&prefix)).map(|(k, v)| (k.clone(), v.clone())).collect();
-                tokio::spawn(write_until_killed(addr, w, iteration, mine, floor.clone(), rng.next()))
+                let mine = known
+                    .iter()
+                    .filter(|(k, _)| k.starts_with(&prefix))
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect();
+                tokio::spawn(write_until_killed(
+                    addr,
+                    w,
+                    iteration,
+                    mine,
+                    floor.clone(),
+                    rng.next(),
+                ))
             })
             .collect();
         tokio::time::sleep(Duration::from_millis(150 + rng.below(450))).await;
@@ -291,5 +384,8 @@ async fn acknowledged_writes_survive_sigkill() {
     check(server.mqtt, &mut known, iterations).await;
     drop(server);
     eprintln!("crash test: {iterations} kills survived, {acknowledged} writes acknowledged");
-    assert!(acknowledged >= iterations as usize, "too few writes acknowledged ({acknowledged}) to test anything");
+    assert!(
+        acknowledged >= iterations as usize,
+        "too few writes acknowledged ({acknowledged}) to test anything"
+    );
 }

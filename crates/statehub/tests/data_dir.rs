@@ -20,11 +20,17 @@ const BIG: usize = 24;
 const SMALL: usize = 40;
 
 fn args(dir: &Path) -> Vec<String> {
-    ["--mqtt-listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0", "--data-dir"]
-        .iter()
-        .map(|s| (*s).to_owned())
-        .chain([dir.display().to_string()])
-        .collect()
+    [
+        "--mqtt-listen",
+        "127.0.0.1:0",
+        "--http-listen",
+        "127.0.0.1:0",
+        "--data-dir",
+    ]
+    .iter()
+    .map(|s| (*s).to_owned())
+    .chain([dir.display().to_string()])
+    .collect()
 }
 
 fn launch(dir: &Path) -> Server {
@@ -79,12 +85,18 @@ impl Raw {
     /// to the response topic.
     fn connect_with(addr: SocketAddr, id: &str, flags_to_props: &[u8]) -> Raw {
         let mut stream = connect_tcp(addr);
-        stream.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_secs(20)))
+            .unwrap();
         let mut body = vec![0, 4, b'M', b'Q', b'T', b'T', 5];
         body.extend_from_slice(flags_to_props);
         string(id.as_bytes(), &mut body);
         stream.write_all(&packet(0x10, &body)).unwrap();
-        let mut raw = Raw { stream, response_topic: format!("clients/{id}/response"), next_id: 1 };
+        let mut raw = Raw {
+            stream,
+            response_topic: format!("clients/{id}/response"),
+            next_id: 1,
+        };
         let (kind, _) = raw.read_packet();
         assert_eq!(kind >> 4, 2, "expected CONNACK");
         let mut body = vec![0, 1, 0];
@@ -122,7 +134,10 @@ impl Raw {
             payload.extend_from_slice(a);
             payload.extend_from_slice(b"\r\n");
         }
-        let ms = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis();
+        let ms = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_millis();
         let mut props = vec![0x08];
         string(self.response_topic.as_bytes(), &mut props);
         props.push(0x09);
@@ -132,7 +147,10 @@ impl Raw {
         string(b"__ts", &mut props);
         string(format!("{ms:015}:00000:client").as_bytes(), &mut props);
         let mut body = Vec::new();
-        string(b"statestore/v1/FA9AE35F-2F64-47CD-9BFF-08E2B32A0FE8/command/invoke", &mut body);
+        string(
+            b"statestore/v1/FA9AE35F-2F64-47CD-9BFF-08E2B32A0FE8/command/invoke",
+            &mut body,
+        );
         body.extend_from_slice(&self.next_id.to_be_bytes());
         varint(props.len(), &mut body);
         body.extend_from_slice(&props);
@@ -189,9 +207,14 @@ fn scan(c: &mut Raw) -> std::collections::HashSet<Vec<u8>> {
     let mut token: Vec<u8> = Vec::new();
     loop {
         let page = c.call(&[b"SCAN", b"*", &token]);
-        let mut lines = page.split(|&b| b == b'\n').map(|l| l.strip_suffix(b"\r").unwrap_or(l));
+        let mut lines = page
+            .split(|&b| b == b'\n')
+            .map(|l| l.strip_suffix(b"\r").unwrap_or(l));
         let parts = lines.next().expect("array header") == b"*2";
-        let count: usize = std::str::from_utf8(&lines.next().expect("keys header")[1..]).unwrap().parse().unwrap();
+        let count: usize = std::str::from_utf8(&lines.next().expect("keys header")[1..])
+            .unwrap()
+            .parse()
+            .unwrap();
         for _ in 0..count {
             lines.next();
             keys.insert(lines.next().expect("key").to_vec());
@@ -229,11 +252,20 @@ fn fill(dir: &Path) {
     // The journal's first segments are folded into a snapshot in the background; wait
     // for one, so the directory holds every kind of file.
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    while !files(dir).iter().any(|f| f.extension().is_some_and(|x| x == "snap") && std::fs::metadata(f).unwrap().len() > 1 << 20) {
-        assert!(std::time::Instant::now() < deadline, "no snapshot after writing {} MiB", (BIG * 900) >> 10);
+    while !files(dir).iter().any(|f| {
+        f.extension().is_some_and(|x| x == "snap") && std::fs::metadata(f).unwrap().len() > 1 << 20
+    }) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no snapshot after writing {} MiB",
+            (BIG * 900) >> 10
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
-    std::process::Command::new("kill").args(["-TERM", &server.child.id().to_string()]).status().unwrap();
+    std::process::Command::new("kill")
+        .args(["-TERM", &server.child.id().to_string()])
+        .status()
+        .unwrap();
     assert!(wait_exit(&mut server.child, Duration::from_secs(10)).success());
 }
 
@@ -278,7 +310,9 @@ fn flip_middle(path: &Path) {
 /// Starts statehub on a damaged copy and checks the outcome is a documented one.
 fn outcome_is_documented(dir: &Path, what: &str) -> &'static str {
     let args = args(dir);
-    let mut child = command(&args.iter().map(String::as_str).collect::<Vec<_>>(), &[]).spawn().unwrap();
+    let mut child = command(&args.iter().map(String::as_str).collect::<Vec<_>>(), &[])
+        .spawn()
+        .unwrap();
     let mut stderr = child.stderr.take().unwrap();
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
@@ -304,23 +338,45 @@ fn outcome_is_documented(dir: &Path, what: &str) -> &'static str {
                 log = l;
             }
             assert_eq!(status.code(), Some(1), "{what}: exit {status:?}\n{log}");
-            assert!(log.contains("damaged") && log.contains(&dir.display().to_string()), "{what}: refusal must say damaged and name the directory:\n{log}");
+            assert!(
+                log.contains("damaged") && log.contains(&dir.display().to_string()),
+                "{what}: refusal must say damaged and name the directory:\n{log}"
+            );
             return "refused";
         }
         if let Some(i) = log.find("mqtt listening on ") {
-            let addr: SocketAddr = log[i + 18..].split_whitespace().next().unwrap().parse().unwrap();
+            let addr: SocketAddr = log[i + 18..]
+                .split_whitespace()
+                .next()
+                .unwrap()
+                .parse()
+                .unwrap();
             let stored = scan(&mut Raw::connect(addr, "checker"));
             let present: Vec<bool> = (0..BIG + SMALL).map(|i| stored.contains(&key(i))).collect();
             let kept = present.iter().take_while(|p| **p).count();
-            assert!(present[kept..].iter().all(|p| !p), "{what}: recovered keys have a gap: {kept} then more");
+            assert!(
+                present[kept..].iter().all(|p| !p),
+                "{what}: recovered keys have a gap: {kept} then more"
+            );
             if kept < BIG + SMALL {
-                assert!(log.contains("recovery discarded"), "{what}: {} keys lost without a warning:\n{log}", BIG + SMALL - kept);
+                assert!(
+                    log.contains("recovery discarded"),
+                    "{what}: {} keys lost without a warning:\n{log}",
+                    BIG + SMALL - kept
+                );
             }
             let _ = child.kill();
             let _ = child.wait();
-            return if kept == BIG + SMALL { "started, all kept" } else { "started, recovered a prefix" };
+            return if kept == BIG + SMALL {
+                "started, all kept"
+            } else {
+                "started, recovered a prefix"
+            };
         }
-        assert!(std::time::Instant::now() < deadline, "{what}: neither started nor exited:\n{log}");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{what}: neither started nor exited:\n{log}"
+        );
     }
 }
 
@@ -329,12 +385,23 @@ fn a_second_statehub_on_the_same_directory_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let first = launch(dir.path());
     let args = args(dir.path());
-    let mut child = command(&args.iter().map(String::as_str).collect::<Vec<_>>(), &[]).spawn().unwrap();
+    let mut child = command(&args.iter().map(String::as_str).collect::<Vec<_>>(), &[])
+        .spawn()
+        .unwrap();
     let status = wait_exit(&mut child, Duration::from_secs(10));
     let mut err = String::new();
-    child.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
     assert_eq!(status.code(), Some(1), "{err}");
-    assert!(err.contains("in use by another statehub") && err.contains(&format!("pid {}", first.child.id())), "{err}");
+    assert!(
+        err.contains("in use by another statehub")
+            && err.contains(&format!("pid {}", first.child.id())),
+        "{err}"
+    );
     // The first one is unharmed.
     let mut c = Raw::connect(first.mqtt, "still-here");
     assert_eq!(c.call(&[b"SET", b"k", b"v"]), b"+OK\r\n");
@@ -346,30 +413,56 @@ fn every_damaged_file_gives_a_documented_outcome() {
     fill(source.path());
     let all = files(source.path());
     let mut seen = std::collections::BTreeMap::<&str, usize>::new();
-    for file in all.iter().filter(|f| !f.ends_with("LOCK") && !f.ends_with("lock")) {
+    for file in all
+        .iter()
+        .filter(|f| !f.ends_with("LOCK") && !f.ends_with("lock"))
+    {
         let rel = file.strip_prefix(source.path()).unwrap();
         let dir = tempfile::tempdir().unwrap();
         copy_dir(source.path(), dir.path());
         flip_middle(&dir.path().join(rel));
-        *seen.entry(outcome_is_documented(dir.path(), &format!("flipped {}", rel.display()))).or_default() += 1;
+        *seen
+            .entry(outcome_is_documented(
+                dir.path(),
+                &format!("flipped {}", rel.display()),
+            ))
+            .or_default() += 1;
         let dir = tempfile::tempdir().unwrap();
         copy_dir(source.path(), dir.path());
         let target = dir.path().join(rel);
-        let newest_segment = all.iter().rfind(|f| f.extension().is_some_and(|x| x == "log"));
+        let newest_segment = all
+            .iter()
+            .rfind(|f| f.extension().is_some_and(|x| x == "log"));
         if Some(file) == newest_segment {
             // A torn last write: the start of a batch that never completed.
             let mut bytes = std::fs::read(&target).unwrap();
             bytes.extend_from_slice(&[0x40, 0x01, 0x00, 0x00, 0x09, 0x00, 0x07]);
             std::fs::write(&target, bytes).unwrap();
-            assert_eq!(outcome_is_documented(dir.path(), "torn journal tail"), "started, all kept");
+            assert_eq!(
+                outcome_is_documented(dir.path(), "torn journal tail"),
+                "started, all kept"
+            );
         } else {
             let len = std::fs::metadata(&target).unwrap().len();
-            std::fs::OpenOptions::new().write(true).open(&target).unwrap().set_len(len / 2).unwrap();
-            *seen.entry(outcome_is_documented(dir.path(), &format!("truncated {}", rel.display()))).or_default() += 1;
+            std::fs::OpenOptions::new()
+                .write(true)
+                .open(&target)
+                .unwrap()
+                .set_len(len / 2)
+                .unwrap();
+            *seen
+                .entry(outcome_is_documented(
+                    dir.path(),
+                    &format!("truncated {}", rel.display()),
+                ))
+                .or_default() += 1;
         }
     }
     eprintln!("damaged-file outcomes: {seen:?}");
-    assert!(seen.get("refused").is_some_and(|n| *n > 0), "no damage was detected at all: {seen:?}");
+    assert!(
+        seen.get("refused").is_some_and(|n| *n > 0),
+        "no damage was detected at all: {seen:?}"
+    );
 }
 
 #[test]
@@ -377,20 +470,55 @@ fn data_dir_and_sync_come_from_flags_environment_or_file() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("from-env");
     let server = start(
-        &["--mqtt-listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0"],
-        &[("STATEHUB_DATA_DIR", data.to_str().unwrap()), ("STATEHUB_SYNC", "interval=20")],
+        &[
+            "--mqtt-listen",
+            "127.0.0.1:0",
+            "--http-listen",
+            "127.0.0.1:0",
+        ],
+        &[
+            ("STATEHUB_DATA_DIR", data.to_str().unwrap()),
+            ("STATEHUB_SYNC", "interval=20"),
+        ],
     );
     let log = &server.startup;
-    assert!(log.iter().any(|l| l.contains(&format!("loaded from {}", data.display())) && l.contains("(sync interval=20)")), "{log:?}");
+    assert!(
+        log.iter()
+            .any(|l| l.contains(&format!("loaded from {}", data.display()))
+                && l.contains("(sync interval=20)")),
+        "{log:?}"
+    );
     assert!(data.join("LOCK").exists());
     drop(server);
 
     let data = dir.path().join("from-file");
     let config = dir.path().join("statehub.toml");
-    std::fs::write(&config, format!("data_dir = {:?}\nsync = \"always\"\n", data.display().to_string())).unwrap();
-    let server = start(&["--mqtt-listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0", "--config", config.to_str().unwrap()], &[]);
+    std::fs::write(
+        &config,
+        format!(
+            "data_dir = {:?}\nsync = \"always\"\n",
+            data.display().to_string()
+        ),
+    )
+    .unwrap();
+    let server = start(
+        &[
+            "--mqtt-listen",
+            "127.0.0.1:0",
+            "--http-listen",
+            "127.0.0.1:0",
+            "--config",
+            config.to_str().unwrap(),
+        ],
+        &[],
+    );
     let log = &server.startup;
-    assert!(log.iter().any(|l| l.contains(&format!("loaded from {}", data.display())) && l.contains("(sync always)")), "{log:?}");
+    assert!(
+        log.iter()
+            .any(|l| l.contains(&format!("loaded from {}", data.display()))
+                && l.contains("(sync always)")),
+        "{log:?}"
+    );
 }
 
 #[test]
@@ -398,19 +526,33 @@ fn bad_sync_settings_exit_2_with_a_clear_error() {
     let (status, err) = common::run_to_exit(&["--sync", "interval=5"]);
     assert_eq!(status.code(), Some(2), "{err}");
     assert!(err.contains("no data_dir"), "{err}");
-    let (status, err) = common::run_to_exit(&["--data-dir", "/tmp/never-created-by-statehub", "--sync", "sometimes"]);
+    let (status, err) = common::run_to_exit(&[
+        "--data-dir",
+        "/tmp/never-created-by-statehub",
+        "--sync",
+        "sometimes",
+    ]);
     assert_eq!(status.code(), Some(2), "{err}");
-    assert!(err.contains("sometimes") && err.contains("interval=<ms>"), "{err}");
+    assert!(
+        err.contains("sometimes") && err.contains("interval=<ms>"),
+        "{err}"
+    );
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("bad-sync.toml");
     std::fs::write(&config, "data_dir = \"/tmp/x\"\nsync = \"weekly\"\n").unwrap();
     let (status, err) = common::run_to_exit(&["--config", config.to_str().unwrap()]);
     assert_eq!(status.code(), Some(2), "{err}");
-    assert!(err.contains("sync") && err.contains("weekly") && err.contains(config.to_str().unwrap()), "{err}");
+    assert!(
+        err.contains("sync") && err.contains("weekly") && err.contains(config.to_str().unwrap()),
+        "{err}"
+    );
     std::fs::write(&config, "data_dir = \"/tmp/x\"\ncompact_after_mib = 0\n").unwrap();
     let (status, err) = common::run_to_exit(&["--config", config.to_str().unwrap()]);
     assert_eq!(status.code(), Some(2), "{err}");
-    assert!(err.contains("compact_after_mib is 0") && err.contains(config.to_str().unwrap()), "{err}");
+    assert!(
+        err.contains("compact_after_mib is 0") && err.contains(config.to_str().unwrap()),
+        "{err}"
+    );
     std::fs::write(&config, "compact_after_mib = 8\n").unwrap();
     let (status, err) = common::run_to_exit(&["--config", config.to_str().unwrap()]);
     assert_eq!(status.code(), Some(2), "{err}");

@@ -22,7 +22,16 @@ use tokio::time::timeout;
 
 fn launch(dir: &Path, sync: &str) -> Server {
     start(
-        &["--mqtt-listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0", "--data-dir", dir.to_str().unwrap(), "--sync", sync],
+        &[
+            "--mqtt-listen",
+            "127.0.0.1:0",
+            "--http-listen",
+            "127.0.0.1:0",
+            "--data-dir",
+            dir.to_str().unwrap(),
+            "--sync",
+            sync,
+        ],
         &[],
     )
 }
@@ -70,7 +79,10 @@ async fn publish_acked(
     payload: &str,
     props: PublishProperties,
 ) -> bool {
-    if c.publish_with_properties(topic, qos, true, payload.to_owned(), props).await.is_err() {
+    if c.publish_with_properties(topic, qos, true, payload.to_owned(), props)
+        .await
+        .is_err()
+    {
         return false;
     }
     loop {
@@ -95,7 +107,11 @@ async fn retained(
     let mut subscribed = false;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     loop {
-        let quiet = if subscribed && out.len() >= at_least { Duration::from_millis(300) } else { Duration::from_secs(1) };
+        let quiet = if subscribed && out.len() >= at_least {
+            Duration::from_millis(300)
+        } else {
+            Duration::from_secs(1)
+        };
         let Ok(Some(seen)) = timeout(quiet, rx.recv()).await else {
             if tokio::time::Instant::now() < deadline && !(subscribed && out.len() >= at_least) {
                 continue;
@@ -132,13 +148,59 @@ async fn retained_messages_survive_restart_and_sigkill_with_their_properties() {
         ..PublishProperties::default()
     };
     assert!(publish_acked(&c, &mut rx, "r/1", QoS::AtLeastOnce, "one", props.clone()).await);
-    assert!(publish_acked(&c, &mut rx, "r/2", QoS::AtLeastOnce, "two", PublishProperties::default()).await);
-    assert!(publish_acked(&c, &mut rx, "r/2", QoS::ExactlyOnce, "two-b", PublishProperties::default()).await);
-    assert!(publish_acked(&c, &mut rx, "r/3", QoS::AtLeastOnce, "three", PublishProperties::default()).await);
-    assert!(publish_acked(&c, &mut rx, "r/3", QoS::AtLeastOnce, "", PublishProperties::default()).await);
-    let short = PublishProperties { message_expiry_interval: Some(1), ..PublishProperties::default() };
+    assert!(
+        publish_acked(
+            &c,
+            &mut rx,
+            "r/2",
+            QoS::AtLeastOnce,
+            "two",
+            PublishProperties::default()
+        )
+        .await
+    );
+    assert!(
+        publish_acked(
+            &c,
+            &mut rx,
+            "r/2",
+            QoS::ExactlyOnce,
+            "two-b",
+            PublishProperties::default()
+        )
+        .await
+    );
+    assert!(
+        publish_acked(
+            &c,
+            &mut rx,
+            "r/3",
+            QoS::AtLeastOnce,
+            "three",
+            PublishProperties::default()
+        )
+        .await
+    );
+    assert!(
+        publish_acked(
+            &c,
+            &mut rx,
+            "r/3",
+            QoS::AtLeastOnce,
+            "",
+            PublishProperties::default()
+        )
+        .await
+    );
+    let short = PublishProperties {
+        message_expiry_interval: Some(1),
+        ..PublishProperties::default()
+    };
     assert!(publish_acked(&c, &mut rx, "r/4", QoS::AtLeastOnce, "short-lived", short).await);
-    let long = PublishProperties { message_expiry_interval: Some(3600), ..PublishProperties::default() };
+    let long = PublishProperties {
+        message_expiry_interval: Some(3600),
+        ..PublishProperties::default()
+    };
     assert!(publish_acked(&c, &mut rx, "r/5", QoS::AtLeastOnce, "long-lived", long).await);
 
     server.child.kill().unwrap();
@@ -146,31 +208,49 @@ async fn retained_messages_survive_restart_and_sigkill_with_their_properties() {
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let server = launch(dir.path(), "always");
     assert!(
-        server.startup.iter().any(|l| l.contains("3 retained messages")),
+        server
+            .startup
+            .iter()
+            .any(|l| l.contains("3 retained messages")),
         "start-up log counts the live retained messages (r/4 expired while down): {:?}",
         server.startup
     );
     let got = retained(server.mqtt, "r/#", 3).await;
     let mut topics: Vec<_> = got.keys().cloned().collect();
     topics.sort();
-    assert_eq!(topics, ["r/1", "r/2", "r/5"], "deleted and expired ones are gone");
+    assert_eq!(
+        topics,
+        ["r/1", "r/2", "r/5"],
+        "deleted and expired ones are gone"
+    );
     assert_eq!(text(&got["r/1"]), "one");
-    assert_eq!(text(&got["r/2"]), "two-b", "the replacement, not the original");
+    assert_eq!(
+        text(&got["r/2"]),
+        "two-b",
+        "the replacement, not the original"
+    );
     assert_eq!(got["r/2"].qos, QoS::ExactlyOnce);
     let p1 = got["r/1"].properties.as_ref().expect("properties kept");
     assert_eq!(p1.content_type.as_deref(), Some("text/plain"));
     assert_eq!(p1.user_properties, vec![("k".to_owned(), "v".to_owned())]);
-    let left = got["r/5"].properties.as_ref().and_then(|p| p.message_expiry_interval);
-    assert!(left.is_some_and(|s| (3590..=3600).contains(&s)), "expiry counts down across the restart: {left:?}");
+    let left = got["r/5"]
+        .properties
+        .as_ref()
+        .and_then(|p| p.message_expiry_interval);
+    assert!(
+        left.is_some_and(|s| (3590..=3600).contains(&s)),
+        "expiry counts down across the restart: {left:?}"
+    );
 
     // A graceful restart keeps them too.
     let mut server = server;
-    let _ = std::process::Command::new("kill").args(["-TERM", &server.child.id().to_string()]).status();
+    let _ = std::process::Command::new("kill")
+        .args(["-TERM", &server.child.id().to_string()])
+        .status();
     common::wait_exit(&mut server.child, Duration::from_secs(10));
     let server = launch(dir.path(), "always");
     assert_eq!(retained(server.mqtt, "r/#", 3).await.len(), 3);
 }
-
 
 const TOPICS_PER_WRITER: u64 = 50;
 
@@ -181,12 +261,29 @@ fn crash_topic(writer: u32, n: u64) -> String {
 /// Publishes retained messages one at a time until the connection dies, cycling over
 /// the writer's topics so each publish replaces an older one; the payload is `n`,
 /// increasing across iterations. Returns (acknowledged, in flight).
-async fn publish_until_killed(addr: SocketAddr, writer: u32, iteration: u32) -> (Vec<u64>, Option<u64>) {
+async fn publish_until_killed(
+    addr: SocketAddr,
+    writer: u32,
+    iteration: u32,
+) -> (Vec<u64>, Option<u64>) {
     let (c, mut rx) = client(addr, &format!("w{writer}")).await;
     let mut acked = Vec::new();
     for n in (u64::from(iteration) * 1_000_000).. {
-        let qos = if n % 3 == 2 { QoS::ExactlyOnce } else { QoS::AtLeastOnce };
-        if !publish_acked(&c, &mut rx, &crash_topic(writer, n), qos, &n.to_string(), PublishProperties::default()).await {
+        let qos = if n % 3 == 2 {
+            QoS::ExactlyOnce
+        } else {
+            QoS::AtLeastOnce
+        };
+        if !publish_acked(
+            &c,
+            &mut rx,
+            &crash_topic(writer, n),
+            qos,
+            &n.to_string(),
+            PublishProperties::default(),
+        )
+        .await
+        {
             return (acked, Some(n));
         }
         acked.push(n);
@@ -198,11 +295,21 @@ type Got = HashMap<String, rumqttc::v5::mqttbytes::v5::Publish>;
 
 /// Checks what a restart kept against what was acknowledged, then takes it as the new
 /// acknowledged state (an in-flight publish either landed or not).
-fn check(got: &Got, acked: &mut HashMap<String, u64>, in_flight: &mut HashMap<String, u64>, when: &str) {
+fn check(
+    got: &Got,
+    acked: &mut HashMap<String, u64>,
+    in_flight: &mut HashMap<String, u64>,
+    when: &str,
+) {
     for (topic, publish) in got {
         let n: u64 = text(publish).parse().unwrap();
         let ok = acked.get(topic) == Some(&n) || in_flight.get(topic) == Some(&n);
-        assert!(ok, "{when}: {topic} holds {n}, acknowledged {:?}, in flight {:?}", acked.get(topic), in_flight.get(topic));
+        assert!(
+            ok,
+            "{when}: {topic} holds {n}, acknowledged {:?}, in flight {:?}",
+            acked.get(topic),
+            in_flight.get(topic)
+        );
     }
     for topic in acked.keys() {
         assert!(got.contains_key(topic), "{when}: acknowledged {topic} lost");
@@ -219,7 +326,8 @@ fn check(got: &Got, acked: &mut HashMap<String, u64>, in_flight: &mut HashMap<St
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acknowledged_retained_messages_survive_sigkill() {
     const WRITERS: u32 = 4;
-    let (iterations, seed) = common::crash_plan("retained crash test", "RETAINED_CRASH_ITERATIONS", 12);
+    let (iterations, seed) =
+        common::crash_plan("retained crash test", "RETAINED_CRASH_ITERATIONS", 12);
     let mut rng = Rng(seed | 1);
     let dir = tempfile::tempdir().unwrap();
     // Per topic: the last acknowledged payload, and one in flight when the kill landed.
@@ -227,11 +335,22 @@ async fn acknowledged_retained_messages_survive_sigkill() {
     let mut in_flight: HashMap<String, u64> = HashMap::new();
     let mut total_acked = 0;
     for iteration in 0..iterations {
-        let sync = if iteration % 2 == 0 { "always" } else { "interval=50" };
+        let sync = if iteration % 2 == 0 {
+            "always"
+        } else {
+            "interval=50"
+        };
         let mut server = launch(dir.path(), sync);
         let got = retained(server.mqtt, "crash/#", acked.len()).await;
-        check(&got, &mut acked, &mut in_flight, &format!("iteration {iteration} (seed {seed})"));
-        let writers: Vec<_> = (0..WRITERS).map(|w| tokio::spawn(publish_until_killed(server.mqtt, w, iteration))).collect();
+        check(
+            &got,
+            &mut acked,
+            &mut in_flight,
+            &format!("iteration {iteration} (seed {seed})"),
+        );
+        let writers: Vec<_> = (0..WRITERS)
+            .map(|w| tokio::spawn(publish_until_killed(server.mqtt, w, iteration)))
+            .collect();
         tokio::time::sleep(Duration::from_millis(100 + rng.below(400))).await;
         server.child.kill().unwrap();
         server.child.wait().unwrap();
@@ -248,7 +367,15 @@ async fn acknowledged_retained_messages_survive_sigkill() {
     }
     let server = launch(dir.path(), "always");
     let got = retained(server.mqtt, "crash/#", acked.len()).await;
-    check(&got, &mut acked, &mut in_flight, &format!("finally (seed {seed})"));
-    assert!(total_acked > (iterations * WRITERS) as usize, "the writers wrote ({total_acked} acknowledged)");
+    check(
+        &got,
+        &mut acked,
+        &mut in_flight,
+        &format!("finally (seed {seed})"),
+    );
+    assert!(
+        total_acked > (iterations * WRITERS) as usize,
+        "the writers wrote ({total_acked} acknowledged)"
+    );
     eprintln!("retained crash test: {total_acked} acknowledged retained publishes over {iterations} kills, none lost");
 }

@@ -26,7 +26,8 @@ use bytes::BytesMut;
 use common::{start, Rng, Server};
 use raw::{bs, Event, RawClient};
 use statehub_broker::codec::{
-    Connect, ConnectProperties, Packet, ProtocolVersion, PubResponse, Publish, QoS, SubscriptionOptions,
+    Connect, ConnectProperties, Packet, ProtocolVersion, PubResponse, Publish, QoS,
+    SubscriptionOptions,
 };
 use tokio::sync::watch;
 
@@ -35,7 +36,16 @@ const LONG: Duration = Duration::from_secs(5);
 
 fn launch(dir: &Path, sync: &str) -> Server {
     start(
-        &["--mqtt-listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0", "--data-dir", dir.to_str().unwrap(), "--sync", sync],
+        &[
+            "--mqtt-listen",
+            "127.0.0.1:0",
+            "--http-listen",
+            "127.0.0.1:0",
+            "--data-dir",
+            dir.to_str().unwrap(),
+            "--sync",
+            sync,
+        ],
         &[],
     )
 }
@@ -52,14 +62,19 @@ async fn resume(addr: SocketAddr, client_id: &str) -> Option<(RawClient, bool)> 
     let mut c = RawClient::from_stream(stream, ProtocolVersion::V5);
     let connect = Connect {
         clean_start: false,
-        properties: ConnectProperties { session_expiry_interval: Some(3600), ..Default::default() },
+        properties: ConnectProperties {
+            session_expiry_interval: Some(3600),
+            ..Default::default()
+        },
         ..raw::connect_packet(ProtocolVersion::V5, client_id)
     };
     if !send(&mut c, &Packet::Connect(Box::new(connect))).await {
         return None;
     }
     match c.next_event(LONG).await {
-        Event::Packet(Packet::ConnAck(a)) if a.reason_code.is_success() => Some((c, a.session_present)),
+        Event::Packet(Packet::ConnAck(a)) if a.reason_code.is_success() => {
+            Some((c, a.session_present))
+        }
         _ => None,
     }
 }
@@ -79,7 +94,9 @@ struct Writer {
 
 /// Publishes until the connection dies, finishing the in-flight message first.
 async fn write(addr: SocketAddr, id: u32, w: &mut Writer, stop_after: Option<u64>) {
-    let Some((mut c, _)) = resume(addr, &format!("writer-{id}")).await else { return };
+    let Some((mut c, _)) = resume(addr, &format!("writer-{id}")).await else {
+        return;
+    };
     loop {
         let (n, qos, pid, released) = match w.in_flight {
             Some(f) => f,
@@ -87,7 +104,11 @@ async fn write(addr: SocketAddr, id: u32, w: &mut Writer, stop_after: Option<u64
                 if stop_after.is_some_and(|last| w.next > last) {
                     return;
                 }
-                let qos = if w.next % 2 == 1 { QoS::ExactlyOnce } else { QoS::AtLeastOnce };
+                let qos = if w.next % 2 == 1 {
+                    QoS::ExactlyOnce
+                } else {
+                    QoS::AtLeastOnce
+                };
                 let pid = (w.next % 60_000) as u16 + 1;
                 w.in_flight = Some((w.next, qos, pid, false));
                 w.next += 1;
@@ -99,7 +120,14 @@ async fn write(addr: SocketAddr, id: u32, w: &mut Writer, stop_after: Option<u64
             Packet::PubRel(PubResponse::ok(pid))
         } else {
             let payload = bytes::Bytes::from(n.to_string());
-            Packet::Publish(Publish { dup, qos, topic: bs(&topic(qos, id)), packet_id: Some(pid), payload, ..Default::default() })
+            Packet::Publish(Publish {
+                dup,
+                qos,
+                topic: bs(&topic(qos, id)),
+                packet_id: Some(pid),
+                payload,
+                ..Default::default()
+            })
         };
         if !send(&mut c, &packet).await {
             return;
@@ -132,8 +160,13 @@ struct Reader {
 
 /// Consumes until the connection dies or `quiet` passes with nothing.
 async fn read(addr: SocketAddr, r: &Arc<Mutex<Reader>>, quiet: Duration) {
-    let Some((mut c, present)) = resume(addr, "reader").await else { return };
-    assert!(present, "the reader's session (and its subscriptions) survived");
+    let Some((mut c, present)) = resume(addr, "reader").await else {
+        return;
+    };
+    assert!(
+        present,
+        "the reader's session (and its subscriptions) survived"
+    );
     loop {
         let answer = match c.next_event(quiet).await {
             Event::Packet(Packet::Publish(p)) => {
@@ -166,7 +199,8 @@ async fn read(addr: SocketAddr, r: &Arc<Mutex<Reader>>, quiet: Duration) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acknowledged_messages_reach_a_persistent_subscriber_through_sigkills() {
-    let (iterations, seed) = common::crash_plan("session crash test", "SESSION_CRASH_ITERATIONS", 16);
+    let (iterations, seed) =
+        common::crash_plan("session crash test", "SESSION_CRASH_ITERATIONS", 16);
     let mut rng = Rng(seed | 1);
     let dir = tempfile::tempdir().unwrap();
     let reader = Arc::new(Mutex::new(Reader::default()));
@@ -176,12 +210,23 @@ async fn acknowledged_messages_reach_a_persistent_subscriber_through_sigkills() 
         let server = launch(dir.path(), "always");
         let (mut c, _) = resume(server.mqtt, "reader").await.unwrap();
         for qos in [QoS::AtLeastOnce, QoS::ExactlyOnce] {
-            c.subscribe(&format!("crash/{}/+", qos as u8), SubscriptionOptions { qos, ..Default::default() }).await;
+            c.subscribe(
+                &format!("crash/{}/+", qos as u8),
+                SubscriptionOptions {
+                    qos,
+                    ..Default::default()
+                },
+            )
+            .await;
         }
         c.disconnect().await;
     }
     for iteration in 0..iterations {
-        let sync = if iteration % 2 == 0 { "always" } else { "interval=50" };
+        let sync = if iteration % 2 == 0 {
+            "always"
+        } else {
+            "interval=50"
+        };
         let mut server = launch(dir.path(), sync);
         let addr = server.mqtt;
         let (stop_tx, _) = watch::channel(());
@@ -214,7 +259,10 @@ async fn acknowledged_messages_reach_a_persistent_subscriber_through_sigkills() 
     for (id, w) in writers.iter_mut().enumerate() {
         let last = w.next.saturating_sub(1);
         write(addr, id as u32, w, Some(last)).await;
-        assert!(w.in_flight.is_none(), "writer {id} could not finish its in-flight message");
+        assert!(
+            w.in_flight.is_none(),
+            "writer {id} could not finish its in-flight message"
+        );
     }
     read(addr, &reader, Duration::from_secs(1)).await;
 
@@ -222,24 +270,39 @@ async fn acknowledged_messages_reach_a_persistent_subscriber_through_sigkills() 
     let mut first: HashMap<(u32, u64), usize> = HashMap::new();
     let mut order: HashMap<u32, Vec<u64>> = HashMap::new();
     for &(w, n, qos) in &reader.got {
-        assert!(n < writers[w as usize].next, "writer {w} never sent {n} (seed {seed})");
+        assert!(
+            n < writers[w as usize].next,
+            "writer {w} never sent {n} (seed {seed})"
+        );
         let count = first.entry((w, n)).or_insert(0);
         *count += 1;
         if *count == 1 {
             order.entry(w).or_default().push(n);
         }
-        assert!(qos != QoS::ExactlyOnce || *count == 1, "QoS 2 message {w}/{n} delivered twice (seed {seed})");
+        assert!(
+            qos != QoS::ExactlyOnce || *count == 1,
+            "QoS 2 message {w}/{n} delivered twice (seed {seed})"
+        );
     }
     let mut completed = 0;
     for (id, w) in writers.iter().enumerate() {
         for &(n, _) in &w.completed {
-            assert!(first.contains_key(&(id as u32, n)), "acknowledged message {id}/{n} lost (seed {seed})");
+            assert!(
+                first.contains_key(&(id as u32, n)),
+                "acknowledged message {id}/{n} lost (seed {seed})"
+            );
         }
         completed += w.completed.len();
         let seen = order.get(&(id as u32)).cloned().unwrap_or_default();
-        assert!(seen.windows(2).all(|p| p[0] < p[1]), "writer {id}'s messages out of order: {seen:?} (seed {seed})");
+        assert!(
+            seen.windows(2).all(|p| p[0] < p[1]),
+            "writer {id}'s messages out of order: {seen:?} (seed {seed})"
+        );
     }
-    assert!(completed > (iterations * WRITERS) as usize, "the writers wrote ({completed} acknowledged)");
+    assert!(
+        completed > (iterations * WRITERS) as usize,
+        "the writers wrote ({completed} acknowledged)"
+    );
     eprintln!(
         "session crash test: {completed} acknowledged publishes over {iterations} kills, {} deliveries, none lost",
         reader.got.len()

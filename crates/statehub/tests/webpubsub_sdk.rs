@@ -55,8 +55,13 @@ fn run(program: &Path, args: &[&str], dir: &Path, limit: Duration) {
         std::thread::sleep(Duration::from_millis(50));
     };
     let (out, err) = (out.join().unwrap(), err.join().unwrap());
-    let report = format!("{} {args:?}\n--- stdout\n{out}\n--- stderr\n{err}", program.display());
-    let Some(status) = status else { panic!("timed out after {limit:?}: {report}") };
+    let report = format!(
+        "{} {args:?}\n--- stdout\n{out}\n--- stderr\n{err}",
+        program.display()
+    );
+    let Some(status) = status else {
+        panic!("timed out after {limit:?}: {report}")
+    };
     let result = out
         .lines()
         .find_map(|l| l.strip_prefix("RESULT "))
@@ -64,7 +69,10 @@ fn run(program: &Path, args: &[&str], dir: &Path, limit: Duration) {
     let result: serde_json::Value = serde_json::from_str(result).expect("RESULT is JSON");
     assert!(status.success(), "scenario failed ({status}): {report}");
     assert_eq!(result["failed"], serde_json::json!([]), "{report}");
-    assert!(result["passed"].as_u64().unwrap_or(0) > 0, "no checks ran: {report}");
+    assert!(
+        result["passed"].as_u64().unwrap_or(0) > 0,
+        "no checks ran: {report}"
+    );
     // The scenario's counts, shown by `--no-capture` and in a failure's output.
     eprintln!("{result}");
 }

@@ -28,13 +28,19 @@ pub struct Batch {
 
 impl std::fmt::Debug for Batch {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Batch").field("ops", &self.len).field("bytes", &self.bytes).finish()
+        f.debug_struct("Batch")
+            .field("ops", &self.len)
+            .field("bytes", &self.bytes)
+            .finish()
     }
 }
 
 fn check_key(key: &[u8]) -> Result<(), StorageError> {
     if key.len() > MAX_KEY_LEN {
-        return Err(StorageError::KeyTooLong { len: key.len(), max: MAX_KEY_LEN });
+        return Err(StorageError::KeyTooLong {
+            len: key.len(),
+            max: MAX_KEY_LEN,
+        });
     }
     Ok(())
 }
@@ -51,7 +57,10 @@ impl Batch {
     pub fn put(&mut self, table: &Table, key: &[u8], value: &[u8]) -> Result<(), StorageError> {
         check_key(key)?;
         if value.len() > MAX_VALUE_LEN {
-            return Err(StorageError::ValueTooLong { len: value.len(), max: MAX_VALUE_LEN });
+            return Err(StorageError::ValueTooLong {
+                len: value.len(),
+                max: MAX_VALUE_LEN,
+            });
         }
         self.check_room(key.len() + value.len() + 13)?;
         if self.ops.capacity() == 0 {
@@ -66,7 +75,12 @@ impl Batch {
     /// Stages `key = value` in `table`, the value appended by `write` straight into the
     /// batch (no buffer of its own). Refuses what [`Batch::put`] refuses, leaving the
     /// batch unchanged.
-    pub fn put_with(&mut self, table: &Table, key: &[u8], write: impl FnOnce(&mut Vec<u8>)) -> Result<(), StorageError> {
+    pub fn put_with(
+        &mut self,
+        table: &Table,
+        key: &[u8],
+        write: impl FnOnce(&mut Vec<u8>),
+    ) -> Result<(), StorageError> {
         check_key(key)?;
         let start = self.ops.len();
         if start == 0 {
@@ -74,9 +88,14 @@ impl Batch {
         }
         let len = put_op_with(&mut self.ops, table.id(), key, write);
         let refused = if len > MAX_VALUE_LEN {
-            Some(StorageError::ValueTooLong { len, max: MAX_VALUE_LEN })
+            Some(StorageError::ValueTooLong {
+                len,
+                max: MAX_VALUE_LEN,
+            })
         } else if self.ops.len() > MAX_BATCH_BYTES {
-            Some(StorageError::BatchTooLarge { max: MAX_BATCH_BYTES })
+            Some(StorageError::BatchTooLarge {
+                max: MAX_BATCH_BYTES,
+            })
         } else {
             None
         };
@@ -101,7 +120,9 @@ impl Batch {
 
     fn check_room(&self, op_bytes: usize) -> Result<(), StorageError> {
         if self.ops.len() + op_bytes > MAX_BATCH_BYTES {
-            return Err(StorageError::BatchTooLarge { max: MAX_BATCH_BYTES });
+            return Err(StorageError::BatchTooLarge {
+                max: MAX_BATCH_BYTES,
+            });
         }
         Ok(())
     }

@@ -77,7 +77,10 @@ impl Shared {
     /// next batch submitted gets `last_seq + 1`.
     pub(crate) fn new(max_pending_bytes: usize, last_seq: u64) -> Self {
         Self {
-            queue: Mutex::new(Queue { last_seq, ..Queue::default() }),
+            queue: Mutex::new(Queue {
+                last_seq,
+                ..Queue::default()
+            }),
             wake_committer: Condvar::new(),
             durable: AtomicU64::new(last_seq),
             pending_bytes: AtomicUsize::new(0),
@@ -267,7 +270,11 @@ pub(crate) fn run(shared: Arc<Shared>, mut backend: impl Backend, policy: SyncPo
             .is_some_and(|deadline| closing || deadline <= Instant::now());
         if sync_due {
             // Closing, the sync must be done before the store says it closed.
-            let synced = if closing { backend.sync() } else { backend.sync_soon() };
+            let synced = if closing {
+                backend.sync()
+            } else {
+                backend.sync_soon()
+            };
             if let Err(e) = synced {
                 shared.fail(e);
                 return;

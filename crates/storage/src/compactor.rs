@@ -17,7 +17,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::journal::{prepare_spare, scan, spare_path, sync_dir, Changes, Files, Overlay, SegmentDamage, Tail};
+use crate::journal::{
+    prepare_spare, scan, spare_path, sync_dir, Changes, Files, Overlay, SegmentDamage, Tail,
+};
 use crate::manifest::Manifest;
 use crate::merge::merge;
 use crate::snapshot::{Snapshot, SnapshotDamage, SnapshotWriter};
@@ -27,7 +29,10 @@ use crate::snapshot::{Snapshot, SnapshotDamage, SnapshotWriter};
 pub(crate) enum CompactError {
     /// Writing the new snapshot or the manifest failed.
     #[error("{}: {source}", path.display())]
-    Io { path: PathBuf, source: std::io::Error },
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     /// A closed segment cannot be read back.
     #[error(transparent)]
     Segment(#[from] SegmentDamage),
@@ -118,7 +123,12 @@ pub(crate) fn compact(files: &Files, stop: &AtomicBool) -> Result<(), CompactErr
     let _one_at_a_time = files.compacting.lock();
     let (old, segments) = {
         let set = files.set.read();
-        let closed: Vec<_> = set.segments.iter().take_while(|s| s.closed).cloned().collect();
+        let closed: Vec<_> = set
+            .segments
+            .iter()
+            .take_while(|s| s.closed)
+            .cloned()
+            .collect();
         (set.snapshot.clone(), closed)
     };
     if segments.is_empty() {
@@ -128,7 +138,13 @@ pub(crate) fn compact(files: &Files, stop: &AtomicBool) -> Result<(), CompactErr
     let mut changes = Changes::default();
     let mut last = after;
     for segment in &segments {
-        let scanned = scan(&segment.path, segment.first_seq, after, Tail::Whole, &mut changes.sink())?;
+        let scanned = scan(
+            &segment.path,
+            segment.first_seq,
+            after,
+            Tail::Whole,
+            &mut changes.sink(),
+        )?;
         last = last.max(scanned.last_seq);
     }
     let overlay = changes.sorted();
@@ -146,9 +162,18 @@ pub(crate) fn compact(files: &Files, stop: &AtomicBool) -> Result<(), CompactErr
         // The manifest names the new snapshot before anything it replaces is deleted.
         let manifest = Manifest {
             snapshot_seq: new.as_ref().map_or(after, |n| n.seq),
-            newest_segment: set.segments.get(segments.len()..).and_then(<[_]>::last).map_or(0, |s| s.first_seq),
+            newest_segment: set
+                .segments
+                .get(segments.len()..)
+                .and_then(<[_]>::last)
+                .map_or(0, |s| s.first_seq),
         };
-        manifest.write(&files.dir).map_err(|source| CompactError::Io { path: Manifest::path(&files.dir), source })?;
+        manifest
+            .write(&files.dir)
+            .map_err(|source| CompactError::Io {
+                path: Manifest::path(&files.dir),
+                source,
+            })?;
         if let Some(new) = &new {
             set.snapshot = Some(Arc::new(new.clone()));
             set.generation += 1;
@@ -159,7 +184,12 @@ pub(crate) fn compact(files: &Files, stop: &AtomicBool) -> Result<(), CompactErr
         if let Some(old) = old.filter(|o| o.path != new.path) {
             remove(&old.path);
         }
-        tracing::debug!(seq = new.seq, bytes = new.len, segments = segments.len(), "journal compacted into a snapshot");
+        tracing::debug!(
+            seq = new.seq,
+            bytes = new.len,
+            segments = segments.len(),
+            "journal compacted into a snapshot"
+        );
     }
     for segment in &segments {
         remove(&segment.path);
@@ -175,11 +205,27 @@ fn remove(path: &Path) {
 
 /// Writes the snapshot of batch `seq`: `old` with `overlay` applied, every table in
 /// name order. Gives up (`None`, the temporary file removed) if `stop` is set meanwhile.
-fn write_snapshot(files: &Files, old: Option<&Snapshot>, mut overlay: Overlay, seq: u64, stop: &AtomicBool) -> Result<Option<Snapshot>, CompactError> {
+fn write_snapshot(
+    files: &Files,
+    old: Option<&Snapshot>,
+    mut overlay: Overlay,
+    seq: u64,
+    stop: &AtomicBool,
+) -> Result<Option<Snapshot>, CompactError> {
     let path = snapshot_path(&files.dir, seq);
     let tmp = path.with_extension("snap.tmp");
-    let io = |source: std::io::Error| CompactError::Io { path: tmp.clone(), source };
-    let mut names: Vec<Arc<str>> = old.map(|s| s.tables.iter().map(|t| Arc::from(t.name.as_str())).collect()).unwrap_or_default();
+    let io = |source: std::io::Error| CompactError::Io {
+        path: tmp.clone(),
+        source,
+    };
+    let mut names: Vec<Arc<str>> = old
+        .map(|s| {
+            s.tables
+                .iter()
+                .map(|t| Arc::from(t.name.as_str()))
+                .collect()
+        })
+        .unwrap_or_default();
     names.extend(overlay.keys().cloned());
     names.sort();
     names.dedup();

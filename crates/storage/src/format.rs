@@ -71,7 +71,11 @@ impl<'a> Reader<'a> {
     }
 
     pub(crate) fn take(&mut self, n: usize) -> Result<&'a [u8], FormatError> {
-        let end = self.pos.checked_add(n).filter(|&e| e <= self.bytes.len()).ok_or(FormatError::Truncated)?;
+        let end = self
+            .pos
+            .checked_add(n)
+            .filter(|&e| e <= self.bytes.len())
+            .ok_or(FormatError::Truncated)?;
         let out = &self.bytes[self.pos..end];
         self.pos = end;
         Ok(out)
@@ -102,7 +106,8 @@ impl<'a> Reader<'a> {
     /// A table name: its length (one byte), then that many bytes of UTF-8.
     pub(crate) fn name(&mut self) -> Result<&'a str, FormatError> {
         let len = self.u8()?;
-        std::str::from_utf8(self.take(usize::from(len))?).map_err(|_| FormatError::Malformed("table name"))
+        std::str::from_utf8(self.take(usize::from(len))?)
+            .map_err(|_| FormatError::Malformed("table name"))
     }
 }
 
@@ -157,7 +162,11 @@ pub(crate) fn read_segment_header(bytes: &[u8]) -> Result<SegmentHeader, FormatE
     if r.u32()? != crc(&bytes[..end]) {
         return Err(FormatError::Checksum);
     }
-    Ok(SegmentHeader { first_seq, tables, len: r.pos() })
+    Ok(SegmentHeader {
+        first_seq,
+        tables,
+        len: r.pos(),
+    })
 }
 
 /// Appends one record: the batch `payload` under sequence number `seq`.
@@ -202,7 +211,12 @@ pub(crate) struct Op<'a> {
 }
 
 pub(crate) fn put_op(out: &mut Vec<u8>, table: u16, key: &[u8], value: Option<&[u8]>) {
-    put_op_head(out, if value.is_some() { OP_PUT } else { OP_DELETE }, table, key);
+    put_op_head(
+        out,
+        if value.is_some() { OP_PUT } else { OP_DELETE },
+        table,
+        key,
+    );
     if let Some(value) = value {
         out.extend_from_slice(&(value.len() as u32).to_le_bytes());
         out.extend_from_slice(value);
@@ -210,7 +224,12 @@ pub(crate) fn put_op(out: &mut Vec<u8>, table: u16, key: &[u8], value: Option<&[
 }
 
 /// Appends a put whose value `write` appends in place; returns the value's length.
-pub(crate) fn put_op_with(out: &mut Vec<u8>, table: u16, key: &[u8], write: impl FnOnce(&mut Vec<u8>)) -> usize {
+pub(crate) fn put_op_with(
+    out: &mut Vec<u8>,
+    table: u16,
+    key: &[u8],
+    write: impl FnOnce(&mut Vec<u8>),
+) -> usize {
     put_op_head(out, OP_PUT, table, key);
     let len_at = out.len();
     out.extend_from_slice(&[0; 4]);
@@ -273,8 +292,16 @@ mod tests {
         assert_eq!(
             ops,
             vec![
-                Op { table: 3, key: b"key", value: Some(b"value") },
-                Op { table: 4, key: b"gone", value: None },
+                Op {
+                    table: 3,
+                    key: b"key",
+                    value: Some(b"value")
+                },
+                Op {
+                    table: 4,
+                    key: b"gone",
+                    value: None
+                },
             ]
         );
         for i in 0..out.len() {
@@ -283,7 +310,11 @@ mod tests {
             assert!(read_record(&damaged).is_err(), "flip at {i} not caught");
         }
         for cut in 0..out.len() {
-            assert_eq!(read_record(&out[..cut]).unwrap_err(), FormatError::Truncated, "cut at {cut}");
+            assert_eq!(
+                read_record(&out[..cut]).unwrap_err(),
+                FormatError::Truncated,
+                "cut at {cut}"
+            );
         }
     }
 
@@ -292,11 +323,17 @@ mod tests {
         let tables = vec![(0, "a".to_owned()), (7, "state_store".to_owned())];
         let header = segment_header(9, &tables);
         let read = read_segment_header(&header).unwrap();
-        assert_eq!((read.first_seq, read.tables, read.len), (9, tables, header.len()));
+        assert_eq!(
+            (read.first_seq, read.tables, read.len),
+            (9, tables, header.len())
+        );
         for i in 0..header.len() {
             let mut damaged = header.clone();
             damaged[i] ^= 1;
-            assert!(read_segment_header(&damaged).is_err(), "flip at {i} not caught");
+            assert!(
+                read_segment_header(&damaged).is_err(),
+                "flip at {i} not caught"
+            );
         }
     }
 
@@ -304,13 +341,23 @@ mod tests {
     fn a_value_written_in_place_reads_back_as_put() {
         let (mut direct, mut in_place) = (Vec::new(), Vec::new());
         put_op(&mut direct, 2, b"k", Some(b"value"));
-        assert_eq!(put_op_with(&mut in_place, 2, b"k", |out| out.extend_from_slice(b"value")), 5);
+        assert_eq!(
+            put_op_with(&mut in_place, 2, b"k", |out| out
+                .extend_from_slice(b"value")),
+            5
+        );
         assert_eq!(direct, in_place);
     }
 
     #[test]
     fn bad_operations_are_refused() {
-        assert_eq!(ops(&[9, 0, 0, 0, 0]).next(), Some(Err(FormatError::Malformed("unknown operation"))));
-        assert_eq!(ops(&[OP_PUT, 0, 0, 3, 0, b'a']).next(), Some(Err(FormatError::Truncated)));
+        assert_eq!(
+            ops(&[9, 0, 0, 0, 0]).next(),
+            Some(Err(FormatError::Malformed("unknown operation")))
+        );
+        assert_eq!(
+            ops(&[OP_PUT, 0, 0, 3, 0, b'a']).next(),
+            Some(Err(FormatError::Truncated))
+        );
     }
 }

@@ -23,11 +23,12 @@ use parking_lot::{Mutex, RwLock};
 
 use crate::batch::Batch;
 use crate::committer::{Backend, BackendError};
-use crate::format::{self, read_record, read_segment_header, segment_header, FormatError, TableNames};
+use crate::format::{
+    self, read_record, read_segment_header, segment_header, FormatError, TableNames,
+};
 use crate::manifest::Manifest;
 use crate::snapshot::Snapshot;
 use crate::syncer::{Syncer, SYNC_EVERY_BYTES};
-
 
 /// Where a journal segment lives: `DIR/journal/{first_seq:020}.log`.
 pub(crate) fn segment_path(dir: &Path, first_seq: u64) -> PathBuf {
@@ -48,8 +49,19 @@ impl Registry {
     pub(crate) fn continuing(tables: &[(u16, String)]) -> Option<Registry> {
         let mut sorted = tables.to_vec();
         sorted.sort_by_key(|(id, _)| *id);
-        let contiguous = sorted.iter().enumerate().all(|(i, (id, _))| usize::from(*id) == i);
-        contiguous.then(|| Registry { names: Mutex::new(sorted.into_iter().map(|(_, n)| Arc::from(n.as_str())).collect()), version: AtomicU64::new(0) })
+        let contiguous = sorted
+            .iter()
+            .enumerate()
+            .all(|(i, (id, _))| usize::from(*id) == i);
+        contiguous.then(|| Registry {
+            names: Mutex::new(
+                sorted
+                    .into_iter()
+                    .map(|(_, n)| Arc::from(n.as_str()))
+                    .collect(),
+            ),
+            version: AtomicU64::new(0),
+        })
     }
 
     /// The id of table `name`, adding it if new.
@@ -73,7 +85,12 @@ impl Registry {
 
     /// Every table, as a segment header lists them.
     pub(crate) fn tables(&self) -> TableNames {
-        self.names.lock().iter().enumerate().map(|(i, n)| (i as u16, n.to_string())).collect()
+        self.names
+            .lock()
+            .iter()
+            .enumerate()
+            .map(|(i, n)| (i as u16, n.to_string()))
+            .collect()
     }
 }
 
@@ -102,7 +119,11 @@ pub(crate) struct FileSet {
 impl FileSet {
     /// Bytes of the segments the committer has closed.
     pub(crate) fn closed_bytes(&self) -> u64 {
-        self.segments.iter().filter(|s| s.closed).map(|s| s.bytes).sum()
+        self.segments
+            .iter()
+            .filter(|s| s.closed)
+            .map(|s| s.bytes)
+            .sum()
     }
 }
 
@@ -194,7 +215,13 @@ struct Current {
 impl Current {
     /// A segment with `bytes` written, all of them synced.
     fn new(file: File, bytes: u64, registry_version: u64) -> Self {
-        Self { file, bytes, registry_version, unsynced: 0, dirty: false }
+        Self {
+            file,
+            bytes,
+            registry_version,
+            unsynced: 0,
+            dirty: false,
+        }
     }
 
     /// Syncs what was written; the syncer owes nothing for it any more.
@@ -253,7 +280,15 @@ impl Log {
             }
             None => None,
         };
-        Ok(Self { files, registry, current, buf: Vec::with_capacity(64 << 10), next_seq: last_seq + 1, syncer, on_commit })
+        Ok(Self {
+            files,
+            registry,
+            current,
+            buf: Vec::with_capacity(64 << 10),
+            next_seq: last_seq + 1,
+            syncer,
+            on_commit,
+        })
     }
 
     /// Closes the current segment (synced) and starts the next one at `next_seq`, in the
@@ -263,9 +298,10 @@ impl Log {
         let path = segment_path(&self.files.dir, self.next_seq);
         let mut file = match std::fs::rename(spare_path(&self.files.dir), &path) {
             Ok(()) => OpenOptions::new().write(true).open(&path)?,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                OpenOptions::new().write(true).create_new(true).open(&path)?
-            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(&path)?,
             Err(e) => return Err(e),
         };
         let header = segment_header(self.next_seq, &self.registry.tables());
@@ -289,7 +325,12 @@ impl Log {
                 last.bytes = done.map_or(0, |d| d.bytes);
                 last.closed = true;
             }
-            set.segments.push(Segment { path, first_seq: self.next_seq, bytes: 0, closed: false });
+            set.segments.push(Segment {
+                path,
+                first_seq: self.next_seq,
+                bytes: 0,
+                closed: false,
+            });
             Manifest::of(&set).write(&self.files.dir)?;
         }
         self.current = Some(Current::new(file, bytes, version));
@@ -302,18 +343,27 @@ impl Backend for Log {
     fn commit(&mut self, batches: Vec<Batch>, sync: bool) -> Result<(), BackendError> {
         let stale = match &self.current {
             None => true,
-            Some(c) => c.bytes >= self.files.segment_bytes || c.registry_version != self.registry.version(),
+            Some(c) => {
+                c.bytes >= self.files.segment_bytes || c.registry_version != self.registry.version()
+            }
         };
         if stale {
             self.roll()?;
         }
         self.buf.clear();
-        self.buf.reserve(batches.iter().map(|b| b.ops.len() + format::RECORD_OVERHEAD).sum());
+        self.buf.reserve(
+            batches
+                .iter()
+                .map(|b| b.ops.len() + format::RECORD_OVERHEAD)
+                .sum(),
+        );
         for batch in &batches {
             format::put_record(&mut self.buf, self.next_seq, &batch.ops);
             self.next_seq += 1;
         }
-        let Some(current) = self.current.as_mut() else { return Err("no journal segment".into()) };
+        let Some(current) = self.current.as_mut() else {
+            return Err("no journal segment".into());
+        };
         current.file.write_all(&self.buf)?;
         current.bytes += self.buf.len() as u64;
         if sync {
@@ -321,7 +371,11 @@ impl Backend for Log {
         } else {
             current.dirty = true;
             current.unsynced += self.buf.len() as u64;
-            if let Some(syncer) = self.syncer.as_ref().filter(|_| current.unsynced >= SYNC_EVERY_BYTES) {
+            if let Some(syncer) = self
+                .syncer
+                .as_ref()
+                .filter(|_| current.unsynced >= SYNC_EVERY_BYTES)
+            {
                 syncer.request();
                 current.unsynced = 0;
             }
@@ -428,7 +482,10 @@ pub(crate) fn scan(
     tail: Tail,
     apply_op: &mut ApplyOp<'_>,
 ) -> Result<Scanned, SegmentDamage> {
-    let damage = |detail: String| SegmentDamage { path: path.to_owned(), detail };
+    let damage = |detail: String| SegmentDamage {
+        path: path.to_owned(),
+        detail,
+    };
     let bytes = Bytes::from(std::fs::read(path).map_err(|e| damage(e.to_string()))?);
     let written = bytes.len() as u64;
     let header = match read_segment_header(&bytes) {
@@ -436,17 +493,36 @@ pub(crate) fn scan(
         // A crash while the committer started the segment, before its header was
         // whole: no batch was written in it.
         Err(FormatError::Truncated) if tail == Tail::Recover => {
-            return Ok(Scanned { last_seq: first_seq - 1, end: 0, written, torn: written > 0, tables: Vec::new() });
+            return Ok(Scanned {
+                last_seq: first_seq - 1,
+                end: 0,
+                written,
+                torn: written > 0,
+                tables: Vec::new(),
+            });
         }
         Err(_) if tail == Tail::Recover && all_zero(&bytes) => {
-            return Ok(Scanned { last_seq: first_seq - 1, end: 0, written, torn: false, tables: Vec::new() });
+            return Ok(Scanned {
+                last_seq: first_seq - 1,
+                end: 0,
+                written,
+                torn: false,
+                tables: Vec::new(),
+            });
         }
         Err(e) => return Err(damage(format!("header: {e}"))),
     };
     if header.first_seq != first_seq {
-        return Err(damage(format!("header says it starts at batch {}, its name at {first_seq}", header.first_seq)));
+        return Err(damage(format!(
+            "header says it starts at batch {}, its name at {first_seq}",
+            header.first_seq
+        )));
     }
-    let names: HashMap<u16, Arc<str>> = header.tables.iter().map(|(id, name)| (*id, Arc::from(name.as_str()))).collect();
+    let names: HashMap<u16, Arc<str>> = header
+        .tables
+        .iter()
+        .map(|(id, name)| (*id, Arc::from(name.as_str())))
+        .collect();
     let mut pos = header.len;
     let mut last_seq = first_seq - 1;
     while pos < bytes.len() {
@@ -457,14 +533,30 @@ pub(crate) fn scan(
             Err(e) => match tail {
                 Tail::Live { .. } => break,
                 Tail::Recover => {
-                    let written = bytes.iter().rposition(|&b| b != 0).map_or(0, |i| i as u64 + 1);
-                    return Ok(Scanned { last_seq, end: pos as u64, written, torn: true, tables: header.tables });
+                    let written = bytes
+                        .iter()
+                        .rposition(|&b| b != 0)
+                        .map_or(0, |i| i as u64 + 1);
+                    return Ok(Scanned {
+                        last_seq,
+                        end: pos as u64,
+                        written,
+                        torn: true,
+                        tables: header.tables,
+                    });
                 }
-                _ => return Err(damage(format!("record after batch {last_seq} at byte {pos}: {e}"))),
+                _ => {
+                    return Err(damage(format!(
+                        "record after batch {last_seq} at byte {pos}: {e}"
+                    )))
+                }
             },
         };
         if record.seq != last_seq + 1 {
-            return Err(damage(format!("batch {} follows batch {last_seq} at byte {pos}", record.seq)));
+            return Err(damage(format!(
+                "batch {} follows batch {last_seq} at byte {pos}",
+                record.seq
+            )));
         }
         if let Tail::Live { upto } = tail {
             if record.seq > upto {
@@ -472,12 +564,19 @@ pub(crate) fn scan(
             }
         }
         if record.seq > after {
-            apply(record.payload, &names, &bytes, apply_op).map_err(|e| damage(format!("batch {}: {e}", record.seq)))?;
+            apply(record.payload, &names, &bytes, apply_op)
+                .map_err(|e| damage(format!("batch {}: {e}", record.seq)))?;
         }
         last_seq = record.seq;
         pos += len;
     }
-    Ok(Scanned { last_seq, end: pos as u64, written, torn: false, tables: header.tables })
+    Ok(Scanned {
+        last_seq,
+        end: pos as u64,
+        written,
+        torn: false,
+        tables: header.tables,
+    })
 }
 
 /// Whether `bytes` are all zero: an OR over them, which the compiler vectorises (a
@@ -495,12 +594,17 @@ fn apply(
 ) -> Result<(), FormatError> {
     for op in format::ops(payload) {
         let op = op?;
-        let name = names.get(&op.table).ok_or(FormatError::Malformed("table id not in the segment header"))?;
-        apply_op(name, file.slice_ref(op.key), op.value.map(|v| file.slice_ref(v)));
+        let name = names
+            .get(&op.table)
+            .ok_or(FormatError::Malformed("table id not in the segment header"))?;
+        apply_op(
+            name,
+            file.slice_ref(op.key),
+            op.value.map(|v| file.slice_ref(v)),
+        );
     }
     Ok(())
 }
-
 
 /// The `.log` segments in `dir/journal`, by first sequence number.
 pub(crate) fn list_segments(dir: &Path) -> std::io::Result<Vec<Segment>> {
@@ -514,7 +618,12 @@ pub(crate) fn list_segments(dir: &Path) -> std::io::Result<Vec<Segment>> {
             .and_then(|n| n.parse::<u64>().ok());
         if let Some(first_seq) = first.filter(|&f| f > 0) {
             let bytes = std::fs::metadata(&path)?.len();
-            out.push(Segment { path, first_seq, bytes, closed: true });
+            out.push(Segment {
+                path,
+                first_seq,
+                bytes,
+                closed: true,
+            });
         }
     }
     out.sort_by_key(|s| s.first_seq);
@@ -569,6 +678,9 @@ mod tests {
     #[test]
     fn sequence_gaps_are_damage() {
         let gap = segment(&[(1, b"a"), (3, b"c")]);
-        assert!(scan_bytes(&gap, Tail::Recover).unwrap_err().detail.contains("follows batch 1"));
+        assert!(scan_bytes(&gap, Tail::Recover)
+            .unwrap_err()
+            .detail
+            .contains("follows batch 1"));
     }
 }

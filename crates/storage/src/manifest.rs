@@ -60,7 +60,10 @@ impl Manifest {
         if r.u32()? != crc(&bytes[..end]) || !r.is_empty() {
             return Err(FormatError::Checksum);
         }
-        Ok(Self { snapshot_seq, newest_segment })
+        Ok(Self {
+            snapshot_seq,
+            newest_segment,
+        })
     }
 
     /// Replaces `dir/MANIFEST` atomically and durably.
@@ -95,7 +98,10 @@ mod tests {
 
     #[test]
     fn round_trips_and_every_flip_is_caught() {
-        let m = Manifest { snapshot_seq: 41, newest_segment: 42 };
+        let m = Manifest {
+            snapshot_seq: 41,
+            newest_segment: 42,
+        };
         let bytes = m.encode();
         assert_eq!(Manifest::decode(&bytes), Ok(m));
         for i in 0..bytes.len() {

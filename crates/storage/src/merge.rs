@@ -9,11 +9,17 @@ use bytes::Bytes;
 /// The records of `base` (key order) with `changes` (key order, one per key) applied: a
 /// change replaces the base record of its key, a `None` change removes it. Errors of
 /// `base` pass through where they occur.
-pub(crate) fn merge<E, I>(base: I, changes: Vec<(Bytes, Option<Bytes>)>) -> impl Iterator<Item = Result<(Bytes, Bytes), E>>
+pub(crate) fn merge<E, I>(
+    base: I,
+    changes: Vec<(Bytes, Option<Bytes>)>,
+) -> impl Iterator<Item = Result<(Bytes, Bytes), E>>
 where
     I: Iterator<Item = Result<(Bytes, Bytes), E>>,
 {
-    Merge { base: base.peekable(), changes: changes.into_iter().peekable() }
+    Merge {
+        base: base.peekable(),
+        changes: changes.into_iter().peekable(),
+    }
 }
 
 struct Merge<I: Iterator> {
@@ -87,6 +93,9 @@ mod tests {
     fn a_base_error_passes_through() {
         let base = vec![Ok((b("a"), b("1"))), Err("damaged")].into_iter();
         let out: Vec<_> = merge(base, vec![(b("b"), Some(b("2")))]).collect();
-        assert_eq!(out, vec![Ok((b("a"), b("1"))), Err("damaged"), Ok((b("b"), b("2")))]);
+        assert_eq!(
+            out,
+            vec![Ok((b("a"), b("1"))), Err("damaged"), Ok((b("b"), b("2")))]
+        );
     }
 }

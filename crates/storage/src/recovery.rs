@@ -33,7 +33,9 @@ use std::sync::Arc;
 
 use crate::error::OpenError;
 use crate::format::TableNames;
-use crate::journal::{list_segments, scan, Changes, Continue, Overlay, Segment, SegmentDamage, Tail};
+use crate::journal::{
+    list_segments, scan, Changes, Continue, Overlay, Segment, SegmentDamage, Tail,
+};
 use crate::manifest::Manifest;
 use crate::snapshot::{Snapshot, SnapshotDamage};
 use crate::store::TruncatedJournal;
@@ -58,7 +60,11 @@ pub(crate) struct Recovered {
 }
 
 fn corrupt(dir: &Path, files: &Path, detail: impl Into<String>) -> OpenError {
-    OpenError::Corrupt { dir: dir.to_owned(), files: files.display().to_string(), detail: detail.into() }
+    OpenError::Corrupt {
+        dir: dir.to_owned(),
+        files: files.display().to_string(),
+        detail: detail.into(),
+    }
 }
 
 /// The `.snap` files of `dir/snapshots` by batch, oldest first; temporary files are
@@ -67,10 +73,15 @@ fn list_snapshots(dir: &Path) -> std::io::Result<Vec<(u64, PathBuf)>> {
     let mut out = Vec::new();
     for entry in std::fs::read_dir(dir.join("snapshots"))? {
         let path = entry?.path();
-        let Some(name) = path.file_name().and_then(|n| n.to_str()) else { continue };
+        let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
+            continue;
+        };
         if name.ends_with(".tmp") {
             std::fs::remove_file(&path)?;
-        } else if let Some(seq) = name.strip_suffix(".snap").and_then(|n| n.parse::<u64>().ok()) {
+        } else if let Some(seq) = name
+            .strip_suffix(".snap")
+            .and_then(|n| n.parse::<u64>().ok())
+        {
             out.push((seq, path));
         }
     }
@@ -103,12 +114,18 @@ pub(crate) fn recover(dir: &Path) -> Result<Recovered, OpenError> {
         0 => None,
         seq => {
             let path = crate::compactor::snapshot_path(dir, seq);
-            Some(Arc::new(Snapshot::open(&path).map_err(|SnapshotDamage { path, detail }| corrupt(dir, &path, detail))?))
+            Some(Arc::new(Snapshot::open(&path).map_err(
+                |SnapshotDamage { path, detail }| corrupt(dir, &path, detail),
+            )?))
         }
     };
     if manifest.newest_segment > 0 && !all.iter().any(|s| s.first_seq == manifest.newest_segment) {
         let path = crate::journal::segment_path(dir, manifest.newest_segment);
-        return Err(corrupt(dir, &path, "missing (the manifest names it as the newest journal segment)"));
+        return Err(corrupt(
+            dir,
+            &path,
+            "missing (the manifest names it as the newest journal segment)",
+        ));
     }
     let after = snapshot.as_ref().map_or(0, |s| s.seq);
     let mut changes = Changes::default();
@@ -120,21 +137,38 @@ pub(crate) fn recover(dir: &Path) -> Result<Recovered, OpenError> {
     let mut previous = after;
     for (i, segment) in all.iter().enumerate() {
         let last = i + 1 == all.len();
-        if all.get(i + 1).is_some_and(|next| next.first_seq <= after + 1) {
+        if all
+            .get(i + 1)
+            .is_some_and(|next| next.first_seq <= after + 1)
+        {
             obsolete.push(segment.path.clone());
             continue;
         }
-        let expected = if segments.is_empty() { segment.first_seq <= after + 1 } else { segment.first_seq == previous + 1 };
+        let expected = if segments.is_empty() {
+            segment.first_seq <= after + 1
+        } else {
+            segment.first_seq == previous + 1
+        };
         if !expected {
             return Err(corrupt(
                 dir,
                 &segment.path,
-                format!("batches {} to {} are missing (a journal segment is gone)", previous + 1, segment.first_seq - 1),
+                format!(
+                    "batches {} to {} are missing (a journal segment is gone)",
+                    previous + 1,
+                    segment.first_seq - 1
+                ),
             ));
         }
         let tail = if last { Tail::Recover } else { Tail::Whole };
-        let scanned = scan(&segment.path, segment.first_seq, after, tail, &mut changes.sink())
-            .map_err(|SegmentDamage { path, detail }| corrupt(dir, &path, detail))?;
+        let scanned = scan(
+            &segment.path,
+            segment.first_seq,
+            after,
+            tail,
+            &mut changes.sink(),
+        )
+        .map_err(|SegmentDamage { path, detail }| corrupt(dir, &path, detail))?;
         previous = scanned.last_seq;
         if scanned.end == 0 && manifest.newest_segment == segment.first_seq {
             // The manifest names a segment only once its header is on disk. Refused
@@ -142,7 +176,11 @@ pub(crate) fn recover(dir: &Path) -> Result<Recovered, OpenError> {
             return Err(corrupt(dir, &segment.path, "its header is cut short"));
         }
         if scanned.torn {
-            truncated_journals.push(TruncatedJournal { path: segment.path.clone(), written: scanned.written, after: scanned.end });
+            truncated_journals.push(TruncatedJournal {
+                path: segment.path.clone(),
+                written: scanned.written,
+                after: scanned.end,
+            });
         }
         if scanned.torn && scanned.end > 0 {
             // Zeros over the torn bytes: the segment keeps its length (see
@@ -156,13 +194,37 @@ pub(crate) fn recover(dir: &Path) -> Result<Recovered, OpenError> {
             continue;
         }
         if last {
-            resume = Some((Continue { path: segment.path.clone(), end: scanned.end }, scanned.tables));
+            resume = Some((
+                Continue {
+                    path: segment.path.clone(),
+                    end: scanned.end,
+                },
+                scanned.tables,
+            ));
         }
-        segments.push(Segment { path: segment.path.clone(), first_seq: segment.first_seq, bytes: scanned.end, closed: true });
+        segments.push(Segment {
+            path: segment.path.clone(),
+            first_seq: segment.first_seq,
+            bytes: scanned.end,
+            closed: true,
+        });
     }
     let last_seq = previous.max(after);
-    obsolete.extend(snapshots.iter().filter(|(seq, _)| *seq != manifest.snapshot_seq).map(|(_, p)| p.clone()));
-    Ok(Recovered { snapshot, segments, overlay: changes.sorted(), last_seq, truncated_journals, obsolete, resume })
+    obsolete.extend(
+        snapshots
+            .iter()
+            .filter(|(seq, _)| *seq != manifest.snapshot_seq)
+            .map(|(_, p)| p.clone()),
+    );
+    Ok(Recovered {
+        snapshot,
+        segments,
+        overlay: changes.sorted(),
+        last_seq,
+        truncated_journals,
+        obsolete,
+        resume,
+    })
 }
 
 #[cfg(test)]
@@ -189,10 +251,20 @@ mod tests {
         let seq = write(1);
         let empty = crate::journal::segment_path(dir.path(), seq + 1);
         std::fs::write(&empty, segment_header(seq + 1, &[(0, "t".to_owned())])).unwrap();
-        Manifest { snapshot_seq: 0, newest_segment: seq + 1 }.write(dir.path()).unwrap();
+        Manifest {
+            snapshot_seq: 0,
+            newest_segment: seq + 1,
+        }
+        .write(dir.path())
+        .unwrap();
         assert_eq!(write(2), seq + 1);
         let store = Store::open(dir.path(), Options::default()).unwrap();
-        let keys: Vec<Vec<u8>> = store.table("t").unwrap().iter().map(|r| r.unwrap().key().to_vec()).collect();
+        let keys: Vec<Vec<u8>> = store
+            .table("t")
+            .unwrap()
+            .iter()
+            .map(|r| r.unwrap().key().to_vec())
+            .collect();
         assert_eq!(keys, vec![vec![1], vec![2]]);
         assert!(store.recovery().truncated_journals.is_empty());
     }

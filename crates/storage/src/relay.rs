@@ -39,10 +39,9 @@ pub(crate) fn local(shared: &Arc<Shared>) -> Option<Arc<Notify>> {
     RELAYS.with(|relays| {
         let mut relays = relays.borrow_mut();
         // Every durable request's wait comes here: finding the relay is the fast path.
-        if let Some((_, notify)) = relays
-            .iter()
-            .find(|(store, notify)| store.as_ptr() == Arc::as_ptr(shared) && Arc::strong_count(notify) > 1)
-        {
+        if let Some((_, notify)) = relays.iter().find(|(store, notify)| {
+            store.as_ptr() == Arc::as_ptr(shared) && Arc::strong_count(notify) > 1
+        }) {
             return Some(notify.clone());
         }
         let handle = tokio::runtime::Handle::try_current().ok()?;

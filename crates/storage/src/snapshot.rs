@@ -43,7 +43,10 @@ pub(crate) struct SnapshotDamage {
 
 impl SnapshotDamage {
     fn new(path: &Path, detail: impl std::fmt::Display) -> Self {
-        Self { path: path.to_owned(), detail: detail.to_string() }
+        Self {
+            path: path.to_owned(),
+            detail: detail.to_string(),
+        }
     }
 }
 
@@ -77,17 +80,23 @@ impl Snapshot {
         let mut header = [0u8; HEADER_LEN as usize];
         file.read_exact(&mut header).map_err(|e| damage(&e))?;
         let mut trailer = [0u8; TRAILER_LEN as usize];
-        file.seek(SeekFrom::Start(len - TRAILER_LEN)).map_err(|e| damage(&e))?;
+        file.seek(SeekFrom::Start(len - TRAILER_LEN))
+            .map_err(|e| damage(&e))?;
         file.read_exact(&mut trailer).map_err(|e| damage(&e))?;
         if &header[..8] != MAGIC || &trailer[8..] != END_MAGIC {
             return Err(damage(&FormatError::Magic("snapshot")));
         }
-        let footer_len = u64::from(u32::from_le_bytes([trailer[0], trailer[1], trailer[2], trailer[3]]));
+        let footer_len = u64::from(u32::from_le_bytes([
+            trailer[0], trailer[1], trailer[2], trailer[3],
+        ]));
         let footer_crc = u32::from_le_bytes([trailer[4], trailer[5], trailer[6], trailer[7]]);
-        let footer_start = (len - TRAILER_LEN).checked_sub(footer_len).filter(|&s| s >= HEADER_LEN);
+        let footer_start = (len - TRAILER_LEN)
+            .checked_sub(footer_len)
+            .filter(|&s| s >= HEADER_LEN);
         let footer_start = footer_start.ok_or_else(|| damage(&"footer length out of range"))?;
         let mut footer = vec![0u8; footer_len as usize];
-        file.seek(SeekFrom::Start(footer_start)).map_err(|e| damage(&e))?;
+        file.seek(SeekFrom::Start(footer_start))
+            .map_err(|e| damage(&e))?;
         file.read_exact(&mut footer).map_err(|e| damage(&e))?;
         let mut summed = header.to_vec();
         summed.extend_from_slice(&footer);
@@ -97,7 +106,12 @@ impl Snapshot {
         }
         let seq = u64::from_le_bytes(header[8..16].try_into().unwrap_or_default());
         let tables = read_footer(&footer, footer_start).map_err(|e| damage(&e))?;
-        Ok(Snapshot { path: path.to_owned(), seq, len, tables })
+        Ok(Snapshot {
+            path: path.to_owned(),
+            seq,
+            len,
+            tables,
+        })
     }
 
     /// The table named `name`, if the snapshot holds it.
@@ -117,7 +131,13 @@ impl Snapshot {
             file.seek(SeekFrom::Start(first_block))?;
             Ok(BufReader::with_capacity(BLOCK_BYTES + 64, file))
         });
-        SnapshotRecords { path: self.path.clone(), file, blocks_left, block: Bytes::new(), failed: false }
+        SnapshotRecords {
+            path: self.path.clone(),
+            file,
+            blocks_left,
+            block: Bytes::new(),
+            failed: false,
+        }
     }
 }
 
@@ -135,7 +155,12 @@ fn read_footer(footer: &[u8], footer_start: u64) -> Result<Vec<SnapshotTable>, F
         if first_block < HEADER_LEN || first_block > footer_start {
             return Err(FormatError::Malformed("block offset out of range"));
         }
-        tables.push(SnapshotTable { name: name.to_owned(), first_block, blocks, records });
+        tables.push(SnapshotTable {
+            name: name.to_owned(),
+            first_block,
+            blocks,
+            records,
+        });
     }
     if !r.is_empty() {
         return Err(FormatError::Malformed("bytes after the table list"));
@@ -283,9 +308,11 @@ impl SnapshotWriter {
 
     /// Adds a record to the current table; keys must come in increasing order.
     pub(crate) fn put(&mut self, key: &[u8], value: &[u8]) -> std::io::Result<()> {
-        self.block.extend_from_slice(&(key.len() as u16).to_le_bytes());
+        self.block
+            .extend_from_slice(&(key.len() as u16).to_le_bytes());
         self.block.extend_from_slice(key);
-        self.block.extend_from_slice(&(value.len() as u32).to_le_bytes());
+        self.block
+            .extend_from_slice(&(value.len() as u32).to_le_bytes());
         self.block.extend_from_slice(value);
         self.block_records += 1;
         if let Some(current) = self.current.as_mut() {
@@ -298,7 +325,9 @@ impl SnapshotWriter {
     }
 
     fn flush_block(&mut self) -> std::io::Result<()> {
-        let Some((id, _, blocks, _)) = self.current.as_mut() else { return Ok(()) };
+        let Some((id, _, blocks, _)) = self.current.as_mut() else {
+            return Ok(());
+        };
         if self.block_records == 0 {
             return Ok(());
         }
@@ -344,7 +373,10 @@ impl SnapshotWriter {
         self.file.write_all(&hasher.finalize().to_le_bytes())?;
         self.file.write_all(END_MAGIC)?;
         let len = self.offset + self.footer.len() as u64 + TRAILER_LEN;
-        let file = self.file.into_inner().map_err(std::io::IntoInnerError::into_error)?;
+        let file = self
+            .file
+            .into_inner()
+            .map_err(std::io::IntoInnerError::into_error)?;
         file.sync_all()?;
         Ok((self.path, len))
     }
@@ -368,17 +400,27 @@ mod tests {
     }
 
     fn read(s: &Snapshot, name: &str) -> Result<Records, SnapshotDamage> {
-        s.records(name).map(|r| r.map(|(k, v)| (k.to_vec(), v.to_vec()))).collect()
+        s.records(name)
+            .map(|r| r.map(|(k, v)| (k.to_vec(), v.to_vec())))
+            .collect()
     }
 
     #[test]
     fn tables_round_trip_across_many_blocks() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("s.snap");
-        let big: Records =
-            (0..5000u32).map(|i| (format!("k{i:06}").into_bytes(), vec![(i % 251) as u8; 100])).collect();
+        let big: Records = (0..5000u32)
+            .map(|i| (format!("k{i:06}").into_bytes(), vec![(i % 251) as u8; 100]))
+            .collect();
         let small = vec![(b"a".to_vec(), b"".to_vec())];
-        let len = write(&path, &[("big", big.clone()), ("empty", vec![]), ("small", small.clone())]);
+        let len = write(
+            &path,
+            &[
+                ("big", big.clone()),
+                ("empty", vec![]),
+                ("small", small.clone()),
+            ],
+        );
         let s = Snapshot::open(&path).unwrap();
         assert_eq!((s.seq, s.len), (77, len));
         assert_eq!(s.table("big").unwrap().records, 5000);
@@ -392,7 +434,9 @@ mod tests {
     fn damage_is_found_at_open_or_when_the_block_is_read() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("s.snap");
-        let records: Records = (0..2000u32).map(|i| (i.to_be_bytes().to_vec(), vec![7; 90])).collect();
+        let records: Records = (0..2000u32)
+            .map(|i| (i.to_be_bytes().to_vec(), vec![7; 90]))
+            .collect();
         let len = write(&path, &[("t", records)]) as usize;
         let clean = std::fs::read(&path).unwrap();
         for at in [0, 9, 20, len / 3, len / 2, len - 30, len - 12, len - 3] {

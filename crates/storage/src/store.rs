@@ -18,9 +18,9 @@ use crate::lock::DirLock;
 use crate::manifest::Manifest;
 use crate::merge::merge;
 use crate::options::{Options, SyncPolicy};
-use crate::syncer::Syncer;
 use crate::recovery::{recover, Recovered};
 use crate::snapshot::{Snapshot, SnapshotDamage};
+use crate::syncer::Syncer;
 
 /// A handle to an open data directory. Cheap to clone; every clone is the same store.
 /// See the crate docs for the contract.
@@ -44,7 +44,9 @@ struct Inner {
 
 impl std::fmt::Debug for Inner {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Store").field("dir", &self.dir).finish_non_exhaustive()
+        f.debug_struct("Store")
+            .field("dir", &self.dir)
+            .finish_non_exhaustive()
     }
 }
 
@@ -101,11 +103,29 @@ impl Disk {
         let after = set.snapshot.as_ref().map_or(0, |s| s.seq);
         let mut changes = crate::journal::Changes::default();
         for segment in &set.segments {
-            let tail = if segment.closed { crate::journal::Tail::Whole } else { crate::journal::Tail::Live { upto: durable } };
-            crate::journal::scan(&segment.path, segment.first_seq, after, tail, &mut changes.sink())
-                .map_err(|d| StorageError::Corrupt { files: d.path.display().to_string(), detail: d.detail })?;
+            let tail = if segment.closed {
+                crate::journal::Tail::Whole
+            } else {
+                crate::journal::Tail::Live { upto: durable }
+            };
+            crate::journal::scan(
+                &segment.path,
+                segment.first_seq,
+                after,
+                tail,
+                &mut changes.sink(),
+            )
+            .map_err(|d| StorageError::Corrupt {
+                files: d.path.display().to_string(),
+                detail: d.detail,
+            })?;
         }
-        let view = Arc::new(View { seq: durable, generation: set.generation, snapshot: set.snapshot.clone(), overlay: changes.sorted() });
+        let view = Arc::new(View {
+            seq: durable,
+            generation: set.generation,
+            snapshot: set.snapshot.clone(),
+            overlay: changes.sorted(),
+        });
         *self.view.lock() = Some(view.clone());
         self.view_held.store(true, Ordering::Release);
         Ok((view, set))
@@ -160,7 +180,10 @@ impl Record {
 }
 
 fn corrupt_read(d: SnapshotDamage) -> StorageError {
-    StorageError::Corrupt { files: d.path.display().to_string(), detail: d.detail }
+    StorageError::Corrupt {
+        files: d.path.display().to_string(),
+        detail: d.detail,
+    }
 }
 
 impl Store {
@@ -185,7 +208,15 @@ impl Store {
         for sub in ["journal", "snapshots"] {
             std::fs::create_dir_all(dir.join(sub)).map_err(io(&dir.join(sub)))?;
         }
-        let Recovered { snapshot, mut segments, overlay, last_seq, truncated_journals, obsolete, resume } = recover(&dir)?;
+        let Recovered {
+            snapshot,
+            mut segments,
+            overlay,
+            last_seq,
+            truncated_journals,
+            obsolete,
+            resume,
+        } = recover(&dir)?;
         for t in &truncated_journals {
             tracing::warn!(
                 journal = %t.path.display(),
@@ -196,25 +227,42 @@ impl Store {
             );
         }
         // Go on writing the last segment, if its tables can keep their ids.
-        let (registry, resume) = match resume.and_then(|(at, tables)| Some((Registry::continuing(&tables)?, at))) {
-            Some((registry, at)) => {
-                if let Some(last) = segments.last_mut() {
-                    last.closed = false;
+        let (registry, resume) =
+            match resume.and_then(|(at, tables)| Some((Registry::continuing(&tables)?, at))) {
+                Some((registry, at)) => {
+                    if let Some(last) = segments.last_mut() {
+                        last.closed = false;
+                    }
+                    (registry, Some(at))
                 }
-                (registry, Some(at))
-            }
-            None => (Registry::default(), None),
-        };
+                None => (Registry::default(), None),
+            };
         let registry = Arc::new(registry);
-        let view = View { seq: last_seq, generation: 0, snapshot: snapshot.clone(), overlay };
-        let set = FileSet { snapshot, segments, generation: 0 };
+        let view = View {
+            seq: last_seq,
+            generation: 0,
+            snapshot: snapshot.clone(),
+            overlay,
+        };
+        let set = FileSet {
+            snapshot,
+            segments,
+            generation: 0,
+        };
         // What recovery kept (a new store's first manifest, or one without a segment it
         // removed).
-        Manifest::of(&set).write(&dir).map_err(io(&Manifest::path(&dir)))?;
+        Manifest::of(&set)
+            .write(&dir)
+            .map_err(io(&Manifest::path(&dir)))?;
         for path in &obsolete {
             std::fs::remove_file(path).map_err(io(path))?;
         }
-        let files = Arc::new(Files::new(dir.clone(), set, options.segment_bytes.max(1024), options.compact_after_bytes.max(1)));
+        let files = Arc::new(Files::new(
+            dir.clone(),
+            set,
+            options.segment_bytes.max(1024),
+            options.compact_after_bytes.max(1),
+        ));
         // The first segment of this run, zeros ready (see `journal::prepare_spare`).
         prepare_spare(&files).map_err(io(&spare_path(&dir)))?;
         let shared = Arc::new(Shared::new(options.max_pending_bytes, last_seq));
@@ -228,10 +276,17 @@ impl Store {
             SyncPolicy::Interval(_) => Some(Syncer::start(shared.clone()).map_err(io(&dir))?),
             SyncPolicy::Always => None,
         };
-        let backend = Log::new(files.clone(), registry.clone(), last_seq, resume, syncer.as_ref().map(|(s, _)| s.clone()), {
-            let disk = disk.clone();
-            Box::new(move || disk.drop_view())
-        })
+        let backend = Log::new(
+            files.clone(),
+            registry.clone(),
+            last_seq,
+            resume,
+            syncer.as_ref().map(|(s, _)| s.clone()),
+            {
+                let disk = disk.clone();
+                Box::new(move || disk.drop_view())
+            },
+        )
         .map_err(io(&dir.join("journal")))?;
         let committer = std::thread::Builder::new()
             .name("storage-committer".to_owned())
@@ -278,16 +333,24 @@ impl Store {
         if name.is_empty() || name.len() > 255 {
             return Err(StorageError::Table {
                 table: name.to_owned(),
-                source: Arc::from(Box::<dyn std::error::Error + Send + Sync>::from("table names are 1 to 255 bytes")),
+                source: Arc::from(Box::<dyn std::error::Error + Send + Sync>::from(
+                    "table names are 1 to 255 bytes",
+                )),
             });
         }
         if self.inner.registry.len() >= usize::from(u16::MAX) {
             return Err(StorageError::Table {
                 table: name.to_owned(),
-                source: Arc::from(Box::<dyn std::error::Error + Send + Sync>::from("too many tables")),
+                source: Arc::from(Box::<dyn std::error::Error + Send + Sync>::from(
+                    "too many tables",
+                )),
             });
         }
-        Ok(Table { name: Arc::from(name), id: self.inner.registry.id(name), disk: self.inner.disk.clone() })
+        Ok(Table {
+            name: Arc::from(name),
+            id: self.inner.registry.id(name),
+            disk: self.inner.disk.clone(),
+        })
     }
 
     fn shared(&self) -> &Arc<Shared> {
@@ -298,7 +361,10 @@ impl Store {
     /// I/O. Fails once the store has failed or closed.
     pub fn submit(&self, batch: Batch) -> Result<Ticket, StorageError> {
         let seq = self.shared().submit(batch)?;
-        Ok(Ticket { seq, shared: self.shared().clone() })
+        Ok(Ticket {
+            seq,
+            shared: self.shared().clone(),
+        })
     }
 
     /// Waits while more than [`Options::max_pending_bytes`] are queued; call it before
@@ -320,7 +386,10 @@ impl Store {
 
     /// A ticket for sequence number `seq` (one returned by an earlier submit).
     pub fn ticket(&self, seq: u64) -> Ticket {
-        Ticket { seq, shared: self.shared().clone() }
+        Ticket {
+            seq,
+            shared: self.shared().clone(),
+        }
     }
 
     /// The failure that broke the store, if one did.
@@ -409,7 +478,9 @@ impl Table {
                 return Ok(changes[i].1.as_ref().map(|v| v.to_vec()));
             }
         }
-        let Some(snapshot) = &view.snapshot else { return Ok(None) };
+        let Some(snapshot) = &view.snapshot else {
+            return Ok(None);
+        };
         for record in snapshot.records(&self.name) {
             let (k, v) = record.map_err(corrupt_read)?;
             match (*k).cmp(key) {
@@ -425,10 +496,18 @@ impl Table {
     /// in the journal since the snapshot may be counted twice. For sizing what a full
     /// read will fill.
     pub fn approximate_len(&self) -> usize {
-        let Ok((view, _files)) = self.disk.view() else { return 0 };
-        let snapshot = view.snapshot.as_ref().and_then(|s| s.table(&self.name)).map_or(0, |t| t.records);
+        let Ok((view, _files)) = self.disk.view() else {
+            return 0;
+        };
+        let snapshot = view
+            .snapshot
+            .as_ref()
+            .and_then(|s| s.table(&self.name))
+            .map_or(0, |t| t.records);
         let changes = view.overlay.get(&self.name).map_or(0, |t| t.len());
-        usize::try_from(snapshot).unwrap_or(usize::MAX).saturating_add(changes)
+        usize::try_from(snapshot)
+            .unwrap_or(usize::MAX)
+            .saturating_add(changes)
     }
 
     /// Every committed record, in key order.
@@ -437,11 +516,17 @@ impl Table {
     }
 
     /// The committed records whose key starts with `prefix`, in key order.
-    pub fn prefix<'a>(&'a self, prefix: &[u8]) -> impl Iterator<Item = Result<Record, StorageError>> + 'a {
+    pub fn prefix<'a>(
+        &'a self,
+        prefix: &[u8],
+    ) -> impl Iterator<Item = Result<Record, StorageError>> + 'a {
         self.records(prefix)
     }
 
-    fn records(&self, prefix: &[u8]) -> Box<dyn Iterator<Item = Result<Record, StorageError>> + '_> {
+    fn records(
+        &self,
+        prefix: &[u8],
+    ) -> Box<dyn Iterator<Item = Result<Record, StorageError>> + '_> {
         let (view, files) = match self.disk.view() {
             Ok(v) => v,
             Err(e) => return Box::new(std::iter::once(Err(e))),
@@ -452,13 +537,21 @@ impl Table {
             .map(|t| t[t.partition_point(|(k, _)| k[..] < *prefix)..].to_vec())
             .unwrap_or_default();
         // Opened while the file set is locked, so compaction cannot remove it first.
-        let base = view.snapshot.as_ref().map(|s| s.records(&self.name)).into_iter().flatten();
+        let base = view
+            .snapshot
+            .as_ref()
+            .map(|s| s.records(&self.name))
+            .into_iter()
+            .flatten();
         drop(files);
         let (start, within) = (prefix.to_vec(), prefix.to_vec());
         let records = merge(base, changes)
             .skip_while(move |r| matches!(r, Ok((k, _)) if k[..] < start[..]))
             .take_while(move |r| !matches!(r, Ok((k, _)) if !k.starts_with(&within)))
-            .map(|r| r.map(|(key, value)| Record { key, value }).map_err(corrupt_read));
+            .map(|r| {
+                r.map(|(key, value)| Record { key, value })
+                    .map_err(corrupt_read)
+            });
         Box::new(records)
     }
 }
@@ -490,9 +583,23 @@ impl Ticket {
 impl Table {
     /// A table that only stages writes, for the committer's unit tests.
     pub(crate) fn for_test(name: &str, id: u16) -> Self {
-        let files = Arc::new(Files::new(PathBuf::from("/nonexistent"), FileSet::default(), 1 << 20, 1));
+        let files = Arc::new(Files::new(
+            PathBuf::from("/nonexistent"),
+            FileSet::default(),
+            1 << 20,
+            1,
+        ));
         let shared = Arc::new(Shared::new(usize::MAX, 0));
-        let disk = Arc::new(Disk { files, shared, view: Mutex::new(None), view_held: AtomicBool::new(false) });
-        Self { name: Arc::from(name), id, disk }
+        let disk = Arc::new(Disk {
+            files,
+            shared,
+            view: Mutex::new(None),
+            view_held: AtomicBool::new(false),
+        });
+        Self {
+            name: Arc::from(name),
+            id,
+            disk,
+        }
     }
 }

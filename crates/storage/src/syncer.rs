@@ -41,11 +41,16 @@ pub(crate) struct Syncer {
 impl Syncer {
     /// Starts the thread.
     pub(crate) fn start(shared: Arc<Shared>) -> std::io::Result<(Arc<Syncer>, JoinHandle<()>)> {
-        let syncer = Arc::new(Syncer { state: Mutex::default(), wake: Condvar::new() });
-        let handle = std::thread::Builder::new().name("storage-syncer".to_owned()).spawn({
-            let syncer = syncer.clone();
-            move || syncer.run(&shared)
-        })?;
+        let syncer = Arc::new(Syncer {
+            state: Mutex::default(),
+            wake: Condvar::new(),
+        });
+        let handle = std::thread::Builder::new()
+            .name("storage-syncer".to_owned())
+            .spawn({
+                let syncer = syncer.clone();
+                move || syncer.run(&shared)
+            })?;
         Ok((syncer, handle))
     }
 

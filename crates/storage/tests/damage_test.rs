@@ -16,7 +16,10 @@ fn key(batch: usize, i: usize) -> Vec<u8> {
 }
 
 fn options() -> Options {
-    Options { sync: SyncPolicy::Interval(Duration::from_secs(1)), ..Options::default() }
+    Options {
+        sync: SyncPolicy::Interval(Duration::from_secs(1)),
+        ..Options::default()
+    }
 }
 
 /// Writes `batches` batches of `PER_BATCH` keys with `value_len`-byte values, each
@@ -27,7 +30,9 @@ fn fill(dir: &Path, batches: usize, value_len: usize) {
     for b in 0..batches {
         let mut batch = Batch::new();
         for i in 0..PER_BATCH {
-            batch.put(&t, &key(b, i), &vec![(b % 251) as u8; value_len]).unwrap();
+            batch
+                .put(&t, &key(b, i), &vec![(b % 251) as u8; value_len])
+                .unwrap();
         }
         store.submit(batch).unwrap().wait().unwrap();
     }
@@ -38,7 +43,14 @@ fn fill(dir: &Path, batches: usize, value_len: usize) {
 /// one key: a journal of several segments.
 fn fill_segments(dir: &Path, runs: usize, segment_bytes: u64) {
     for run in 0..runs {
-        let store = Store::open(dir, Options { segment_bytes, ..options() }).unwrap();
+        let store = Store::open(
+            dir,
+            Options {
+                segment_bytes,
+                ..options()
+            },
+        )
+        .unwrap();
         let t = store.table("t").unwrap();
         for b in 0..50 {
             let mut batch = Batch::new();
@@ -82,7 +94,12 @@ fn flip(path: &Path, at: u64) {
 }
 
 fn truncate(path: &Path, len: u64) {
-    std::fs::OpenOptions::new().write(true).open(path).unwrap().set_len(len).unwrap();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(path)
+        .unwrap()
+        .set_len(len)
+        .unwrap();
 }
 
 fn len(path: &Path) -> u64 {
@@ -92,7 +109,11 @@ fn len(path: &Path) -> u64 {
 /// Where a segment's written bytes end: segments are files of zeros that commits
 /// overwrite.
 fn written(path: &Path) -> u64 {
-    std::fs::read(path).unwrap().iter().rposition(|&b| b != 0).map_or(0, |i| i as u64 + 1)
+    std::fs::read(path)
+        .unwrap()
+        .iter()
+        .rposition(|&b| b != 0)
+        .map_or(0, |i| i as u64 + 1)
 }
 
 /// What opening and reading everything gave.
@@ -120,8 +141,13 @@ fn outcome(dir: &Path, written: usize) -> Outcome {
     }
     assert_eq!(keys.len() % PER_BATCH, 0, "half a batch recovered");
     let batches = keys.len() / PER_BATCH;
-    let expected: Vec<Vec<u8>> = (0..batches).flat_map(|b| (0..PER_BATCH).map(move |i| key(b, i))).collect();
-    assert_eq!(keys, expected, "recovered batches are not the first {batches} written");
+    let expected: Vec<Vec<u8>> = (0..batches)
+        .flat_map(|b| (0..PER_BATCH).map(move |i| key(b, i)))
+        .collect();
+    assert_eq!(
+        keys, expected,
+        "recovered batches are not the first {batches} written"
+    );
     assert!(batches <= written);
     let truncated = !store.recovery().truncated_journals.is_empty();
     Outcome::Recovered { batches, truncated }
@@ -148,7 +174,10 @@ fn record_layout() -> (u64, u64) {
     let (one, two) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     fill(one.path(), 1, 100);
     fill(two.path(), 2, 100);
-    let (l1, l2) = (written(&last_segment(one.path())), written(&last_segment(two.path())));
+    let (l1, l2) = (
+        written(&last_segment(one.path())),
+        written(&last_segment(two.path())),
+    );
     (l1 - (l2 - l1), l2 - l1)
 }
 
@@ -201,7 +230,9 @@ fn a_journal_cut_inside_a_batch_recovers_to_the_last_whole_batch_and_says_so() {
                 assert_eq!(batches as u64, whole, "cut at {fraction}");
                 assert!(truncated, "cut at {fraction} not reported");
             }
-            Outcome::Refused(e) => panic!("a cut journal must recover to its last whole batch: {e}"),
+            Outcome::Refused(e) => {
+                panic!("a cut journal must recover to its last whole batch: {e}")
+            }
         }
     }
 }
@@ -229,7 +260,14 @@ fn flipped_journal_bytes_are_refused_or_recovered_to_a_prefix_and_reported() {
     fill(source.path(), 200, 100);
     let segment_len = written(&last_segment(source.path()));
     let (header, record) = record_layout();
-    for at in [0, 9, 100, segment_len / 3, segment_len / 2, segment_len - 40] {
+    for at in [
+        0,
+        9,
+        100,
+        segment_len / 3,
+        segment_len / 2,
+        segment_len - 40,
+    ] {
         let dir = tempfile::tempdir().unwrap();
         copy_dir(source.path(), dir.path());
         flip(&last_segment(dir.path()), at);
@@ -241,7 +279,11 @@ fn flipped_journal_bytes_are_refused_or_recovered_to_a_prefix_and_reported() {
             Outcome::Recovered { batches, truncated } => {
                 assert!(at >= header, "a flip at {at} in the header was not refused");
                 assert!(truncated, "the flip at {at} was not reported");
-                assert_eq!(batches as u64, (at - header) / record, "a flip at {at} kept the wrong prefix");
+                assert_eq!(
+                    batches as u64,
+                    (at - header) / record,
+                    "a flip at {at} kept the wrong prefix"
+                );
             }
         }
     }
@@ -264,7 +306,11 @@ fn flipped_bytes_in_a_closed_segment_are_refused() {
 /// A journal of several segments, the older ones folded into a snapshot.
 fn with_snapshot() -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
-    let small = Options { segment_bytes: 16 << 10, compact_after_bytes: 16 << 10, ..options() };
+    let small = Options {
+        segment_bytes: 16 << 10,
+        compact_after_bytes: 16 << 10,
+        ..options()
+    };
     let store = Store::open(dir.path(), small).unwrap();
     let t = store.table("t").unwrap();
     for b in 0..400 {
@@ -301,7 +347,10 @@ fn damaged_or_missing_snapshots_are_refused_naming_the_file() {
         ("flip in the middle", Box::new(move |p| flip(p, size / 2))),
         ("flip near the start", Box::new(|p| flip(p, 3))),
         ("flip in the footer", Box::new(move |p| flip(p, size - 30))),
-        ("truncated to half", Box::new(move |p| truncate(p, size / 2))),
+        (
+            "truncated to half",
+            Box::new(move |p| truncate(p, size / 2)),
+        ),
         ("deleted", Box::new(|p| std::fs::remove_file(p).unwrap())),
     ];
     for (what, damage) in damages {
@@ -309,8 +358,12 @@ fn damaged_or_missing_snapshots_are_refused_naming_the_file() {
         copy_dir(source.path(), dir.path());
         damage(&dir.path().join(&rel));
         match outcome(dir.path(), 400) {
-            Outcome::Refused(e) => assert!(e.contains("damaged") && e.contains(".snap"), "{what}: {e}"),
-            Outcome::Recovered { batches, .. } => panic!("{what}: opened with {batches} batches from a damaged snapshot"),
+            Outcome::Refused(e) => {
+                assert!(e.contains("damaged") && e.contains(".snap"), "{what}: {e}")
+            }
+            Outcome::Recovered { batches, .. } => {
+                panic!("{what}: opened with {batches} batches from a damaged snapshot")
+            }
         }
     }
 }
@@ -345,7 +398,10 @@ fn a_missing_segment_or_manifest_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     copy_dir(source.path(), dir.path());
     flip(&dir.path().join("MANIFEST"), 10);
-    assert!(matches!(Store::open(dir.path(), Options::default()), Err(OpenError::Corrupt { .. })));
+    assert!(matches!(
+        Store::open(dir.path(), Options::default()),
+        Err(OpenError::Corrupt { .. })
+    ));
 }
 
 /// The manifest names a segment only once its header is on disk: a cut header there is
@@ -358,10 +414,16 @@ fn a_cut_header_of_the_newest_segment_is_refused_and_left_alone() {
     truncate(&segment, 10);
     let before = std::fs::read(&segment).unwrap();
     match Store::open(dir.path(), Options::default()) {
-        Err(e @ OpenError::Corrupt { .. }) => assert!(e.to_string().contains("header is cut short"), "{e}"),
+        Err(e @ OpenError::Corrupt { .. }) => {
+            assert!(e.to_string().contains("header is cut short"), "{e}")
+        }
         other => panic!("{other:?}"),
     }
-    assert_eq!(std::fs::read(&segment).unwrap(), before, "the refused segment was changed");
+    assert_eq!(
+        std::fs::read(&segment).unwrap(),
+        before,
+        "the refused segment was changed"
+    );
 }
 
 #[test]
@@ -370,7 +432,9 @@ fn an_older_statehubs_store_is_refused_not_overwritten() {
     std::fs::create_dir_all(dir.path().join("db/keyspaces")).unwrap();
     std::fs::write(dir.path().join("db/0.jnl"), b"old").unwrap();
     match Store::open(dir.path(), Options::default()) {
-        Err(e @ OpenError::Unsupported { .. }) => assert!(e.to_string().contains("older statehub"), "{e}"),
+        Err(e @ OpenError::Unsupported { .. }) => {
+            assert!(e.to_string().contains("older statehub"), "{e}")
+        }
         other => panic!("{other:?}"),
     }
     assert_eq!(std::fs::read(dir.path().join("db/0.jnl")).unwrap(), b"old");

@@ -14,8 +14,15 @@ const TABLES: [&str; 3] = ["alpha", "beta", "gamma"];
 
 #[derive(Debug, Clone)]
 enum Op {
-    Put { table: usize, key: u8, value: Vec<u8> },
-    Delete { table: usize, key: u8 },
+    Put {
+        table: usize,
+        key: u8,
+        value: Vec<u8>,
+    },
+    Delete {
+        table: usize,
+        key: u8,
+    },
 }
 
 #[derive(Debug, Clone)]
@@ -49,7 +56,12 @@ fn key(k: u8) -> Vec<u8> {
 type Model = [BTreeMap<Vec<u8>, Vec<u8>>; 3];
 
 fn open(dir: &Path) -> (Store, Vec<Table>) {
-    let options = Options { sync: SyncPolicy::Always, segment_bytes: 1024, compact_after_bytes: 512, ..Options::default() };
+    let options = Options {
+        sync: SyncPolicy::Always,
+        segment_bytes: 1024,
+        compact_after_bytes: 512,
+        ..Options::default()
+    };
     let store = Store::open(dir, options).unwrap();
     let tables = TABLES.iter().map(|t| store.table(t).unwrap()).collect();
     (store, tables)
@@ -57,12 +69,25 @@ fn open(dir: &Path) -> (Store, Vec<Table>) {
 
 fn check(tables: &[Table], model: &Model) -> Result<(), TestCaseError> {
     for (table, expected) in tables.iter().zip(model) {
-        let got: Vec<(Vec<u8>, Vec<u8>)> =
-            table.iter().map(|r| r.map(|r| (r.key().to_vec(), r.value().to_vec()))).collect::<Result<_, _>>().unwrap();
-        let want: Vec<(Vec<u8>, Vec<u8>)> = expected.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+        let got: Vec<(Vec<u8>, Vec<u8>)> = table
+            .iter()
+            .map(|r| r.map(|r| (r.key().to_vec(), r.value().to_vec())))
+            .collect::<Result<_, _>>()
+            .unwrap();
+        let want: Vec<(Vec<u8>, Vec<u8>)> = expected
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
         prop_assert_eq!(&got, &want, "table {}", table.name());
-        let prefixed: Vec<Vec<u8>> = table.prefix(b"k1").map(|r| r.unwrap().key().to_vec()).collect();
-        let want_prefixed: Vec<Vec<u8>> = expected.keys().filter(|k| k.starts_with(b"k1")).cloned().collect();
+        let prefixed: Vec<Vec<u8>> = table
+            .prefix(b"k1")
+            .map(|r| r.unwrap().key().to_vec())
+            .collect();
+        let want_prefixed: Vec<Vec<u8>> = expected
+            .keys()
+            .filter(|k| k.starts_with(b"k1"))
+            .cloned()
+            .collect();
         prop_assert_eq!(prefixed, want_prefixed);
         for k in [0u8, 7, 23] {
             prop_assert_eq!(table.get(&key(k)).unwrap(), expected.get(&key(k)).cloned());
@@ -131,7 +156,13 @@ fn overwrites_are_compacted_away() {
     let t = store.table("t").unwrap();
     for i in 0..10_000u32 {
         let mut batch = Batch::new();
-        batch.put(&t, format!("key{:03}", i % 100).as_bytes(), &[(i % 251) as u8; 200]).unwrap();
+        batch
+            .put(
+                &t,
+                format!("key{:03}", i % 100).as_bytes(),
+                &[(i % 251) as u8; 200],
+            )
+            .unwrap();
         let ticket = store.submit(batch).unwrap();
         // Commits of at most 50 batches: a segment grows past its size by one commit.
         if i % 50 == 49 {
@@ -148,7 +179,11 @@ fn overwrites_are_compacted_away() {
             .map(|e| format!("{} {}", e.path().display(), e.metadata().unwrap().len()))
             .collect::<Vec<_>>()
     };
-    assert!(space < 400 << 10, "{space} bytes on disk for 21 KB of live data: {:#?}", listing());
+    assert!(
+        space < 400 << 10,
+        "{space} bytes on disk for 21 KB of live data: {:#?}",
+        listing()
+    );
     store.close().unwrap();
     drop((store, t));
     let store = Store::open(dir.path(), options).unwrap();
@@ -157,6 +192,10 @@ fn overwrites_are_compacted_away() {
     assert_eq!(records.len(), 100);
     for r in &records {
         let i: u32 = std::str::from_utf8(&r.key()[3..]).unwrap().parse().unwrap();
-        assert_eq!(r.value(), &[((9_900 + i) % 251) as u8; 200][..], "key{i:03}");
+        assert_eq!(
+            r.value(),
+            &[((9_900 + i) % 251) as u8; 200][..],
+            "key{i:03}"
+        );
     }
 }

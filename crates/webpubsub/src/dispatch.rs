@@ -251,20 +251,33 @@ fn invoke(
     payload: Result<crate::protocol::Payload, ProtocolError>,
 ) {
     let refuse = |fx: &mut Effects, id: String, why: String| {
-        fx.replies.push(Downstream::invoke_err(id, "BadRequest", why));
+        fx.replies
+            .push(Downstream::invoke_err(id, "BadRequest", why));
     };
     if target != "event" {
-        return refuse(fx, invocation_id, format!("unsupported invoke target {target:?}; only \"event\" is served"));
+        return refuse(
+            fx,
+            invocation_id,
+            format!("unsupported invoke target {target:?}; only \"event\" is served"),
+        );
     }
     if event.is_empty() || event.chars().any(char::is_control) {
-        return refuse(fx, invocation_id, "event name must be non-empty, without control characters".into());
+        return refuse(
+            fx,
+            invocation_id,
+            "event name must be non-empty, without control characters".into(),
+        );
     }
     let payload = match payload {
         Ok(p) => p,
         Err(e) => return refuse(fx, invocation_id, e.to_string()),
     };
     if !hub.events().is_some_and(|e| e.takes_user_event(&event)) {
-        return refuse(fx, invocation_id, format!("no event handler of this hub takes the event {event:?}"));
+        return refuse(
+            fx,
+            invocation_id,
+            format!("no event handler of this hub takes the event {event:?}"),
+        );
     }
     fx.upstream = Some(UserEvent {
         event,

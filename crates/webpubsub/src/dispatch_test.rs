@@ -137,13 +137,28 @@ fn invocations_without_an_upstream_are_refused_at_once() {
     assert_eq!(r[0]["success"], json!(false));
     assert_eq!(r[0]["error"]["name"], json!("BadRequest"));
     assert!(r[0].get("data").is_none());
-    let other = replies(&hub, &s, r#"{"type":"invoke","invocationId":"8","target":"group","event":"ask"}"#);
-    assert!(other[0]["error"]["message"].as_str().unwrap().contains("target"));
+    let other = replies(
+        &hub,
+        &s,
+        r#"{"type":"invoke","invocationId":"8","target":"group","event":"ask"}"#,
+    );
+    assert!(other[0]["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("target"));
     let bad = replies(
         &hub,
         &s,
         r#"{"type":"invoke","invocationId":"9","target":"event","event":"ask","dataType":"binary","data":"!!"}"#,
     );
     assert_eq!(bad[0]["success"], json!(false));
-    assert!(replies(&hub, &s, r#"{"type":"cancelInvocation","invocationId":"7"}"#).is_empty(), "cancel is ignored");
+    assert!(
+        replies(
+            &hub,
+            &s,
+            r#"{"type":"cancelInvocation","invocationId":"7"}"#
+        )
+        .is_empty(),
+        "cancel is ignored"
+    );
 }

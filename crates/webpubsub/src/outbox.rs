@@ -319,7 +319,11 @@ mod tests {
         assert_eq!(rx.try_frame(), None);
         out.push(Message::Text("c".into())).unwrap();
         out.close(1000, "bye");
-        assert_eq!(rx.try_frame(), None, "a pending close overtakes queued frames");
+        assert_eq!(
+            rx.try_frame(),
+            None,
+            "a pending close overtakes queued frames"
+        );
         assert!(matches!(rx.next().await, Next::Close(c) if c.code == 1000));
     }
 

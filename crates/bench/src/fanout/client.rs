@@ -78,8 +78,18 @@ pub async fn connect(target: Target, url: &str, role: &str) -> Result<Ws, String
 }
 
 /// Reads until told to stop; reliable subscribers acknowledge every `ack_every`.
-pub async fn subscribe(target: Target, mut ws: Ws, shared: Arc<Shared>, ack_every: Duration) -> SubResult {
-    let mut out = SubResult { received: 0, out_of_order: 0, latency: new_histogram(), error: None };
+pub async fn subscribe(
+    target: Target,
+    mut ws: Ws,
+    shared: Arc<Shared>,
+    ack_every: Duration,
+) -> SubResult {
+    let mut out = SubResult {
+        received: 0,
+        out_of_order: 0,
+        latency: new_histogram(),
+        error: None,
+    };
     let (mut last_i, mut max_seq, mut acked_seq) = (None::<u64>, 0u64, 0u64);
     let mut tick = tokio::time::interval(ack_every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -169,7 +179,11 @@ pub async fn publish(
             let mut batch = 0;
             while out.published - out.acked < window && batch < 64 {
                 out.published += 1;
-                let frame = wire::publish_frame(target, out.published, &wire::payload(out.published, now_ns(), &padding));
+                let frame = wire::publish_frame(
+                    target,
+                    out.published,
+                    &wire::payload(out.published, now_ns(), &padding),
+                );
                 if let Err(e) = ws.feed(Message::text(frame)).await {
                     out.error = Some(format!("send: {e}"));
                     return out;
@@ -184,7 +198,8 @@ pub async fn publish(
         if out.acked == out.published && !publishing {
             return out;
         }
-        let deadline = drain_deadline.unwrap_or_else(|| tokio::time::Instant::now() + Duration::from_secs(30));
+        let deadline =
+            drain_deadline.unwrap_or_else(|| tokio::time::Instant::now() + Duration::from_secs(30));
         let frame = match tokio::time::timeout_at(deadline, ws.next()).await {
             Ok(Some(Ok(Message::Text(t)))) => t,
             Ok(Some(Ok(_))) => continue,
@@ -197,7 +212,10 @@ pub async fn publish(
                 return out;
             }
             Err(_) => {
-                out.error = Some(format!("{} publishes never acknowledged", out.published - out.acked));
+                out.error = Some(format!(
+                    "{} publishes never acknowledged",
+                    out.published - out.acked
+                ));
                 return out;
             }
         };

@@ -81,12 +81,23 @@ fn ws_url(args: &FanoutArgs, role: &str) -> Result<String, String> {
 pub async fn run(args: FanoutArgs) -> Result<Report, String> {
     let shared = Arc::new(Shared::default());
     let sub_url = ws_url(&args, "sub")?;
-    progress(args.quiet, format!("connecting {} subscribers to {}", args.subscribers, args.url));
+    progress(
+        args.quiet,
+        format!(
+            "connecting {} subscribers to {}",
+            args.subscribers, args.url
+        ),
+    );
     let mut subs = Vec::with_capacity(args.subscribers as usize);
     for _ in 0..args.subscribers {
         let ws = client::connect(args.target, &sub_url, "sub").await?;
         let ack_every = Duration::from_millis(args.ack_interval_ms.max(1));
-        subs.push(tokio::spawn(client::subscribe(args.target, ws, Arc::clone(&shared), ack_every)));
+        subs.push(tokio::spawn(client::subscribe(
+            args.target,
+            ws,
+            Arc::clone(&shared),
+            ack_every,
+        )));
     }
     let pub_ws = client::connect(args.target, &ws_url(&args, "pub")?, "pub").await?;
     let stop_publishing = Arc::new(AtomicBool::new(false));
@@ -99,7 +110,13 @@ pub async fn run(args: FanoutArgs) -> Result<Report, String> {
         Arc::clone(&stop_publishing),
     ));
 
-    progress(args.quiet, format!("publishing; warm-up {} s, measuring {} s", args.warmup, args.duration));
+    progress(
+        args.quiet,
+        format!(
+            "publishing; warm-up {} s, measuring {} s",
+            args.warmup, args.duration
+        ),
+    );
     tokio::time::sleep(Duration::from_secs_f64(args.warmup)).await;
     let start_count = shared.delivered.load(Ordering::Relaxed);
     shared.measuring.store(true, Ordering::Relaxed);
@@ -109,20 +126,35 @@ pub async fn run(args: FanoutArgs) -> Result<Report, String> {
     let elapsed = started.elapsed().as_secs_f64();
     shared.measuring.store(false, Ordering::Relaxed);
     stop_publishing.store(true, Ordering::Relaxed);
-    let published = publisher.await.map_err(|e| format!("publisher task: {e}"))?;
+    let published = publisher
+        .await
+        .map_err(|e| format!("publisher task: {e}"))?;
     // Let the last messages reach every subscriber before counting losses.
     let expected_total = published.acked * u64::from(args.subscribers);
     let drain_until = Instant::now() + Duration::from_secs(10);
-    while shared.delivered.load(Ordering::Relaxed) < expected_total && Instant::now() < drain_until {
+    while shared.delivered.load(Ordering::Relaxed) < expected_total && Instant::now() < drain_until
+    {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     shared.stop.store(true, Ordering::Relaxed);
 
     let mut report = Report::new("fanout");
-    report.param("target", "target", Value::Str(format!("{:?}", args.target).to_lowercase()));
-    report.param("subscribers", "subscribers", Value::Int(u64::from(args.subscribers)));
+    report.param(
+        "target",
+        "target",
+        Value::Str(format!("{:?}", args.target).to_lowercase()),
+    );
+    report.param(
+        "subscribers",
+        "subscribers",
+        Value::Int(u64::from(args.subscribers)),
+    );
     report.param("window", "publish window", Value::Int(args.window));
-    report.param("payload_bytes", "payload bytes", Value::Int(args.payload_bytes as u64));
+    report.param(
+        "payload_bytes",
+        "payload bytes",
+        Value::Int(args.payload_bytes as u64),
+    );
     report.param("duration_s", "measured seconds", Value::Float(elapsed));
     let mut latency = new_histogram();
     let (mut received, mut out_of_order, mut errors) = (0u64, 0u64, 0u64);
@@ -142,13 +174,37 @@ pub async fn run(args: FanoutArgs) -> Result<Report, String> {
         report.error(format!("publisher: {e}"));
     }
     let lost = expected_total.saturating_sub(received);
-    report.result("delivered_per_s", "delivered msg/s", Value::Float(measured as f64 / elapsed));
-    report.result("published", "publishes acknowledged", Value::Int(published.acked));
-    report.result("received", "messages received (all subscribers)", Value::Int(received));
+    report.result(
+        "delivered_per_s",
+        "delivered msg/s",
+        Value::Float(measured as f64 / elapsed),
+    );
+    report.result(
+        "published",
+        "publishes acknowledged",
+        Value::Int(published.acked),
+    );
+    report.result(
+        "received",
+        "messages received (all subscribers)",
+        Value::Int(received),
+    );
     report.result("lost", "acknowledged but not received", Value::Int(lost));
-    report.result("out_of_order", "out of order or duplicated", Value::Int(out_of_order));
-    report.result("subscriber_errors", "subscribers that failed", Value::Int(errors));
-    report.latency("latency", "end-to-end latency", Latency::from_histogram(&latency));
+    report.result(
+        "out_of_order",
+        "out of order or duplicated",
+        Value::Int(out_of_order),
+    );
+    report.result(
+        "subscriber_errors",
+        "subscribers that failed",
+        Value::Int(errors),
+    );
+    report.latency(
+        "latency",
+        "end-to-end latency",
+        Latency::from_histogram(&latency),
+    );
     if lost > 0 || out_of_order > 0 {
         report.fail();
     }

@@ -21,6 +21,10 @@ pub fn client_token(key: &str, audience: &str, role: &str) -> Result<String, Str
     } else {
         json!({"aud": audience, "exp": exp, "sub": "bench-pub", "role": [format!("webpubsub.sendToGroup.{GROUP}")]})
     };
-    encode(&Header::default(), &claims, &EncodingKey::from_secret(key.as_bytes()))
-        .map_err(|e| format!("token: {e}"))
+    encode(
+        &Header::default(),
+        &claims,
+        &EncodingKey::from_secret(key.as_bytes()),
+    )
+    .map_err(|e| format!("token: {e}"))
 }

@@ -117,12 +117,23 @@ mod tests {
     #[test]
     fn web_pubsub_frames() {
         let msg = r#"{"type":"message","from":"group","group":"bench","dataType":"json","data":{"i":7,"t":123,"p":"xx"},"sequenceId":42}"#;
-        assert_eq!(classify(Target::Statehub, msg), Incoming::Data { i: 7, t: 123, seq: 42 });
+        assert_eq!(
+            classify(Target::Statehub, msg),
+            Incoming::Data {
+                i: 7,
+                t: 123,
+                seq: 42
+            }
+        );
         let ack = r#"{"type":"ack","ackId":9,"success":true}"#;
         assert_eq!(classify(Target::Statehub, ack), Incoming::Ack { id: 9 });
-        let connected = r#"{"type":"system","event":"connected","connectionId":"c","reconnectionToken":"r"}"#;
+        let connected =
+            r#"{"type":"system","event":"connected","connectionId":"c","reconnectionToken":"r"}"#;
         assert_eq!(classify(Target::Statehub, connected), Incoming::Connected);
-        assert_eq!(classify(Target::Statehub, r#"{"type":"pong"}"#), Incoming::Other);
+        assert_eq!(
+            classify(Target::Statehub, r#"{"type":"pong"}"#),
+            Incoming::Other
+        );
     }
 
     #[test]
@@ -133,10 +144,23 @@ mod tests {
             classify(Target::Socketio, r#"0{"sid":"a","pingInterval":25000}"#),
             Incoming::Other
         );
-        assert_eq!(classify(Target::Socketio, r#"40{"sid":"b","pid":"p"}"#), Incoming::Connected);
+        assert_eq!(
+            classify(Target::Socketio, r#"40{"sid":"b","pid":"p"}"#),
+            Incoming::Connected
+        );
         let event = r#"42["msg",{"i":3,"t":99,"p":""},"offset-1"]"#;
-        assert_eq!(classify(Target::Socketio, event), Incoming::Data { i: 3, t: 99, seq: 0 });
-        assert_eq!(classify(Target::Socketio, "4317[]"), Incoming::Ack { id: 17 });
+        assert_eq!(
+            classify(Target::Socketio, event),
+            Incoming::Data {
+                i: 3,
+                t: 99,
+                seq: 0
+            }
+        );
+        assert_eq!(
+            classify(Target::Socketio, "4317[]"),
+            Incoming::Ack { id: 17 }
+        );
     }
 
     #[test]

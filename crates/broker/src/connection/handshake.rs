@@ -5,7 +5,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use statehub_mqtt_codec::{
-    validate, Auth, ByteString, ConnAck, ConnAckProperties, Connect, Packet, ProtocolVersion, ReasonCode,
+    validate, Auth, ByteString, ConnAck, ConnAckProperties, Connect, Packet, ProtocolVersion,
+    ReasonCode,
 };
 
 use crate::auth::AuthDecision;
@@ -58,14 +59,21 @@ pub(crate) fn authenticate(broker: &Broker, connect: &Connect) -> Result<AuthSte
 
 /// Checks the CONNECT's own fields.
 pub(crate) fn check(connect: &Connect) -> Result<(), Refused> {
-    if connect.client_id.is_empty() && !connect.clean_start && connect.protocol == ProtocolVersion::V311 {
+    if connect.client_id.is_empty()
+        && !connect.clean_start
+        && connect.protocol == ProtocolVersion::V311
+    {
         return Err(Refused(ReasonCode::CLIENT_IDENTIFIER_NOT_VALID));
     }
     if let Some(w) = &connect.will {
         if validate::topic_name(&w.topic).is_err() {
             return Err(Refused(ReasonCode::TOPIC_NAME_INVALID));
         }
-        if w.properties.response_topic.as_deref().is_some_and(|t| validate::topic_name(t).is_err()) {
+        if w.properties
+            .response_topic
+            .as_deref()
+            .is_some_and(|t| validate::topic_name(t).is_err())
+        {
             return Err(Refused(ReasonCode::PROTOCOL_ERROR));
         }
         if w.properties.payload_format_utf8 && std::str::from_utf8(&w.payload).is_err() {
@@ -76,7 +84,11 @@ pub(crate) fn check(connect: &Connect) -> Result<(), Refused> {
 }
 
 /// Attaches the connection to its session and builds the CONNACK.
-pub(crate) fn accept(broker: &Broker, connect: &mut Connect, auth_data: Option<bytes::Bytes>) -> Accepted {
+pub(crate) fn accept(
+    broker: &Broker,
+    connect: &mut Connect,
+    auth_data: Option<bytes::Bytes>,
+) -> Accepted {
     let cfg = broker.config();
     let mut props = ConnAckProperties::default();
     if connect.client_id.is_empty() {
@@ -95,7 +107,9 @@ pub(crate) fn accept(broker: &Broker, connect: &mut Connect, auth_data: Option<b
     }
 
     let mut keep_alive = connect.keep_alive;
-    if cfg.max_keep_alive > 0 && (keep_alive > cfg.max_keep_alive || (keep_alive == 0 && !cfg.keep_alive_zero_allowed)) {
+    if cfg.max_keep_alive > 0
+        && (keep_alive > cfg.max_keep_alive || (keep_alive == 0 && !cfg.keep_alive_zero_allowed))
+    {
         keep_alive = cfg.max_keep_alive;
         props.server_keep_alive = Some(keep_alive);
     }
@@ -107,7 +121,10 @@ pub(crate) fn accept(broker: &Broker, connect: &mut Connect, auth_data: Option<b
         let mut st = session.state.lock();
         st.expiry_interval = session_expiry;
         st.last_generation = generation;
-        st.attached = Some(Attachment { generation, signal: signal.clone() });
+        st.attached = Some(Attachment {
+            generation,
+            signal: signal.clone(),
+        });
         persist(broker, &session, &mut st, session_expiry)
     };
     session.set_connected(true);
@@ -120,7 +137,8 @@ pub(crate) fn accept(broker: &Broker, connect: &mut Connect, auth_data: Option<b
     props.subscription_identifiers_available = Some(true);
     props.shared_subscription_available = Some(true);
     if connect.properties.request_response_information == Some(true) {
-        props.response_information = Some(format!("statehub/responses/{}", connect.client_id).into());
+        props.response_information =
+            Some(format!("statehub/responses/{}", connect.client_id).into());
     }
     if let Some(method) = &connect.properties.authentication_method {
         props.authentication_method = Some(method.clone());
@@ -130,7 +148,11 @@ pub(crate) fn accept(broker: &Broker, connect: &mut Connect, auth_data: Option<b
         session,
         generation,
         signal,
-        connack: ConnAck { session_present, reason_code: ReasonCode::SUCCESS, properties: props },
+        connack: ConnAck {
+            session_present,
+            reason_code: ReasonCode::SUCCESS,
+            properties: props,
+        },
         keep_alive: Duration::from_secs(u64::from(keep_alive)),
         session_expiry,
         stored,
@@ -141,14 +163,19 @@ pub(crate) fn accept(broker: &Broker, connect: &mut Connect, auth_data: Option<b
 /// or forgets its stored form if it no longer should be. True if a change was recorded
 /// that the CONNACK must wait for.
 fn persist(broker: &Broker, session: &Session, st: &mut SessionState, expiry: u32) -> bool {
-    let Some(store) = broker.session_store() else { return false };
+    let Some(store) = broker.session_store() else {
+        return false;
+    };
     if expiry == 0 {
         // It ends with this connection: nothing of it needs to survive a restart.
         st.unpersist();
         return false;
     }
     if st.persist.is_none() {
-        st.persist = Some(Persist { store, incarnation: rand::random::<u64>() });
+        st.persist = Some(Persist {
+            store,
+            incarnation: rand::random::<u64>(),
+        });
     }
     st.save(session.client_id(), false);
     true

@@ -4,8 +4,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use statehub_mqtt_codec::{
-    validate, Auth, Packet, ProtocolVersion, PubResponse, Publish, QoS, ReasonCode, SubAck, Subscribe, UnsubAck,
-    Unsubscribe,
+    validate, Auth, Packet, ProtocolVersion, PubResponse, Publish, QoS, ReasonCode, SubAck,
+    Subscribe, UnsubAck, Unsubscribe,
 };
 
 use super::{Close, Conn};
@@ -40,7 +40,11 @@ impl Conn {
                     let mut st = self.session.state.lock();
                     let known = st.incoming_qos2.remove(&r.packet_id);
                     if known {
-                        st.record(|incarnation| SessionChange::IncomingQos2 { incarnation, packet_id: r.packet_id, pending: false });
+                        st.record(|incarnation| SessionChange::IncomingQos2 {
+                            incarnation,
+                            packet_id: r.packet_id,
+                            pending: false,
+                        });
                     }
                     (known, known && st.is_persistent())
                 };
@@ -49,8 +53,15 @@ impl Conn {
                 if stored {
                     self.durable().await?;
                 }
-                let code = if known { ReasonCode::SUCCESS } else { ReasonCode::PACKET_IDENTIFIER_NOT_FOUND };
-                self.send(&Packet::PubComp(PubResponse { reason_code: code, ..PubResponse::ok(r.packet_id) }))
+                let code = if known {
+                    ReasonCode::SUCCESS
+                } else {
+                    ReasonCode::PACKET_IDENTIFIER_NOT_FOUND
+                };
+                self.send(&Packet::PubComp(PubResponse {
+                    reason_code: code,
+                    ..PubResponse::ok(r.packet_id)
+                }))
             }
             Packet::PubComp(c) => {
                 self.complete(c.packet_id, Stage::Released);
@@ -59,11 +70,19 @@ impl Conn {
             Packet::Subscribe(s) => self.on_subscribe(s).await,
             Packet::Unsubscribe(u) => self.on_unsubscribe(u).await,
             Packet::PingReq => self.send(&Packet::PingResp),
-            Packet::Disconnect(d) => Err(self.on_disconnect(d.reason_code, d.session_expiry_interval)),
+            Packet::Disconnect(d) => {
+                Err(self.on_disconnect(d.reason_code, d.session_expiry_interval))
+            }
             Packet::Auth(a) => self.on_auth(a),
-            Packet::Connect(_) => Err(Close::ByServer(ReasonCode::PROTOCOL_ERROR, "second CONNECT [MQTT-3.1.0-2]")),
+            Packet::Connect(_) => Err(Close::ByServer(
+                ReasonCode::PROTOCOL_ERROR,
+                "second CONNECT [MQTT-3.1.0-2]",
+            )),
             Packet::ConnAck(_) | Packet::SubAck(_) | Packet::UnsubAck(_) | Packet::PingResp => {
-                Err(Close::ByServer(ReasonCode::PROTOCOL_ERROR, "server-to-client packet sent by a client"))
+                Err(Close::ByServer(
+                    ReasonCode::PROTOCOL_ERROR,
+                    "server-to-client packet sent by a client",
+                ))
             }
         }
     }
@@ -72,8 +91,15 @@ impl Conn {
         // The topic is valid: the codec checked every non-empty one [MQTT-3.3.2-2], and
         // an alias stands for a topic checked when the alias was set.
         self.resolve_alias(&mut p)?;
-        if p.properties.response_topic.as_deref().is_some_and(|t| validate::topic_name(t).is_err()) {
-            return Err(Close::ByServer(ReasonCode::PROTOCOL_ERROR, "invalid Response Topic [MQTT-3.3.2-14]"));
+        if p.properties
+            .response_topic
+            .as_deref()
+            .is_some_and(|t| validate::topic_name(t).is_err())
+        {
+            return Err(Close::ByServer(
+                ReasonCode::PROTOCOL_ERROR,
+                "invalid Response Topic [MQTT-3.3.2-14]",
+            ));
         }
         let pid = p.packet_id.unwrap_or(0);
         if p.qos == QoS::ExactlyOnce {
@@ -83,7 +109,10 @@ impl Conn {
                 return self.send(&Packet::PubRec(PubResponse::ok(pid)));
             }
             if st.incoming_qos2.len() >= usize::from(self.broker.config().receive_maximum) {
-                return Err(Close::ByServer(ReasonCode::RECEIVE_MAXIMUM_EXCEEDED, "receive maximum exceeded [MQTT-3.3.4-9]"));
+                return Err(Close::ByServer(
+                    ReasonCode::RECEIVE_MAXIMUM_EXCEEDED,
+                    "receive maximum exceeded [MQTT-3.3.4-9]",
+                ));
             }
         }
         if let Err(code) = validate::payload_utf8(&p) {
@@ -94,25 +123,41 @@ impl Conn {
         }
         let qos = p.qos;
         // Opened once this publish is acknowledged (after its barrier) or failed.
-        let gate = (qos == QoS::ExactlyOnce && self.broker.session_store().is_some()).then(Arc::default);
+        let gate =
+            (qos == QoS::ExactlyOnce && self.broker.session_store().is_some()).then(Arc::default);
         let _open_when_done = gate.clone().map(OpenOnDrop);
         let (code, stored) = if let Some(service) = self.broker.service_for(&p.topic) {
             service.on_publish(&self.broker, &self.info, p).await;
             let stored = qos == QoS::ExactlyOnce && self.receive_qos2(pid);
             (ReasonCode::SUCCESS, stored)
         } else {
-            let msg = Arc::new(Message::from_publish(p, Some(self.info.client_id.clone()), Instant::now()));
-            let durable = if msg.retain { self.broker.store_retained(&msg) } else { None };
+            let msg = Arc::new(Message::from_publish(
+                p,
+                Some(self.info.client_id.clone()),
+                Instant::now(),
+            ));
+            let durable = if msg.retain {
+                self.broker.store_retained(&msg)
+            } else {
+                None
+            };
             let routed = self.route_and_receive(&msg, pid, gate.as_ref());
             // With a retain store, the ack waits until the retained change is durable. If
             // it never will be, no ack: the connection closes and the client resends.
             if let Some(durable) = durable.filter(|_| qos != QoS::AtMostOnce) {
                 if let Err(e) = durable.await {
                     tracing::error!("{e}; closing the connection of {}", self.info.client_id);
-                    return Err(Close::ByServer(ReasonCode::UNSPECIFIED_ERROR, "retained message not stored"));
+                    return Err(Close::ByServer(
+                        ReasonCode::UNSPECIFIED_ERROR,
+                        "retained message not stored",
+                    ));
                 }
             }
-            let code = if routed.sessions == 0 { ReasonCode::NO_MATCHING_SUBSCRIBERS } else { ReasonCode::SUCCESS };
+            let code = if routed.sessions == 0 {
+                ReasonCode::NO_MATCHING_SUBSCRIBERS
+            } else {
+                ReasonCode::SUCCESS
+            };
             (code, routed.stored)
         };
         self.ack_publish(qos, pid, code, stored).await
@@ -120,11 +165,19 @@ impl Conn {
 
     /// Routes a client's message and, for QoS 2, records its receipt (so a resent
     /// PUBLISH is known for a duplicate), the two atomically in the session store.
-    fn route_and_receive(&mut self, msg: &Arc<Message>, pid: u16, gate: Option<&Arc<Gate>>) -> Routed {
+    fn route_and_receive(
+        &mut self,
+        msg: &Arc<Message>,
+        pid: u16,
+        gate: Option<&Arc<Gate>>,
+    ) -> Routed {
         if msg.qos != QoS::ExactlyOnce {
             return self.broker.route(msg, None);
         }
-        let store = self.broker.session_store().filter(|_| self.session.state.lock().is_persistent());
+        let store = self
+            .broker
+            .session_store()
+            .filter(|_| self.session.state.lock().is_persistent());
         let _group = store.map(Group::open);
         let mut routed = self.broker.route(msg, gate);
         routed.stored |= self.receive_qos2(pid);
@@ -136,15 +189,28 @@ impl Conn {
     fn receive_qos2(&mut self, pid: u16) -> bool {
         let mut st = self.session.state.lock();
         st.incoming_qos2.insert(pid);
-        st.record(|incarnation| SessionChange::IncomingQos2 { incarnation, packet_id: pid, pending: true });
+        st.record(|incarnation| SessionChange::IncomingQos2 {
+            incarnation,
+            packet_id: pid,
+            pending: true,
+        });
         st.is_persistent()
     }
 
     /// Acknowledges a PUBLISH once what the acknowledgement promises is durable
     /// (`stored`): the copies queued for persistent sessions and, for QoS 2, the
     /// receipt.
-    async fn ack_publish(&mut self, qos: QoS, pid: u16, code: ReasonCode, stored: bool) -> Result<(), Close> {
-        let ack = PubResponse { reason_code: code, ..PubResponse::ok(pid) };
+    async fn ack_publish(
+        &mut self,
+        qos: QoS,
+        pid: u16,
+        code: ReasonCode,
+        stored: bool,
+    ) -> Result<(), Close> {
+        let ack = PubResponse {
+            reason_code: code,
+            ..PubResponse::ok(pid)
+        };
         if qos == QoS::AtMostOnce {
             return Ok(());
         }
@@ -162,17 +228,28 @@ impl Conn {
     fn resolve_alias(&mut self, p: &mut Publish) -> Result<(), Close> {
         let Some(alias) = p.properties.topic_alias.take() else {
             if p.topic.is_empty() {
-                return Err(Close::ByServer(ReasonCode::PROTOCOL_ERROR, "empty topic without alias [MQTT-3.3.2-1]"));
+                return Err(Close::ByServer(
+                    ReasonCode::PROTOCOL_ERROR,
+                    "empty topic without alias [MQTT-3.3.2-1]",
+                ));
             }
             return Ok(());
         };
         if alias == 0 || alias > self.broker.config().topic_alias_maximum {
-            return Err(Close::ByServer(ReasonCode::TOPIC_ALIAS_INVALID, "topic alias out of range [MQTT-3.3.2-9]"));
+            return Err(Close::ByServer(
+                ReasonCode::TOPIC_ALIAS_INVALID,
+                "topic alias out of range [MQTT-3.3.2-9]",
+            ));
         }
         if p.topic.is_empty() {
             match self.in_aliases.get(&alias) {
                 Some(t) => p.topic = t.clone(),
-                None => return Err(Close::ByServer(ReasonCode::PROTOCOL_ERROR, "unknown topic alias [MQTT-3.3.4-?]")),
+                None => {
+                    return Err(Close::ByServer(
+                        ReasonCode::PROTOCOL_ERROR,
+                        "unknown topic alias [MQTT-3.3.4-?]",
+                    ))
+                }
             }
         } else {
             self.in_aliases.insert(alias, p.topic.clone());
@@ -191,7 +268,13 @@ impl Conn {
                         let stored = seq != 0 && st.is_persistent();
                         if stored {
                             let delivery = &st.inflight[i].delivery;
-                            st.record(|incarnation| SessionChange::Message { incarnation, seq, delivery, released: true, now });
+                            st.record(|incarnation| SessionChange::Message {
+                                incarnation,
+                                seq,
+                                delivery,
+                                released: true,
+                                now,
+                            });
                         }
                         (true, stored)
                     } else {
@@ -209,8 +292,15 @@ impl Conn {
         if stored {
             self.durable().await?;
         }
-        let code = if found { ReasonCode::SUCCESS } else { ReasonCode::PACKET_IDENTIFIER_NOT_FOUND };
-        self.send(&Packet::PubRel(PubResponse { reason_code: code, ..PubResponse::ok(r.packet_id) }))
+        let code = if found {
+            ReasonCode::SUCCESS
+        } else {
+            ReasonCode::PACKET_IDENTIFIER_NOT_FOUND
+        };
+        self.send(&Packet::PubRel(PubResponse {
+            reason_code: code,
+            ..PubResponse::ok(r.packet_id)
+        }))
     }
 
     /// Finishes an outgoing QoS 1/2 exchange at `stage`; unknown ids are ignored.
@@ -231,22 +321,50 @@ impl Conn {
         let mut retained = Vec::new();
         let now = Instant::now();
         for (filter, options) in &s.filters {
-            let valid = validate::topic_filter(filter).is_ok() && validate::shared_filter(filter).is_ok();
+            let valid =
+                validate::topic_filter(filter).is_ok() && validate::shared_filter(filter).is_ok();
             if !valid {
-                codes.push(if v5 { ReasonCode::TOPIC_FILTER_INVALID } else { ReasonCode::UNSPECIFIED_ERROR });
+                codes.push(if v5 {
+                    ReasonCode::TOPIC_FILTER_INVALID
+                } else {
+                    ReasonCode::UNSPECIFIED_ERROR
+                });
                 continue;
             }
             let (group, plain) = split_shared(filter);
             if group.is_some() && options.no_local {
-                return Err(Close::ByServer(ReasonCode::PROTOCOL_ERROR, "No Local on a shared subscription [MQTT-3.8.3-4]"));
+                return Err(Close::ByServer(
+                    ReasonCode::PROTOCOL_ERROR,
+                    "No Local on a shared subscription [MQTT-3.8.3-4]",
+                ));
             }
-            if self.broker.config().refused_filters.iter().any(|f| f == &**filter) {
+            if self
+                .broker
+                .config()
+                .refused_filters
+                .iter()
+                .any(|f| f == &**filter)
+            {
                 codes.push(ReasonCode::UNSPECIFIED_ERROR);
                 continue;
             }
-            let sub = Subscription { options: *options, identifier: s.subscription_identifier };
-            let existed = self.session.state.lock().subscriptions.insert(filter.clone(), sub).is_some();
-            self.broker.index_subscription(&self.session, filter, *options, s.subscription_identifier);
+            let sub = Subscription {
+                options: *options,
+                identifier: s.subscription_identifier,
+            };
+            let existed = self
+                .session
+                .state
+                .lock()
+                .subscriptions
+                .insert(filter.clone(), sub)
+                .is_some();
+            self.broker.index_subscription(
+                &self.session,
+                filter,
+                *options,
+                s.subscription_identifier,
+            );
             codes.push(ReasonCode(options.qos as u8));
             let send_retained = group.is_none()
                 && match options.retain_handling {
@@ -270,7 +388,11 @@ impl Conn {
             }
         }
         self.save_subscriptions().await?;
-        self.send(&Packet::SubAck(SubAck { packet_id: s.packet_id, reason_codes: codes, ..Default::default() }))?;
+        self.send(&Packet::SubAck(SubAck {
+            packet_id: s.packet_id,
+            reason_codes: codes,
+            ..Default::default()
+        }))?;
         for d in retained {
             self.broker.offer(&self.session, d);
         }
@@ -284,14 +406,29 @@ impl Conn {
                 codes.push(ReasonCode::TOPIC_FILTER_INVALID);
                 continue;
             }
-            let existed = self.session.state.lock().subscriptions.remove(filter).is_some();
+            let existed = self
+                .session
+                .state
+                .lock()
+                .subscriptions
+                .remove(filter)
+                .is_some();
             if existed {
-                self.broker.unindex_subscription(self.session.client_id(), filter);
+                self.broker
+                    .unindex_subscription(self.session.client_id(), filter);
             }
-            codes.push(if existed { ReasonCode::SUCCESS } else { ReasonCode::NO_SUBSCRIPTION_EXISTED });
+            codes.push(if existed {
+                ReasonCode::SUCCESS
+            } else {
+                ReasonCode::NO_SUBSCRIPTION_EXISTED
+            });
         }
         self.save_subscriptions().await?;
-        self.send(&Packet::UnsubAck(UnsubAck { packet_id: u.packet_id, reason_codes: codes, ..Default::default() }))
+        self.send(&Packet::UnsubAck(UnsubAck {
+            packet_id: u.packet_id,
+            reason_codes: codes,
+            ..Default::default()
+        }))
     }
 
     /// Records a persistent session's subscriptions and waits until they are durable,
@@ -320,26 +457,39 @@ impl Conn {
     fn on_disconnect(&mut self, code: ReasonCode, expiry: Option<u32>) -> Close {
         if let Some(e) = expiry {
             if self.connect_expiry_zero && e != 0 {
-                return Close::ByServer(ReasonCode::PROTOCOL_ERROR, "session expiry set on DISCONNECT after 0 at CONNECT [MQTT-3.14.2-2]");
+                return Close::ByServer(
+                    ReasonCode::PROTOCOL_ERROR,
+                    "session expiry set on DISCONNECT after 0 at CONNECT [MQTT-3.14.2-2]",
+                );
             }
             self.session_expiry = e.min(self.broker.config().max_session_expiry);
         }
-        Close::ByClient { will: code == ReasonCode::DISCONNECT_WITH_WILL }
+        Close::ByClient {
+            will: code == ReasonCode::DISCONNECT_WITH_WILL,
+        }
     }
 
     /// AUTH after CONNECT: re-authentication (0x19) [MQTT-4.12.1].
     fn on_auth(&mut self, a: Auth) -> Result<(), Close> {
         let Some(method) = self.auth_method.clone() else {
-            return Err(Close::ByServer(ReasonCode::PROTOCOL_ERROR, "AUTH without an authentication method [MQTT-4.12.0-7]"));
+            return Err(Close::ByServer(
+                ReasonCode::PROTOCOL_ERROR,
+                "AUTH without an authentication method [MQTT-4.12.0-7]",
+            ));
         };
         if a.authentication_method.as_ref() != Some(&method) {
-            return Err(Close::ByServer(ReasonCode::PROTOCOL_ERROR, "AUTH method differs from CONNECT's [MQTT-4.12.1-1]"));
+            return Err(Close::ByServer(
+                ReasonCode::PROTOCOL_ERROR,
+                "AUTH method differs from CONNECT's [MQTT-4.12.1-1]",
+            ));
         }
         let auth = self.broker.inner.authenticator.read().clone();
         let (code, data) = match auth.auth(&self.info.client_id, &method, &a) {
             AuthDecision::Success { data } => (ReasonCode::SUCCESS, data),
             AuthDecision::Continue { data } => (ReasonCode::CONTINUE_AUTHENTICATION, data),
-            AuthDecision::Deny(code) => return Err(Close::ByServer(code, "re-authentication failed")),
+            AuthDecision::Deny(code) => {
+                return Err(Close::ByServer(code, "re-authentication failed"))
+            }
         };
         self.send(&Packet::Auth(Auth {
             reason_code: code,

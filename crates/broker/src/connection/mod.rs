@@ -79,7 +79,11 @@ pub(crate) struct Conn {
 /// Serves one TCP connection until it closes. Never panics on peer input.
 pub(crate) async fn serve(broker: Broker, mut stream: TcpStream, peer: SocketAddr) {
     broker.inner.connections.fetch_add(1, Ordering::Relaxed);
-    broker.inner.metrics.connections_total.fetch_add(1, Ordering::Relaxed);
+    broker
+        .inner
+        .metrics
+        .connections_total
+        .fetch_add(1, Ordering::Relaxed);
     let _ = stream.set_nodelay(true);
     if let Some((conn, rbuf)) = connect(&broker, &mut stream).await {
         let client = conn.info.client_id.clone();
@@ -100,7 +104,11 @@ async fn connect(broker: &Broker, stream: &mut TcpStream) -> Option<(Conn, Bytes
         Ok(Some(p)) => p,
         Ok(None) => return None,
         Err(DecodeError::UnsupportedProtocolVersion(level)) => {
-            let answer: &[u8] = if level >= 5 { &[0x20, 0x03, 0x00, 0x84, 0x00] } else { &[0x20, 0x02, 0x00, 0x01] };
+            let answer: &[u8] = if level >= 5 {
+                &[0x20, 0x03, 0x00, 0x84, 0x00]
+            } else {
+                &[0x20, 0x02, 0x00, 0x01]
+            };
             let _ = stream.write_all(answer).await;
             return None;
         }
@@ -110,7 +118,9 @@ async fn connect(broker: &Broker, stream: &mut TcpStream) -> Option<(Conn, Bytes
             return None;
         }
     };
-    let Packet::Connect(mut connect) = first else { return None };
+    let Packet::Connect(mut connect) = first else {
+        return None;
+    };
     let version = connect.protocol;
     let unavailable = if broker.inner.shutdown.is_cancelled() {
         Some(ReasonCode::SERVER_UNAVAILABLE)
@@ -124,23 +134,28 @@ async fn connect(broker: &Broker, stream: &mut TcpStream) -> Option<(Conn, Bytes
         refuse(stream, &codec, code).await;
         return None;
     }
-    let auth_data = match handshake::check(&connect).and_then(|()| handshake::authenticate(broker, &connect)) {
-        Ok(AuthStep::Done(data)) => data,
-        Ok(AuthStep::Challenge(challenge)) => {
-            match auth_rounds(broker, stream, &mut codec, &mut rbuf, &connect, challenge, deadline).await {
-                Ok(data) => data,
-                Err(Some(Refused(code))) => {
-                    refuse(stream, &codec, code).await;
-                    return None;
+    let auth_data =
+        match handshake::check(&connect).and_then(|()| handshake::authenticate(broker, &connect)) {
+            Ok(AuthStep::Done(data)) => data,
+            Ok(AuthStep::Challenge(challenge)) => {
+                match auth_rounds(
+                    broker, stream, &mut codec, &mut rbuf, &connect, challenge, deadline,
+                )
+                .await
+                {
+                    Ok(data) => data,
+                    Err(Some(Refused(code))) => {
+                        refuse(stream, &codec, code).await;
+                        return None;
+                    }
+                    Err(None) => return None,
                 }
-                Err(None) => return None,
             }
-        }
-        Err(Refused(code)) => {
-            refuse(stream, &codec, code).await;
-            return None;
-        }
-    };
+            Err(Refused(code)) => {
+                refuse(stream, &codec, code).await;
+                return None;
+            }
+        };
     let accepted = handshake::accept(broker, &mut connect, auth_data);
     if accepted.stored {
         if let Err(e) = barrier(broker).await {
@@ -151,7 +166,10 @@ async fn connect(broker: &Broker, stream: &mut TcpStream) -> Option<(Conn, Bytes
         }
     }
     let mut wbuf = BytesMut::with_capacity(1024);
-    if codec.encode(&Packet::ConnAck(accepted.connack.clone()), &mut wbuf).is_err() {
+    if codec
+        .encode(&Packet::ConnAck(accepted.connack.clone()), &mut wbuf)
+        .is_err()
+    {
         return None;
     }
     let p = &connect.properties;
@@ -161,11 +179,19 @@ async fn connect(broker: &Broker, stream: &mut TcpStream) -> Option<(Conn, Bytes
         wbuf,
         session: accepted.session,
         generation: accepted.generation,
-        info: ClientInfo { client_id: connect.client_id.clone(), username: connect.username.clone(), protocol: version },
+        info: ClientInfo {
+            client_id: connect.client_id.clone(),
+            username: connect.username.clone(),
+            protocol: version,
+        },
         version,
         client_receive_max: p.receive_maximum.unwrap_or(u16::MAX).max(1),
         client_max_packet: p.maximum_packet_size.unwrap_or(u32::MAX),
-        client_alias_max: if cfg.server_topic_aliases { p.topic_alias_maximum.unwrap_or(0) } else { 0 },
+        client_alias_max: if cfg.server_topic_aliases {
+            p.topic_alias_maximum.unwrap_or(0)
+        } else {
+            0
+        },
         out_aliases: HashMap::new(),
         in_aliases: HashMap::new(),
         will: connect.will.take(),
@@ -197,7 +223,10 @@ async fn refuse_bad_connect(stream: &mut TcpStream, codec: &Codec, e: &DecodeErr
 /// 3.1.1 return code); the caller then closes.
 async fn refuse(stream: &mut TcpStream, codec: &Codec, code: ReasonCode) {
     let mut out = BytesMut::new();
-    let ack = statehub_mqtt_codec::ConnAck { reason_code: code, ..Default::default() };
+    let ack = statehub_mqtt_codec::ConnAck {
+        reason_code: code,
+        ..Default::default()
+    };
     if codec.encode(&Packet::ConnAck(ack), &mut out).is_ok() {
         let _ = stream.write_all(&out).await;
     }
@@ -213,7 +242,11 @@ async fn auth_rounds(
     mut challenge: Packet,
     deadline: Instant,
 ) -> Result<Option<bytes::Bytes>, Option<Refused>> {
-    let method = connect.properties.authentication_method.clone().unwrap_or_default();
+    let method = connect
+        .properties
+        .authentication_method
+        .clone()
+        .unwrap_or_default();
     let authenticator = broker.inner.authenticator.read().clone();
     loop {
         let mut out = BytesMut::new();
@@ -222,7 +255,9 @@ async fn auth_rounds(
         let Ok(Some(Packet::Auth(auth))) = read_packet(stream, codec, rbuf, deadline).await else {
             return Err(None);
         };
-        if auth.reason_code != ReasonCode::CONTINUE_AUTHENTICATION || auth.authentication_method.as_ref() != Some(&method) {
+        if auth.reason_code != ReasonCode::CONTINUE_AUTHENTICATION
+            || auth.authentication_method.as_ref() != Some(&method)
+        {
             return Err(Some(Refused(ReasonCode::PROTOCOL_ERROR)));
         }
         match authenticator.auth(&connect.client_id, &method, &auth) {
@@ -346,7 +381,11 @@ impl Conn {
                 Ok(None) => return Ok(()),
                 Err(e) => {
                     tracing::debug!(client = %self.info.client_id, error = %e, "decode error");
-                    self.broker.inner.metrics.protocol_errors.fetch_add(1, Ordering::Relaxed);
+                    self.broker
+                        .inner
+                        .metrics
+                        .protocol_errors
+                        .fetch_add(1, Ordering::Relaxed);
                     return Err(Close::from_decode(&e));
                 }
             }

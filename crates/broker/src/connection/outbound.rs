@@ -37,7 +37,11 @@ impl Conn {
         let now = Instant::now();
         let session = self.session.clone();
         let mut st = session.state.lock();
-        if st.attached.as_ref().is_none_or(|a| a.generation != self.generation) {
+        if st
+            .attached
+            .as_ref()
+            .is_none_or(|a| a.generation != self.generation)
+        {
             // Taken over: the queue belongs to the new connection now.
             return;
         }
@@ -47,7 +51,9 @@ impl Conn {
                 // Not durable yet: the gate's opener wakes this connection.
                 break;
             }
-            if front.qos != QoS::AtMostOnce && st.inflight.len() >= usize::from(self.client_receive_max) {
+            if front.qos != QoS::AtMostOnce
+                && st.inflight.len() >= usize::from(self.client_receive_max)
+            {
                 break;
             }
             let Some(d) = st.pop_queue() else { break };
@@ -96,13 +102,25 @@ impl Conn {
                 if let Some(topic) = new_alias {
                     self.out_aliases.remove(&topic);
                 }
-                self.broker.inner.metrics.oversize_dropped.fetch_add(1, Ordering::Relaxed);
+                self.broker
+                    .inner
+                    .metrics
+                    .oversize_dropped
+                    .fetch_add(1, Ordering::Relaxed);
                 st.forget(d.seq);
                 continue;
             }
             if let Some(packet_id) = packet_id {
-                let stage = if d.qos == QoS::ExactlyOnce { Stage::Qos2Sent } else { Stage::Qos1Sent };
-                st.inflight.push_back(Inflight { packet_id, stage, delivery: d });
+                let stage = if d.qos == QoS::ExactlyOnce {
+                    Stage::Qos2Sent
+                } else {
+                    Stage::Qos1Sent
+                };
+                st.inflight.push_back(Inflight {
+                    packet_id,
+                    stage,
+                    delivery: d,
+                });
             }
         }
     }
@@ -117,7 +135,10 @@ impl Conn {
         if let Some(&alias) = self.out_aliases.get(topic) {
             return (Some(alias), true, None);
         }
-        let Some(next) = u16::try_from(self.out_aliases.len() + 1).ok().filter(|n| *n <= self.client_alias_max) else {
+        let Some(next) = u16::try_from(self.out_aliases.len() + 1)
+            .ok()
+            .filter(|n| *n <= self.client_alias_max)
+        else {
             return (None, false, None);
         };
         self.out_aliases.insert(topic.clone(), next);

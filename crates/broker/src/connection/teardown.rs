@@ -5,7 +5,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use statehub_mqtt_codec::{
-    ByteString, Disconnect, LastWill, Packet, ProtocolVersion, Publish, PublishProperties, QoS, ReasonCode,
+    ByteString, Disconnect, LastWill, Packet, ProtocolVersion, Publish, PublishProperties, QoS,
+    ReasonCode,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -24,7 +25,8 @@ impl Conn {
             tracing::debug!(client = %self.info.client_id, code = code.0, reason = text, "server closes connection");
         }
         if !self.wbuf.is_empty() {
-            let _ = tokio::time::timeout(Duration::from_secs(1), stream.write_all(&self.wbuf)).await;
+            let _ =
+                tokio::time::timeout(Duration::from_secs(1), stream.write_all(&self.wbuf)).await;
         }
         let _ = stream.shutdown().await;
         if matches!(close, Close::ByServer(..)) {
@@ -35,7 +37,13 @@ impl Conn {
         let shutting_down = self.broker.inner.shutdown.is_cancelled();
         let send_will = !shutting_down && !matches!(close, Close::ByClient { will: false });
         if let (true, Some(will)) = (send_will, self.will.take()) {
-            schedule_will(&self.broker, &self.session, self.generation, will, self.session_expiry);
+            schedule_will(
+                &self.broker,
+                &self.session,
+                self.generation,
+                will,
+                self.session_expiry,
+            );
         }
         if owner {
             self.hand_over_shared();
@@ -44,7 +52,12 @@ impl Conn {
                 self.broker.end_session(&self.session);
             } else {
                 let never = expiry == u32::MAX;
-                schedule_expiry(&self.broker, &self.session, self.generation, (!never).then(|| Duration::from_secs(u64::from(expiry))));
+                schedule_expiry(
+                    &self.broker,
+                    &self.session,
+                    self.generation,
+                    (!never).then(|| Duration::from_secs(u64::from(expiry))),
+                );
             }
             self.broker.notify_services_closed(&self.info.client_id);
         }
@@ -54,7 +67,11 @@ impl Conn {
     /// client's Maximum Packet Size [MQTT-3.14.2-3].
     fn send_disconnect(&mut self, code: ReasonCode, text: &'static str) {
         let start = self.wbuf.len();
-        let mut packet = Disconnect { reason_code: code, reason_string: Some(text.into()), ..Default::default() };
+        let mut packet = Disconnect {
+            reason_code: code,
+            reason_string: Some(text.into()),
+            ..Default::default()
+        };
         let _ = self.send(&Packet::Disconnect(packet.clone()));
         if self.wbuf.len() - start > self.client_max_packet as usize {
             self.wbuf.truncate(start);
@@ -66,7 +83,11 @@ impl Conn {
     /// Detaches from the session if this connection still owns it.
     fn detach(&mut self) -> bool {
         let mut st = self.session.state.lock();
-        if st.attached.as_ref().is_some_and(|a| a.generation == self.generation) {
+        if st
+            .attached
+            .as_ref()
+            .is_some_and(|a| a.generation == self.generation)
+        {
             st.attached = None;
             st.expiry_interval = self.session_expiry;
             self.session.set_connected(false);
@@ -106,9 +127,14 @@ impl Conn {
             taken
         };
         for d in taken {
-            let Some(via) = d.shared.clone() else { continue };
+            let Some(via) = d.shared.clone() else {
+                continue;
+            };
             let seq = d.seq;
-            if !self.broker.reroute_shared(&d, &via, self.session.client_id()) {
+            if !self
+                .broker
+                .reroute_shared(&d, &via, self.session.client_id())
+            {
                 self.broker.offer(&self.session, d);
             }
             // Forgotten here only once recorded where it went (the store keeps order).
@@ -132,7 +158,13 @@ async fn linger(stream: &mut TcpStream) {
 
 /// Publishes the will after its delay, unless the session is resumed first; sooner
 /// if the session ends first [MQTT-3.1.3-9].
-fn schedule_will(broker: &Broker, session: &Arc<Session>, generation: u64, will: LastWill, expiry: u32) {
+fn schedule_will(
+    broker: &Broker,
+    session: &Arc<Session>,
+    generation: u64,
+    will: LastWill,
+    expiry: u32,
+) {
     let delay = will.properties.will_delay_interval.unwrap_or(0).min(expiry);
     let publisher = session.client_id_bytes().clone();
     if delay == 0 {
@@ -181,7 +213,12 @@ fn will_message(will: LastWill, publisher: ByteString) -> Message {
 
 /// Ends the session when `expires_in` passes without a new connection (`None`:
 /// it never expires). `generation` is the last connection's.
-pub(crate) fn schedule_expiry(broker: &Broker, session: &Arc<Session>, generation: u64, expires_in: Option<Duration>) {
+pub(crate) fn schedule_expiry(
+    broker: &Broker,
+    session: &Arc<Session>,
+    generation: u64,
+    expires_in: Option<Duration>,
+) {
     let Some(expires_in) = expires_in else { return };
     let broker = broker.clone();
     let session = session.clone();

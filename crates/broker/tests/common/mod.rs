@@ -10,8 +10,9 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use statehub_broker::codec::{
-    ByteString, Codec, ConnAck, Connect, ConnectProperties, Disconnect, Packet, ProtocolVersion, PubResponse,
-    Publish, PublishProperties, QoS, ReasonCode, SubAck, Subscribe, SubscriptionOptions, UnsubAck, Unsubscribe,
+    ByteString, Codec, ConnAck, Connect, ConnectProperties, Disconnect, Packet, ProtocolVersion,
+    PubResponse, Publish, PublishProperties, QoS, ReasonCode, SubAck, Subscribe,
+    SubscriptionOptions, UnsubAck, Unsubscribe,
 };
 use statehub_broker::{Broker, BrokerConfig, MqttListener};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -28,7 +29,9 @@ pub const QUIET: Duration = Duration::from_millis(300);
 /// Starts an in-process broker on 127.0.0.1:0 and returns it with its address.
 pub async fn start_broker(cfg: BrokerConfig) -> (Broker, SocketAddr) {
     let broker = Broker::new(cfg);
-    let l = MqttListener::bind(broker.clone(), "127.0.0.1:0".parse().unwrap()).await.unwrap();
+    let l = MqttListener::bind(broker.clone(), "127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
     let addr = l.local_addr().unwrap();
     tokio::spawn(l.serve(Duration::from_secs(1)));
     (broker, addr)
@@ -57,7 +60,10 @@ pub fn connect_packet(version: ProtocolVersion, client_id: &str) -> Connect {
 }
 
 pub fn opts(qos: QoS) -> SubscriptionOptions {
-    SubscriptionOptions { qos, ..Default::default() }
+    SubscriptionOptions {
+        qos,
+        ..Default::default()
+    }
 }
 
 pub fn publish(topic: &str, qos: QoS, payload: &[u8]) -> Publish {
@@ -95,13 +101,22 @@ pub struct RawClient {
 impl RawClient {
     /// Opens a TCP connection without sending anything.
     pub async fn open(addr: SocketAddr, version: ProtocolVersion) -> RawClient {
-        let stream = timeout(WAIT, TcpStream::connect(addr)).await.expect("tcp connect timed out").expect("tcp connect");
+        let stream = timeout(WAIT, TcpStream::connect(addr))
+            .await
+            .expect("tcp connect timed out")
+            .expect("tcp connect");
         stream.set_nodelay(true).unwrap();
         RawClient::from_stream(stream, version)
     }
 
     pub fn from_stream(stream: TcpStream, version: ProtocolVersion) -> RawClient {
-        RawClient { stream, codec: Codec::with_version(version, 0), rbuf: BytesMut::new(), next_id: 0, pending: Default::default() }
+        RawClient {
+            stream,
+            codec: Codec::with_version(version, 0),
+            rbuf: BytesMut::new(),
+            next_id: 0,
+            pending: Default::default(),
+        }
     }
 
     /// Connects with `connect` and returns the CONNACK (whatever its code).
@@ -117,7 +132,11 @@ impl RawClient {
     /// Connects with clean start and asserts success.
     pub async fn connect(addr: SocketAddr, version: ProtocolVersion, client_id: &str) -> RawClient {
         let (c, ack) = RawClient::connect_with(addr, connect_packet(version, client_id)).await;
-        assert_eq!(ack.reason_code, ReasonCode::SUCCESS, "CONNACK refused: {ack:?}");
+        assert_eq!(
+            ack.reason_code,
+            ReasonCode::SUCCESS,
+            "CONNACK refused: {ack:?}"
+        );
         c
     }
 
@@ -133,7 +152,9 @@ impl RawClient {
             Packet::Publish(pb) if pb.qos != QoS::AtMostOnce && pb.packet_id.is_none() => {
                 let mut pb = pb.clone();
                 pb.packet_id = Some(self.next_packet_id());
-                self.codec.encode(&Packet::Publish(pb), &mut out).expect("encode");
+                self.codec
+                    .encode(&Packet::Publish(pb), &mut out)
+                    .expect("encode");
             }
             _ => self.codec.encode(p, &mut out).expect("encode"),
         }
@@ -141,12 +162,18 @@ impl RawClient {
     }
 
     pub async fn send_raw(&mut self, bytes: &[u8]) {
-        timeout(WAIT, self.stream.write_all(bytes)).await.expect("write timed out").expect("write failed");
+        timeout(WAIT, self.stream.write_all(bytes))
+            .await
+            .expect("write timed out")
+            .expect("write failed");
     }
 
     /// Writes and ignores errors (the broker may already have closed).
     pub async fn try_send_raw(&mut self, bytes: &[u8]) -> bool {
-        matches!(timeout(WAIT, self.stream.write_all(bytes)).await, Ok(Ok(())))
+        matches!(
+            timeout(WAIT, self.stream.write_all(bytes)).await,
+            Ok(Ok(()))
+        )
     }
 
     /// The next event within `within`.
@@ -218,11 +245,18 @@ impl RawClient {
     pub async fn ack(&mut self, p: &Publish) {
         match p.qos {
             QoS::AtMostOnce => {}
-            QoS::AtLeastOnce => self.send(&Packet::PubAck(PubResponse::ok(p.packet_id.unwrap()))).await,
+            QoS::AtLeastOnce => {
+                self.send(&Packet::PubAck(PubResponse::ok(p.packet_id.unwrap())))
+                    .await
+            }
             QoS::ExactlyOnce => {
                 let id = p.packet_id.unwrap();
                 self.send(&Packet::PubRec(PubResponse::ok(id))).await;
-                self.expect_reply("PUBREL", |p| matches!(p, Packet::PubRel(r) if r.packet_id == id)).await;
+                self.expect_reply(
+                    "PUBREL",
+                    |p| matches!(p, Packet::PubRel(r) if r.packet_id == id),
+                )
+                .await;
                 self.send(&Packet::PubComp(PubResponse::ok(id))).await;
             }
         }
@@ -249,10 +283,17 @@ impl RawClient {
         self.expect_disconnect_within(code, WAIT).await
     }
 
-    pub async fn expect_disconnect_within(&mut self, code: ReasonCode, within: Duration) -> Disconnect {
+    pub async fn expect_disconnect_within(
+        &mut self,
+        code: ReasonCode,
+        within: Duration,
+    ) -> Disconnect {
         let d = match self.next_event(within).await {
             Event::Packet(Packet::Disconnect(d)) => d,
-            other => panic!("expected DISCONNECT 0x{:02X} within {within:?}, got {other:?}", code.0),
+            other => panic!(
+                "expected DISCONNECT 0x{:02X} within {within:?}, got {other:?}",
+                code.0
+            ),
         };
         assert_eq!(d.reason_code, code, "DISCONNECT reason code: {d:?}");
         self.expect_closed().await;
@@ -270,9 +311,17 @@ impl RawClient {
         subscription_identifier: Option<u32>,
     ) -> SubAck {
         let packet_id = self.next_packet_id();
-        let s = Subscribe { packet_id, subscription_identifier, filters, ..Default::default() };
+        let s = Subscribe {
+            packet_id,
+            subscription_identifier,
+            filters,
+            ..Default::default()
+        };
         self.send(&Packet::Subscribe(s)).await;
-        match self.expect_reply("SUBACK", |p| matches!(p, Packet::SubAck(_))).await {
+        match self
+            .expect_reply("SUBACK", |p| matches!(p, Packet::SubAck(_)))
+            .await
+        {
             Packet::SubAck(a) => {
                 assert_eq!(a.packet_id, packet_id);
                 a
@@ -283,9 +332,16 @@ impl RawClient {
 
     pub async fn unsubscribe(&mut self, filters: &[&str]) -> UnsubAck {
         let packet_id = self.next_packet_id();
-        let u = Unsubscribe { packet_id, filters: filters.iter().map(|f| bs(f)).collect(), ..Default::default() };
+        let u = Unsubscribe {
+            packet_id,
+            filters: filters.iter().map(|f| bs(f)).collect(),
+            ..Default::default()
+        };
         self.send(&Packet::Unsubscribe(u)).await;
-        match self.expect_reply("UNSUBACK", |p| matches!(p, Packet::UnsubAck(_))).await {
+        match self
+            .expect_reply("UNSUBACK", |p| matches!(p, Packet::UnsubAck(_)))
+            .await
+        {
             Packet::UnsubAck(a) => {
                 assert_eq!(a.packet_id, packet_id);
                 a
@@ -305,7 +361,10 @@ impl RawClient {
         self.send(&Packet::Publish(p)).await;
         match qos {
             QoS::AtMostOnce => ReasonCode::SUCCESS,
-            QoS::AtLeastOnce => match self.expect_reply("PUBACK", |p| matches!(p, Packet::PubAck(_))).await {
+            QoS::AtLeastOnce => match self
+                .expect_reply("PUBACK", |p| matches!(p, Packet::PubAck(_)))
+                .await
+            {
                 Packet::PubAck(a) => {
                     assert_eq!(Some(a.packet_id), id);
                     a.reason_code
@@ -313,7 +372,10 @@ impl RawClient {
                 other => panic!("expected PUBACK, got {other:?}"),
             },
             QoS::ExactlyOnce => {
-                let code = match self.expect_reply("PUBREC", |p| matches!(p, Packet::PubRec(_))).await {
+                let code = match self
+                    .expect_reply("PUBREC", |p| matches!(p, Packet::PubRec(_)))
+                    .await
+                {
                     Packet::PubRec(a) => {
                         assert_eq!(Some(a.packet_id), id);
                         a.reason_code
@@ -321,8 +383,12 @@ impl RawClient {
                     other => panic!("expected PUBREC, got {other:?}"),
                 };
                 if code.is_success() {
-                    self.send(&Packet::PubRel(PubResponse::ok(id.unwrap()))).await;
-                    match self.expect_reply("PUBCOMP", |p| matches!(p, Packet::PubComp(_))).await {
+                    self.send(&Packet::PubRel(PubResponse::ok(id.unwrap())))
+                        .await;
+                    match self
+                        .expect_reply("PUBCOMP", |p| matches!(p, Packet::PubComp(_)))
+                        .await
+                    {
                         Packet::PubComp(c) => assert_eq!(Some(c.packet_id), id),
                         other => panic!("expected PUBCOMP, got {other:?}"),
                     }
@@ -339,7 +405,10 @@ impl RawClient {
     /// A round trip (PINGREQ/PINGRESP): everything sent before was processed.
     pub async fn ping(&mut self) {
         self.send(&Packet::PingReq).await;
-        match self.expect_reply("PINGRESP", |p| matches!(p, Packet::PingResp)).await {
+        match self
+            .expect_reply("PINGRESP", |p| matches!(p, Packet::PingResp))
+            .await
+        {
             Packet::PingResp => {}
             other => panic!("expected PINGRESP, got {other:?}"),
         }
@@ -359,7 +428,12 @@ pub fn full_properties() -> PublishProperties {
         topic_alias: None,
         response_topic: Some(bs("reply/to/me")),
         correlation_data: Some(Bytes::from_static(&[0, 1, 2, 0xFF])),
-        user_properties: vec![(bs("k"), bs("1")), (bs("a"), bs("x")), (bs("k"), bs("2")), (bs("k"), bs("1"))],
+        user_properties: vec![
+            (bs("k"), bs("1")),
+            (bs("a"), bs("x")),
+            (bs("k"), bs("2")),
+            (bs("k"), bs("1")),
+        ],
         subscription_identifiers: Vec::new(),
         content_type: Some(bs("application/json")),
     }

@@ -6,7 +6,9 @@ pub mod v5c {
     //! rumqttc's MQTT 5 client, its event loop driven by a task that forwards
     //! every incoming packet to a channel.
     use super::super::*;
-    pub use rumqttc::v5::mqttbytes::v5::{Filter, Packet as In, Publish as InPublish, PublishProperties};
+    pub use rumqttc::v5::mqttbytes::v5::{
+        Filter, Packet as In, Publish as InPublish, PublishProperties,
+    };
     pub use rumqttc::v5::mqttbytes::QoS;
     pub use rumqttc::v5::{AsyncClient, MqttOptions};
     use rumqttc::v5::{Event, Incoming};

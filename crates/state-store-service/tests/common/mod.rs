@@ -31,7 +31,10 @@ pub async fn start_with(settings: Settings) -> (Broker, SocketAddr) {
 }
 
 /// Starts a broker with the state store persisted in `store` on 127.0.0.1:0.
-pub async fn start_durable(settings: Settings, store: &statehub_storage::Store) -> (Broker, SocketAddr) {
+pub async fn start_durable(
+    settings: Settings,
+    store: &statehub_storage::Store,
+) -> (Broker, SocketAddr) {
     let svc = Arc::new(StateStoreService::open_durable(&settings, store).unwrap());
     serve(svc).await
 }
@@ -44,7 +47,9 @@ where
     let broker = Broker::new(BrokerConfig::default());
     broker.register_service(REQUEST_TOPIC, svc.clone());
     tokio::spawn(svc.run_expiry(broker.clone()));
-    let l = MqttListener::bind(broker.clone(), "127.0.0.1:0".parse().unwrap()).await.unwrap();
+    let l = MqttListener::bind(broker.clone(), "127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
     let addr = l.local_addr().unwrap();
     tokio::spawn(l.serve(Duration::from_secs(1)));
     (broker, addr)
@@ -81,7 +86,11 @@ impl Client {
     }
 
     /// Connects with the options `configure` sets on top of the defaults.
-    pub async fn connect_with(addr: SocketAddr, id: &str, configure: impl FnOnce(&mut MqttOptions)) -> Client {
+    pub async fn connect_with(
+        addr: SocketAddr,
+        id: &str,
+        configure: impl FnOnce(&mut MqttOptions),
+    ) -> Client {
         let mut opts = MqttOptions::new(id, addr.ip().to_string(), addr.port());
         opts.set_keep_alive(Duration::from_secs(30));
         configure(&mut opts);
@@ -102,7 +111,10 @@ impl Client {
                         return;
                     }
                     Ok(_) => {}
-                    Err(ConnectionError::MqttState(StateError::ServerDisconnect { reason_code, .. })) => {
+                    Err(ConnectionError::MqttState(StateError::ServerDisconnect {
+                        reason_code,
+                        ..
+                    })) => {
                         let _ = tx.send(Seen::Closed(Some(reason_code as u8)));
                         return;
                     }
@@ -113,10 +125,23 @@ impl Client {
                 }
             }
         });
-        let response_topic = format!("clients/{id}/services/statestore/_any_/command/invoke/response");
-        client.subscribe(response_topic.clone(), QoS::AtLeastOnce).await.unwrap();
-        timeout(WAIT, ready_rx.recv()).await.expect("no SUBACK").unwrap();
-        Client { id: id.to_owned(), client, response_topic, rx, connection }
+        let response_topic =
+            format!("clients/{id}/services/statestore/_any_/command/invoke/response");
+        client
+            .subscribe(response_topic.clone(), QoS::AtLeastOnce)
+            .await
+            .unwrap();
+        timeout(WAIT, ready_rx.recv())
+            .await
+            .expect("no SUBACK")
+            .unwrap();
+        Client {
+            id: id.to_owned(),
+            client,
+            response_topic,
+            rx,
+            connection,
+        }
     }
 
     /// Drops the connection without a DISCONNECT (as a network failure would).
@@ -127,7 +152,10 @@ impl Client {
 
     /// Subscribes to `filter` and waits for the SUBACK (by waiting for a round trip).
     pub async fn subscribe(&self, filter: &str) {
-        self.client.subscribe(filter, QoS::AtLeastOnce).await.unwrap();
+        self.client
+            .subscribe(filter, QoS::AtLeastOnce)
+            .await
+            .unwrap();
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 
@@ -138,14 +166,23 @@ impl Client {
 
     pub async fn send_qos(&self, payload: &[u8], props: PublishProperties, qos: QoS) {
         self.client
-            .publish_with_properties(REQUEST_TOPIC, qos, false, Bytes::copy_from_slice(payload), props)
+            .publish_with_properties(
+                REQUEST_TOPIC,
+                qos,
+                false,
+                Bytes::copy_from_slice(payload),
+                props,
+            )
             .await
             .unwrap();
     }
 
     /// The properties an SDK client sends (correlation `corr`, expiry 10 s, `__ts`).
     pub fn props(&self, corr: u8, ts: Option<String>) -> PublishProperties {
-        let mut user = vec![("__srcId".to_owned(), self.id.clone()), ("__protVer".to_owned(), "1.0".to_owned())];
+        let mut user = vec![
+            ("__srcId".to_owned(), self.id.clone()),
+            ("__protVer".to_owned(), "1.0".to_owned()),
+        ];
         if let Some(ts) = ts {
             user.push(("__ts".to_owned(), ts));
         }
@@ -167,11 +204,20 @@ impl Client {
 
     /// Sends a request that also notifies this client: returns (response, notification),
     /// whatever order they arrive in.
-    pub async fn call_and_notified(&mut self, payload: &[u8], corr: u8, ts: Option<String>) -> (Publish, Publish) {
+    pub async fn call_and_notified(
+        &mut self,
+        payload: &[u8],
+        corr: u8,
+        ts: Option<String>,
+    ) -> (Publish, Publish) {
         self.send(payload, self.props(corr, ts)).await;
         let a = self.next_publish().await;
         let b = self.next_publish().await;
-        if a.topic == self.response_topic.as_bytes() { (a, b) } else { (b, a) }
+        if a.topic == self.response_topic.as_bytes() {
+            (a, b)
+        } else {
+            (b, a)
+        }
     }
 
     /// The next message that arrives (panics after [`WAIT`]).
@@ -196,7 +242,10 @@ impl Client {
 
 /// A client HLC for now (`__ts` of SET requests).
 pub fn now_ts() -> String {
-    let ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis();
+    let ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis();
     format!("{ms:015}:00000:client")
 }
 
@@ -214,7 +263,12 @@ pub fn resp(args: &[&[u8]]) -> Vec<u8> {
 /// All values of user property `name`.
 pub fn user(p: &Publish, name: &str) -> Vec<String> {
     let props = p.properties.as_ref().expect("properties");
-    props.user_properties.iter().filter(|(k, _)| k == name).map(|(_, v)| v.clone()).collect()
+    props
+        .user_properties
+        .iter()
+        .filter(|(k, _)| k == name)
+        .map(|(_, v)| v.clone())
+        .collect()
 }
 
 /// The single value of user property `name`, if any.

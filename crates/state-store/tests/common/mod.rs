@@ -29,7 +29,12 @@ pub fn version(wall_ms: u64, counter: u64) -> Hlc {
 }
 
 /// A request with the given payload and properties.
-pub fn request<'a>(client: &'a str, payload: &[u8], ts: Option<&'a str>, ft: Option<&'a str>) -> Request<'a> {
+pub fn request<'a>(
+    client: &'a str,
+    payload: &[u8],
+    ts: Option<&'a str>,
+    ft: Option<&'a str>,
+) -> Request<'a> {
     Request {
         client_id: client,
         payload: Bytes::copy_from_slice(payload),

@@ -27,7 +27,8 @@ impl SessionTable {
             let bad = |why: String| LoadError::Record { key: hex(key), why };
             match (key.first(), key.len()) {
                 (Some(&SESSION), 9) => {
-                    let incarnation = u64::from_be_bytes(key[1..9].try_into().map_err(|_| bad("key".into()))?);
+                    let incarnation =
+                        u64::from_be_bytes(key[1..9].try_into().map_err(|_| bad("key".into()))?);
                     match decode_session(value, incarnation, now_ms).map_err(bad)? {
                         Some(s) => drop(sessions.insert(incarnation, s)),
                         None => garbage.delete(&table, key)?,
@@ -46,15 +47,24 @@ impl SessionTable {
                 garbage.delete(&table, &key)?;
                 continue;
             };
-            match decode_message(&value, now_ms).map_err(|why| LoadError::Record { key: hex(&key), why })? {
-                Some((delivery, released)) => session.messages.push(StoredMessage { seq, delivery, released }),
+            match decode_message(&value, now_ms).map_err(|why| LoadError::Record {
+                key: hex(&key),
+                why,
+            })? {
+                Some((delivery, released)) => session.messages.push(StoredMessage {
+                    seq,
+                    delivery,
+                    released,
+                }),
                 None => garbage.delete(&table, &key)?,
             }
         }
         for key in receipts {
             let incarnation = u64::from_be_bytes(key[1..9].try_into().unwrap_or_default());
             match sessions.get_mut(&incarnation) {
-                Some((_, session)) => session.incoming_qos2.push(u16::from_be_bytes([key[9], key[10]])),
+                Some((_, session)) => session
+                    .incoming_qos2
+                    .push(u16::from_be_bytes([key[9], key[10]])),
                 None => garbage.delete(&table, &key)?,
             }
         }
@@ -64,7 +74,6 @@ impl SessionTable {
         let loaded = sessions.into_values().map(|(_, s)| s).collect();
         Ok((SessionTable::new(store, table), loaded))
     }
-
 }
 
 /// Two records of one client id can only both be present if the older one's deletion
@@ -77,7 +86,9 @@ fn drop_superseded(
     let mut newest: HashMap<ByteString, (u64, u64)> = HashMap::new();
     let mut losers = Vec::new();
     for (&incarnation, (written, s)) in sessions.iter() {
-        let best = newest.entry(s.client_id.clone()).or_insert((*written, incarnation));
+        let best = newest
+            .entry(s.client_id.clone())
+            .or_insert((*written, incarnation));
         if best.1 == incarnation {
             continue;
         }
@@ -94,4 +105,3 @@ fn drop_superseded(
     }
     Ok(())
 }
-

@@ -120,9 +120,15 @@ impl SessionTable {
         let mut held: Vec<_> = pending.held.drain().collect();
         held.sort_unstable_by_key(|(key, _)| *key);
         let mut batch = Batch::new();
-        let staged = held.iter().try_for_each(|((incarnation, seq), (delivery, now))| {
-            batch.put(&self.table, &message_key(*incarnation, *seq), &encode_message(delivery, false, *now))
-        });
+        let staged = held
+            .iter()
+            .try_for_each(|((incarnation, seq), (delivery, now))| {
+                batch.put(
+                    &self.table,
+                    &message_key(*incarnation, *seq),
+                    &encode_message(delivery, false, *now),
+                )
+            });
         if let Err(e) = staged.and_then(|()| self.store.submit(batch).map(drop)) {
             self.refuse(e);
         }
@@ -132,12 +138,25 @@ impl SessionTable {
     fn unhold<'a>(pending: &mut Pending, change: SessionChange<'a>) -> Option<SessionChange<'a>> {
         match change {
             // Acknowledged before it was written: nothing to write or delete.
-            SessionChange::MessageDone { incarnation, seq } if pending.held.remove(&(incarnation, seq)).is_some() => None,
-            SessionChange::Message { incarnation, seq, released: true, .. } => {
+            SessionChange::MessageDone { incarnation, seq }
+                if pending.held.remove(&(incarnation, seq)).is_some() =>
+            {
+                None
+            }
+            SessionChange::Message {
+                incarnation,
+                seq,
+                released: true,
+                ..
+            } => {
                 pending.held.remove(&(incarnation, seq));
                 Some(change)
             }
-            SessionChange::Ended { incarnation, ref messages, .. } => {
+            SessionChange::Ended {
+                incarnation,
+                ref messages,
+                ..
+            } => {
                 for seq in messages {
                     pending.held.remove(&(incarnation, *seq));
                 }
@@ -149,11 +168,22 @@ impl SessionTable {
 
     fn stage(&self, batch: &mut Batch, change: SessionChange<'_>) -> Result<(), StorageError> {
         match change {
-            SessionChange::Saved { client_id, incarnation, expiry_interval, disconnected, subscriptions } => {
-                let value = encode_session(client_id, expiry_interval, disconnected, &subscriptions);
+            SessionChange::Saved {
+                client_id,
+                incarnation,
+                expiry_interval,
+                disconnected,
+                subscriptions,
+            } => {
+                let value =
+                    encode_session(client_id, expiry_interval, disconnected, &subscriptions);
                 batch.put(&self.table, &session_key(incarnation), &value)
             }
-            SessionChange::Ended { incarnation, messages, incoming_qos2 } => {
+            SessionChange::Ended {
+                incarnation,
+                messages,
+                incoming_qos2,
+            } => {
                 batch.delete(&self.table, &session_key(incarnation))?;
                 for seq in messages {
                     batch.delete(&self.table, &message_key(incarnation, seq))?;
@@ -163,16 +193,30 @@ impl SessionTable {
                 }
                 Ok(())
             }
-            SessionChange::Message { incarnation, seq, delivery, released, now } => {
-                batch.put(&self.table, &message_key(incarnation, seq), &encode_message(delivery, released, now))
+            SessionChange::Message {
+                incarnation,
+                seq,
+                delivery,
+                released,
+                now,
+            } => batch.put(
+                &self.table,
+                &message_key(incarnation, seq),
+                &encode_message(delivery, released, now),
+            ),
+            SessionChange::MessageDone { incarnation, seq } => {
+                batch.delete(&self.table, &message_key(incarnation, seq))
             }
-            SessionChange::MessageDone { incarnation, seq } => batch.delete(&self.table, &message_key(incarnation, seq)),
-            SessionChange::IncomingQos2 { incarnation, packet_id, pending: true } => {
-                batch.put(&self.table, &receipt_key(incarnation, packet_id), &[])
-            }
-            SessionChange::IncomingQos2 { incarnation, packet_id, pending: false } => {
-                batch.delete(&self.table, &receipt_key(incarnation, packet_id))
-            }
+            SessionChange::IncomingQos2 {
+                incarnation,
+                packet_id,
+                pending: true,
+            } => batch.put(&self.table, &receipt_key(incarnation, packet_id), &[]),
+            SessionChange::IncomingQos2 {
+                incarnation,
+                packet_id,
+                pending: false,
+            } => batch.delete(&self.table, &receipt_key(incarnation, packet_id)),
         }
     }
 
@@ -188,11 +232,21 @@ impl SessionTable {
 impl SessionStore for SessionTable {
     fn record(&self, change: SessionChange<'_>) {
         let mut pending = self.pending.lock();
-        let Some(change) = Self::unhold(&mut pending, change) else { return };
+        let Some(change) = Self::unhold(&mut pending, change) else {
+            return;
+        };
         let staged = match change {
             _ if pending.open > 0 => self.stage(&mut pending.batch, change),
-            SessionChange::Message { incarnation, seq, delivery, released: false, now } => {
-                pending.held.insert((incarnation, seq), (delivery.clone(), now));
+            SessionChange::Message {
+                incarnation,
+                seq,
+                delivery,
+                released: false,
+                now,
+            } => {
+                pending
+                    .held
+                    .insert((incarnation, seq), (delivery.clone(), now));
                 let since = *pending.held_since.get_or_insert(now);
                 if pending.held.len() >= MAX_HELD || since.elapsed() >= STALE {
                     self.flush(&mut pending);
@@ -201,7 +255,8 @@ impl SessionStore for SessionTable {
             }
             change => {
                 let mut batch = Batch::new();
-                self.stage(&mut batch, change).and_then(|()| self.store.submit(batch).map(drop))
+                self.stage(&mut batch, change)
+                    .and_then(|()| self.store.submit(batch).map(drop))
             }
         };
         drop(pending);
@@ -257,7 +312,11 @@ impl SessionStore for SessionTable {
             if let Some(e) = refused.lock().clone() {
                 return Err(SessionStoreError(e));
             }
-            store.ticket(seq).durable().await.map_err(|e| SessionStoreError(Arc::new(e)))
+            store
+                .ticket(seq)
+                .durable()
+                .await
+                .map_err(|e| SessionStoreError(Arc::new(e)))
         })
     }
 }

@@ -54,7 +54,9 @@ fn get_str(buf: &mut &[u8]) -> Result<String, String> {
     if buf.remaining() < len {
         return Err("short string".into());
     }
-    let s = std::str::from_utf8(&buf[..len]).map_err(|e| e.to_string())?.to_owned();
+    let s = std::str::from_utf8(&buf[..len])
+        .map_err(|e| e.to_string())?
+        .to_owned();
     buf.advance(len);
     Ok(s)
 }
@@ -67,7 +69,10 @@ fn need(buf: &[u8], n: usize) -> Result<(), String> {
 }
 
 fn options_byte(o: SubscriptionOptions) -> u8 {
-    o.qos as u8 | u8::from(o.no_local) << 2 | u8::from(o.retain_as_published) << 3 | (o.retain_handling & 3) << 4
+    o.qos as u8
+        | u8::from(o.no_local) << 2
+        | u8::from(o.retain_as_published) << 3
+        | (o.retain_handling & 3) << 4
 }
 
 fn options_from(b: u8) -> Result<SubscriptionOptions, String> {
@@ -102,7 +107,11 @@ pub(super) fn encode_session(
 }
 
 /// A session record, with the time it was written; `None` if it expired by `now_ms`.
-pub(super) fn decode_session(value: &[u8], incarnation: u64, now_ms: u64) -> Result<Option<(u64, StoredSession)>, String> {
+pub(super) fn decode_session(
+    value: &[u8],
+    incarnation: u64,
+    now_ms: u64,
+) -> Result<Option<(u64, StoredSession)>, String> {
     let mut buf = value;
     need(buf, 14)?;
     if buf.get_u8() != FORMAT {
@@ -120,7 +129,13 @@ pub(super) fn decode_session(value: &[u8], incarnation: u64, now_ms: u64) -> Res
         need(buf, 5)?;
         let options = options_from(buf.get_u8())?;
         let id = buf.get_u32();
-        subscriptions.push((ByteString::from(filter), Subscription { options, identifier: (id != 0).then_some(id) }));
+        subscriptions.push((
+            ByteString::from(filter),
+            Subscription {
+                options,
+                identifier: (id != 0).then_some(id),
+            },
+        ));
     }
     if !buf.is_empty() {
         return Err("trailing bytes".into());
@@ -128,7 +143,8 @@ pub(super) fn decode_session(value: &[u8], incarnation: u64, now_ms: u64) -> Res
     let expires_in = match expiry_interval {
         u32::MAX => None,
         secs if disconnected => {
-            let left = Duration::from_secs(u64::from(secs)).saturating_sub(down_since(written_ms, now_ms));
+            let left =
+                Duration::from_secs(u64::from(secs)).saturating_sub(down_since(written_ms, now_ms));
             if left.is_zero() {
                 return Ok(None);
             }
@@ -172,7 +188,10 @@ pub(super) fn encode_message(d: &Delivery, released: bool, now: Instant) -> Vec<
 }
 
 /// A queued message and whether its PUBREL was sent; `None` if it expired by `now_ms`.
-pub(super) fn decode_message(value: &[u8], now_ms: u64) -> Result<Option<(Delivery, bool)>, String> {
+pub(super) fn decode_message(
+    value: &[u8],
+    now_ms: u64,
+) -> Result<Option<(Delivery, bool)>, String> {
     let mut buf = value;
     need(buf, 14)?;
     if buf.get_u8() != FORMAT {
@@ -187,10 +206,23 @@ pub(super) fn decode_message(value: &[u8], now_ms: u64) -> Result<Option<(Delive
     let subscription_ids = (0..n).map(|_| buf.get_u32()).collect();
     let shared = match buf.get_u8() {
         0 => None,
-        _ => Some(SharedVia { filter: get_str(&mut buf)?.into(), group: get_str(&mut buf)?.into() }),
+        _ => Some(SharedVia {
+            filter: get_str(&mut buf)?.into(),
+            group: get_str(&mut buf)?.into(),
+        }),
     };
-    let Some(msg) = stored::read_message(buf, down_since(written_ms, now_ms))? else { return Ok(None) };
-    let delivery = Delivery { msg: Arc::new(msg), qos, retain, subscription_ids, shared, seq: 0, dup: true, gate: None };
+    let Some(msg) = stored::read_message(buf, down_since(written_ms, now_ms))? else {
+        return Ok(None);
+    };
+    let delivery = Delivery {
+        msg: Arc::new(msg),
+        qos,
+        retain,
+        subscription_ids,
+        shared,
+        seq: 0,
+        dup: true,
+        gate: None,
+    };
     Ok(Some((delivery, released)))
 }
-

@@ -58,7 +58,9 @@ pub fn command(args: &[&str], env: &[(&str, &str)]) -> Command {
     for (k, v) in env {
         cmd.env(k, v);
     }
-    cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped());
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
     cmd
 }
 
@@ -84,20 +86,33 @@ pub fn start(args: &[&str], env: &[(&str, &str)]) -> Server {
             Ok(l) => l,
             Err(_) => {
                 let _ = child.kill();
-                panic!("statehub did not log its listen addresses within 10 s; log so far:\n{}", seen.join("\n"));
+                panic!(
+                    "statehub did not log its listen addresses within 10 s; log so far:\n{}",
+                    seen.join("\n")
+                );
             }
         };
         let addr_after = |marker: &str| {
             line.find(marker).map(|i| {
                 let rest = &line[i + marker.len()..];
-                rest.split_whitespace().next().unwrap_or("").parse::<SocketAddr>().expect("address in log line")
+                rest.split_whitespace()
+                    .next()
+                    .unwrap_or("")
+                    .parse::<SocketAddr>()
+                    .expect("address in log line")
             })
         };
         mqtt = mqtt.or_else(|| addr_after("mqtt listening on "));
         http = http.or_else(|| addr_after("http listening on "));
         seen.push(line);
     }
-    Server { child, mqtt: mqtt.unwrap(), http: http.unwrap(), log: rx, startup: seen }
+    Server {
+        child,
+        mqtt: mqtt.unwrap(),
+        http: http.unwrap(),
+        log: rx,
+        startup: seen,
+    }
 }
 
 pub fn wait_exit(child: &mut Child, limit: Duration) -> ExitStatus {
@@ -135,10 +150,19 @@ pub fn run_to_exit(args: &[&str]) -> (ExitStatus, String) {
 /// A crash test's iterations (from `var`, else `default`) and its seed (`CRASH_SEED`,
 /// else the clock), printed with `name` so a failing run can be reproduced.
 pub fn crash_plan(name: &str, var: &str, default: u32) -> (u32, u64) {
-    let iterations = std::env::var(var).ok().and_then(|v| v.parse().ok()).unwrap_or(default);
-    let seed = std::env::var("CRASH_SEED").ok().and_then(|v| v.parse().ok()).unwrap_or_else(|| {
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64
-    });
+    let iterations = std::env::var(var)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default);
+    let seed = std::env::var("CRASH_SEED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos() as u64
+        });
     eprintln!("{name}: {iterations} iterations, CRASH_SEED={seed}");
     (iterations, seed)
 }

@@ -13,8 +13,8 @@ use tokio::time::Instant;
 
 use super::{lock, Hub, Session, CLOSE_GOING_AWAY, CLOSE_NORMAL};
 use crate::filter::{Conn, Filter};
-use crate::protocol::frames::DataFrames;
 pub use crate::permissions::Permission;
+use crate::protocol::frames::DataFrames;
 use crate::protocol::json::{DataMessageRef, MessageSource};
 use crate::protocol::Payload;
 

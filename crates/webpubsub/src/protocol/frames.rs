@@ -75,7 +75,9 @@ impl<'a> DataFrames<'a> {
 
     fn json_with_sequence_id(&mut self, id: u64) -> Message {
         let msg = self.msg;
-        let whole = self.json.get_or_insert_with(|| encode_data_message(msg, None));
+        let whole = self
+            .json
+            .get_or_insert_with(|| encode_data_message(msg, None));
         let prefix = whole.strip_suffix('}').unwrap_or(whole);
         let mut out = String::with_capacity(prefix.len() + 36);
         out.push_str(prefix);
@@ -103,7 +105,11 @@ mod tests {
         for payload in &payloads {
             for (group, from_user_id) in [(Some("g"), Some("u")), (None, None)] {
                 let msg = DataMessageRef {
-                    from: if group.is_some() { MessageSource::Group } else { MessageSource::Server },
+                    from: if group.is_some() {
+                        MessageSource::Group
+                    } else {
+                        MessageSource::Server
+                    },
                     group,
                     from_user_id,
                     payload,
