@@ -2,8 +2,9 @@
 # Run the whole test suite: the one command to use locally and in CI.
 #
 #   1. install the test dependencies (mosquitto, paho-mqtt venv; idempotent)
-#   2. the doc tests (nextest does not run them)
-#   3. cargo nextest run --workspace   (or cargo test --workspace without nextest)
+#   2. cargo fmt --check and cargo clippy -D warnings (style and lints are part of the suite)
+#   3. the doc tests (nextest does not run them)
+#   4. cargo nextest run --workspace   (or cargo test --workspace without nextest)
 #
 # Exits non-zero on any failure. Builds use 2 jobs by default (CARGO_BUILD_JOBS).
 set -euo pipefail
@@ -19,6 +20,11 @@ export PATH="$ROOT/.venv/bin:$PATH"
 export CARGO_BUILD_JOBS="${CARGO_BUILD_JOBS:-2}"
 export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
 export RUST_BACKTRACE="${RUST_BACKTRACE:-1}"
+
+echo "== cargo fmt --all --check"
+cargo fmt --all --check
+echo "== cargo clippy --workspace --all-targets -- -D warnings"
+cargo clippy --workspace --all-targets -- -D warnings
 
 if cargo nextest --version >/dev/null 2>&1; then
     # Doc tests first (nextest does not run them), so the run closes on nextest's
