@@ -32,7 +32,7 @@ use crate::protocol::codec::encode_reply;
 use crate::protocol::frames::DataFrames;
 use crate::protocol::json::{DataMessageRef, Downstream};
 use crate::protocol::{Payload, Subprotocol};
-use crate::session::{ProcessedAcks, Sequencer};
+use crate::reliable::{ProcessedAcks, Sequencer};
 use crate::stream::Streams;
 use crate::token::ClientClaims;
 use crate::upstream::cloudevents::UpstreamError;

@@ -12,7 +12,7 @@
 //! - [`token`] and [`permissions`]: access tokens and what their roles allow.
 //! - [`config`]: keys, limits and hub settings (statehub's `[webpubsub]` table).
 //! - [`hub`]: hubs, groups, users, sessions, and (in [`hub::admin`]) what the REST API
-//!   does to them; [`session`]: the reliable-session bookkeeping;
+//!   does to them; [`reliable`]: the reliable-session bookkeeping;
 //!   [`outbox`]: the bounded per-socket send queue; [`stream`]: client streams to
 //!   groups (`streamStart`, `streamData`, `streamEnd`).
 //!
@@ -27,8 +27,8 @@ pub mod hub;
 pub mod outbox;
 pub mod permissions;
 pub mod protocol;
+pub mod reliable;
 pub mod rest;
-pub mod session;
 pub mod stream;
 pub mod token;
 pub mod upstream;
