@@ -24,6 +24,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use axum::extract::ws::Message;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine as _;
+use subtle::ConstantTimeEq as _;
 
 use crate::config::Limits;
 use crate::outbox::{Outbox, PushError};
@@ -190,13 +191,10 @@ fn random_id(bytes: usize) -> String {
     URL_SAFE_NO_PAD.encode(raw)
 }
 
-/// Comparison whose time does not depend on where the strings differ.
+/// Comparison whose time does not depend on where the strings differ (their lengths
+/// are public: every reconnection token has the same).
 fn constant_time_eq(a: &str, b: &str) -> bool {
-    a.len() == b.len()
-        && a.bytes()
-            .zip(b.bytes())
-            .fold(0u8, |acc, (x, y)| acc | (x ^ y))
-            == 0
+    bool::from(a.as_bytes().ct_eq(b.as_bytes()))
 }
 
 impl Hub {
