@@ -23,7 +23,8 @@ use futures_util::{SinkExt, StreamExt};
 use tokio::sync::watch;
 
 use crate::config::Limits;
-use crate::dispatch::{handle_binary, handle_raw, handle_text, Effects, UserEvent};
+use crate::dispatch::{handle_binary, handle_raw, handle_text};
+use crate::effects::{Effects, UserEvent};
 use crate::hub::admin::{Selection, Target};
 use crate::hub::{Hub, Session, CLOSE_GOING_AWAY, CLOSE_POLICY};
 use crate::outbox::{outbox, CloseRequest, Next, Outbox, OutboxReceiver, PushError};
@@ -210,7 +211,7 @@ async fn apply(
         reply(session, out, msg);
     }
     if let Some(timer) = fx.stream_timer {
-        crate::stream::spawn_idle_timer(Arc::clone(hub), Arc::clone(session), timer);
+        crate::hub::stream::spawn_idle_timer(Arc::clone(hub), Arc::clone(session), timer);
     }
     if let Some(close) = fx.close {
         hub.close(session.id(), close.code, &close.reason);
@@ -250,7 +251,7 @@ async fn user_event(
             },
             Err(e) => {
                 tracing::warn!("invoke {:?} of {}: {e}", event.event, session.id());
-                Downstream::invoke_err(invocation_id, e.ack_name(), e.to_string())
+                Downstream::invoke_err(invocation_id, e.name(), e.to_string())
             }
         };
         reply(session, out, &response);
@@ -272,7 +273,7 @@ async fn user_event(
             reply(
                 session,
                 out,
-                &Downstream::ack_err(id, e.ack_name(), e.to_string()),
+                &Downstream::ack_err(id, e.name(), e.to_string()),
             );
         }
         (Err(e), None) => {

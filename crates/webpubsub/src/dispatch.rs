@@ -1,5 +1,5 @@
 //! What a client's upstream messages do, without the socket: each frame (JSON or
-//! protobuf, decoded to the same [`Request`]) becomes the replies to queue and whether
+//! protobuf, decoded to the same [`Request`]) becomes the [`Effects`]: replies to queue and whether
 //! the connection must close. Tested directly in `dispatch_test.rs`.
 //!
 //! A user event with an upstream handler is not answered here: the effects carry it as
@@ -10,79 +10,11 @@
 //! resends with the same id after a recovery). Failures are not remembered, so a
 //! message refused as `Forbidden` may be retried with the same id.
 
+use crate::effects::{check_group, AckFailure, Close, Effects, UserEvent};
 use crate::hub::{Hub, Session, CLOSE_POLICY};
 use crate::protocol::codec::{decode_binary, decode_text, Request};
 use crate::protocol::json::{DataMessageRef, Downstream, MessageSource};
 use crate::protocol::{Payload, ProtocolError};
-
-/// Longest group name accepted.
-pub const MAX_GROUP_NAME: usize = 1024;
-
-/// Why a message with an `ackId` failed: the `error.name` the client sees.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum AckFailure {
-    /// The token's roles do not allow it.
-    #[error("{0}")]
-    Forbidden(String),
-    /// The message is malformed.
-    #[error("{0}")]
-    BadRequest(String),
-}
-
-impl AckFailure {
-    /// The `error.name`.
-    pub fn name(&self) -> &'static str {
-        match self {
-            Self::Forbidden(_) => "Forbidden",
-            Self::BadRequest(_) => "BadRequest",
-        }
-    }
-}
-
-/// The connection must close with this code, after a `disconnected` message.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Close {
-    /// WebSocket close code.
-    pub code: u16,
-    /// Reason.
-    pub reason: String,
-}
-
-/// A user event for the hub's upstream handler.
-#[derive(Debug, Clone, PartialEq)]
-pub struct UserEvent {
-    /// The event name (`message` for a raw client's frame).
-    pub event: String,
-    /// The data.
-    pub payload: Payload,
-    /// The `ackId` to answer once the upstream answered.
-    pub ack_id: Option<u64>,
-    /// Set for an `invoke`: the upstream's answer goes back as this invocation's
-    /// `invokeResponse` instead of a server message and an ack.
-    pub invocation_id: Option<String>,
-}
-
-/// A stream whose idle deadline the connection must watch (see [`crate::stream`]).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct StreamTimer {
-    /// The stream.
-    pub stream_id: String,
-    /// Which opening of that stream id.
-    pub epoch: u64,
-}
-
-/// The effects of one frame.
-#[derive(Debug, Default, PartialEq)]
-pub struct Effects {
-    /// Frames to send back, in order.
-    pub replies: Vec<Downstream>,
-    /// Set when the connection must close (protocol violation: the session is deleted).
-    pub close: Option<Close>,
-    /// A user event to post upstream, after the replies.
-    pub upstream: Option<UserEvent>,
-    /// A stream was opened: watch its idle timeout.
-    pub stream_timer: Option<StreamTimer>,
-}
 
 /// Handles one frame of a raw (no subprotocol) client: the `message` user event when
 /// the hub has a handler for it, else nothing.
@@ -220,7 +152,7 @@ pub fn handle(hub: &Hub, session: &Session, request: Result<Request, ProtocolErr
         req @ (Request::StreamStart { .. }
         | Request::StreamData { .. }
         | Request::StreamEnd { .. }) => {
-            crate::stream::handle(hub, session, &mut fx, req);
+            crate::hub::stream::handle(hub, session, &mut fx, req);
             Ok(())
         }
         Request::Unknown => Ok(()),
@@ -285,20 +217,6 @@ fn invoke(
         ack_id: None,
         invocation_id: Some(invocation_id),
     });
-}
-
-pub(crate) fn check_group(group: &str, allowed: bool, verb: &str) -> Result<(), AckFailure> {
-    if group.is_empty() || group.len() > MAX_GROUP_NAME {
-        return Err(AckFailure::BadRequest(format!(
-            "group name must be 1 to {MAX_GROUP_NAME} bytes"
-        )));
-    }
-    if !allowed {
-        return Err(AckFailure::Forbidden(format!(
-            "The connection has no permission to {verb} group '{group}'"
-        )));
-    }
-    Ok(())
 }
 
 #[cfg(test)]

@@ -5,16 +5,17 @@
 //! - [`rest`]: the REST API the server SDKs call (`/api/hubs/{hub}/…`, `/api/health`);
 //!   [`filter`]: its OData `filter` language.
 //! - [`connection`]: one socket's reader and writer tasks.
-//! - [`dispatch`]: what each client request does (acks, permissions, publish), no I/O.
+//! - [`dispatch`]: what each client request does (acks, permissions, publish), no I/O,
+//!   as [`effects`] the connection carries out.
 //! - [`protocol`]: frame formats (JSON and protobuf subprotocols, raw), no I/O.
 //! - [`upstream`]: the application server's webhooks (CloudEvents `connect`,
 //!   `connected`, `disconnected`, user events) per hub settings.
 //! - [`token`] and [`permissions`]: access tokens and what their roles allow.
 //! - [`config`]: keys, limits and hub settings (statehub's `[webpubsub]` table).
-//! - [`hub`]: hubs, groups, users, sessions, and (in [`hub::admin`]) what the REST API
-//!   does to them; [`reliable`]: the reliable-session bookkeeping;
-//!   [`outbox`]: the bounded per-socket send queue; [`stream`]: client streams to
-//!   groups (`streamStart`, `streamData`, `streamEnd`).
+//! - [`hub`]: hubs, groups, users, sessions, client streams to groups (`streamStart`,
+//!   `streamData`, `streamEnd`), and (in [`hub::admin`]) what the REST API does to
+//!   them; [`reliable`]: the reliable-session bookkeeping; [`outbox`]: the bounded
+//!   per-socket send queue.
 //!
 //! Build it with [`WebPubSub::new`] from a [`Config`], serve [`router`] (the client
 //! endpoint and the REST API), and call [`WebPubSub::shutdown`] to stop.
@@ -22,6 +23,7 @@
 pub mod config;
 pub mod connection;
 pub mod dispatch;
+pub mod effects;
 pub mod filter;
 pub mod hub;
 pub mod outbox;
@@ -29,7 +31,6 @@ pub mod permissions;
 pub mod protocol;
 pub mod reliable;
 pub mod rest;
-pub mod stream;
 pub mod token;
 pub mod upstream;
 pub mod ws;

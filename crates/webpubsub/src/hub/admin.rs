@@ -14,7 +14,6 @@ use tokio::time::Instant;
 use super::{lock, Hub, Session, CLOSE_GOING_AWAY, CLOSE_NORMAL};
 use crate::filter::{Conn, Filter};
 pub use crate::permissions::Permission;
-use crate::protocol::frames::DataFrames;
 use crate::protocol::json::{DataMessageRef, MessageSource};
 use crate::protocol::Payload;
 
@@ -54,26 +53,28 @@ pub struct Member {
     pub user_id: Option<String>,
 }
 
-impl Session {
-    /// Does the session match the selection? Takes the session lock for its groups.
-    fn selected(&self, sel: &Selection<'_>) -> bool {
-        if sel.excluded.contains(&self.id) {
+impl Selection<'_> {
+    /// Does the session match? Takes the session lock for its groups.
+    fn includes(&self, session: &Session) -> bool {
+        if self.excluded.iter().any(|id| id == session.id()) {
             return false;
         }
-        let Some(filter) = sel.filter else {
+        let Some(filter) = self.filter else {
             return true;
         };
-        let st = lock(&self.state);
-        filter.matches(&Conn {
-            connection_id: &self.id,
-            user_id: self.user_id.as_deref(),
-            groups: &st.groups,
+        session.with_groups(|groups| {
+            filter.matches(&Conn {
+                connection_id: session.id(),
+                user_id: session.user_id(),
+                groups,
+            })
         })
     }
 }
 
 impl Hub {
-    fn targets(&self, target: Target<'_>) -> Vec<Arc<Session>> {
+    /// The sessions `target` names, live or kept for recovery.
+    pub(super) fn targets(&self, target: Target<'_>) -> Vec<Arc<Session>> {
         let hub = lock(&self.state);
         let by_id = |id: &String| hub.sessions.get(id).cloned();
         match target {
@@ -94,7 +95,7 @@ impl Hub {
 
     fn selected(&self, target: Target<'_>, sel: &Selection<'_>) -> Vec<Arc<Session>> {
         let mut sessions = self.targets(target);
-        sessions.retain(|s| s.selected(sel));
+        sessions.retain(|s| sel.includes(s));
         sessions
     }
 
@@ -129,15 +130,7 @@ impl Hub {
             payload,
             stream: None,
         };
-        let mut delivered = 0;
-        let mut frames = DataFrames::new(&msg);
-        for session in self.selected(target, sel) {
-            match session.deliver_until(&mut frames, deadline) {
-                Ok(()) => delivered += 1,
-                Err(super::Gone) => self.remove(&session.id),
-            }
-        }
-        delivered
+        self.fan_out(&self.selected(target, sel), &msg, deadline)
     }
 
     /// Closes the selected connections: each gets a `disconnected` message with
@@ -151,7 +144,7 @@ impl Hub {
     ) -> usize {
         let sessions = self.selected(target, sel);
         for s in &sessions {
-            self.close(&s.id, s.close_code(CLOSE_NORMAL), reason);
+            self.close(s.id(), s.close_code(CLOSE_NORMAL), reason);
         }
         sessions.len()
     }
@@ -160,7 +153,7 @@ impl Hub {
     /// subprotocols since the session will not survive the process.
     pub fn shutdown(&self, reason: &str) {
         for s in self.targets(Target::All) {
-            self.close(&s.id, s.close_code(CLOSE_GOING_AWAY), reason);
+            self.close(s.id(), s.close_code(CLOSE_GOING_AWAY), reason);
         }
     }
 
@@ -307,7 +300,10 @@ impl Hub {
             .take(limit)
             .map(|id| Member {
                 connection_id: id.clone(),
-                user_id: hub.sessions.get(id).and_then(|s| s.user_id.clone()),
+                user_id: hub
+                    .sessions
+                    .get(id)
+                    .and_then(|s| s.user_id().map(str::to_owned)),
             })
             .collect();
         let more = rest.next().is_some();

@@ -16,6 +16,7 @@ use serde::{Deserialize, Serialize};
 use sha2::Sha256;
 
 use super::settings::{Event, SystemEvent};
+use crate::hub::EventError;
 use crate::protocol::Payload;
 
 /// Who and what an event is about.
@@ -176,15 +177,19 @@ impl UpstreamError {
             _ => 500,
         }
     }
+}
 
-    /// The `error.name` of a failed ack.
-    pub fn ack_name(&self) -> &'static str {
-        match self {
-            Self::Status { status: 400, .. } => "BadRequest",
-            Self::Status {
+/// A failed user event as the hub tells the client: the handler's 400 is `BadRequest`,
+/// 401 and 403 `Forbidden`, anything else `InternalServerError`.
+impl From<UpstreamError> for EventError {
+    fn from(e: UpstreamError) -> Self {
+        let message = e.to_string();
+        match e {
+            UpstreamError::Status { status: 400, .. } => Self::BadRequest(message),
+            UpstreamError::Status {
                 status: 401 | 403, ..
-            } => "Forbidden",
-            _ => "InternalServerError",
+            } => Self::Forbidden(message),
+            _ => Self::Failed(message),
         }
     }
 }

@@ -1,5 +1,7 @@
 use std::time::Duration;
 
+use axum::extract::ws::Message;
+
 use super::*;
 use crate::outbox::{outbox, OutboxReceiver};
 use crate::protocol::json::MessageSource;

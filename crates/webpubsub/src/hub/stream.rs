@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::dispatch::{check_group, Effects, StreamTimer};
+use crate::effects::{check_group, Effects, StreamTimer};
 use crate::hub::{Hub, Session};
 use crate::protocol::codec::Request;
 use crate::protocol::json::{
