@@ -10,7 +10,8 @@
 //! - [`protocol`]: frame formats (JSON and protobuf subprotocols, raw), no I/O.
 //! - [`upstream`]: the application server's webhooks (CloudEvents `connect`,
 //!   `connected`, `disconnected`, user events) per hub settings.
-//! - [`token`] and [`permissions`]: access tokens and what their roles allow.
+//! - [`jwt`], [`token`] and [`permissions`]: access tokens (one HS256 validator for
+//!   client and REST tokens) and what their roles allow.
 //! - [`config`]: keys, limits and hub settings (statehub's `[webpubsub]` table).
 //! - [`hub`]: hubs, groups, users, sessions, client streams to groups (`streamStart`,
 //!   `streamData`, `streamEnd`), and (in [`hub::admin`]) what the REST API does to
@@ -26,6 +27,7 @@ pub mod dispatch;
 pub mod effects;
 pub mod filter;
 pub mod hub;
+pub mod jwt;
 pub mod outbox;
 pub mod permissions;
 pub mod protocol;

@@ -1,24 +1,24 @@
-//! REST authentication: `Authorization: Bearer <JWT>`, HS256, signed with one of the
-//! access keys, not expired, and with the request's URL as audience — exactly what both
-//! server SDKs sign (`aud` = the full request URL, query included).
+//! REST authentication: `Authorization: Bearer <JWT>`, checked by [`crate::jwt`], with
+//! the request's URL as audience — exactly what both server SDKs sign (`aud` = the full
+//! request URL, query included).
 //!
 //! The audience's path must equal the request's path, and its query the request's query
 //! when it has one (the service accepts an audience without the query); both compared
 //! case-insensitively after percent-decoding, since HTTP stacks differ in which
-//! characters they escape (`'` or `%27`) between signing and sending. As for client tokens, scheme and authority are not compared: one
-//! server answers under several names and behind proxies, the key proves the issuer,
-//! and the path and query bind the token to this one operation.
+//! characters they escape (`'` or `%27`) between signing and sending. As for client
+//! tokens, scheme and authority are not compared: one server answers under several
+//! names and behind proxies, the key proves the issuer, and the path and query bind the
+//! token to this one operation.
 
 use axum::extract::{Request, State};
 use axum::http::header;
 use axum::middleware::Next;
 use axum::response::Response;
-use jsonwebtoken::errors::ErrorKind;
-use jsonwebtoken::{Algorithm, DecodingKey, Validation};
 use percent_encoding::percent_decode_str;
 use serde::Deserialize;
 
 use super::ApiError;
+use crate::jwt::JwtError;
 use crate::WebPubSub;
 
 #[derive(Debug, Deserialize)]
@@ -60,39 +60,24 @@ pub fn validate(
     path: &str,
     query: Option<&str>,
 ) -> Result<(), ApiError> {
-    let mut validation = Validation::new(Algorithm::HS256);
-    validation.validate_aud = false;
-    validation.leeway = 5;
-    let mut refusal = "The token is not signed by any access key".to_owned();
-    for key in keys {
-        match jsonwebtoken::decode::<Claims>(
-            token,
-            &DecodingKey::from_secret(key.as_bytes()),
-            &validation,
-        ) {
-            Ok(data) => {
-                let auds = match data.claims.aud {
-                    None => Vec::new(),
-                    Some(Audience::One(a)) => vec![a],
-                    Some(Audience::Many(v)) => v,
-                };
-                if auds.iter().any(|a| audience_matches(a, path, query)) {
-                    return Ok(());
-                }
-                return Err(ApiError::Unauthorized(format!(
-                    "The token's audience {auds:?} is not this request's URL"
-                )));
-            }
-            Err(e) => match e.kind() {
-                ErrorKind::InvalidSignature => {}
-                ErrorKind::ExpiredSignature => {
-                    return Err(ApiError::Unauthorized("The token has expired".into()))
-                }
-                _ => refusal = format!("Invalid token: {e}"),
-            },
-        }
+    let claims: Claims = crate::jwt::verify(keys, token).map_err(|e| {
+        ApiError::Unauthorized(match e {
+            JwtError::BadSignature => "The token is not signed by any access key".into(),
+            JwtError::Expired => "The token has expired".into(),
+            JwtError::Malformed(e) => format!("Invalid token: {e}"),
+        })
+    })?;
+    let auds = match claims.aud {
+        None => Vec::new(),
+        Some(Audience::One(a)) => vec![a],
+        Some(Audience::Many(v)) => v,
+    };
+    if auds.iter().any(|a| audience_matches(a, path, query)) {
+        return Ok(());
     }
-    Err(ApiError::Unauthorized(refusal))
+    Err(ApiError::Unauthorized(format!(
+        "The token's audience {auds:?} is not this request's URL"
+    )))
 }
 
 /// Does `aud` (an absolute URL) name `path?query`?
@@ -123,7 +108,7 @@ fn same(a: &str, b: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use jsonwebtoken::{EncodingKey, Header};
+    use jsonwebtoken::{Algorithm, EncodingKey, Header};
     use serde_json::json;
 
     fn sign(claims: serde_json::Value, key: &str) -> String {
