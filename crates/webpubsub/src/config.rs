@@ -11,7 +11,9 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::upstream::settings::HubSettings;
+pub mod hubs;
+
+use hubs::HubSettings;
 
 /// Configuration of the service.
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -51,7 +53,7 @@ impl Config {
     /// Checks what serde cannot: templates and event names.
     pub fn validate(&self) -> Result<(), ConfigError> {
         for (hub, settings) in &self.hubs {
-            if hub != "*" && !crate::hub::valid_hub_name(hub) {
+            if hub != "*" && !crate::protocol::valid_hub_name(hub) {
                 return Err(ConfigError::HubName(hub.clone()));
             }
             settings.validate().map_err(|reason| ConfigError::Handler {

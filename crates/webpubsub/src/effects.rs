@@ -52,7 +52,7 @@ pub struct UserEvent {
     pub invocation_id: Option<String>,
 }
 
-/// A stream whose idle deadline the connection must watch (see [`crate::hub::stream`]).
+/// A stream whose idle deadline the connection must watch (see `hub/stream.rs`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StreamTimer {
     /// The stream.

@@ -82,16 +82,6 @@ impl HubState {
     }
 }
 
-/// Hub names as the REST API's pattern `^[A-Za-z][A-Za-z0-9_`,.[\]]{0,127}$` allows them,
-/// for the client endpoint too.
-pub fn valid_hub_name(name: &str) -> bool {
-    name.len() <= 128
-        && name.chars().next().is_some_and(|c| c.is_ascii_alphabetic())
-        && name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || "_`,.[]".contains(c))
-}
-
 /// A fresh, unguessable connection id.
 pub fn new_connection_id() -> String {
     random_id(16)

@@ -1,6 +1,6 @@
 //! The one validator of the service's JWTs: HS256, signed with the UTF-8 bytes of one
 //! of the access keys, the way the server SDKs mint them from a connection string.
-//! Client tokens ([`crate::token`]) and REST tokens (`rest/auth.rs`) each check their
+//! Client tokens (`token.rs`) and REST tokens (`rest/auth.rs`) each check their
 //! own audience on the claims it returns.
 
 use jsonwebtoken::errors::ErrorKind;

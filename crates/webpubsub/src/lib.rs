@@ -44,10 +44,10 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use config::hubs::HubSettings;
 pub use config::{Config, Limits};
 pub use hub::Hub;
 use upstream::events::HubEvents;
-use upstream::settings::HubSettings;
 use upstream::Upstream;
 
 /// The service state shared by every connection; cheap to clone.

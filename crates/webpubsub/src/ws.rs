@@ -131,7 +131,7 @@ struct Handshake<'a> {
 
 /// Hub names start with a letter, at most 128 of letters, digits and `_`,.[]`.
 fn valid_hub(name: &str) -> bool {
-    crate::hub::valid_hub_name(name)
+    crate::protocol::valid_hub_name(name)
 }
 
 /// The subprotocol to echo: the first offered one this service speaks; raw when none

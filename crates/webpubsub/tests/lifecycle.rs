@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use common::upstream::*;
 use common::*;
-use statehub_webpubsub::upstream::settings::{HubSettings, SystemEvent};
+use statehub_webpubsub::config::hubs::{HubSettings, SystemEvent};
 use statehub_webpubsub::{router, Config, Limits, WebPubSub};
 use tokio_tungstenite::tungstenite::Error as WsError;
 

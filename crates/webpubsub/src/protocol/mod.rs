@@ -14,6 +14,16 @@ pub mod proto;
 
 pub use data::{DataType, Payload};
 
+/// Hub names as the REST API's pattern `^[A-Za-z][A-Za-z0-9_`,.[\]]{0,127}$` allows them,
+/// for the client endpoint too.
+pub fn valid_hub_name(name: &str) -> bool {
+    name.len() <= 128
+        && name.chars().next().is_some_and(|c| c.is_ascii_alphabetic())
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "_`,.[]".contains(c))
+}
+
 /// Why a frame could not be decoded. The connection layer turns these into a failed ack
 /// (when the frame carried an `ackId`) or a `disconnected` message and a close.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

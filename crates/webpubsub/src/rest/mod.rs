@@ -191,7 +191,7 @@ pub fn found(exists: bool) -> StatusCode {
 
 /// Hub names, as the REST API's pattern `^[A-Za-z][A-Za-z0-9_`,.[\]]{0,127}$`.
 pub fn check_hub(name: &str) -> ApiResult<()> {
-    if crate::hub::valid_hub_name(name) {
+    if crate::protocol::valid_hub_name(name) {
         Ok(())
     } else {
         Err(ApiError::BadRequest(format!(

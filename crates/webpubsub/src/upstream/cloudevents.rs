@@ -15,7 +15,7 @@ use hmac::{Hmac, Mac};
 use serde::{Deserialize, Serialize};
 use sha2::Sha256;
 
-use super::settings::{Event, SystemEvent};
+use crate::config::hubs::{Event, SystemEvent};
 use crate::hub::EventError;
 use crate::protocol::Payload;
 

@@ -8,8 +8,8 @@ use super::cloudevents::{
     connect_response, system_body, user_event_body, user_event_response, ConnectRequest,
     ConnectResponse, EventContext, UpstreamError,
 };
-use super::settings::{Event, HubSettings, SystemEvent};
 use super::Upstream;
+use crate::config::hubs::{Event, HubSettings, SystemEvent};
 use crate::hub::{Events, Hub, Session, UserEventFuture};
 use crate::protocol::Payload;
 

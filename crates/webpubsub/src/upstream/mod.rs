@@ -1,5 +1,6 @@
 //! Upstream events: the service posts CloudEvents to the application's webhooks
-//! ([`cloudevents`] has the wire format, [`settings`] the per-hub handlers).
+//! ([`cloudevents`] has the wire format; the per-hub handlers are configured in
+//! [`crate::config::hubs`]).
 //!
 //! - `connect` is blocking and runs before the WebSocket is accepted (`ws.rs`): its
 //!   answer may set the user id, groups, roles and subprotocol, or refuse the handshake
@@ -22,7 +23,6 @@
 
 pub mod cloudevents;
 pub mod events;
-pub mod settings;
 
 use std::collections::hash_map::DefaultHasher;
 use std::collections::HashMap;

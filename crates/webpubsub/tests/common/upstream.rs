@@ -10,7 +10,7 @@ use axum::body::{to_bytes, Body};
 use axum::extract::Request;
 use axum::http::{HeaderMap, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
-use statehub_webpubsub::upstream::settings::{EventHandler, HubSettings, SystemEvent};
+use statehub_webpubsub::config::hubs::{EventHandler, HubSettings, SystemEvent};
 use statehub_webpubsub::{router, Config, WebPubSub};
 use tokio::sync::mpsc;
 
