@@ -103,7 +103,7 @@ pub enum ConfigError {
     )]
     CompactAfterWithoutDataDir,
     #[error(transparent)]
-    WebPubSub(#[from] statehub_webpubsub::config::ConfigError),
+    WebPubSub(#[from] statehub_webpubsub::ConfigError),
 }
 
 /// Everything `serve` needs, resolved.

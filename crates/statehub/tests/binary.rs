@@ -259,12 +259,12 @@ fn webpubsub_from_the_config_file_and_sigterm_closes_websockets() {
         "the REST API is mounted and wants a token: {resp}"
     );
 
-    let claims = statehub_webpubsub::token::ClientClaims {
+    let claims = statehub_webpubsub::ClientClaims {
         user_id: Some("u".into()),
         roles: vec![],
         groups: vec![],
     };
-    let token = statehub_webpubsub::token::issue_token(
+    let token = statehub_webpubsub::issue_token(
         "file-key",
         "http://x/client/hubs/chat",
         &claims,

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-pub mod hubs;
+pub(crate) mod hubs;
 
 use hubs::HubSettings;
 
@@ -152,7 +152,7 @@ mod secs {
 
     use serde::{Deserialize, Deserializer};
 
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
         u64::deserialize(d).map(Duration::from_secs)
     }
 }

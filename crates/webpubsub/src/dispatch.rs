@@ -18,7 +18,7 @@ use crate::protocol::{Payload, ProtocolError};
 
 /// Handles one frame of a raw (no subprotocol) client: the `message` user event when
 /// the hub has a handler for it, else nothing.
-pub fn handle_raw(hub: &Hub, payload: Payload) -> Effects {
+pub(crate) fn handle_raw(hub: &Hub, payload: Payload) -> Effects {
     let takes = hub.events().is_some_and(|e| e.takes_user_event(RAW_EVENT));
     Effects {
         upstream: takes.then(|| UserEvent {
@@ -32,20 +32,24 @@ pub fn handle_raw(hub: &Hub, payload: Payload) -> Effects {
 }
 
 /// The user event a raw client's frames become.
-pub const RAW_EVENT: &str = "message";
+pub(crate) const RAW_EVENT: &str = "message";
 
 /// Handles one text frame from a JSON-subprotocol client.
-pub fn handle_text(hub: &Hub, session: &Session, text: &str) -> Effects {
+pub(crate) fn handle_text(hub: &Hub, session: &Session, text: &str) -> Effects {
     handle(hub, session, decode_text(text))
 }
 
 /// Handles one binary frame from a protobuf-subprotocol client.
-pub fn handle_binary(hub: &Hub, session: &Session, bytes: &[u8]) -> Effects {
+pub(crate) fn handle_binary(hub: &Hub, session: &Session, bytes: &[u8]) -> Effects {
     handle(hub, session, decode_binary(bytes))
 }
 
 /// Handles one decoded (or undecodable) request.
-pub fn handle(hub: &Hub, session: &Session, request: Result<Request, ProtocolError>) -> Effects {
+pub(crate) fn handle(
+    hub: &Hub,
+    session: &Session,
+    request: Result<Request, ProtocolError>,
+) -> Effects {
     let mut fx = Effects::default();
     let msg = match request {
         Ok(msg) => msg,

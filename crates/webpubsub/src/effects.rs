@@ -6,11 +6,11 @@ use crate::protocol::json::Downstream;
 use crate::protocol::Payload;
 
 /// Longest group name accepted.
-pub const MAX_GROUP_NAME: usize = 1024;
+pub(crate) const MAX_GROUP_NAME: usize = 1024;
 
 /// Why a message with an `ackId` failed: the `error.name` the client sees.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum AckFailure {
+pub(crate) enum AckFailure {
     /// The token's roles do not allow it.
     #[error("{0}")]
     Forbidden(String),
@@ -21,7 +21,7 @@ pub enum AckFailure {
 
 impl AckFailure {
     /// The `error.name`.
-    pub fn name(&self) -> &'static str {
+    pub(crate) fn name(&self) -> &'static str {
         match self {
             Self::Forbidden(_) => "Forbidden",
             Self::BadRequest(_) => "BadRequest",
@@ -31,7 +31,7 @@ impl AckFailure {
 
 /// The connection must close with this code, after a `disconnected` message.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Close {
+pub(crate) struct Close {
     /// WebSocket close code.
     pub code: u16,
     /// Reason.
@@ -40,7 +40,7 @@ pub struct Close {
 
 /// A user event for the hub's upstream handler.
 #[derive(Debug, Clone, PartialEq)]
-pub struct UserEvent {
+pub(crate) struct UserEvent {
     /// The event name (`message` for a raw client's frame).
     pub event: String,
     /// The data.
@@ -54,7 +54,7 @@ pub struct UserEvent {
 
 /// A stream whose idle deadline the connection must watch (see `hub/stream.rs`).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct StreamTimer {
+pub(crate) struct StreamTimer {
     /// The stream.
     pub stream_id: String,
     /// Which opening of that stream id.
@@ -63,7 +63,7 @@ pub struct StreamTimer {
 
 /// The effects of one frame.
 #[derive(Debug, Default, PartialEq)]
-pub struct Effects {
+pub(crate) struct Effects {
     /// Frames to send back, in order.
     pub replies: Vec<Downstream>,
     /// Set when the connection must close (protocol violation: the session is deleted).
@@ -75,7 +75,7 @@ pub struct Effects {
 }
 
 /// Checks a group name and the permission to act on it (`verb`: "join", "send to"…).
-pub fn check_group(group: &str, allowed: bool, verb: &str) -> Result<(), AckFailure> {
+pub(crate) fn check_group(group: &str, allowed: bool, verb: &str) -> Result<(), AckFailure> {
     if group.is_empty() || group.len() > MAX_GROUP_NAME {
         return Err(AckFailure::BadRequest(format!(
             "group name must be 1 to {MAX_GROUP_NAME} bytes"

@@ -17,7 +17,7 @@
 //! session's permissions; a session lock is never held while taking the hub lock, and
 //! the lifecycle hook is called with no lock held.
 
-pub mod admin;
+pub(crate) mod admin;
 mod events;
 mod session;
 pub(crate) mod stream;
@@ -34,19 +34,17 @@ use tokio_util::sync::CancellationToken;
 use crate::config::Limits;
 use crate::protocol::frames::DataFrames;
 use crate::protocol::json::DataMessageRef;
-use crate::protocol::Subprotocol;
-use crate::token::ClientClaims;
-pub use events::{EventError, Events, UserEventFuture};
-pub use session::{Gone, NewSession, Session};
+pub(crate) use events::{EventError, Events, UserEventFuture};
+pub(crate) use session::{Gone, NewSession, Session};
 
 /// Close code: policy violation; for reliable clients it means "the session is gone".
-pub const CLOSE_POLICY: u16 = 1008;
+pub(crate) const CLOSE_POLICY: u16 = 1008;
 /// Close code: try again later; a reliable client recovers its session.
-pub const CLOSE_TRY_AGAIN: u16 = 1013;
+pub(crate) const CLOSE_TRY_AGAIN: u16 = 1013;
 /// Close code: normal closure (closed through the REST API, non-reliable clients).
-pub const CLOSE_NORMAL: u16 = 1000;
+pub(crate) const CLOSE_NORMAL: u16 = 1000;
 /// Close code: the server is going away (shutdown, non-reliable clients).
-pub const CLOSE_GOING_AWAY: u16 = 1001;
+pub(crate) const CLOSE_GOING_AWAY: u16 = 1001;
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
@@ -54,7 +52,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 /// A hub: its sessions and groups.
 #[derive(Debug)]
-pub struct Hub {
+pub(crate) struct Hub {
     name: String,
     limits: Limits,
     state: Mutex<HubState>,
@@ -83,7 +81,7 @@ impl HubState {
 }
 
 /// A fresh, unguessable connection id.
-pub fn new_connection_id() -> String {
+pub(crate) fn new_connection_id() -> String {
     random_id(16)
 }
 
@@ -100,7 +98,7 @@ fn constant_time_eq(a: &str, b: &str) -> bool {
 
 impl Hub {
     /// An empty hub.
-    pub fn new(name: &str, limits: Limits) -> Self {
+    pub(crate) fn new(name: &str, limits: Limits) -> Self {
         Self {
             name: name.to_owned(),
             limits,
@@ -111,47 +109,47 @@ impl Hub {
     }
 
     /// The same hub, with an upstream.
-    pub fn with_events(mut self, events: Arc<dyn Events>) -> Self {
+    pub(crate) fn with_events(mut self, events: Arc<dyn Events>) -> Self {
         self.events = Some(events);
         self
     }
 
     /// The same hub, closing its connections when `shutdown` is cancelled.
-    pub fn with_shutdown(mut self, shutdown: CancellationToken) -> Self {
+    pub(crate) fn with_shutdown(mut self, shutdown: CancellationToken) -> Self {
         self.shutdown = shutdown;
         self
     }
 
     /// The hub's upstream, if it has one.
-    pub fn events(&self) -> Option<&Arc<dyn Events>> {
+    pub(crate) fn events(&self) -> Option<&Arc<dyn Events>> {
         self.events.as_ref()
     }
 
     /// Cancelled when the server shuts down.
-    pub fn shutdown_token(&self) -> &CancellationToken {
+    pub(crate) fn shutdown_token(&self) -> &CancellationToken {
         &self.shutdown
     }
 
-    /// The hub's limits.
-    pub fn limits(&self) -> &Limits {
-        &self.limits
-    }
-
     /// Reports that `session`'s first socket is up (called by the connection task).
-    pub fn connected(&self, session: &Arc<Session>) {
+    pub(crate) fn connected(&self, session: &Arc<Session>) {
         if let Some(e) = &self.events {
             e.connected(self, session);
         }
     }
 
     /// The hub's name.
-    pub fn name(&self) -> &str {
+    pub(crate) fn name(&self) -> &str {
         &self.name
     }
 
+    #[cfg(test)]
     /// Creates a session for a validated token and joins its initial groups. Reliable
     /// sessions get an unguessable 256-bit reconnection token.
-    pub fn create_session(&self, claims: &ClientClaims, protocol: Subprotocol) -> Arc<Session> {
+    pub(crate) fn create_session(
+        &self,
+        claims: &crate::token::ClientClaims,
+        protocol: crate::protocol::Subprotocol,
+    ) -> Arc<Session> {
         self.open(NewSession {
             connection_id: None,
             claims: claims.clone(),
@@ -162,7 +160,7 @@ impl Hub {
     }
 
     /// Creates a session and joins its initial groups.
-    pub fn open(&self, new: NewSession) -> Arc<Session> {
+    pub(crate) fn open(&self, new: NewSession) -> Arc<Session> {
         let id = new.connection_id.clone().unwrap_or_else(new_connection_id);
         let groups = new.claims.groups.clone();
         let session = Arc::new(Session::new(id, new, &self.limits));
@@ -184,7 +182,7 @@ impl Hub {
     }
 
     /// The session a recovering socket names, if it exists and the token matches.
-    pub fn recover(&self, connection_id: &str, token: &str) -> Result<Arc<Session>, Gone> {
+    pub(crate) fn recover(&self, connection_id: &str, token: &str) -> Result<Arc<Session>, Gone> {
         let session = lock(&self.state)
             .sessions
             .get(connection_id)
@@ -197,7 +195,7 @@ impl Hub {
     }
 
     /// Adds the session to a group (idempotent).
-    pub fn join(&self, session: &Session, group: &str) {
+    pub(crate) fn join(&self, session: &Session, group: &str) {
         let mut hub = lock(&self.state);
         if !hub.sessions.contains_key(session.id()) {
             return;
@@ -210,7 +208,7 @@ impl Hub {
     }
 
     /// Removes the session from a group (idempotent).
-    pub fn leave(&self, session: &Session, group: &str) {
+    pub(crate) fn leave(&self, session: &Session, group: &str) {
         let mut hub = lock(&self.state);
         hub.leave_group(group, session.id());
         session.left(group);
@@ -218,7 +216,7 @@ impl Hub {
 
     /// Publishes to every member of `group` but `exclude`. Returns how many sessions it
     /// reached. Sessions that overflow or cannot keep up are disconnected, never waited on.
-    pub fn send_to_group(
+    pub(crate) fn send_to_group(
         &self,
         group: &str,
         msg: &DataMessageRef<'_>,
@@ -251,7 +249,7 @@ impl Hub {
 
     /// Deletes a session: it leaves every group and can no longer be recovered. The
     /// lifecycle hears of it once, from whichever caller actually removed it.
-    pub fn remove(&self, id: &str) {
+    pub(crate) fn remove(&self, id: &str) {
         let (session, reason) = {
             let mut hub = lock(&self.state);
             let Some(session) = hub.sessions.remove(id) else {
@@ -279,7 +277,7 @@ impl Hub {
 
     /// Closes a session from the server side: the client gets a `disconnected` message
     /// with `reason` and a close frame with `code`, and the session is deleted.
-    pub fn close(&self, id: &str, code: u16, reason: &str) {
+    pub(crate) fn close(&self, id: &str, code: u16, reason: &str) {
         let session = lock(&self.state).sessions.get(id).cloned();
         if let Some(session) = session {
             session.shut(code, reason);
@@ -289,7 +287,7 @@ impl Hub {
 
     /// The socket of `generation` ended. Reliable sessions are kept for the retention
     /// window (then deleted unless recovered), others are deleted now.
-    pub fn socket_closed(self: &Arc<Self>, session: &Arc<Session>, generation: u64) {
+    pub(crate) fn socket_closed(self: &Arc<Self>, session: &Arc<Session>, generation: u64) {
         match session.detach(generation) {
             None => return,
             Some(false) => return self.remove(session.id()),
@@ -306,8 +304,9 @@ impl Hub {
         });
     }
 
+    #[cfg(test)]
     /// Number of live or retained sessions.
-    pub fn session_count(&self) -> usize {
+    pub(crate) fn session_count(&self) -> usize {
         lock(&self.state).sessions.len()
     }
 }

@@ -12,7 +12,7 @@ pub(crate) const LEEWAY_SECS: u64 = 5;
 
 /// Why a token was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum JwtError {
+pub(crate) enum JwtError {
     /// Not signed by any configured key.
     #[error("signature does not match any access key")]
     BadSignature,

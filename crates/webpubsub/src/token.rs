@@ -16,7 +16,7 @@ use crate::permissions::Permissions;
 
 /// Why a token was refused. Every variant becomes HTTP 401.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum TokenError {
+pub(crate) enum TokenError {
     /// No `access_token` query parameter nor bearer header.
     #[error("no access token")]
     Missing,
@@ -82,7 +82,7 @@ impl ClientClaims {
 }
 
 /// Validates a client token for `hub` against each key in turn (primary, secondary).
-pub fn validate_client_token(
+pub(crate) fn validate_client_token(
     keys: &[String],
     token: &str,
     hub: &str,
@@ -120,7 +120,7 @@ fn audience_matches(aud: &str, hub: &str) -> bool {
 
 /// The claims of a token already validated, each as a list of strings (arrays as their
 /// elements, other values as their JSON text), for the upstream `connect` event.
-pub fn claims_map(token: &str) -> std::collections::BTreeMap<String, Vec<String>> {
+pub(crate) fn claims_map(token: &str) -> std::collections::BTreeMap<String, Vec<String>> {
     use base64::engine::general_purpose::URL_SAFE_NO_PAD;
     use base64::Engine as _;
     let payload = token

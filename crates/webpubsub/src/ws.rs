@@ -34,7 +34,7 @@ use crate::WebPubSub;
 
 /// Why a handshake was refused before the upgrade.
 #[derive(Debug, thiserror::Error)]
-pub enum HandshakeError {
+pub(crate) enum HandshakeError {
     /// The hub name is not valid.
     #[error("invalid hub name {0:?}")]
     BadHub(String),
@@ -80,7 +80,7 @@ impl IntoResponse for HandshakeError {
 }
 
 /// The client WebSocket routes.
-pub fn router(state: WebPubSub) -> Router {
+pub(crate) fn router(state: WebPubSub) -> Router {
     Router::new()
         .route("/client/hubs/{hub}", any(client_by_path))
         .route("/client", any(client_by_query))

@@ -6,7 +6,7 @@ use common::*;
 use futures_util::SinkExt;
 use prost::Message as _;
 use serde_json::json;
-use statehub_webpubsub::protocol::proto::{
+use statehub_webpubsub::proto::{
     AckMessage, Data, DataMessage, Downstream, DownstreamMessage, GroupMessage, MessageData,
     SendToGroupMessage, SequenceAckMessage, System, Upstream, UpstreamMessage,
 };

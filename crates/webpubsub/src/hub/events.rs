@@ -11,7 +11,7 @@ use crate::protocol::Payload;
 /// Why a user event got no answer, as the client is told (the failed ack's or
 /// `invokeResponse`'s `error.name` and message).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum EventError {
+pub(crate) enum EventError {
     /// The handler refused the event as malformed.
     #[error("{0}")]
     BadRequest(String),
@@ -25,7 +25,7 @@ pub enum EventError {
 
 impl EventError {
     /// The `error.name` the client sees.
-    pub fn name(&self) -> &'static str {
+    pub(crate) fn name(&self) -> &'static str {
         match self {
             Self::BadRequest(_) => "BadRequest",
             Self::Forbidden(_) => "Forbidden",
@@ -35,13 +35,13 @@ impl EventError {
 }
 
 /// The answer of a user event: data to send back to the client, if any.
-pub type UserEventFuture =
+pub(crate) type UserEventFuture =
     Pin<Box<dyn Future<Output = Result<Option<Payload>, EventError>> + Send>>;
 
 /// The hub's upstream: told when sessions start and end (the `connected` and
 /// `disconnected` events), and asked to handle user events. The notifications are
 /// called with no lock held and must not block.
-pub trait Events: Send + Sync + std::fmt::Debug {
+pub(crate) trait Events: Send + Sync + std::fmt::Debug {
     /// A session's first socket is attached and its `connected` message queued.
     fn connected(&self, hub: &Hub, session: &Arc<Session>);
     /// A session ended: it left every group and can no longer be recovered.

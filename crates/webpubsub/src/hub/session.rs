@@ -25,12 +25,12 @@ use crate::token::ClientClaims;
 /// The session was deleted: recovery must fail with 1008.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error("the session is gone")]
-pub struct Gone;
+pub(crate) struct Gone;
 
 /// What a new session is made of: the validated token's claims (with any overrides from
 /// the upstream `connect` event already applied) and the negotiated subprotocol.
 #[derive(Debug, Clone)]
-pub struct NewSession {
+pub(crate) struct NewSession {
     /// The connection id, when chosen before the session exists (the `connect` event
     /// names it); a fresh random one otherwise.
     pub connection_id: Option<String>,
@@ -47,7 +47,7 @@ pub struct NewSession {
 
 /// One client connection session.
 #[derive(Debug)]
-pub struct Session {
+pub(crate) struct Session {
     id: String,
     user_id: Option<String>,
     protocol: Subprotocol,
@@ -170,44 +170,44 @@ impl Session {
     }
 
     /// The connection id.
-    pub fn id(&self) -> &str {
+    pub(crate) fn id(&self) -> &str {
         &self.id
     }
 
     /// The user id from the token's `sub` (or the upstream `connect` response).
-    pub fn user_id(&self) -> Option<&str> {
+    pub(crate) fn user_id(&self) -> Option<&str> {
         self.user_id.as_deref()
     }
 
     /// The negotiated subprotocol.
-    pub fn protocol(&self) -> Subprotocol {
+    pub(crate) fn protocol(&self) -> Subprotocol {
         self.protocol
     }
 
     /// The `Sec-WebSocket-Protocol` the client was answered with, if any.
-    pub fn subprotocol(&self) -> Option<&str> {
+    pub(crate) fn subprotocol(&self) -> Option<&str> {
         self.subprotocol.as_deref()
     }
 
     /// The permissions: the token's roles, changed by the REST API's grants and revokes.
     /// The guard is the innermost lock; drop it before taking any other.
-    pub fn permissions(&self) -> MutexGuard<'_, Permissions> {
+    pub(crate) fn permissions(&self) -> MutexGuard<'_, Permissions> {
         lock(&self.permissions)
     }
 
     /// The upstream's opaque state for this connection (`ce-connectionState`).
-    pub fn connection_state(&self) -> Option<String> {
+    pub(crate) fn connection_state(&self) -> Option<String> {
         lock(&self.state).connection_state.clone()
     }
 
     /// Replaces the upstream's state (from a blocking event's `ce-connectionState`).
-    pub fn set_connection_state(&self, state: String) {
+    pub(crate) fn set_connection_state(&self, state: String) {
         lock(&self.state).connection_state = Some(state);
     }
 
     /// The close code when the server ends this session: 1008 on reliable
     /// subprotocols (the session is gone, do not try to recover), else `otherwise`.
-    pub fn close_code(&self, otherwise: u16) -> u16 {
+    pub(crate) fn close_code(&self, otherwise: u16) -> u16 {
         if self.protocol.is_reliable() {
             CLOSE_POLICY
         } else {
@@ -216,14 +216,14 @@ impl Session {
     }
 
     /// The reconnection token (reliable subprotocols only).
-    pub fn reconnection_token(&self) -> Option<&str> {
+    pub(crate) fn reconnection_token(&self) -> Option<&str> {
         self.reconnection_token.as_deref()
     }
 
     /// Attaches a socket's outbox, replacing (and closing) any socket still attached.
     /// Returns the socket's generation and the unacknowledged frames to replay first,
     /// taken under the same lock as the attach so no new frame slips in between.
-    pub fn attach(&self, outbox: Outbox) -> Result<(u64, Vec<Message>), Gone> {
+    pub(crate) fn attach(&self, outbox: Outbox) -> Result<(u64, Vec<Message>), Gone> {
         let mut st = lock(&self.state);
         if st.closed {
             return Err(Gone);
@@ -237,17 +237,17 @@ impl Session {
     }
 
     /// The client has received everything up to `sequence_id`.
-    pub fn sequence_ack(&self, sequence_id: u64) {
+    pub(crate) fn sequence_ack(&self, sequence_id: u64) {
         lock(&self.state).sequencer.ack(sequence_id);
     }
 
     /// Was `ack_id` processed already?
-    pub fn is_duplicate(&self, ack_id: u64) -> bool {
+    pub(crate) fn is_duplicate(&self, ack_id: u64) -> bool {
         lock(&self.state).acks.contains(ack_id)
     }
 
     /// Records a processed `ack_id`.
-    pub fn processed(&self, ack_id: u64) {
+    pub(crate) fn processed(&self, ack_id: u64) {
         lock(&self.state).acks.insert(ack_id);
     }
 
@@ -258,7 +258,7 @@ impl Session {
 
     /// Queues a reply (e.g. a `streamClosed` from an idle timer) on the attached
     /// socket, if any; a full queue closes it as a slow consumer.
-    pub fn send_reply(&self, msg: &Downstream) {
+    pub(crate) fn send_reply(&self, msg: &Downstream) {
         let Some(frame) = encode_reply(self.protocol, msg) else {
             return;
         };
@@ -271,7 +271,7 @@ impl Session {
     }
 
     /// The groups the session is in.
-    pub fn groups(&self) -> Vec<String> {
+    pub(crate) fn groups(&self) -> Vec<String> {
         lock(&self.state).groups.iter().cloned().collect()
     }
 

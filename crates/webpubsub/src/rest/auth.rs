@@ -34,7 +34,7 @@ struct Claims {
 }
 
 /// Middleware: refuses the request with 401 unless it carries a valid token for its URL.
-pub async fn require_token(
+pub(super) async fn require_token(
     State(state): State<WebPubSub>,
     req: Request,
     next: Next,
@@ -54,7 +54,7 @@ pub async fn require_token(
 }
 
 /// Checks a token for a request to `path?query`.
-pub fn validate(
+pub(super) fn validate(
     keys: &[String],
     token: &str,
     path: &str,

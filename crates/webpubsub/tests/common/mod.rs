@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use futures_util::{SinkExt, StreamExt};
 use serde_json::Value;
-use statehub_webpubsub::token::{issue_client_token, ClientClaims};
+use statehub_webpubsub::{issue_client_token, ClientClaims};
 use statehub_webpubsub::{router, Config, Limits, WebPubSub};
 use tokio::net::TcpStream;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
