@@ -263,6 +263,16 @@ mod tests {
             validate_client_token(&keys(), &no_exp, "chat"),
             Err(TokenError::Invalid(JwtError::Malformed(_)))
         ));
+        let not_yet = sign(json!({"aud":aud,"exp":now()+600,"nbf":now()+60}), KEY);
+        assert_eq!(
+            validate_client_token(&keys(), &not_yet, "chat"),
+            Err(TokenError::Invalid(JwtError::NotYetValid))
+        );
+        let future = sign(json!({"aud":aud,"exp":now()+600,"iat":now()+60}), KEY);
+        assert_eq!(
+            validate_client_token(&keys(), &future, "chat"),
+            Err(TokenError::Invalid(JwtError::IssuedInFuture))
+        );
         assert!(matches!(
             validate_client_token(&keys(), "garbage", "chat"),
             Err(TokenError::Invalid(JwtError::Malformed(_)))

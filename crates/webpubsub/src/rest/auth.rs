@@ -64,6 +64,8 @@ pub(super) fn validate(
         ApiError::Unauthorized(match e {
             JwtError::BadSignature => "The token is not signed by any access key".into(),
             JwtError::Expired => "The token has expired".into(),
+            JwtError::NotYetValid => "The token is not valid yet (nbf)".into(),
+            JwtError::IssuedInFuture => "The token was issued in the future (iat)".into(),
             JwtError::Malformed(e) => format!("Invalid token: {e}"),
         })
     })?;
@@ -172,5 +174,18 @@ mod tests {
         assert!(check(json!({"aud": url, "exp": 1000}), "k1").is_err());
         assert!(check(json!({"aud": url}), "k1").is_err(), "exp is required");
         assert!(validate(&[], "garbage", PATH, None).is_err());
+    }
+
+    #[test]
+    fn future_nbf_and_iat_are_refused() {
+        let url = "http://h/api/hubs/chat/:send";
+        let later = exp();
+        assert!(check(json!({"aud": url, "exp": later + 60, "nbf": later}), "k1").is_err());
+        assert!(check(json!({"aud": url, "exp": later + 60, "iat": later}), "k1").is_err());
+        assert!(check(
+            json!({"aud": url, "exp": later, "nbf": 1000, "iat": 1000}),
+            "k1"
+        )
+        .is_ok());
     }
 }
