@@ -104,6 +104,12 @@ pub enum ConfigError {
     CompactAfterWithoutDataDir,
     #[error(transparent)]
     WebPubSub(#[from] statehub_webpubsub::ConfigError),
+    /// A Web PubSub access key is refused; `origin` says where the keys came from.
+    #[error("web pubsub access keys from {origin}: {source}")]
+    AccessKey {
+        origin: String,
+        source: statehub_webpubsub::ConfigError,
+    },
 }
 
 /// Everything `serve` needs, resolved.
@@ -181,21 +187,42 @@ impl Settings {
                 .max(1),
             broker: file.mqtt,
             state_store: file.state_store,
-            webpubsub: {
-                let mut wps = file.webpubsub;
-                if !args.access_keys.is_empty() {
-                    wps.access_keys = args.access_keys.clone();
-                } else if wps.access_keys.is_empty() {
-                    wps.access_keys = file.access_keys;
-                }
-                wps.validate()?;
-                wps
-            },
+            webpubsub: webpubsub(args, file.webpubsub, file.access_keys)?,
             data_dir,
             sync: sync.unwrap_or_default(),
             compact_after_bytes,
         })
     }
+}
+
+/// The `[webpubsub]` table with its access keys resolved (flag/env, then the table's,
+/// then the file's top-level ones) and validated.
+fn webpubsub(
+    args: &ServeArgs,
+    mut wps: WebPubSubConfig,
+    top_level_keys: Vec<String>,
+) -> Result<WebPubSubConfig, ConfigError> {
+    let file = || {
+        args.config
+            .as_deref()
+            .map_or_else(String::new, |p| p.display().to_string())
+    };
+    let origin = if !args.access_keys.is_empty() {
+        wps.access_keys = args.access_keys.clone();
+        "--access-key or STATEHUB_ACCESS_KEYS".to_owned()
+    } else if !wps.access_keys.is_empty() {
+        format!("[webpubsub] access_keys in {}", file())
+    } else {
+        wps.access_keys = top_level_keys;
+        format!("access_keys in {}", file())
+    };
+    wps.validate().map_err(|e| match e {
+        e @ statehub_webpubsub::ConfigError::ShortAccessKey { .. } => {
+            ConfigError::AccessKey { origin, source: e }
+        }
+        e => e.into(),
+    })?;
+    Ok(wps)
 }
 
 fn load(path: &Path) -> Result<FileConfig, ConfigError> {

@@ -241,7 +241,7 @@ fn ws_frame(s: &mut TcpStream) -> (u8, Vec<u8>) {
 fn webpubsub_from_the_config_file_and_sigterm_closes_websockets() {
     let path = temp_file(
         "wps.toml",
-        "[webpubsub]\naccess_keys = [\"file-key\"]\n\n[webpubsub.limits]\nping_interval_secs = 20\n\n\
+        "[webpubsub]\naccess_keys = [\"file-key-0123456789\"]\n\n[webpubsub.limits]\nping_interval_secs = 20\n\n\
          [[webpubsub.hubs.chat.event_handlers]]\nurl_template = \"http://127.0.0.1:9/{event}\"\nsystem_events = [\"disconnected\"]\n",
     );
     let mut server = start(
@@ -265,7 +265,7 @@ fn webpubsub_from_the_config_file_and_sigterm_closes_websockets() {
         groups: vec![],
     };
     let token = statehub_webpubsub::issue_token(
-        "file-key",
+        "file-key-0123456789",
         "http://x/client/hubs/chat",
         &claims,
         Duration::from_secs(60),

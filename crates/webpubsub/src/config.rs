@@ -50,8 +50,17 @@ impl Config {
             .unwrap_or_default()
     }
 
-    /// Checks what serde cannot: templates and event names.
+    /// Checks what serde cannot: key lengths, templates and event names.
     pub fn validate(&self) -> Result<(), ConfigError> {
+        for (i, key) in self.access_keys.iter().enumerate() {
+            if key.len() < MIN_ACCESS_KEY_BYTES {
+                return Err(ConfigError::ShortAccessKey {
+                    position: i + 1,
+                    count: self.access_keys.len(),
+                    len: key.len(),
+                });
+            }
+        }
         for (hub, settings) in &self.hubs {
             if hub != "*" && !crate::protocol::valid_hub_name(hub) {
                 return Err(ConfigError::HubName(hub.clone()));
@@ -70,9 +79,27 @@ impl Config {
     }
 }
 
+/// Shortest access key accepted: tokens are HMACs keyed with it, so an empty or short
+/// key (a trailing comma in a key list gives an empty one) lets anyone mint tokens.
+pub const MIN_ACCESS_KEY_BYTES: usize = 16;
+
 /// Why the configuration was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ConfigError {
+    /// An access key is empty or shorter than [`MIN_ACCESS_KEY_BYTES`].
+    #[error(
+        "access key {position} of {count} is {len} bytes long; access keys must be at least \
+         {MIN_ACCESS_KEY_BYTES} bytes (an empty one usually comes from a trailing comma or an \
+         empty value)"
+    )]
+    ShortAccessKey {
+        /// Which key, from 1.
+        position: usize,
+        /// How many keys there are.
+        count: usize,
+        /// Its length in bytes.
+        len: usize,
+    },
     /// A `[webpubsub.hubs.<name>]` table names an invalid hub.
     #[error("invalid hub name {0:?} in [webpubsub.hubs]")]
     HubName(String),
@@ -164,13 +191,13 @@ mod tests {
     #[test]
     fn the_file_table() {
         let c: Config = toml_like(
-            r#"{"access_keys":["a","b"],"webhook_origin":"h:1",
+            r#"{"access_keys":["a-key-of-16-byte","another-long-key"],"webhook_origin":"h:1",
                 "limits":{"max_frame_bytes":10,"session_retention_secs":5},
                 "hubs":{"Chat":{"event_handlers":[{"url_template":"http://x/{hub}/{event}",
                    "user_event_pattern":"*","system_events":["connect"]}]},
                         "*":{"allow_anonymous":true}}}"#,
         );
-        assert_eq!(c.access_keys, ["a", "b"]);
+        assert_eq!(c.access_keys, ["a-key-of-16-byte", "another-long-key"]);
         assert_eq!(c.limits.max_frame_bytes, 10);
         assert_eq!(c.limits.session_retention, Duration::from_secs(5));
         assert_eq!(
@@ -184,6 +211,25 @@ mod tests {
         assert!(serde_json::from_str::<Config>(r#"{"nope":1}"#).is_err());
         let bad: Config = toml_like(r#"{"hubs":{"1x":{}}}"#);
         assert_eq!(bad.validate(), Err(ConfigError::HubName("1x".into())));
+    }
+
+    #[test]
+    fn empty_and_short_access_keys_are_refused() {
+        let keys = |k: &[&str]| Config::new(k.iter().copied()).validate();
+        assert_eq!(keys(&[]), Ok(()), "no keys: the service is off");
+        assert_eq!(keys(&["0123456789abcdef"]), Ok(()));
+        assert_eq!(
+            keys(&["0123456789abcdef", ""]),
+            Err(ConfigError::ShortAccessKey {
+                position: 2,
+                count: 2,
+                len: 0
+            })
+        );
+        assert!(matches!(
+            keys(&["0123456789abcde"]),
+            Err(ConfigError::ShortAccessKey { len: 15, .. })
+        ));
     }
 
     /// The file is TOML in the binary; serde sees the same shape through JSON here.

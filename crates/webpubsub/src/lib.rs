@@ -49,7 +49,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 pub use config::hubs::{EventHandler, HubSettings, SystemEvent};
-pub use config::{Config, ConfigError, Limits};
+pub use config::{Config, ConfigError, Limits, MIN_ACCESS_KEY_BYTES};
 use hub::Hub;
 /// The protobuf subprotocols' messages (`webpubsub.client.proto`), for clients.
 pub use protocol::proto;
