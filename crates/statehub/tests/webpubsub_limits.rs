@@ -1,5 +1,5 @@
 //! Web PubSub limits against the binary: an oversize frame is answered with close
-//! 1009 on every subprotocol.
+//! 1009 on every subprotocol; an idle WebSocket holds little memory.
 
 mod common;
 
@@ -105,4 +105,45 @@ async fn an_oversize_frame_is_closed_with_1009_on_every_subprotocol() {
         assert_eq!(code, Some(1009), "subprotocol {protocol:?}");
         drop(writer.await);
     }
+}
+
+/// The server's resident memory, from /proc.
+fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmRSS")
+}
+
+/// Opens `n` reliable JSON connections and reads each one's `connected` message.
+async fn idle_connections(addr: SocketAddr, n: usize) -> Vec<Ws> {
+    let mut all = Vec::with_capacity(n);
+    for _ in 0..n {
+        let mut ws = connect(addr, Some("json.reliable.webpubsub.azure.v1")).await;
+        match ws.next().await {
+            Some(Ok(Message::Text(t))) => assert!(t.contains("connected"), "{t}"),
+            other => panic!("expected the connected message, got {other:?}"),
+        }
+        all.push(ws);
+    }
+    all
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_websocket_holds_little_memory() {
+    const N: usize = 500;
+    let server = start_wps("rss", "");
+    let pid = server.child.id();
+    // One connection first, so the hub and the runtime's lazy parts exist.
+    let first = idle_connections(server.http, 1).await;
+    let before = rss_kib(pid);
+    let conns = idle_connections(server.http, N).await;
+    let after = rss_kib(pid);
+    let per_connection = (after.saturating_sub(before) * 1024) / N as u64;
+    eprintln!(
+        "RSS {before} KiB -> {after} KiB with {N} idle WebSockets: {per_connection} bytes each"
+    );
+    drop((first, conns));
 }

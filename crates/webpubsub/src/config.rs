@@ -75,6 +75,11 @@ impl Config {
                 "frame and queue limits must be positive",
             ));
         }
+        if self.limits.read_buffer_bytes < 1024 || self.limits.write_buffer_bytes < 1024 {
+            return Err(ConfigError::Limits(
+                "read_buffer_bytes and write_buffer_bytes must be at least 1024",
+            ));
+        }
         Ok(())
     }
 }
@@ -145,6 +150,12 @@ pub struct Limits {
     /// Fire-and-forget upstream events (`connected`, `disconnected`) waiting to be
     /// posted; past it they are dropped and logged (10 000).
     pub upstream_queue: usize,
+    /// A socket's read buffer (8 KiB): allocated and zeroed for every connection from its
+    /// first read, idle or not; a larger frame is read into a buffer of its own size.
+    pub read_buffer_bytes: usize,
+    /// Bytes a socket's writer gathers before writing them out (8 KiB); the buffer keeps
+    /// its largest size while the connection lives.
+    pub write_buffer_bytes: usize,
 }
 
 impl Default for Limits {
@@ -161,6 +172,8 @@ impl Default for Limits {
             idle_timeout: Duration::from_secs(60),
             upstream_timeout: Duration::from_secs(10),
             upstream_queue: 10_000,
+            read_buffer_bytes: 8 * 1024,
+            write_buffer_bytes: 8 * 1024,
         }
     }
 }

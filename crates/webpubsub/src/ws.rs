@@ -324,9 +324,13 @@ async fn handshake(
     }))
 }
 
+/// The socket's limits and buffers. tungstenite's default 128 KiB read buffer is
+/// zeroed on the first read, so every idle connection held it.
 fn upgrade(ws: WebSocketUpgrade, limits: &crate::Limits) -> WebSocketUpgrade {
     ws.max_frame_size(limits.max_frame_bytes)
         .max_message_size(limits.max_frame_bytes)
+        .read_buffer_size(limits.read_buffer_bytes)
+        .write_buffer_size(limits.write_buffer_bytes)
 }
 
 #[cfg(test)]
