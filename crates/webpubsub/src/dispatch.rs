@@ -80,8 +80,30 @@ pub(crate) fn handle(
             return fx;
         }
     }
-    let bad = |e: ProtocolError| AckFailure::BadRequest(e.to_string());
-    let result = match msg {
+    let Some(result) = perform(hub, session, &mut fx, msg) else {
+        return fx;
+    };
+    if let Some(id) = ack_id {
+        fx.replies.push(match result {
+            Ok(()) => {
+                session.processed(id);
+                Downstream::ack_ok(id)
+            }
+            Err(e) => Downstream::ack_err(id, e.name(), e.to_string()),
+        });
+    }
+    fx
+}
+
+/// Carries out one request; `None` when its ack waits for the upstream's answer.
+fn perform(
+    hub: &Hub,
+    session: &Session,
+    fx: &mut Effects,
+    msg: Request,
+) -> Option<Result<(), AckFailure>> {
+    let ack_id = msg.ack_id();
+    Some(match msg {
         Request::JoinGroup { group, .. } => {
             check_group(&group, session.permissions().can_join_leave(&group), "join")
                 .map(|()| hub.join(session, &group))
@@ -97,44 +119,9 @@ pub(crate) fn handle(
             no_echo,
             payload,
             ..
-        } => {
-            check_group(&group, session.permissions().can_send(&group), "send to").and_then(|()| {
-                let payload = payload.map_err(bad)?;
-                let msg = DataMessageRef {
-                    from: MessageSource::Group,
-                    group: Some(&group),
-                    from_user_id: session.user_id(),
-                    payload: &payload,
-                    stream: None,
-                };
-                hub.send_to_group(&group, &msg, no_echo.then(|| session.id()));
-                Ok(())
-            })
-        }
+        } => send_to_group(hub, session, &group, no_echo, payload),
         Request::Event { event, payload, .. } => {
-            // Without a handler for it the event is validated and acked, as the service
-            // does; with one, the connection posts it and answers by the result.
-            if event.is_empty() || event.chars().any(char::is_control) {
-                Err(AckFailure::BadRequest(
-                    "event name must be non-empty, without control characters".into(),
-                ))
-            } else {
-                match payload {
-                    Err(e) => Err(bad(e)),
-                    Ok(payload) => {
-                        if hub.events().is_some_and(|e| e.takes_user_event(&event)) {
-                            fx.upstream = Some(UserEvent {
-                                event,
-                                payload,
-                                ack_id,
-                                invocation_id: None,
-                            });
-                            return fx;
-                        }
-                        Ok(())
-                    }
-                }
-            }
+            return user_event(hub, fx, event, payload, ack_id)
         }
         Request::SequenceAck { sequence_id } => {
             session.sequence_ack(sequence_id);
@@ -150,27 +137,67 @@ pub(crate) fn handle(
             event,
             payload,
         } => {
-            invoke(hub, &mut fx, invocation_id, &target, event, payload);
+            invoke(hub, fx, invocation_id, &target, event, payload);
             Ok(())
         }
         req @ (Request::StreamStart { .. }
         | Request::StreamData { .. }
         | Request::StreamEnd { .. }) => {
-            crate::hub::stream::handle(hub, session, &mut fx, req);
+            crate::hub::stream::handle(hub, session, fx, req);
             Ok(())
         }
         Request::Unknown => Ok(()),
+    })
+}
+
+fn send_to_group(
+    hub: &Hub,
+    session: &Session,
+    group: &str,
+    no_echo: bool,
+    payload: Result<Payload, ProtocolError>,
+) -> Result<(), AckFailure> {
+    check_group(group, session.permissions().can_send(group), "send to")?;
+    let payload = payload.map_err(|e| AckFailure::BadRequest(e.to_string()))?;
+    let msg = DataMessageRef {
+        from: MessageSource::Group,
+        group: Some(group),
+        from_user_id: session.user_id(),
+        payload: &payload,
+        stream: None,
     };
-    if let Some(id) = ack_id {
-        fx.replies.push(match result {
-            Ok(()) => {
-                session.processed(id);
-                Downstream::ack_ok(id)
-            }
-            Err(e) => Downstream::ack_err(id, e.name(), e.to_string()),
-        });
+    hub.send_to_group(group, &msg, no_echo.then(|| session.id()));
+    Ok(())
+}
+
+/// An `event`: without a handler for it, validated and acked, as the service does;
+/// with one, handed to the connection to post (`None`: it answers by the result).
+fn user_event(
+    hub: &Hub,
+    fx: &mut Effects,
+    event: String,
+    payload: Result<Payload, ProtocolError>,
+    ack_id: Option<u64>,
+) -> Option<Result<(), AckFailure>> {
+    if event.is_empty() || event.chars().any(char::is_control) {
+        return Some(Err(AckFailure::BadRequest(
+            "event name must be non-empty, without control characters".into(),
+        )));
     }
-    fx
+    let payload = match payload {
+        Ok(payload) => payload,
+        Err(e) => return Some(Err(AckFailure::BadRequest(e.to_string()))),
+    };
+    if !hub.events().is_some_and(|e| e.takes_user_event(&event)) {
+        return Some(Ok(()));
+    }
+    fx.upstream = Some(UserEvent {
+        event,
+        payload,
+        ack_id,
+        invocation_id: None,
+    });
+    None
 }
 
 /// An `invoke`: target `event` becomes a blocking user event whose answer is the
