@@ -12,7 +12,7 @@ use futures_util::SinkExt;
 use prost::Message as _;
 use serde_json::json;
 use statehub_webpubsub::proto::{
-    Data, Downstream, DownstreamMessage, MessageData, SendToGroupMessage, Upstream, UpstreamMessage,
+    Data, Downstream, MessageData, SendToGroupMessage, Upstream, UpstreamMessage,
 };
 use statehub_webpubsub::Limits;
 use tokio_tungstenite::tungstenite::Message;
@@ -56,16 +56,6 @@ async fn json_frames_nested_past_the_limit_close_with_1008() {
 
     let (mut again, _) = connect(addr, "chat", &t, Some(JSON)).await;
     assert!(sync(&mut again).await.is_empty(), "the server still serves");
-}
-
-async fn recv_pb(ws: &mut Ws) -> Downstream {
-    match next_frame(ws).await {
-        Some(Message::Binary(b)) => DownstreamMessage::decode(b.as_ref())
-            .unwrap()
-            .message
-            .unwrap(),
-        other => panic!("expected a binary frame, got {other:?}"),
-    }
 }
 
 #[tokio::test]
