@@ -254,3 +254,59 @@ async fn many_silent_connections_cannot_exhaust_the_descriptors() {
     healthz_eventually_ok(server.http).await;
     drop(silent);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_sent_one_byte_at_a_time_gets_408() {
+    const KEY: &str = "http-limits-test-key-0123";
+    let server = start_with(
+        "slowbody",
+        &format!(
+            "[http]\nrequest_timeout_secs = 2\n\n[webpubsub]\naccess_keys = [\"{KEY}\"]\n\n\
+             [webpubsub.limits]\nupstream_timeout_secs = 1\n"
+        ),
+    );
+    let path = "/api/hubs/chat/:send?api-version=2024-12-01";
+    let claims = statehub_webpubsub::ClientClaims {
+        user_id: None,
+        roles: vec![],
+        groups: vec![],
+    };
+    let url = format!("http://{}{path}", server.http);
+    let token = statehub_webpubsub::issue_token(KEY, &url, &claims, Duration::from_secs(600));
+    let mut s = TcpStream::connect(server.http).await.unwrap();
+    let head = format!(
+        "POST {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\n\
+         Content-Type: text/plain\r\nContent-Length: 1000\r\n\r\n"
+    );
+    s.write_all(head.as_bytes()).await.unwrap();
+    let (mut rd, mut wr) = s.into_split();
+    let trickle = tokio::spawn(async move {
+        while wr.write_all(b"x").await.is_ok() {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    });
+    let mut resp = Vec::new();
+    let read = timeout(Duration::from_secs(30), rd.read_to_end(&mut resp)).await;
+    trickle.abort();
+    assert!(read.is_ok(), "the server answers and closes");
+    let text = String::from_utf8_lossy(&resp);
+    assert!(text.starts_with("HTTP/1.1 408"), "{text}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_stops_reading_is_closed_by_the_idle_timeout() {
+    let server = start_with("idle", "[http]\nidle_timeout_secs = 2\n");
+    let s = TcpStream::connect(server.http).await.unwrap();
+    let (_rd, mut wr) = s.into_split();
+    // Pipelined requests whose answers are never read: once the socket buffers are
+    // full the server can neither write nor read, and only the idle timeout ends it.
+    let request = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n".repeat(1000);
+    let writer = async { while wr.write_all(&request).await.is_ok() {} };
+    timeout(Duration::from_secs(60), writer)
+        .await
+        .expect("the server closes the connection");
+    assert_eq!(
+        healthz(server.http).await.as_deref(),
+        Some("HTTP/1.1 200 OK")
+    );
+}
