@@ -74,6 +74,42 @@ pub struct FileConfig {
     pub compact_after_mib: Option<u64>,
     /// The `[webpubsub]` table: access keys, limits, per-hub event handlers.
     pub webpubsub: WebPubSubConfig,
+    /// The `[http]` table: the HTTP listener's limits.
+    pub http: HttpConfig,
+}
+
+/// The `[http]` table: limits of the HTTP listener (health, the Web PubSub client
+/// endpoint and REST API). They bound what a client that opens connections and sends
+/// nothing, or one byte at a time, can hold.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct HttpConfig {
+    /// Concurrent HTTP connections, upgraded WebSockets included; past it a new
+    /// connection is answered 503 and closed. Default: sized from the file-descriptor
+    /// limit at start-up (see `fds.rs`), at most 100,000.
+    pub max_connections: Option<usize>,
+    /// A request's head (request line and headers) must arrive within this many
+    /// seconds of the connection opening or of the previous response (10).
+    pub header_timeout_secs: u64,
+    /// A request's body must be read and its response produced within this many
+    /// seconds of its head (30); past it: 408 and the connection closes. Must exceed
+    /// `[webpubsub.limits] upstream_timeout_secs`: a WebSocket handshake waits for the
+    /// upstream `connect` handler.
+    pub request_timeout_secs: u64,
+    /// A connection (before any WebSocket upgrade) that moves no byte either way for
+    /// this many seconds is closed (30): a client that stops reading its responses.
+    pub idle_timeout_secs: u64,
+}
+
+impl Default for HttpConfig {
+    fn default() -> Self {
+        HttpConfig {
+            max_connections: None,
+            header_timeout_secs: 10,
+            request_timeout_secs: 30,
+            idle_timeout_secs: 30,
+        }
+    }
 }
 
 /// Why the configuration could not be loaded.
@@ -103,7 +139,15 @@ pub enum ConfigError {
     )]
     CompactAfterWithoutDataDir,
     #[error(transparent)]
-    WebPubSub(#[from] statehub_webpubsub::config::ConfigError),
+    WebPubSub(#[from] statehub_webpubsub::ConfigError),
+    #[error("invalid [http] table: {0}")]
+    Http(String),
+    /// A Web PubSub access key is refused; `origin` says where the keys came from.
+    #[error("web pubsub access keys from {origin}: {source}")]
+    AccessKey {
+        origin: String,
+        source: statehub_webpubsub::ConfigError,
+    },
 }
 
 /// Everything `serve` needs, resolved.
@@ -114,7 +158,12 @@ pub struct Settings {
     pub shutdown_grace_secs: u64,
     pub mqtt_threads: usize,
     pub broker: BrokerConfig,
+    /// Whether the file sets `[mqtt] max_connections` (else it is sized from the
+    /// file-descriptor limit at start-up).
+    pub mqtt_max_connections_set: bool,
     pub state_store: StateStoreSettings,
+    /// The HTTP listener's limits.
+    pub http: HttpConfig,
     /// Web PubSub, with its access keys resolved (flag/env, then `[webpubsub]`, then
     /// the top-level `access_keys`).
     pub webpubsub: WebPubSubConfig,
@@ -127,9 +176,9 @@ pub struct Settings {
 
 impl Settings {
     pub fn resolve(args: &ServeArgs) -> Result<Settings, ConfigError> {
-        let file = match &args.config {
+        let (file, mqtt_max_connections_set) = match &args.config {
             Some(path) => load(path)?,
-            None => FileConfig::default(),
+            None => (FileConfig::default(), false),
         };
         let file_sync = match (&file.sync, &args.config) {
             (Some(text), Some(path)) => {
@@ -180,17 +229,10 @@ impl Settings {
                 .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()))
                 .max(1),
             broker: file.mqtt,
+            mqtt_max_connections_set,
             state_store: file.state_store,
-            webpubsub: {
-                let mut wps = file.webpubsub;
-                if !args.access_keys.is_empty() {
-                    wps.access_keys = args.access_keys.clone();
-                } else if wps.access_keys.is_empty() {
-                    wps.access_keys = file.access_keys;
-                }
-                wps.validate()?;
-                wps
-            },
+            http: http(file.http, &file.webpubsub)?,
+            webpubsub: webpubsub(args, file.webpubsub, file.access_keys)?,
             data_dir,
             sync: sync.unwrap_or_default(),
             compact_after_bytes,
@@ -198,13 +240,79 @@ impl Settings {
     }
 }
 
-fn load(path: &Path) -> Result<FileConfig, ConfigError> {
+/// The `[webpubsub]` table with its access keys resolved (flag/env, then the table's,
+/// then the file's top-level ones) and validated.
+fn webpubsub(
+    args: &ServeArgs,
+    mut wps: WebPubSubConfig,
+    top_level_keys: Vec<String>,
+) -> Result<WebPubSubConfig, ConfigError> {
+    let file = || {
+        args.config
+            .as_deref()
+            .map_or_else(String::new, |p| p.display().to_string())
+    };
+    let origin = if !args.access_keys.is_empty() {
+        wps.access_keys = args.access_keys.clone();
+        "--access-key or STATEHUB_ACCESS_KEYS".to_owned()
+    } else if !wps.access_keys.is_empty() {
+        format!("[webpubsub] access_keys in {}", file())
+    } else {
+        wps.access_keys = top_level_keys;
+        format!("access_keys in {}", file())
+    };
+    wps.validate().map_err(|e| match e {
+        e @ statehub_webpubsub::ConfigError::ShortAccessKey { .. } => {
+            ConfigError::AccessKey { origin, source: e }
+        }
+        e => e.into(),
+    })?;
+    Ok(wps)
+}
+
+/// The `[http]` table, checked: timeouts of at least a second, a request timeout
+/// longer than the upstream `connect` handler may take.
+fn http(http: HttpConfig, wps: &WebPubSubConfig) -> Result<HttpConfig, ConfigError> {
+    if http.max_connections == Some(0) {
+        return Err(ConfigError::Http(
+            "max_connections must be at least 1".into(),
+        ));
+    }
+    if [
+        http.header_timeout_secs,
+        http.request_timeout_secs,
+        http.idle_timeout_secs,
+    ]
+    .contains(&0)
+    {
+        return Err(ConfigError::Http("timeouts must be at least 1 s".into()));
+    }
+    let upstream = wps.limits.upstream_timeout.as_secs();
+    if http.request_timeout_secs <= upstream {
+        return Err(ConfigError::Http(format!(
+            "request_timeout_secs ({}) must exceed [webpubsub.limits] upstream_timeout_secs \
+             ({upstream}): a WebSocket handshake waits for the upstream connect handler",
+            http.request_timeout_secs
+        )));
+    }
+    Ok(http)
+}
+
+/// The file, and whether it sets `[mqtt] max_connections`.
+fn load(path: &Path) -> Result<(FileConfig, bool), ConfigError> {
     let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
         path: path.into(),
         source,
     })?;
-    toml::from_str(&text).map_err(|source| ConfigError::Parse {
+    let parse_error = |source| ConfigError::Parse {
         path: path.into(),
         source: Box::new(source),
-    })
+    };
+    let file: FileConfig = toml::from_str(&text).map_err(parse_error)?;
+    let table: toml::Table = toml::from_str(&text).map_err(parse_error)?;
+    let max_connections_set = table
+        .get("mqtt")
+        .and_then(|mqtt| mqtt.get("max_connections"))
+        .is_some();
+    Ok((file, max_connections_set))
 }

@@ -2,6 +2,7 @@
 //! turns SIGINT/SIGTERM into one shutdown signal fanned out to every task.
 
 mod config;
+mod fds;
 mod http;
 mod retained;
 mod sessions;
@@ -81,10 +82,12 @@ fn main() -> ExitCode {
     }
 }
 
-async fn serve(settings: Settings) -> std::io::Result<()> {
+async fn serve(mut settings: Settings) -> std::io::Result<()> {
     // Installed before anything is bound, so a signal sent as soon as the
     // "listening" lines appear is always a graceful shutdown.
     let mut signals = Signals::install()?;
+    let descriptors = fds::Descriptors::raise();
+    descriptors.size_connections(&mut settings);
     let broker = Broker::new(settings.broker.clone());
     let shutdown = broker.shutdown_token();
     let (expiry, storage) = start_state_store(&settings, &broker)?;
@@ -122,7 +125,8 @@ async fn serve(settings: Settings) -> std::io::Result<()> {
             None
         }
     };
-    let http_task = tokio::spawn(http::serve(http, router, shutdown.clone()));
+    let http_limits = http::Limits::new(&settings.http, descriptors.per_listener());
+    let http_task = tokio::spawn(http::serve(http, router, http_limits, shutdown.clone()));
     mqtt.serve(grace).await;
     if let Some(task) = wps_task {
         if let Err(e) = task.await {

@@ -241,7 +241,7 @@ fn ws_frame(s: &mut TcpStream) -> (u8, Vec<u8>) {
 fn webpubsub_from_the_config_file_and_sigterm_closes_websockets() {
     let path = temp_file(
         "wps.toml",
-        "[webpubsub]\naccess_keys = [\"file-key\"]\n\n[webpubsub.limits]\nping_interval_secs = 20\n\n\
+        "[webpubsub]\naccess_keys = [\"file-key-0123456789\"]\n\n[webpubsub.limits]\nping_interval_secs = 20\n\n\
          [[webpubsub.hubs.chat.event_handlers]]\nurl_template = \"http://127.0.0.1:9/{event}\"\nsystem_events = [\"disconnected\"]\n",
     );
     let mut server = start(
@@ -259,13 +259,13 @@ fn webpubsub_from_the_config_file_and_sigterm_closes_websockets() {
         "the REST API is mounted and wants a token: {resp}"
     );
 
-    let claims = statehub_webpubsub::token::ClientClaims {
+    let claims = statehub_webpubsub::ClientClaims {
         user_id: Some("u".into()),
         roles: vec![],
         groups: vec![],
     };
-    let token = statehub_webpubsub::token::issue_token(
-        "file-key",
+    let token = statehub_webpubsub::issue_token(
+        "file-key-0123456789",
         "http://x/client/hubs/chat",
         &claims,
         Duration::from_secs(60),

@@ -11,7 +11,9 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::upstream::settings::HubSettings;
+pub(crate) mod hubs;
+
+use hubs::HubSettings;
 
 /// Configuration of the service.
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -48,10 +50,19 @@ impl Config {
             .unwrap_or_default()
     }
 
-    /// Checks what serde cannot: templates and event names.
+    /// Checks what serde cannot: key lengths, templates and event names.
     pub fn validate(&self) -> Result<(), ConfigError> {
+        for (i, key) in self.access_keys.iter().enumerate() {
+            if key.len() < MIN_ACCESS_KEY_BYTES {
+                return Err(ConfigError::ShortAccessKey {
+                    position: i + 1,
+                    count: self.access_keys.len(),
+                    len: key.len(),
+                });
+            }
+        }
         for (hub, settings) in &self.hubs {
-            if hub != "*" && !crate::hub::valid_hub_name(hub) {
+            if hub != "*" && !crate::protocol::valid_hub_name(hub) {
                 return Err(ConfigError::HubName(hub.clone()));
             }
             settings.validate().map_err(|reason| ConfigError::Handler {
@@ -64,13 +75,36 @@ impl Config {
                 "frame and queue limits must be positive",
             ));
         }
+        if self.limits.read_buffer_bytes < 1024 || self.limits.write_buffer_bytes < 1024 {
+            return Err(ConfigError::Limits(
+                "read_buffer_bytes and write_buffer_bytes must be at least 1024",
+            ));
+        }
         Ok(())
     }
 }
 
+/// Shortest access key accepted: tokens are HMACs keyed with it, so an empty or short
+/// key (a trailing comma in a key list gives an empty one) lets anyone mint tokens.
+pub const MIN_ACCESS_KEY_BYTES: usize = 16;
+
 /// Why the configuration was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ConfigError {
+    /// An access key is empty or shorter than [`MIN_ACCESS_KEY_BYTES`].
+    #[error(
+        "access key {position} of {count} is {len} bytes long; access keys must be at least \
+         {MIN_ACCESS_KEY_BYTES} bytes (an empty one usually comes from a trailing comma or an \
+         empty value)"
+    )]
+    ShortAccessKey {
+        /// Which key, from 1.
+        position: usize,
+        /// How many keys there are.
+        count: usize,
+        /// Its length in bytes.
+        len: usize,
+    },
     /// A `[webpubsub.hubs.<name>]` table names an invalid hub.
     #[error("invalid hub name {0:?} in [webpubsub.hubs]")]
     HubName(String),
@@ -116,6 +150,12 @@ pub struct Limits {
     /// Fire-and-forget upstream events (`connected`, `disconnected`) waiting to be
     /// posted; past it they are dropped and logged (10 000).
     pub upstream_queue: usize,
+    /// A socket's read buffer (8 KiB): allocated and zeroed for every connection from its
+    /// first read, idle or not; a larger frame is read into a buffer of its own size.
+    pub read_buffer_bytes: usize,
+    /// Bytes a socket's writer gathers before writing them out (8 KiB); the buffer keeps
+    /// its largest size while the connection lives.
+    pub write_buffer_bytes: usize,
 }
 
 impl Default for Limits {
@@ -132,6 +172,8 @@ impl Default for Limits {
             idle_timeout: Duration::from_secs(60),
             upstream_timeout: Duration::from_secs(10),
             upstream_queue: 10_000,
+            read_buffer_bytes: 8 * 1024,
+            write_buffer_bytes: 8 * 1024,
         }
     }
 }
@@ -150,7 +192,7 @@ mod secs {
 
     use serde::{Deserialize, Deserializer};
 
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
         u64::deserialize(d).map(Duration::from_secs)
     }
 }
@@ -162,13 +204,13 @@ mod tests {
     #[test]
     fn the_file_table() {
         let c: Config = toml_like(
-            r#"{"access_keys":["a","b"],"webhook_origin":"h:1",
+            r#"{"access_keys":["a-key-of-16-byte","another-long-key"],"webhook_origin":"h:1",
                 "limits":{"max_frame_bytes":10,"session_retention_secs":5},
                 "hubs":{"Chat":{"event_handlers":[{"url_template":"http://x/{hub}/{event}",
                    "user_event_pattern":"*","system_events":["connect"]}]},
                         "*":{"allow_anonymous":true}}}"#,
         );
-        assert_eq!(c.access_keys, ["a", "b"]);
+        assert_eq!(c.access_keys, ["a-key-of-16-byte", "another-long-key"]);
         assert_eq!(c.limits.max_frame_bytes, 10);
         assert_eq!(c.limits.session_retention, Duration::from_secs(5));
         assert_eq!(
@@ -182,6 +224,25 @@ mod tests {
         assert!(serde_json::from_str::<Config>(r#"{"nope":1}"#).is_err());
         let bad: Config = toml_like(r#"{"hubs":{"1x":{}}}"#);
         assert_eq!(bad.validate(), Err(ConfigError::HubName("1x".into())));
+    }
+
+    #[test]
+    fn empty_and_short_access_keys_are_refused() {
+        let keys = |k: &[&str]| Config::new(k.iter().copied()).validate();
+        assert_eq!(keys(&[]), Ok(()), "no keys: the service is off");
+        assert_eq!(keys(&["0123456789abcdef"]), Ok(()));
+        assert_eq!(
+            keys(&["0123456789abcdef", ""]),
+            Err(ConfigError::ShortAccessKey {
+                position: 2,
+                count: 2,
+                len: 0
+            })
+        );
+        assert!(matches!(
+            keys(&["0123456789abcde"]),
+            Err(ConfigError::ShortAccessKey { len: 15, .. })
+        ));
     }
 
     /// The file is TOML in the binary; serde sees the same shape through JSON here.

@@ -23,7 +23,8 @@ use futures_util::{SinkExt, StreamExt};
 use tokio::sync::watch;
 
 use crate::config::Limits;
-use crate::dispatch::{handle_binary, handle_raw, handle_text, Effects, UserEvent};
+use crate::dispatch::{handle_binary, handle_raw, handle_text};
+use crate::effects::{Effects, UserEvent};
 use crate::hub::admin::{Selection, Target};
 use crate::hub::{Hub, Session, CLOSE_GOING_AWAY, CLOSE_POLICY};
 use crate::outbox::{outbox, CloseRequest, Next, Outbox, OutboxReceiver, PushError};
@@ -33,18 +34,18 @@ use crate::protocol::Payload;
 use crate::protocol::Subprotocol;
 
 /// Close code: a frame larger than the limit.
-pub const CLOSE_TOO_BIG: u16 = 1009;
+pub(crate) const CLOSE_TOO_BIG: u16 = 1009;
 /// Close code: a frame of a kind the subprotocol does not use.
-pub const CLOSE_UNSUPPORTED: u16 = 1003;
+pub(crate) const CLOSE_UNSUPPORTED: u16 = 1003;
 /// Close code: the server failed (an upstream event without `ackId` failed).
-pub const CLOSE_INTERNAL: u16 = 1011;
+pub(crate) const CLOSE_INTERNAL: u16 = 1011;
 
 /// How long the writer gets to flush a close frame after the reader stopped.
 const CLOSE_FLUSH: Duration = Duration::from_secs(2);
 
 /// Accepts a socket and closes it at once, e.g. a failed recovery (1008), after a
 /// `disconnected` message unless the client is raw.
-pub async fn refuse(mut socket: WebSocket, protocol: Subprotocol, code: u16, reason: &str) {
+pub(crate) async fn refuse(mut socket: WebSocket, protocol: Subprotocol, code: u16, reason: &str) {
     if protocol != Subprotocol::Raw {
         let msg = Downstream::System(SystemEvent::Disconnected {
             message: reason.to_owned(),
@@ -61,7 +62,7 @@ pub async fn refuse(mut socket: WebSocket, protocol: Subprotocol, code: u16, rea
 }
 
 /// Runs a socket for `session` until either side closes it.
-pub async fn serve(socket: WebSocket, hub: Arc<Hub>, session: Arc<Session>, limits: Limits) {
+pub(crate) async fn serve(socket: WebSocket, hub: Arc<Hub>, session: Arc<Session>, limits: Limits) {
     let protocol = session.protocol();
     let (out, outrx) = outbox(limits.outbound_queue_messages, limits.outbound_queue_bytes);
     let Ok((generation, replay)) = session.attach(out.clone()) else {
@@ -210,7 +211,7 @@ async fn apply(
         reply(session, out, msg);
     }
     if let Some(timer) = fx.stream_timer {
-        crate::stream::spawn_idle_timer(Arc::clone(hub), Arc::clone(session), timer);
+        crate::hub::stream::spawn_idle_timer(Arc::clone(hub), Arc::clone(session), timer);
     }
     if let Some(close) = fx.close {
         hub.close(session.id(), close.code, &close.reason);
@@ -250,7 +251,7 @@ async fn user_event(
             },
             Err(e) => {
                 tracing::warn!("invoke {:?} of {}: {e}", event.event, session.id());
-                Downstream::invoke_err(invocation_id, e.ack_name(), e.to_string())
+                Downstream::invoke_err(invocation_id, e.name(), e.to_string())
             }
         };
         reply(session, out, &response);
@@ -272,7 +273,7 @@ async fn user_event(
             reply(
                 session,
                 out,
-                &Downstream::ack_err(id, e.ack_name(), e.to_string()),
+                &Downstream::ack_err(id, e.name(), e.to_string()),
             );
         }
         (Err(e), None) => {

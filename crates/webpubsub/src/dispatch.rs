@@ -1,5 +1,5 @@
 //! What a client's upstream messages do, without the socket: each frame (JSON or
-//! protobuf, decoded to the same [`Request`]) becomes the replies to queue and whether
+//! protobuf, decoded to the same [`Request`]) becomes the [`Effects`]: replies to queue and whether
 //! the connection must close. Tested directly in `dispatch_test.rs`.
 //!
 //! A user event with an upstream handler is not answered here: the effects carry it as
@@ -10,83 +10,15 @@
 //! resends with the same id after a recovery). Failures are not remembered, so a
 //! message refused as `Forbidden` may be retried with the same id.
 
+use crate::effects::{check_group, AckFailure, Close, Effects, UserEvent};
 use crate::hub::{Hub, Session, CLOSE_POLICY};
 use crate::protocol::codec::{decode_binary, decode_text, Request};
 use crate::protocol::json::{DataMessageRef, Downstream, MessageSource};
 use crate::protocol::{Payload, ProtocolError};
 
-/// Longest group name accepted.
-pub const MAX_GROUP_NAME: usize = 1024;
-
-/// Why a message with an `ackId` failed: the `error.name` the client sees.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum AckFailure {
-    /// The token's roles do not allow it.
-    #[error("{0}")]
-    Forbidden(String),
-    /// The message is malformed.
-    #[error("{0}")]
-    BadRequest(String),
-}
-
-impl AckFailure {
-    /// The `error.name`.
-    pub fn name(&self) -> &'static str {
-        match self {
-            Self::Forbidden(_) => "Forbidden",
-            Self::BadRequest(_) => "BadRequest",
-        }
-    }
-}
-
-/// The connection must close with this code, after a `disconnected` message.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Close {
-    /// WebSocket close code.
-    pub code: u16,
-    /// Reason.
-    pub reason: String,
-}
-
-/// A user event for the hub's upstream handler.
-#[derive(Debug, Clone, PartialEq)]
-pub struct UserEvent {
-    /// The event name (`message` for a raw client's frame).
-    pub event: String,
-    /// The data.
-    pub payload: Payload,
-    /// The `ackId` to answer once the upstream answered.
-    pub ack_id: Option<u64>,
-    /// Set for an `invoke`: the upstream's answer goes back as this invocation's
-    /// `invokeResponse` instead of a server message and an ack.
-    pub invocation_id: Option<String>,
-}
-
-/// A stream whose idle deadline the connection must watch (see [`crate::stream`]).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct StreamTimer {
-    /// The stream.
-    pub stream_id: String,
-    /// Which opening of that stream id.
-    pub epoch: u64,
-}
-
-/// The effects of one frame.
-#[derive(Debug, Default, PartialEq)]
-pub struct Effects {
-    /// Frames to send back, in order.
-    pub replies: Vec<Downstream>,
-    /// Set when the connection must close (protocol violation: the session is deleted).
-    pub close: Option<Close>,
-    /// A user event to post upstream, after the replies.
-    pub upstream: Option<UserEvent>,
-    /// A stream was opened: watch its idle timeout.
-    pub stream_timer: Option<StreamTimer>,
-}
-
 /// Handles one frame of a raw (no subprotocol) client: the `message` user event when
 /// the hub has a handler for it, else nothing.
-pub fn handle_raw(hub: &Hub, payload: Payload) -> Effects {
+pub(crate) fn handle_raw(hub: &Hub, payload: Payload) -> Effects {
     let takes = hub.events().is_some_and(|e| e.takes_user_event(RAW_EVENT));
     Effects {
         upstream: takes.then(|| UserEvent {
@@ -100,20 +32,24 @@ pub fn handle_raw(hub: &Hub, payload: Payload) -> Effects {
 }
 
 /// The user event a raw client's frames become.
-pub const RAW_EVENT: &str = "message";
+pub(crate) const RAW_EVENT: &str = "message";
 
 /// Handles one text frame from a JSON-subprotocol client.
-pub fn handle_text(hub: &Hub, session: &Session, text: &str) -> Effects {
+pub(crate) fn handle_text(hub: &Hub, session: &Session, text: &str) -> Effects {
     handle(hub, session, decode_text(text))
 }
 
 /// Handles one binary frame from a protobuf-subprotocol client.
-pub fn handle_binary(hub: &Hub, session: &Session, bytes: &[u8]) -> Effects {
+pub(crate) fn handle_binary(hub: &Hub, session: &Session, bytes: &[u8]) -> Effects {
     handle(hub, session, decode_binary(bytes))
 }
 
 /// Handles one decoded (or undecodable) request.
-pub fn handle(hub: &Hub, session: &Session, request: Result<Request, ProtocolError>) -> Effects {
+pub(crate) fn handle(
+    hub: &Hub,
+    session: &Session,
+    request: Result<Request, ProtocolError>,
+) -> Effects {
     let mut fx = Effects::default();
     let msg = match request {
         Ok(msg) => msg,
@@ -144,8 +80,30 @@ pub fn handle(hub: &Hub, session: &Session, request: Result<Request, ProtocolErr
             return fx;
         }
     }
-    let bad = |e: ProtocolError| AckFailure::BadRequest(e.to_string());
-    let result = match msg {
+    let Some(result) = perform(hub, session, &mut fx, msg) else {
+        return fx;
+    };
+    if let Some(id) = ack_id {
+        fx.replies.push(match result {
+            Ok(()) => {
+                session.processed(id);
+                Downstream::ack_ok(id)
+            }
+            Err(e) => Downstream::ack_err(id, e.name(), e.to_string()),
+        });
+    }
+    fx
+}
+
+/// Carries out one request; `None` when its ack waits for the upstream's answer.
+fn perform(
+    hub: &Hub,
+    session: &Session,
+    fx: &mut Effects,
+    msg: Request,
+) -> Option<Result<(), AckFailure>> {
+    let ack_id = msg.ack_id();
+    Some(match msg {
         Request::JoinGroup { group, .. } => {
             check_group(&group, session.permissions().can_join_leave(&group), "join")
                 .map(|()| hub.join(session, &group))
@@ -161,44 +119,9 @@ pub fn handle(hub: &Hub, session: &Session, request: Result<Request, ProtocolErr
             no_echo,
             payload,
             ..
-        } => {
-            check_group(&group, session.permissions().can_send(&group), "send to").and_then(|()| {
-                let payload = payload.map_err(bad)?;
-                let msg = DataMessageRef {
-                    from: MessageSource::Group,
-                    group: Some(&group),
-                    from_user_id: session.user_id(),
-                    payload: &payload,
-                    stream: None,
-                };
-                hub.send_to_group(&group, &msg, no_echo.then(|| session.id()));
-                Ok(())
-            })
-        }
+        } => send_to_group(hub, session, &group, no_echo, payload),
         Request::Event { event, payload, .. } => {
-            // Without a handler for it the event is validated and acked, as the service
-            // does; with one, the connection posts it and answers by the result.
-            if event.is_empty() || event.chars().any(char::is_control) {
-                Err(AckFailure::BadRequest(
-                    "event name must be non-empty, without control characters".into(),
-                ))
-            } else {
-                match payload {
-                    Err(e) => Err(bad(e)),
-                    Ok(payload) => {
-                        if hub.events().is_some_and(|e| e.takes_user_event(&event)) {
-                            fx.upstream = Some(UserEvent {
-                                event,
-                                payload,
-                                ack_id,
-                                invocation_id: None,
-                            });
-                            return fx;
-                        }
-                        Ok(())
-                    }
-                }
-            }
+            return user_event(hub, fx, event, payload, ack_id)
         }
         Request::SequenceAck { sequence_id } => {
             session.sequence_ack(sequence_id);
@@ -214,27 +137,67 @@ pub fn handle(hub: &Hub, session: &Session, request: Result<Request, ProtocolErr
             event,
             payload,
         } => {
-            invoke(hub, &mut fx, invocation_id, &target, event, payload);
+            invoke(hub, fx, invocation_id, &target, event, payload);
             Ok(())
         }
         req @ (Request::StreamStart { .. }
         | Request::StreamData { .. }
         | Request::StreamEnd { .. }) => {
-            crate::stream::handle(hub, session, &mut fx, req);
+            crate::hub::stream::handle(hub, session, fx, req);
             Ok(())
         }
         Request::Unknown => Ok(()),
+    })
+}
+
+fn send_to_group(
+    hub: &Hub,
+    session: &Session,
+    group: &str,
+    no_echo: bool,
+    payload: Result<Payload, ProtocolError>,
+) -> Result<(), AckFailure> {
+    check_group(group, session.permissions().can_send(group), "send to")?;
+    let payload = payload.map_err(|e| AckFailure::BadRequest(e.to_string()))?;
+    let msg = DataMessageRef {
+        from: MessageSource::Group,
+        group: Some(group),
+        from_user_id: session.user_id(),
+        payload: &payload,
+        stream: None,
     };
-    if let Some(id) = ack_id {
-        fx.replies.push(match result {
-            Ok(()) => {
-                session.processed(id);
-                Downstream::ack_ok(id)
-            }
-            Err(e) => Downstream::ack_err(id, e.name(), e.to_string()),
-        });
+    hub.send_to_group(group, &msg, no_echo.then(|| session.id()));
+    Ok(())
+}
+
+/// An `event`: without a handler for it, validated and acked, as the service does;
+/// with one, handed to the connection to post (`None`: it answers by the result).
+fn user_event(
+    hub: &Hub,
+    fx: &mut Effects,
+    event: String,
+    payload: Result<Payload, ProtocolError>,
+    ack_id: Option<u64>,
+) -> Option<Result<(), AckFailure>> {
+    if event.is_empty() || event.chars().any(char::is_control) {
+        return Some(Err(AckFailure::BadRequest(
+            "event name must be non-empty, without control characters".into(),
+        )));
     }
-    fx
+    let payload = match payload {
+        Ok(payload) => payload,
+        Err(e) => return Some(Err(AckFailure::BadRequest(e.to_string()))),
+    };
+    if !hub.events().is_some_and(|e| e.takes_user_event(&event)) {
+        return Some(Ok(()));
+    }
+    fx.upstream = Some(UserEvent {
+        event,
+        payload,
+        ack_id,
+        invocation_id: None,
+    });
+    None
 }
 
 /// An `invoke`: target `event` becomes a blocking user event whose answer is the
@@ -285,20 +248,6 @@ fn invoke(
         ack_id: None,
         invocation_id: Some(invocation_id),
     });
-}
-
-pub(crate) fn check_group(group: &str, allowed: bool, verb: &str) -> Result<(), AckFailure> {
-    if group.is_empty() || group.len() > MAX_GROUP_NAME {
-        return Err(AckFailure::BadRequest(format!(
-            "group name must be 1 to {MAX_GROUP_NAME} bytes"
-        )));
-    }
-    if !allowed {
-        return Err(AckFailure::Forbidden(format!(
-            "The connection has no permission to {verb} group '{group}'"
-        )));
-    }
-    Ok(())
 }
 
 #[cfg(test)]

@@ -1,38 +1,45 @@
 //! An Azure Web PubSub-compatible WebSocket service, for the official client SDKs.
 //!
 //! What lives where, from the wire inwards:
-//! - [`ws`]: the client endpoint's router, the handshake (token, subprotocol, recovery).
-//! - [`rest`]: the REST API the server SDKs call (`/api/hubs/{hub}/…`, `/api/health`);
-//!   [`filter`]: its OData `filter` language.
-//! - [`connection`]: one socket's reader and writer tasks.
-//! - [`dispatch`]: what each client request does (acks, permissions, publish), no I/O.
-//! - [`protocol`]: frame formats (JSON and protobuf subprotocols, raw), no I/O.
-//! - [`upstream`]: the application server's webhooks (CloudEvents `connect`,
+//! - `ws`: the client endpoint's router, the handshake (token, subprotocol, recovery).
+//! - `rest`: the REST API the server SDKs call (`/api/hubs/{hub}/…`, `/api/health`);
+//!   `filter`: its OData `filter` language.
+//! - `connection`: one socket's reader and writer tasks.
+//! - `dispatch`: what each client request does (acks, permissions, publish), no I/O,
+//!   as `effects` the connection carries out.
+//! - `protocol`: frame formats (JSON and protobuf subprotocols, raw), no I/O.
+//! - `upstream`: the application server's webhooks (CloudEvents `connect`,
 //!   `connected`, `disconnected`, user events) per hub settings.
-//! - [`token`] and [`permissions`]: access tokens and what their roles allow.
-//! - [`config`]: keys, limits and hub settings (statehub's `[webpubsub]` table).
-//! - [`hub`]: hubs, groups, users, sessions, and (in [`hub::admin`]) what the REST API
-//!   does to them; [`session`]: the reliable-session bookkeeping;
-//!   [`outbox`]: the bounded per-socket send queue; [`stream`]: client streams to
-//!   groups (`streamStart`, `streamData`, `streamEnd`).
+//! - `jwt`, `token` and `permissions`: access tokens (one HS256 validator for
+//!   client and REST tokens) and what their roles allow.
+//! - `config`: keys, limits and hub settings (statehub's `[webpubsub]` table).
+//! - `hub`: hubs, groups, users, sessions, client streams to groups (`streamStart`,
+//!   `streamData`, `streamEnd`), and (in `hub::admin`) what the REST API does to
+//!   them; `reliable`: the reliable-session bookkeeping; `outbox`: the bounded
+//!   per-socket send queue.
+//!
+//! Modules are private; what the binary and clients need is re-exported here.
 //!
 //! Build it with [`WebPubSub::new`] from a [`Config`], serve [`router`] (the client
 //! endpoint and the REST API), and call [`WebPubSub::shutdown`] to stop.
 
-pub mod config;
-pub mod connection;
-pub mod dispatch;
-pub mod filter;
-pub mod hub;
-pub mod outbox;
-pub mod permissions;
-pub mod protocol;
-pub mod rest;
-pub mod session;
-pub mod stream;
-pub mod token;
-pub mod upstream;
-pub mod ws;
+#![warn(unreachable_pub)]
+
+mod config;
+mod connection;
+mod dispatch;
+mod effects;
+mod filter;
+mod hub;
+mod jwt;
+mod outbox;
+mod permissions;
+mod protocol;
+mod reliable;
+mod rest;
+mod token;
+mod upstream;
+mod ws;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -41,10 +48,13 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-pub use config::{Config, Limits};
-pub use hub::Hub;
+pub use config::hubs::{EventHandler, HubSettings, SystemEvent};
+pub use config::{Config, ConfigError, Limits, MIN_ACCESS_KEY_BYTES};
+use hub::Hub;
+/// The protobuf subprotocols' messages (`webpubsub.client.proto`), for clients.
+pub use protocol::proto;
+pub use token::{issue_client_token, issue_token, ClientClaims};
 use upstream::events::HubEvents;
-use upstream::settings::HubSettings;
 use upstream::Upstream;
 
 /// The service state shared by every connection; cheap to clone.
@@ -89,7 +99,7 @@ impl WebPubSub {
 
     /// The hub of this name (case-insensitive, as the service's hub names are), created
     /// on first use with its upstream handlers.
-    pub fn hub(&self, name: &str) -> Arc<Hub> {
+    pub(crate) fn hub(&self, name: &str) -> Arc<Hub> {
         let key = name.to_ascii_lowercase();
         let mut hubs = self
             .inner
@@ -110,7 +120,7 @@ impl WebPubSub {
 
     /// The hub of this name if it exists (a request not yet authenticated must not
     /// create hubs).
-    pub fn existing_hub(&self, name: &str) -> Option<Arc<Hub>> {
+    pub(crate) fn existing_hub(&self, name: &str) -> Option<Arc<Hub>> {
         self.inner
             .hubs
             .lock()
@@ -120,12 +130,12 @@ impl WebPubSub {
     }
 
     /// The settings of a hub.
-    pub fn hub_settings(&self, name: &str) -> HubSettings {
+    pub(crate) fn hub_settings(&self, name: &str) -> HubSettings {
         self.inner.config.hub_settings(name)
     }
 
     /// The hub's upstream handlers, when it has any.
-    pub fn hub_events(&self, name: &str) -> Option<HubEvents> {
+    pub(crate) fn hub_events(&self, name: &str) -> Option<HubEvents> {
         let settings = self.hub_settings(name);
         if settings.event_handlers.is_empty() {
             return None;
@@ -135,12 +145,12 @@ impl WebPubSub {
     }
 
     /// Whether shutdown has begun (new clients are refused).
-    pub fn is_shutting_down(&self) -> bool {
+    pub(crate) fn is_shutting_down(&self) -> bool {
         self.inner.shutdown.is_cancelled()
     }
 
     /// Runs a connection task so that [`WebPubSub::shutdown`] waits for it.
-    pub fn track<F>(&self, task: F) -> tokio_util::task::task_tracker::TrackedFuture<F>
+    pub(crate) fn track<F>(&self, task: F) -> tokio_util::task::task_tracker::TrackedFuture<F>
     where
         F: std::future::Future,
     {

@@ -17,7 +17,7 @@ use tokio::time::Instant;
 
 /// Why a frame was not queued.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-pub enum PushError {
+pub(crate) enum PushError {
     /// The queue is at its frame or byte limit: the consumer is too slow.
     #[error("outbound queue full")]
     Full,
@@ -29,7 +29,7 @@ pub enum PushError {
 /// A request to close the socket with this code, after a `disconnected` message on
 /// JSON subprotocols.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CloseRequest {
+pub(crate) struct CloseRequest {
     /// WebSocket close code.
     pub code: u16,
     /// Reason, also the `disconnected` message's text.
@@ -66,7 +66,7 @@ impl Queue {
 
 /// The producing side; cheap to clone.
 #[derive(Debug)]
-pub struct Outbox {
+pub(crate) struct Outbox {
     queue: Arc<Queue>,
     close: Arc<watch::Sender<Option<CloseRequest>>>,
 }
@@ -91,7 +91,7 @@ impl Drop for Outbox {
 
 /// The writer's side.
 #[derive(Debug)]
-pub struct OutboxReceiver {
+pub(crate) struct OutboxReceiver {
     queue: Arc<Queue>,
     close: watch::Receiver<Option<CloseRequest>>,
 }
@@ -106,7 +106,7 @@ impl Drop for OutboxReceiver {
 }
 
 /// A new queue holding at most `max_messages` frames and `max_bytes` bytes.
-pub fn outbox(max_messages: usize, max_bytes: usize) -> (Outbox, OutboxReceiver) {
+pub(crate) fn outbox(max_messages: usize, max_bytes: usize) -> (Outbox, OutboxReceiver) {
     let (close_tx, close_rx) = watch::channel(None);
     let queue = Arc::new(Queue {
         state: Mutex::new(QueueState::default()),
@@ -128,7 +128,7 @@ pub fn outbox(max_messages: usize, max_bytes: usize) -> (Outbox, OutboxReceiver)
 }
 
 /// The payload bytes of a frame, for byte limits.
-pub fn frame_len(msg: &Message) -> usize {
+pub(crate) fn frame_len(msg: &Message) -> usize {
     match msg {
         Message::Text(t) => t.as_str().len(),
         Message::Binary(b) => b.len(),
@@ -138,12 +138,16 @@ pub fn frame_len(msg: &Message) -> usize {
 
 impl Outbox {
     /// Queues a frame without waiting.
-    pub fn push(&self, msg: Message) -> Result<(), PushError> {
+    pub(crate) fn push(&self, msg: Message) -> Result<(), PushError> {
         self.push_until(msg, None)
     }
 
     /// Queues a frame that is dropped unsent if still queued at `deadline`.
-    pub fn push_until(&self, msg: Message, deadline: Option<Instant>) -> Result<(), PushError> {
+    pub(crate) fn push_until(
+        &self,
+        msg: Message,
+        deadline: Option<Instant>,
+    ) -> Result<(), PushError> {
         let len = frame_len(&msg);
         let was_empty = {
             let mut st = self.queue.lock();
@@ -164,7 +168,7 @@ impl Outbox {
     }
 
     /// Asks the writer to close the socket; the first request wins.
-    pub fn close(&self, code: u16, reason: impl Into<String>) {
+    pub(crate) fn close(&self, code: u16, reason: impl Into<String>) {
         let reason = reason.into();
         self.close.send_if_modified(|current| {
             if current.is_some() {
@@ -176,7 +180,7 @@ impl Outbox {
     }
 
     /// A receiver of close requests, for the reader to stop too.
-    pub fn close_watch(&self) -> watch::Receiver<Option<CloseRequest>> {
+    pub(crate) fn close_watch(&self) -> watch::Receiver<Option<CloseRequest>> {
         self.close.subscribe()
     }
 }
@@ -195,7 +199,7 @@ impl OutboxReceiver {
     }
 
     /// The next frame whose deadline has not passed; `None` once every producer is gone.
-    pub async fn recv(&mut self) -> Option<Message> {
+    pub(crate) async fn recv(&mut self) -> Option<Message> {
         loop {
             if let Some(msg) = self.pop() {
                 return Some(msg);
@@ -207,19 +211,21 @@ impl OutboxReceiver {
         }
     }
 
+    #[cfg(test)]
     /// Bytes queued now.
-    pub fn queued_bytes(&self) -> usize {
+    pub(crate) fn queued_bytes(&self) -> usize {
         self.queue.lock().bytes
     }
 
+    #[cfg(test)]
     /// Waits for a close request.
-    pub async fn closed(&mut self) -> CloseRequest {
+    pub(crate) async fn closed(&mut self) -> CloseRequest {
         wait_close(&mut self.close).await
     }
 
     /// The next thing for the writer: a close request overtakes queued frames, and
     /// frames past their deadline are skipped.
-    pub async fn next(&mut self) -> Next {
+    pub(crate) async fn next(&mut self) -> Next {
         if self.close.borrow().is_some() {
             return Next::Close(wait_close(&mut self.close).await);
         }
@@ -237,7 +243,7 @@ impl OutboxReceiver {
     /// The next queued frame if there is one now, without waiting: lets the writer
     /// put every frame already queued into one socket write. `None` when nothing is
     /// queued or a close request is pending (the writer's `next` then returns it).
-    pub fn try_frame(&mut self) -> Option<Message> {
+    pub(crate) fn try_frame(&mut self) -> Option<Message> {
         if self.close.borrow().is_some() {
             return None;
         }
@@ -247,7 +253,7 @@ impl OutboxReceiver {
 
 /// What [`OutboxReceiver::next`] yields.
 #[derive(Debug)]
-pub enum Next {
+pub(crate) enum Next {
     /// Close the socket.
     Close(CloseRequest),
     /// Send this frame.

@@ -1,5 +1,4 @@
-//! Client access tokens: HS256 JWTs signed with the UTF-8 bytes of an access key, the
-//! way the server SDKs mint them from a connection string.
+//! Client access tokens: JWTs checked by [`crate::jwt`], bound to a hub by their audience.
 //!
 //! The audience is `http(s)://host[:port]/client/hubs/{hub}`. Only the path is compared
 //! (hub case-insensitively): one server answers under several host names (localhost,
@@ -9,30 +8,24 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use jsonwebtoken::errors::ErrorKind;
-use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation};
+use jsonwebtoken::{Algorithm, EncodingKey, Header};
 use serde::{Deserialize, Serialize};
 
+use crate::jwt::JwtError;
 use crate::permissions::Permissions;
 
 /// Why a token was refused. Every variant becomes HTTP 401.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum TokenError {
+pub(crate) enum TokenError {
     /// No `access_token` query parameter nor bearer header.
     #[error("no access token")]
     Missing,
-    /// Not signed by any configured key.
-    #[error("signature does not match any access key")]
-    BadSignature,
-    /// Past its `exp`.
-    #[error("token expired")]
-    Expired,
+    /// Not a valid token signed by one of the keys.
+    #[error(transparent)]
+    Invalid(#[from] JwtError),
     /// `aud` is not this hub's client endpoint.
     #[error("audience {0:?} is not this hub's client endpoint")]
     Audience(String),
-    /// Malformed, wrong algorithm or missing claims.
-    #[error("invalid token: {0}")]
-    Malformed(String),
 }
 
 /// A claim that may be one string or an array of strings.
@@ -89,35 +82,12 @@ impl ClientClaims {
 }
 
 /// Validates a client token for `hub` against each key in turn (primary, secondary).
-pub fn validate_client_token(
+pub(crate) fn validate_client_token(
     keys: &[String],
     token: &str,
     hub: &str,
 ) -> Result<ClientClaims, TokenError> {
-    let mut validation = Validation::new(Algorithm::HS256);
-    validation.validate_aud = false;
-    validation.leeway = 5;
-    let mut last = TokenError::BadSignature;
-    for key in keys {
-        match jsonwebtoken::decode::<RawClaims>(
-            token,
-            &DecodingKey::from_secret(key.as_bytes()),
-            &validation,
-        ) {
-            Ok(data) => return claims_for_hub(data.claims, hub),
-            Err(e) => {
-                last = match e.kind() {
-                    ErrorKind::InvalidSignature => TokenError::BadSignature,
-                    ErrorKind::ExpiredSignature => TokenError::Expired,
-                    _ => TokenError::Malformed(e.to_string()),
-                };
-                if last != TokenError::BadSignature {
-                    return Err(last);
-                }
-            }
-        }
-    }
-    Err(last)
+    claims_for_hub(crate::jwt::verify(keys, token)?, hub)
 }
 
 fn claims_for_hub(raw: RawClaims, hub: &str) -> Result<ClientClaims, TokenError> {
@@ -150,7 +120,7 @@ fn audience_matches(aud: &str, hub: &str) -> bool {
 
 /// The claims of a token already validated, each as a list of strings (arrays as their
 /// elements, other values as their JSON text), for the upstream `connect` event.
-pub fn claims_map(token: &str) -> std::collections::BTreeMap<String, Vec<String>> {
+pub(crate) fn claims_map(token: &str) -> std::collections::BTreeMap<String, Vec<String>> {
     use base64::engine::general_purpose::URL_SAFE_NO_PAD;
     use base64::Engine as _;
     let payload = token
@@ -276,12 +246,12 @@ mod tests {
         let wrong_key = sign(json!({"aud":aud,"exp":now()+60}), "nope");
         assert_eq!(
             validate_client_token(&keys(), &wrong_key, "chat"),
-            Err(TokenError::BadSignature)
+            Err(TokenError::Invalid(JwtError::BadSignature))
         );
         let expired = sign(json!({"aud":aud,"exp":now()-3600}), KEY);
         assert_eq!(
             validate_client_token(&keys(), &expired, "chat"),
-            Err(TokenError::Expired)
+            Err(TokenError::Invalid(JwtError::Expired))
         );
         let other_hub = sign(json!({"aud":aud,"exp":now()+60}), KEY);
         assert!(matches!(
@@ -291,11 +261,21 @@ mod tests {
         let no_exp = sign(json!({"aud":aud}), KEY);
         assert!(matches!(
             validate_client_token(&keys(), &no_exp, "chat"),
-            Err(TokenError::Malformed(_))
+            Err(TokenError::Invalid(JwtError::Malformed(_)))
         ));
+        let not_yet = sign(json!({"aud":aud,"exp":now()+600,"nbf":now()+60}), KEY);
+        assert_eq!(
+            validate_client_token(&keys(), &not_yet, "chat"),
+            Err(TokenError::Invalid(JwtError::NotYetValid))
+        );
+        let future = sign(json!({"aud":aud,"exp":now()+600,"iat":now()+60}), KEY);
+        assert_eq!(
+            validate_client_token(&keys(), &future, "chat"),
+            Err(TokenError::Invalid(JwtError::IssuedInFuture))
+        );
         assert!(matches!(
             validate_client_token(&keys(), "garbage", "chat"),
-            Err(TokenError::Malformed(_))
+            Err(TokenError::Invalid(JwtError::Malformed(_)))
         ));
     }
 

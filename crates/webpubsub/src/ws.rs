@@ -29,12 +29,12 @@ use crate::hub::{new_connection_id, Gone, NewSession, CLOSE_POLICY};
 use crate::protocol::Subprotocol;
 use crate::token::{claims_map, validate_client_token, ClientClaims, TokenError};
 use crate::upstream::cloudevents::{ConnectRequest, UpstreamError};
-use crate::upstream::events::Connecting;
+use crate::upstream::events::{Connecting, HubEvents};
 use crate::WebPubSub;
 
 /// Why a handshake was refused before the upgrade.
 #[derive(Debug, thiserror::Error)]
-pub enum HandshakeError {
+pub(crate) enum HandshakeError {
     /// The hub name is not valid.
     #[error("invalid hub name {0:?}")]
     BadHub(String),
@@ -80,7 +80,7 @@ impl IntoResponse for HandshakeError {
 }
 
 /// The client WebSocket routes.
-pub fn router(state: WebPubSub) -> Router {
+pub(crate) fn router(state: WebPubSub) -> Router {
     Router::new()
         .route("/client/hubs/{hub}", any(client_by_path))
         .route("/client", any(client_by_query))
@@ -131,7 +131,7 @@ struct Handshake<'a> {
 
 /// Hub names start with a letter, at most 128 of letters, digits and `_`,.[]`.
 fn valid_hub(name: &str) -> bool {
-    crate::hub::valid_hub_name(name)
+    crate::protocol::valid_hub_name(name)
 }
 
 /// The subprotocol to echo: the first offered one this service speaks; raw when none
@@ -216,7 +216,7 @@ async fn handshake(
     let offered = offered(req.headers);
     let events = state.hub_events(hub_name);
     let takes_connect = events.as_ref().is_some_and(|e| e.takes_connect());
-    let mut protocol = if takes_connect {
+    let protocol = if takes_connect {
         offered
             .iter()
             .find_map(|name| Subprotocol::from_name(name))
@@ -228,35 +228,8 @@ async fn handshake(
         .query
         .get("awps_connection_id")
         .zip(req.query.get("awps_reconnection_token"));
-    let limits = state.config().limits.clone();
-    if let Some((id, token)) = recovery {
-        // The session keeps the subprotocol it was created with; a client offering
-        // another one could not read its frames. A hub is not created for a recovery
-        // (nothing is authenticated yet).
-        let found = state
-            .existing_hub(hub_name)
-            .ok_or(Gone)
-            .and_then(|hub| Ok((hub.recover(id, token)?, hub)))
-            .and_then(|(s, hub)| {
-                if s.protocol() == protocol {
-                    Ok((s, hub))
-                } else {
-                    Err(Gone)
-                }
-            });
-        let mut ws = upgrade(ws?, &limits);
-        if let Some(name) = protocol.name() {
-            ws = ws.protocols([name]);
-        }
-        let tracked = state.clone();
-        return Ok(ws.on_upgrade(move |socket| {
-            tracked.track(async move {
-                match found {
-                    Ok((session, hub)) => serve(socket, hub, session, limits).await,
-                    Err(gone) => refuse(socket, protocol, CLOSE_POLICY, &gone.to_string()).await,
-                }
-            })
-        }));
+    if let Some(names) = recovery {
+        return Ok(recover(state, hub_name, names, protocol, ws?));
     }
 
     let token = req
@@ -264,7 +237,7 @@ async fn handshake(
         .get("access_token")
         .map(String::as_str)
         .or_else(|| bearer(req.headers));
-    let mut claims = match token {
+    let claims = match token {
         Some(t) => validate_client_token(&state.config().access_keys, t, hub_name)?,
         None if state.hub_settings(hub_name).allow_anonymous => ClientClaims {
             user_id: None,
@@ -275,58 +248,112 @@ async fn handshake(
     };
     let ws = ws?;
     let hub = state.hub(hub_name);
-    let connection_id = new_connection_id();
-    let mut echo = protocol.name().map(str::to_owned);
-    let mut connection_state = None;
+    let mut new = NewSession {
+        connection_id: Some(new_connection_id()),
+        claims,
+        protocol,
+        subprotocol: protocol.name().map(str::to_owned),
+        connection_state: None,
+    };
     if let Some(events) = events.filter(|_| takes_connect) {
-        let who = Connecting {
-            hub: hub.name(),
-            connection_id: &connection_id,
-            user_id: claims.user_id.as_deref(),
-        };
         let request = connect_request(req, token, &offered);
-        if let Some((answer, state)) = events.connect(who, &request).await? {
-            if let Some(user) = answer.user_id.filter(|u| !u.is_empty()) {
-                claims.user_id = Some(user);
-            }
-            claims.groups.extend(answer.groups);
-            claims.roles.extend(answer.roles);
-            connection_state = state;
-            if let Some(chosen) = answer.subprotocol.filter(|p| !p.is_empty()) {
-                if !offered.contains(&chosen) {
-                    return Err(HandshakeError::UpstreamSubprotocol(chosen));
-                }
-                protocol = Subprotocol::from_name(&chosen).unwrap_or(Subprotocol::Raw);
-                echo = Some(chosen);
-            }
-        }
+        connect_event(&events, hub.name(), &request, &offered, &mut new).await?;
     }
-    if echo.is_none() && !offered.is_empty() {
+    if new.subprotocol.is_none() && !offered.is_empty() {
         // A client that offered subprotocols fails an upgrade that echoes none.
         return Err(HandshakeError::Subprotocol(offered.join(",")));
     }
+    let limits = state.config().limits.clone();
     let mut ws = upgrade(ws, &limits);
-    if let Some(name) = &echo {
+    if let Some(name) = &new.subprotocol {
         ws = ws.protocols([name.clone()]);
     }
     let tracked = state.clone();
     Ok(ws.on_upgrade(move |socket| {
         tracked.track(async move {
-            let session = hub.open(NewSession {
-                connection_id: Some(connection_id),
-                claims,
-                protocol,
-                subprotocol: echo,
-                connection_state,
-            });
+            let session = hub.open(new);
             serve(socket, hub, session, limits).await;
         })
     }))
 }
 
+/// A recovering socket is accepted either way: a missing session, a wrong token or
+/// another subprotocol than the session's (whose frames the client could not read)
+/// closes it with 1008, which tells the official clients to stop retrying. A hub is
+/// not created for a recovery (nothing is authenticated yet).
+fn recover(
+    state: &WebPubSub,
+    hub_name: &str,
+    (id, token): (&String, &String),
+    protocol: Subprotocol,
+    ws: WebSocketUpgrade,
+) -> Response {
+    let found = state
+        .existing_hub(hub_name)
+        .ok_or(Gone)
+        .and_then(|hub| Ok((hub.recover(id, token)?, hub)))
+        .and_then(|(s, hub)| {
+            if s.protocol() == protocol {
+                Ok((s, hub))
+            } else {
+                Err(Gone)
+            }
+        });
+    let limits = state.config().limits.clone();
+    let mut ws = upgrade(ws, &limits);
+    if let Some(name) = protocol.name() {
+        ws = ws.protocols([name]);
+    }
+    let tracked = state.clone();
+    ws.on_upgrade(move |socket| {
+        tracked.track(async move {
+            match found {
+                Ok((session, hub)) => serve(socket, hub, session, limits).await,
+                Err(gone) => refuse(socket, protocol, CLOSE_POLICY, &gone.to_string()).await,
+            }
+        })
+    })
+}
+
+/// Runs the blocking `connect` event and applies the handler's answer to the new
+/// session: user id, extra groups and roles, connection state, and the subprotocol
+/// (one the client offered; one this service does not speak is served as raw).
+async fn connect_event(
+    events: &HubEvents,
+    hub: &str,
+    request: &ConnectRequest,
+    offered: &[String],
+    new: &mut NewSession,
+) -> Result<(), HandshakeError> {
+    let who = Connecting {
+        hub,
+        connection_id: new.connection_id.as_deref().unwrap_or_default(),
+        user_id: new.claims.user_id.as_deref(),
+    };
+    let Some((answer, state)) = events.connect(who, request).await? else {
+        return Ok(());
+    };
+    if let Some(user) = answer.user_id.filter(|u| !u.is_empty()) {
+        new.claims.user_id = Some(user);
+    }
+    new.claims.groups.extend(answer.groups);
+    new.claims.roles.extend(answer.roles);
+    new.connection_state = state;
+    if let Some(chosen) = answer.subprotocol.filter(|p| !p.is_empty()) {
+        if !offered.contains(&chosen) {
+            return Err(HandshakeError::UpstreamSubprotocol(chosen));
+        }
+        new.protocol = Subprotocol::from_name(&chosen).unwrap_or(Subprotocol::Raw);
+        new.subprotocol = Some(chosen);
+    }
+    Ok(())
+}
+
 fn upgrade(ws: WebSocketUpgrade, limits: &crate::Limits) -> WebSocketUpgrade {
     ws.max_frame_size(limits.max_frame_bytes)
         .max_message_size(limits.max_frame_bytes)
+        .read_buffer_size(limits.read_buffer_bytes)
+        .write_buffer_size(limits.write_buffer_bytes)
 }
 
 #[cfg(test)]

@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use common::upstream::*;
 use common::*;
-use statehub_webpubsub::upstream::settings::{HubSettings, SystemEvent};
 use statehub_webpubsub::{router, Config, Limits, WebPubSub};
+use statehub_webpubsub::{HubSettings, SystemEvent};
 use tokio_tungstenite::tungstenite::Error as WsError;
 
 #[tokio::test]

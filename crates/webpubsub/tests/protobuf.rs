@@ -6,25 +6,15 @@ use common::*;
 use futures_util::SinkExt;
 use prost::Message as _;
 use serde_json::json;
-use statehub_webpubsub::protocol::proto::{
-    AckMessage, Data, DataMessage, Downstream, DownstreamMessage, GroupMessage, MessageData,
-    SendToGroupMessage, SequenceAckMessage, System, Upstream, UpstreamMessage,
+use statehub_webpubsub::proto::{
+    AckMessage, Data, DataMessage, Downstream, GroupMessage, MessageData, SendToGroupMessage,
+    SequenceAckMessage, System, Upstream, UpstreamMessage,
 };
 use statehub_webpubsub::Limits;
 use tokio_tungstenite::tungstenite::Message;
 
 const PB_RELIABLE: &str = "protobuf.reliable.webpubsub.azure.v1";
 const ALL: &[&str] = &["webpubsub.joinLeaveGroup", "webpubsub.sendToGroup"];
-
-async fn recv_pb(ws: &mut Ws) -> Downstream {
-    match next_frame(ws).await {
-        Some(Message::Binary(b)) => DownstreamMessage::decode(b.as_ref())
-            .unwrap()
-            .message
-            .unwrap(),
-        other => panic!("expected a binary frame, got {other:?}"),
-    }
-}
 
 async fn send_pb(ws: &mut Ws, m: Upstream) {
     let bytes = UpstreamMessage { message: Some(m) }.encode_to_vec();

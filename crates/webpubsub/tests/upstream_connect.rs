@@ -13,7 +13,7 @@ use common::*;
 use hmac::{Hmac, Mac};
 use serde_json::json;
 use sha2::Sha256;
-use statehub_webpubsub::upstream::settings::{HubSettings, SystemEvent};
+use statehub_webpubsub::{HubSettings, SystemEvent};
 use tokio_tungstenite::tungstenite::{Error as WsError, Message};
 
 fn hmac_hex(key: &str, data: &str) -> String {

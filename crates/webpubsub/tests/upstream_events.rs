@@ -14,7 +14,7 @@ use common::upstream::*;
 use common::*;
 use futures_util::SinkExt;
 use serde_json::json;
-use statehub_webpubsub::upstream::settings::{HubSettings, SystemEvent};
+use statehub_webpubsub::{HubSettings, SystemEvent};
 use tokio_tungstenite::tungstenite::Message;
 
 /// Answers by the event name: `echo` echoes text back, `json` answers JSON, `bin` bytes,

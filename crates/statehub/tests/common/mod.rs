@@ -66,7 +66,11 @@ pub fn command(args: &[&str], env: &[(&str, &str)]) -> Command {
 
 /// Starts the binary and waits (max 10 s) for both "listening on" lines.
 pub fn start(args: &[&str], env: &[(&str, &str)]) -> Server {
-    let mut child = command(args, env).spawn().expect("spawn statehub");
+    attach(command(args, env).spawn().expect("spawn statehub"))
+}
+
+/// Waits (max 10 s) for a spawned binary's "listening on" lines.
+pub fn attach(mut child: Child) -> Server {
     let stderr = child.stderr.take().unwrap();
     let (tx, rx) = mpsc::channel();
     std::thread::spawn(move || {

@@ -20,17 +20,17 @@ mod parse;
 
 use std::collections::HashSet;
 
-pub use parse::MAX_LEN;
+pub(crate) use parse::MAX_LEN;
 
 /// A parsed, type-checked filter.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Filter {
+pub(crate) struct Filter {
     root: Expr,
 }
 
 /// The connection a filter is evaluated against.
 #[derive(Debug, Clone, Copy)]
-pub struct Conn<'a> {
+pub(crate) struct Conn<'a> {
     /// `connectionId`.
     pub connection_id: &'a str,
     /// `userId`; `None` is `null`.
@@ -42,14 +42,14 @@ pub struct Conn<'a> {
 /// Why a filter was refused; the REST API answers 400 with [`FilterError::message`].
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{}", self.message())]
-pub struct FilterError {
+pub(crate) struct FilterError {
     filter: String,
     detail: Detail,
 }
 
 /// What is wrong with a filter.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Detail {
+pub(crate) enum Detail {
     /// The text does not follow the grammar at this character position.
     Syntax(usize),
     /// An identifier other than `userId`, `connectionId`, `groups`, at this position.
@@ -64,7 +64,7 @@ pub enum Detail {
 
 /// The static type of an expression.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Ty {
+pub(crate) enum Ty {
     /// `true`, `false`, comparisons, boolean functions.
     Bool,
     /// Strings (may evaluate to `null`, e.g. `userId`).
@@ -97,14 +97,15 @@ impl FilterError {
         }
     }
 
+    #[cfg(test)]
     /// What is wrong.
-    pub fn detail(&self) -> &Detail {
+    pub(crate) fn detail(&self) -> &Detail {
         &self.detail
     }
 
     /// The message the service gives, e.g. `Invalid syntax for 'invalid filter': Syntax
     /// error at position 14 in 'invalid filter'. (Parameter 'filter')`.
-    pub fn message(&self) -> String {
+    pub(crate) fn message(&self) -> String {
         let f = &self.filter;
         let detail = match &self.detail {
             Detail::Syntax(pos) => format!("Syntax error at position {pos} in '{f}'."),
@@ -185,14 +186,14 @@ enum Expr {
 
 impl Filter {
     /// Parses and type-checks `text`.
-    pub fn parse(text: &str) -> Result<Self, FilterError> {
+    pub(crate) fn parse(text: &str) -> Result<Self, FilterError> {
         parse::parse(text)
             .map(|root| Self { root })
             .map_err(|detail| FilterError::new(text, detail))
     }
 
     /// Does the connection match?
-    pub fn matches(&self, conn: &Conn<'_>) -> bool {
+    pub(crate) fn matches(&self, conn: &Conn<'_>) -> bool {
         eval::matches(&self.root, conn)
     }
 }

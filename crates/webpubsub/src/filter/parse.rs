@@ -11,9 +11,9 @@
 use super::{CmpOp, Detail, Expr, Field, Func, Literal, Ty};
 
 /// Longest filter accepted, in bytes.
-pub const MAX_LEN: usize = 8192;
+pub(crate) const MAX_LEN: usize = 8192;
 /// Deepest nesting of parentheses, `not`s and function calls accepted.
-pub const MAX_DEPTH: usize = 64;
+pub(super) const MAX_DEPTH: usize = 64;
 
 #[derive(Debug, Clone, PartialEq)]
 enum Tok {

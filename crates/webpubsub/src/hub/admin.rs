@@ -13,19 +13,18 @@ use tokio::time::Instant;
 
 use super::{lock, Hub, Session, CLOSE_GOING_AWAY, CLOSE_NORMAL};
 use crate::filter::{Conn, Filter};
-pub use crate::permissions::Permission;
-use crate::protocol::frames::DataFrames;
+pub(crate) use crate::permissions::Permission;
 use crate::protocol::json::{DataMessageRef, MessageSource};
 use crate::protocol::Payload;
 
 /// The connection (or user) an operation names does not exist.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error("not found")]
-pub struct NotFound;
+pub(crate) struct NotFound;
 
 /// Whom an operation applies to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Target<'a> {
+pub(crate) enum Target<'a> {
     /// Every connection of the hub.
     All,
     /// The members of a group.
@@ -38,7 +37,7 @@ pub enum Target<'a> {
 
 /// Which of the target's connections: not `excluded`, and matching `filter`.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct Selection<'a> {
+pub(crate) struct Selection<'a> {
     /// Connection ids left out.
     pub excluded: &'a [String],
     /// OData filter the connections must match.
@@ -47,33 +46,35 @@ pub struct Selection<'a> {
 
 /// One entry of a group listing.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Member {
+pub(crate) struct Member {
     /// The connection id.
     pub connection_id: String,
     /// Its user id, if any.
     pub user_id: Option<String>,
 }
 
-impl Session {
-    /// Does the session match the selection? Takes the session lock for its groups.
-    fn selected(&self, sel: &Selection<'_>) -> bool {
-        if sel.excluded.contains(&self.id) {
+impl Selection<'_> {
+    /// Does the session match? Takes the session lock for its groups.
+    fn includes(&self, session: &Session) -> bool {
+        if self.excluded.iter().any(|id| id == session.id()) {
             return false;
         }
-        let Some(filter) = sel.filter else {
+        let Some(filter) = self.filter else {
             return true;
         };
-        let st = lock(&self.state);
-        filter.matches(&Conn {
-            connection_id: &self.id,
-            user_id: self.user_id.as_deref(),
-            groups: &st.groups,
+        session.with_groups(|groups| {
+            filter.matches(&Conn {
+                connection_id: session.id(),
+                user_id: session.user_id(),
+                groups,
+            })
         })
     }
 }
 
 impl Hub {
-    fn targets(&self, target: Target<'_>) -> Vec<Arc<Session>> {
+    /// The sessions `target` names, live or kept for recovery.
+    pub(super) fn targets(&self, target: Target<'_>) -> Vec<Arc<Session>> {
         let hub = lock(&self.state);
         let by_id = |id: &String| hub.sessions.get(id).cloned();
         match target {
@@ -94,12 +95,12 @@ impl Hub {
 
     fn selected(&self, target: Target<'_>, sel: &Selection<'_>) -> Vec<Arc<Session>> {
         let mut sessions = self.targets(target);
-        sessions.retain(|s| s.selected(sel));
+        sessions.retain(|s| sel.includes(s));
         sessions
     }
 
     /// The session of this connection id, live or kept for recovery.
-    pub fn session(&self, id: &str) -> Option<Arc<Session>> {
+    pub(crate) fn session(&self, id: &str) -> Option<Arc<Session>> {
         lock(&self.state).sessions.get(id).cloned()
     }
 
@@ -108,7 +109,7 @@ impl Hub {
     /// any connection that has not been sent it in time (and keeps it from being
     /// replayed later). Returns how many sessions it reached; sessions that overflow are
     /// disconnected, never waited on.
-    pub fn send(
+    pub(crate) fn send(
         &self,
         target: Target<'_>,
         sel: &Selection<'_>,
@@ -129,21 +130,13 @@ impl Hub {
             payload,
             stream: None,
         };
-        let mut delivered = 0;
-        let mut frames = DataFrames::new(&msg);
-        for session in self.selected(target, sel) {
-            match session.deliver_until(&mut frames, deadline) {
-                Ok(()) => delivered += 1,
-                Err(super::Gone) => self.remove(&session.id),
-            }
-        }
-        delivered
+        self.fan_out(&self.selected(target, sel), &msg, deadline)
     }
 
     /// Closes the selected connections: each gets a `disconnected` message with
     /// `reason`, then a close frame (1000, or 1008 on reliable subprotocols, which tells
     /// the client the session is gone rather than inviting a recovery). Returns how many.
-    pub fn close_connections(
+    pub(crate) fn close_connections(
         &self,
         target: Target<'_>,
         sel: &Selection<'_>,
@@ -151,35 +144,35 @@ impl Hub {
     ) -> usize {
         let sessions = self.selected(target, sel);
         for s in &sessions {
-            self.close(&s.id, s.close_code(CLOSE_NORMAL), reason);
+            self.close(s.id(), s.close_code(CLOSE_NORMAL), reason);
         }
         sessions.len()
     }
 
     /// Closes every session for shutdown: 1001 (going away), or 1008 on reliable
     /// subprotocols since the session will not survive the process.
-    pub fn shutdown(&self, reason: &str) {
+    pub(crate) fn shutdown(&self, reason: &str) {
         for s in self.targets(Target::All) {
-            self.close(&s.id, s.close_code(CLOSE_GOING_AWAY), reason);
+            self.close(s.id(), s.close_code(CLOSE_GOING_AWAY), reason);
         }
     }
 
     /// Adds a connection to a group.
-    pub fn add_connection_to_group(&self, id: &str, group: &str) -> Result<(), NotFound> {
+    pub(crate) fn add_connection_to_group(&self, id: &str, group: &str) -> Result<(), NotFound> {
         let session = self.session(id).ok_or(NotFound)?;
         self.join(&session, group);
         Ok(())
     }
 
     /// Removes a connection from a group (nothing to do is not an error).
-    pub fn remove_connection_from_group(&self, id: &str, group: &str) {
+    pub(crate) fn remove_connection_from_group(&self, id: &str, group: &str) {
         if let Some(session) = self.session(id) {
             self.leave(&session, group);
         }
     }
 
     /// Removes a connection from every group it is in.
-    pub fn remove_connection_from_all_groups(&self, id: &str) {
+    pub(crate) fn remove_connection_from_all_groups(&self, id: &str) {
         if let Some(session) = self.session(id) {
             for group in session.groups() {
                 self.leave(&session, &group);
@@ -189,7 +182,7 @@ impl Hub {
 
     /// Adds the user's current connections to a group; later connections of the user are
     /// not added, as in the service. A user with no connection is `NotFound`.
-    pub fn add_user_to_group(&self, user: &str, group: &str) -> Result<(), NotFound> {
+    pub(crate) fn add_user_to_group(&self, user: &str, group: &str) -> Result<(), NotFound> {
         let sessions = self.targets(Target::User(user));
         if sessions.is_empty() {
             return Err(NotFound);
@@ -201,14 +194,14 @@ impl Hub {
     }
 
     /// Removes the user's connections from a group.
-    pub fn remove_user_from_group(&self, user: &str, group: &str) {
+    pub(crate) fn remove_user_from_group(&self, user: &str, group: &str) {
         for s in self.targets(Target::User(user)) {
             self.leave(&s, group);
         }
     }
 
     /// Removes the user's connections from every group.
-    pub fn remove_user_from_all_groups(&self, user: &str) {
+    pub(crate) fn remove_user_from_all_groups(&self, user: &str) {
         for s in self.targets(Target::User(user)) {
             for group in s.groups() {
                 self.leave(&s, &group);
@@ -217,12 +210,12 @@ impl Hub {
     }
 
     /// Adds every connection matching `filter` (all when `None`) to each group.
-    pub fn add_filtered_to_groups(&self, groups: &[String], filter: Option<&Filter>) {
+    pub(crate) fn add_filtered_to_groups(&self, groups: &[String], filter: Option<&Filter>) {
         self.filtered_membership(groups, filter, true);
     }
 
     /// Removes every connection matching `filter` (all when `None`) from each group.
-    pub fn remove_filtered_from_groups(&self, groups: &[String], filter: Option<&Filter>) {
+    pub(crate) fn remove_filtered_from_groups(&self, groups: &[String], filter: Option<&Filter>) {
         self.filtered_membership(groups, filter, false);
     }
 
@@ -243,22 +236,22 @@ impl Hub {
     }
 
     /// Is there such a connection (live, or kept for recovery)?
-    pub fn has_connection(&self, id: &str) -> bool {
+    pub(crate) fn has_connection(&self, id: &str) -> bool {
         lock(&self.state).sessions.contains_key(id)
     }
 
     /// Does the group have members?
-    pub fn has_group(&self, group: &str) -> bool {
+    pub(crate) fn has_group(&self, group: &str) -> bool {
         lock(&self.state).groups.contains_key(group)
     }
 
     /// Does the user have connections?
-    pub fn has_user(&self, user: &str) -> bool {
+    pub(crate) fn has_user(&self, user: &str) -> bool {
         lock(&self.state).users.contains_key(user)
     }
 
     /// Grants a permission, for one group or (`None`) all groups.
-    pub fn grant_permission(
+    pub(crate) fn grant_permission(
         &self,
         id: &str,
         permission: Permission,
@@ -271,7 +264,7 @@ impl Hub {
 
     /// Revokes a permission, for one group or (`None`) every grant of it. A missing
     /// connection is not an error, as in the service.
-    pub fn revoke_permission(&self, id: &str, permission: Permission, group: Option<&str>) {
+    pub(crate) fn revoke_permission(&self, id: &str, permission: Permission, group: Option<&str>) {
         if let Some(session) = self.session(id) {
             session.permissions().set(permission, group, false);
         }
@@ -279,14 +272,19 @@ impl Hub {
 
     /// Does the connection have the permission for `group` (or, with `None`, for every
     /// group)? A missing connection has none.
-    pub fn check_permission(&self, id: &str, permission: Permission, group: Option<&str>) -> bool {
+    pub(crate) fn check_permission(
+        &self,
+        id: &str,
+        permission: Permission,
+        group: Option<&str>,
+    ) -> bool {
         self.session(id)
             .is_some_and(|s| s.permissions().has(permission, group))
     }
 
     /// Up to `limit` members of `group` whose connection ids sort after `after`, and
     /// whether more follow.
-    pub fn list_group(
+    pub(crate) fn list_group(
         &self,
         group: &str,
         after: Option<&str>,
@@ -307,7 +305,10 @@ impl Hub {
             .take(limit)
             .map(|id| Member {
                 connection_id: id.clone(),
-                user_id: hub.sessions.get(id).and_then(|s| s.user_id.clone()),
+                user_id: hub
+                    .sessions
+                    .get(id)
+                    .and_then(|s| s.user_id().map(str::to_owned)),
             })
             .collect();
         let more = rest.next().is_some();

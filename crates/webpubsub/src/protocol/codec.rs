@@ -18,7 +18,7 @@ use super::{Payload, ProtocolError, Subprotocol};
 /// A client request, whatever encoding carried it. Data that failed to decode is kept
 /// as the error so the request can still be acked as a bad request.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Request {
+pub(crate) enum Request {
     /// Join a group.
     JoinGroup { group: String, ack_id: Option<u64> },
     /// Leave a group.
@@ -70,7 +70,7 @@ pub enum Request {
 
 impl Request {
     /// The `ackId` to answer, if any.
-    pub fn ack_id(&self) -> Option<u64> {
+    pub(crate) fn ack_id(&self) -> Option<u64> {
         match self {
             Self::JoinGroup { ack_id, .. }
             | Self::LeaveGroup { ack_id, .. }
@@ -228,12 +228,12 @@ impl From<proto::UpstreamMessage> for Request {
 }
 
 /// Decodes a JSON text frame.
-pub fn decode_text(text: &str) -> Result<Request, ProtocolError> {
+pub(crate) fn decode_text(text: &str) -> Result<Request, ProtocolError> {
     decode_upstream(text).map(Request::from)
 }
 
 /// Decodes a protobuf binary frame.
-pub fn decode_binary(bytes: &[u8]) -> Result<Request, ProtocolError> {
+pub(crate) fn decode_binary(bytes: &[u8]) -> Result<Request, ProtocolError> {
     proto::UpstreamMessage::decode(bytes)
         .map(Request::from)
         .map_err(|e| ProtocolError::Protobuf(e.to_string()))
@@ -242,7 +242,7 @@ pub fn decode_binary(bytes: &[u8]) -> Result<Request, ProtocolError> {
 /// Encodes a reply (ack, system, pong, invoke response) for the connection's
 /// subprotocol. `None` for a reply the subprotocol has no form for (an invoke
 /// response on protobuf, which cannot carry an invoke in the first place).
-pub fn encode_reply(protocol: Subprotocol, msg: &Downstream) -> Option<Message> {
+pub(crate) fn encode_reply(protocol: Subprotocol, msg: &Downstream) -> Option<Message> {
     if !protocol.is_protobuf() {
         return Some(Message::Text(msg.to_text().into()));
     }
@@ -315,7 +315,7 @@ fn source_name(from: MessageSource) -> &'static str {
 
 /// Encodes a data message for the connection's subprotocol; `sequence_id` on reliable
 /// subprotocols only.
-pub fn encode_data(
+pub(crate) fn encode_data(
     protocol: Subprotocol,
     msg: &DataMessageRef<'_>,
     sequence_id: Option<u64>,

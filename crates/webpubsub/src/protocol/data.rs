@@ -14,7 +14,7 @@ use super::ProtocolError;
 /// The `dataType` of a message. `json` is the default when a client leaves it out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub enum DataType {
+pub(crate) enum DataType {
     /// Any JSON value, published as is.
     #[default]
     Json,
@@ -28,7 +28,7 @@ pub enum DataType {
 
 /// Decoded message data.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Payload {
+pub(crate) enum Payload {
     /// A JSON value.
     Json(Value),
     /// A string.
@@ -41,7 +41,7 @@ pub enum Payload {
 
 impl Payload {
     /// Decodes the `dataType`/`data` pair of a JSON upstream message.
-    pub fn from_json(data_type: DataType, data: Value) -> Result<Self, ProtocolError> {
+    pub(crate) fn from_json(data_type: DataType, data: Value) -> Result<Self, ProtocolError> {
         match data_type {
             DataType::Json => Ok(Self::Json(data)),
             DataType::Text => match data {
@@ -54,7 +54,7 @@ impl Payload {
     }
 
     /// The `dataType` a JSON subscriber sees.
-    pub fn data_type(&self) -> DataType {
+    pub(crate) fn data_type(&self) -> DataType {
         match self {
             Self::Json(_) => DataType::Json,
             Self::Text(_) => DataType::Text,
@@ -64,24 +64,14 @@ impl Payload {
     }
 
     /// The `data` a JSON subscriber sees, borrowed for serialization.
-    pub fn json_data(&self) -> JsonData<'_> {
+    pub(crate) fn json_data(&self) -> JsonData<'_> {
         JsonData(self)
     }
 
     /// The `data` a JSON client sees, as a value (for replies built as [`Value`]s).
-    pub fn to_json_value(&self) -> Value {
+    pub(crate) fn to_json_value(&self) -> Value {
         // A string or a `Value`: serializing cannot fail.
         serde_json::to_value(self.json_data()).unwrap_or(Value::Null)
-    }
-
-    /// An estimate of the memory the payload holds, for byte limits.
-    pub fn size(&self) -> usize {
-        match self {
-            // Serializing to count is exact and only happens once per publish.
-            Self::Json(v) => serde_json::to_vec(v).map_or(0, |b| b.len()),
-            Self::Text(s) => s.len(),
-            Self::Binary(b) | Self::Protobuf(b) => b.len(),
-        }
     }
 }
 
@@ -96,7 +86,7 @@ fn decode_base64(data: Value, what: &'static str) -> Result<Vec<u8>, ProtocolErr
 
 /// Serializes a payload as the `data` field of a JSON message without copying it.
 #[derive(Debug, Clone, Copy)]
-pub struct JsonData<'a>(&'a Payload);
+pub(crate) struct JsonData<'a>(&'a Payload);
 
 impl Serialize for JsonData<'_> {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
@@ -144,6 +134,5 @@ mod tests {
         let p = Payload::from_json(DataType::Json, v.clone()).unwrap();
         assert_eq!(serde_json::to_value(p.json_data()).unwrap(), v);
         assert_eq!(p.data_type(), DataType::Json);
-        assert_eq!(p.size(), r#"{"a":[1,"b",null]}"#.len());
     }
 }

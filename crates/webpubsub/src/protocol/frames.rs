@@ -19,7 +19,7 @@ use super::Subprotocol;
 
 /// The encodings of one data message, made on first use.
 #[derive(Debug)]
-pub struct DataFrames<'a> {
+pub(crate) struct DataFrames<'a> {
     msg: &'a DataMessageRef<'a>,
     /// The JSON frame without `sequenceId`, whole.
     json: Option<String>,
@@ -28,7 +28,7 @@ pub struct DataFrames<'a> {
 }
 
 impl<'a> DataFrames<'a> {
-    pub fn new(msg: &'a DataMessageRef<'a>) -> Self {
+    pub(crate) fn new(msg: &'a DataMessageRef<'a>) -> Self {
         Self {
             msg,
             json: None,
@@ -38,13 +38,13 @@ impl<'a> DataFrames<'a> {
 
     /// Is this the terminal message of a stream, with no data? Raw connections are not
     /// sent it (they would get an empty frame).
-    pub fn is_bare_stream_end(&self) -> bool {
+    pub(crate) fn is_bare_stream_end(&self) -> bool {
         self.msg.stream.is_some_and(|s| s.end_of_stream)
             && matches!(self.msg.payload, crate::protocol::Payload::Text(t) if t.is_empty())
     }
 
     /// The frame for a connection of `protocol`; `sequence_id` on reliable ones.
-    pub fn frame(&mut self, protocol: Subprotocol, sequence_id: Option<u64>) -> Message {
+    pub(crate) fn frame(&mut self, protocol: Subprotocol, sequence_id: Option<u64>) -> Message {
         let slot = match (protocol, sequence_id) {
             (Subprotocol::JsonReliable, Some(id)) => return self.json_with_sequence_id(id),
             (Subprotocol::ProtobufReliable, Some(_)) => {

@@ -18,7 +18,7 @@ use super::ProtocolError;
     rename_all = "camelCase",
     rename_all_fields = "camelCase"
 )]
-pub enum Upstream {
+pub(crate) enum Upstream {
     /// Join a group.
     JoinGroup {
         group: String,
@@ -111,7 +111,7 @@ pub enum Upstream {
 /// The `stream` of a `sendToGroup` that starts a stream.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct StreamStartSpec {
+pub(crate) struct StreamStartSpec {
     pub stream_id: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub idle_timeout_ms: Option<u64>,
@@ -120,7 +120,7 @@ pub struct StreamStartSpec {
 /// The application error of a `streamEnd`.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct StreamEndError {
+pub(crate) struct StreamEndError {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -130,7 +130,7 @@ pub struct StreamEndError {
 /// The `stream` of a group message that belongs to a stream.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct StreamInfo {
+pub(crate) struct StreamInfo {
     pub stream_id: String,
     pub stream_sequence_id: u64,
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
@@ -142,7 +142,7 @@ pub struct StreamInfo {
 /// Why a stream ended: `IdleTimeout`, `Forbidden`, `Cancelled`, `UserError`, ...
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct StreamError {
+pub(crate) struct StreamError {
     pub name: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
@@ -153,7 +153,7 @@ pub struct StreamError {
 
 /// Decodes one text frame. A frame that is JSON but not a valid message keeps its
 /// `ackId` in the error so the client can still be answered.
-pub fn decode_upstream(text: &str) -> Result<Upstream, ProtocolError> {
+pub(crate) fn decode_upstream(text: &str) -> Result<Upstream, ProtocolError> {
     let value: Value =
         serde_json::from_str(text).map_err(|e| ProtocolError::Json(e.to_string()))?;
     let ack_id = value.get("ackId").and_then(Value::as_u64);
@@ -169,7 +169,7 @@ pub fn decode_upstream(text: &str) -> Result<Upstream, ProtocolError> {
 /// Where a data message comes from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub enum MessageSource {
+pub(crate) enum MessageSource {
     /// Published to a group.
     Group,
     /// Sent by the application server.
@@ -178,7 +178,7 @@ pub enum MessageSource {
 
 /// The error of a failed ack.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct AckError {
+pub(crate) struct AckError {
     /// `Forbidden`, `Duplicate`, `BadRequest`, `InternalServerError`.
     pub name: String,
     /// Human-readable details.
@@ -192,7 +192,7 @@ pub struct AckError {
     rename_all = "camelCase",
     rename_all_fields = "camelCase"
 )]
-pub enum Downstream {
+pub(crate) enum Downstream {
     /// The answer to a message that carried an `ackId`.
     Ack {
         ack_id: u64,
@@ -254,7 +254,7 @@ pub enum Downstream {
     rename_all = "camelCase",
     rename_all_fields = "camelCase"
 )]
-pub enum SystemEvent {
+pub(crate) enum SystemEvent {
     /// First frame of every connection.
     Connected {
         connection_id: String,
@@ -270,7 +270,7 @@ pub enum SystemEvent {
 
 impl Downstream {
     /// A successful ack.
-    pub fn ack_ok(ack_id: u64) -> Self {
+    pub(crate) fn ack_ok(ack_id: u64) -> Self {
         Self::Ack {
             ack_id,
             success: true,
@@ -279,7 +279,7 @@ impl Downstream {
     }
 
     /// A failed ack.
-    pub fn ack_err(ack_id: u64, name: &str, message: impl Into<String>) -> Self {
+    pub(crate) fn ack_err(ack_id: u64, name: &str, message: impl Into<String>) -> Self {
         Self::Ack {
             ack_id,
             success: false,
@@ -291,7 +291,11 @@ impl Downstream {
     }
 
     /// A failed invocation.
-    pub fn invoke_err(invocation_id: String, name: &str, message: impl Into<String>) -> Self {
+    pub(crate) fn invoke_err(
+        invocation_id: String,
+        name: &str,
+        message: impl Into<String>,
+    ) -> Self {
         Self::InvokeResponse {
             invocation_id,
             success: false,
@@ -305,7 +309,7 @@ impl Downstream {
     }
 
     /// Serializes to the text of one frame.
-    pub fn to_text(&self) -> String {
+    pub(crate) fn to_text(&self) -> String {
         // Every field is a string, number, bool or a `Value`: serialization cannot fail.
         serde_json::to_string(self).unwrap_or_default()
     }
@@ -314,7 +318,7 @@ impl Downstream {
 /// The fields of a data message, borrowed so a publish is encoded per subscriber without
 /// copying the payload.
 #[derive(Debug, Clone, Copy)]
-pub struct DataMessageRef<'a> {
+pub(crate) struct DataMessageRef<'a> {
     /// Group or server.
     pub from: MessageSource,
     /// The group, when from a group.
@@ -347,7 +351,7 @@ struct DataMessageOut<'a> {
 }
 
 /// Encodes a `message` frame; `sequence_id` is set on reliable subprotocols only.
-pub fn encode_data_message(msg: &DataMessageRef<'_>, sequence_id: Option<u64>) -> String {
+pub(crate) fn encode_data_message(msg: &DataMessageRef<'_>, sequence_id: Option<u64>) -> String {
     let out = DataMessageOut {
         kind: "message",
         from: msg.from,

@@ -6,18 +6,28 @@
 //! - [`codec`]: frames in and out per subprotocol, and the protocol-neutral request.
 //! - [`Subprotocol`]: which of them a connection negotiated.
 
-pub mod codec;
-pub mod data;
-pub mod frames;
-pub mod json;
+pub(crate) mod codec;
+pub(crate) mod data;
+pub(crate) mod frames;
+pub(crate) mod json;
 pub mod proto;
 
-pub use data::{DataType, Payload};
+pub(crate) use data::Payload;
+
+/// Hub names as the REST API's pattern `^[A-Za-z][A-Za-z0-9_`,.[\]]{0,127}$` allows them,
+/// for the client endpoint too.
+pub(crate) fn valid_hub_name(name: &str) -> bool {
+    name.len() <= 128
+        && name.chars().next().is_some_and(|c| c.is_ascii_alphabetic())
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "_`,.[]".contains(c))
+}
 
 /// Why a frame could not be decoded. The connection layer turns these into a failed ack
 /// (when the frame carried an `ackId`) or a `disconnected` message and a close.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum ProtocolError {
+pub(crate) enum ProtocolError {
     /// The frame is not JSON at all.
     #[error("invalid JSON: {0}")]
     Json(String),
@@ -43,7 +53,7 @@ pub enum ProtocolError {
 
 /// The negotiated WebSocket subprotocol.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Subprotocol {
+pub(crate) enum Subprotocol {
     /// No subprotocol: frames are bare data.
     Raw,
     /// `json.webpubsub.azure.v1`.
@@ -58,7 +68,7 @@ pub enum Subprotocol {
 
 impl Subprotocol {
     /// The subprotocols this service accepts, in the `Sec-WebSocket-Protocol` spelling.
-    pub const OFFERED: [&'static str; 4] = [
+    pub(crate) const OFFERED: [&'static str; 4] = [
         "json.webpubsub.azure.v1",
         "json.reliable.webpubsub.azure.v1",
         "protobuf.webpubsub.azure.v1",
@@ -66,7 +76,7 @@ impl Subprotocol {
     ];
 
     /// Parses one offered name.
-    pub fn from_name(name: &str) -> Option<Self> {
+    pub(crate) fn from_name(name: &str) -> Option<Self> {
         match name.trim() {
             "json.webpubsub.azure.v1" => Some(Self::Json),
             "json.reliable.webpubsub.azure.v1" => Some(Self::JsonReliable),
@@ -77,7 +87,7 @@ impl Subprotocol {
     }
 
     /// The `Sec-WebSocket-Protocol` name; `None` for raw connections.
-    pub fn name(self) -> Option<&'static str> {
+    pub(crate) fn name(self) -> Option<&'static str> {
         match self {
             Self::Raw => None,
             Self::Json => Some(Self::OFFERED[0]),
@@ -88,12 +98,12 @@ impl Subprotocol {
     }
 
     /// Whether connections of this subprotocol keep a recoverable session.
-    pub fn is_reliable(self) -> bool {
+    pub(crate) fn is_reliable(self) -> bool {
         matches!(self, Self::JsonReliable | Self::ProtobufReliable)
     }
 
     /// Whether frames are protobuf (binary) rather than JSON (text).
-    pub fn is_protobuf(self) -> bool {
+    pub(crate) fn is_protobuf(self) -> bool {
         matches!(self, Self::Protobuf | Self::ProtobufReliable)
     }
 }

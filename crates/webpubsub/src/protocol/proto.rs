@@ -39,7 +39,7 @@ pub enum Data {
 
 impl MessageData {
     /// Converts to a payload; JSON data must parse, an empty `MessageData` is refused.
-    pub fn into_payload(self) -> Result<Payload, ProtocolError> {
+    pub(crate) fn into_payload(self) -> Result<Payload, ProtocolError> {
         match self.data {
             Some(Data::Text(s)) => Ok(Payload::Text(s)),
             Some(Data::Binary(b)) => Ok(Payload::Binary(b)),
@@ -52,7 +52,7 @@ impl MessageData {
     }
 
     /// Converts from a payload; protobuf payloads must hold a serialized `Any`.
-    pub fn from_payload(payload: &Payload) -> Result<Self, ProtocolError> {
+    pub(crate) fn from_payload(payload: &Payload) -> Result<Self, ProtocolError> {
         let data = match payload {
             Payload::Text(s) => Data::Text(s.clone()),
             Payload::Binary(b) => Data::Binary(b.clone()),

@@ -1,24 +1,24 @@
-//! REST authentication: `Authorization: Bearer <JWT>`, HS256, signed with one of the
-//! access keys, not expired, and with the request's URL as audience — exactly what both
-//! server SDKs sign (`aud` = the full request URL, query included).
+//! REST authentication: `Authorization: Bearer <JWT>`, checked by [`crate::jwt`], with
+//! the request's URL as audience — exactly what both server SDKs sign (`aud` = the full
+//! request URL, query included).
 //!
 //! The audience's path must equal the request's path, and its query the request's query
 //! when it has one (the service accepts an audience without the query); both compared
 //! case-insensitively after percent-decoding, since HTTP stacks differ in which
-//! characters they escape (`'` or `%27`) between signing and sending. As for client tokens, scheme and authority are not compared: one
-//! server answers under several names and behind proxies, the key proves the issuer,
-//! and the path and query bind the token to this one operation.
+//! characters they escape (`'` or `%27`) between signing and sending. As for client
+//! tokens, scheme and authority are not compared: one server answers under several
+//! names and behind proxies, the key proves the issuer, and the path and query bind the
+//! token to this one operation.
 
 use axum::extract::{Request, State};
 use axum::http::header;
 use axum::middleware::Next;
 use axum::response::Response;
-use jsonwebtoken::errors::ErrorKind;
-use jsonwebtoken::{Algorithm, DecodingKey, Validation};
 use percent_encoding::percent_decode_str;
 use serde::Deserialize;
 
 use super::ApiError;
+use crate::jwt::JwtError;
 use crate::WebPubSub;
 
 #[derive(Debug, Deserialize)]
@@ -34,7 +34,7 @@ struct Claims {
 }
 
 /// Middleware: refuses the request with 401 unless it carries a valid token for its URL.
-pub async fn require_token(
+pub(super) async fn require_token(
     State(state): State<WebPubSub>,
     req: Request,
     next: Next,
@@ -54,45 +54,32 @@ pub async fn require_token(
 }
 
 /// Checks a token for a request to `path?query`.
-pub fn validate(
+pub(super) fn validate(
     keys: &[String],
     token: &str,
     path: &str,
     query: Option<&str>,
 ) -> Result<(), ApiError> {
-    let mut validation = Validation::new(Algorithm::HS256);
-    validation.validate_aud = false;
-    validation.leeway = 5;
-    let mut refusal = "The token is not signed by any access key".to_owned();
-    for key in keys {
-        match jsonwebtoken::decode::<Claims>(
-            token,
-            &DecodingKey::from_secret(key.as_bytes()),
-            &validation,
-        ) {
-            Ok(data) => {
-                let auds = match data.claims.aud {
-                    None => Vec::new(),
-                    Some(Audience::One(a)) => vec![a],
-                    Some(Audience::Many(v)) => v,
-                };
-                if auds.iter().any(|a| audience_matches(a, path, query)) {
-                    return Ok(());
-                }
-                return Err(ApiError::Unauthorized(format!(
-                    "The token's audience {auds:?} is not this request's URL"
-                )));
-            }
-            Err(e) => match e.kind() {
-                ErrorKind::InvalidSignature => {}
-                ErrorKind::ExpiredSignature => {
-                    return Err(ApiError::Unauthorized("The token has expired".into()))
-                }
-                _ => refusal = format!("Invalid token: {e}"),
-            },
-        }
+    let claims: Claims = crate::jwt::verify(keys, token).map_err(|e| {
+        ApiError::Unauthorized(match e {
+            JwtError::BadSignature => "The token is not signed by any access key".into(),
+            JwtError::Expired => "The token has expired".into(),
+            JwtError::NotYetValid => "The token is not valid yet (nbf)".into(),
+            JwtError::IssuedInFuture => "The token was issued in the future (iat)".into(),
+            JwtError::Malformed(e) => format!("Invalid token: {e}"),
+        })
+    })?;
+    let auds = match claims.aud {
+        None => Vec::new(),
+        Some(Audience::One(a)) => vec![a],
+        Some(Audience::Many(v)) => v,
+    };
+    if auds.iter().any(|a| audience_matches(a, path, query)) {
+        return Ok(());
     }
-    Err(ApiError::Unauthorized(refusal))
+    Err(ApiError::Unauthorized(format!(
+        "The token's audience {auds:?} is not this request's URL"
+    )))
 }
 
 /// Does `aud` (an absolute URL) name `path?query`?
@@ -123,7 +110,7 @@ fn same(a: &str, b: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use jsonwebtoken::{EncodingKey, Header};
+    use jsonwebtoken::{Algorithm, EncodingKey, Header};
     use serde_json::json;
 
     fn sign(claims: serde_json::Value, key: &str) -> String {
@@ -187,5 +174,18 @@ mod tests {
         assert!(check(json!({"aud": url, "exp": 1000}), "k1").is_err());
         assert!(check(json!({"aud": url}), "k1").is_err(), "exp is required");
         assert!(validate(&[], "garbage", PATH, None).is_err());
+    }
+
+    #[test]
+    fn future_nbf_and_iat_are_refused() {
+        let url = "http://h/api/hubs/chat/:send";
+        let later = exp();
+        assert!(check(json!({"aud": url, "exp": later + 60, "nbf": later}), "k1").is_err());
+        assert!(check(json!({"aud": url, "exp": later + 60, "iat": later}), "k1").is_err());
+        assert!(check(
+            json!({"aud": url, "exp": later, "nbf": 1000, "iat": 1000}),
+            "k1"
+        )
+        .is_ok());
     }
 }

@@ -23,7 +23,7 @@ fn checked(hub: &str, connection: &str, query: Option<&str>) -> ApiResult<Params
 }
 
 /// `HEAD …/connections/{connection}`: 200 or 404.
-pub async fn exists(
+pub(super) async fn exists(
     State(state): State<WebPubSub>,
     Path((hub, connection)): Path<(String, String)>,
     RawQuery(query): RawQuery,
@@ -33,7 +33,7 @@ pub async fn exists(
 }
 
 /// `DELETE …/connections/{connection}?reason=`: 204.
-pub async fn close(
+pub(super) async fn close(
     State(state): State<WebPubSub>,
     Path((hub, connection)): Path<(String, String)>,
     RawQuery(query): RawQuery,
@@ -48,7 +48,7 @@ pub async fn close(
 }
 
 /// `POST …/connections/{connection}/:send`: 202.
-pub async fn action(
+pub(super) async fn action(
     State(state): State<WebPubSub>,
     Path((hub, connection, action)): Path<(String, String, String)>,
     RawQuery(query): RawQuery,
@@ -75,7 +75,7 @@ pub async fn action(
 }
 
 /// `DELETE …/connections/{connection}/groups`: 204.
-pub async fn remove_from_all_groups(
+pub(super) async fn remove_from_all_groups(
     State(state): State<WebPubSub>,
     Path((hub, connection)): Path<(String, String)>,
     RawQuery(query): RawQuery,
@@ -107,7 +107,7 @@ fn permission_args(
 }
 
 /// `PUT …/permissions/{permission}/connections/{connection}`: 200, 404 if no connection.
-pub async fn grant(
+pub(super) async fn grant(
     State(state): State<WebPubSub>,
     Path((hub, permission, connection)): Path<(String, String, String)>,
     RawQuery(query): RawQuery,
@@ -121,7 +121,7 @@ pub async fn grant(
 }
 
 /// `DELETE …/permissions/{permission}/connections/{connection}`: 204.
-pub async fn revoke(
+pub(super) async fn revoke(
     State(state): State<WebPubSub>,
     Path((hub, permission, connection)): Path<(String, String, String)>,
     RawQuery(query): RawQuery,
@@ -134,7 +134,7 @@ pub async fn revoke(
 }
 
 /// `HEAD …/permissions/{permission}/connections/{connection}`: 200 or 404.
-pub async fn check(
+pub(super) async fn check(
     State(state): State<WebPubSub>,
     Path((hub, permission, connection)): Path<(String, String, String)>,
     RawQuery(query): RawQuery,

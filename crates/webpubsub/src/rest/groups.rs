@@ -23,7 +23,7 @@ use crate::hub::admin::Target;
 use crate::WebPubSub;
 
 /// Page size when the caller gives none, and the most it may ask for.
-pub const MAX_PAGE_SIZE: i64 = 200;
+pub(super) const MAX_PAGE_SIZE: i64 = 200;
 
 fn checked(hub: &str, group: &str, query: Option<&str>) -> ApiResult<Params> {
     let params = hub_params(hub, query)?;
@@ -32,7 +32,7 @@ fn checked(hub: &str, group: &str, query: Option<&str>) -> ApiResult<Params> {
 }
 
 /// `HEAD …/groups/{group}`: 200 when it has members, else 404.
-pub async fn exists(
+pub(super) async fn exists(
     State(state): State<WebPubSub>,
     Path((hub, group)): Path<(String, String)>,
     RawQuery(query): RawQuery,
@@ -42,7 +42,7 @@ pub async fn exists(
 }
 
 /// `POST …/groups/{group}/:send` and `…/:closeConnections`.
-pub async fn action(
+pub(super) async fn action(
     State(state): State<WebPubSub>,
     Path((hub, group, action)): Path<(String, String, String)>,
     RawQuery(query): RawQuery,
@@ -58,7 +58,7 @@ pub async fn action(
 }
 
 /// `PUT …/groups/{group}/connections/{connection}`: 200, or 404 for a missing connection.
-pub async fn add_connection(
+pub(super) async fn add_connection(
     State(state): State<WebPubSub>,
     Path((hub, group, connection)): Path<(String, String, String)>,
     RawQuery(query): RawQuery,
@@ -73,7 +73,7 @@ pub async fn add_connection(
 }
 
 /// `DELETE …/groups/{group}/connections/{connection}`: 204.
-pub async fn remove_connection(
+pub(super) async fn remove_connection(
     State(state): State<WebPubSub>,
     Path((hub, group, connection)): Path<(String, String, String)>,
     RawQuery(query): RawQuery,
@@ -103,7 +103,7 @@ struct Page {
 }
 
 /// `GET …/groups/{group}/connections`: one page of members.
-pub async fn list(
+pub(super) async fn list(
     State(state): State<WebPubSub>,
     Path((hub, group)): Path<(String, String)>,
     RawQuery(query): RawQuery,

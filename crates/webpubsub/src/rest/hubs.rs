@@ -23,7 +23,7 @@ struct GroupsRequest {
 }
 
 /// `POST /api/hubs/{hub}/{action}`.
-pub async fn action(
+pub(super) async fn action(
     State(state): State<WebPubSub>,
     Path((hub, action)): Path<(String, String)>,
     RawQuery(query): RawQuery,

@@ -33,7 +33,7 @@ use crate::WebPubSub;
 
 /// A refused request, in the service's error form.
 #[derive(Debug, thiserror::Error)]
-pub enum ApiError {
+pub(crate) enum ApiError {
     /// 400: a parameter, the body or the filter is invalid.
     #[error("{0}")]
     BadRequest(String),
@@ -101,16 +101,16 @@ impl IntoResponse for ApiError {
 }
 
 /// The result of a handler.
-pub type ApiResult<T = StatusCode> = Result<T, ApiError>;
+pub(crate) type ApiResult<T = StatusCode> = Result<T, ApiError>;
 
 /// The query string as name/value pairs, names compared case-insensitively (the SDKs
 /// send `maxpagesize`, documents say `maxPageSize`).
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub struct Params(Vec<(String, String)>);
+pub(crate) struct Params(Vec<(String, String)>);
 
 impl Params {
     /// Parses a raw query string (`None` is empty).
-    pub fn parse(query: Option<&str>) -> Self {
+    pub(crate) fn parse(query: Option<&str>) -> Self {
         Self(
             query
                 .map(|q| serde_urlencoded::from_str(q).unwrap_or_default())
@@ -119,7 +119,7 @@ impl Params {
     }
 
     /// The first value of `name`.
-    pub fn get(&self, name: &str) -> Option<&str> {
+    pub(crate) fn get(&self, name: &str) -> Option<&str> {
         self.0
             .iter()
             .find(|(k, _)| k.eq_ignore_ascii_case(name))
@@ -127,7 +127,7 @@ impl Params {
     }
 
     /// Every value of a repeated parameter (`excluded`, `role`, `group`).
-    pub fn all(&self, name: &str) -> Vec<String> {
+    pub(crate) fn all(&self, name: &str) -> Vec<String> {
         self.0
             .iter()
             .filter(|(k, _)| k.eq_ignore_ascii_case(name))
@@ -136,7 +136,7 @@ impl Params {
     }
 
     /// An optional integer within `min..=max`.
-    pub fn int(&self, name: &str, min: i64, max: i64) -> ApiResult<Option<i64>> {
+    pub(crate) fn int(&self, name: &str, min: i64, max: i64) -> ApiResult<Option<i64>> {
         let Some(v) = self.get(name) else {
             return Ok(None);
         };
@@ -149,12 +149,12 @@ impl Params {
     }
 
     /// The `filter` parameter, parsed.
-    pub fn filter(&self) -> ApiResult<Option<Filter>> {
+    pub(crate) fn filter(&self) -> ApiResult<Option<Filter>> {
         optional_filter(self.get("filter"))
     }
 
     /// Checks that `api-version` is present (every version is served the same way).
-    pub fn require_api_version(&self) -> ApiResult<()> {
+    pub(crate) fn require_api_version(&self) -> ApiResult<()> {
         match self.get("api-version") {
             Some(v) if !v.is_empty() => Ok(()),
             _ => Err(ApiError::BadRequest(
@@ -165,7 +165,7 @@ impl Params {
 }
 
 /// Parses an optional filter; an empty one is none.
-pub fn optional_filter(text: Option<&str>) -> ApiResult<Option<Filter>> {
+pub(crate) fn optional_filter(text: Option<&str>) -> ApiResult<Option<Filter>> {
     match text.map(str::trim) {
         None | Some("") => Ok(None),
         Some(f) => Ok(Some(Filter::parse(f)?)),
@@ -173,7 +173,7 @@ pub fn optional_filter(text: Option<&str>) -> ApiResult<Option<Filter>> {
 }
 
 /// The query of a hub route, after checking the hub name and `api-version`.
-pub fn hub_params(hub: &str, query: Option<&str>) -> ApiResult<Params> {
+pub(crate) fn hub_params(hub: &str, query: Option<&str>) -> ApiResult<Params> {
     check_hub(hub)?;
     let params = Params::parse(query);
     params.require_api_version()?;
@@ -181,7 +181,7 @@ pub fn hub_params(hub: &str, query: Option<&str>) -> ApiResult<Params> {
 }
 
 /// An existence check's answer: 200 or 404.
-pub fn found(exists: bool) -> StatusCode {
+pub(crate) fn found(exists: bool) -> StatusCode {
     if exists {
         StatusCode::OK
     } else {
@@ -190,8 +190,8 @@ pub fn found(exists: bool) -> StatusCode {
 }
 
 /// Hub names, as the REST API's pattern `^[A-Za-z][A-Za-z0-9_`,.[\]]{0,127}$`.
-pub fn check_hub(name: &str) -> ApiResult<()> {
-    if crate::hub::valid_hub_name(name) {
+pub(crate) fn check_hub(name: &str) -> ApiResult<()> {
+    if crate::protocol::valid_hub_name(name) {
         Ok(())
     } else {
         Err(ApiError::BadRequest(format!(
@@ -201,7 +201,7 @@ pub fn check_hub(name: &str) -> ApiResult<()> {
 }
 
 /// Group names: 1 to 1024 characters, not only whitespace.
-pub fn check_group(name: &str) -> ApiResult<()> {
+pub(crate) fn check_group(name: &str) -> ApiResult<()> {
     let len = name.chars().count();
     if (1..=1024).contains(&len) && !name.chars().all(char::is_whitespace) {
         Ok(())
@@ -213,7 +213,7 @@ pub fn check_group(name: &str) -> ApiResult<()> {
 }
 
 /// User and connection ids: not empty.
-pub fn check_id(what: &str, id: &str) -> ApiResult<()> {
+pub(crate) fn check_id(what: &str, id: &str) -> ApiResult<()> {
     if id.is_empty() {
         Err(ApiError::BadRequest(format!(
             "The {what} must not be empty"
@@ -225,7 +225,7 @@ pub fn check_id(what: &str, id: &str) -> ApiResult<()> {
 
 /// `scheme://host` of this request as the client reached it (`X-Forwarded-*` honoured),
 /// for URLs the API hands out (`nextLink`, token audiences).
-pub fn origin(headers: &HeaderMap) -> String {
+pub(crate) fn origin(headers: &HeaderMap) -> String {
     let get = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
     let scheme = get("x-forwarded-proto")
         .and_then(|p| p.split(',').next())
@@ -243,7 +243,7 @@ async fn not_found() -> ApiError {
 }
 
 /// The REST routes. Hub routes require a bearer token; `/api/health` does not.
-pub fn router(state: WebPubSub) -> Router {
+pub(crate) fn router(state: WebPubSub) -> Router {
     let hubs = Router::new()
         .route("/api/hubs/{hub}/{action}", post(hubs::action))
         .route(

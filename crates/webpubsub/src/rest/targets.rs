@@ -19,7 +19,7 @@ use crate::protocol::Payload;
 use crate::WebPubSub;
 
 /// Reads a body of at most `limit` bytes (413 past it).
-pub async fn read_body(
+pub(super) async fn read_body(
     headers: &HeaderMap,
     body: Body,
     limit: usize,
@@ -37,7 +37,7 @@ pub async fn read_body(
 }
 
 /// The payload of a send, from its content type.
-pub fn payload(headers: &HeaderMap, body: axum::body::Bytes) -> ApiResult<Payload> {
+pub(super) fn payload(headers: &HeaderMap, body: axum::body::Bytes) -> ApiResult<Payload> {
     let content_type = headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
@@ -62,7 +62,12 @@ pub fn payload(headers: &HeaderMap, body: axum::body::Bytes) -> ApiResult<Payloa
 
 /// `:closeConnections` of a target: `excluded` ids are spared, `reason` goes to the
 /// clients' `disconnected` message. 204.
-pub fn close(state: &WebPubSub, hub: &str, target: Target<'_>, params: &Params) -> StatusCode {
+pub(super) fn close(
+    state: &WebPubSub,
+    hub: &str,
+    target: Target<'_>,
+    params: &Params,
+) -> StatusCode {
     let excluded = params.all("excluded");
     let sel = Selection {
         excluded: &excluded,
@@ -74,7 +79,7 @@ pub fn close(state: &WebPubSub, hub: &str, target: Target<'_>, params: &Params) 
 }
 
 /// One send: validates the parameters that target allows, then delivers.
-pub async fn send(
+pub(super) async fn send(
     state: &WebPubSub,
     hub: &str,
     target: Target<'_>,

@@ -24,7 +24,7 @@ struct TokenResponse {
 }
 
 /// Handles `:generateToken`.
-pub fn generate(
+pub(super) fn generate(
     state: &WebPubSub,
     hub: &str,
     params: &Params,
@@ -69,6 +69,6 @@ pub fn generate(
 }
 
 /// `HEAD /api/health` (and `GET`): 200 while the server runs; no token needed.
-pub async fn health() -> StatusCode {
+pub(super) async fn health() -> StatusCode {
     StatusCode::OK
 }

@@ -19,7 +19,7 @@ fn checked(hub: &str, user: &str, query: Option<&str>) -> ApiResult<Params> {
 }
 
 /// `HEAD …/users/{user}`: 200 when the user has connections, else 404.
-pub async fn exists(
+pub(super) async fn exists(
     State(state): State<WebPubSub>,
     Path((hub, user)): Path<(String, String)>,
     RawQuery(query): RawQuery,
@@ -29,7 +29,7 @@ pub async fn exists(
 }
 
 /// `POST …/users/{user}/:send` and `…/:closeConnections`.
-pub async fn action(
+pub(super) async fn action(
     State(state): State<WebPubSub>,
     Path((hub, user, action)): Path<(String, String, String)>,
     RawQuery(query): RawQuery,
@@ -45,7 +45,7 @@ pub async fn action(
 }
 
 /// `DELETE …/users/{user}/groups`: 204.
-pub async fn remove_from_all_groups(
+pub(super) async fn remove_from_all_groups(
     State(state): State<WebPubSub>,
     Path((hub, user)): Path<(String, String)>,
     RawQuery(query): RawQuery,
@@ -56,7 +56,7 @@ pub async fn remove_from_all_groups(
 }
 
 /// `PUT …/users/{user}/groups/{group}`: 200, or 404 for a user with no connection.
-pub async fn add_to_group(
+pub(super) async fn add_to_group(
     State(state): State<WebPubSub>,
     Path((hub, user, group)): Path<(String, String, String)>,
     RawQuery(query): RawQuery,
@@ -71,7 +71,7 @@ pub async fn add_to_group(
 }
 
 /// `DELETE …/users/{user}/groups/{group}`: 204.
-pub async fn remove_from_group(
+pub(super) async fn remove_from_group(
     State(state): State<WebPubSub>,
     Path((hub, user, group)): Path<(String, String, String)>,
     RawQuery(query): RawQuery,

@@ -15,12 +15,13 @@ use hmac::{Hmac, Mac};
 use serde::{Deserialize, Serialize};
 use sha2::Sha256;
 
-use super::settings::{Event, SystemEvent};
+use crate::config::hubs::{Event, SystemEvent};
+use crate::hub::EventError;
 use crate::protocol::Payload;
 
 /// Who and what an event is about.
 #[derive(Debug, Clone, Copy)]
-pub struct EventContext<'a> {
+pub(crate) struct EventContext<'a> {
     /// The hub.
     pub hub: &'a str,
     /// The connection id.
@@ -36,7 +37,7 @@ pub struct EventContext<'a> {
 }
 
 /// `sha256=<hex HMAC-SHA256(key, connectionId)>` for each key, comma-separated.
-pub fn signature(keys: &[String], connection_id: &str) -> String {
+pub(crate) fn signature(keys: &[String], connection_id: &str) -> String {
     keys.iter()
         .map(|key| {
             // HMAC accepts keys of any length.
@@ -56,7 +57,7 @@ pub fn signature(keys: &[String], connection_id: &str) -> String {
 }
 
 /// `ce-type` of an event.
-pub fn event_type(event: &Event<'_>) -> String {
+pub(crate) fn event_type(event: &Event<'_>) -> String {
     match event {
         Event::System(s) => format!("azure.webpubsub.sys.{}", s.name()),
         Event::User(name) => format!("azure.webpubsub.user.{name}"),
@@ -65,7 +66,7 @@ pub fn event_type(event: &Event<'_>) -> String {
 
 /// The headers of an event request (the caller adds `Content-Type`). Values that cannot
 /// travel in a header (control characters in a user id) are left out.
-pub fn headers(
+pub(crate) fn headers(
     ctx: &EventContext<'_>,
     origin: &str,
     keys: &[String],
@@ -105,7 +106,7 @@ pub fn headers(
 }
 
 /// The `Content-Type` and body a user event's data travels as.
-pub fn user_event_body(payload: &Payload) -> (&'static str, Vec<u8>) {
+pub(crate) fn user_event_body(payload: &Payload) -> (&'static str, Vec<u8>) {
     match payload {
         Payload::Text(s) => ("text/plain; charset=utf-8", s.as_bytes().to_vec()),
         Payload::Json(v) => ("application/json", v.to_string().into_bytes()),
@@ -117,7 +118,7 @@ pub fn user_event_body(payload: &Payload) -> (&'static str, Vec<u8>) {
 /// The body of a `connect` event: what the client presented.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct ConnectRequest {
+pub(crate) struct ConnectRequest {
     /// The access token's claims, each as a list of strings.
     pub claims: BTreeMap<String, Vec<String>>,
     /// The handshake's query parameters (the access token left out).
@@ -132,7 +133,7 @@ pub struct ConnectRequest {
 
 /// A client certificate of the `connect` event.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct ClientCertificate {
+pub(crate) struct ClientCertificate {
     /// SHA-1 thumbprint.
     pub thumbprint: String,
     /// PEM.
@@ -142,7 +143,7 @@ pub struct ClientCertificate {
 /// What a `connect` handler's success may change.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct ConnectResponse {
+pub(crate) struct ConnectResponse {
     /// Replaces the token's user id.
     #[serde(default)]
     pub user_id: Option<String>,
@@ -159,7 +160,7 @@ pub struct ConnectResponse {
 
 /// The upstream refused or failed an event.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum UpstreamError {
+pub(crate) enum UpstreamError {
     /// It answered a non-2xx status; the body is its detail.
     #[error("the upstream answered {status}: {detail}")]
     Status { status: u16, detail: String },
@@ -170,21 +171,25 @@ pub enum UpstreamError {
 
 impl UpstreamError {
     /// The HTTP status to refuse a client handshake with.
-    pub fn handshake_status(&self) -> u16 {
+    pub(crate) fn handshake_status(&self) -> u16 {
         match self {
             Self::Status { status, .. } if (400..600).contains(status) => *status,
             _ => 500,
         }
     }
+}
 
-    /// The `error.name` of a failed ack.
-    pub fn ack_name(&self) -> &'static str {
-        match self {
-            Self::Status { status: 400, .. } => "BadRequest",
-            Self::Status {
+/// A failed user event as the hub tells the client: the handler's 400 is `BadRequest`,
+/// 401 and 403 `Forbidden`, anything else `InternalServerError`.
+impl From<UpstreamError> for EventError {
+    fn from(e: UpstreamError) -> Self {
+        let message = e.to_string();
+        match e {
+            UpstreamError::Status { status: 400, .. } => Self::BadRequest(message),
+            UpstreamError::Status {
                 status: 401 | 403, ..
-            } => "Forbidden",
-            _ => "InternalServerError",
+            } => Self::Forbidden(message),
+            _ => Self::Failed(message),
         }
     }
 }
@@ -206,7 +211,7 @@ fn mime(content_type: Option<&str>) -> String {
 
 /// Reads a `connect` answer: 2xx with an empty body or 204 changes nothing, 200 with a
 /// JSON object may set user, groups, roles and subprotocol; anything else refuses.
-pub fn connect_response(status: u16, body: &[u8]) -> Result<ConnectResponse, UpstreamError> {
+pub(crate) fn connect_response(status: u16, body: &[u8]) -> Result<ConnectResponse, UpstreamError> {
     if !(200..300).contains(&status) {
         return Err(UpstreamError::Status {
             status,
@@ -222,7 +227,7 @@ pub fn connect_response(status: u16, body: &[u8]) -> Result<ConnectResponse, Ups
 
 /// Reads a user event's answer: the data to send back to the client, if any, typed by
 /// the response's `Content-Type` (JSON, text, protobuf `Any`, else binary).
-pub fn user_event_response(
+pub(crate) fn user_event_response(
     status: u16,
     content_type: Option<&str>,
     body: &[u8],
@@ -251,7 +256,7 @@ pub fn user_event_response(
 
 /// Does an abuse-protection answer allow `origin`? `WebHook-Allowed-Origin` values
 /// (repeated or comma-separated) must hold `*` or the origin.
-pub fn origin_allowed<'a>(values: impl IntoIterator<Item = &'a str>, origin: &str) -> bool {
+pub(crate) fn origin_allowed<'a>(values: impl IntoIterator<Item = &'a str>, origin: &str) -> bool {
     values
         .into_iter()
         .flat_map(|v| v.split(','))
@@ -260,7 +265,7 @@ pub fn origin_allowed<'a>(values: impl IntoIterator<Item = &'a str>, origin: &st
 }
 
 /// The JSON body of a system event.
-pub fn system_body(event: SystemEvent, reason: Option<&str>) -> serde_json::Value {
+pub(crate) fn system_body(event: SystemEvent, reason: Option<&str>) -> serde_json::Value {
     match event {
         SystemEvent::Disconnected => serde_json::json!({ "reason": reason.unwrap_or_default() }),
         _ => serde_json::json!({}),

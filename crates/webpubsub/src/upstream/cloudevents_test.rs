@@ -132,11 +132,11 @@ fn user_event_answers() {
         Ok(Some(Payload::Binary(vec![1])))
     );
     let e = user_event_response(500, None, b"boom").unwrap_err();
-    assert_eq!(e.ack_name(), "InternalServerError");
-    assert_eq!(
-        user_event_response(403, None, b"").unwrap_err().ack_name(),
-        "Forbidden"
-    );
+    assert_eq!(EventError::from(e).name(), "InternalServerError");
+    let forbidden = user_event_response(403, None, b"").unwrap_err();
+    assert_eq!(EventError::from(forbidden).name(), "Forbidden");
+    let bad = user_event_response(400, None, b"").unwrap_err();
+    assert_eq!(EventError::from(bad).name(), "BadRequest");
     assert!(user_event_response(200, Some("application/json"), b"{").is_err());
 }
 

@@ -8,21 +8,21 @@ use super::cloudevents::{
     connect_response, system_body, user_event_body, user_event_response, ConnectRequest,
     ConnectResponse, EventContext, UpstreamError,
 };
-use super::settings::{Event, HubSettings, SystemEvent};
 use super::Upstream;
+use crate::config::hubs::{Event, HubSettings, SystemEvent};
 use crate::hub::{Events, Hub, Session, UserEventFuture};
 use crate::protocol::Payload;
 
 /// A hub's handlers and the poster.
 #[derive(Debug)]
-pub struct HubEvents {
+pub(crate) struct HubEvents {
     upstream: Upstream,
     settings: HubSettings,
 }
 
 /// Who connects, for the `connect` event.
 #[derive(Debug, Clone, Copy)]
-pub struct Connecting<'a> {
+pub(crate) struct Connecting<'a> {
     /// The hub.
     pub hub: &'a str,
     /// The connection id the session will have.
@@ -33,23 +33,18 @@ pub struct Connecting<'a> {
 
 impl HubEvents {
     /// Binds a hub's settings to the poster.
-    pub fn new(upstream: Upstream, settings: HubSettings) -> Self {
+    pub(crate) fn new(upstream: Upstream, settings: HubSettings) -> Self {
         Self { upstream, settings }
     }
 
-    /// The hub's settings.
-    pub fn settings(&self) -> &HubSettings {
-        &self.settings
-    }
-
     /// Does a handler take the `connect` event?
-    pub fn takes_connect(&self) -> bool {
+    pub(crate) fn takes_connect(&self) -> bool {
         self.settings.takes(&Event::System(SystemEvent::Connect))
     }
 
     /// Runs the blocking `connect` event. `Ok(None)` when no handler takes it; otherwise
     /// the handler's changes and the connection state it set.
-    pub async fn connect(
+    pub(crate) async fn connect(
         &self,
         who: Connecting<'_>,
         request: &ConnectRequest,

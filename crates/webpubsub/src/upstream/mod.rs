@@ -1,5 +1,6 @@
 //! Upstream events: the service posts CloudEvents to the application's webhooks
-//! ([`cloudevents`] has the wire format, [`settings`] the per-hub handlers).
+//! ([`cloudevents`] has the wire format; the per-hub handlers are configured in
+//! [`crate::config::hubs`]).
 //!
 //! - `connect` is blocking and runs before the WebSocket is accepted (`ws.rs`): its
 //!   answer may set the user id, groups, roles and subprotocol, or refuse the handshake
@@ -20,9 +21,8 @@
 //! by clients cannot make it grow. Every request has the configured timeout, and answers are read up
 //! to the frame limit.
 
-pub mod cloudevents;
-pub mod events;
-pub mod settings;
+pub(crate) mod cloudevents;
+pub(crate) mod events;
 
 use std::collections::hash_map::DefaultHasher;
 use std::collections::HashMap;
@@ -55,7 +55,7 @@ fn origin_of(url: &str) -> &str {
 
 /// A posted event's answer.
 #[derive(Debug)]
-pub struct Answer {
+pub(crate) struct Answer {
     /// HTTP status.
     pub status: u16,
     /// `Content-Type`, if any.
@@ -75,7 +75,7 @@ struct Job {
 
 /// The upstream poster shared by every hub; cheap to clone.
 #[derive(Debug, Clone)]
-pub struct Upstream {
+pub(crate) struct Upstream {
     inner: Arc<Inner>,
 }
 
@@ -100,7 +100,7 @@ fn random_hex(bytes: usize) -> String {
 
 impl Upstream {
     /// A poster with the configuration's keys, origin, timeout and limits.
-    pub fn new(config: &Config) -> Self {
+    pub(crate) fn new(config: &Config) -> Self {
         let timeout = config.limits.upstream_timeout;
         let client = reqwest::Client::builder()
             .timeout(timeout)
@@ -132,11 +132,6 @@ impl Upstream {
         }
     }
 
-    /// The origin sent in `WebHook-Request-Origin`.
-    pub fn origin(&self) -> &str {
-        &self.inner.origin
-    }
-
     fn client(&self) -> Result<&reqwest::Client, UpstreamError> {
         self.inner
             .client
@@ -145,7 +140,7 @@ impl Upstream {
     }
 
     /// The headers of an event, with a fresh id and the current time.
-    pub fn event_headers(&self, ctx: &EventContext<'_>) -> Vec<(HeaderName, HeaderValue)> {
+    pub(crate) fn event_headers(&self, ctx: &EventContext<'_>) -> Vec<(HeaderName, HeaderValue)> {
         let time = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
         headers(
             ctx,
@@ -219,7 +214,7 @@ impl Upstream {
     }
 
     /// Posts one event and reads its answer.
-    pub async fn post(
+    pub(crate) async fn post(
         &self,
         url: &str,
         headers: Vec<(HeaderName, HeaderValue)>,
@@ -272,7 +267,7 @@ impl Upstream {
 
     /// Queues a fire-and-forget event; never waits. Events of one connection are posted
     /// in the order queued.
-    pub fn fire(
+    pub(crate) fn fire(
         &self,
         connection_id: &str,
         url: String,
@@ -325,7 +320,7 @@ impl Upstream {
     }
 
     /// Waits until every queued event is posted, or `timeout`.
-    pub async fn drain(&self, timeout: Duration) {
+    pub(crate) async fn drain(&self, timeout: Duration) {
         let wait = async {
             loop {
                 let idle = self.inner.idle.notified();

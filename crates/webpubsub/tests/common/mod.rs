@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use futures_util::{SinkExt, StreamExt};
 use serde_json::Value;
-use statehub_webpubsub::token::{issue_client_token, ClientClaims};
+use statehub_webpubsub::{issue_client_token, ClientClaims};
 use statehub_webpubsub::{router, Config, Limits, WebPubSub};
 use tokio::net::TcpStream;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
@@ -117,6 +117,20 @@ pub async fn next_frame(ws: &mut Ws) -> Option<Message> {
 
 /// The close code the server ends with (after any other frames), or None if the
 /// connection just ended.
+/// The next protobuf frame's message, skipping pings; panics after 5 s.
+pub async fn recv_pb(ws: &mut Ws) -> statehub_webpubsub::proto::Downstream {
+    use prost::Message as _;
+    match next_frame(ws).await {
+        Some(Message::Binary(b)) => {
+            statehub_webpubsub::proto::DownstreamMessage::decode(b.as_ref())
+                .unwrap()
+                .message
+                .unwrap()
+        }
+        other => panic!("expected a binary frame, got {other:?}"),
+    }
+}
+
 pub async fn close_code(ws: &mut Ws) -> Option<u16> {
     loop {
         match next_frame(ws).await? {

@@ -10,8 +10,8 @@ use axum::body::{to_bytes, Body};
 use axum::extract::Request;
 use axum::http::{HeaderMap, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
-use statehub_webpubsub::upstream::settings::{EventHandler, HubSettings, SystemEvent};
 use statehub_webpubsub::{router, Config, WebPubSub};
+use statehub_webpubsub::{EventHandler, HubSettings, SystemEvent};
 use tokio::sync::mpsc;
 
 /// One request the upstream received.

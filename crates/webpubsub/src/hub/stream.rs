@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::dispatch::{check_group, Effects, StreamTimer};
+use crate::effects::{check_group, Effects, StreamTimer};
 use crate::hub::{Hub, Session};
 use crate::protocol::codec::Request;
 use crate::protocol::json::{
@@ -31,13 +31,13 @@ use crate::protocol::json::{
 use crate::protocol::{Payload, ProtocolError};
 
 /// The idle timeout of a stream whose start names none.
-pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_millis(300_000);
+pub(crate) const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_millis(300_000);
 /// Streams one connection may have open at once.
-pub const MAX_STREAMS_PER_CONNECTION: usize = 100;
+pub(crate) const MAX_STREAMS_PER_CONNECTION: usize = 100;
 
 /// A session's open streams.
 #[derive(Debug, Default)]
-pub struct Streams {
+pub(crate) struct Streams {
     active: HashMap<String, OutStream>,
     /// Tells a stream from an earlier one of the same id, for its idle timer.
     next_epoch: u64,
@@ -55,7 +55,7 @@ struct OutStream {
 }
 
 /// Handles a stream request of a session (other requests are ignored).
-pub fn handle(hub: &Hub, session: &Session, fx: &mut Effects, request: Request) {
+pub(crate) fn handle(hub: &Hub, session: &Session, fx: &mut Effects, request: Request) {
     match request {
         Request::StreamStart {
             stream_id,
@@ -310,7 +310,7 @@ fn publish_end(
 
 /// Ends every stream of a session that ended: subscribers get a terminal message
 /// with the error `Cancelled`.
-pub fn cancel_all(hub: &Hub, session: &Session) {
+pub(crate) fn cancel_all(hub: &Hub, session: &Session) {
     let open: Vec<(String, OutStream)> = session.streams().active.drain().collect();
     for (stream_id, s) in open {
         let error = StreamError {
@@ -324,7 +324,7 @@ pub fn cancel_all(hub: &Hub, session: &Session) {
 
 /// Watches a stream's idle deadline: once it passes with no fragment or keepalive, the
 /// stream ends with `IdleTimeout` for the publisher (`streamClosed`) and subscribers.
-pub fn spawn_idle_timer(hub: Arc<Hub>, session: Arc<Session>, timer: StreamTimer) {
+pub(crate) fn spawn_idle_timer(hub: Arc<Hub>, session: Arc<Session>, timer: StreamTimer) {
     let StreamTimer { stream_id, epoch } = timer;
     tokio::spawn(async move {
         loop {

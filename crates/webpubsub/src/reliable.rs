@@ -14,7 +14,7 @@ use crate::outbox::frame_len;
 /// client told with close code 1008.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error("more than {max_messages} unacknowledged messages or {max_bytes} bytes")]
-pub struct Overflow {
+pub(crate) struct Overflow {
     /// The message limit.
     pub max_messages: usize,
     /// The byte limit.
@@ -25,7 +25,7 @@ pub struct Overflow {
 /// A frame with a deadline (`messageTtlSeconds`) is not replayed after it; expired
 /// frames are pruned when the buffer would otherwise overflow.
 #[derive(Debug)]
-pub struct Sequencer {
+pub(crate) struct Sequencer {
     next: u64,
     unacked: VecDeque<(u64, Message, Option<Instant>)>,
     bytes: usize,
@@ -35,7 +35,7 @@ pub struct Sequencer {
 
 impl Sequencer {
     /// An empty sequencer with its limits.
-    pub fn new(max_messages: usize, max_bytes: usize) -> Self {
+    pub(crate) fn new(max_messages: usize, max_bytes: usize) -> Self {
         Self {
             next: 1,
             unacked: VecDeque::new(),
@@ -45,14 +45,18 @@ impl Sequencer {
         }
     }
 
+    #[cfg(test)]
     /// Gives the next message its sequence id, encodes it with `encode` and keeps the
     /// frame until acknowledged. Past a limit nothing is kept and `Overflow` returned.
-    pub fn push(&mut self, encode: impl FnOnce(u64) -> Message) -> Result<Message, Overflow> {
+    pub(crate) fn push(
+        &mut self,
+        encode: impl FnOnce(u64) -> Message,
+    ) -> Result<Message, Overflow> {
         self.push_until(encode, None)
     }
 
     /// Same, for a frame not to be replayed after `deadline`.
-    pub fn push_until(
+    pub(crate) fn push_until(
         &mut self,
         encode: impl FnOnce(u64) -> Message,
         deadline: Option<Instant>,
@@ -92,7 +96,7 @@ impl Sequencer {
     }
 
     /// The client has every message up to `sequence_id`: forget them.
-    pub fn ack(&mut self, sequence_id: u64) {
+    pub(crate) fn ack(&mut self, sequence_id: u64) {
         while let Some((id, frame, _)) = self.unacked.front() {
             if *id > sequence_id {
                 break;
@@ -104,7 +108,7 @@ impl Sequencer {
 
     /// The unacknowledged frames still within their deadline, oldest first, for replay
     /// after a recovery.
-    pub fn pending(&self) -> impl Iterator<Item = &Message> {
+    pub(crate) fn pending(&self) -> impl Iterator<Item = &Message> {
         let now = Instant::now();
         self.unacked
             .iter()
@@ -112,20 +116,22 @@ impl Sequencer {
             .map(|(_, f, _)| f)
     }
 
+    #[cfg(test)]
     /// How many messages wait for an ack.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.unacked.len()
     }
 
+    #[cfg(test)]
     /// Whether nothing waits for an ack.
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.unacked.is_empty()
     }
 }
 
 /// The last `capacity` processed `ackId`s, so a resent message is answered `Duplicate`.
 #[derive(Debug)]
-pub struct ProcessedAcks {
+pub(crate) struct ProcessedAcks {
     order: VecDeque<u64>,
     set: HashSet<u64>,
     capacity: usize,
@@ -133,7 +139,7 @@ pub struct ProcessedAcks {
 
 impl ProcessedAcks {
     /// Remembers at most `capacity` ids.
-    pub fn new(capacity: usize) -> Self {
+    pub(crate) fn new(capacity: usize) -> Self {
         Self {
             order: VecDeque::new(),
             set: HashSet::new(),
@@ -142,12 +148,12 @@ impl ProcessedAcks {
     }
 
     /// Was `ack_id` processed already?
-    pub fn contains(&self, ack_id: u64) -> bool {
+    pub(crate) fn contains(&self, ack_id: u64) -> bool {
         self.set.contains(&ack_id)
     }
 
     /// Records `ack_id`, forgetting the oldest past the capacity.
-    pub fn insert(&mut self, ack_id: u64) {
+    pub(crate) fn insert(&mut self, ack_id: u64) {
         if self.capacity == 0 || !self.set.insert(ack_id) {
             return;
         }

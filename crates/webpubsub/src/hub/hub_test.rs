@@ -1,9 +1,12 @@
 use std::time::Duration;
 
+use axum::extract::ws::Message;
+
 use super::*;
 use crate::outbox::{outbox, OutboxReceiver};
 use crate::protocol::json::MessageSource;
-use crate::protocol::Payload;
+use crate::protocol::{Payload, Subprotocol};
+use crate::token::ClientClaims;
 
 fn claims(groups: &[&str]) -> ClientClaims {
     ClientClaims {
