@@ -5,8 +5,8 @@
 //! tests can assert exact bytes and effects and drive time by hand.
 //!
 //! A request goes through these checks, in order, the first failure becoming the reply
-//! `-ERR <text>`: payload ([`Command::parse`]), `__ts` and `__ft` syntax
-//! (`malformed timestamp`), their skew, `missing timestamp` on SET, authorization, then
+//! `-ERR <text>`: payload ([`Command::parse`]), `__ts` and `__ft` syntax and range
+//! (`malformed timestamp`: see [`crate::hlc`] for why a counter of `u64::MAX` is one), their skew, `missing timestamp` on SET, authorization, then
 //! the command itself (fencing, conditions, quotas).
 //!
 //! Expiry is active: before every request, and whenever the shell calls
@@ -282,8 +282,8 @@ impl<E: Engine, A: Authorizer> Machine<E, A> {
         effects: &mut Vec<Effect>,
     ) -> Result<Reply, Failure> {
         let command = Command::parse(&request.payload)?;
-        let timestamp = parse_hlc::<Stamp>(request.timestamp)?;
-        let fencing_token = parse_hlc::<Hlc>(request.fencing_token)?;
+        let timestamp = parse_hlc::<Stamp>(request.timestamp, |ts| *ts)?;
+        let fencing_token = parse_hlc::<Hlc>(request.fencing_token, |ft| ft.into())?;
         let skew = self.config.max_skew_ms;
         if timestamp.is_some_and(|ts| !check_skew(ts, now_ms, skew)) {
             return Err(Refusal::TimestampSkew.into());
@@ -359,9 +359,17 @@ impl<E: Engine, A: Authorizer> Machine<E, A> {
     }
 }
 
-fn parse_hlc<T: std::str::FromStr>(property: Option<&str>) -> Result<Option<T>, Refusal> {
+/// A `__ts` or `__ft`: `malformed timestamp` unless it is an HLC in range (one the clock
+/// can merge and still advance past, see [`Stamp::in_range`]).
+fn parse_hlc<T: std::str::FromStr>(
+    property: Option<&str>,
+    stamp: fn(&T) -> Stamp,
+) -> Result<Option<T>, Refusal> {
     property
-        .map(|s| s.parse().map_err(|_| Refusal::MalformedTimestamp))
+        .map(|s| match s.parse::<T>() {
+            Ok(hlc) if stamp(&hlc).in_range() => Ok(hlc),
+            _ => Err(Refusal::MalformedTimestamp),
+        })
         .transpose()
 }
 
