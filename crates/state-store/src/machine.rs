@@ -14,6 +14,7 @@
 //! and observers get `NOTIFY DELETE` carrying the deletion's version.
 
 mod commands;
+mod config;
 mod observers;
 
 use bytes::Bytes;
@@ -22,42 +23,11 @@ use crate::authz::{AllowAll, Authorizer, Operation};
 use crate::command::Command;
 use crate::engine::{Engine, MemoryEngine, WriteSeq};
 use crate::error::{EngineError, FatalError, Refusal};
-use crate::hlc::{check_skew, Hlc, HlcClock, Stamp, DEFAULT_MAX_SKEW_MS, DEFAULT_NODE_ID};
+use crate::hlc::{check_skew, Hlc, HlcClock, Stamp};
 use crate::notify;
 use crate::resp::Response;
+pub use config::{defaults, Config};
 use observers::Observers;
-
-/// Tunables of the store.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Config {
-    /// The node id of every version issued (`state-store` by default).
-    pub node_id: String,
-    /// Most keys the store holds; a SET adding one more is refused with
-    /// `the quota has been exceeded`.
-    pub max_keys: Option<u64>,
-    /// Most bytes (sum of key and value lengths) the store holds.
-    pub max_bytes: Option<u64>,
-    /// Most keys one client may observe at once (KEYNOTIFY beyond it is refused with
-    /// `the quota has been exceeded`).
-    pub max_observations_per_client: Option<usize>,
-    /// How far ahead of the server clock `__ts` and `__ft` may be, in milliseconds.
-    pub max_skew_ms: u64,
-    /// Keys visited per SCAN request; a page holds the matching ones among them.
-    pub scan_count: usize,
-}
-
-impl Default for Config {
-    fn default() -> Self {
-        Self {
-            node_id: DEFAULT_NODE_ID.to_owned(),
-            max_keys: None,
-            max_bytes: None,
-            max_observations_per_client: None,
-            max_skew_ms: DEFAULT_MAX_SKEW_MS,
-            scan_count: 100,
-        }
-    }
-}
 
 /// One request, as read from the MQTT PUBLISH. The strings are borrowed from the PUBLISH:
 /// the machine copies what it keeps (an observer's client id, a fencing token).

@@ -114,6 +114,7 @@ impl StoreClient {
         let mut opts = MqttOptions::new(id, addr.ip().to_string(), addr.port());
         opts.set_keep_alive(Duration::from_secs(60));
         opts.set_max_packet_size(Some(4 << 20));
+        opts.set_connection_timeout(PATIENCE.as_secs());
         let (client, mut eventloop) = AsyncClient::new(opts, 1_000);
         let (tx, rx) = mpsc::unbounded_channel();
         let (ready_tx, mut ready_rx) = mpsc::unbounded_channel();
@@ -124,10 +125,13 @@ impl StoreClient {
                         let _ = tx.send(p);
                     }
                     Ok(Event::Incoming(Packet::SubAck(_))) => {
-                        let _ = ready_tx.send(());
+                        let _ = ready_tx.send(Ok(()));
                     }
                     Ok(_) => {}
-                    Err(_) => return,
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(e.to_string()));
+                        return;
+                    }
                 }
             }
         });
@@ -136,10 +140,12 @@ impl StoreClient {
             .subscribe(response_topic.clone(), QoS::AtLeastOnce)
             .await
             .expect("subscribe");
-        timeout(PATIENCE, ready_rx.recv())
+        let ready = timeout(PATIENCE, ready_rx.recv())
             .await
-            .expect("SUBACK in time")
-            .expect("connection alive");
+            .expect("CONNACK and SUBACK in time");
+        if let Some(Err(e)) = ready {
+            panic!("{id} could not connect and subscribe: {e}");
+        }
         StoreClient {
             client,
             rx,
