@@ -29,6 +29,10 @@ use crate::resp::Response;
 pub use config::{defaults, Config};
 use observers::Observers;
 
+/// Most expired keys one call removes (a request or [`Machine::expire`]), so that a
+/// burst of expiries (100,000 keys took 50 ms in one go) never holds the store for long.
+pub const EXPIRY_BATCH: usize = 1_000;
+
 /// One request, as read from the MQTT PUBLISH. The strings are borrowed from the PUBLISH:
 /// the machine copies what it keeps (an observer's client id, a fencing token).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -191,8 +195,8 @@ impl<E: Engine, A: Authorizer> Machine<E, A> {
     /// stop serving the store.
     pub fn handle(&mut self, request: Request<'_>, now_ms: u64) -> Result<Outcome, FatalError> {
         let mut effects = Vec::new();
-        self.remove_expired(now_ms, &mut effects)?;
-        let reply = match self.execute(&request, now_ms, &mut effects) {
+        let backlog = self.remove_expired(now_ms, &mut effects)?;
+        let reply = match self.execute(&request, now_ms, backlog, &mut effects) {
             Ok(reply) => reply,
             Err(Failure::Refused(refusal)) => Reply::plain(&Response::Error(refusal)),
             Err(Failure::Fatal(error)) => return Err(error),
@@ -201,8 +205,10 @@ impl<E: Engine, A: Authorizer> Machine<E, A> {
         Ok(Outcome { reply, effects })
     }
 
-    /// Removes every key whose expiry is `<= now_ms`, returning the `NOTIFY DELETE`s
-    /// (after an [`Effect::AwaitDurable`] when the engine says so).
+    /// Removes keys whose expiry is `<= now_ms`, at most [`EXPIRY_BATCH`] of them,
+    /// returning the `NOTIFY DELETE`s (after an [`Effect::AwaitDurable`] when the engine
+    /// says so). When more were due, [`Machine::next_expiry`] is still `<= now_ms`: call
+    /// again (after letting other work in).
     pub fn expire(&mut self, now_ms: u64) -> Result<Vec<Effect>, FatalError> {
         let mut effects = Vec::new();
         self.remove_expired(now_ms, &mut effects)?;
@@ -217,12 +223,48 @@ impl<E: Engine, A: Authorizer> Machine<E, A> {
         Ok(self.engine.seal(&self.clock)?)
     }
 
-    fn remove_expired(&mut self, now_ms: u64, effects: &mut Vec<Effect>) -> Result<(), FatalError> {
-        for key in self.engine.expired(now_ms, usize::MAX)? {
-            if self.engine.remove(&key)?.is_some() {
-                let version = self.clock.tick(now_ms);
-                self.notify(&key, notify::delete_payload, &version, effects);
-            }
+    /// Removes up to [`EXPIRY_BATCH`] expired keys; `true` if that many were removed,
+    /// so that more may be due.
+    fn remove_expired(
+        &mut self,
+        now_ms: u64,
+        effects: &mut Vec<Effect>,
+    ) -> Result<bool, FatalError> {
+        let due = self.engine.expired(now_ms, EXPIRY_BATCH)?;
+        for key in &due {
+            self.remove_expired_key(key, now_ms, effects)?;
+        }
+        Ok(due.len() == EXPIRY_BATCH)
+    }
+
+    fn remove_expired_key(
+        &mut self,
+        key: &Bytes,
+        now_ms: u64,
+        effects: &mut Vec<Effect>,
+    ) -> Result<(), EngineError> {
+        if self.engine.remove(key)?.is_some() {
+            let version = self.clock.tick(now_ms);
+            self.notify(key, notify::delete_payload, &version, effects);
+        }
+        Ok(())
+    }
+
+    /// While more keys are due than one batch removes, a request's own key is removed
+    /// first if due, so no request sees an expired key (SCAN skips them).
+    fn expire_key_if_due(
+        &mut self,
+        key: &Bytes,
+        now_ms: u64,
+        effects: &mut Vec<Effect>,
+    ) -> Result<(), EngineError> {
+        let due = self
+            .engine
+            .peek(key)?
+            .and_then(|entry| entry.expires_at_ms)
+            .is_some_and(|at| at <= now_ms);
+        if due {
+            self.remove_expired_key(key, now_ms, effects)?;
         }
         Ok(())
     }
@@ -245,10 +287,12 @@ impl<E: Engine, A: Authorizer> Machine<E, A> {
         self.observers.drop_client(client_id);
     }
 
+    /// Runs one request; `backlog` says expired keys may remain (see [`EXPIRY_BATCH`]).
     fn execute(
         &mut self,
         request: &Request<'_>,
         now_ms: u64,
+        backlog: bool,
         effects: &mut Vec<Effect>,
     ) -> Result<Reply, Failure> {
         let command = Command::parse(&request.payload)?;
@@ -275,10 +319,14 @@ impl<E: Engine, A: Authorizer> Machine<E, A> {
                 return Err(Refusal::NotAuthorized.into());
             }
         }
+        if let (true, Some(key)) = (backlog, command.key()) {
+            self.expire_key_if_due(key, now_ms, effects)?;
+        }
         if let Some(ts) = timestamp {
             self.clock.observe_request(ts, now_ms);
         }
         let client = request.client_id;
+        let skip_due = backlog.then_some(now_ms);
         match command {
             Command::Set {
                 key,
@@ -300,7 +348,9 @@ impl<E: Engine, A: Authorizer> Machine<E, A> {
                 self.del(&key, Some(&value), fencing_token, now_ms, effects)
             }
             Command::KeyNotify { key, stop } => self.key_notify(client, &key, stop),
-            Command::Scan { pattern, token } => self.scan(client, &pattern, token.as_deref()),
+            Command::Scan { pattern, token } => {
+                self.scan(client, &pattern, token.as_deref(), skip_due)
+            }
         }
     }
 

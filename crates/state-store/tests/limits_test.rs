@@ -7,7 +7,7 @@ mod common;
 use common::Harness;
 use statehub_state_store::machine::defaults;
 use statehub_state_store::notify::{notify_topic, notify_topic_len, MAX_TOPIC_LEN};
-use statehub_state_store::Config;
+use statehub_state_store::{Config, Engine};
 
 const QUOTA: &[u8] = b"-ERR the quota has been exceeded\r\n";
 
@@ -241,4 +241,57 @@ fn pathological_scan_is_one_cheap_page() {
         h.reply("c", &[b"SCAN", &pattern]).0.len(),
         b"*1\r\n*1\r\n$20000\r\n\r\n".len() + 20_000
     );
+}
+
+/// A burst of expiries is removed [`EXPIRY_BATCH`] keys per call, so no call holds the
+/// store for long; meanwhile no request sees an expired key.
+#[test]
+fn expiry_bursts_are_removed_in_batches() {
+    use statehub_state_store::machine::EXPIRY_BATCH;
+    let mut h = Harness::new();
+    let count = 4 * EXPIRY_BATCH + EXPIRY_BATCH / 2;
+    let key = |i: usize| format!("k{i:06}").into_bytes();
+    for i in 0..count {
+        h.send("c", &[b"SET", &key(i), b"v", b"PX", b"1000"]);
+    }
+    h.send("c", &[b"SET", b"keep", b"v"]);
+    let last = key(count - 1);
+    h.send("o", &[b"KEYNOTIFY", &last]);
+    h.advance(1_000);
+
+    assert!(h.machine.expire(h.now).unwrap().is_empty());
+    assert_eq!(
+        h.machine.engine().stats().keys as usize,
+        count + 1 - EXPIRY_BATCH
+    );
+    assert!(h
+        .machine
+        .next_expiry()
+        .unwrap()
+        .is_some_and(|at| at <= h.now));
+
+    // A request removes another batch, and its own key if due: the observer of the last
+    // key, still waiting in the backlog, hears of its deletion now.
+    let outcome = h.send("c", &[b"GET", &last]);
+    assert_eq!(&outcome.reply.payload[..], b"$-1\r\n");
+    let notes = common::notifies(&outcome.effects);
+    assert_eq!(notes.len(), 1);
+    assert_eq!((notes[0].0.as_str(), &notes[0].1), ("o", &last));
+    let left = count - 2 * EXPIRY_BATCH - 1;
+    assert_eq!(h.machine.engine().stats().keys as usize, left + 1);
+    // SET NX takes a key still due; SCAN skips the ones still due.
+    assert_eq!(
+        h.reply("c", &[b"SET", &key(count - 2), b"w", b"NX"]).0,
+        b"+OK\r\n"
+    );
+    assert_eq!(
+        h.machine.engine().stats().keys as usize,
+        left - EXPIRY_BATCH - 1 + 2
+    );
+    let (found, _) = scan_all(&mut h, b"*");
+    assert_eq!(found, [key(count - 2), b"keep".to_vec()]);
+    while h.machine.next_expiry().unwrap().is_some() {
+        h.machine.expire(h.now).unwrap();
+    }
+    assert_eq!(h.machine.engine().stats().keys, 2);
 }

@@ -10,7 +10,7 @@ use super::{Effect, Failure, Machine, Reply};
 use crate::authz::{Authorizer, Operation};
 use crate::command::SetCondition;
 use crate::engine::{Engine, Entry};
-use crate::error::Refusal;
+use crate::error::{EngineError, Refusal};
 use crate::glob::Pattern;
 use crate::hlc::Hlc;
 use crate::notify;
@@ -101,6 +101,15 @@ impl<E: Engine, A: Authorizer> Machine<E, A> {
         Ok(())
     }
 
+    /// Whether `key` has expired by `now_ms` (when given) and awaits its removal.
+    fn is_due(&self, key: &[u8], now_ms: Option<u64>) -> Result<bool, EngineError> {
+        let Some(now_ms) = now_ms else {
+            return Ok(false);
+        };
+        let expires = self.engine.peek(key)?.and_then(|entry| entry.expires_at_ms);
+        Ok(expires.is_some_and(|at| at <= now_ms))
+    }
+
     /// The longest key the store takes: the configured bound, or the engine's if lower.
     fn max_key_len(&self) -> usize {
         self.config.max_key_bytes.min(self.engine.max_key_len())
@@ -183,12 +192,14 @@ impl<E: Engine, A: Authorizer> Machine<E, A> {
     /// engine's cursor after the last key visited. So the work done under the store's
     /// lock is bounded by the configuration whatever the keys and the pattern, and a page
     /// may hold fewer keys than it could, or none, with a token (the SDKs page until no
-    /// token comes back).
+    /// token comes back). With `skip_due`, keys expired by then are left out (they are
+    /// waiting for their removal, see [`super::EXPIRY_BATCH`]).
     pub(super) fn scan(
         &self,
         client: &str,
         pattern: &[u8],
         token: Option<&[u8]>,
+        skip_due: Option<u64>,
     ) -> Result<Reply, Failure> {
         let config = &self.config;
         if pattern.len() > config.max_pattern_bytes {
@@ -205,9 +216,10 @@ impl<E: Engine, A: Authorizer> Machine<E, A> {
             for key in batch.keys {
                 visited += 1;
                 work = work.saturating_add((key.len() as u64 + 1).saturating_mul(words));
-                if pattern.is_match(&key)
-                    && self.authorizer.authorize(client, &key, Operation::Scan)
-                {
+                let visible = pattern.is_match(&key)
+                    && !self.is_due(&key, skip_due)?
+                    && self.authorizer.authorize(client, &key, Operation::Scan);
+                if visible {
                     page_bytes += key.len();
                     keys.push(key);
                 }
