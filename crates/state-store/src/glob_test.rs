@@ -215,7 +215,7 @@ proptest::proptest! {
         proptest::prop_assert_eq!(
             Pattern::compile(&pattern).is_match(&key),
             reference(&pattern, &key),
-            "pattern {:?} key {:?}", pattern.escape_ascii().to_string(), key.escape_ascii().to_string()
+            "pattern {} key {}", pattern.escape_ascii(), key.escape_ascii()
         );
     }
 
@@ -230,7 +230,7 @@ proptest::proptest! {
         proptest::prop_assert_eq!(
             Pattern::compile(&pattern).is_match(&key),
             reference(&pattern, &key),
-            "pattern {:?} key {:?}", pattern.escape_ascii().to_string(), key.escape_ascii().to_string()
+            "pattern {} key {}", pattern.escape_ascii(), key.escape_ascii()
         );
     }
 

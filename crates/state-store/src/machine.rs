@@ -6,12 +6,14 @@
 //!
 //! A request goes through these checks, in order, the first failure becoming the reply
 //! `-ERR <text>`: payload ([`Command::parse`]), `__ts` and `__ft` syntax and range
-//! (`malformed timestamp`: see [`crate::hlc`] for why a counter of `u64::MAX` is one), their skew, `missing timestamp` on SET, authorization, then
-//! the command itself (fencing, conditions, quotas).
+//! (`malformed timestamp`: see [`crate::hlc`] for why a counter of `u64::MAX` is one),
+//! their skew, `missing timestamp` on SET, authorization, then the command itself
+//! (fencing, conditions, quotas: see [`Config`]).
 //!
 //! Expiry is active: before every request, and whenever the shell calls
 //! [`Machine::expire`] (at [`Machine::next_expiry`]), keys whose PX has elapsed are removed
-//! and observers get `NOTIFY DELETE` carrying the deletion's version.
+//! and observers get `NOTIFY DELETE` carrying the deletion's version; at most
+//! [`EXPIRY_BATCH`] keys a call, so a burst of expiries is spread over several calls.
 
 mod commands;
 mod config;
