@@ -7,25 +7,39 @@
 //! RPC fault (see `rpc.rs`), never an `Err`.
 
 use serde::Deserialize;
-use statehub_state_store::hlc::{DEFAULT_MAX_SKEW_MS, DEFAULT_NODE_ID};
 use statehub_state_store::Config;
 
-/// Settings of the state store service.
+/// Settings of the state store service. The limits are those of the core's [`Config`]
+/// (see its docs); each, when hit, is refused with `the quota has been exceeded`.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Settings {
     /// Node id of every version the store issues (`state-store`, as the real one).
     pub node_id: String,
     /// Most keys held; a SET adding one more gets `the quota has been exceeded`.
-    pub max_keys: Option<u64>,
+    pub max_keys: u64,
     /// Most bytes (keys plus values) held.
-    pub max_bytes: Option<u64>,
+    pub max_bytes: u64,
+    /// Longest key a SET stores or a KEYNOTIFY observes.
+    pub max_key_bytes: usize,
+    /// Longest value a SET stores.
+    pub max_value_bytes: usize,
     /// Most keys one client may observe at once.
-    pub max_observations_per_client: Option<usize>,
+    pub max_observations_per_client: usize,
+    /// Most observations of all clients together.
+    pub max_observations: usize,
+    /// Most bytes of observed keys, summed over all observations.
+    pub max_observed_key_bytes: u64,
     /// How far ahead of the server clock `__ts` and `__ft` may be, in milliseconds.
     pub max_skew_ms: u64,
-    /// Keys visited per SCAN request.
+    /// Most keys visited per SCAN request.
     pub scan_count: usize,
+    /// Longest SCAN pattern.
+    pub max_pattern_bytes: usize,
+    /// Matching work per SCAN request, in key bytes × pattern words.
+    pub scan_work: u64,
+    /// Most bytes of keys in one SCAN response.
+    pub scan_page_bytes: usize,
     /// Answered responses remembered to answer QoS 1 redeliveries without running them
     /// twice (0 turns the cache off). Responses still on their way to their requester
     /// (queued or unacknowledged) are kept beyond this bound, up to
@@ -40,13 +54,21 @@ pub struct Settings {
 
 impl Default for Settings {
     fn default() -> Self {
+        let core = Config::default();
         Self {
-            node_id: DEFAULT_NODE_ID.to_owned(),
-            max_keys: None,
-            max_bytes: None,
-            max_observations_per_client: None,
-            max_skew_ms: DEFAULT_MAX_SKEW_MS,
-            scan_count: 100,
+            node_id: core.node_id,
+            max_keys: core.max_keys,
+            max_bytes: core.max_bytes,
+            max_key_bytes: core.max_key_bytes,
+            max_value_bytes: core.max_value_bytes,
+            max_observations_per_client: core.max_observations_per_client,
+            max_observations: core.max_observations,
+            max_observed_key_bytes: core.max_observed_key_bytes,
+            max_skew_ms: core.max_skew_ms,
+            scan_count: core.scan_count,
+            max_pattern_bytes: core.max_pattern_bytes,
+            scan_work: core.scan_work,
+            scan_page_bytes: core.scan_page_bytes,
             response_cache_entries: 1_000,
             response_cache_in_flight: 20_000,
         }
@@ -59,16 +81,23 @@ impl Settings {
         if self.node_id.is_empty() || self.node_id.contains(':') {
             return Err(SettingsError::NodeId(self.node_id.clone()));
         }
-        if self.scan_count == 0 {
-            return Err(SettingsError::ScanCount);
+        if self.scan_count == 0 || self.scan_work == 0 || self.scan_page_bytes == 0 {
+            return Err(SettingsError::ScanPage);
         }
         Ok(Config {
             node_id: self.node_id.clone(),
             max_keys: self.max_keys,
             max_bytes: self.max_bytes,
+            max_key_bytes: self.max_key_bytes,
+            max_value_bytes: self.max_value_bytes,
             max_observations_per_client: self.max_observations_per_client,
+            max_observations: self.max_observations,
+            max_observed_key_bytes: self.max_observed_key_bytes,
             max_skew_ms: self.max_skew_ms,
             scan_count: self.scan_count,
+            max_pattern_bytes: self.max_pattern_bytes,
+            scan_work: self.scan_work,
+            scan_page_bytes: self.scan_page_bytes,
         })
     }
 }
@@ -79,9 +108,9 @@ pub enum SettingsError {
     /// Versions are `{wall}:{counter}:{node}`: a node id with ':' would be unparsable.
     #[error("state store node id {0:?} must be non-empty and contain no ':'")]
     NodeId(String),
-    /// A SCAN page must visit at least one key or it never ends.
-    #[error("state store scan_count must be at least 1")]
-    ScanCount,
+    /// A SCAN page must be allowed to visit at least one key or it never ends.
+    #[error("state store scan_count, scan_work and scan_page_bytes must be at least 1")]
+    ScanPage,
 }
 
 #[cfg(test)]

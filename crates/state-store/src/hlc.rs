@@ -11,6 +11,19 @@
 //! lone writer's versions carry counter 0 or 1 depending on whether its request crossed a
 //! millisecond boundary on the way, and the Rust SDK's lease test expects two renewals'
 //! fencing tokens to have the same counter.
+//!
+//! The clock never wraps. A value is in range ([`Stamp::in_range`]) when its counter is at
+//! most [`MAX_COUNTER`] (`u64::MAX - 1`, the SDKs' own bound: their clocks refuse a
+//! counter that the next increment would overflow) and its wall clock fits the wire
+//! form's 15 digits; the store refuses any other `__ts` or `__ft` as `malformed
+//! timestamp`, so only values in range reach the clock. The clock itself, once at
+//! [`MAX_COUNTER`] (merged from a client, or read back from storage), moves to the next
+//! millisecond with counter 0 instead of incrementing: `(w + 1, 0)` is greater than
+//! every value of millisecond `w`, so versions still strictly increase, every version is
+//! still above every value observed, and fencing tokens (versions handed out in order)
+//! keep their order. The price is that the clock runs one millisecond ahead, which an
+//! HLC allows. Wrapping instead would hand a later lock holder a lower token than the
+//! previous one, making the stale holder's writes win and the current one's fail.
 
 use std::cmp::Ordering;
 use std::fmt;
@@ -22,6 +35,12 @@ pub const DEFAULT_NODE_ID: &str = "state-store";
 
 /// How far ahead of the server clock a `__ts` or `__ft` may be, in milliseconds.
 pub const DEFAULT_MAX_SKEW_MS: u64 = 60_000;
+
+/// The greatest counter a value may carry: one more increment must not overflow.
+pub const MAX_COUNTER: u64 = u64::MAX - 1;
+
+/// The greatest wall clock the wire form's 15 digits hold (about the year 33658).
+pub const MAX_WALL_MS: u64 = 999_999_999_999_999;
 
 /// One hybrid logical clock value.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -141,6 +160,14 @@ pub struct Stamp {
     pub counter: u64,
 }
 
+impl Stamp {
+    /// Whether the clock can merge this value and still advance past it: the counter at
+    /// most [`MAX_COUNTER`], the wall clock at most [`MAX_WALL_MS`].
+    pub fn in_range(self) -> bool {
+        self.counter <= MAX_COUNTER && self.wall_ms <= MAX_WALL_MS
+    }
+}
+
 impl From<&Hlc> for Stamp {
     fn from(hlc: &Hlc) -> Self {
         Self {
@@ -217,7 +244,7 @@ impl HlcClock {
         let remote = remote.into();
         let dominates = (remote.wall_ms, remote.counter) >= (self.wall_ms, self.counter);
         if remote.wall_ms == now_ms && dominates {
-            self.wall_ms = now_ms + 1;
+            self.wall_ms = now_ms.saturating_add(1);
             self.counter = 0;
             self.stepped = true;
         } else {
@@ -225,13 +252,21 @@ impl HlcClock {
         }
     }
 
-    /// Issues a new version, greater than everything issued or observed before.
+    /// Issues a new version, greater than everything issued or observed before. A
+    /// counter at [`MAX_COUNTER`] (or beyond, read from storage) moves the clock to the next
+    /// millisecond rather than wrap (see the module docs); that holds while the wall clock
+    /// is below `u64::MAX`, which values in range and a real clock keep it.
     pub fn tick(&mut self, now_ms: u64) -> Hlc {
         if now_ms > self.wall_ms {
             self.wall_ms = now_ms;
             self.counter = 0;
         } else if !self.stepped {
-            self.counter += 1;
+            if self.counter < MAX_COUNTER {
+                self.counter += 1;
+            } else {
+                self.wall_ms = self.wall_ms.saturating_add(1);
+                self.counter = 0;
+            }
         }
         self.stepped = false;
         self.current()

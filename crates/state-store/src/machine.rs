@@ -5,15 +5,18 @@
 //! tests can assert exact bytes and effects and drive time by hand.
 //!
 //! A request goes through these checks, in order, the first failure becoming the reply
-//! `-ERR <text>`: payload ([`Command::parse`]), `__ts` and `__ft` syntax
-//! (`malformed timestamp`), their skew, `missing timestamp` on SET, authorization, then
-//! the command itself (fencing, conditions, quotas).
+//! `-ERR <text>`: payload ([`Command::parse`]), `__ts` and `__ft` syntax and range
+//! (`malformed timestamp`: see [`crate::hlc`] for why a counter of `u64::MAX` is one),
+//! their skew, `missing timestamp` on SET, authorization, then the command itself
+//! (fencing, conditions, quotas: see [`Config`]).
 //!
 //! Expiry is active: before every request, and whenever the shell calls
 //! [`Machine::expire`] (at [`Machine::next_expiry`]), keys whose PX has elapsed are removed
-//! and observers get `NOTIFY DELETE` carrying the deletion's version.
+//! and observers get `NOTIFY DELETE` carrying the deletion's version; at most
+//! [`EXPIRY_BATCH`] keys a call, so a burst of expiries is spread over several calls.
 
 mod commands;
+mod config;
 mod observers;
 
 use bytes::Bytes;
@@ -22,42 +25,15 @@ use crate::authz::{AllowAll, Authorizer, Operation};
 use crate::command::Command;
 use crate::engine::{Engine, MemoryEngine, WriteSeq};
 use crate::error::{EngineError, FatalError, Refusal};
-use crate::hlc::{check_skew, Hlc, HlcClock, Stamp, DEFAULT_MAX_SKEW_MS, DEFAULT_NODE_ID};
+use crate::hlc::{check_skew, Hlc, HlcClock, Stamp};
 use crate::notify;
 use crate::resp::Response;
+pub use config::{defaults, Config};
 use observers::Observers;
 
-/// Tunables of the store.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Config {
-    /// The node id of every version issued (`state-store` by default).
-    pub node_id: String,
-    /// Most keys the store holds; a SET adding one more is refused with
-    /// `the quota has been exceeded`.
-    pub max_keys: Option<u64>,
-    /// Most bytes (sum of key and value lengths) the store holds.
-    pub max_bytes: Option<u64>,
-    /// Most keys one client may observe at once (KEYNOTIFY beyond it is refused with
-    /// `the quota has been exceeded`).
-    pub max_observations_per_client: Option<usize>,
-    /// How far ahead of the server clock `__ts` and `__ft` may be, in milliseconds.
-    pub max_skew_ms: u64,
-    /// Keys visited per SCAN request; a page holds the matching ones among them.
-    pub scan_count: usize,
-}
-
-impl Default for Config {
-    fn default() -> Self {
-        Self {
-            node_id: DEFAULT_NODE_ID.to_owned(),
-            max_keys: None,
-            max_bytes: None,
-            max_observations_per_client: None,
-            max_skew_ms: DEFAULT_MAX_SKEW_MS,
-            scan_count: 100,
-        }
-    }
-}
+/// Most expired keys one call removes (a request or [`Machine::expire`]), so that a
+/// burst of expiries (100,000 keys took 50 ms in one go) never holds the store for long.
+pub const EXPIRY_BATCH: usize = 1_000;
 
 /// One request, as read from the MQTT PUBLISH. The strings are borrowed from the PUBLISH:
 /// the machine copies what it keeps (an observer's client id, a fencing token).
@@ -221,8 +197,8 @@ impl<E: Engine, A: Authorizer> Machine<E, A> {
     /// stop serving the store.
     pub fn handle(&mut self, request: Request<'_>, now_ms: u64) -> Result<Outcome, FatalError> {
         let mut effects = Vec::new();
-        self.remove_expired(now_ms, &mut effects)?;
-        let reply = match self.execute(&request, now_ms, &mut effects) {
+        let backlog = self.remove_expired(now_ms, &mut effects)?;
+        let reply = match self.execute(&request, now_ms, backlog, &mut effects) {
             Ok(reply) => reply,
             Err(Failure::Refused(refusal)) => Reply::plain(&Response::Error(refusal)),
             Err(Failure::Fatal(error)) => return Err(error),
@@ -231,8 +207,10 @@ impl<E: Engine, A: Authorizer> Machine<E, A> {
         Ok(Outcome { reply, effects })
     }
 
-    /// Removes every key whose expiry is `<= now_ms`, returning the `NOTIFY DELETE`s
-    /// (after an [`Effect::AwaitDurable`] when the engine says so).
+    /// Removes keys whose expiry is `<= now_ms`, at most [`EXPIRY_BATCH`] of them,
+    /// returning the `NOTIFY DELETE`s (after an [`Effect::AwaitDurable`] when the engine
+    /// says so). When more were due, [`Machine::next_expiry`] is still `<= now_ms`: call
+    /// again (after letting other work in).
     pub fn expire(&mut self, now_ms: u64) -> Result<Vec<Effect>, FatalError> {
         let mut effects = Vec::new();
         self.remove_expired(now_ms, &mut effects)?;
@@ -247,12 +225,48 @@ impl<E: Engine, A: Authorizer> Machine<E, A> {
         Ok(self.engine.seal(&self.clock)?)
     }
 
-    fn remove_expired(&mut self, now_ms: u64, effects: &mut Vec<Effect>) -> Result<(), FatalError> {
-        for key in self.engine.expired(now_ms, usize::MAX)? {
-            if self.engine.remove(&key)?.is_some() {
-                let version = self.clock.tick(now_ms);
-                self.notify(&key, notify::delete_payload, &version, effects);
-            }
+    /// Removes up to [`EXPIRY_BATCH`] expired keys; `true` if that many were removed,
+    /// so that more may be due.
+    fn remove_expired(
+        &mut self,
+        now_ms: u64,
+        effects: &mut Vec<Effect>,
+    ) -> Result<bool, FatalError> {
+        let due = self.engine.expired(now_ms, EXPIRY_BATCH)?;
+        for key in &due {
+            self.remove_expired_key(key, now_ms, effects)?;
+        }
+        Ok(due.len() == EXPIRY_BATCH)
+    }
+
+    fn remove_expired_key(
+        &mut self,
+        key: &Bytes,
+        now_ms: u64,
+        effects: &mut Vec<Effect>,
+    ) -> Result<(), EngineError> {
+        if self.engine.remove(key)?.is_some() {
+            let version = self.clock.tick(now_ms);
+            self.notify(key, notify::delete_payload, &version, effects);
+        }
+        Ok(())
+    }
+
+    /// While more keys are due than one batch removes, a request's own key is removed
+    /// first if due, so no request sees an expired key (SCAN skips them).
+    fn expire_key_if_due(
+        &mut self,
+        key: &Bytes,
+        now_ms: u64,
+        effects: &mut Vec<Effect>,
+    ) -> Result<(), EngineError> {
+        let due = self
+            .engine
+            .peek(key)?
+            .and_then(|entry| entry.expires_at_ms)
+            .is_some_and(|at| at <= now_ms);
+        if due {
+            self.remove_expired_key(key, now_ms, effects)?;
         }
         Ok(())
     }
@@ -275,15 +289,17 @@ impl<E: Engine, A: Authorizer> Machine<E, A> {
         self.observers.drop_client(client_id);
     }
 
+    /// Runs one request; `backlog` says expired keys may remain (see [`EXPIRY_BATCH`]).
     fn execute(
         &mut self,
         request: &Request<'_>,
         now_ms: u64,
+        backlog: bool,
         effects: &mut Vec<Effect>,
     ) -> Result<Reply, Failure> {
         let command = Command::parse(&request.payload)?;
-        let timestamp = parse_hlc::<Stamp>(request.timestamp)?;
-        let fencing_token = parse_hlc::<Hlc>(request.fencing_token)?;
+        let timestamp = parse_hlc::<Stamp>(request.timestamp, |ts| *ts)?;
+        let fencing_token = parse_hlc::<Hlc>(request.fencing_token, |ft| ft.into())?;
         let skew = self.config.max_skew_ms;
         if timestamp.is_some_and(|ts| !check_skew(ts, now_ms, skew)) {
             return Err(Refusal::TimestampSkew.into());
@@ -305,10 +321,14 @@ impl<E: Engine, A: Authorizer> Machine<E, A> {
                 return Err(Refusal::NotAuthorized.into());
             }
         }
+        if let (true, Some(key)) = (backlog, command.key()) {
+            self.expire_key_if_due(key, now_ms, effects)?;
+        }
         if let Some(ts) = timestamp {
             self.clock.observe_request(ts, now_ms);
         }
         let client = request.client_id;
+        let skip_due = backlog.then_some(now_ms);
         match command {
             Command::Set {
                 key,
@@ -330,7 +350,9 @@ impl<E: Engine, A: Authorizer> Machine<E, A> {
                 self.del(&key, Some(&value), fencing_token, now_ms, effects)
             }
             Command::KeyNotify { key, stop } => self.key_notify(client, &key, stop),
-            Command::Scan { pattern, token } => self.scan(client, &pattern, token.as_deref()),
+            Command::Scan { pattern, token } => {
+                self.scan(client, &pattern, token.as_deref(), skip_due)
+            }
         }
     }
 
@@ -359,9 +381,17 @@ impl<E: Engine, A: Authorizer> Machine<E, A> {
     }
 }
 
-fn parse_hlc<T: std::str::FromStr>(property: Option<&str>) -> Result<Option<T>, Refusal> {
+/// A `__ts` or `__ft`: `malformed timestamp` unless it is an HLC in range (one the clock
+/// can merge and still advance past, see [`Stamp::in_range`]).
+fn parse_hlc<T: std::str::FromStr>(
+    property: Option<&str>,
+    stamp: fn(&T) -> Stamp,
+) -> Result<Option<T>, Refusal> {
     property
-        .map(|s| s.parse().map_err(|_| Refusal::MalformedTimestamp))
+        .map(|s| match s.parse::<T>() {
+            Ok(hlc) if stamp(&hlc).in_range() => Ok(hlc),
+            _ => Err(Refusal::MalformedTimestamp),
+        })
         .transpose()
 }
 

@@ -59,7 +59,7 @@ proptest! {
             1..20,
         )
     ) {
-        let mut machine = Machine::in_memory(Config { scan_count: 2, max_keys: Some(5), ..Config::default() });
+        let mut machine = Machine::in_memory(Config { scan_count: 2, max_keys: 5, ..Config::default() });
         let mut now = T0;
         for (verb, args, ts, ft, advance) in requests {
             now += advance;

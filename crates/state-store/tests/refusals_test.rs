@@ -252,7 +252,7 @@ fn fenced_deletes() {
 #[test]
 fn key_count_quota() {
     let mut h = Harness::with_config(Config {
-        max_keys: Some(2),
+        max_keys: 2,
         ..Config::default()
     });
     h.send("c", &[b"SET", b"a", b"1"]);
@@ -272,7 +272,7 @@ fn key_count_quota() {
 #[test]
 fn byte_quota() {
     let mut h = Harness::with_config(Config {
-        max_bytes: Some(10),
+        max_bytes: 10,
         ..Config::default()
     });
     assert_eq!(h.reply("c", &[b"SET", b"k", b"123456789"]).0, b"+OK\r\n");
@@ -292,7 +292,7 @@ fn byte_quota() {
 #[test]
 fn observation_quota() {
     let mut h = Harness::with_config(Config {
-        max_observations_per_client: Some(1),
+        max_observations_per_client: 1,
         ..Config::default()
     });
     assert_eq!(h.reply("c", &[b"KEYNOTIFY", b"a"]).0, b"+OK\r\n");

@@ -12,19 +12,39 @@ use bytes::Bytes;
 pub(super) struct Observers {
     by_key: HashMap<Bytes, BTreeSet<String>>,
     by_client: HashMap<String, HashSet<Bytes>>,
+    /// Observations in all (pairs of client and key), for the quotas.
+    count: usize,
+    /// Sum of the observed keys' lengths over all observations.
+    key_bytes: u64,
 }
 
 impl Observers {
     /// Starts (or keeps) `client` observing `key`.
     pub(super) fn add(&mut self, client: &str, key: Bytes) {
-        self.by_key
-            .entry(key.clone())
-            .or_default()
-            .insert(client.to_owned());
-        self.by_client
+        let len = key.len() as u64;
+        let added = self
+            .by_client
             .entry(client.to_owned())
             .or_default()
-            .insert(key);
+            .insert(key.clone());
+        if added {
+            self.count += 1;
+            self.key_bytes += len;
+            self.by_key
+                .entry(key)
+                .or_default()
+                .insert(client.to_owned());
+        }
+    }
+
+    /// Observations in all.
+    pub(super) fn total(&self) -> usize {
+        self.count
+    }
+
+    /// Sum of the observed keys' lengths over all observations.
+    pub(super) fn total_key_bytes(&self) -> u64 {
+        self.key_bytes
     }
 
     /// Whether `client` observes `key`.
@@ -47,6 +67,8 @@ impl Observers {
         if !keys.remove(key) {
             return false;
         }
+        self.count -= 1;
+        self.key_bytes -= key.len() as u64;
         if keys.is_empty() {
             self.by_client.remove(client);
         }
@@ -62,6 +84,8 @@ impl Observers {
     /// Drops every observation of `client`.
     pub(super) fn drop_client(&mut self, client: &str) {
         for key in self.by_client.remove(client).unwrap_or_default() {
+            self.count -= 1;
+            self.key_bytes -= key.len() as u64;
             if let Some(clients) = self.by_key.get_mut(&key) {
                 clients.remove(client);
                 if clients.is_empty() {
