@@ -11,7 +11,6 @@
 //! No lock is held across an `.await`, and the lock order is always
 //! trie → session, so the publish path cannot deadlock.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
@@ -27,6 +26,7 @@ use crate::config::{BrokerConfig, Overlap};
 use crate::message::{Delivery, Message, SharedVia};
 use crate::metrics::Metrics;
 use crate::retain_store::{RetainStore, RetainStoreError};
+use crate::retained::RetainedIndex;
 use crate::service::BoxFuture;
 use crate::service::Service;
 use crate::session::{Enqueued, QueueLimits, Session};
@@ -46,7 +46,7 @@ pub(crate) struct Inner {
     pub limits: QueueLimits,
     pub sessions: DashMap<ByteString, Arc<Session>>,
     pub trie: RwLock<SubscriptionTrie>,
-    pub retained: RwLock<HashMap<ByteString, Arc<Message>>>,
+    pub retained: RwLock<RetainedIndex>,
     pub retain_store: RwLock<Option<Arc<dyn RetainStore>>>,
     pub session_store: RwLock<Option<Arc<dyn SessionStore>>>,
     pub services: RwLock<Vec<(String, Arc<dyn Service>)>>,
@@ -79,7 +79,7 @@ impl Broker {
                 limits,
                 sessions: DashMap::new(),
                 trie: RwLock::new(SubscriptionTrie::default()),
-                retained: RwLock::new(HashMap::new()),
+                retained: RwLock::new(RetainedIndex::default()),
                 retain_store: RwLock::new(None),
                 session_store: RwLock::new(None),
                 services: RwLock::new(Vec::new()),
@@ -218,7 +218,7 @@ impl Broker {
         if msg.payload.is_empty() {
             retained.remove(&msg.topic);
         } else {
-            retained.insert(msg.topic.clone(), msg.clone());
+            retained.insert(msg.clone());
         }
         let store = self.inner.retain_store.read();
         store.as_ref().map(|s| s.record(msg, Instant::now()))
@@ -230,7 +230,7 @@ impl Broker {
         let mut retained = self.inner.retained.write();
         for msg in loaded {
             if !msg.payload.is_empty() {
-                retained.insert(msg.topic.clone(), Arc::new(msg));
+                retained.insert(Arc::new(msg));
             }
         }
         *self.inner.retain_store.write() = Some(store);
@@ -241,22 +241,11 @@ impl Broker {
         self.inner.retained.read().len()
     }
 
-    /// Retained messages matching `filter`, oldest topic order not guaranteed.
+    /// Retained messages matching `filter`, in no particular order.
     pub(crate) fn retained_matching(&self, filter: &str, now: Instant) -> Vec<Arc<Message>> {
-        let retained = self.inner.retained.read();
-        if !topic::has_wildcard(filter) {
-            return retained
-                .get(filter)
-                .filter(|m| !m.is_expired(now))
-                .cloned()
-                .into_iter()
-                .collect();
-        }
-        retained
-            .iter()
-            .filter(|(t, m)| topic::matches(filter, t) && !m.is_expired(now))
-            .map(|(_, m)| m.clone())
-            .collect()
+        let mut out = Vec::new();
+        self.inner.retained.read().matching(filter, now, &mut out);
+        out
     }
 
     /// Delivers `msg` to every matching subscription; says how many sessions it went

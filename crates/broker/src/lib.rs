@@ -4,7 +4,8 @@
 //!   session queues, retained messages, built-in services).
 //! * `session.rs`: what survives a connection: subscriptions, queued and in-flight
 //!   messages, packet ids, expiry; `signal.rs`: what wakes a connection task.
-//! * `trie.rs`: the subscription index, including shared-subscription groups.
+//! * `trie.rs`: the subscription index, including shared-subscription groups;
+//!   `retained.rs`: the retained messages, indexed by topic level.
 //! * `connection/`: one task per client: handshake, inbound packets, outbound
 //!   flow control, teardown (wills, session expiry).
 //! * [`MqttListener`] (`server.rs`): accept loop and graceful shutdown.
@@ -20,6 +21,7 @@ mod connection;
 mod message;
 mod metrics;
 mod retain_store;
+mod retained;
 mod server;
 mod service;
 mod session;

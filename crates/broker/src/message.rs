@@ -30,9 +30,11 @@ impl Message {
         let mut properties = p.properties;
         properties.topic_alias = None;
         properties.subscription_identifiers.clear();
+        // An interval too far out for the clock (where `Instant` would overflow) is as
+        // good as none.
         let expires_at = properties
             .message_expiry_interval
-            .map(|s| now + Duration::from_secs(u64::from(s)));
+            .and_then(|s| now.checked_add(Duration::from_secs(u64::from(s))));
         Message {
             topic: p.topic,
             payload: p.payload,
