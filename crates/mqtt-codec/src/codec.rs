@@ -12,7 +12,9 @@
 //!   decoder never stops half-way through one; [`crate::strings`] then adds the
 //!   U+0000 check it lacks.
 //!
-//! Checks the codec enforces on what it decodes: all of the above plus, on a server
+//! Checks the codec enforces on what it decodes: all of the above, the CONNECT layout
+//! ([`crate::connect`]: nothing after its payload, properties at most once and in
+//! range) plus, on a server
 //! codec (one made with [`Codec::new_server`]), a client PUBLISH carrying
 //! Subscription Identifiers [MQTT-3.3.4-6]. Topic Alias 0 [MQTT-3.3.2-8] and wildcard
 //! topic names [MQTT-3.3.2-2] are refused on every codec. Topic *filters* are not
@@ -171,6 +173,7 @@ fn decode_connect(
         let level = body[connect.flags_offset - 1];
         return Err(DecodeError::UnsupportedProtocolVersion(level));
     }
+    crate::connect::check_layout(body, &connect)?;
     // rmqtt-codec refuses an empty Client Identifier without Clean Start for MQTT 5
     // too, where the spec allows it (only 3.1.1 forbids it, [MQTT-3.1.3-8]). Decode
     // with the flag set, then restore it.
