@@ -214,11 +214,14 @@ impl Broker {
         &self,
         msg: &Arc<Message>,
     ) -> Option<BoxFuture<'static, Result<(), RetainStoreError>>> {
+        // Copied outside the lock; kept compacted (see `Message::compacted`).
+        let keep = (!msg.payload.is_empty()).then(|| Arc::new(msg.compacted()));
         let mut retained = self.inner.retained.write();
-        if msg.payload.is_empty() {
-            retained.remove(&msg.topic);
-        } else {
-            retained.insert(msg.clone());
+        match keep {
+            Some(keep) => retained.insert(keep),
+            None => {
+                retained.remove(&msg.topic);
+            }
         }
         let store = self.inner.retain_store.read();
         store.as_ref().map(|s| s.record(msg, Instant::now()))
