@@ -1,13 +1,11 @@
 //! CONNECT handling: client identifiers, session present, keep alive, takeover,
 //! DISCONNECT with a new session expiry, and refusals.
 
-mod common;
-
 use std::time::{Duration, Instant};
 
-use common::*;
 use statehub_broker::codec::{ConnectProperties, Disconnect, Packet, QoS, ReasonCode};
 use statehub_broker::BrokerConfig;
+use statehub_test_support::*;
 
 fn v5_persistent(id: &str, clean_start: bool, expiry: u32) -> statehub_broker::codec::Connect {
     let mut c = connect_packet(V5, id);

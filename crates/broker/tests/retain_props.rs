@@ -1,15 +1,13 @@
 //! Retained messages (store, replace, clear, Retain Handling), PUBLISH properties
 //! passed through untouched, Message Expiry, and the Payload Format Indicator.
 
-mod common;
-
 use std::time::Duration;
 
 use bytes::Bytes;
-use common::*;
 use statehub_broker::codec::{
     ConnectProperties, Packet, PublishProperties, QoS, ReasonCode, SubscriptionOptions,
 };
+use statehub_test_support::*;
 
 fn retained(topic: &str, payload: &[u8]) -> statehub_broker::codec::Publish {
     let mut p = publish(topic, QoS::AtLeastOnce, payload);

@@ -1,16 +1,14 @@
 //! Sessions across connections: queued messages, in-flight resend with DUP,
 //! session expiry, and wills (abnormal close, normal DISCONNECT, 0x04, delay).
 
-mod common;
-
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use common::*;
 use statehub_broker::codec::{
     Connect, ConnectProperties, Disconnect, LastWill, Packet, PubResponse, QoS, ReasonCode,
     WillProperties,
 };
+use statehub_test_support::*;
 
 fn persistent(id: &str, clean_start: bool) -> Connect {
     let mut c = connect_packet(V5, id);

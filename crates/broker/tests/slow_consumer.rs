@@ -2,17 +2,15 @@
 //! broker must cut it off (0x97, counted in metrics) and keep its memory bounded
 //! by the session queue limits.
 
-mod common;
-
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::BytesMut;
-use common::*;
 use statehub_broker::codec::{Codec, ConnectProperties, Packet, QoS};
 use statehub_broker::{Broker, BrokerConfig};
+use statehub_test_support::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpSocket;
 

@@ -1,9 +1,9 @@
-//! Helpers shared by the broker integration tests: an in-process broker on a free
-//! port, a raw MQTT client over TCP built on our codec (for exact protocol checks),
-//! and thin wrappers around rumqttc (v5 and 3.1.1) for end-to-end checks.
+//! Helpers shared by the broker's integration tests and the binary's session tests
+//! (a dev-dependency only): an in-process broker on a free port, a raw MQTT client over
+//! TCP built on our codec (for exact protocol checks), and thin wrappers around rumqttc
+//! (v5 and 3.1.1) for end-to-end checks.
 //!
 //! Every wait is bounded: `expect*` panic after [`WAIT`] unless told otherwise.
-#![allow(dead_code, unused_imports)]
 
 use std::net::SocketAddr;
 use std::time::Duration;
