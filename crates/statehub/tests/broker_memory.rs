@@ -2,13 +2,10 @@
 //! /proc): retained messages, idle connections, half-sent packets, subscriptions.
 
 mod common;
-#[path = "../../broker/tests/common/mod.rs"]
-#[allow(clippy::all)]
-mod raw;
 
 use common::{start, Server};
-use raw::{publish, RawClient, V5};
 use statehub_broker::codec::{Publish, QoS};
+use statehub_test_support::{publish, RawClient, V5};
 
 fn launch() -> Server {
     start(
