@@ -244,11 +244,15 @@ impl Broker {
         self.inner.retained.read().len()
     }
 
-    /// Retained messages matching `filter`, in no particular order.
-    pub(crate) fn retained_matching(&self, filter: &str, now: Instant) -> Vec<Arc<Message>> {
-        let mut out = Vec::new();
-        self.inner.retained.read().matching(filter, now, &mut out);
-        out
+    /// Appends the retained messages matching `filter` to `out`, in no particular
+    /// order; returns the index nodes visited (the work done).
+    pub(crate) fn retained_into(
+        &self,
+        filter: &str,
+        now: Instant,
+        out: &mut Vec<Arc<Message>>,
+    ) -> usize {
+        self.inner.retained.read().matching(filter, now, out)
     }
 
     /// Delivers `msg` to every matching subscription; says how many sessions it went

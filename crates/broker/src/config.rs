@@ -43,6 +43,17 @@ pub struct BrokerConfig {
     /// Maximum concurrent client connections; further ones get CONNACK 0x97
     /// (Quota exceeded; return code 3 for MQTT 3.1.1).
     pub max_connections: usize,
+    /// Most topic levels in a topic name or filter (each level is a node of the
+    /// subscription or retained index). A SUBSCRIBE filter over it gets 0x8F, a
+    /// PUBLISH over it 0x90 (PUBACK/PUBREC for QoS 1/2, DISCONNECT for QoS 0), a will
+    /// topic over it CONNACK 0x90.
+    pub max_topic_levels: usize,
+    /// Most topic filters handled in one SUBSCRIBE; the ones after it get 0x97 (Quota
+    /// exceeded; 0x80 for MQTT 3.1.1) in the SUBACK.
+    pub max_filters_per_subscribe: usize,
+    /// Most subscriptions one session holds; a new filter beyond it gets 0x97 (0x80
+    /// for MQTT 3.1.1) in the SUBACK (replacing an existing one is always allowed).
+    pub max_subscriptions_per_client: usize,
     /// How a message matching several subscriptions of one client is delivered
     /// (MQTT 5 allows both [MQTT-3.3.4-2], [MQTT-3.3.4-3]).
     pub overlapping_subscriptions: Overlap,
@@ -76,6 +87,9 @@ impl Default for BrokerConfig {
             socket_write_high_water: 1024 * 1024,
             connect_timeout_secs: 10,
             max_connections: 100_000,
+            max_topic_levels: 128,
+            max_filters_per_subscribe: 256,
+            max_subscriptions_per_client: 1000,
             overlapping_subscriptions: Overlap::Single,
         }
     }

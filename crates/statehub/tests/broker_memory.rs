@@ -4,8 +4,8 @@
 mod common;
 
 use common::{start, Server};
-use statehub_broker::codec::{Publish, QoS};
-use statehub_test_support::{publish, RawClient, V5};
+use statehub_broker::codec::{Publish, QoS, ReasonCode};
+use statehub_test_support::{bs, opts, publish, RawClient, V5};
 
 fn launch() -> Server {
     start(
@@ -54,4 +54,30 @@ async fn a_retained_message_holds_its_own_bytes_not_its_read_buffer() {
         grown < 30 * 1024,
         "RSS grew by {grown} KiB for {N} retained messages of 10 bytes"
     );
+}
+
+/// One client asks for 20,000 wildcard subscriptions (about 1.4 KiB of index and
+/// session each): it gets the per-client limit (1,000 by default), the rest 0x97.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_client_holds_at_most_the_subscription_limit() {
+    let server = launch();
+    let mut c = RawClient::connect(server.mqtt, V5, "collector").await;
+    c.ping().await;
+    let before = rss_kib(&server);
+    let mut granted = 0;
+    for chunk in 0..80 {
+        let filters = (0..250)
+            .map(|i| (bs(&format!("+/f{chunk}-{i}/#")), opts(QoS::AtMostOnce)))
+            .collect();
+        let ack = c.subscribe_with(filters, None).await;
+        granted += ack.reason_codes.iter().filter(|r| r.is_success()).count();
+        let refused = ack.reason_codes.iter().filter(|r| !r.is_success());
+        assert!(refused
+            .into_iter()
+            .all(|r| *r == ReasonCode::QUOTA_EXCEEDED));
+    }
+    let grown = rss_kib(&server).saturating_sub(before);
+    eprintln!("RSS +{grown} KiB for 20,000 wildcard SUBSCRIBE filters, {granted} granted");
+    assert_eq!(granted, 1000);
+    assert!(grown < 10 * 1024, "RSS grew by {grown} KiB");
 }

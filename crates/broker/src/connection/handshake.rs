@@ -13,6 +13,7 @@ use crate::auth::AuthDecision;
 use crate::session::{Attachment, Session, SessionState};
 use crate::session_store::Persist;
 use crate::signal::Signal;
+use crate::topic;
 use crate::Broker;
 
 /// The negotiated parameters of an accepted connection.
@@ -58,7 +59,7 @@ pub(crate) fn authenticate(broker: &Broker, connect: &Connect) -> Result<AuthSte
 }
 
 /// Checks the CONNECT's own fields.
-pub(crate) fn check(connect: &Connect) -> Result<(), Refused> {
+pub(crate) fn check(broker: &Broker, connect: &Connect) -> Result<(), Refused> {
     if connect.client_id.is_empty()
         && !connect.clean_start
         && connect.protocol == ProtocolVersion::V311
@@ -66,7 +67,9 @@ pub(crate) fn check(connect: &Connect) -> Result<(), Refused> {
         return Err(Refused(ReasonCode::CLIENT_IDENTIFIER_NOT_VALID));
     }
     if let Some(w) = &connect.will {
-        if validate::topic_name(&w.topic).is_err() {
+        if validate::topic_name(&w.topic).is_err()
+            || topic::too_deep(&w.topic, broker.config().max_topic_levels)
+        {
             return Err(Refused(ReasonCode::TOPIC_NAME_INVALID));
         }
         if w.properties

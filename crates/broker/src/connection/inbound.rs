@@ -4,16 +4,16 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use statehub_mqtt_codec::{
-    validate, Auth, Packet, ProtocolVersion, PubResponse, Publish, QoS, ReasonCode, SubAck,
-    Subscribe, UnsubAck, Unsubscribe,
+    validate, Auth, ByteString, Packet, PubResponse, Publish, QoS, ReasonCode,
 };
 
 use super::{Close, Conn};
 use crate::auth::AuthDecision;
-use crate::broker::{split_shared, Routed};
-use crate::message::{Delivery, Message};
-use crate::session::{Stage, Subscription};
+use crate::broker::Routed;
+use crate::message::Message;
+use crate::session::Stage;
 use crate::session_store::{Gate, Group, SessionChange};
+use crate::topic;
 
 /// Opens a gate when the publish that holds it is done with (acknowledged, or failed:
 /// a dead store must not leave messages stuck behind it).
@@ -114,6 +114,16 @@ impl Conn {
                     "receive maximum exceeded [MQTT-3.3.4-9]",
                 ));
             }
+        }
+        if topic::too_deep(&p.topic, self.broker.config().max_topic_levels) {
+            let text = "topic has more levels than max_topic_levels";
+            if p.qos == QoS::AtMostOnce {
+                return Err(Close::ByServer(ReasonCode::TOPIC_NAME_INVALID, text));
+            }
+            tracing::debug!(client = %self.info.client_id, "{text}; answering 0x90");
+            return self
+                .ack_publish(p.qos, pid, ReasonCode::TOPIC_NAME_INVALID, false)
+                .await;
         }
         if let Err(code) = validate::payload_utf8(&p) {
             if p.qos == QoS::AtMostOnce {
@@ -252,7 +262,9 @@ impl Conn {
                 }
             }
         } else {
-            self.in_aliases.insert(alias, p.topic.clone());
+            // A copy: the topic is a slice of the read buffer, which it would keep
+            // alive for the connection's life.
+            self.in_aliases.insert(alias, ByteString::from(&*p.topic));
         }
         Ok(())
     }
@@ -313,136 +325,6 @@ impl Conn {
                 }
             }
         }
-    }
-
-    async fn on_subscribe(&mut self, s: Subscribe) -> Result<(), Close> {
-        let v5 = self.version == ProtocolVersion::V5;
-        let mut codes = Vec::with_capacity(s.filters.len());
-        let mut retained = Vec::new();
-        let now = Instant::now();
-        for (filter, options) in &s.filters {
-            let valid =
-                validate::topic_filter(filter).is_ok() && validate::shared_filter(filter).is_ok();
-            if !valid {
-                codes.push(if v5 {
-                    ReasonCode::TOPIC_FILTER_INVALID
-                } else {
-                    ReasonCode::UNSPECIFIED_ERROR
-                });
-                continue;
-            }
-            let (group, plain) = split_shared(filter);
-            if group.is_some() && options.no_local {
-                return Err(Close::ByServer(
-                    ReasonCode::PROTOCOL_ERROR,
-                    "No Local on a shared subscription [MQTT-3.8.3-4]",
-                ));
-            }
-            if self
-                .broker
-                .config()
-                .refused_filters
-                .iter()
-                .any(|f| f == &**filter)
-            {
-                codes.push(ReasonCode::UNSPECIFIED_ERROR);
-                continue;
-            }
-            let sub = Subscription {
-                options: *options,
-                identifier: s.subscription_identifier,
-            };
-            let existed = self
-                .session
-                .state
-                .lock()
-                .subscriptions
-                .insert(filter.clone(), sub)
-                .is_some();
-            self.broker.index_subscription(
-                &self.session,
-                filter,
-                *options,
-                s.subscription_identifier,
-            );
-            codes.push(ReasonCode(options.qos as u8));
-            let send_retained = group.is_none()
-                && match options.retain_handling {
-                    0 => true,
-                    1 => !existed,
-                    _ => false,
-                };
-            if send_retained {
-                for msg in self.broker.retained_matching(plain, now) {
-                    retained.push(Delivery {
-                        qos: msg.qos.min(options.qos),
-                        retain: true,
-                        subscription_ids: s.subscription_identifier.into_iter().collect(),
-                        shared: None,
-                        seq: 0,
-                        dup: false,
-                        gate: None,
-                        msg,
-                    });
-                }
-            }
-        }
-        self.save_subscriptions().await?;
-        self.send(&Packet::SubAck(SubAck {
-            packet_id: s.packet_id,
-            reason_codes: codes,
-            ..Default::default()
-        }))?;
-        for d in retained {
-            self.broker.offer(&self.session, d);
-        }
-        Ok(())
-    }
-
-    async fn on_unsubscribe(&mut self, u: Unsubscribe) -> Result<(), Close> {
-        let mut codes = Vec::with_capacity(u.filters.len());
-        for filter in &u.filters {
-            if validate::topic_filter(filter).is_err() || validate::shared_filter(filter).is_err() {
-                codes.push(ReasonCode::TOPIC_FILTER_INVALID);
-                continue;
-            }
-            let existed = self
-                .session
-                .state
-                .lock()
-                .subscriptions
-                .remove(filter)
-                .is_some();
-            if existed {
-                self.broker
-                    .unindex_subscription(self.session.client_id(), filter);
-            }
-            codes.push(if existed {
-                ReasonCode::SUCCESS
-            } else {
-                ReasonCode::NO_SUBSCRIPTION_EXISTED
-            });
-        }
-        self.save_subscriptions().await?;
-        self.send(&Packet::UnsubAck(UnsubAck {
-            packet_id: u.packet_id,
-            reason_codes: codes,
-            ..Default::default()
-        }))
-    }
-
-    /// Records a persistent session's subscriptions and waits until they are durable,
-    /// so that a SUBACK or UNSUBACK holds across a restart.
-    async fn save_subscriptions(&mut self) -> Result<(), Close> {
-        let stored = {
-            let st = self.session.state.lock();
-            st.save(self.session.client_id(), false);
-            st.is_persistent()
-        };
-        if stored {
-            self.durable().await?;
-        }
-        Ok(())
     }
 
     /// Waits until every session change recorded so far is durable; if it never will

@@ -10,6 +10,7 @@
 mod handshake;
 mod inbound;
 mod outbound;
+mod subscribe;
 mod teardown;
 
 use std::collections::HashMap;
@@ -134,28 +135,29 @@ async fn connect(broker: &Broker, stream: &mut TcpStream) -> Option<(Conn, Bytes
         refuse(stream, &codec, code).await;
         return None;
     }
-    let auth_data =
-        match handshake::check(&connect).and_then(|()| handshake::authenticate(broker, &connect)) {
-            Ok(AuthStep::Done(data)) => data,
-            Ok(AuthStep::Challenge(challenge)) => {
-                match auth_rounds(
-                    broker, stream, &mut codec, &mut rbuf, &connect, challenge, deadline,
-                )
-                .await
-                {
-                    Ok(data) => data,
-                    Err(Some(Refused(code))) => {
-                        refuse(stream, &codec, code).await;
-                        return None;
-                    }
-                    Err(None) => return None,
+    let auth_data = match handshake::check(broker, &connect)
+        .and_then(|()| handshake::authenticate(broker, &connect))
+    {
+        Ok(AuthStep::Done(data)) => data,
+        Ok(AuthStep::Challenge(challenge)) => {
+            match auth_rounds(
+                broker, stream, &mut codec, &mut rbuf, &connect, challenge, deadline,
+            )
+            .await
+            {
+                Ok(data) => data,
+                Err(Some(Refused(code))) => {
+                    refuse(stream, &codec, code).await;
+                    return None;
                 }
+                Err(None) => return None,
             }
-            Err(Refused(code)) => {
-                refuse(stream, &codec, code).await;
-                return None;
-            }
-        };
+        }
+        Err(Refused(code)) => {
+            refuse(stream, &codec, code).await;
+            return None;
+        }
+    };
     let accepted = handshake::accept(broker, &mut connect, auth_data);
     if accepted.stored {
         if let Err(e) = barrier(broker).await {

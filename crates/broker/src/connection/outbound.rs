@@ -141,7 +141,9 @@ impl Conn {
         else {
             return (None, false, None);
         };
+        // A copy: the message's topic keeps its whole read buffer alive.
+        let topic = ByteString::from(&**topic);
         self.out_aliases.insert(topic.clone(), next);
-        (Some(next), false, Some(topic.clone()))
+        (Some(next), false, Some(topic))
     }
 }
