@@ -38,11 +38,21 @@ pub struct BrokerConfig {
     /// Bytes buffered for a socket before the broker stops draining the session
     /// queue into it (the queue then fills and the slow-consumer policy applies).
     pub socket_write_high_water: usize,
-    /// Seconds a client has to send CONNECT after the TCP connection opens.
+    /// Seconds a client has to send CONNECT (and finish any AUTH exchange) after the
+    /// TCP connection opens.
     pub connect_timeout_secs: u64,
-    /// Maximum concurrent client connections; further ones get CONNACK 0x97
-    /// (Quota exceeded; return code 3 for MQTT 3.1.1).
+    /// Maximum concurrent client connections that have sent CONNECT; further ones get
+    /// CONNACK 0x97 (Quota exceeded; return code 3 for MQTT 3.1.1). Connections that
+    /// have not sent CONNECT yet are bounded by the two settings below instead.
     pub max_connections: usize,
+    /// Connections open without a CONNECT yet, in total. At the limit, the oldest of
+    /// them is closed to make room if it has been silent for a second (a real client
+    /// sends CONNECT at once; a socket that stays silent is the one to go), else the
+    /// new one is closed.
+    pub max_pending_connections: usize,
+    /// Connections open without a CONNECT yet from one IPv4 address (one /64 prefix
+    /// for IPv6), with the same rule at the limit.
+    pub max_pending_per_address: usize,
     /// Most topic levels in a topic name or filter (each level is a node of the
     /// subscription or retained index). A SUBSCRIBE filter over it gets 0x8F, a
     /// PUBLISH over it 0x90 (PUBACK/PUBREC for QoS 1/2, DISCONNECT for QoS 0), a will
@@ -85,8 +95,10 @@ impl Default for BrokerConfig {
             queue_qos0_offline: false,
             refused_filters: Vec::new(),
             socket_write_high_water: 1024 * 1024,
-            connect_timeout_secs: 10,
+            connect_timeout_secs: 5,
             max_connections: 100_000,
+            max_pending_connections: 8192,
+            max_pending_per_address: 1024,
             max_topic_levels: 128,
             max_filters_per_subscribe: 256,
             max_subscriptions_per_client: 1000,

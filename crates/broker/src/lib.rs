@@ -8,7 +8,8 @@
 //!   `retained.rs`: the retained messages, indexed by topic level.
 //! * `connection/`: one task per client: handshake, inbound packets, outbound
 //!   flow control, teardown (wills, session expiry).
-//! * [`MqttListener`] (`server.rs`): accept loop and graceful shutdown.
+//! * [`MqttListener`] (`server.rs`): accept loop and graceful shutdown;
+//!   `pending.rs`: the bounds on connections that have not sent CONNECT yet.
 //! * [`Service`] (`service.rs`) and [`Authenticator`] (`auth.rs`): the hooks other
 //!   layers (the state store, security) plug into.
 //!
@@ -20,6 +21,7 @@ mod config;
 mod connection;
 mod message;
 mod metrics;
+mod pending;
 mod ratelimit;
 mod retain_store;
 mod retained;

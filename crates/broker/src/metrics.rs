@@ -16,6 +16,8 @@ pub struct Metrics {
     /// Connections closed with 0x97 because they did not keep up.
     pub slow_consumers: AtomicU64,
     pub protocol_errors: AtomicU64,
+    /// Connections closed before CONNECT to keep the pending-connection limits.
+    pub pending_evicted: AtomicU64,
     /// Topic filters refused with 0x97 for the per-SUBSCRIBE or per-client limit.
     pub subscriptions_refused: AtomicU64,
 }

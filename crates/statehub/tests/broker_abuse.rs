@@ -180,3 +180,19 @@ async fn a_heavy_subscribe_does_not_hold_up_other_connections() {
     assert!(matches!(ack, Packet::SubAck(a) if a.reason_codes.len() == 1000));
     assert_serving(&mut server, "the heavy SUBSCRIBE").await;
 }
+
+/// With `max_connections = 50`, 60 sockets that never send CONNECT used to take every
+/// place, and a real client got CONNACK 0x97. They do not count until CONNECT now.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn silent_sockets_do_not_lock_out_real_clients() {
+    let (mut server, _config) = launch("[mqtt]\nmax_connections = 50\n");
+    let mut silent = Vec::new();
+    for _ in 0..60 {
+        silent.push(tokio::net::TcpStream::connect(server.mqtt).await.unwrap());
+    }
+    let (c, ack) = RawClient::connect_with(server.mqtt, connect_packet(V5, "real")).await;
+    assert_eq!(ack.reason_code, ReasonCode::SUCCESS);
+    c.disconnect().await;
+    assert_serving(&mut server, "60 silent sockets").await;
+    drop(silent);
+}

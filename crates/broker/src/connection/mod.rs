@@ -29,6 +29,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::time::{sleep_until, Instant};
 
+use crate::pending::Admission;
 use crate::service::ClientInfo;
 use crate::session::Session;
 use crate::signal::Signal;
@@ -77,31 +78,54 @@ pub(crate) struct Conn {
     keep_alive: Duration,
 }
 
+/// Counts a connection against `max_connections` from its CONNECT to its end.
+struct Counted(Broker);
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        self.0.inner.connections.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 /// Serves one TCP connection until it closes. Never panics on peer input.
-pub(crate) async fn serve(broker: Broker, mut stream: TcpStream, peer: SocketAddr) {
-    broker.inner.connections.fetch_add(1, Ordering::Relaxed);
+pub(crate) async fn serve(
+    broker: Broker,
+    mut stream: TcpStream,
+    peer: SocketAddr,
+    admission: Admission,
+) {
     broker
         .inner
         .metrics
         .connections_total
         .fetch_add(1, Ordering::Relaxed);
     let _ = stream.set_nodelay(true);
-    if let Some((conn, rbuf)) = connect(&broker, &mut stream).await {
+    if let Some((conn, rbuf, _counted)) = connect(&broker, &mut stream, admission).await {
         let client = conn.info.client_id.clone();
         tracing::debug!(%peer, client = %client, "client connected");
         run(conn, stream, rbuf).await;
         tracing::debug!(%peer, client = %client, "client gone");
     }
-    broker.inner.connections.fetch_sub(1, Ordering::Relaxed);
 }
 
-/// Reads CONNECT (and any AUTH rounds), answers CONNACK. `None` if refused.
-async fn connect(broker: &Broker, stream: &mut TcpStream) -> Option<(Conn, BytesMut)> {
+/// Reads CONNECT (and any AUTH rounds), answers CONNACK. `None` if refused. Until the
+/// CONNECT is in, the connection holds its place among the pending ones (`admission`)
+/// and closes if evicted from it; from then on it counts against `max_connections`.
+async fn connect(
+    broker: &Broker,
+    stream: &mut TcpStream,
+    admission: Admission,
+) -> Option<(Conn, BytesMut, Counted)> {
     let cfg = broker.config();
     let deadline = Instant::now() + Duration::from_secs(cfg.connect_timeout_secs);
     let mut codec = Codec::new_server(cfg.max_packet_size);
-    let mut rbuf = BytesMut::with_capacity(4096);
-    let first = match read_packet(stream, &mut codec, &mut rbuf, deadline).await {
+    let mut rbuf = BytesMut::new();
+    let first = tokio::select! {
+        r = read_packet(stream, &mut codec, &mut rbuf, deadline) => r,
+        () = admission.closed.cancelled() => return None,
+    };
+    drop(admission);
+    let first = match first {
         Ok(Some(p)) => p,
         Ok(None) => return None,
         Err(DecodeError::UnsupportedProtocolVersion(level)) => {
@@ -122,6 +146,8 @@ async fn connect(broker: &Broker, stream: &mut TcpStream) -> Option<(Conn, Bytes
     let Packet::Connect(mut connect) = first else {
         return None;
     };
+    broker.inner.connections.fetch_add(1, Ordering::Relaxed);
+    let counted = Counted(broker.clone());
     let version = connect.protocol;
     let unavailable = if broker.inner.shutdown.is_cancelled() {
         Some(ReasonCode::SERVER_UNAVAILABLE)
@@ -203,7 +229,7 @@ async fn connect(broker: &Broker, stream: &mut TcpStream) -> Option<(Conn, Bytes
         signal: accepted.signal,
         keep_alive: accepted.keep_alive,
     };
-    Some((conn, rbuf))
+    Some((conn, rbuf, counted))
 }
 
 /// Answers a CONNECT that failed to decode with a refusing CONNACK where the
@@ -288,9 +314,16 @@ async fn read_packet(
         if let Some(p) = codec.decode(rbuf)? {
             return Ok(Some(p));
         }
+        // The buffer is reserved once bytes are there to read: a socket that stays
+        // silent holds none.
+        match tokio::time::timeout_at(deadline, stream.readable()).await {
+            Ok(Ok(())) => {}
+            _ => return Ok(None),
+        }
         rbuf.reserve(4096);
-        match tokio::time::timeout_at(deadline, stream.read_buf(rbuf)).await {
-            Ok(Ok(n)) if n > 0 => {}
+        match stream.try_read_buf(rbuf) {
+            Ok(n) if n > 0 => {}
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
             _ => return Ok(None),
         }
     }
