@@ -15,7 +15,6 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use dashmap::DashMap;
 use parking_lot::RwLock;
 use smallvec::SmallVec;
 use statehub_mqtt_codec::{ByteString, Publish, ReasonCode, SubscriptionOptions};
@@ -30,31 +29,31 @@ use crate::retained::RetainedIndex;
 use crate::service::BoxFuture;
 use crate::service::Service;
 use crate::session::{Enqueued, QueueLimits, Session};
-use crate::session_store::{Gate, SessionStore};
+use crate::session_store::Gate;
+use crate::session_table::SessionTable;
 use crate::topic;
 use crate::trie::{SubEntry, SubscriptionTrie};
 
 /// Handle to the broker. Clone freely.
 #[derive(Debug, Clone)]
 pub struct Broker {
-    pub(crate) inner: Arc<Inner>,
+    inner: Arc<Inner>,
 }
 
 #[derive(Debug)]
-pub(crate) struct Inner {
-    pub config: BrokerConfig,
-    pub limits: QueueLimits,
-    pub sessions: DashMap<ByteString, Arc<Session>>,
-    pub trie: RwLock<SubscriptionTrie>,
-    pub retained: RwLock<RetainedIndex>,
-    pub retain_store: RwLock<Option<Arc<dyn RetainStore>>>,
-    pub session_store: RwLock<Option<Arc<dyn SessionStore>>>,
-    pub services: RwLock<Vec<(String, Arc<dyn Service>)>>,
-    pub authenticator: RwLock<Arc<dyn Authenticator>>,
-    pub metrics: Metrics,
-    pub generation: AtomicU64,
-    pub connections: AtomicUsize,
-    pub shutdown: CancellationToken,
+struct Inner {
+    config: BrokerConfig,
+    limits: QueueLimits,
+    sessions: SessionTable,
+    trie: RwLock<SubscriptionTrie>,
+    retained: RwLock<RetainedIndex>,
+    retain_store: RwLock<Option<Arc<dyn RetainStore>>>,
+    services: RwLock<Vec<(String, Arc<dyn Service>)>>,
+    authenticator: RwLock<Arc<dyn Authenticator>>,
+    metrics: Metrics,
+    generation: AtomicU64,
+    connections: AtomicUsize,
+    shutdown: CancellationToken,
 }
 
 /// Why [`Broker::deliver_to`] could not deliver.
@@ -77,11 +76,10 @@ impl Broker {
             inner: Arc::new(Inner {
                 config,
                 limits,
-                sessions: DashMap::new(),
+                sessions: SessionTable::default(),
                 trie: RwLock::new(SubscriptionTrie::default()),
                 retained: RwLock::new(RetainedIndex::default()),
                 retain_store: RwLock::new(None),
-                session_store: RwLock::new(None),
                 services: RwLock::new(Vec::new()),
                 authenticator: RwLock::new(Arc::new(AllowAll)),
                 metrics: Metrics::default(),
@@ -109,6 +107,36 @@ impl Broker {
     /// Number of open client connections.
     pub fn connection_count(&self) -> usize {
         self.inner.connections.load(Ordering::Relaxed)
+    }
+
+    /// Counts a connection as open until the returned guard drops.
+    pub(crate) fn open_connection(&self) -> OpenConnection {
+        self.inner.connections.fetch_add(1, Ordering::Relaxed);
+        self.inner
+            .metrics
+            .connections_total
+            .fetch_add(1, Ordering::Relaxed);
+        OpenConnection(self.clone())
+    }
+
+    /// The bounds of a session queue.
+    pub(crate) fn queue_limits(&self) -> QueueLimits {
+        self.inner.limits
+    }
+
+    /// The session table.
+    pub(crate) fn sessions(&self) -> &SessionTable {
+        &self.inner.sessions
+    }
+
+    /// Whether the shutdown token was cancelled.
+    pub(crate) fn is_shutting_down(&self) -> bool {
+        self.inner.shutdown.is_cancelled()
+    }
+
+    /// The authentication hook installed now.
+    pub(crate) fn authenticator(&self) -> Arc<dyn Authenticator> {
+        self.inner.authenticator.read().clone()
     }
 
     /// Number of subscriptions in the index (a shared-group member counts as one).
@@ -158,10 +186,7 @@ impl Broker {
     /// (the service answer path). The message is delivered once.
     pub fn deliver_to(&self, client_id: &str, publish: Publish) -> Result<(), DeliverError> {
         let session = self
-            .inner
-            .sessions
-            .get(client_id)
-            .map(|s| s.clone())
+            .session(client_id)
             .ok_or_else(|| DeliverError::NoSession(client_id.to_owned()))?;
         let msg = Arc::new(Message::from_publish(publish, None, Instant::now()));
         let d = Delivery {
@@ -185,15 +210,14 @@ impl Broker {
 
     /// Asks every connected client's connection to close with `reason`.
     pub(crate) fn close_all(&self, reason: ReasonCode) {
-        for session in self.inner.sessions.iter() {
+        self.inner.sessions.for_each(|session| {
             session.kick(reason);
-        }
+        });
     }
 
     /// Asks a client's connection to close with `reason`. False if not connected.
     pub fn disconnect_client(&self, client_id: &str, reason: ReasonCode) -> bool {
-        let session = self.inner.sessions.get(client_id).map(|s| s.clone());
-        session.is_some_and(|s| s.kick(reason))
+        self.session(client_id).is_some_and(|s| s.kick(reason))
     }
 
     /// Publishes a message as if a client had (retained handling included) and
@@ -390,36 +414,27 @@ impl Broker {
         self.inner.trie.write().remove(f, group, client_id)
     }
 
-    /// Ends a session: removes it from the table (if it is still this one) and its
-    /// subscriptions from the trie.
-    pub(crate) fn end_session(&self, session: &Arc<Session>) {
-        // The stored session is forgotten under the table's shard lock, so a new
-        // session of the same client id (inserted under that lock) is recorded after.
-        let removed = self
-            .inner
-            .sessions
-            .remove_if(session.client_id_bytes(), |_, s| {
-                let same = Arc::ptr_eq(s, session);
-                if same {
-                    session.state.lock().unpersist();
-                }
-                same
-            })
-            .is_some();
-        if !removed {
-            return;
-        }
-        session.ended.cancel();
-        let filters: Vec<ByteString> = session.state.lock().subscriptions.keys().cloned().collect();
+    /// Removes a client's subscriptions to `filters` from the trie (its session ended).
+    pub(crate) fn unindex_all(&self, client_id: &str, filters: &[ByteString]) {
         let mut trie = self.inner.trie.write();
         for f in filters {
-            let (group, filter) = split_shared(&f);
-            trie.remove(filter, group, session.client_id());
+            let (group, filter) = split_shared(f);
+            trie.remove(filter, group, client_id);
         }
     }
 
     pub(crate) fn next_generation(&self) -> u64 {
         self.inner.generation.fetch_add(1, Ordering::Relaxed)
+    }
+}
+
+/// An open connection, counted until it drops.
+#[derive(Debug)]
+pub(crate) struct OpenConnection(Broker);
+
+impl Drop for OpenConnection {
+    fn drop(&mut self) {
+        self.0.inner.connections.fetch_sub(1, Ordering::Relaxed);
     }
 }
 

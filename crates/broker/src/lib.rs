@@ -2,8 +2,10 @@
 //!
 //! * [`Broker`] (`broker.rs`): shared state and the publish path (routing into
 //!   session queues, retained messages, built-in services).
-//! * `session.rs`: what survives a connection: subscriptions, queued and in-flight
-//!   messages, packet ids, expiry; `signal.rs`: what wakes a connection task.
+//! * `session/`: what survives a connection: subscriptions, queued and in-flight
+//!   messages, packet ids, expiry; `session_table.rs`: client id → session, and the
+//!   session lifecycle (take over, restore, expire, end); `signal.rs`: what wakes a
+//!   connection task.
 //! * `trie.rs`: the subscription index, including shared-subscription groups;
 //!   `retained.rs`: the retained messages, indexed by topic level.
 //! * `connection/`: one task per client: handshake, inbound packets, outbound
@@ -29,6 +31,7 @@ mod server;
 mod service;
 mod session;
 mod session_store;
+mod session_table;
 mod signal;
 pub mod topic;
 mod trie;

@@ -18,11 +18,9 @@ use std::time::{Duration, Instant};
 
 use statehub_mqtt_codec::ByteString;
 
-use crate::connection::schedule_expiry;
 use crate::message::Delivery;
 use crate::service::BoxFuture;
-use crate::session::{Inflight, Session, Stage, Subscription};
-use crate::Broker;
+use crate::session::{Session, Subscription};
 
 /// Why a session change could not be made durable.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -136,63 +134,6 @@ pub struct StoredMessage {
 /// sender then waits for the old one's acknowledgement (see `outbound.rs`).
 pub fn packet_id_for(seq: u64) -> u16 {
     ((seq.wrapping_sub(1) % 65_535) + 1) as u16
-}
-
-impl Broker {
-    /// Keeps persistent sessions in `store` from now on, starting from `loaded` (what
-    /// it held at start-up): their subscriptions are indexed, their messages queued
-    /// (to be sent with DUP set, under their old packet ids), released QoS 2 messages
-    /// put back in flight, and their expiry clocks started. Call from within the
-    /// runtime, before accepting connections.
-    pub fn set_session_store(&self, store: Arc<dyn SessionStore>, loaded: Vec<StoredSession>) {
-        *self.inner.session_store.write() = Some(store.clone());
-        for stored in loaded {
-            let session = Arc::new(Session::new(
-                stored.client_id.clone(),
-                stored.expiry_interval,
-            ));
-            {
-                let mut st = session.state.lock();
-                st.persist = Some(Persist {
-                    store: store.clone(),
-                    incarnation: stored.incarnation,
-                });
-                for m in stored.messages {
-                    st.next_seq = st.next_seq.max(m.seq);
-                    let mut delivery = m.delivery;
-                    delivery.seq = m.seq;
-                    delivery.dup = true;
-                    if m.released {
-                        let packet_id = packet_id_for(m.seq);
-                        st.inflight.push_back(Inflight {
-                            packet_id,
-                            stage: Stage::Released,
-                            delivery,
-                        });
-                    } else {
-                        st.queued_bytes += delivery.msg.weight();
-                        st.queue.push_back(delivery);
-                    }
-                }
-                st.incoming_qos2.extend(stored.incoming_qos2);
-                for (filter, sub) in &stored.subscriptions {
-                    st.subscriptions.insert(filter.clone(), *sub);
-                }
-            }
-            for (filter, sub) in stored.subscriptions {
-                self.index_subscription(&session, &filter, sub.options, sub.identifier);
-            }
-            self.inner
-                .sessions
-                .insert(stored.client_id, session.clone());
-            schedule_expiry(self, &session, 0, stored.expires_in);
-        }
-    }
-
-    /// The session store, if one is configured.
-    pub(crate) fn session_store(&self) -> Option<Arc<dyn SessionStore>> {
-        self.inner.session_store.read().clone()
-    }
 }
 
 /// Holds the stored QoS 2 copies of one message back from their subscribers until the

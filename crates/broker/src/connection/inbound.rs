@@ -11,8 +11,8 @@ use super::{Close, Conn};
 use crate::auth::AuthDecision;
 use crate::broker::Routed;
 use crate::message::Message;
-use crate::session::Stage;
-use crate::session_store::{Gate, Group, SessionChange};
+use crate::session::{IncomingQos2, PubRec, Stage};
+use crate::session_store::{Gate, Group};
 use crate::topic;
 
 /// Opens a gate when the publish that holds it is done with (acknowledged, or failed:
@@ -31,29 +31,18 @@ impl Conn {
         match p {
             Packet::Publish(p) => self.on_publish(p).await,
             Packet::PubAck(a) => {
-                self.complete(a.packet_id, Stage::Qos1Sent);
+                self.session.complete(a.packet_id, Stage::Qos1Sent);
                 Ok(())
             }
             Packet::PubRec(r) => self.on_pubrec(r).await,
             Packet::PubRel(r) => {
-                let (known, stored) = {
-                    let mut st = self.session.state.lock();
-                    let known = st.incoming_qos2.remove(&r.packet_id);
-                    if known {
-                        st.record(|incarnation| SessionChange::IncomingQos2 {
-                            incarnation,
-                            packet_id: r.packet_id,
-                            pending: false,
-                        });
-                    }
-                    (known, known && st.is_persistent())
-                };
+                let released = self.session.release_qos2(r.packet_id);
                 // A PUBCOMP frees the id for the client's next message: a restart must
                 // not take that one for a duplicate.
-                if stored {
+                if released == Some(true) {
                     self.durable().await?;
                 }
-                let code = if known {
+                let code = if released.is_some() {
                     ReasonCode::SUCCESS
                 } else {
                     ReasonCode::PACKET_IDENTIFIER_NOT_FOUND
@@ -64,7 +53,7 @@ impl Conn {
                 }))
             }
             Packet::PubComp(c) => {
-                self.complete(c.packet_id, Stage::Released);
+                self.session.complete(c.packet_id, Stage::Released);
                 Ok(())
             }
             Packet::Subscribe(s) => self.on_subscribe(s).await,
@@ -103,16 +92,20 @@ impl Conn {
         }
         let pid = p.packet_id.unwrap_or(0);
         if p.qos == QoS::ExactlyOnce {
-            let st = self.session.state.lock();
-            if st.incoming_qos2.contains(&pid) {
-                drop(st);
-                return self.send(&Packet::PubRec(PubResponse::ok(pid)));
-            }
-            if st.incoming_qos2.len() >= usize::from(self.broker.config().receive_maximum) {
-                return Err(Close::ByServer(
-                    ReasonCode::RECEIVE_MAXIMUM_EXCEEDED,
-                    "receive maximum exceeded [MQTT-3.3.4-9]",
-                ));
+            match self
+                .session
+                .incoming_qos2(pid, self.broker.config().receive_maximum)
+            {
+                IncomingQos2::Duplicate => {
+                    return self.send(&Packet::PubRec(PubResponse::ok(pid)));
+                }
+                IncomingQos2::OverMaximum => {
+                    return Err(Close::ByServer(
+                        ReasonCode::RECEIVE_MAXIMUM_EXCEEDED,
+                        "receive maximum exceeded [MQTT-3.3.4-9]",
+                    ));
+                }
+                IncomingQos2::New => {}
             }
         }
         if topic::too_deep(&p.topic, self.broker.config().max_topic_levels) {
@@ -138,7 +131,7 @@ impl Conn {
         let _open_when_done = gate.clone().map(OpenOnDrop);
         let (code, stored) = if let Some(service) = self.broker.service_for(&p.topic) {
             service.on_publish(&self.broker, &self.info, p).await;
-            let stored = qos == QoS::ExactlyOnce && self.receive_qos2(pid);
+            let stored = qos == QoS::ExactlyOnce && self.session.receive_qos2(pid);
             (ReasonCode::SUCCESS, stored)
         } else {
             let msg = Arc::new(Message::from_publish(
@@ -187,24 +180,11 @@ impl Conn {
         let store = self
             .broker
             .session_store()
-            .filter(|_| self.session.state.lock().is_persistent());
+            .filter(|_| self.session.is_persistent());
         let _group = store.map(Group::open);
         let mut routed = self.broker.route(msg, gate);
-        routed.stored |= self.receive_qos2(pid);
+        routed.stored |= self.session.receive_qos2(pid);
         routed
-    }
-
-    /// Remembers a QoS 2 packet id until its PUBREL; true if that was recorded in the
-    /// session store (the PUBREC waits for it).
-    fn receive_qos2(&mut self, pid: u16) -> bool {
-        let mut st = self.session.state.lock();
-        st.incoming_qos2.insert(pid);
-        st.record(|incarnation| SessionChange::IncomingQos2 {
-            incarnation,
-            packet_id: pid,
-            pending: true,
-        });
-        st.is_persistent()
     }
 
     /// Acknowledges a PUBLISH once what the acknowledgement promises is durable
@@ -270,61 +250,20 @@ impl Conn {
     }
 
     async fn on_pubrec(&mut self, r: PubResponse) -> Result<(), Close> {
-        let (found, stored) = {
-            let mut st = self.session.state.lock();
-            match st.inflight_position(r.packet_id) {
-                Some(i) if st.inflight[i].stage == Stage::Qos2Sent => {
-                    if r.reason_code.is_success() {
-                        st.inflight[i].stage = Stage::Released;
-                        let (seq, now) = (st.inflight[i].delivery.seq, Instant::now());
-                        let stored = seq != 0 && st.is_persistent();
-                        if stored {
-                            let delivery = &st.inflight[i].delivery;
-                            st.record(|incarnation| SessionChange::Message {
-                                incarnation,
-                                seq,
-                                delivery,
-                                released: true,
-                                now,
-                            });
-                        }
-                        (true, stored)
-                    } else {
-                        if let Some(done) = st.inflight.remove(i) {
-                            st.forget(done.delivery.seq);
-                        }
-                        return Ok(());
-                    }
+        let code = match self.session.pubrec(r.packet_id, r.reason_code.is_success()) {
+            PubRec::Refused => return Ok(()),
+            PubRec::Unknown => ReasonCode::PACKET_IDENTIFIER_NOT_FOUND,
+            PubRec::Released { stored } => {
+                if stored {
+                    self.durable().await?;
                 }
-                _ => (false, false),
+                ReasonCode::SUCCESS
             }
-        };
-        // After a restart, a message whose PUBREL went out must not be sent again as
-        // a PUBLISH: the receiver has forgotten its id and would deliver it twice.
-        if stored {
-            self.durable().await?;
-        }
-        let code = if found {
-            ReasonCode::SUCCESS
-        } else {
-            ReasonCode::PACKET_IDENTIFIER_NOT_FOUND
         };
         self.send(&Packet::PubRel(PubResponse {
             reason_code: code,
             ..PubResponse::ok(r.packet_id)
         }))
-    }
-
-    /// Finishes an outgoing QoS 1/2 exchange at `stage`; unknown ids are ignored.
-    fn complete(&mut self, packet_id: u16, stage: Stage) {
-        let mut st = self.session.state.lock();
-        if let Some(i) = st.inflight_position(packet_id) {
-            if st.inflight[i].stage == stage {
-                if let Some(done) = st.inflight.remove(i) {
-                    st.forget(done.delivery.seq);
-                }
-            }
-        }
     }
 
     /// Waits until every session change recorded so far is durable; if it never will
@@ -365,7 +304,7 @@ impl Conn {
                 "AUTH method differs from CONNECT's [MQTT-4.12.1-1]",
             ));
         }
-        let auth = self.broker.inner.authenticator.read().clone();
+        let auth = self.broker.authenticator();
         let (code, data) = match auth.auth(&self.info.client_id, &method, &a) {
             AuthDecision::Success { data } => (ReasonCode::SUCCESS, data),
             AuthDecision::Continue { data } => (ReasonCode::CONTINUE_AUTHENTICATION, data),

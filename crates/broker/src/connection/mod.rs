@@ -5,7 +5,7 @@
 //! appended to one write buffer, and deliveries from the session queue are encoded
 //! into the same buffer, so many packets leave in one `write` call. The loop stops
 //! draining the session queue while the write buffer is above its high-water mark;
-//! the queue then fills and the session's bounds decide (see `session.rs`).
+//! the queue then fills and the session's bounds decide (see `session/mod.rs`).
 
 mod handshake;
 mod inbound;
@@ -34,9 +34,6 @@ use crate::service::ClientInfo;
 use crate::session::Session;
 use crate::signal::Signal;
 use crate::Broker;
-
-use handshake::{AuthStep, Refused};
-pub(crate) use teardown::schedule_expiry;
 
 /// Why a connection ends; decides the DISCONNECT sent and whether the will goes out.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -78,15 +75,6 @@ pub(crate) struct Conn {
     keep_alive: Duration,
 }
 
-/// Counts a connection against `max_connections` from its CONNECT to its end.
-struct Counted(Broker);
-
-impl Drop for Counted {
-    fn drop(&mut self) {
-        self.0.inner.connections.fetch_sub(1, Ordering::Relaxed);
-    }
-}
-
 /// Serves one TCP connection until it closes. Never panics on peer input.
 pub(crate) async fn serve(
     broker: Broker,
@@ -94,238 +82,12 @@ pub(crate) async fn serve(
     peer: SocketAddr,
     admission: Admission,
 ) {
-    broker
-        .inner
-        .metrics
-        .connections_total
-        .fetch_add(1, Ordering::Relaxed);
     let _ = stream.set_nodelay(true);
-    if let Some((conn, rbuf, _counted)) = connect(&broker, &mut stream, admission).await {
+    if let Some((conn, rbuf, _open)) = handshake::connect(&broker, &mut stream, admission).await {
         let client = conn.info.client_id.clone();
         tracing::debug!(%peer, client = %client, "client connected");
         run(conn, stream, rbuf).await;
         tracing::debug!(%peer, client = %client, "client gone");
-    }
-}
-
-/// Reads CONNECT (and any AUTH rounds), answers CONNACK. `None` if refused. Until the
-/// CONNECT is in, the connection holds its place among the pending ones (`admission`)
-/// and closes if evicted from it; from then on it counts against `max_connections`.
-async fn connect(
-    broker: &Broker,
-    stream: &mut TcpStream,
-    admission: Admission,
-) -> Option<(Conn, BytesMut, Counted)> {
-    let cfg = broker.config();
-    let deadline = Instant::now() + Duration::from_secs(cfg.connect_timeout_secs);
-    let mut codec = Codec::new_server(cfg.max_packet_size);
-    let mut rbuf = BytesMut::new();
-    let first = tokio::select! {
-        r = read_packet(stream, &mut codec, &mut rbuf, deadline) => r,
-        () = admission.closed.cancelled() => return None,
-    };
-    drop(admission);
-    let first = match first {
-        Ok(Some(p)) => p,
-        Ok(None) => return None,
-        Err(DecodeError::UnsupportedProtocolVersion(level)) => {
-            let answer: &[u8] = if level >= 5 {
-                &[0x20, 0x03, 0x00, 0x84, 0x00]
-            } else {
-                &[0x20, 0x02, 0x00, 0x01]
-            };
-            let _ = stream.write_all(answer).await;
-            return None;
-        }
-        Err(e) => {
-            tracing::debug!(error = %e, "bad first packet");
-            refuse_bad_connect(stream, &codec, &e).await;
-            return None;
-        }
-    };
-    let Packet::Connect(mut connect) = first else {
-        return None;
-    };
-    broker.inner.connections.fetch_add(1, Ordering::Relaxed);
-    let counted = Counted(broker.clone());
-    let version = connect.protocol;
-    let unavailable = if broker.inner.shutdown.is_cancelled() {
-        Some(ReasonCode::SERVER_UNAVAILABLE)
-    } else if broker.connection_count() > cfg.max_connections {
-        tracing::warn!(client = %connect.client_id, "connection limit reached; refusing with 0x97");
-        Some(ReasonCode::QUOTA_EXCEEDED)
-    } else {
-        None
-    };
-    if let Some(code) = unavailable {
-        refuse(stream, &codec, code).await;
-        return None;
-    }
-    let auth_data = match handshake::check(broker, &connect)
-        .and_then(|()| handshake::authenticate(broker, &connect))
-    {
-        Ok(AuthStep::Done(data)) => data,
-        Ok(AuthStep::Challenge(challenge)) => {
-            match auth_rounds(
-                broker, stream, &mut codec, &mut rbuf, &connect, challenge, deadline,
-            )
-            .await
-            {
-                Ok(data) => data,
-                Err(Some(Refused(code))) => {
-                    refuse(stream, &codec, code).await;
-                    return None;
-                }
-                Err(None) => return None,
-            }
-        }
-        Err(Refused(code)) => {
-            refuse(stream, &codec, code).await;
-            return None;
-        }
-    };
-    let accepted = handshake::accept(broker, &mut connect, auth_data);
-    if accepted.stored {
-        if let Err(e) = barrier(broker).await {
-            // Session Present could not be promised: refuse, and the client retries.
-            tracing::error!("{e}; refusing the connection of {}", connect.client_id);
-            refuse(stream, &codec, ReasonCode::UNSPECIFIED_ERROR).await;
-            return None;
-        }
-    }
-    let mut wbuf = BytesMut::with_capacity(1024);
-    if codec
-        .encode(&Packet::ConnAck(accepted.connack.clone()), &mut wbuf)
-        .is_err()
-    {
-        return None;
-    }
-    let p = &connect.properties;
-    let conn = Conn {
-        broker: broker.clone(),
-        codec,
-        wbuf,
-        session: accepted.session,
-        generation: accepted.generation,
-        info: ClientInfo {
-            client_id: connect.client_id.clone(),
-            username: connect.username.clone(),
-            protocol: version,
-        },
-        version,
-        client_receive_max: p.receive_maximum.unwrap_or(u16::MAX).max(1),
-        client_max_packet: p.maximum_packet_size.unwrap_or(u32::MAX),
-        client_alias_max: if cfg.server_topic_aliases {
-            p.topic_alias_maximum.unwrap_or(0)
-        } else {
-            0
-        },
-        out_aliases: HashMap::new(),
-        in_aliases: HashMap::new(),
-        will: connect.will.take(),
-        auth_method: p.authentication_method.clone(),
-        session_expiry: accepted.session_expiry,
-        connect_expiry_zero: accepted.session_expiry == 0,
-        signal: accepted.signal,
-        keep_alive: accepted.keep_alive,
-    };
-    Some((conn, rbuf, counted))
-}
-
-/// Answers a CONNECT that failed to decode with a refusing CONNACK where the
-/// protocol has a code for it (any for MQTT 5 [MQTT-3.2.2-7]; 3.1.1 only for the
-/// identifier case, return code 2 [MQTT-3.1.3-8]), then the caller closes.
-async fn refuse_bad_connect(stream: &mut TcpStream, codec: &Codec, e: &DecodeError) {
-    let code = e.reason_code();
-    let answer = match codec.version() {
-        Some(ProtocolVersion::V5) => true,
-        Some(ProtocolVersion::V311) => code == ReasonCode::CLIENT_IDENTIFIER_NOT_VALID,
-        None => false,
-    };
-    if answer {
-        refuse(stream, codec, code).await;
-    }
-}
-
-/// Writes a CONNACK refusing the connection with `code` (the codec maps it to a
-/// 3.1.1 return code); the caller then closes.
-async fn refuse(stream: &mut TcpStream, codec: &Codec, code: ReasonCode) {
-    let mut out = BytesMut::new();
-    let ack = statehub_mqtt_codec::ConnAck {
-        reason_code: code,
-        ..Default::default()
-    };
-    if codec.encode(&Packet::ConnAck(ack), &mut out).is_ok() {
-        let _ = stream.write_all(&out).await;
-    }
-}
-
-/// Extra AUTH exchanges during connect (MQTT 5 enhanced authentication).
-async fn auth_rounds(
-    broker: &Broker,
-    stream: &mut TcpStream,
-    codec: &mut Codec,
-    rbuf: &mut BytesMut,
-    connect: &statehub_mqtt_codec::Connect,
-    mut challenge: Packet,
-    deadline: Instant,
-) -> Result<Option<bytes::Bytes>, Option<Refused>> {
-    let method = connect
-        .properties
-        .authentication_method
-        .clone()
-        .unwrap_or_default();
-    let authenticator = broker.inner.authenticator.read().clone();
-    loop {
-        let mut out = BytesMut::new();
-        codec.encode(&challenge, &mut out).map_err(|_| None)?;
-        stream.write_all(&out).await.map_err(|_| None)?;
-        let Ok(Some(Packet::Auth(auth))) = read_packet(stream, codec, rbuf, deadline).await else {
-            return Err(None);
-        };
-        if auth.reason_code != ReasonCode::CONTINUE_AUTHENTICATION
-            || auth.authentication_method.as_ref() != Some(&method)
-        {
-            return Err(Some(Refused(ReasonCode::PROTOCOL_ERROR)));
-        }
-        match authenticator.auth(&connect.client_id, &method, &auth) {
-            crate::AuthDecision::Success { data } => return Ok(data),
-            crate::AuthDecision::Continue { data } => {
-                challenge = Packet::Auth(statehub_mqtt_codec::Auth {
-                    reason_code: ReasonCode::CONTINUE_AUTHENTICATION,
-                    authentication_method: Some(method.clone()),
-                    authentication_data: data,
-                    ..Default::default()
-                });
-            }
-            crate::AuthDecision::Deny(code) => return Err(Some(Refused(code))),
-        }
-    }
-}
-
-/// Reads until one whole packet is decoded, the peer closes (Ok(None)), or the deadline.
-async fn read_packet(
-    stream: &mut TcpStream,
-    codec: &mut Codec,
-    rbuf: &mut BytesMut,
-    deadline: Instant,
-) -> Result<Option<Packet>, DecodeError> {
-    loop {
-        if let Some(p) = codec.decode(rbuf)? {
-            return Ok(Some(p));
-        }
-        // The buffer is reserved once bytes are there to read: a socket that stays
-        // silent holds none.
-        match tokio::time::timeout_at(deadline, stream.readable()).await {
-            Ok(Ok(())) => {}
-            _ => return Ok(None),
-        }
-        rbuf.reserve(4096);
-        match stream.try_read_buf(rbuf) {
-            Ok(n) if n > 0 => {}
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-            _ => return Ok(None),
-        }
     }
 }
 
@@ -344,7 +106,7 @@ impl Conn {
         let high_water = self.broker.config().socket_write_high_water;
         // Shutdown reaches connections through their signals (the listener asks every
         // attached one to close); one that attached after that sees the token here.
-        if self.broker.inner.shutdown.is_cancelled() {
+        if self.broker.is_shutting_down() {
             return Close::ByServer(ReasonCode::SERVER_SHUTTING_DOWN, "server shutting down");
         }
         // Packets the client pipelined behind CONNECT are already in the buffer.
@@ -417,8 +179,7 @@ impl Conn {
                 Err(e) => {
                     tracing::debug!(client = %self.info.client_id, error = %e, "decode error");
                     self.broker
-                        .inner
-                        .metrics
+                        .metrics()
                         .protocol_errors
                         .fetch_add(1, Ordering::Relaxed);
                     return Err(Close::from_decode(&e));

@@ -1,5 +1,5 @@
-//! SUBSCRIBE and UNSUBSCRIBE: the session's subscriptions, the index, and the
-//! retained messages a new subscription is owed.
+//! SUBSCRIBE and UNSUBSCRIBE: the session's subscriptions, the subscription index,
+//! and the retained messages a new subscription receives.
 //!
 //! Bounded work per packet: at most `max_filters_per_subscribe` filters are handled
 //! (the rest get 0x97 in the SUBACK, which keeps one reason code per filter as the
@@ -39,30 +39,71 @@ struct Retained {
     work: usize,
 }
 
+impl Retained {
+    /// Counts `work` and yields to the worker's other tasks once enough is done.
+    async fn done(&mut self, work: usize) {
+        self.work += work;
+        if self.work >= YIELD_EVERY {
+            self.work = 0;
+            tokio::task::yield_now().await;
+        }
+    }
+}
+
 impl Conn {
     pub(super) async fn on_subscribe(&mut self, s: Subscribe) -> Result<(), Close> {
-        let limits = self.broker.inner.limits;
+        let per_packet = self.broker.config().max_filters_per_subscribe;
+        let mut codes = Vec::with_capacity(s.filters.len());
+        let mut accepted = Vec::new();
+        for (i, (filter, options)) in s.filters.iter().enumerate() {
+            let refused = if i < per_packet {
+                self.refuse_filter(filter, options)?
+            } else {
+                Some(self.quota_refused(filter, "filters per SUBSCRIBE"))
+            };
+            codes.push(refused.unwrap_or(ReasonCode(options.qos as u8)));
+            if refused.is_none() {
+                let sub = Subscription {
+                    options: *options,
+                    identifier: s.subscription_identifier,
+                };
+                accepted.push((i, filter.clone(), sub));
+            }
+        }
+        let subs: Vec<_> = accepted.iter().map(|(_, f, s)| (f.clone(), *s)).collect();
+        let max = self.broker.config().max_subscriptions_per_client;
+        let (existed, stored) = self.session.subscribe(&subs, max);
+        let limits = self.broker.queue_limits();
         let mut retained = Retained {
             deliveries: Vec::new(),
             room: limits.max_messages + limits.max_messages / 2 + 1,
             work: 0,
         };
-        let per_packet = self.broker.config().max_filters_per_subscribe;
-        let mut codes = Vec::with_capacity(s.filters.len());
-        for (i, (filter, options)) in s.filters.iter().enumerate() {
-            let code = if i < per_packet {
-                self.subscribe_one(filter, *options, s.subscription_identifier, &mut retained)?
-            } else {
-                self.quota_refused(filter, "filters per SUBSCRIBE")
+        for ((i, filter, sub), existed) in accepted.iter().zip(existed) {
+            let Some(existed) = existed else {
+                codes[*i] = self.quota_refused(filter, "subscriptions per client");
+                continue;
             };
-            codes.push(code);
-            retained.work += 1;
-            if retained.work >= YIELD_EVERY {
-                retained.work = 0;
-                tokio::task::yield_now().await;
-            }
+            self.broker
+                .index_subscription(&self.session, filter, sub.options, sub.identifier);
+            let (group, plain) = split_shared(filter);
+            let send_retained = group.is_none()
+                && match sub.options.retain_handling {
+                    0 => true,
+                    1 => !existed,
+                    _ => false,
+                };
+            let work = if send_retained {
+                self.collect_retained(plain, sub, &mut retained)
+            } else {
+                0
+            };
+            retained.done(work + 1).await;
         }
-        self.save_subscriptions().await?;
+        // A SUBACK holds across a restart.
+        if stored {
+            self.durable().await?;
+        }
         self.send(&Packet::SubAck(SubAck {
             packet_id: s.packet_id,
             reason_codes: codes,
@@ -77,18 +118,15 @@ impl Conn {
         Ok(())
     }
 
-    /// One filter of a SUBSCRIBE: its reason code, retained messages collected into
-    /// `retained`. An error closes the connection.
-    fn subscribe_one(
-        &mut self,
+    /// The SUBACK code refusing `filter`, if it is refused; a protocol error closes
+    /// the connection. 3.1.1 clients get every failure as 0x80 (the codec maps it).
+    fn refuse_filter(
+        &self,
         filter: &ByteString,
-        options: SubscriptionOptions,
-        identifier: Option<u32>,
-        retained: &mut Retained,
-    ) -> Result<ReasonCode, Close> {
-        // 3.1.1 clients get every failure as 0x80 (the codec maps it).
+        options: &SubscriptionOptions,
+    ) -> Result<Option<ReasonCode>, Close> {
         if validate::topic_filter(filter).is_err() || validate::shared_filter(filter).is_err() {
-            return Ok(ReasonCode::TOPIC_FILTER_INVALID);
+            return Ok(Some(ReasonCode::TOPIC_FILTER_INVALID));
         }
         let (group, plain) = split_shared(filter);
         if group.is_some() && options.no_local {
@@ -99,80 +137,50 @@ impl Conn {
         }
         let cfg = self.broker.config();
         if cfg.refused_filters.iter().any(|f| f == &**filter) {
-            return Ok(ReasonCode::UNSPECIFIED_ERROR);
+            return Ok(Some(ReasonCode::UNSPECIFIED_ERROR));
         }
         if topic::too_deep(plain, cfg.max_topic_levels) {
-            return Ok(ReasonCode::TOPIC_FILTER_INVALID);
+            return Ok(Some(ReasonCode::TOPIC_FILTER_INVALID));
         }
-        let sub = Subscription {
-            options,
-            identifier,
-        };
-        let existed = {
-            let mut st = self.session.state.lock();
-            let existed = st.subscriptions.contains_key(filter);
-            if !existed && st.subscriptions.len() >= cfg.max_subscriptions_per_client {
-                drop(st);
-                return Ok(self.quota_refused(filter, "subscriptions per client"));
-            }
-            st.subscriptions.insert(filter.clone(), sub);
-            existed
-        };
-        self.broker
-            .index_subscription(&self.session, filter, options, identifier);
-        let send_retained = group.is_none()
-            && match options.retain_handling {
-                0 => true,
-                1 => !existed,
-                _ => false,
-            };
-        if send_retained {
-            self.collect_retained(plain, options, identifier, retained);
-        }
-        Ok(ReasonCode(options.qos as u8))
+        Ok(None)
     }
 
-    fn collect_retained(
-        &self,
-        filter: &str,
-        options: SubscriptionOptions,
-        identifier: Option<u32>,
-        retained: &mut Retained,
-    ) {
-        if retained.deliveries.len() >= retained.room {
-            return;
+    /// Adds the retained messages `filter` matches to `retained`; returns the work
+    /// done (index nodes visited).
+    fn collect_retained(&self, filter: &str, sub: &Subscription, retained: &mut Retained) -> usize {
+        let room = retained.room.saturating_sub(retained.deliveries.len());
+        if room == 0 {
+            return 0;
         }
         let mut found: Vec<Arc<Message>> = Vec::new();
-        retained.work += self
+        let work = self
             .broker
             .retained_into(filter, Instant::now(), &mut found);
-        let room = retained.room - retained.deliveries.len();
         if found.len() > room {
             tracing::debug!(
                 client = %self.info.client_id,
                 "more retained messages match than the session queue holds"
             );
         }
-        retained
-            .deliveries
-            .extend(found.into_iter().take(room).map(|msg| Delivery {
-                qos: msg.qos.min(options.qos),
-                retain: true,
-                subscription_ids: identifier.into_iter().collect(),
-                shared: None,
-                seq: 0,
-                dup: false,
-                gate: None,
-                msg,
-            }));
+        let deliveries = found.into_iter().take(room).map(|msg| Delivery {
+            qos: msg.qos.min(sub.options.qos),
+            retain: true,
+            subscription_ids: sub.identifier.into_iter().collect(),
+            shared: None,
+            seq: 0,
+            dup: false,
+            gate: None,
+            msg,
+        });
+        retained.deliveries.extend(deliveries);
+        work
     }
 
     /// Counts and logs (rate-limited) a filter refused for a subscription limit.
     fn quota_refused(&self, filter: &str, limit: &str) -> ReasonCode {
         static LOG: LogLimit = LogLimit::per_secs(10);
         self.broker
-            .inner
-            .metrics
+            .metrics()
             .subscriptions_refused
             .fetch_add(1, Ordering::Relaxed);
         if let Some(left_out) = LOG.allow() {
@@ -188,47 +196,34 @@ impl Conn {
 
     pub(super) async fn on_unsubscribe(&mut self, u: Unsubscribe) -> Result<(), Close> {
         let mut codes = Vec::with_capacity(u.filters.len());
+        let mut valid = Vec::with_capacity(u.filters.len());
         for filter in &u.filters {
             if validate::topic_filter(filter).is_err() || validate::shared_filter(filter).is_err() {
                 codes.push(ReasonCode::TOPIC_FILTER_INVALID);
-                continue;
+            } else {
+                // Its code once the session says whether it was subscribed.
+                codes.push(ReasonCode::SUCCESS);
+                valid.push((codes.len() - 1, filter.clone()));
             }
-            let existed = self
-                .session
-                .state
-                .lock()
-                .subscriptions
-                .remove(filter)
-                .is_some();
+        }
+        let filters: Vec<ByteString> = valid.iter().map(|(_, f)| f.clone()).collect();
+        let (existed, stored) = self.session.unsubscribe(&filters);
+        for ((i, filter), existed) in valid.iter().zip(existed) {
             if existed {
                 self.broker
                     .unindex_subscription(self.session.client_id(), filter);
-            }
-            codes.push(if existed {
-                ReasonCode::SUCCESS
             } else {
-                ReasonCode::NO_SUBSCRIPTION_EXISTED
-            });
+                codes[*i] = ReasonCode::NO_SUBSCRIPTION_EXISTED;
+            }
         }
-        self.save_subscriptions().await?;
+        // An UNSUBACK holds across a restart.
+        if stored {
+            self.durable().await?;
+        }
         self.send(&Packet::UnsubAck(UnsubAck {
             packet_id: u.packet_id,
             reason_codes: codes,
             ..Default::default()
         }))
-    }
-
-    /// Records a persistent session's subscriptions and waits until they are durable,
-    /// so that a SUBACK or UNSUBACK holds across a restart.
-    async fn save_subscriptions(&mut self) -> Result<(), Close> {
-        let stored = {
-            let st = self.session.state.lock();
-            st.save(self.session.client_id(), false);
-            st.is_persistent()
-        };
-        if stored {
-            self.durable().await?;
-        }
-        Ok(())
     }
 }

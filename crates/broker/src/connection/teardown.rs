@@ -5,14 +5,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use statehub_mqtt_codec::{
-    ByteString, Disconnect, LastWill, Packet, ProtocolVersion, Publish, PublishProperties, QoS,
+    ByteString, Disconnect, LastWill, Packet, ProtocolVersion, Publish, PublishProperties,
     ReasonCode,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use super::{Close, Conn};
-use crate::message::{Delivery, Message};
+use crate::message::Message;
 use crate::session::Session;
 use crate::Broker;
 
@@ -34,7 +34,7 @@ impl Conn {
         }
 
         let owner = self.detach();
-        let shutting_down = self.broker.inner.shutdown.is_cancelled();
+        let shutting_down = self.broker.is_shutting_down();
         let send_will = !shutting_down && !matches!(close, Close::ByClient { will: false });
         if let (true, Some(will)) = (send_will, self.will.take()) {
             schedule_will(
@@ -52,8 +52,7 @@ impl Conn {
                 self.broker.end_session(&self.session);
             } else {
                 let never = expiry == u32::MAX;
-                schedule_expiry(
-                    &self.broker,
+                self.broker.schedule_expiry(
                     &self.session,
                     self.generation,
                     (!never).then(|| Duration::from_secs(u64::from(expiry))),
@@ -82,51 +81,13 @@ impl Conn {
 
     /// Detaches from the session if this connection still owns it.
     fn detach(&mut self) -> bool {
-        let mut st = self.session.state.lock();
-        if st
-            .attached
-            .as_ref()
-            .is_some_and(|a| a.generation == self.generation)
-        {
-            st.attached = None;
-            st.expiry_interval = self.session_expiry;
-            self.session.set_connected(false);
-            if self.session_expiry > 0 {
-                // Its expiry clock starts now, on disk too (an expiry of 0 ends the
-                // session, which forgets it).
-                st.save(self.session.client_id(), true);
-            }
-            true
-        } else {
-            false
-        }
+        self.session.detach(self.generation, self.session_expiry)
     }
 
     /// Gives messages that came through shared subscriptions and were not
     /// acknowledged to another member of their group.
     fn hand_over_shared(&self) {
-        let taken: Vec<Delivery> = {
-            let mut st = self.session.state.lock();
-            let mut taken = Vec::new();
-            st.inflight.retain(|i| {
-                let shared = i.delivery.shared.is_some() && i.delivery.qos != QoS::ExactlyOnce;
-                if shared {
-                    taken.push(i.delivery.clone());
-                }
-                !shared
-            });
-            let queue = std::mem::take(&mut st.queue);
-            for d in queue {
-                if d.shared.is_some() {
-                    taken.push(d);
-                } else {
-                    st.queue.push_back(d);
-                }
-            }
-            st.queued_bytes = st.queue.iter().map(|d| d.msg.weight()).sum();
-            taken
-        };
-        for d in taken {
+        for d in self.session.take_shared() {
             let Some(via) = d.shared.clone() else {
                 continue;
             };
@@ -138,7 +99,7 @@ impl Conn {
                 self.broker.offer(&self.session, d);
             }
             // Forgotten here only once recorded where it went (the store keeps order).
-            self.session.state.lock().forget(seq);
+            self.session.forget(seq);
         }
     }
 }
@@ -173,15 +134,16 @@ fn schedule_will(
     }
     let broker = broker.clone();
     let session = session.clone();
+    let shutdown = broker.shutdown_token();
     tokio::spawn(async move {
         tokio::select! {
             () = tokio::time::sleep(Duration::from_secs(u64::from(delay))) => {
-                if session.state.lock().last_generation != generation {
+                if !session.last_attached(generation) {
                     return;
                 }
             }
-            () = session.ended.cancelled() => {}
-            () = broker.inner.shutdown.cancelled() => return,
+            () = session.ended() => {}
+            () = shutdown.cancelled() => return,
         }
         broker.publish(will_message(will, publisher));
     });
@@ -209,31 +171,4 @@ fn will_message(will: LastWill, publisher: ByteString) -> Message {
         },
     };
     Message::from_publish(publish, Some(publisher), Instant::now())
-}
-
-/// Ends the session when `expires_in` passes without a new connection (`None`:
-/// it never expires). `generation` is the last connection's.
-pub(crate) fn schedule_expiry(
-    broker: &Broker,
-    session: &Arc<Session>,
-    generation: u64,
-    expires_in: Option<Duration>,
-) {
-    let Some(expires_in) = expires_in else { return };
-    let broker = broker.clone();
-    let session = session.clone();
-    tokio::spawn(async move {
-        tokio::select! {
-            () = tokio::time::sleep(expires_in) => {}
-            () = session.ended.cancelled() => return,
-        }
-        let idle = {
-            let st = session.state.lock();
-            st.attached.is_none() && st.last_generation == generation
-        };
-        if idle {
-            tracing::debug!(client = session.client_id(), "session expired");
-            broker.end_session(&session);
-        }
-    });
 }
