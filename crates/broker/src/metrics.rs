@@ -16,6 +16,12 @@ pub struct Metrics {
     /// Connections closed with 0x97 because they did not keep up.
     pub slow_consumers: AtomicU64,
     pub protocol_errors: AtomicU64,
+    /// Outbound packets that could not be encoded (a message the broker cannot write:
+    /// a topic or property over the protocol's length limits). Each is logged.
+    pub encode_failures: AtomicU64,
+    /// Queued messages dropped unsent because their Message Expiry Interval passed
+    /// first (a delayed reply, a backlog).
+    pub expired_dropped: AtomicU64,
     /// Connections closed before CONNECT to keep the pending-connection limits.
     pub pending_evicted: AtomicU64,
     /// Topic filters refused with 0x97 for the per-SUBSCRIBE or per-client limit.

@@ -279,9 +279,10 @@ impl Conn {
     ) -> Option<Conn> {
         let cfg = broker.config();
         let mut wbuf = BytesMut::with_capacity(1024);
-        codec
-            .encode(&Packet::ConnAck(accepted.connack), &mut wbuf)
-            .ok()?;
+        if let Err(e) = codec.encode(&Packet::ConnAck(accepted.connack), &mut wbuf) {
+            super::encode_failed(broker, &connect.client_id, "CONNACK", &e);
+            return None;
+        }
         let p = &connect.properties;
         Some(Conn {
             broker: broker.clone(),
@@ -306,6 +307,7 @@ impl Conn {
             in_aliases: HashMap::new(),
             will: connect.will.take(),
             auth_method: p.authentication_method.clone(),
+            problem_info: p.request_problem_information != Some(false),
             session_expiry: accepted.session_expiry,
             connect_expiry_zero: accepted.session_expiry == 0,
             signal: accepted.signal,
@@ -337,8 +339,9 @@ async fn refuse(stream: &mut TcpStream, codec: &Codec, code: ReasonCode) {
         reason_code: code,
         ..Default::default()
     };
-    if codec.encode(&Packet::ConnAck(ack), &mut out).is_ok() {
-        let _ = stream.write_all(&out).await;
+    match codec.encode(&Packet::ConnAck(ack), &mut out) {
+        Ok(()) => drop(stream.write_all(&out).await),
+        Err(e) => tracing::warn!(error = %e, "refusing CONNACK not sent: it cannot be encoded"),
     }
 }
 
@@ -360,7 +363,10 @@ async fn auth_rounds(
     let authenticator = broker.authenticator();
     loop {
         let mut out = BytesMut::new();
-        codec.encode(&challenge, &mut out).map_err(|_| None)?;
+        if let Err(e) = codec.encode(&challenge, &mut out) {
+            super::encode_failed(broker, &connect.client_id, "AUTH", &e);
+            return Err(None);
+        }
         stream.write_all(&out).await.map_err(|_| None)?;
         let Ok(Some(Packet::Auth(auth))) = read_packet(stream, codec, rbuf, deadline).await else {
             return Err(None);

@@ -23,13 +23,14 @@ use std::time::Duration;
 
 use bytes::{Buf, BytesMut};
 use statehub_mqtt_codec::{
-    ByteString, Codec, DecodeError, LastWill, Packet, ProtocolVersion, ReasonCode,
+    ByteString, Codec, DecodeError, EncodeError, LastWill, Packet, ProtocolVersion, ReasonCode,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::time::{sleep_until, Instant};
 
 use crate::pending::Admission;
+use crate::ratelimit::LogLimit;
 use crate::service::ClientInfo;
 use crate::session::Session;
 use crate::signal::Signal;
@@ -69,6 +70,10 @@ pub(crate) struct Conn {
     in_aliases: HashMap<u16, ByteString>,
     will: Option<LastWill>,
     auth_method: Option<ByteString>,
+    /// Request Problem Information: false if the client asked for none (no Reason
+    /// String or User Property on anything but PUBLISH, CONNACK, DISCONNECT
+    /// [MQTT-3.1.2-29]).
+    problem_info: bool,
     session_expiry: u32,
     connect_expiry_zero: bool,
     signal: Arc<Signal>,
@@ -189,13 +194,56 @@ impl Conn {
     }
 
     /// Appends one packet to the write buffer. An encode failure is our bug, not the
-    /// peer's: it closes the connection with 0x83.
+    /// peer's: it is counted and logged, and closes the connection with 0x83.
     fn send(&mut self, p: &Packet) -> Result<(), Close> {
         tracing::trace!(client = %self.info.client_id, packet = ?p, "sending");
+        let stripped;
+        let p = match self.problem_info {
+            true => p,
+            false => {
+                stripped = without_problem_info(p);
+                stripped.as_ref().unwrap_or(p)
+            }
+        };
         self.codec.encode(p, &mut self.wbuf).map_err(|e| {
-            tracing::error!(error = %e, "encode failed");
+            encode_failed(&self.broker, &self.info.client_id, "packet", &e);
             Close::ByServer(ReasonCode::IMPLEMENTATION_SPECIFIC_ERROR, "encode failed")
         })
+    }
+}
+
+/// `p` without Reason String and User Properties, for a client that asked for no
+/// problem information; `None` if it may keep them (PUBLISH, CONNACK, DISCONNECT) or
+/// has none.
+fn without_problem_info(p: &Packet) -> Option<Packet> {
+    let mut p = p.clone();
+    let (reason, user) = match &mut p {
+        Packet::PubAck(a) | Packet::PubRec(a) | Packet::PubRel(a) | Packet::PubComp(a) => {
+            (&mut a.reason_string, &mut a.user_properties)
+        }
+        Packet::SubAck(a) => (&mut a.reason_string, &mut a.user_properties),
+        Packet::UnsubAck(a) => (&mut a.reason_string, &mut a.user_properties),
+        Packet::Auth(a) => (&mut a.reason_string, &mut a.user_properties),
+        _ => return None,
+    };
+    if reason.is_none() && user.is_empty() {
+        return None;
+    }
+    *reason = None;
+    user.clear();
+    Some(p)
+}
+
+/// Counts an outbound packet that could not be encoded and logs it, rate-limited:
+/// nothing the broker fails to send goes unnoticed.
+pub(super) fn encode_failed(broker: &Broker, client: &str, what: &str, e: &EncodeError) {
+    static LOG: LogLimit = LogLimit::per_secs(10);
+    broker
+        .metrics()
+        .encode_failures
+        .fetch_add(1, Ordering::Relaxed);
+    if let Some(left_out) = LOG.allow() {
+        tracing::warn!(client, error = %e, left_out, "{what} not sent: it cannot be encoded");
     }
 }
 

@@ -9,6 +9,7 @@ use statehub_mqtt_codec::{ByteString, Packet, PubResponse, PublishRef};
 
 use super::Conn;
 use crate::session::Stage;
+use crate::topic;
 
 impl Conn {
     /// On attach: resend unacknowledged PUBLISHes (DUP set) and PUBRELs in their
@@ -58,8 +59,10 @@ impl Conn {
                 subscription_identifiers: &d.subscription_ids,
             };
             let start = self.wbuf.len();
-            if self.codec.encode_publish(&publish, &mut self.wbuf).is_err() {
+            if let Err(e) = self.codec.encode_publish(&publish, &mut self.wbuf) {
                 self.wbuf.truncate(start);
+                let what = format!("PUBLISH on {}", topic::for_log(&d.msg.topic));
+                super::encode_failed(&self.broker, &self.info.client_id, &what, &e);
                 outbox.discard(&d);
                 continue;
             }
@@ -77,6 +80,17 @@ impl Conn {
                 continue;
             }
             outbox.sent(d, packet_id);
+        }
+        let expired = outbox.expired();
+        drop(outbox);
+        if expired > 0 {
+            // A reply held up past its Message Expiry Interval, a backlog: dropped as
+            // the spec says [MQTT-3.3.2-5], and counted.
+            self.broker
+                .metrics()
+                .expired_dropped
+                .fetch_add(expired as u64, Ordering::Relaxed);
+            tracing::debug!(client = %self.info.client_id, expired, "expired messages dropped unsent");
         }
     }
 

@@ -62,13 +62,15 @@ impl Conn {
         }
     }
 
-    /// Appends our DISCONNECT, without its reason string if that would exceed the
-    /// client's Maximum Packet Size [MQTT-3.14.2-3].
+    /// Appends our DISCONNECT, without its reason string if the client asked for no
+    /// problem information (Request Problem Information 0: the spec allows one on a
+    /// DISCONNECT, the client asked not to get it) or if it would exceed the client's
+    /// Maximum Packet Size [MQTT-3.14.2-3].
     fn send_disconnect(&mut self, code: ReasonCode, text: &'static str) {
         let start = self.wbuf.len();
         let mut packet = Disconnect {
             reason_code: code,
-            reason_string: Some(text.into()),
+            reason_string: self.problem_info.then(|| text.into()),
             ..Default::default()
         };
         let _ = self.send(&Packet::Disconnect(packet.clone()));

@@ -15,6 +15,8 @@ use crate::session_store::packet_id_for;
 #[derive(Debug)]
 pub(crate) struct Outbox<'a> {
     st: MutexGuard<'a, SessionState>,
+    /// Deliveries dropped by [`Outbox::next`] because their message had expired.
+    expired: usize,
 }
 
 impl Session {
@@ -26,7 +28,7 @@ impl Session {
             .attached
             .as_ref()
             .is_some_and(|a| a.generation == generation);
-        owner.then_some(Outbox { st })
+        owner.then_some(Outbox { st, expired: 0 })
     }
 
     /// Takes the messages that came through shared subscriptions and were not
@@ -61,6 +63,11 @@ impl Session {
 }
 
 impl Outbox<'_> {
+    /// How many deliveries [`Outbox::next`] dropped for an expired message so far.
+    pub fn expired(&self) -> usize {
+        self.expired
+    }
+
     /// The next delivery to write and its packet id, within the client's Receive
     /// Maximum; expired messages are dropped on the way. `None` when nothing may go
     /// now: the queue is empty, the window is full, the front waits for its gate, or
@@ -80,6 +87,7 @@ impl Outbox<'_> {
             let d = st.pop_queue()?;
             if d.msg.is_expired(now) {
                 st.forget(d.seq);
+                self.expired += 1;
                 continue;
             }
             let packet_id = match (d.qos, d.seq) {

@@ -1,0 +1,89 @@
+//! What the broker tells and what it counts: no problem information for a client that
+//! asked for none, every outbound packet it cannot encode and every message dropped
+//! for its expiry counted (and logged).
+
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use statehub_broker::codec::{ConnectProperties, Publish, PublishProperties, QoS, ReasonCode};
+use statehub_broker::Message;
+use statehub_test_support::*;
+
+#[tokio::test]
+async fn request_problem_information_0_gets_no_reason_string() {
+    let (_broker, addr) = start_default().await;
+    let connect = |id: &str, problem_info: Option<bool>| {
+        let mut c = connect_packet(V5, id);
+        c.keep_alive = 1;
+        c.properties = ConnectProperties {
+            request_problem_information: problem_info,
+            ..Default::default()
+        };
+        c
+    };
+    let (mut quiet, _) = RawClient::connect_with(addr, connect("quiet", Some(false))).await;
+    let (mut told, _) = RawClient::connect_with(addr, connect("told", None)).await;
+    let within = Duration::from_secs(5);
+    let d = quiet
+        .expect_disconnect_within(ReasonCode::KEEP_ALIVE_TIMEOUT, within)
+        .await;
+    assert_eq!(d.reason_string, None);
+    let d = told
+        .expect_disconnect_within(ReasonCode::KEEP_ALIVE_TIMEOUT, within)
+        .await;
+    assert!(d.reason_string.is_some());
+}
+
+#[tokio::test]
+async fn an_outbound_publish_that_cannot_be_encoded_is_counted() {
+    let (broker, addr) = start_default().await;
+    let mut c = RawClient::connect(addr, V5, "all").await;
+    c.subscribe("#", opts(QoS::AtMostOnce)).await;
+    // A topic longer than a PUBLISH can carry (a service could build one).
+    let publish = Publish {
+        topic: "t".repeat(70_000).into(),
+        payload: bytes::Bytes::from_static(b"x"),
+        ..Default::default()
+    };
+    broker.publish(Message::from_publish(publish, None, Instant::now()));
+    let failures = || broker.metrics().encode_failures.load(Ordering::Relaxed);
+    assert!(wait_until(WAIT, || failures() == 1).await);
+    // The subscriber is fine and gets what can be sent.
+    broker.publish(Message::from_publish(
+        publish_simple_message("ok"),
+        None,
+        Instant::now(),
+    ));
+    assert_eq!(c.expect_publish().await.topic, "ok");
+}
+
+fn publish_simple_message(topic: &str) -> Publish {
+    publish(topic, QoS::AtMostOnce, b"x")
+}
+
+#[tokio::test]
+async fn messages_dropped_for_their_expiry_are_counted() {
+    let (broker, addr) = start_default().await;
+    let mut sub = connect_packet(V5, "one-at-a-time");
+    sub.properties.receive_maximum = Some(1);
+    let (mut sub, _) = RawClient::connect_with(addr, sub).await;
+    sub.subscribe("exp/t", opts(QoS::AtLeastOnce)).await;
+    let mut publisher = RawClient::connect(addr, V5, "exp-pub").await;
+    publisher
+        .publish_simple("exp/t", QoS::AtLeastOnce, b"first")
+        .await;
+    let first = sub.expect_publish().await;
+    // Queued behind the unacknowledged first one, and expired by the time it could go.
+    let second = Publish {
+        properties: PublishProperties {
+            message_expiry_interval: Some(1),
+            ..Default::default()
+        },
+        ..publish("exp/t", QoS::AtLeastOnce, b"second")
+    };
+    publisher.publish(second).await;
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    sub.ack(&first).await;
+    sub.expect_nothing(QUIET).await;
+    assert_eq!(broker.metrics().expired_dropped.load(Ordering::Relaxed), 1);
+}
