@@ -53,6 +53,10 @@ pub struct BrokerConfig {
     /// Connections open without a CONNECT yet from one IPv4 address (one /64 prefix
     /// for IPv6), with the same rule at the limit.
     pub max_pending_per_address: usize,
+    /// Seconds a packet may take to arrive once its first byte has (the keep alive
+    /// counts any byte, so a packet trickled a byte at a time would hold its buffer
+    /// for ever without this). The connection is closed without a DISCONNECT.
+    pub packet_read_timeout_secs: u64,
     /// Most topic levels in a topic name or filter (each level is a node of the
     /// subscription or retained index). A SUBSCRIBE filter over it gets 0x8F, a
     /// PUBLISH over it 0x90 (PUBACK/PUBREC for QoS 1/2, DISCONNECT for QoS 0), a will
@@ -99,6 +103,7 @@ impl Default for BrokerConfig {
             max_connections: 100_000,
             max_pending_connections: 8192,
             max_pending_per_address: 1024,
+            packet_read_timeout_secs: 30,
             max_topic_levels: 128,
             max_filters_per_subscribe: 256,
             max_subscriptions_per_client: 1000,

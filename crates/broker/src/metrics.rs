@@ -24,6 +24,8 @@ pub struct Metrics {
     pub expired_dropped: AtomicU64,
     /// Connections closed before CONNECT to keep the pending-connection limits.
     pub pending_evicted: AtomicU64,
+    /// Connections closed because a started packet did not arrive in time.
+    pub packet_read_timeouts: AtomicU64,
     /// Topic filters refused with 0x97 for the per-SUBSCRIBE or per-client limit.
     pub subscriptions_refused: AtomicU64,
 }

@@ -1,12 +1,12 @@
 //! What the broker tells and what it counts: no problem information for a client that
 //! asked for none, every outbound packet it cannot encode and every message dropped
-//! for its expiry counted (and logged).
+//! for its expiry counted (and logged), a packet left half-sent closed in time.
 
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use statehub_broker::codec::{ConnectProperties, Publish, PublishProperties, QoS, ReasonCode};
-use statehub_broker::Message;
+use statehub_broker::{BrokerConfig, Message};
 use statehub_test_support::*;
 
 #[tokio::test]
@@ -86,4 +86,53 @@ async fn messages_dropped_for_their_expiry_are_counted() {
     sub.ack(&first).await;
     sub.expect_nothing(QUIET).await;
     assert_eq!(broker.metrics().expired_dropped.load(Ordering::Relaxed), 1);
+}
+
+/// With keep alive 0, a PUBLISH stopped half-way used to hold its connection and its
+/// buffer for ever; one trickled a byte at a time kept a keep alive from firing.
+#[tokio::test]
+async fn a_packet_not_completed_in_time_closes_the_connection() {
+    let (broker, addr) = start_broker(BrokerConfig {
+        packet_read_timeout_secs: 1,
+        ..Default::default()
+    })
+    .await;
+    let mut c = connect_packet(V5, "half");
+    c.keep_alive = 0;
+    let (mut half, _) = RawClient::connect_with(addr, c).await;
+    // PUBLISH QoS 0, remaining length 1000: the header and a few bytes.
+    half.send_raw(&[0x30, 0xE8, 0x07, 0x00, 0x01, b't', 0x00, b'x'])
+        .await;
+    half.expect_disconnect_within(ReasonCode::KEEP_ALIVE_TIMEOUT, Duration::from_secs(10))
+        .await;
+
+    let mut c = connect_packet(V5, "trickle");
+    c.keep_alive = 60;
+    let (mut trickle, _) = RawClient::connect_with(addr, c).await;
+    trickle.send_raw(&[0x30, 0xE8, 0x07]).await;
+    let started = tokio::time::Instant::now();
+    let closed = loop {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        if !trickle.try_send_raw(&[0x00]).await {
+            break true;
+        }
+        if started.elapsed() > Duration::from_secs(15) {
+            break false;
+        }
+        if broker
+            .metrics()
+            .packet_read_timeouts
+            .load(Ordering::Relaxed)
+            >= 2
+        {
+            break true;
+        }
+    };
+    assert!(closed, "a trickled packet kept its connection open");
+    // Whole packets, however slow between them, are fine.
+    let mut steady = RawClient::connect(addr, V5, "steady").await;
+    for _ in 0..3 {
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        steady.ping().await;
+    }
 }

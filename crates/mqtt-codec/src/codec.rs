@@ -122,6 +122,14 @@ impl Codec {
         }
     }
 
+    /// Bytes still missing from the packet that starts `src` once its fixed header is
+    /// there; `None` before that, or when the packet is complete or refused anyway. A
+    /// reader can reserve exactly this instead of growing its buffer by doubling.
+    pub fn missing(&self, src: &[u8]) -> Option<usize> {
+        let header = frame::parse_header(src, self.max_incoming).ok()??;
+        header.total().checked_sub(src.len()).filter(|&n| n > 0)
+    }
+
     /// Appends one PUBLISH given as a [`PublishRef`] (a shared message with its
     /// per-hop fields), the way [`Codec::encode`] would write the whole [`Publish`].
     pub fn encode_publish(
@@ -379,6 +387,21 @@ fn empty_reason(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn missing_counts_the_rest_of_a_started_packet() {
+        let codec = Codec::with_version(ProtocolVersion::V5, 1024);
+        assert_eq!(codec.missing(&[]), None);
+        assert_eq!(codec.missing(&[0x30]), None);
+        // PUBLISH, remaining length 200 (two-byte varint), 3 bytes of it here.
+        assert_eq!(
+            codec.missing(&[0x30, 0xC8, 0x01, 0, 1, b't']),
+            Some(200 - 3)
+        );
+        assert_eq!(codec.missing(&[0xC0, 0x00]), None, "a whole PINGREQ");
+        // Over the limit: the decoder refuses it; nothing to reserve.
+        assert_eq!(codec.missing(&[0x30, 0xFF, 0x7F]), None);
+    }
 
     /// The two-byte acknowledgements read in place decode exactly as the general decoder
     /// reads them, in both versions.

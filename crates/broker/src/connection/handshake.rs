@@ -288,6 +288,7 @@ impl Conn {
             broker: broker.clone(),
             codec,
             wbuf,
+            wbuf_front_left: 0,
             session: accepted.session,
             generation: accepted.generation,
             info: ClientInfo {

@@ -7,6 +7,7 @@
 //! draining the session queue while the write buffer is above its high-water mark;
 //! the queue then fills and the session's bounds decide (see `session/mod.rs`).
 
+mod buffers;
 mod handshake;
 mod inbound;
 mod outbound;
@@ -21,11 +22,12 @@ use std::sync::Arc;
 use std::task::Poll;
 use std::time::Duration;
 
-use bytes::{Buf, BytesMut};
+use bytes::BytesMut;
 use statehub_mqtt_codec::{
     ByteString, Codec, DecodeError, EncodeError, LastWill, Packet, ProtocolVersion, ReasonCode,
 };
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
+use tokio::net::tcp::ReadHalf;
 use tokio::net::TcpStream;
 use tokio::time::{sleep_until, Instant};
 
@@ -35,6 +37,7 @@ use crate::service::ClientInfo;
 use crate::session::Session;
 use crate::signal::Signal;
 use crate::Broker;
+use buffers::Deadlines;
 
 /// Why a connection ends; decides the DISCONNECT sent and whether the will goes out.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -59,6 +62,9 @@ pub(crate) struct Conn {
     broker: Broker,
     codec: Codec,
     wbuf: BytesMut,
+    /// Bytes of the packet at the front of `wbuf` not yet written (0: it starts a
+    /// packet).
+    wbuf_front_left: usize,
     session: Arc<Session>,
     generation: u64,
     info: ClientInfo,
@@ -106,23 +112,28 @@ async fn run(mut conn: Conn, mut stream: TcpStream, mut rbuf: BytesMut) {
 impl Conn {
     async fn pump(&mut self, stream: &mut TcpStream, rbuf: &mut BytesMut) -> Close {
         let signal = self.signal.clone();
-        let keep_alive = self.keep_alive.mul_f32(1.5);
-        let mut deadline = Instant::now() + keep_alive;
-        let high_water = self.broker.config().socket_write_high_water;
+        let cfg = self.broker.config();
+        let high_water = cfg.socket_write_high_water;
+        let packet_timeout = Duration::from_secs(cfg.packet_read_timeout_secs);
+        let mut deadlines =
+            Deadlines::new(self.keep_alive.mul_f32(1.5), packet_timeout, Instant::now());
         // Shutdown reaches connections through their signals (the listener asks every
         // attached one to close); one that attached after that sees the token here.
         if self.broker.is_shutting_down() {
             return Close::ByServer(ReasonCode::SERVER_SHUTTING_DOWN, "server shutting down");
         }
         // Packets the client pipelined behind CONNECT are already in the buffer.
-        if let Err(close) = self.handle_buffered(rbuf).await {
-            return close;
+        match self.handle_buffered(rbuf).await {
+            Ok(n) => deadlines.read(Instant::now(), n, !rbuf.is_empty()),
+            Err(close) => return close,
         }
-        let (mut rd, mut wr) = stream.split();
-        // One keep-alive timer for the connection's life, moved only when it fires early:
-        // a fresh `sleep_until` per turn of the loop inserted into and removed from the
-        // timer wheel for every packet.
-        let mut idle = std::pin::pin!(sleep_until(deadline));
+        let (rd, mut wr) = stream.split();
+        // One timer for the connection's life (keep alive and packet deadline), moved
+        // only when it fires early or a packet deadline comes before it: a fresh
+        // `sleep_until` per turn of the loop inserted into and removed from the timer
+        // wheel for every packet.
+        let far = Instant::now() + Duration::from_secs(86_400 * 365);
+        let mut timer = std::pin::pin!(sleep_until(deadlines.next().unwrap_or(far)));
         loop {
             // A wake-up that came before this drain is covered by it: drop it, so that a
             // delivery this task queued itself (a service's reply to this client) does not
@@ -136,12 +147,12 @@ impl Conn {
             // for its write. The select below waits when the socket is full.
             if !self.wbuf.is_empty() {
                 match wr.try_write(&self.wbuf) {
-                    Ok(n) if n > 0 => self.wbuf.advance(n),
+                    Ok(n) if n > 0 => self.written(n),
                     Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
                     _ => return Close::Lost,
                 }
             }
-            rbuf.reserve(8192);
+            self.release_idle(rbuf);
             let writing = !self.wbuf.is_empty();
             let reading = self.wbuf.len() < 4 * high_water;
             tokio::select! {
@@ -149,38 +160,74 @@ impl Conn {
                 // Registers the task with the signal, so the deliveries branch below
                 // needs no registration of its own.
                 code = poll_fn(|cx| signal.poll_close(cx)) => return Close::ByServer(code, close_text(code)),
-                r = wr.write_buf(&mut self.wbuf), if writing => {
+                r = wr.write(&self.wbuf), if writing => {
                     tracing::trace!(client = %self.info.client_id, written = ?r, left = self.wbuf.len(), "write");
-                    if !matches!(r, Ok(n) if n > 0) {
-                        return Close::Lost;
+                    match r {
+                        Ok(n) if n > 0 => self.written(n),
+                        _ => return Close::Lost,
                     }
                 }
-                r = rd.read_buf(rbuf), if reading => {
-                    if !matches!(r, Ok(n) if n > 0) {
+                r = rd.readable(), if reading => {
+                    if r.is_err() {
                         return Close::Lost;
                     }
-                    deadline = Instant::now() + keep_alive;
-                    if let Err(close) = self.handle_buffered(rbuf).await {
+                    if let Err(close) = self.read_some(&rd, rbuf, &mut deadlines).await {
                         return close;
+                    }
+                    if let Some(at) = deadlines.next().filter(|at| *at < timer.deadline()) {
+                        timer.as_mut().reset(at);
                     }
                 }
                 () = poll_fn(|_| if signal.take_deliveries() { Poll::Ready(()) } else { Poll::Pending }) => {}
-                () = &mut idle, if !keep_alive.is_zero() => {
-                    if Instant::now() >= deadline {
-                        return Close::ByServer(ReasonCode::KEEP_ALIVE_TIMEOUT, "keep alive timeout");
+                () = &mut timer, if deadlines.next().is_some() => {
+                    if let Some(close) = self.deadline_passed(&deadlines) {
+                        return close;
                     }
-                    idle.as_mut().reset(deadline);
+                    timer.as_mut().reset(deadlines.next().unwrap_or(far));
                 }
             }
         }
     }
 
-    /// Decodes and handles every whole packet in `rbuf`.
-    async fn handle_buffered(&mut self, rbuf: &mut BytesMut) -> Result<(), Close> {
+    /// Reads what the socket has and handles the whole packets in it.
+    async fn read_some(
+        &mut self,
+        rd: &ReadHalf<'_>,
+        rbuf: &mut BytesMut,
+        deadlines: &mut Deadlines,
+    ) -> Result<(), Close> {
+        self.reserve_read(rbuf);
+        match rd.try_read_buf(rbuf) {
+            Ok(n) if n > 0 => {}
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Ok(()),
+            _ => return Err(Close::Lost),
+        }
+        let handled = self.handle_buffered(rbuf).await?;
+        deadlines.read(Instant::now(), handled, !rbuf.is_empty());
+        Ok(())
+    }
+
+    /// The close a deadline that passed asks for (a late packet is counted).
+    fn deadline_passed(&self, deadlines: &Deadlines) -> Option<Close> {
+        let now = Instant::now();
+        let close = deadlines.expired(now)?;
+        if deadlines.packet_late(now) {
+            let timeouts = &self.broker.metrics().packet_read_timeouts;
+            timeouts.fetch_add(1, Ordering::Relaxed);
+        }
+        Some(close)
+    }
+
+    /// Decodes and handles every whole packet in `rbuf`; returns how many.
+    async fn handle_buffered(&mut self, rbuf: &mut BytesMut) -> Result<usize, Close> {
+        let mut handled = 0;
         loop {
             match self.codec.decode(rbuf) {
-                Ok(Some(p)) => self.handle(p).await?,
-                Ok(None) => return Ok(()),
+                Ok(Some(p)) => {
+                    self.handle(p).await?;
+                    handled += 1;
+                }
+                Ok(None) => return Ok(handled),
                 Err(e) => {
                     tracing::debug!(client = %self.info.client_id, error = %e, "decode error");
                     self.broker

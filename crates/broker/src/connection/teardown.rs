@@ -16,21 +16,35 @@ use crate::message::Message;
 use crate::session::Session;
 use crate::Broker;
 
+/// How long the socket of a slow consumer stays open after its DISCONNECT 0x97 for the
+/// consumer to read that far.
+const SLOW_CONSUMER_FLUSH: Duration = Duration::from_secs(5);
+
 impl Conn {
     pub(super) async fn finish(mut self, stream: &mut TcpStream, close: Close) {
+        let started = tokio::time::Instant::now();
+        let mut flush = Duration::from_secs(1);
         if let Close::ByServer(code, text) = &close {
+            if *code == ReasonCode::QUOTA_EXCEEDED {
+                // A slow consumer: its backlog is what it cannot read. The DISCONNECT
+                // goes right after the packet part-written, and the socket stays open
+                // longer for the consumer to read that far (what was in flight is
+                // resent on resume).
+                self.drop_unsent();
+                flush = SLOW_CONSUMER_FLUSH;
+            }
             if self.version == ProtocolVersion::V5 {
                 self.send_disconnect(*code, text);
             }
             tracing::debug!(client = %self.info.client_id, code = code.0, reason = text, "server closes connection");
         }
         if !self.wbuf.is_empty() {
-            let _ =
-                tokio::time::timeout(Duration::from_secs(1), stream.write_all(&self.wbuf)).await;
+            let _ = tokio::time::timeout(flush, stream.write_all(&self.wbuf)).await;
         }
         let _ = stream.shutdown().await;
         if matches!(close, Close::ByServer(..)) {
-            linger(stream).await;
+            let brief = tokio::time::Instant::now() + Duration::from_millis(500);
+            linger(stream, brief.max(started + flush)).await;
         }
 
         let owner = self.detach();
@@ -107,11 +121,11 @@ impl Conn {
 }
 
 /// After the server's DISCONNECT and FIN, reads and discards what the client
-/// still sends (briefly), so closing does not reset the connection before the
-/// client has read our DISCONNECT [MQTT-4.13.2-1: the reason must reach it].
-async fn linger(stream: &mut TcpStream) {
+/// still sends until it closes or `deadline`, so closing does not reset the
+/// connection before the client has read our DISCONNECT [MQTT-4.13.2-1: the reason
+/// must reach it] (a reset makes the client's system drop what it had not read).
+async fn linger(stream: &mut TcpStream, deadline: tokio::time::Instant) {
     let mut sink = [0u8; 4096];
-    let deadline = tokio::time::Instant::now() + Duration::from_millis(500);
     while let Ok(Ok(n)) = tokio::time::timeout_at(deadline, stream.read(&mut sink)).await {
         if n == 0 {
             break;
