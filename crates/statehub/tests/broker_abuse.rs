@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use common::{start, Server};
 use statehub_broker::codec::{
-    Connect, ConnectProperties, Packet, Publish, QoS, ReasonCode, Subscribe,
+    Connect, ConnectProperties, Packet, Publish, PublishProperties, QoS, ReasonCode, Subscribe,
 };
 use statehub_test_support::{bs, connect_packet, opts, publish, RawClient, V5};
 use tempfile::NamedTempFile;
@@ -195,4 +195,46 @@ async fn silent_sockets_do_not_lock_out_real_clients() {
     c.disconnect().await;
     assert_serving(&mut server, "60 silent sockets").await;
     drop(silent);
+}
+
+/// A state store request with a reserved Response Topic gets DISCONNECT 0x82; it used
+/// to log a line at INFO every time, which any client can repeat at will.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reserved_response_topics_do_not_flood_the_log() {
+    let (server, _config) = launch("");
+    for i in 0..3 {
+        let mut c = RawClient::connect(server.mqtt, V5, &format!("reserved-{i}")).await;
+        let request = Publish {
+            properties: PublishProperties {
+                response_topic: Some(bs(
+                    "clients/statestore/v1/FA9AE35F-2F64-47CD-9BFF-08E2B32A0FE8/x",
+                )),
+                correlation_data: Some(bytes::Bytes::from_static(b"1")),
+                ..Default::default()
+            },
+            ..publish(
+                "statestore/v1/FA9AE35F-2F64-47CD-9BFF-08E2B32A0FE8/command/invoke",
+                QoS::AtLeastOnce,
+                b"*1\r\n$4\r\nPING\r\n",
+            )
+        };
+        c.send(&Packet::Publish(request)).await;
+        // The PUBACK, then the DISCONNECT.
+        assert!(matches!(c.expect().await, Packet::PubAck(_)));
+        c.expect_disconnect(ReasonCode::PROTOCOL_ERROR).await;
+    }
+    // The log is read by a thread: take what it has until it goes quiet.
+    let mut lines = Vec::new();
+    while let Ok(line) = server.log.recv_timeout(Duration::from_millis(500)) {
+        lines.push(line);
+    }
+    let logged = lines
+        .iter()
+        .filter(|l| l.contains("reserved Response Topic"))
+        .count();
+    assert!(
+        logged <= 1,
+        "logged {logged} times at INFO:\n{}",
+        lines.join("\n")
+    );
 }
