@@ -14,7 +14,9 @@ pub struct BrokerConfig {
     /// Receive Maximum advertised to clients: QoS 2 messages a client may have
     /// un-released at once. Exceeding it is DISCONNECT 0x93.
     pub receive_maximum: u16,
-    /// Topic Alias Maximum advertised to clients (aliases they may use towards us).
+    /// Topic Alias Maximum advertised to clients (aliases they may use towards us);
+    /// also the most aliases we assign to one client (each is a topic kept for the
+    /// connection's life).
     pub topic_alias_maximum: u16,
     /// Assign topic aliases on messages to clients that allow them.
     pub server_topic_aliases: bool,

@@ -166,3 +166,30 @@ async fn connect_refusals_carry_the_spec_codes() {
         c.expect_closed().await;
     }
 }
+
+/// Each topic alias the server assigns keeps its topic for the connection's life: a
+/// client allowing 65,535 of them gets no more than the server's own maximum.
+#[tokio::test]
+async fn server_assigned_aliases_stop_at_the_servers_maximum() {
+    let (_broker, addr) = start_broker(BrokerConfig {
+        server_topic_aliases: true,
+        topic_alias_maximum: 2,
+        ..Default::default()
+    })
+    .await;
+    let mut connect = connect_packet(V5, "many-aliases");
+    connect.properties.topic_alias_maximum = Some(u16::MAX);
+    let (mut s, _) = RawClient::connect_with(addr, connect).await;
+    s.subscribe("al/#", opts(QoS::AtMostOnce)).await;
+    let mut publisher = RawClient::connect(addr, V5, "al-pub").await;
+    for i in 0..5 {
+        publisher
+            .publish_simple(&format!("al/{i}"), QoS::AtMostOnce, b"x")
+            .await;
+    }
+    let mut got = Vec::new();
+    for _ in 0..5 {
+        got.push(s.expect_publish().await.properties.topic_alias);
+    }
+    assert_eq!(got, [Some(1), Some(2), None, None, None]);
+}

@@ -299,8 +299,12 @@ impl Conn {
             version: connect.protocol,
             client_receive_max: p.receive_maximum.unwrap_or(u16::MAX).max(1),
             client_max_packet: p.maximum_packet_size.unwrap_or(u32::MAX),
+            // The aliases we assign are topics kept for the connection's life: no more
+            // of them than we let the client use towards us.
             client_alias_max: if cfg.server_topic_aliases {
-                p.topic_alias_maximum.unwrap_or(0)
+                p.topic_alias_maximum
+                    .unwrap_or(0)
+                    .min(cfg.topic_alias_maximum)
             } else {
                 0
             },
