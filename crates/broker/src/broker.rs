@@ -30,7 +30,7 @@ use crate::service::BoxFuture;
 use crate::service::Service;
 use crate::session::{Enqueued, QueueLimits, Session};
 use crate::session_store::Gate;
-use crate::session_table::SessionTable;
+use crate::session_table::Sessions;
 use crate::topic;
 use crate::trie::{SubEntry, SubscriptionTrie};
 
@@ -44,7 +44,7 @@ pub struct Broker {
 struct Inner {
     config: BrokerConfig,
     limits: QueueLimits,
-    sessions: SessionTable,
+    sessions: Sessions,
     trie: RwLock<SubscriptionTrie>,
     retained: RwLock<HashMap<ByteString, Arc<Message>>>,
     retain_store: RwLock<Option<Arc<dyn RetainStore>>>,
@@ -76,7 +76,7 @@ impl Broker {
             inner: Arc::new(Inner {
                 config,
                 limits,
-                sessions: SessionTable::default(),
+                sessions: Sessions::default(),
                 trie: RwLock::new(SubscriptionTrie::default()),
                 retained: RwLock::new(HashMap::new()),
                 retain_store: RwLock::new(None),
@@ -120,7 +120,7 @@ impl Broker {
     }
 
     /// The session table.
-    pub(crate) fn sessions(&self) -> &SessionTable {
+    pub(crate) fn sessions(&self) -> &Sessions {
         &self.inner.sessions
     }
 
@@ -184,16 +184,7 @@ impl Broker {
             .session(client_id)
             .ok_or_else(|| DeliverError::NoSession(client_id.to_owned()))?;
         let msg = Arc::new(Message::from_publish(publish, None, Instant::now()));
-        let d = Delivery {
-            qos: msg.qos,
-            retain: msg.retain,
-            msg,
-            subscription_ids: Vec::new(),
-            shared: None,
-            seq: 0,
-            dup: false,
-            gate: None,
-        };
+        let d = Delivery::new(msg.clone(), msg.qos, msg.retain, Vec::new());
         match session.enqueue(d, &self.inner.limits) {
             Enqueued::Queued { .. } | Enqueued::SlowConsumer { .. } => Ok(()),
             Enqueued::SkippedOffline | Enqueued::DroppedOffline | Enqueued::DroppedQoS0 => {
@@ -308,32 +299,25 @@ impl Broker {
                 d.subscription_ids.extend(entry.identifier);
                 continue;
             }
+            let ids = entry.identifier.into_iter().collect();
             let d = Delivery {
-                msg: msg.clone(),
-                qos,
-                retain,
-                subscription_ids: entry.identifier.into_iter().collect(),
-                shared: None,
-                seq: 0,
-                dup: false,
                 gate: gate.cloned(),
+                ..Delivery::new(msg.clone(), qos, retain, ids)
             };
             targets.push((entry, d));
         }
         for group in &matches.shared {
             if let Some(entry) = group.pick(None) {
+                let qos = msg.qos.min(entry.options.qos);
+                let retain = entry.options.retain_as_published && msg.retain;
+                let ids = entry.identifier.into_iter().collect();
                 let d = Delivery {
-                    msg: msg.clone(),
-                    qos: msg.qos.min(entry.options.qos),
-                    retain: entry.options.retain_as_published && msg.retain,
-                    subscription_ids: entry.identifier.into_iter().collect(),
                     shared: Some(SharedVia {
                         filter: group.filter.as_ref().into(),
                         group: group.name.as_ref().into(),
                     }),
-                    seq: 0,
-                    dup: false,
                     gate: gate.cloned(),
+                    ..Delivery::new(msg.clone(), qos, retain, ids)
                 };
                 targets.push((entry, d));
             }

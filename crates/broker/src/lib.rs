@@ -34,14 +34,14 @@ mod trie;
 pub use auth::{AllowAll, AuthDecision, Authenticator};
 pub use broker::{Broker, DeliverError};
 pub use config::{BrokerConfig, Overlap};
-pub use message::{Delivery, Message, SharedVia};
+pub use message::{Message, SharedVia};
 pub use metrics::Metrics;
 pub use retain_store::{RetainStore, RetainStoreError};
 pub use server::MqttListener;
 pub use service::{done, BoxFuture, ClientInfo, Service};
 pub use session::Subscription;
 pub use session_store::{
-    packet_id_for, Gate, SessionChange, SessionStore, SessionStoreError, StoredMessage,
+    packet_id_for, Gate, QueuedRef, SessionChange, SessionStore, SessionStoreError, StoredMessage,
     StoredSession,
 };
 pub use statehub_mqtt_codec as codec;

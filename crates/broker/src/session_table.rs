@@ -29,12 +29,12 @@ pub(crate) struct Taken {
 
 /// Client id → session, and the store persistent sessions are kept in.
 #[derive(Debug, Default)]
-pub(crate) struct SessionTable {
+pub(crate) struct Sessions {
     map: DashMap<ByteString, Arc<Session>>,
     store: RwLock<Option<Arc<dyn SessionStore>>>,
 }
 
-impl SessionTable {
+impl Sessions {
     pub fn get(&self, client_id: &str) -> Option<Arc<Session>> {
         self.map.get(client_id).map(|s| s.clone())
     }

@@ -45,16 +45,9 @@ impl Conn {
                 };
             if send_retained {
                 for msg in self.broker.retained_matching(plain, now) {
-                    retained.push(Delivery {
-                        qos: msg.qos.min(sub.options.qos),
-                        retain: true,
-                        subscription_ids: sub.identifier.into_iter().collect(),
-                        shared: None,
-                        seq: 0,
-                        dup: false,
-                        gate: None,
-                        msg,
-                    });
+                    let qos = msg.qos.min(sub.options.qos);
+                    let ids = sub.identifier.into_iter().collect();
+                    retained.push(Delivery::new(msg, qos, true, ids));
                 }
             }
         }

@@ -100,7 +100,7 @@ impl Session {
             st.record(|incarnation| SessionChange::Message {
                 incarnation,
                 seq,
-                delivery,
+                message: delivery.queued(),
                 released: true,
                 now,
             });

@@ -232,11 +232,10 @@ impl Session {
             });
             for m in stored.messages {
                 st.next_seq = st.next_seq.max(m.seq);
-                let mut delivery = m.delivery;
-                delivery.seq = m.seq;
-                delivery.dup = true;
-                if m.released {
-                    let packet_id = packet_id_for(m.seq);
+                let released = m.released;
+                let delivery = Delivery::restored(m);
+                if released {
+                    let packet_id = packet_id_for(delivery.seq);
                     st.inflight.push_back(Inflight {
                         packet_id,
                         stage: Stage::Released,
@@ -421,7 +420,7 @@ impl Session {
             st.record(|incarnation| SessionChange::Message {
                 incarnation,
                 seq: d.seq,
-                delivery: &d,
+                message: d.queued(),
                 released: false,
                 now,
             });
