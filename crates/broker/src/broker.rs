@@ -22,6 +22,7 @@ use statehub_mqtt_codec::{ByteString, Publish, ReasonCode, SubscriptionOptions};
 use tokio_util::sync::CancellationToken;
 
 use crate::auth::{AllowAll, Authenticator};
+use crate::clock::Clock;
 use crate::config::{BrokerConfig, Overlap};
 use crate::message::{Delivery, Message, SharedVia};
 use crate::metrics::Metrics;
@@ -44,6 +45,7 @@ pub struct Broker {
 struct Inner {
     config: BrokerConfig,
     limits: QueueLimits,
+    clock: Clock,
     sessions: Sessions,
     trie: RwLock<SubscriptionTrie>,
     retained: RwLock<HashMap<ByteString, Arc<Message>>>,
@@ -67,6 +69,12 @@ pub enum DeliverError {
 
 impl Broker {
     pub fn new(config: BrokerConfig) -> Broker {
+        Broker::with_clock(config, Clock::system())
+    }
+
+    /// A broker on `clock` (a test's [`ManualClock`](crate::ManualClock)) instead of
+    /// the system's.
+    pub fn with_clock(config: BrokerConfig, clock: Clock) -> Broker {
         let limits = QueueLimits {
             max_messages: config.max_queued_messages,
             max_bytes: config.max_queued_bytes,
@@ -76,6 +84,7 @@ impl Broker {
             inner: Arc::new(Inner {
                 config,
                 limits,
+                clock,
                 sessions: Sessions::default(),
                 trie: RwLock::new(SubscriptionTrie::default()),
                 retained: RwLock::new(HashMap::new()),
@@ -96,6 +105,16 @@ impl Broker {
 
     pub fn metrics(&self) -> &Metrics {
         &self.inner.metrics
+    }
+
+    /// The broker's clock.
+    pub fn clock(&self) -> &Clock {
+        &self.inner.clock
+    }
+
+    /// Now, on the broker's clock (see [`Broker::clock`]).
+    pub fn now(&self) -> Instant {
+        self.inner.clock.now()
     }
 
     /// The token that, once cancelled, makes every connection send DISCONNECT 0x8B
@@ -183,9 +202,9 @@ impl Broker {
         let session = self
             .session(client_id)
             .ok_or_else(|| DeliverError::NoSession(client_id.to_owned()))?;
-        let msg = Arc::new(Message::from_publish(publish, None, Instant::now()));
+        let msg = Arc::new(Message::from_publish(publish, None, self.now()));
         let d = Delivery::new(msg.clone(), msg.qos, msg.retain, Vec::new());
-        match session.enqueue(d, &self.inner.limits) {
+        match session.enqueue(d, &self.inner.limits, self.now()) {
             Enqueued::Queued { .. } | Enqueued::SlowConsumer { .. } => Ok(()),
             Enqueued::SkippedOffline | Enqueued::DroppedOffline | Enqueued::DroppedQoS0 => {
                 self.inner.metrics.dropped.fetch_add(1, Ordering::Relaxed);
@@ -231,7 +250,7 @@ impl Broker {
             retained.insert(msg.topic.clone(), msg.clone());
         }
         let store = self.inner.retain_store.read();
-        store.as_ref().map(|s| s.record(msg, Instant::now()))
+        store.as_ref().map(|s| s.record(msg, self.now()))
     }
 
     /// Keeps retained messages in `store` from now on, starting from `loaded` (what it
@@ -334,7 +353,7 @@ impl Broker {
     /// was recorded in the session store (see [`Enqueued::stored`]).
     pub(crate) fn offer(&self, session: &Arc<Session>, d: Delivery) -> bool {
         let m = &self.inner.metrics;
-        let outcome = session.enqueue(d, &self.inner.limits);
+        let outcome = session.enqueue(d, &self.inner.limits, self.now());
         match outcome {
             Enqueued::Queued { .. } => m.messages_out.fetch_add(1, Ordering::Relaxed),
             Enqueued::SkippedOffline => 0,

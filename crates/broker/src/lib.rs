@@ -17,6 +17,7 @@
 
 mod auth;
 mod broker;
+mod clock;
 mod config;
 mod connection;
 mod message;
@@ -33,6 +34,7 @@ mod trie;
 
 pub use auth::{AllowAll, AuthDecision, Authenticator};
 pub use broker::{Broker, DeliverError};
+pub use clock::{Clock, ManualClock};
 pub use config::{BrokerConfig, Overlap};
 pub use message::{Message, SharedVia};
 pub use metrics::Metrics;

@@ -136,6 +136,11 @@ impl Broker {
         self.sessions().store()
     }
 
+    /// Whether `client_id` has a session (connected or not).
+    pub fn has_session(&self, client_id: &str) -> bool {
+        self.sessions().get(client_id).is_some()
+    }
+
     /// The session of `client_id`, if it has one.
     pub(crate) fn session(&self, client_id: &str) -> Option<Arc<Session>> {
         self.sessions().get(client_id)
@@ -162,7 +167,7 @@ impl Broker {
         let session = session.clone();
         tokio::spawn(async move {
             tokio::select! {
-                () = tokio::time::sleep(expires_in) => {}
+                () = broker.clock().sleep(expires_in) => {}
                 () = session.ended() => return,
             }
             if session.idle_since(generation) {

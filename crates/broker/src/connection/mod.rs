@@ -21,13 +21,13 @@ use std::sync::Arc;
 use std::task::Poll;
 use std::time::Duration;
 
+use crate::clock::Timer;
 use bytes::{Buf, BytesMut};
 use statehub_mqtt_codec::{
     ByteString, Codec, DecodeError, LastWill, Packet, ProtocolVersion, ReasonCode,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tokio::time::{sleep_until, Instant};
 
 use crate::service::ClientInfo;
 use crate::session::Session;
@@ -97,7 +97,8 @@ impl Conn {
     async fn pump(&mut self, stream: &mut TcpStream, rbuf: &mut BytesMut) -> Close {
         let signal = self.signal.clone();
         let keep_alive = self.keep_alive.mul_f32(1.5);
-        let mut deadline = Instant::now() + keep_alive;
+        let clock = self.broker.clock().clone();
+        let mut deadline = clock.now() + keep_alive;
         let high_water = self.broker.config().socket_write_high_water;
         // Shutdown reaches connections through their signals (the listener asks every
         // attached one to close); one that attached after that sees the token here.
@@ -112,7 +113,7 @@ impl Conn {
         // One keep-alive timer for the connection's life, moved only when it fires early:
         // a fresh `sleep_until` per turn of the loop inserted into and removed from the
         // timer wheel for every packet.
-        let mut idle = std::pin::pin!(sleep_until(deadline));
+        let mut idle = Timer::new(clock.clone(), deadline);
         loop {
             // A wake-up that came before this drain is covered by it: drop it, so that a
             // delivery this task queued itself (a service's reply to this client) does not
@@ -149,17 +150,17 @@ impl Conn {
                     if !matches!(r, Ok(n) if n > 0) {
                         return Close::Lost;
                     }
-                    deadline = Instant::now() + keep_alive;
+                    deadline = clock.now() + keep_alive;
                     if let Err(close) = self.handle_buffered(rbuf).await {
                         return close;
                     }
                 }
                 () = poll_fn(|_| if signal.take_deliveries() { Poll::Ready(()) } else { Poll::Pending }) => {}
-                () = &mut idle, if !keep_alive.is_zero() => {
-                    if Instant::now() >= deadline {
+                () = poll_fn(|cx| idle.poll_elapsed(cx)), if !keep_alive.is_zero() => {
+                    if clock.now() >= deadline {
                         return Close::ByServer(ReasonCode::KEEP_ALIVE_TIMEOUT, "keep alive timeout");
                     }
-                    idle.as_mut().reset(deadline);
+                    idle.reset(deadline);
                 }
             }
         }

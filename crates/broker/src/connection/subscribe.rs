@@ -1,8 +1,6 @@
 //! SUBSCRIBE and UNSUBSCRIBE: the session's subscriptions, the subscription index,
 //! and the retained messages a new subscription receives.
 
-use std::time::Instant;
-
 use statehub_mqtt_codec::{
     validate, ByteString, Packet, ProtocolVersion, ReasonCode, SubAck, Subscribe,
     SubscriptionOptions, UnsubAck, Unsubscribe,
@@ -31,7 +29,7 @@ impl Conn {
             }
         }
         let (existed, stored) = self.session.subscribe(&accepted);
-        let now = Instant::now();
+        let now = self.broker.now();
         let mut retained = Vec::new();
         for ((filter, sub), existed) in accepted.iter().zip(existed) {
             self.broker

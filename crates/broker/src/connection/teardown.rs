@@ -129,7 +129,7 @@ fn schedule_will(
     let delay = will.properties.will_delay_interval.unwrap_or(0).min(expiry);
     let publisher = session.client_id_bytes().clone();
     if delay == 0 {
-        broker.publish(will_message(will, publisher));
+        broker.publish(will_message(will, publisher, broker.now()));
         return;
     }
     let broker = broker.clone();
@@ -137,7 +137,7 @@ fn schedule_will(
     let shutdown = broker.shutdown_token();
     tokio::spawn(async move {
         tokio::select! {
-            () = tokio::time::sleep(Duration::from_secs(u64::from(delay))) => {
+            () = broker.clock().sleep(Duration::from_secs(u64::from(delay))) => {
                 if !session.last_attached(generation) {
                     return;
                 }
@@ -145,13 +145,13 @@ fn schedule_will(
             () = session.ended() => {}
             () = shutdown.cancelled() => return,
         }
-        broker.publish(will_message(will, publisher));
+        broker.publish(will_message(will, publisher, broker.now()));
     });
 }
 
 /// The will as an application message; its expiry counts from now, the moment it
 /// is published.
-fn will_message(will: LastWill, publisher: ByteString) -> Message {
+fn will_message(will: LastWill, publisher: ByteString, now: Instant) -> Message {
     let p = will.properties;
     let publish = Publish {
         dup: false,
@@ -170,5 +170,5 @@ fn will_message(will: LastWill, publisher: ByteString) -> Message {
             ..Default::default()
         },
     };
-    Message::from_publish(publish, Some(publisher), Instant::now())
+    Message::from_publish(publish, Some(publisher), now)
 }

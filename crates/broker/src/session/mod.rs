@@ -374,8 +374,13 @@ impl Session {
         self.state.lock().is_persistent()
     }
 
-    /// Offers one delivery, applying the queue bounds (see [`Enqueued`]).
-    pub fn enqueue(self: &Arc<Self>, mut d: Delivery, limits: &QueueLimits) -> Enqueued {
+    /// Offers one delivery at `now`, applying the queue bounds (see [`Enqueued`]).
+    pub fn enqueue(
+        self: &Arc<Self>,
+        mut d: Delivery,
+        limits: &QueueLimits,
+        now: Instant,
+    ) -> Enqueued {
         // A delivery handed over from another session starts afresh here.
         d.seq = 0;
         d.dup = false;
@@ -416,7 +421,6 @@ impl Session {
             }
             st.next_seq += 1;
             d.seq = st.next_seq;
-            let now = Instant::now();
             st.record(|incarnation| SessionChange::Message {
                 incarnation,
                 seq: d.seq,
