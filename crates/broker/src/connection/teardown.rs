@@ -33,7 +33,9 @@ impl Conn {
             linger(stream).await;
         }
 
-        let owner = self.detach();
+        let owner =
+            self.broker
+                .release_session(&self.session, self.generation, self.session_expiry);
         let shutting_down = self.broker.is_shutting_down();
         let send_will = !shutting_down && !matches!(close, Close::ByClient { will: false });
         if let (true, Some(will)) = (send_will, self.will.take()) {
@@ -46,18 +48,6 @@ impl Conn {
             );
         }
         if owner {
-            self.hand_over_shared();
-            let expiry = self.session_expiry;
-            if expiry == 0 {
-                self.broker.end_session(&self.session);
-            } else {
-                let never = expiry == u32::MAX;
-                self.broker.schedule_expiry(
-                    &self.session,
-                    self.generation,
-                    (!never).then(|| Duration::from_secs(u64::from(expiry))),
-                );
-            }
             self.broker.notify_services_closed(&self.info.client_id);
         }
     }
@@ -76,30 +66,6 @@ impl Conn {
             self.wbuf.truncate(start);
             packet.reason_string = None;
             let _ = self.send(&Packet::Disconnect(packet));
-        }
-    }
-
-    /// Detaches from the session if this connection still owns it.
-    fn detach(&mut self) -> bool {
-        self.session.detach(self.generation, self.session_expiry)
-    }
-
-    /// Gives messages that came through shared subscriptions and were not
-    /// acknowledged to another member of their group.
-    fn hand_over_shared(&self) {
-        for d in self.session.take_shared() {
-            let Some(via) = d.shared.clone() else {
-                continue;
-            };
-            let seq = d.seq;
-            if !self
-                .broker
-                .reroute_shared(&d, &via, self.session.client_id())
-            {
-                self.broker.offer(&self.session, d);
-            }
-            // Forgotten here only once recorded where it went (the store keeps order).
-            self.session.forget(seq);
         }
     }
 }
