@@ -21,6 +21,7 @@ use statehub_mqtt_codec::{ByteString, Publish, ReasonCode, SubscriptionOptions};
 use tokio_util::sync::CancellationToken;
 
 use crate::auth::{AllowAll, Authenticator};
+use crate::clock::Clock;
 use crate::config::{BrokerConfig, Overlap};
 use crate::message::{Delivery, Message, SharedVia};
 use crate::metrics::Metrics;
@@ -30,7 +31,7 @@ use crate::service::BoxFuture;
 use crate::service::Service;
 use crate::session::{Enqueued, QueueLimits, Session};
 use crate::session_store::Gate;
-use crate::session_table::SessionTable;
+use crate::session_table::Sessions;
 use crate::topic;
 use crate::trie::{SubEntry, SubscriptionTrie};
 
@@ -44,7 +45,8 @@ pub struct Broker {
 struct Inner {
     config: BrokerConfig,
     limits: QueueLimits,
-    sessions: SessionTable,
+    clock: Clock,
+    sessions: Sessions,
     trie: RwLock<SubscriptionTrie>,
     retained: RwLock<RetainedIndex>,
     retain_store: RwLock<Option<Arc<dyn RetainStore>>>,
@@ -67,6 +69,12 @@ pub enum DeliverError {
 
 impl Broker {
     pub fn new(config: BrokerConfig) -> Broker {
+        Broker::with_clock(config, Clock::system())
+    }
+
+    /// A broker on `clock` (a test's [`ManualClock`](crate::ManualClock)) instead of
+    /// the system's.
+    pub fn with_clock(config: BrokerConfig, clock: Clock) -> Broker {
         let limits = QueueLimits {
             max_messages: config.max_queued_messages,
             max_bytes: config.max_queued_bytes,
@@ -76,7 +84,8 @@ impl Broker {
             inner: Arc::new(Inner {
                 config,
                 limits,
-                sessions: SessionTable::default(),
+                clock,
+                sessions: Sessions::default(),
                 trie: RwLock::new(SubscriptionTrie::default()),
                 retained: RwLock::new(RetainedIndex::default()),
                 retain_store: RwLock::new(None),
@@ -96,6 +105,16 @@ impl Broker {
 
     pub fn metrics(&self) -> &Metrics {
         &self.inner.metrics
+    }
+
+    /// The broker's clock.
+    pub fn clock(&self) -> &Clock {
+        &self.inner.clock
+    }
+
+    /// Now, on the broker's clock (see [`Broker::clock`]).
+    pub fn now(&self) -> Instant {
+        self.inner.clock.now()
     }
 
     /// The token that, once cancelled, makes every connection send DISCONNECT 0x8B
@@ -125,7 +144,7 @@ impl Broker {
     }
 
     /// The session table.
-    pub(crate) fn sessions(&self) -> &SessionTable {
+    pub(crate) fn sessions(&self) -> &Sessions {
         &self.inner.sessions
     }
 
@@ -188,18 +207,9 @@ impl Broker {
         let session = self
             .session(client_id)
             .ok_or_else(|| DeliverError::NoSession(client_id.to_owned()))?;
-        let msg = Arc::new(Message::from_publish(publish, None, Instant::now()));
-        let d = Delivery {
-            qos: msg.qos,
-            retain: msg.retain,
-            msg,
-            subscription_ids: Vec::new(),
-            shared: None,
-            seq: 0,
-            dup: false,
-            gate: None,
-        };
-        match session.enqueue(d, &self.inner.limits) {
+        let msg = Arc::new(Message::from_publish(publish, None, self.now()));
+        let d = Delivery::new(msg.clone(), msg.qos, msg.retain, Vec::new());
+        match session.enqueue(d, &self.inner.limits, self.now()) {
             Enqueued::Queued { .. } | Enqueued::SlowConsumer { .. } => Ok(()),
             Enqueued::SkippedOffline | Enqueued::DroppedOffline | Enqueued::DroppedQoS0 => {
                 self.inner.metrics.dropped.fetch_add(1, Ordering::Relaxed);
@@ -248,7 +258,7 @@ impl Broker {
             }
         }
         let store = self.inner.retain_store.read();
-        store.as_ref().map(|s| s.record(msg, Instant::now()))
+        store.as_ref().map(|s| s.record(msg, self.now()))
     }
 
     /// Keeps retained messages in `store` from now on, starting from `loaded` (what it
@@ -309,32 +319,25 @@ impl Broker {
                 d.subscription_ids.extend(entry.identifier);
                 continue;
             }
+            let ids = entry.identifier.into_iter().collect();
             let d = Delivery {
-                msg: msg.clone(),
-                qos,
-                retain,
-                subscription_ids: entry.identifier.into_iter().collect(),
-                shared: None,
-                seq: 0,
-                dup: false,
                 gate: gate.cloned(),
+                ..Delivery::new(msg.clone(), qos, retain, ids)
             };
             targets.push((entry, d));
         }
         for group in &matches.shared {
             if let Some(entry) = group.pick(None) {
+                let qos = msg.qos.min(entry.options.qos);
+                let retain = entry.options.retain_as_published && msg.retain;
+                let ids = entry.identifier.into_iter().collect();
                 let d = Delivery {
-                    msg: msg.clone(),
-                    qos: msg.qos.min(entry.options.qos),
-                    retain: entry.options.retain_as_published && msg.retain,
-                    subscription_ids: entry.identifier.into_iter().collect(),
                     shared: Some(SharedVia {
                         filter: group.filter.as_ref().into(),
                         group: group.name.as_ref().into(),
                     }),
-                    seq: 0,
-                    dup: false,
                     gate: gate.cloned(),
+                    ..Delivery::new(msg.clone(), qos, retain, ids)
                 };
                 targets.push((entry, d));
             }
@@ -351,7 +354,7 @@ impl Broker {
     /// was recorded in the session store (see [`Enqueued::stored`]).
     pub(crate) fn offer(&self, session: &Arc<Session>, d: Delivery) -> bool {
         let m = &self.inner.metrics;
-        let outcome = session.enqueue(d, &self.inner.limits);
+        let outcome = session.enqueue(d, &self.inner.limits, self.now());
         match outcome {
             Enqueued::Queued { .. } => m.messages_out.fetch_add(1, Ordering::Relaxed),
             Enqueued::SkippedOffline => 0,

@@ -19,6 +19,7 @@
 
 mod auth;
 mod broker;
+mod clock;
 mod config;
 mod connection;
 mod message;
@@ -38,8 +39,9 @@ mod trie;
 
 pub use auth::{AllowAll, AuthDecision, Authenticator};
 pub use broker::{Broker, DeliverError};
+pub use clock::{Clock, ManualClock};
 pub use config::{BrokerConfig, Overlap};
-pub use message::{Delivery, Message, SharedVia};
+pub use message::{Message, SharedVia};
 pub use metrics::Metrics;
 pub use ratelimit::LogLimit;
 pub use retain_store::{RetainStore, RetainStoreError};
@@ -47,7 +49,7 @@ pub use server::MqttListener;
 pub use service::{done, BoxFuture, ClientInfo, Service};
 pub use session::Subscription;
 pub use session_store::{
-    packet_id_for, Gate, SessionChange, SessionStore, SessionStoreError, StoredMessage,
+    packet_id_for, Gate, QueuedRef, SessionChange, SessionStore, SessionStoreError, StoredMessage,
     StoredSession,
 };
 pub use statehub_mqtt_codec as codec;

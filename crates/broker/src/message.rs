@@ -102,7 +102,7 @@ pub struct SharedVia {
 
 /// One message bound for one session.
 #[derive(Debug, Clone)]
-pub struct Delivery {
+pub(crate) struct Delivery {
     pub msg: Arc<Message>,
     /// min(message QoS, subscription QoS).
     pub qos: QoS,
@@ -122,6 +122,42 @@ pub struct Delivery {
 }
 
 impl Delivery {
+    /// A copy of `msg` for one subscriber, with nothing stored or held back yet.
+    pub fn new(msg: Arc<Message>, qos: QoS, retain: bool, subscription_ids: Vec<u32>) -> Self {
+        Delivery {
+            msg,
+            qos,
+            retain,
+            subscription_ids,
+            shared: None,
+            seq: 0,
+            dup: false,
+            gate: None,
+        }
+    }
+
+    /// A stored copy loaded after a restart: it may have been sent before, so it goes
+    /// out with DUP set.
+    pub fn restored(m: crate::StoredMessage) -> Self {
+        Delivery {
+            shared: m.shared,
+            seq: m.seq,
+            dup: true,
+            ..Delivery::new(m.msg, m.qos, m.retain, m.subscription_ids)
+        }
+    }
+
+    /// What the session store is told of this copy.
+    pub fn queued(&self) -> crate::QueuedRef<'_> {
+        crate::QueuedRef {
+            msg: &self.msg,
+            qos: self.qos,
+            retain: self.retain,
+            subscription_ids: &self.subscription_ids,
+            shared: self.shared.as_ref(),
+        }
+    }
+
     /// The PUBLISH for this delivery (topic alias and packet id set by the caller).
     pub fn to_publish(&self, packet_id: Option<u16>, dup: bool, now: Instant) -> Publish {
         let mut properties = self.msg.properties.clone();

@@ -16,9 +16,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use statehub_mqtt_codec::ByteString;
+use statehub_mqtt_codec::{ByteString, QoS};
 
-use crate::message::Delivery;
+use crate::message::{Message, SharedVia};
 use crate::service::BoxFuture;
 use crate::session::{Session, Subscription};
 
@@ -50,7 +50,7 @@ pub enum SessionChange<'a> {
     Message {
         incarnation: u64,
         seq: u64,
-        delivery: &'a Delivery,
+        message: QueuedRef<'a>,
         released: bool,
         now: Instant,
     },
@@ -119,11 +119,29 @@ pub struct StoredSession {
     pub incoming_qos2: Vec<u16>,
 }
 
-/// A message of a stored session's queue.
+/// One subscriber's copy of a message as a session queues it: the message, shared by
+/// every subscriber, and what is particular to this one.
+#[derive(Debug, Clone, Copy)]
+pub struct QueuedRef<'a> {
+    pub msg: &'a Arc<Message>,
+    /// min(message QoS, subscription QoS).
+    pub qos: QoS,
+    /// The RETAIN flag as it goes to this subscriber.
+    pub retain: bool,
+    pub subscription_ids: &'a [u32],
+    /// The shared-subscription group it came through, if any.
+    pub shared: Option<&'a SharedVia>,
+}
+
+/// A message of a stored session's queue, as loaded at start-up.
 #[derive(Debug)]
 pub struct StoredMessage {
     pub seq: u64,
-    pub delivery: Delivery,
+    pub msg: Arc<Message>,
+    pub qos: QoS,
+    pub retain: bool,
+    pub subscription_ids: Vec<u32>,
+    pub shared: Option<SharedVia>,
     /// PUBREL was sent for it (QoS 2): it waits for PUBCOMP only.
     pub released: bool,
 }

@@ -4,12 +4,22 @@
 //! The map is a `DashMap` (sharded locks). A session is removed under its shard's
 //! lock together with forgetting its stored form, so a new session of the same client
 //! id, inserted under that lock, is always recorded after the old one's end.
+//!
+//! What changes which session a client id has is serialized per client id, under one
+//! of [`STRIPES`] mutexes picked by the id's hash: a CONNECT's takeover (find, end or
+//! resume, attach), a connection's end (detach, then end the session or start its
+//! expiry clock) and an expiry (is it still idle, then end it). Two CONNECTs of one id
+//! therefore take over one after the other, each closing its predecessor with 0x8E,
+//! and a CONNECT never resumes a session that a connection's end or an expiry is
+//! about to remove. The critical sections are short and never await; nothing in them
+//! takes another stripe.
 
+use std::hash::BuildHasher;
 use std::sync::Arc;
 use std::time::Duration;
 
 use dashmap::DashMap;
-use parking_lot::RwLock;
+use parking_lot::{Mutex, MutexGuard, RwLock};
 use statehub_mqtt_codec::ByteString;
 
 use crate::session::Session;
@@ -27,14 +37,36 @@ pub(crate) struct Taken {
     pub stored: bool,
 }
 
+/// How many locks serialize session changes per client id (see the module docs).
+const STRIPES: usize = 256;
+
 /// Client id → session, and the store persistent sessions are kept in.
-#[derive(Debug, Default)]
-pub(crate) struct SessionTable {
+#[derive(Debug)]
+pub(crate) struct Sessions {
     map: DashMap<ByteString, Arc<Session>>,
     store: RwLock<Option<Arc<dyn SessionStore>>>,
+    stripes: Box<[Mutex<()>]>,
+    hasher: std::collections::hash_map::RandomState,
 }
 
-impl SessionTable {
+impl Default for Sessions {
+    fn default() -> Self {
+        Sessions {
+            map: DashMap::new(),
+            store: RwLock::new(None),
+            stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(),
+            hasher: Default::default(),
+        }
+    }
+}
+
+impl Sessions {
+    /// Serializes changes of `client_id`'s session (see the module docs).
+    fn lock(&self, client_id: &str) -> MutexGuard<'_, ()> {
+        let stripe = self.hasher.hash_one(client_id) as usize % self.stripes.len();
+        self.stripes[stripe].lock()
+    }
+
     pub fn get(&self, client_id: &str) -> Option<Arc<Session>> {
         self.map.get(client_id).map(|s| s.clone())
     }
@@ -104,13 +136,11 @@ impl Broker {
         generation: u64,
         signal: Arc<Signal>,
     ) -> Taken {
+        let serialized = self.sessions().lock(client_id);
         let mut resumed = None;
+        let mut kicked = false;
         if let Some(old) = self.session(client_id) {
-            if old.take_over() {
-                // The old connection's teardown no longer owns the session and stays
-                // quiet; services hear of its end now, before the new one can act.
-                self.notify_services_closed(client_id);
-            }
+            kicked = old.take_over();
             if clean_start {
                 self.end_session(&old);
             } else {
@@ -124,6 +154,13 @@ impl Broker {
             session
         });
         let stored = session.attach(generation, signal, expiry, self.session_store());
+        drop(serialized);
+        if kicked {
+            // The old connection's teardown no longer owns the session and stays quiet;
+            // services hear of its end now, before the new one can act (and outside the
+            // lock: a service's callback is not ours to bound).
+            self.notify_services_closed(client_id);
+        }
         Taken {
             session,
             present,
@@ -136,16 +173,62 @@ impl Broker {
         self.sessions().store()
     }
 
+    /// Whether `client_id` has a session (connected or not).
+    pub fn has_session(&self, client_id: &str) -> bool {
+        self.sessions().get(client_id).is_some()
+    }
+
     /// The session of `client_id`, if it has one.
     pub(crate) fn session(&self, client_id: &str) -> Option<Arc<Session>> {
         self.sessions().get(client_id)
     }
 
     /// Ends a session: removes it from the table (if it is still this one) and its
-    /// subscriptions from the trie.
-    pub(crate) fn end_session(&self, session: &Arc<Session>) {
+    /// subscriptions from the trie. The caller holds the client id's lock.
+    fn end_session(&self, session: &Arc<Session>) {
         if let Some(filters) = self.sessions().remove(session) {
             self.unindex_all(session.client_id(), &filters);
+        }
+    }
+
+    /// Detaches connection `generation` from its session, if it still owns it, and
+    /// leaves the session with `expiry`: messages that came through shared
+    /// subscriptions go to another member of their group, then the session ends
+    /// (expiry 0) or its expiry clock starts. True if the connection owned it.
+    pub(crate) fn release_session(
+        &self,
+        session: &Arc<Session>,
+        generation: u64,
+        expiry: u32,
+    ) -> bool {
+        let _serialized = self.sessions().lock(session.client_id());
+        if !session.detach(generation, expiry) {
+            return false;
+        }
+        self.hand_over_shared(session);
+        if expiry == 0 {
+            self.end_session(session);
+        } else {
+            let never = expiry == u32::MAX;
+            let expires_in = (!never).then(|| Duration::from_secs(u64::from(expiry)));
+            self.schedule_expiry(session, generation, expires_in);
+        }
+        true
+    }
+
+    /// Gives messages that came through shared subscriptions and were not
+    /// acknowledged to another member of their group.
+    fn hand_over_shared(&self, session: &Arc<Session>) {
+        for d in session.take_shared() {
+            let Some(via) = d.shared.clone() else {
+                continue;
+            };
+            let seq = d.seq;
+            if !self.reroute_shared(&d, &via, session.client_id()) {
+                self.offer(session, d);
+            }
+            // Forgotten here only once recorded where it went (the store keeps order).
+            session.forget(seq);
         }
     }
 
@@ -162,9 +245,10 @@ impl Broker {
         let session = session.clone();
         tokio::spawn(async move {
             tokio::select! {
-                () = tokio::time::sleep(expires_in) => {}
+                () = broker.clock().sleep(expires_in) => {}
                 () = session.ended() => return,
             }
+            let _serialized = broker.sessions().lock(session.client_id());
             if session.idle_since(generation) {
                 tracing::debug!(client = session.client_id(), "session expired");
                 broker.end_session(&session);

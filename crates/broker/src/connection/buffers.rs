@@ -13,10 +13,9 @@
 //! of that part is tracked so the unsent packets behind it can be dropped when a slow
 //! consumer is cut off, for the DISCONNECT to come right after it.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::{Buf, BytesMut};
-use tokio::time::Instant;
 
 use super::{Close, Conn};
 use statehub_mqtt_codec::ReasonCode;

@@ -1,7 +1,6 @@
 //! Packets from the client, once connected.
 
 use std::sync::Arc;
-use std::time::Instant;
 
 use statehub_mqtt_codec::{
     validate, Auth, ByteString, Packet, PubResponse, Publish, QoS, ReasonCode,
@@ -137,7 +136,7 @@ impl Conn {
             let msg = Arc::new(Message::from_publish(
                 p,
                 Some(self.info.client_id.clone()),
-                Instant::now(),
+                self.broker.now(),
             ));
             let durable = if msg.retain {
                 self.broker.store_retained(&msg)
@@ -250,16 +249,20 @@ impl Conn {
     }
 
     async fn on_pubrec(&mut self, r: PubResponse) -> Result<(), Close> {
-        let code = match self.session.pubrec(r.packet_id, r.reason_code.is_success()) {
-            PubRec::Refused => return Ok(()),
-            PubRec::Unknown => ReasonCode::PACKET_IDENTIFIER_NOT_FOUND,
-            PubRec::Released { stored } => {
-                if stored {
-                    self.durable().await?;
+        let code =
+            match self
+                .session
+                .pubrec(r.packet_id, r.reason_code.is_success(), self.broker.now())
+            {
+                PubRec::Refused => return Ok(()),
+                PubRec::Unknown => ReasonCode::PACKET_IDENTIFIER_NOT_FOUND,
+                PubRec::Released { stored } => {
+                    if stored {
+                        self.durable().await?;
+                    }
+                    ReasonCode::SUCCESS
                 }
-                ReasonCode::SUCCESS
-            }
-        };
+            };
         self.send(&Packet::PubRel(PubResponse {
             reason_code: code,
             ..PubResponse::ok(r.packet_id)

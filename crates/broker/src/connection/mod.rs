@@ -29,8 +29,8 @@ use statehub_mqtt_codec::{
 use tokio::io::AsyncWriteExt;
 use tokio::net::tcp::ReadHalf;
 use tokio::net::TcpStream;
-use tokio::time::{sleep_until, Instant};
 
+use crate::clock::Timer;
 use crate::pending::Admission;
 use crate::ratelimit::LogLimit;
 use crate::service::ClientInfo;
@@ -115,8 +115,9 @@ impl Conn {
         let cfg = self.broker.config();
         let high_water = cfg.socket_write_high_water;
         let packet_timeout = Duration::from_secs(cfg.packet_read_timeout_secs);
+        let clock = self.broker.clock().clone();
         let mut deadlines =
-            Deadlines::new(self.keep_alive.mul_f32(1.5), packet_timeout, Instant::now());
+            Deadlines::new(self.keep_alive.mul_f32(1.5), packet_timeout, clock.now());
         // Shutdown reaches connections through their signals (the listener asks every
         // attached one to close); one that attached after that sees the token here.
         if self.broker.is_shutting_down() {
@@ -124,7 +125,7 @@ impl Conn {
         }
         // Packets the client pipelined behind CONNECT are already in the buffer.
         match self.handle_buffered(rbuf).await {
-            Ok(n) => deadlines.read(Instant::now(), n, !rbuf.is_empty()),
+            Ok(n) => deadlines.read(clock.now(), n, !rbuf.is_empty()),
             Err(close) => return close,
         }
         let (rd, mut wr) = stream.split();
@@ -132,8 +133,8 @@ impl Conn {
         // only when it fires early or a packet deadline comes before it: a fresh
         // `sleep_until` per turn of the loop inserted into and removed from the timer
         // wheel for every packet.
-        let far = Instant::now() + Duration::from_secs(86_400 * 365);
-        let mut timer = std::pin::pin!(sleep_until(deadlines.next().unwrap_or(far)));
+        let far = clock.now() + Duration::from_secs(86_400 * 365);
+        let mut timer = Timer::new(clock.clone(), deadlines.next().unwrap_or(far));
         loop {
             // A wake-up that came before this drain is covered by it: drop it, so that a
             // delivery this task queued itself (a service's reply to this client) does not
@@ -175,15 +176,15 @@ impl Conn {
                         return close;
                     }
                     if let Some(at) = deadlines.next().filter(|at| *at < timer.deadline()) {
-                        timer.as_mut().reset(at);
+                        timer.reset(at);
                     }
                 }
                 () = poll_fn(|_| if signal.take_deliveries() { Poll::Ready(()) } else { Poll::Pending }) => {}
-                () = &mut timer, if deadlines.next().is_some() => {
+                () = poll_fn(|cx| timer.poll_elapsed(cx)), if deadlines.next().is_some() => {
                     if let Some(close) = self.deadline_passed(&deadlines) {
                         return close;
                     }
-                    timer.as_mut().reset(deadlines.next().unwrap_or(far));
+                    timer.reset(deadlines.next().unwrap_or(far));
                 }
             }
         }
@@ -203,13 +204,13 @@ impl Conn {
             _ => return Err(Close::Lost),
         }
         let handled = self.handle_buffered(rbuf).await?;
-        deadlines.read(Instant::now(), handled, !rbuf.is_empty());
+        deadlines.read(self.broker.now(), handled, !rbuf.is_empty());
         Ok(())
     }
 
     /// The close a deadline that passed asks for (a late packet is counted).
     fn deadline_passed(&self, deadlines: &Deadlines) -> Option<Close> {
-        let now = Instant::now();
+        let now = self.broker.now();
         let close = deadlines.expired(now)?;
         if deadlines.packet_late(now) {
             let timeouts = &self.broker.metrics().packet_read_timeouts;

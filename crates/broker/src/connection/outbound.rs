@@ -3,7 +3,6 @@
 //! resending what was in flight when a session resumes.
 
 use std::sync::atomic::Ordering;
-use std::time::Instant;
 
 use statehub_mqtt_codec::{ByteString, Packet, PubResponse, PublishRef};
 
@@ -15,7 +14,7 @@ impl Conn {
     /// On attach: resend unacknowledged PUBLISHes (DUP set) and PUBRELs in their
     /// original order [MQTT-4.4.0-1], before any new message.
     pub(super) fn resume(&mut self) {
-        let now = Instant::now();
+        let now = self.broker.now();
         for i in self.session.inflight() {
             let packet = match i.stage {
                 Stage::Released => Packet::PubRel(PubResponse::ok(i.packet_id)),
@@ -33,7 +32,7 @@ impl Conn {
     /// window and our high-water mark allow.
     pub(super) fn drain(&mut self) {
         let high_water = self.broker.config().socket_write_high_water;
-        let now = Instant::now();
+        let now = self.broker.now();
         let session = self.session.clone();
         let Some(mut outbox) = session.outbox(self.generation) else {
             // Taken over: the queue belongs to the new connection now.

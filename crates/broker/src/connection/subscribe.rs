@@ -9,7 +9,6 @@
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Instant;
 
 use statehub_mqtt_codec::{
     validate, ByteString, Packet, ReasonCode, SubAck, Subscribe, SubscriptionOptions, UnsubAck,
@@ -155,22 +154,16 @@ impl Conn {
         let mut found: Vec<Arc<Message>> = Vec::new();
         let work = self
             .broker
-            .retained_into(filter, Instant::now(), &mut found);
+            .retained_into(filter, self.broker.now(), &mut found);
         if found.len() > room {
             tracing::debug!(
                 client = %self.info.client_id,
                 "more retained messages match than the session queue holds"
             );
         }
-        let deliveries = found.into_iter().take(room).map(|msg| Delivery {
-            qos: msg.qos.min(sub.options.qos),
-            retain: true,
-            subscription_ids: sub.identifier.into_iter().collect(),
-            shared: None,
-            seq: 0,
-            dup: false,
-            gate: None,
-            msg,
+        let deliveries = found.into_iter().take(room).map(|msg| {
+            let qos = msg.qos.min(sub.options.qos);
+            Delivery::new(msg, qos, true, sub.identifier.into_iter().collect())
         });
         retained.deliveries.extend(deliveries);
         work

@@ -47,7 +47,9 @@ impl Conn {
             linger(stream, brief.max(started + flush)).await;
         }
 
-        let owner = self.detach();
+        let owner =
+            self.broker
+                .release_session(&self.session, self.generation, self.session_expiry);
         let shutting_down = self.broker.is_shutting_down();
         let send_will = !shutting_down && !matches!(close, Close::ByClient { will: false });
         if let (true, Some(will)) = (send_will, self.will.take()) {
@@ -60,18 +62,6 @@ impl Conn {
             );
         }
         if owner {
-            self.hand_over_shared();
-            let expiry = self.session_expiry;
-            if expiry == 0 {
-                self.broker.end_session(&self.session);
-            } else {
-                let never = expiry == u32::MAX;
-                self.broker.schedule_expiry(
-                    &self.session,
-                    self.generation,
-                    (!never).then(|| Duration::from_secs(u64::from(expiry))),
-                );
-            }
             self.broker.notify_services_closed(&self.info.client_id);
         }
     }
@@ -92,30 +82,6 @@ impl Conn {
             self.wbuf.truncate(start);
             packet.reason_string = None;
             let _ = self.send(&Packet::Disconnect(packet));
-        }
-    }
-
-    /// Detaches from the session if this connection still owns it.
-    fn detach(&mut self) -> bool {
-        self.session.detach(self.generation, self.session_expiry)
-    }
-
-    /// Gives messages that came through shared subscriptions and were not
-    /// acknowledged to another member of their group.
-    fn hand_over_shared(&self) {
-        for d in self.session.take_shared() {
-            let Some(via) = d.shared.clone() else {
-                continue;
-            };
-            let seq = d.seq;
-            if !self
-                .broker
-                .reroute_shared(&d, &via, self.session.client_id())
-            {
-                self.broker.offer(&self.session, d);
-            }
-            // Forgotten here only once recorded where it went (the store keeps order).
-            self.session.forget(seq);
         }
     }
 }
@@ -145,7 +111,7 @@ fn schedule_will(
     let delay = will.properties.will_delay_interval.unwrap_or(0).min(expiry);
     let publisher = session.client_id_bytes().clone();
     if delay == 0 {
-        broker.publish(will_message(will, publisher));
+        broker.publish(will_message(will, publisher, broker.now()));
         return;
     }
     let broker = broker.clone();
@@ -153,7 +119,7 @@ fn schedule_will(
     let shutdown = broker.shutdown_token();
     tokio::spawn(async move {
         tokio::select! {
-            () = tokio::time::sleep(Duration::from_secs(u64::from(delay))) => {
+            () = broker.clock().sleep(Duration::from_secs(u64::from(delay))) => {
                 if !session.last_attached(generation) {
                     return;
                 }
@@ -161,13 +127,13 @@ fn schedule_will(
             () = session.ended() => {}
             () = shutdown.cancelled() => return,
         }
-        broker.publish(will_message(will, publisher));
+        broker.publish(will_message(will, publisher, broker.now()));
     });
 }
 
 /// The will as an application message; its expiry counts from now, the moment it
 /// is published.
-fn will_message(will: LastWill, publisher: ByteString) -> Message {
+fn will_message(will: LastWill, publisher: ByteString, now: Instant) -> Message {
     let p = will.properties;
     let publish = Publish {
         dup: false,
@@ -186,5 +152,5 @@ fn will_message(will: LastWill, publisher: ByteString) -> Message {
             ..Default::default()
         },
     };
-    Message::from_publish(publish, Some(publisher), Instant::now())
+    Message::from_publish(publish, Some(publisher), now)
 }

@@ -75,8 +75,8 @@ impl Session {
         Some(st.is_persistent())
     }
 
-    /// Applies a PUBREC for an outgoing QoS 2 message (see [`PubRec`]).
-    pub fn pubrec(&self, packet_id: u16, accepted: bool) -> PubRec {
+    /// Applies a PUBREC received at `now` for an outgoing QoS 2 message (see [`PubRec`]).
+    pub fn pubrec(&self, packet_id: u16, accepted: bool, now: Instant) -> PubRec {
         let mut st = self.state.lock();
         let Some(i) = st.inflight_position(packet_id) else {
             return PubRec::Unknown;
@@ -96,11 +96,11 @@ impl Session {
         if stored {
             // After a restart, a message whose PUBREL went out must not be sent again
             // as a PUBLISH: the receiver has forgotten its id and would deliver it twice.
-            let (delivery, now) = (&st.inflight[i].delivery, Instant::now());
+            let delivery = &st.inflight[i].delivery;
             st.record(|incarnation| SessionChange::Message {
                 incarnation,
                 seq,
-                delivery,
+                message: delivery.queued(),
                 released: true,
                 now,
             });

@@ -232,11 +232,10 @@ impl Session {
             });
             for m in stored.messages {
                 st.next_seq = st.next_seq.max(m.seq);
-                let mut delivery = m.delivery;
-                delivery.seq = m.seq;
-                delivery.dup = true;
-                if m.released {
-                    let packet_id = packet_id_for(m.seq);
+                let released = m.released;
+                let delivery = Delivery::restored(m);
+                if released {
+                    let packet_id = packet_id_for(delivery.seq);
                     st.inflight.push_back(Inflight {
                         packet_id,
                         stage: Stage::Released,
@@ -375,8 +374,13 @@ impl Session {
         self.state.lock().is_persistent()
     }
 
-    /// Offers one delivery, applying the queue bounds (see [`Enqueued`]).
-    pub fn enqueue(self: &Arc<Self>, mut d: Delivery, limits: &QueueLimits) -> Enqueued {
+    /// Offers one delivery at `now`, applying the queue bounds (see [`Enqueued`]).
+    pub fn enqueue(
+        self: &Arc<Self>,
+        mut d: Delivery,
+        limits: &QueueLimits,
+        now: Instant,
+    ) -> Enqueued {
         // A delivery handed over from another session starts afresh here.
         d.seq = 0;
         d.dup = false;
@@ -417,11 +421,10 @@ impl Session {
             }
             st.next_seq += 1;
             d.seq = st.next_seq;
-            let now = Instant::now();
             st.record(|incarnation| SessionChange::Message {
                 incarnation,
                 seq: d.seq,
-                delivery: &d,
+                message: d.queued(),
                 released: false,
                 now,
             });

@@ -1,6 +1,4 @@
-//! Persistent MQTT sessions on the data directory: the broker's [`SessionStore`] hook
-//! implemented on `statehub-storage`, in the same store (and the same group commit)
-//! as the state store and the retained messages.
+//! Persistent MQTT sessions on the data directory: the broker's [`SessionStore`] hook.
 //!
 //! One table, `mqtt-sessions`, with three kinds of record, all keyed by the session's
 //! incarnation (a random id per session, so a Clean Start's new session never shares
@@ -36,26 +34,18 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use rustc_hash::FxHashMap;
-use statehub_broker::{BoxFuture, Delivery, SessionChange, SessionStore, SessionStoreError};
+use statehub_broker::{BoxFuture, SessionChange, SessionStore, SessionStoreError};
 use statehub_storage::{Batch, StorageError, Store, Table};
 use tokio::sync::watch;
 
-use records::{encode_message, encode_session, message_key, receipt_key, session_key};
+use records::{encode_message, encode_session, message_key, receipt_key, session_key, Queued};
 
-const TABLE: &str = "mqtt-sessions";
+/// The table of persistent sessions.
+pub const SESSIONS_TABLE: &str = "mqtt-sessions";
 /// How long a queued message may be held unwritten (see the module docs).
 pub const STALE: Duration = Duration::from_millis(50);
 /// How many queued messages may be held unwritten at once.
 const MAX_HELD: usize = 4096;
-
-/// Why the stored sessions could not be loaded.
-#[derive(Debug, thiserror::Error)]
-pub enum LoadError {
-    #[error("persistent sessions: {0}")]
-    Storage(#[from] StorageError),
-    #[error("persistent session record {key} is unreadable ({why}); the data directory was written by another version or damaged")]
-    Record { key: String, why: String },
-}
 
 /// The session table of an open store.
 #[derive(Debug)]
@@ -81,7 +71,7 @@ struct Pending {
     /// Queued messages not written yet, by (incarnation, sequence number): keys the
     /// server makes, so a fast hash (every response to a persistent session is held here
     /// and removed by its PUBACK).
-    held: FxHashMap<(u64, u64), (Delivery, Instant)>,
+    held: FxHashMap<(u64, u64), (Queued, Instant)>,
     /// When the oldest held message was queued.
     held_since: Option<Instant>,
 }
@@ -97,8 +87,17 @@ impl SessionTable {
         }
     }
 
-    /// Writes the held messages if the oldest has waited [`STALE`]; the binary calls it
-    /// every [`STALE`] so a quiet server writes them too.
+    /// Writes the held messages every [`STALE`], so a quiet server writes them too.
+    /// Runs until dropped (abort its task before [`SessionTable::flush_all`]).
+    pub async fn run_flusher(self: Arc<Self>) {
+        let mut tick = tokio::time::interval(STALE);
+        loop {
+            tick.tick().await;
+            self.flush_stale();
+        }
+    }
+
+    /// Writes the held messages if the oldest has waited [`STALE`].
     pub fn flush_stale(&self) {
         let mut pending = self.pending.lock();
         if pending.held_since.is_some_and(|t| t.elapsed() >= STALE) {
@@ -122,11 +121,11 @@ impl SessionTable {
         let mut batch = Batch::new();
         let staged = held
             .iter()
-            .try_for_each(|((incarnation, seq), (delivery, now))| {
+            .try_for_each(|((incarnation, seq), (queued, now))| {
                 batch.put(
                     &self.table,
                     &message_key(*incarnation, *seq),
-                    &encode_message(delivery, false, *now),
+                    &encode_message(queued.as_ref(), false, *now),
                 )
             });
         if let Err(e) = staged.and_then(|()| self.store.submit(batch).map(drop)) {
@@ -196,13 +195,13 @@ impl SessionTable {
             SessionChange::Message {
                 incarnation,
                 seq,
-                delivery,
+                message,
                 released,
                 now,
             } => batch.put(
                 &self.table,
                 &message_key(incarnation, seq),
-                &encode_message(delivery, released, now),
+                &encode_message(message, released, now),
             ),
             SessionChange::MessageDone { incarnation, seq } => {
                 batch.delete(&self.table, &message_key(incarnation, seq))
@@ -240,13 +239,13 @@ impl SessionStore for SessionTable {
             SessionChange::Message {
                 incarnation,
                 seq,
-                delivery,
+                message,
                 released: false,
                 now,
             } => {
                 pending
                     .held
-                    .insert((incarnation, seq), (delivery.clone(), now));
+                    .insert((incarnation, seq), (Queued::of(message), now));
                 let since = *pending.held_since.get_or_insert(now);
                 if pending.held.len() >= MAX_HELD || since.elapsed() >= STALE {
                     self.flush(&mut pending);

@@ -6,11 +6,11 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bytes::{Buf, BufMut, BytesMut};
+use bytes::{BufMut, BytesMut};
 use statehub_broker::codec::{ByteString, QoS, SubscriptionOptions};
-use statehub_broker::{Delivery, SharedVia, StoredSession, Subscription};
+use statehub_broker::{Message, QueuedRef, SharedVia, StoredSession, Subscription};
 
-use crate::stored::{self, down_since, wall_ms};
+use crate::stored::{self, down_since, put_str, wall_ms, Reader, RecordError};
 
 pub(super) const FORMAT: u8 = 1;
 pub(super) const SESSION: u8 = b'S';
@@ -37,35 +37,36 @@ pub(super) fn receipt_key(incarnation: u64, packet_id: u16) -> [u8; 11] {
     k
 }
 
-pub(super) fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+/// One subscriber's copy of a message, owned (see [`QueuedRef`]).
+#[derive(Debug, Clone)]
+pub(super) struct Queued {
+    pub msg: Arc<Message>,
+    pub qos: QoS,
+    pub retain: bool,
+    pub subscription_ids: Vec<u32>,
+    pub shared: Option<SharedVia>,
 }
 
-fn put_str(out: &mut BytesMut, s: &str) {
-    out.put_u16(u16::try_from(s.len()).unwrap_or(u16::MAX));
-    out.put_slice(&s.as_bytes()[..s.len().min(usize::from(u16::MAX))]);
-}
+impl Queued {
+    pub fn of(m: QueuedRef<'_>) -> Queued {
+        Queued {
+            msg: m.msg.clone(),
+            qos: m.qos,
+            retain: m.retain,
+            subscription_ids: m.subscription_ids.to_vec(),
+            shared: m.shared.cloned(),
+        }
+    }
 
-fn get_str(buf: &mut &[u8]) -> Result<String, String> {
-    if buf.remaining() < 2 {
-        return Err("short string".into());
+    pub fn as_ref(&self) -> QueuedRef<'_> {
+        QueuedRef {
+            msg: &self.msg,
+            qos: self.qos,
+            retain: self.retain,
+            subscription_ids: &self.subscription_ids,
+            shared: self.shared.as_ref(),
+        }
     }
-    let len = usize::from(buf.get_u16());
-    if buf.remaining() < len {
-        return Err("short string".into());
-    }
-    let s = std::str::from_utf8(&buf[..len])
-        .map_err(|e| e.to_string())?
-        .to_owned();
-    buf.advance(len);
-    Ok(s)
-}
-
-fn need(buf: &[u8], n: usize) -> Result<(), String> {
-    if buf.len() < n {
-        return Err("record too short".into());
-    }
-    Ok(())
 }
 
 fn options_byte(o: SubscriptionOptions) -> u8 {
@@ -75,13 +76,20 @@ fn options_byte(o: SubscriptionOptions) -> u8 {
         | (o.retain_handling & 3) << 4
 }
 
-fn options_from(b: u8) -> Result<SubscriptionOptions, String> {
+fn options_from(b: u8) -> Result<SubscriptionOptions, RecordError> {
     Ok(SubscriptionOptions {
-        qos: QoS::from_u8(b & 3).ok_or("bad QoS")?,
+        qos: QoS::from_u8(b & 3).ok_or(RecordError::QoS(b & 3))?,
         no_local: b & 4 != 0,
         retain_as_published: b & 8 != 0,
         retain_handling: (b >> 4) & 3,
     })
+}
+
+fn format(r: &mut Reader<'_>) -> Result<(), RecordError> {
+    match r.u8()? {
+        FORMAT => Ok(()),
+        other => Err(RecordError::UnknownFormat(other)),
+    }
 }
 
 /// The value of a session record.
@@ -111,35 +119,29 @@ pub(super) fn decode_session(
     value: &[u8],
     incarnation: u64,
     now_ms: u64,
-) -> Result<Option<(u64, StoredSession)>, String> {
-    let mut buf = value;
-    need(buf, 14)?;
-    if buf.get_u8() != FORMAT {
-        return Err("unknown record format".into());
-    }
-    let written_ms = buf.get_u64();
-    let disconnected = buf.get_u8() != 0;
-    let expiry_interval = buf.get_u32();
-    let client_id = get_str(&mut buf)?;
-    need(buf, 4)?;
-    let n = buf.get_u32();
+) -> Result<Option<(u64, StoredSession)>, RecordError> {
+    let mut r = Reader(value);
+    format(&mut r)?;
+    let written_ms = r.u64()?;
+    let disconnected = r.u8()? != 0;
+    let expiry_interval = r.u32()?;
+    let client_id = r.str()?;
+    let n = r.u32()?;
     let mut subscriptions = Vec::new();
     for _ in 0..n {
-        let filter = get_str(&mut buf)?;
-        need(buf, 5)?;
-        let options = options_from(buf.get_u8())?;
-        let id = buf.get_u32();
+        let filter = ByteString::from(r.str()?);
+        let options = options_from(r.u8()?)?;
+        let id = r.u32()?;
+        let identifier = (id != 0).then_some(id);
         subscriptions.push((
-            ByteString::from(filter),
+            filter,
             Subscription {
                 options,
-                identifier: (id != 0).then_some(id),
+                identifier,
             },
         ));
     }
-    if !buf.is_empty() {
-        return Err("trailing bytes".into());
-    }
+    r.end()?;
     let expires_in = match expiry_interval {
         u32::MAX => None,
         secs if disconnected => {
@@ -164,18 +166,19 @@ pub(super) fn decode_session(
     Ok(Some((written_ms, session)))
 }
 
-pub(super) fn encode_message(d: &Delivery, released: bool, now: Instant) -> Vec<u8> {
-    let mut v = BytesMut::with_capacity(64 + d.msg.payload.len() + d.msg.topic.len());
+pub(super) fn encode_message(m: QueuedRef<'_>, released: bool, now: Instant) -> Vec<u8> {
+    let mut v = BytesMut::with_capacity(64 + m.msg.payload.len() + m.msg.topic.len());
     v.put_u8(FORMAT);
     v.put_u64(wall_ms());
-    v.put_u8(d.qos as u8);
-    v.put_u8(u8::from(d.retain));
+    v.put_u8(m.qos as u8);
+    v.put_u8(u8::from(m.retain));
     v.put_u8(u8::from(released));
-    v.put_u16(u16::try_from(d.subscription_ids.len()).unwrap_or(u16::MAX));
-    for id in d.subscription_ids.iter().take(usize::from(u16::MAX)) {
+    let ids = &m.subscription_ids[..m.subscription_ids.len().min(usize::from(u16::MAX))];
+    v.put_u16(ids.len() as u16);
+    for id in ids {
         v.put_u32(*id);
     }
-    match &d.shared {
+    match m.shared {
         Some(via) => {
             v.put_u8(1);
             put_str(&mut v, &via.filter);
@@ -183,7 +186,7 @@ pub(super) fn encode_message(d: &Delivery, released: bool, now: Instant) -> Vec<
         }
         None => v.put_u8(0),
     }
-    stored::put_message(&mut v, &d.msg, now);
+    stored::put_message(&mut v, m.msg, now);
     v.to_vec()
 }
 
@@ -191,38 +194,33 @@ pub(super) fn encode_message(d: &Delivery, released: bool, now: Instant) -> Vec<
 pub(super) fn decode_message(
     value: &[u8],
     now_ms: u64,
-) -> Result<Option<(Delivery, bool)>, String> {
-    let mut buf = value;
-    need(buf, 14)?;
-    if buf.get_u8() != FORMAT {
-        return Err("unknown record format".into());
-    }
-    let written_ms = buf.get_u64();
-    let qos = QoS::from_u8(buf.get_u8()).ok_or("bad QoS")?;
-    let retain = buf.get_u8() != 0;
-    let released = buf.get_u8() != 0;
-    let n = usize::from(buf.get_u16());
-    need(buf, 4 * n + 1)?;
-    let subscription_ids = (0..n).map(|_| buf.get_u32()).collect();
-    let shared = match buf.get_u8() {
+    now: Instant,
+) -> Result<Option<(Queued, bool)>, RecordError> {
+    let mut r = Reader(value);
+    format(&mut r)?;
+    let written_ms = r.u64()?;
+    let qos = r.qos()?;
+    let retain = r.u8()? != 0;
+    let released = r.u8()? != 0;
+    let n = r.u16()?;
+    let subscription_ids = (0..n).map(|_| r.u32()).collect::<Result<_, _>>()?;
+    let shared = match r.u8()? {
         0 => None,
         _ => Some(SharedVia {
-            filter: get_str(&mut buf)?.into(),
-            group: get_str(&mut buf)?.into(),
+            filter: r.str()?.into(),
+            group: r.str()?.into(),
         }),
     };
-    let Some(msg) = stored::read_message(buf, down_since(written_ms, now_ms))? else {
+    let down = down_since(written_ms, now_ms);
+    let Some(msg) = stored::read_message(r.rest(), down, now)? else {
         return Ok(None);
     };
-    let delivery = Delivery {
+    let queued = Queued {
         msg: Arc::new(msg),
         qos,
         retain,
         subscription_ids,
         shared,
-        seq: 0,
-        dup: true,
-        gate: None,
     };
-    Ok(Some((delivery, released)))
+    Ok(Some((queued, released)))
 }
