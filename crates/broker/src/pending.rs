@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 use tokio_util::sync::CancellationToken;
 
+use crate::clock::Clock;
 use crate::metrics::Metrics;
 use crate::ratelimit::LogLimit;
 
@@ -94,6 +95,7 @@ impl Table {
 #[derive(Debug)]
 pub(crate) struct Pending {
     table: Mutex<Table>,
+    clock: Clock,
     max_total: usize,
     max_per_source: usize,
 }
@@ -114,9 +116,10 @@ impl Drop for Admission {
 }
 
 impl Pending {
-    pub fn new(max_total: usize, max_per_source: usize) -> Arc<Pending> {
+    pub fn new(max_total: usize, max_per_source: usize, clock: Clock) -> Arc<Pending> {
         Arc::new(Pending {
             table: Mutex::new(Table::default()),
+            clock,
             max_total: max_total.max(1),
             max_per_source: max_per_source.max(1),
         })
@@ -126,7 +129,7 @@ impl Pending {
     /// `None` if there is no room for it (the caller closes it).
     pub fn admit(self: &Arc<Self>, ip: IpAddr, metrics: &Metrics) -> Option<Admission> {
         let source = Source::of(ip);
-        let now = Instant::now();
+        let now = self.clock.now();
         let mut evicted = Vec::new();
         let closed = CancellationToken::new();
         let id = {
@@ -209,7 +212,7 @@ mod tests {
     #[test]
     fn the_oldest_of_the_same_source_goes_first_then_the_oldest_of_all() {
         let m = Metrics::default();
-        let p = Pending::new(3, 2);
+        let p = Pending::new(3, 2, Clock::system());
         let a1 = p.admit(ip("10.0.0.1"), &m).unwrap();
         let a2 = p.admit(ip("10.0.0.1"), &m).unwrap();
         let b1 = p.admit(ip("10.0.0.2"), &m).unwrap();

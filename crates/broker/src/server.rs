@@ -28,7 +28,11 @@ impl MqttListener {
     pub async fn bind(broker: Broker, addr: SocketAddr) -> std::io::Result<MqttListener> {
         let listener = TcpListener::bind(addr).await?;
         let cfg = broker.config();
-        let pending = Pending::new(cfg.max_pending_connections, cfg.max_pending_per_address);
+        let pending = Pending::new(
+            cfg.max_pending_connections,
+            cfg.max_pending_per_address,
+            broker.clock().clone(),
+        );
         Ok(MqttListener {
             listener,
             broker,

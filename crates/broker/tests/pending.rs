@@ -33,7 +33,7 @@ const GRACE: Duration = Duration::from_secs(1);
 
 #[tokio::test]
 async fn past_the_per_address_limit_the_oldest_silent_socket_makes_room() {
-    let (broker, addr) = start_broker(BrokerConfig {
+    let (broker, addr, clock) = start_with_clock(BrokerConfig {
         max_pending_per_address: 3,
         connect_timeout_secs: 60,
         ..Default::default()
@@ -50,7 +50,7 @@ async fn past_the_per_address_limit_the_oldest_silent_socket_makes_room() {
     assert_eq!(evicted(), 1);
     // Once they have been silent past the grace, a real client from the same address
     // takes the oldest one's place.
-    tokio::time::sleep(GRACE + Duration::from_millis(100)).await;
+    clock.advance(GRACE);
     let mut c = RawClient::connect(addr, V5, "real").await;
     c.ping().await;
     silent[0].expect_closed().await;
@@ -62,7 +62,7 @@ async fn past_the_per_address_limit_the_oldest_silent_socket_makes_room() {
 
 #[tokio::test]
 async fn past_the_total_limit_the_oldest_silent_socket_makes_room() {
-    let (_broker, addr) = start_broker(BrokerConfig {
+    let (_broker, addr, clock) = start_with_clock(BrokerConfig {
         max_pending_connections: 2,
         connect_timeout_secs: 60,
         ..Default::default()
@@ -70,7 +70,7 @@ async fn past_the_total_limit_the_oldest_silent_socket_makes_room() {
     .await;
     let mut first = RawClient::open(addr, V5).await;
     let mut second = RawClient::open(addr, V5).await;
-    tokio::time::sleep(GRACE + Duration::from_millis(100)).await;
+    clock.advance(GRACE);
     let mut c = RawClient::connect(addr, V5, "real").await;
     c.ping().await;
     first.expect_closed().await;

@@ -5,13 +5,15 @@
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use statehub_broker::codec::{ConnectProperties, Publish, PublishProperties, QoS, ReasonCode};
+use statehub_broker::codec::{
+    ConnectProperties, Packet, Publish, PublishProperties, QoS, ReasonCode,
+};
 use statehub_broker::{BrokerConfig, Message};
 use statehub_test_support::*;
 
 #[tokio::test]
 async fn request_problem_information_0_gets_no_reason_string() {
-    let (_broker, addr) = start_default().await;
+    let (_broker, addr, clock) = start_with_clock(BrokerConfig::default()).await;
     let connect = |id: &str, problem_info: Option<bool>| {
         let mut c = connect_packet(V5, id);
         c.keep_alive = 1;
@@ -23,14 +25,13 @@ async fn request_problem_information_0_gets_no_reason_string() {
     };
     let (mut quiet, _) = RawClient::connect_with(addr, connect("quiet", Some(false))).await;
     let (mut told, _) = RawClient::connect_with(addr, connect("told", None)).await;
-    let within = Duration::from_secs(5);
+    // Past the keep alive (1.5 x 1 s): the server closes both.
+    clock.advance(Duration::from_secs(2));
     let d = quiet
-        .expect_disconnect_within(ReasonCode::KEEP_ALIVE_TIMEOUT, within)
+        .expect_disconnect(ReasonCode::KEEP_ALIVE_TIMEOUT)
         .await;
     assert_eq!(d.reason_string, None);
-    let d = told
-        .expect_disconnect_within(ReasonCode::KEEP_ALIVE_TIMEOUT, within)
-        .await;
+    let d = told.expect_disconnect(ReasonCode::KEEP_ALIVE_TIMEOUT).await;
     assert!(d.reason_string.is_some());
 }
 
@@ -63,7 +64,7 @@ fn publish_simple_message(topic: &str) -> Publish {
 
 #[tokio::test]
 async fn messages_dropped_for_their_expiry_are_counted() {
-    let (broker, addr) = start_default().await;
+    let (broker, addr, clock) = start_with_clock(BrokerConfig::default()).await;
     let mut sub = connect_packet(V5, "one-at-a-time");
     sub.properties.receive_maximum = Some(1);
     let (mut sub, _) = RawClient::connect_with(addr, sub).await;
@@ -82,7 +83,7 @@ async fn messages_dropped_for_their_expiry_are_counted() {
         ..publish("exp/t", QoS::AtLeastOnce, b"second")
     };
     publisher.publish(second).await;
-    tokio::time::sleep(Duration::from_millis(1200)).await;
+    clock.advance(Duration::from_secs(2));
     sub.ack(&first).await;
     sub.expect_nothing(QUIET).await;
     assert_eq!(broker.metrics().expired_dropped.load(Ordering::Relaxed), 1);
@@ -92,8 +93,8 @@ async fn messages_dropped_for_their_expiry_are_counted() {
 /// buffer for ever; one trickled a byte at a time kept a keep alive from firing.
 #[tokio::test]
 async fn a_packet_not_completed_in_time_closes_the_connection() {
-    let (broker, addr) = start_broker(BrokerConfig {
-        packet_read_timeout_secs: 1,
+    let (broker, addr, clock) = start_with_clock(BrokerConfig {
+        packet_read_timeout_secs: 10,
         ..Default::default()
     })
     .await;
@@ -103,36 +104,46 @@ async fn a_packet_not_completed_in_time_closes_the_connection() {
     // PUBLISH QoS 0, remaining length 1000: the header and a few bytes.
     half.send_raw(&[0x30, 0xE8, 0x07, 0x00, 0x01, b't', 0x00, b'x'])
         .await;
-    half.expect_disconnect_within(ReasonCode::KEEP_ALIVE_TIMEOUT, Duration::from_secs(10))
-        .await;
+    // The deadline runs from when the server read the bytes: move time until it
+    // passes.
+    let mut moved = 0;
+    let d = loop {
+        clock.advance(Duration::from_secs(11));
+        moved += 1;
+        match half.next_event(QUIET).await {
+            Event::Timeout if moved < 20 => {}
+            Event::Packet(Packet::Disconnect(d)) => break d,
+            other => panic!("expected DISCONNECT 0x8D, got {other:?}"),
+        }
+    };
+    assert_eq!(d.reason_code, ReasonCode::KEEP_ALIVE_TIMEOUT);
 
     let mut c = connect_packet(V5, "trickle");
     c.keep_alive = 60;
     let (mut trickle, _) = RawClient::connect_with(addr, c).await;
     trickle.send_raw(&[0x30, 0xE8, 0x07]).await;
-    let started = tokio::time::Instant::now();
-    let closed = loop {
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        if !trickle.try_send_raw(&[0x00]).await {
-            break true;
-        }
-        if started.elapsed() > Duration::from_secs(15) {
-            break false;
-        }
-        if broker
-            .metrics()
-            .packet_read_timeouts
-            .load(Ordering::Relaxed)
-            >= 2
-        {
-            break true;
+    let mut sent = 0;
+    let d = loop {
+        trickle.send_raw(&[0x00]).await;
+        clock.advance(Duration::from_secs(2));
+        sent += 1;
+        match trickle.next_event(Duration::from_millis(100)).await {
+            Event::Timeout if sent < 100 => {}
+            Event::Packet(Packet::Disconnect(d)) => break d,
+            other => panic!("expected DISCONNECT 0x8D, got {other:?}"),
         }
     };
-    assert!(closed, "a trickled packet kept its connection open");
-    // Whole packets, however slow between them, are fine.
+    assert_eq!(d.reason_code, ReasonCode::KEEP_ALIVE_TIMEOUT);
+    let timeouts = broker
+        .metrics()
+        .packet_read_timeouts
+        .load(Ordering::Relaxed);
+    assert_eq!(timeouts, 2);
+
+    // Whole packets, however far apart, are fine.
     let mut steady = RawClient::connect(addr, V5, "steady").await;
     for _ in 0..3 {
-        tokio::time::sleep(Duration::from_millis(600)).await;
+        clock.advance(Duration::from_secs(11));
         steady.ping().await;
     }
 }
