@@ -22,6 +22,7 @@ mod config;
 mod connection;
 mod message;
 mod metrics;
+mod ratelimit;
 mod retain_store;
 mod server;
 mod service;

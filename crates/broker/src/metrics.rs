@@ -16,4 +16,10 @@ pub struct Metrics {
     /// Connections closed with 0x97 because they did not keep up.
     pub slow_consumers: AtomicU64,
     pub protocol_errors: AtomicU64,
+    /// Messages not queued because every session together held the broker-wide
+    /// bound (`max_total_queued_*`); also counted in `dropped` or `slow_consumers`.
+    pub total_queue_full: AtomicU64,
+    /// CONNECTs refused with 0x97 because they would make one persistent session more
+    /// than `max_persistent_sessions`.
+    pub persistent_sessions_refused: AtomicU64,
 }
