@@ -258,6 +258,18 @@ impl SessionTable {
                 }
                 Ok(())
             }
+            other => self.stage_session(batch, other),
+        }
+    }
+
+    /// Stages a change to a session's own record or to its QoS 2 receipts.
+    fn stage_session(
+        &self,
+        batch: &mut Batch,
+        change: SessionChange<'_>,
+    ) -> Result<(), StorageError> {
+        let table = &self.table;
+        match change {
             SessionChange::Saved {
                 client_id,
                 incarnation,
@@ -279,6 +291,10 @@ impl SessionTable {
                 packet_id,
                 pending: false,
             } => batch.delete(table, &receipt_key(incarnation, packet_id)),
+            // The message changes are staged by `apply`.
+            SessionChange::Message { .. }
+            | SessionChange::MessageDone { .. }
+            | SessionChange::Ended { .. } => Ok(()),
         }
     }
 
