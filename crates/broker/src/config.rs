@@ -25,8 +25,8 @@ pub struct BrokerConfig {
     pub keep_alive_zero_allowed: bool,
     /// Upper bound on the Session Expiry Interval a client may ask for (seconds); a
     /// larger request, and an MQTT 3.1.1 session without Clean Session, gets this one
-    /// (told in the CONNACK's Session Expiry Interval to MQTT 5 clients). 4294967295
-    /// lets a session that asks for it live forever.
+    /// (told in the CONNACK's Session Expiry Interval to MQTT 5 clients). Set to
+    /// 4294967295, a session that asks for it (and every 3.1.1 one) never expires.
     pub max_session_expiry: u32,
     /// Sessions kept beyond their connection (Session Expiry above 0) at once; a
     /// CONNECT that would make one more gets CONNACK 0x97 Quota exceeded (3.1.1:
