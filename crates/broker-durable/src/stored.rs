@@ -38,6 +38,9 @@ pub enum RecordError {
     /// The stored bytes are not exactly one PUBLISH.
     #[error("not one PUBLISH")]
     NotOnePublish,
+    /// A message record refers to a body that is not there.
+    #[error("refers to message body {0}, which is not stored")]
+    MissingBody(u64),
 }
 
 /// Wall-clock milliseconds since the Unix epoch (0 if the clock is before it).

@@ -25,11 +25,12 @@ use crate::clock::Clock;
 use crate::config::{BrokerConfig, Overlap};
 use crate::message::{Delivery, Message, SharedVia};
 use crate::metrics::Metrics;
+use crate::ratelimit::LogLimit;
 use crate::retain_store::{RetainStore, RetainStoreError};
 use crate::retained::RetainedIndex;
 use crate::service::BoxFuture;
 use crate::service::Service;
-use crate::session::{Enqueued, QueueLimits, Session};
+use crate::session::{Bound, Enqueued, QueueLimits, Session};
 use crate::session_store::Gate;
 use crate::session_table::Sessions;
 use crate::topic;
@@ -75,6 +76,7 @@ impl Broker {
     /// A broker on `clock` (a test's [`ManualClock`](crate::ManualClock)) instead of
     /// the system's.
     pub fn with_clock(config: BrokerConfig, clock: Clock) -> Broker {
+        let sessions = Sessions::new(&config);
         let limits = QueueLimits {
             max_messages: config.max_queued_messages,
             max_bytes: config.max_queued_bytes,
@@ -85,7 +87,7 @@ impl Broker {
                 config,
                 limits,
                 clock,
-                sessions: Sessions::default(),
+                sessions,
                 trie: RwLock::new(SubscriptionTrie::default()),
                 retained: RwLock::new(RetainedIndex::default()),
                 retain_store: RwLock::new(None),
@@ -209,12 +211,14 @@ impl Broker {
             .ok_or_else(|| DeliverError::NoSession(client_id.to_owned()))?;
         let msg = Arc::new(Message::from_publish(publish, None, self.now()));
         let d = Delivery::new(msg.clone(), msg.qos, msg.retain, Vec::new());
-        match session.enqueue(d, &self.inner.limits, self.now()) {
+        let outcome = session.enqueue(d, &self.inner.limits, self.now());
+        self.count(&session, outcome);
+        match outcome {
             Enqueued::Queued { .. } | Enqueued::SlowConsumer { .. } => Ok(()),
-            Enqueued::SkippedOffline | Enqueued::DroppedOffline | Enqueued::DroppedQoS0 => {
-                self.inner.metrics.dropped.fetch_add(1, Ordering::Relaxed);
-                Err(DeliverError::QueueFull(client_id.to_owned()))
-            }
+            Enqueued::SkippedOffline
+            | Enqueued::DroppedOffline(_)
+            | Enqueued::DroppedQoS0(_)
+            | Enqueued::Ended => Err(DeliverError::QueueFull(client_id.to_owned())),
         }
     }
 
@@ -353,27 +357,52 @@ impl Broker {
     /// Enqueues one delivery and counts what the queue bounds did to it. True if it
     /// was recorded in the session store (see [`Enqueued::stored`]).
     pub(crate) fn offer(&self, session: &Arc<Session>, d: Delivery) -> bool {
-        let m = &self.inner.metrics;
         let outcome = session.enqueue(d, &self.inner.limits, self.now());
-        match outcome {
-            Enqueued::Queued { .. } => m.messages_out.fetch_add(1, Ordering::Relaxed),
-            Enqueued::SkippedOffline => 0,
-            Enqueued::DroppedQoS0 | Enqueued::DroppedOffline => {
+        self.count(session, outcome);
+        outcome.stored()
+    }
+
+    /// Counts (and logs) what the queue bounds did to a delivery.
+    fn count(&self, session: &Session, outcome: Enqueued) {
+        let m = &self.inner.metrics;
+        let bound = match outcome {
+            Enqueued::Queued { .. } => {
+                m.messages_out.fetch_add(1, Ordering::Relaxed);
+                return;
+            }
+            Enqueued::SkippedOffline | Enqueued::Ended => return,
+            Enqueued::DroppedQoS0(bound) | Enqueued::DroppedOffline(bound) => {
                 tracing::debug!(
                     client = session.client_id(),
-                    "session queue full; message dropped"
+                    ?bound,
+                    "queue full; message dropped"
                 );
-                m.dropped.fetch_add(1, Ordering::Relaxed)
+                m.dropped.fetch_add(1, Ordering::Relaxed);
+                bound
             }
-            Enqueued::SlowConsumer { .. } => {
+            Enqueued::SlowConsumer { bound, .. } => {
                 tracing::info!(
                     client = session.client_id(),
+                    ?bound,
                     "slow consumer; disconnecting with 0x97"
                 );
-                m.slow_consumers.fetch_add(1, Ordering::Relaxed)
+                m.slow_consumers.fetch_add(1, Ordering::Relaxed);
+                bound
             }
         };
-        outcome.stored()
+        if bound == Bound::Broker {
+            static LOG: LogLimit = LogLimit::per_secs(10);
+            m.total_queue_full.fetch_add(1, Ordering::Relaxed);
+            if let Some(left_out) = LOG.allow() {
+                let (messages, bytes) = self.queued_total();
+                tracing::warn!(
+                    messages,
+                    bytes,
+                    left_out,
+                    "sessions together hold max_total_queued_messages/bytes: messages for offline sessions are dropped and slow connected ones disconnected with 0x97"
+                );
+            }
+        }
     }
 
     /// Hands a delivery that came through a shared group to another member, if any

@@ -25,13 +25,28 @@ pub struct BrokerConfig {
     pub max_keep_alive: u16,
     /// Whether a client may disable keep alive with 0.
     pub keep_alive_zero_allowed: bool,
-    /// Upper bound on Session Expiry Interval a client may ask for (seconds).
+    /// Upper bound on the Session Expiry Interval a client may ask for (seconds); a
+    /// larger request, and an MQTT 3.1.1 session without Clean Session, gets this one
+    /// (told in the CONNACK's Session Expiry Interval to MQTT 5 clients). Set to
+    /// 4294967295, a session that asks for it (and every 3.1.1 one) never expires.
     pub max_session_expiry: u32,
+    /// Sessions kept beyond their connection (Session Expiry above 0) at once; a
+    /// CONNECT that would make one more gets CONNACK 0x97 Quota exceeded (3.1.1:
+    /// return code 3, Server unavailable). Resuming or replacing one is always allowed.
+    pub max_persistent_sessions: usize,
     /// Messages queued per session (pending and in flight) while it is offline; a
     /// connected session may hold 1.5x this before it is a slow consumer (0x97).
     pub max_queued_messages: usize,
-    /// Bytes of payload queued per offline session (1.5x while connected, as above).
+    /// Bytes of payload and topic queued per offline session (1.5x while connected, as
+    /// above).
     pub max_queued_bytes: usize,
+    /// Messages queued (pending and in flight) across every session. Past it, a
+    /// message for an offline session is dropped (counted, logged), and a connected
+    /// session that cannot take one is disconnected with 0x97 like a slow consumer.
+    pub max_total_queued_messages: usize,
+    /// Bytes of payload and topic queued across every session (as above). A message
+    /// shared by several sessions counts once per session.
+    pub max_total_queued_bytes: usize,
     /// Queue QoS 0 messages for offline sessions (Mosquitto's `queue_qos0_messages`).
     pub queue_qos0_offline: bool,
     /// Topic filters whose subscription is refused with 0x80 (Not authorized is
@@ -95,9 +110,12 @@ impl Default for BrokerConfig {
             server_topic_aliases: false,
             max_keep_alive: 0,
             keep_alive_zero_allowed: true,
-            max_session_expiry: u32::MAX,
+            max_session_expiry: 24 * 3600,
+            max_persistent_sessions: 100_000,
             max_queued_messages: 10_000,
             max_queued_bytes: 64 * 1024 * 1024,
+            max_total_queued_messages: 1_000_000,
+            max_total_queued_bytes: 1024 * 1024 * 1024,
             queue_qos0_offline: false,
             refused_filters: Vec::new(),
             socket_write_high_water: 1024 * 1024,

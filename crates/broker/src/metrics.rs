@@ -28,4 +28,10 @@ pub struct Metrics {
     pub packet_read_timeouts: AtomicU64,
     /// Topic filters refused with 0x97 for the per-SUBSCRIBE or per-client limit.
     pub subscriptions_refused: AtomicU64,
+    /// Messages not queued because every session together held the broker-wide
+    /// bound (`max_total_queued_*`); also counted in `dropped` or `slow_consumers`.
+    pub total_queue_full: AtomicU64,
+    /// CONNECTs refused with 0x97 because they would make one persistent session more
+    /// than `max_persistent_sessions`.
+    pub persistent_sessions_refused: AtomicU64,
 }

@@ -40,10 +40,11 @@ pub enum SessionChange<'a> {
         disconnected: bool,
         subscriptions: Vec<(&'a ByteString, Subscription)>,
     },
-    /// The session ended: forget it, its messages and its QoS 2 receipts.
+    /// The session ended: forget it, its messages (by sequence number, with the
+    /// message each was recorded with) and its QoS 2 receipts.
     Ended {
         incarnation: u64,
-        messages: Vec<u64>,
+        messages: Vec<(u64, &'a Arc<Message>)>,
         incoming_qos2: Vec<u16>,
     },
     /// A message queued for the session (or, `released`, one whose PUBREL is sent).
@@ -54,8 +55,13 @@ pub enum SessionChange<'a> {
         released: bool,
         now: Instant,
     },
-    /// The message was acknowledged, expired or handed to someone else.
-    MessageDone { incarnation: u64, seq: u64 },
+    /// The message was acknowledged, expired or handed to someone else; `msg` is the
+    /// one it was recorded with.
+    MessageDone {
+        incarnation: u64,
+        seq: u64,
+        msg: &'a Arc<Message>,
+    },
     /// A QoS 2 PUBLISH from the client was received (PUBREC sent) or released.
     IncomingQos2 {
         incarnation: u64,
@@ -82,6 +88,11 @@ pub enum SessionChange<'a> {
 ///   keeps the copies without the receipt (the resent PUBLISH would be routed twice)
 ///   or the receipt without the copies (the message would be lost). A group never
 ///   spans an `.await`. A barrier taken while a group is open covers the group.
+/// * A message queued for several sessions is one `Arc<Message>`: the changes that
+///   record and forget each session's copy ([`SessionChange::Message`],
+///   [`SessionChange::MessageDone`], [`SessionChange::Ended`]) name it, so a store can
+///   keep the message once and know when no copy refers to it any more. A restored
+///   session's copies share the `Arc` the store loaded them with.
 pub trait SessionStore: Send + Sync + std::fmt::Debug {
     fn record(&self, change: SessionChange<'_>);
     fn barrier(&self) -> BoxFuture<'static, Result<(), SessionStoreError>>;

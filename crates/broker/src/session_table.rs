@@ -15,14 +15,17 @@
 //! takes another stripe.
 
 use std::hash::BuildHasher;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use dashmap::DashMap;
 use parking_lot::{Mutex, MutexGuard, RwLock};
-use statehub_mqtt_codec::ByteString;
+use statehub_mqtt_codec::{ByteString, ReasonCode};
 
-use crate::session::Session;
+use crate::config::BrokerConfig;
+use crate::ratelimit::LogLimit;
+use crate::session::{Session, Usage};
 use crate::session_store::{SessionStore, StoredSession};
 use crate::signal::Signal;
 use crate::Broker;
@@ -40,27 +43,52 @@ pub(crate) struct Taken {
 /// How many locks serialize session changes per client id (see the module docs).
 const STRIPES: usize = 256;
 
-/// Client id → session, and the store persistent sessions are kept in.
+/// Client id → session, the store persistent sessions are kept in, and what the
+/// sessions hold together against the broker-wide bounds.
 #[derive(Debug)]
 pub(crate) struct Sessions {
     map: DashMap<ByteString, Arc<Session>>,
     store: RwLock<Option<Arc<dyn SessionStore>>>,
     stripes: Box<[Mutex<()>]>,
     hasher: std::collections::hash_map::RandomState,
+    usage: Arc<Usage>,
+    /// Sessions with a Session Expiry above 0 (see [`Session::set_counted`]).
+    persistent: AtomicUsize,
+    max_persistent: usize,
 }
 
-impl Default for Sessions {
-    fn default() -> Self {
+impl Sessions {
+    pub fn new(config: &BrokerConfig) -> Sessions {
         Sessions {
             map: DashMap::new(),
             store: RwLock::new(None),
             stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(),
             hasher: Default::default(),
+            usage: Arc::new(Usage::new(
+                config.max_total_queued_messages,
+                config.max_total_queued_bytes,
+            )),
+            persistent: AtomicUsize::new(0),
+            max_persistent: config.max_persistent_sessions,
         }
     }
-}
 
-impl Sessions {
+    /// (messages, bytes) queued across every session.
+    pub fn usage(&self) -> (usize, usize) {
+        self.usage.get()
+    }
+
+    /// Counts `session` as persistent or not (under its client id's lock).
+    fn count(&self, session: &Session, persistent: bool) {
+        if session.set_counted(persistent) {
+            if persistent {
+                self.persistent.fetch_add(1, Ordering::Relaxed);
+            } else {
+                self.persistent.fetch_sub(1, Ordering::Relaxed);
+            }
+        }
+    }
+
     /// Serializes changes of `client_id`'s session (see the module docs).
     fn lock(&self, client_id: &str) -> MutexGuard<'_, ()> {
         let stripe = self.hasher.hash_one(client_id) as usize % self.stripes.len();
@@ -116,7 +144,9 @@ impl Broker {
         self.sessions().set_store(store.clone());
         for stored in loaded {
             let expires_in = stored.expires_in;
-            let session = Arc::new(Session::restore(stored, store.clone()));
+            let usage = self.sessions().usage.clone();
+            let session = Arc::new(Session::restore(stored, store.clone(), usage));
+            self.sessions().count(&session, true);
             for (filter, sub) in session.subscriptions() {
                 self.index_subscription(&session, &filter, sub.options, sub.identifier);
             }
@@ -127,7 +157,8 @@ impl Broker {
 
     /// Attaches a new connection (`generation`, woken through `signal`) to the client's
     /// session, resuming it unless `clean_start`, or to a new one. An older connection
-    /// on the same client id is told to go with 0x8E.
+    /// on the same client id is told to go with 0x8E. Refused with 0x97 (Quota
+    /// exceeded) if it would make one persistent session more than the bound allows.
     pub(crate) fn take_session(
         &self,
         client_id: &ByteString,
@@ -135,11 +166,18 @@ impl Broker {
         expiry: u32,
         generation: u64,
         signal: Arc<Signal>,
-    ) -> Taken {
-        let serialized = self.sessions().lock(client_id);
+    ) -> Result<Taken, ReasonCode> {
+        let sessions = self.sessions();
+        let serialized = sessions.lock(client_id);
+        let old = self.session(client_id);
+        // Resuming or replacing a persistent session keeps the count.
+        let adds = expiry > 0 && !old.as_ref().is_some_and(|o| o.is_counted());
+        if adds && sessions.persistent.load(Ordering::Relaxed) >= sessions.max_persistent {
+            return Err(ReasonCode::QUOTA_EXCEEDED);
+        }
         let mut resumed = None;
         let mut kicked = false;
-        if let Some(old) = self.session(client_id) {
+        if let Some(old) = old {
             kicked = old.take_over();
             if clean_start {
                 self.end_session(&old);
@@ -149,11 +187,13 @@ impl Broker {
         }
         let present = resumed.is_some();
         let session = resumed.unwrap_or_else(|| {
-            let session = Arc::new(Session::new(client_id.clone(), expiry));
-            self.sessions().insert(session.clone());
+            let usage = sessions.usage.clone();
+            let session = Arc::new(Session::with_usage(client_id.clone(), expiry, usage));
+            sessions.insert(session.clone());
             session
         });
         let stored = session.attach(generation, signal, expiry, self.session_store());
+        sessions.count(&session, expiry > 0);
         drop(serialized);
         if kicked {
             // The old connection's teardown no longer owns the session and stays quiet;
@@ -161,11 +201,39 @@ impl Broker {
             // lock: a service's callback is not ours to bound).
             self.notify_services_closed(client_id);
         }
-        Taken {
+        Ok(Taken {
             session,
             present,
             stored,
+        })
+    }
+
+    /// Counts (and logs, throttled) a CONNECT refused by the bound on persistent
+    /// sessions.
+    pub(crate) fn refused_persistent_session(&self, client_id: &str) {
+        static LOG: LogLimit = LogLimit::per_secs(10);
+        let m = self.metrics();
+        m.persistent_sessions_refused
+            .fetch_add(1, Ordering::Relaxed);
+        if let Some(left_out) = LOG.allow() {
+            tracing::warn!(
+                client = client_id,
+                left_out,
+                max_persistent_sessions = self.sessions().max_persistent,
+                "persistent session limit reached; refusing new persistent sessions with CONNACK 0x97"
+            );
         }
+    }
+
+    /// Sessions kept beyond their connection (Session Expiry above 0), connected or
+    /// not.
+    pub fn persistent_session_count(&self) -> usize {
+        self.sessions().persistent.load(Ordering::Relaxed)
+    }
+
+    /// (messages, bytes) queued across every session, pending and in flight.
+    pub fn queued_total(&self) -> (usize, usize) {
+        self.sessions().usage()
     }
 
     /// The session store, if one is configured.
@@ -187,6 +255,7 @@ impl Broker {
     /// subscriptions from the trie. The caller holds the client id's lock.
     fn end_session(&self, session: &Arc<Session>) {
         if let Some(filters) = self.sessions().remove(session) {
+            self.sessions().count(session, false);
             self.unindex_all(session.client_id(), &filters);
         }
     }
@@ -205,6 +274,7 @@ impl Broker {
         if !session.detach(generation, expiry) {
             return false;
         }
+        self.sessions().count(session, expiry > 0);
         self.hand_over_shared(session);
         if expiry == 0 {
             self.end_session(session);
@@ -223,12 +293,12 @@ impl Broker {
             let Some(via) = d.shared.clone() else {
                 continue;
             };
-            let seq = d.seq;
+            let (seq, msg) = (d.seq, d.msg.clone());
             if !self.reroute_shared(&d, &via, session.client_id()) {
                 self.offer(session, d);
             }
             // Forgotten here only once recorded where it went (the store keeps order).
-            session.forget(seq);
+            session.forget(seq, &msg);
         }
     }
 

@@ -210,7 +210,7 @@ async fn session_takeover_keeps_subscriptions_without_clean_start() {
 
 #[tokio::test]
 async fn disconnect_can_shorten_session_expiry_to_zero() {
-    let (_b, addr) = start_default().await;
+    let (b, addr) = start_default().await;
     let (mut c, _) = RawClient::connect_with(addr, v5_persistent("dse", true, 60)).await;
     c.subscribe("x", opts(QoS::AtLeastOnce)).await;
     let d = Disconnect {
@@ -219,7 +219,7 @@ async fn disconnect_can_shorten_session_expiry_to_zero() {
     };
     c.send(&Packet::Disconnect(d)).await;
     c.expect_closed().await;
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(wait_until(WAIT, || !b.has_session("dse")).await);
     let (_c, ack) = RawClient::connect_with(addr, v5_persistent("dse", false, 60)).await;
     assert!(
         !ack.session_present,

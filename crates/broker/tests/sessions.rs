@@ -53,7 +53,7 @@ async fn queued_qos1_messages_are_delivered_after_reconnect() {
 
 #[tokio::test]
 async fn rumqttc_v311_persistent_session() {
-    let (_b, addr) = start_default().await;
+    let (b, addr) = start_default().await;
     let mut o = v4c::options(addr, "r4persist");
     o.set_clean_session(false);
     {
@@ -61,7 +61,7 @@ async fn rumqttc_v311_persistent_session() {
         c.subscribe("p4/t", v4c::QoS::AtLeastOnce).await.unwrap();
         v4c::next_suback(&mut rx).await;
         c.disconnect().await.unwrap();
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(wait_until(WAIT, || b.connection_count() == 0).await);
     }
     let mut publ = RawClient::connect(addr, V311, "p4pub").await;
     publ.publish_simple("p4/t", QoS::AtLeastOnce, b"while away")
@@ -73,7 +73,7 @@ async fn rumqttc_v311_persistent_session() {
 
 #[tokio::test]
 async fn unacknowledged_qos1_is_resent_with_dup_on_resume() {
-    let (_b, addr) = start_default().await;
+    let (b, addr) = start_default().await;
     let (mut s, _) = RawClient::connect_with(addr, persistent("dup1", true)).await;
     s.subscribe("dup/t", opts(QoS::AtLeastOnce)).await;
     let mut publ = RawClient::connect(addr, V5, "duppub").await;
@@ -82,7 +82,7 @@ async fn unacknowledged_qos1_is_resent_with_dup_on_resume() {
     let first = s.expect_publish().await;
     assert!(!first.dup);
     drop(s); // no PUBACK, TCP closed
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(wait_until(WAIT, || b.connection_count() == 1).await);
 
     let (mut s, ack) = RawClient::connect_with(addr, persistent("dup1", false)).await;
     assert!(ack.session_present);
@@ -96,7 +96,7 @@ async fn unacknowledged_qos1_is_resent_with_dup_on_resume() {
 
 #[tokio::test]
 async fn qos2_exchange_resumes_with_pubrel() {
-    let (_b, addr) = start_default().await;
+    let (b, addr) = start_default().await;
     let (mut s, _) = RawClient::connect_with(addr, persistent("dup2", true)).await;
     s.subscribe("dup2/t", opts(QoS::ExactlyOnce)).await;
     let mut publ = RawClient::connect(addr, V5, "dup2pub").await;
@@ -107,7 +107,7 @@ async fn qos2_exchange_resumes_with_pubrel() {
     s.send(&Packet::PubRec(PubResponse::ok(id))).await;
     assert!(matches!(s.expect().await, Packet::PubRel(r) if r.packet_id == id));
     drop(s);
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(wait_until(WAIT, || b.connection_count() == 1).await);
 
     let (mut s, _) = RawClient::connect_with(addr, persistent("dup2", false)).await;
     match s.expect().await {

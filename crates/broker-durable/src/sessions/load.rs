@@ -1,15 +1,21 @@
 //! Loading the session table at start-up: every record is read once, what expired
 //! while statehub was down (sessions, messages) and what belongs to no live session is
-//! deleted, and the rest becomes the broker's [`StoredSession`]s.
+//! deleted, as is every body no live message record refers to, and the rest becomes
+//! the broker's [`StoredSession`]s, the copies of one body sharing one message.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Instant;
 
 use statehub_broker::codec::ByteString;
-use statehub_broker::{StoredMessage, StoredSession};
+use statehub_broker::{Message, StoredMessage, StoredSession};
 use statehub_storage::{Batch, StorageError, Store, Table};
 
-use super::records::{decode_message, decode_session, session_key, MESSAGE, QOS2, SESSION};
+use super::bodies::Bodies;
+use super::records::{
+    body_key, decode_body, decode_message, decode_session, session_key, Body, BODY, MESSAGE, QOS2,
+    SESSION,
+};
 use super::{SessionTable, SESSIONS_TABLE};
 use crate::stored::{wall_ms, RecordError};
 use crate::LoadError;
@@ -25,24 +31,28 @@ impl SessionTable {
             now: Instant::now(),
             garbage: Batch::new(),
             sessions: HashMap::new(),
+            bodies: HashMap::new(),
+            max_body: 0,
         };
         let mut messages = Vec::new();
         let mut receipts = Vec::new();
         for record in table.iter() {
             let record = record.map_err(&failed)?;
             let (key, value) = (record.key(), record.value());
-            match (key.first(), key.len()) {
-                (Some(&SESSION), 9) => load
-                    .session(key, value)
-                    .map_err(|e| e.into_load_error(key))?,
-                (Some(&MESSAGE), 17) => messages.push((key.to_vec(), value.to_vec())),
-                (Some(&QOS2), 11) => receipts.push(key.to_vec()),
-                _ => {
-                    return Err(LoadError::record(SESSIONS_TABLE, key)(
-                        RecordError::UnknownKey,
-                    ))
+            let loaded = match (key.first(), key.len()) {
+                (Some(&SESSION), 9) => load.session(key, value),
+                (Some(&BODY), 9) => load.body(key, value),
+                (Some(&MESSAGE), 17) => {
+                    messages.push((key.to_vec(), value.to_vec()));
+                    Ok(())
                 }
-            }
+                (Some(&QOS2), 11) => {
+                    receipts.push(key.to_vec());
+                    Ok(())
+                }
+                _ => Err(RecordError::UnknownKey.into()),
+            };
+            loaded.map_err(|e| e.into_load_error(key))?;
         }
         load.drop_superseded().map_err(&failed)?;
         for (key, value) in messages {
@@ -52,6 +62,7 @@ impl SessionTable {
         for key in receipts {
             load.receipt(&key).map_err(&failed)?;
         }
+        let bodies = load.unreferred_bodies_go().map_err(&failed)?;
         if !load.garbage.is_empty() {
             let garbage = std::mem::take(&mut load.garbage);
             store
@@ -60,18 +71,21 @@ impl SessionTable {
                 .map_err(&failed)?;
         }
         let loaded = load.sessions.into_values().map(|(_, s)| s).collect();
-        Ok((SessionTable::new(store, table), loaded))
+        Ok((SessionTable::new(store, table, bodies), loaded))
     }
 }
 
 /// The load in progress: live sessions by incarnation (with the time their record was
-/// written), and the deletions of what is not to be loaded.
+/// written), bodies by id (`None`: expired) with the records referring to them, and
+/// the deletions of what is not to be loaded.
 struct Load<'a> {
     table: &'a Table,
     now_ms: u64,
     now: Instant,
     garbage: Batch,
     sessions: HashMap<u64, (u64, StoredSession)>,
+    bodies: HashMap<u64, (Option<Arc<Message>>, u64)>,
+    max_body: u64,
 }
 
 /// Why one record stopped the load.
@@ -109,23 +123,46 @@ impl Load<'_> {
         Ok(())
     }
 
+    fn body(&mut self, key: &[u8], value: &[u8]) -> Result<(), Bad> {
+        let id = u64_at(key, 1);
+        let msg = decode_body(value, self.now_ms, self.now)?.map(Arc::new);
+        self.bodies.insert(id, (msg, 0));
+        self.max_body = self.max_body.max(id);
+        Ok(())
+    }
+
     fn message(&mut self, key: &[u8], value: &[u8]) -> Result<(), Bad> {
         let (incarnation, seq) = (u64_at(key, 1), u64_at(key, 9));
         let Some((_, session)) = self.sessions.get_mut(&incarnation) else {
             return Ok(self.garbage.delete(self.table, key)?);
         };
-        match decode_message(value, self.now_ms, self.now)? {
-            Some((q, released)) => session.messages.push(StoredMessage {
-                seq,
-                msg: q.msg,
-                qos: q.qos,
-                retain: q.retain,
-                subscription_ids: q.subscription_ids,
-                shared: q.shared,
-                released,
-            }),
-            None => self.garbage.delete(self.table, key)?,
-        }
+        let record = decode_message(value, self.now_ms, self.now)?;
+        let msg = match record.body {
+            Body::Inline(msg) => msg,
+            Body::Ref(id) => {
+                let (msg, refs) = self
+                    .bodies
+                    .get_mut(&id)
+                    .ok_or(RecordError::MissingBody(id))?;
+                if msg.is_some() {
+                    *refs += 1;
+                }
+                msg.clone()
+            }
+        };
+        let Some(msg) = msg else {
+            // Expired while statehub was down.
+            return Ok(self.garbage.delete(self.table, key)?);
+        };
+        session.messages.push(StoredMessage {
+            seq,
+            msg,
+            qos: record.qos,
+            retain: record.retain,
+            subscription_ids: record.subscription_ids,
+            shared: record.shared,
+            released: record.released,
+        });
         Ok(())
     }
 
@@ -141,6 +178,18 @@ impl Load<'_> {
         }
     }
 
+    /// Deletes the bodies no live record refers to (expired ones, and those a crash
+    /// left behind their last record's deletion); the rest are the table's.
+    fn unreferred_bodies_go(&mut self) -> Result<Bodies, StorageError> {
+        let mut live = Vec::new();
+        for (id, (msg, refs)) in self.bodies.drain() {
+            match msg {
+                Some(msg) if refs > 0 => live.push((id, msg, refs)),
+                _ => self.garbage.delete(self.table, &body_key(id))?,
+            }
+        }
+        Ok(Bodies::loaded(live, self.max_body, self.now))
+    }
     /// Two records of one client id can only both be present if the older one's
     /// deletion was cut by a crash: the newer (by write time) wins, the older goes.
     fn drop_superseded(&mut self) -> Result<(), StorageError> {

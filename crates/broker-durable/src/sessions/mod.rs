@@ -1,14 +1,18 @@
 //! Persistent MQTT sessions on the data directory: the broker's [`SessionStore`] hook.
 //!
-//! One table, `mqtt-sessions`, with three kinds of record, all keyed by the session's
-//! incarnation (a random id per session, so a Clean Start's new session never shares
-//! a key with the one it replaced, and client ids of any length fit):
+//! One table, `mqtt-sessions`, with four kinds of record. Those of a session are keyed
+//! by its incarnation (a random id per session, so a Clean Start's new session never
+//! shares a key with the one it replaced, and client ids of any length fit):
 //!
 //! * `S` + incarnation: client id, expiry interval, whether it was disconnected and
 //!   when (its expiry clock), and its subscriptions;
-//! * `M` + incarnation + sequence number: a queued or in-flight message with its
-//!   per-subscriber fields (QoS, RETAIN, subscription ids, shared group) and whether
-//!   its PUBREL was sent; its packet id follows from the sequence number;
+//! * `M` + incarnation + sequence number: a queued or in-flight message's
+//!   per-subscriber fields (QoS, RETAIN, subscription ids, shared group), whether its
+//!   PUBREL was sent, and the id of its body; its packet id follows from the sequence
+//!   number;
+//! * `B` + body id: the message itself (as the wire has it, with the time it was
+//!   written), once however many sessions queue it; deleted with the last `M` record
+//!   that refers to it (`bodies.rs` says why that is crash-safe);
 //! * `Q` + incarnation + packet id: a QoS 2 PUBLISH received from the client, PUBREC
 //!   sent, PUBREL not yet received.
 //!
@@ -23,9 +27,11 @@
 //! [`STALE`]); the durability contract of the hook holds (a barrier covers it).
 //!
 //! At start-up (`load.rs`) sessions whose expiry passed while statehub was down are
-//! deleted, as are messages that expired and records of no live session. A session
-//! that was connected when statehub stopped starts its expiry clock at start-up.
+//! deleted, as are messages that expired, records of no live session and bodies no
+//! record refers to. A session that was connected when statehub stopped starts its
+//! expiry clock at start-up.
 
+mod bodies;
 mod load;
 mod records;
 
@@ -34,10 +40,13 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use rustc_hash::FxHashMap;
-use statehub_broker::{BoxFuture, SessionChange, SessionStore, SessionStoreError};
+use statehub_broker::{
+    BoxFuture, Message, QueuedRef, SessionChange, SessionStore, SessionStoreError,
+};
 use statehub_storage::{Batch, StorageError, Store, Table};
 use tokio::sync::watch;
 
+use bodies::Bodies;
 use records::{encode_message, encode_session, message_key, receipt_key, session_key, Queued};
 
 /// The table of persistent sessions.
@@ -71,18 +80,23 @@ struct Pending {
     /// Queued messages not written yet, by (incarnation, sequence number): keys the
     /// server makes, so a fast hash (every response to a persistent session is held here
     /// and removed by its PUBACK).
-    held: FxHashMap<(u64, u64), (Queued, Instant)>,
+    held: FxHashMap<(u64, u64), Queued>,
     /// When the oldest held message was queued.
     held_since: Option<Instant>,
+    /// The bodies the message records (written or held) refer to.
+    bodies: Bodies,
 }
 
 impl SessionTable {
-    fn new(store: &Store, table: Table) -> SessionTable {
+    fn new(store: &Store, table: Table, bodies: Bodies) -> SessionTable {
         SessionTable {
             store: store.clone(),
             table,
             refused: Arc::default(),
-            pending: Mutex::default(),
+            pending: Mutex::new(Pending {
+                bodies,
+                ..Pending::default()
+            }),
             closed: watch::Sender::new((0, 0)),
         }
     }
@@ -110,7 +124,8 @@ impl SessionTable {
         self.flush(&mut self.pending.lock());
     }
 
-    /// Submits every held message (under the pending lock).
+    /// Writes every held message (under the pending lock): into the open group's
+    /// batch if there is one, so nothing overtakes a body staged there.
     fn flush(&self, pending: &mut Pending) {
         pending.held_since = None;
         if pending.held.is_empty() {
@@ -118,54 +133,142 @@ impl SessionTable {
         }
         let mut held: Vec<_> = pending.held.drain().collect();
         held.sort_unstable_by_key(|(key, _)| *key);
-        let mut batch = Batch::new();
-        let staged = held
-            .iter()
-            .try_for_each(|((incarnation, seq), (queued, now))| {
-                batch.put(
-                    &self.table,
-                    &message_key(*incarnation, *seq),
-                    &encode_message(queued.as_ref(), false, *now),
-                )
-            });
-        if let Err(e) = staged.and_then(|()| self.store.submit(batch).map(drop)) {
+        let mut own = Batch::new();
+        let staged = {
+            let Pending {
+                open,
+                batch: group,
+                bodies,
+                ..
+            } = pending;
+            let batch = if *open > 0 { group } else { &mut own };
+            held.iter().try_for_each(|((incarnation, seq), queued)| {
+                self.stage_message(batch, bodies, (*incarnation, *seq), queued.as_ref(), false)
+            })
+        };
+        if let Err(e) = staged.and_then(|()| self.submit(own)) {
             self.refuse(e);
         }
     }
 
-    /// Applies `change` to the held messages; `None` if that was all it needed.
-    fn unhold<'a>(pending: &mut Pending, change: SessionChange<'a>) -> Option<SessionChange<'a>> {
+    /// Stages a message record, after its body if that is not staged yet.
+    fn stage_message(
+        &self,
+        batch: &mut Batch,
+        bodies: &mut Bodies,
+        (incarnation, seq): (u64, u64),
+        message: QueuedRef<'_>,
+        released: bool,
+    ) -> Result<(), StorageError> {
+        let Some(body) = bodies.write(&self.table, batch, message.msg)? else {
+            return Ok(());
+        };
+        let key = message_key(incarnation, seq);
+        batch.put(&self.table, &key, &encode_message(message, released, body))
+    }
+
+    /// The record of a message no longer queued goes (unless it was never written), and
+    /// with the last record referring to it, its body.
+    fn stage_done(
+        &self,
+        batch: &mut Batch,
+        pending: (&mut FxHashMap<(u64, u64), Queued>, &mut Bodies),
+        (incarnation, seq): (u64, u64),
+        msg: &Arc<Message>,
+    ) -> Result<(), StorageError> {
+        let (held, bodies) = pending;
+        if held.remove(&(incarnation, seq)).is_none() {
+            batch.delete(&self.table, &message_key(incarnation, seq))?;
+        }
+        bodies.release(&self.table, batch, msg)
+    }
+
+    /// Submits `batch` unless it is empty.
+    fn submit(&self, batch: Batch) -> Result<(), StorageError> {
+        if batch.is_empty() {
+            return Ok(());
+        }
+        self.store.submit(batch).map(drop)
+    }
+
+    /// Applies one change: a queued message is held (outside a group), everything else
+    /// is staged into `own`, or into the open group's batch.
+    fn apply(
+        &self,
+        pending: &mut Pending,
+        own: &mut Batch,
+        change: SessionChange<'_>,
+    ) -> Result<(), StorageError> {
+        let Pending {
+            open,
+            batch: group,
+            held,
+            held_since,
+            bodies,
+            ..
+        } = pending;
+        let grouped = *open > 0;
+        let batch = if grouped { group } else { own };
+        let table = &self.table;
         match change {
-            // Acknowledged before it was written: nothing to write or delete.
-            SessionChange::MessageDone { incarnation, seq }
-                if pending.held.remove(&(incarnation, seq)).is_some() =>
-            {
-                None
+            SessionChange::Message {
+                incarnation,
+                seq,
+                message,
+                released: false,
+                now,
+            } => {
+                bodies.refer(message.msg, now);
+                if grouped {
+                    return self.stage_message(batch, bodies, (incarnation, seq), message, false);
+                }
+                held.insert((incarnation, seq), Queued::of(message));
+                held_since.get_or_insert_with(Instant::now);
+                Ok(())
             }
             SessionChange::Message {
                 incarnation,
                 seq,
+                message,
                 released: true,
-                ..
+                now,
             } => {
-                pending.held.remove(&(incarnation, seq));
-                Some(change)
+                held.remove(&(incarnation, seq));
+                if !bodies.is_referred(message.msg) {
+                    bodies.refer(message.msg, now);
+                }
+                self.stage_message(batch, bodies, (incarnation, seq), message, true)
             }
+            SessionChange::MessageDone {
+                incarnation,
+                seq,
+                msg,
+            } => self.stage_done(batch, (held, bodies), (incarnation, seq), msg),
             SessionChange::Ended {
                 incarnation,
-                ref messages,
-                ..
+                messages,
+                incoming_qos2,
             } => {
-                for seq in messages {
-                    pending.held.remove(&(incarnation, *seq));
+                batch.delete(table, &session_key(incarnation))?;
+                for (seq, msg) in messages {
+                    self.stage_done(batch, (&mut *held, &mut *bodies), (incarnation, seq), msg)?;
                 }
-                Some(change)
+                for packet_id in incoming_qos2 {
+                    batch.delete(table, &receipt_key(incarnation, packet_id))?;
+                }
+                Ok(())
             }
-            other => Some(other),
+            other => self.stage_session(batch, other),
         }
     }
 
-    fn stage(&self, batch: &mut Batch, change: SessionChange<'_>) -> Result<(), StorageError> {
+    /// Stages a change to a session's own record or to its QoS 2 receipts.
+    fn stage_session(
+        &self,
+        batch: &mut Batch,
+        change: SessionChange<'_>,
+    ) -> Result<(), StorageError> {
+        let table = &self.table;
         match change {
             SessionChange::Saved {
                 client_id,
@@ -176,46 +279,22 @@ impl SessionTable {
             } => {
                 let value =
                     encode_session(client_id, expiry_interval, disconnected, &subscriptions);
-                batch.put(&self.table, &session_key(incarnation), &value)
-            }
-            SessionChange::Ended {
-                incarnation,
-                messages,
-                incoming_qos2,
-            } => {
-                batch.delete(&self.table, &session_key(incarnation))?;
-                for seq in messages {
-                    batch.delete(&self.table, &message_key(incarnation, seq))?;
-                }
-                for packet_id in incoming_qos2 {
-                    batch.delete(&self.table, &receipt_key(incarnation, packet_id))?;
-                }
-                Ok(())
-            }
-            SessionChange::Message {
-                incarnation,
-                seq,
-                message,
-                released,
-                now,
-            } => batch.put(
-                &self.table,
-                &message_key(incarnation, seq),
-                &encode_message(message, released, now),
-            ),
-            SessionChange::MessageDone { incarnation, seq } => {
-                batch.delete(&self.table, &message_key(incarnation, seq))
+                batch.put(table, &session_key(incarnation), &value)
             }
             SessionChange::IncomingQos2 {
                 incarnation,
                 packet_id,
                 pending: true,
-            } => batch.put(&self.table, &receipt_key(incarnation, packet_id), &[]),
+            } => batch.put(table, &receipt_key(incarnation, packet_id), &[]),
             SessionChange::IncomingQos2 {
                 incarnation,
                 packet_id,
                 pending: false,
-            } => batch.delete(&self.table, &receipt_key(incarnation, packet_id)),
+            } => batch.delete(table, &receipt_key(incarnation, packet_id)),
+            // The message changes are staged by `apply`.
+            SessionChange::Message { .. }
+            | SessionChange::MessageDone { .. }
+            | SessionChange::Ended { .. } => Ok(()),
         }
     }
 
@@ -231,33 +310,15 @@ impl SessionTable {
 impl SessionStore for SessionTable {
     fn record(&self, change: SessionChange<'_>) {
         let mut pending = self.pending.lock();
-        let Some(change) = Self::unhold(&mut pending, change) else {
-            return;
-        };
-        let staged = match change {
-            _ if pending.open > 0 => self.stage(&mut pending.batch, change),
-            SessionChange::Message {
-                incarnation,
-                seq,
-                message,
-                released: false,
-                now,
-            } => {
-                pending
-                    .held
-                    .insert((incarnation, seq), (Queued::of(message), now));
-                let since = *pending.held_since.get_or_insert(now);
-                if pending.held.len() >= MAX_HELD || since.elapsed() >= STALE {
-                    self.flush(&mut pending);
-                }
-                Ok(())
-            }
-            change => {
-                let mut batch = Batch::new();
-                self.stage(&mut batch, change)
-                    .and_then(|()| self.store.submit(batch).map(drop))
-            }
-        };
+        let mut own = Batch::new();
+        let mut staged = self.apply(&mut pending, &mut own, change);
+        if staged.is_ok() {
+            staged = self.submit(own);
+        }
+        let due = pending.held_since.is_some_and(|t| t.elapsed() >= STALE);
+        if pending.held.len() >= MAX_HELD || due {
+            self.flush(&mut pending);
+        }
         drop(pending);
         if let Err(e) = staged {
             self.refuse(e);

@@ -1,7 +1,9 @@
 //! The records of the session table: keys and value encodings (see the parent
-//! module for what each record means). Values start with a format byte and the
-//! wall-clock time they were written; everything is big-endian and length-prefixed,
-//! and a decoder refuses short, long or unknown records rather than guess.
+//! module for what each record means). Values start with a format byte, and those
+//! whose age matters (sessions, bodies) with the wall-clock time they were written;
+//! everything is big-endian and length-prefixed, and a decoder refuses short, long or
+//! unknown records rather than guess. A message record of the first format holds its
+//! message itself; it is still read.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -13,9 +15,12 @@ use statehub_broker::{Message, QueuedRef, SharedVia, StoredSession, Subscription
 use crate::stored::{self, down_since, put_str, wall_ms, Reader, RecordError};
 
 pub(super) const FORMAT: u8 = 1;
+/// A message record that refers to a body record instead of holding the message.
+pub(super) const FORMAT_REF: u8 = 2;
 pub(super) const SESSION: u8 = b'S';
 pub(super) const MESSAGE: u8 = b'M';
 pub(super) const QOS2: u8 = b'Q';
+pub(super) const BODY: u8 = b'B';
 
 pub(super) fn session_key(incarnation: u64) -> [u8; 9] {
     let mut k = [SESSION; 9];
@@ -27,6 +32,12 @@ pub(super) fn message_key(incarnation: u64, seq: u64) -> [u8; 17] {
     let mut k = [MESSAGE; 17];
     k[1..9].copy_from_slice(&incarnation.to_be_bytes());
     k[9..].copy_from_slice(&seq.to_be_bytes());
+    k
+}
+
+pub(super) fn body_key(id: u64) -> [u8; 9] {
+    let mut k = [BODY; 9];
+    k[1..].copy_from_slice(&id.to_be_bytes());
     k
 }
 
@@ -166,10 +177,11 @@ pub(super) fn decode_session(
     Ok(Some((written_ms, session)))
 }
 
-pub(super) fn encode_message(m: QueuedRef<'_>, released: bool, now: Instant) -> Vec<u8> {
-    let mut v = BytesMut::with_capacity(64 + m.msg.payload.len() + m.msg.topic.len());
-    v.put_u8(FORMAT);
-    v.put_u64(wall_ms());
+/// Appends a message record's fields: its per-subscriber copy and whether its PUBREL
+/// was sent, then the id of the body it refers to.
+pub(super) fn encode_message(m: QueuedRef<'_>, released: bool, body: u64) -> Vec<u8> {
+    let mut v = BytesMut::with_capacity(32 + 4 * m.subscription_ids.len());
+    v.put_u8(FORMAT_REF);
     v.put_u8(m.qos as u8);
     v.put_u8(u8::from(m.retain));
     v.put_u8(u8::from(released));
@@ -186,19 +198,43 @@ pub(super) fn encode_message(m: QueuedRef<'_>, released: bool, now: Instant) -> 
         }
         None => v.put_u8(0),
     }
-    stored::put_message(&mut v, m.msg, now);
+    v.put_u64(body);
     v.to_vec()
 }
 
-/// A queued message and whether its PUBREL was sent; `None` if it expired by `now_ms`.
+/// Where a message record's message is.
+#[derive(Debug)]
+pub(super) enum Body {
+    /// In the body record with this id.
+    Ref(u64),
+    /// In the record itself (the first format); `None` if it expired by the load.
+    Inline(Option<Arc<Message>>),
+}
+
+/// A message record: the per-subscriber copy without its message, whether its PUBREL
+/// was sent, and where the message is.
+#[derive(Debug)]
+pub(super) struct MessageRecord {
+    pub qos: QoS,
+    pub retain: bool,
+    pub released: bool,
+    pub subscription_ids: Vec<u32>,
+    pub shared: Option<SharedVia>,
+    pub body: Body,
+}
+
 pub(super) fn decode_message(
     value: &[u8],
     now_ms: u64,
     now: Instant,
-) -> Result<Option<(Queued, bool)>, RecordError> {
+) -> Result<MessageRecord, RecordError> {
     let mut r = Reader(value);
-    format(&mut r)?;
-    let written_ms = r.u64()?;
+    let format = r.u8()?;
+    let written_ms = match format {
+        FORMAT_REF => None,
+        FORMAT => Some(r.u64()?),
+        other => return Err(RecordError::UnknownFormat(other)),
+    };
     let qos = r.qos()?;
     let retain = r.u8()? != 0;
     let released = r.u8()? != 0;
@@ -211,16 +247,44 @@ pub(super) fn decode_message(
             group: r.str()?.into(),
         }),
     };
-    let down = down_since(written_ms, now_ms);
-    let Some(msg) = stored::read_message(r.rest(), down, now)? else {
-        return Ok(None);
+    let body = match written_ms {
+        None => {
+            let id = r.u64()?;
+            r.end()?;
+            Body::Ref(id)
+        }
+        Some(written_ms) => {
+            let down = down_since(written_ms, now_ms);
+            Body::Inline(stored::read_message(r.rest(), down, now)?.map(Arc::new))
+        }
     };
-    let queued = Queued {
-        msg: Arc::new(msg),
+    Ok(MessageRecord {
         qos,
         retain,
+        released,
         subscription_ids,
         shared,
-    };
-    Ok(Some((queued, released)))
+        body,
+    })
+}
+
+/// A body record: the time it was written and the message, its expiry as it was then.
+pub(super) fn encode_body(msg: &Message, now: Instant) -> BytesMut {
+    let mut v = BytesMut::with_capacity(16 + msg.payload.len() + msg.topic.len() + 64);
+    v.put_u8(FORMAT);
+    v.put_u64(wall_ms());
+    stored::put_message(&mut v, msg, now);
+    v
+}
+
+/// The message of a body record, received at `now`; `None` if it expired by `now_ms`.
+pub(super) fn decode_body(
+    value: &[u8],
+    now_ms: u64,
+    now: Instant,
+) -> Result<Option<Message>, RecordError> {
+    let mut r = Reader(value);
+    format(&mut r)?;
+    let written_ms = r.u64()?;
+    stored::read_message(r.rest(), down_since(written_ms, now_ms), now)
 }

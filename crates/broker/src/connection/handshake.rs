@@ -99,7 +99,7 @@ pub(crate) fn accept(
     broker: &Broker,
     connect: &mut Connect,
     auth_data: Option<bytes::Bytes>,
-) -> Accepted {
+) -> Result<Accepted, Refused> {
     let cfg = broker.config();
     let mut props = ConnAckProperties::default();
     if connect.client_id.is_empty() {
@@ -127,13 +127,18 @@ pub(crate) fn accept(
 
     let generation = broker.next_generation();
     let signal = Arc::new(Signal::default());
-    let taken = broker.take_session(
-        &connect.client_id,
-        connect.clean_start,
-        session_expiry,
-        generation,
-        signal.clone(),
-    );
+    let taken = broker
+        .take_session(
+            &connect.client_id,
+            connect.clean_start,
+            session_expiry,
+            generation,
+            signal.clone(),
+        )
+        .map_err(|code| {
+            broker.refused_persistent_session(&connect.client_id);
+            Refused(code)
+        })?;
 
     props.receive_maximum = Some(cfg.receive_maximum);
     props.maximum_packet_size = Some(cfg.max_packet_size);
@@ -150,7 +155,7 @@ pub(crate) fn accept(
         props.authentication_method = Some(method.clone());
         props.authentication_data = auth_data;
     }
-    Accepted {
+    Ok(Accepted {
         session: taken.session,
         generation,
         signal,
@@ -162,7 +167,7 @@ pub(crate) fn accept(
         keep_alive: Duration::from_secs(u64::from(keep_alive)),
         session_expiry,
         stored: taken.stored,
-    }
+    })
 }
 
 /// Reads CONNECT (and any AUTH rounds), answers CONNACK. `None` if refused. Until the
@@ -200,7 +205,13 @@ pub(super) async fn connect(
             return None;
         }
     };
-    let accepted = accept(broker, &mut connect, auth_data);
+    let accepted = match accept(broker, &mut connect, auth_data) {
+        Ok(accepted) => accepted,
+        Err(Refused(code)) => {
+            refuse(stream, &codec, code).await;
+            return None;
+        }
+    };
     if accepted.stored {
         if let Err(e) = barrier(broker).await {
             // Session Present could not be promised: refuse, and the client retries.

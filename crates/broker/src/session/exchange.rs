@@ -86,7 +86,8 @@ impl Session {
         }
         if !accepted {
             if let Some(done) = st.inflight.remove(i) {
-                st.forget(done.delivery.seq);
+                st.forget(done.delivery.seq, &done.delivery.msg);
+                self.usage.give(1, done.delivery.msg.weight());
             }
             return PubRec::Refused;
         }
@@ -115,7 +116,8 @@ impl Session {
         if let Some(i) = st.inflight_position(packet_id) {
             if st.inflight[i].stage == stage {
                 if let Some(done) = st.inflight.remove(i) {
-                    st.forget(done.delivery.seq);
+                    st.forget(done.delivery.seq, &done.delivery.msg);
+                    self.usage.give(1, done.delivery.msg.weight());
                 }
             }
         }

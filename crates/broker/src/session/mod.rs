@@ -15,23 +15,26 @@
 //! `exchange.rs` holds the QoS 1/2 exchanges and subscriptions, `outbox.rs` the
 //! connection's side (drain, resume, hand-over).
 
+mod enqueue;
 mod exchange;
 mod outbox;
+mod usage;
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
 
 use parking_lot::Mutex;
-use statehub_mqtt_codec::{ByteString, QoS, ReasonCode, SubscriptionOptions};
+use statehub_mqtt_codec::{ByteString, ReasonCode, SubscriptionOptions};
 use tokio_util::sync::CancellationToken;
 
-use crate::message::Delivery;
+use crate::message::{Delivery, Message};
 use crate::session_store::{packet_id_for, Persist, SessionChange, SessionStore, StoredSession};
 use crate::signal::Signal;
 
+pub(crate) use enqueue::{Bound, Enqueued, QueueLimits};
 pub(crate) use exchange::{IncomingQos2, PubRec};
+pub(crate) use usage::Usage;
 
 /// A subscription as the session remembers it (for resume and UNSUBSCRIBE).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -68,42 +71,6 @@ struct Attachment {
     signal: Arc<Signal>,
 }
 
-/// What happened to a delivery offered to a session.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Enqueued {
-    /// Queued; `stored`: also recorded in the session store (a persistent session's
-    /// QoS 1/2 message), so whoever acknowledges it must await the store's barrier.
-    Queued { stored: bool },
-    /// QoS 0 while offline, not queued per configuration (not an error: MQTT 5 allows it).
-    SkippedOffline,
-    /// The queue is full: QoS 0 dropped (counted) ...
-    DroppedQoS0,
-    /// ... or a QoS 1/2 message for an offline session dropped (counted and logged).
-    DroppedOffline,
-    /// Full while connected: the consumer is too slow and is being disconnected
-    /// with 0x97 (Quota exceeded); the message stays queued for the session.
-    SlowConsumer { stored: bool },
-}
-
-impl Enqueued {
-    /// Whether the delivery was recorded in the session store.
-    pub fn stored(self) -> bool {
-        matches!(
-            self,
-            Enqueued::Queued { stored: true } | Enqueued::SlowConsumer { stored: true }
-        )
-    }
-}
-
-/// Queue bounds, copied from the broker config (the offline bounds; a connected
-/// session gets 1.5x, see [`Session::enqueue`]).
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct QueueLimits {
-    pub max_messages: usize,
-    pub max_bytes: usize,
-    pub queue_qos0_offline: bool,
-}
-
 /// Mutable session state; see the module docs for who locks it.
 #[derive(Debug, Default)]
 struct SessionState {
@@ -129,12 +96,23 @@ struct SessionState {
     persist: Option<Persist>,
     /// Sequence number of the last stored delivery.
     next_seq: u64,
+    /// The session ended: it takes no more deliveries (its queue was dropped).
+    ended: bool,
 }
 
 impl SessionState {
     fn push_queue(&mut self, d: Delivery) {
         self.queued_bytes += d.msg.weight();
         self.queue.push_back(d);
+    }
+
+    /// (messages, bytes) the session holds, queued and in flight.
+    fn holding(&self) -> (usize, usize) {
+        let inflight: usize = self.inflight.iter().map(|i| i.delivery.msg.weight()).sum();
+        (
+            self.queue.len() + self.inflight.len(),
+            self.queued_bytes + inflight,
+        )
     }
 
     fn is_persistent(&self) -> bool {
@@ -152,11 +130,15 @@ impl SessionState {
         }
     }
 
-    /// The stored message `seq` is done with (acknowledged, expired, dropped, handed
-    /// over): its record goes.
-    fn forget(&self, seq: u64) {
+    /// The stored message `seq` (`msg`) is done with (acknowledged, expired, dropped,
+    /// handed over): its record goes.
+    fn forget(&self, seq: u64, msg: &Arc<Message>) {
         if seq != 0 {
-            self.record(|incarnation| SessionChange::MessageDone { incarnation, seq });
+            self.record(|incarnation| SessionChange::MessageDone {
+                incarnation,
+                seq,
+                msg,
+            });
         }
     }
 
@@ -183,11 +165,12 @@ impl SessionState {
             let messages = self
                 .queue
                 .iter()
-                .map(|d| d.seq)
-                .chain(self.inflight.iter().map(|i| i.delivery.seq));
+                .chain(self.inflight.iter().map(|i| &i.delivery))
+                .filter(|d| d.seq != 0)
+                .map(|d| (d.seq, &d.msg));
             p.store.record(SessionChange::Ended {
                 incarnation: p.incarnation,
-                messages: messages.filter(|&s| s != 0).collect(),
+                messages: messages.collect(),
                 incoming_qos2: self.incoming_qos2.iter().copied().collect(),
             });
         }
@@ -199,31 +182,50 @@ impl SessionState {
 pub(crate) struct Session {
     client_id: ByteString,
     connected: AtomicBool,
+    /// Counted against the broker's bound on persistent sessions (see the table).
+    counted: AtomicBool,
     state: Mutex<SessionState>,
+    /// What every session's queue holds (see `usage.rs`).
+    usage: Arc<Usage>,
     /// Cancelled when the session ends (expiry, clean start, takeover by a new
     /// session); a delayed will waits on it.
     ended: CancellationToken,
 }
 
 impl Session {
-    pub fn new(client_id: ByteString, expiry_interval: u32) -> Session {
+    /// A session whose deliveries count in `usage`.
+    pub fn with_usage(client_id: ByteString, expiry_interval: u32, usage: Arc<Usage>) -> Session {
         Session {
             client_id,
             connected: AtomicBool::new(false),
+            counted: AtomicBool::new(false),
             state: Mutex::new(SessionState {
                 expiry_interval,
                 ..Default::default()
             }),
+            usage,
             ended: CancellationToken::new(),
         }
+    }
+
+    /// A session of its own, unbounded usage (for unit tests).
+    #[cfg(test)]
+    pub fn new(client_id: ByteString, expiry_interval: u32) -> Session {
+        let usage = Arc::new(Usage::new(usize::MAX, usize::MAX));
+        Session::with_usage(client_id, expiry_interval, usage)
     }
 
     /// A session as `store` kept it: its messages queued (to be sent with DUP set,
     /// under their old packet ids), released QoS 2 messages back in flight, its
     /// subscriptions and QoS 2 receipts as they were. The caller indexes the
-    /// subscriptions and starts the expiry clock.
-    pub fn restore(stored: StoredSession, store: Arc<dyn SessionStore>) -> Session {
-        let session = Session::new(stored.client_id, stored.expiry_interval);
+    /// subscriptions and starts the expiry clock. Its messages count in `usage`
+    /// whatever the bounds say (they were accepted before the restart).
+    pub fn restore(
+        stored: StoredSession,
+        store: Arc<dyn SessionStore>,
+        usage: Arc<Usage>,
+    ) -> Session {
+        let session = Session::with_usage(stored.client_id, stored.expiry_interval, usage);
         {
             let mut st = session.state.lock();
             st.persist = Some(Persist {
@@ -234,6 +236,7 @@ impl Session {
                 st.next_seq = st.next_seq.max(m.seq);
                 let released = m.released;
                 let delivery = Delivery::restored(m);
+                session.usage.take(delivery.msg.weight());
                 if released {
                     let packet_id = packet_id_for(delivery.seq);
                     st.inflight.push_back(Inflight {
@@ -363,101 +366,31 @@ impl Session {
         let filters = {
             let mut st = self.state.lock();
             st.unpersist();
+            st.ended = true;
+            let (messages, bytes) = st.holding();
+            self.usage.give(messages, bytes);
+            st.queue.clear();
+            st.inflight.clear();
+            st.queued_bytes = 0;
             st.subscriptions.keys().cloned().collect()
         };
         self.ended.cancel();
         filters
     }
 
+    /// Marks the session as counted against the bound on persistent sessions (or
+    /// not); true if that changed.
+    pub fn set_counted(&self, on: bool) -> bool {
+        self.counted.swap(on, Ordering::AcqRel) != on
+    }
+
+    /// Whether the session counts against the bound on persistent sessions.
+    pub fn is_counted(&self) -> bool {
+        self.counted.load(Ordering::Acquire)
+    }
+
     /// Whether the session is persistent (kept in the session store).
     pub fn is_persistent(&self) -> bool {
         self.state.lock().is_persistent()
-    }
-
-    /// Offers one delivery at `now`, applying the queue bounds (see [`Enqueued`]).
-    pub fn enqueue(
-        self: &Arc<Self>,
-        mut d: Delivery,
-        limits: &QueueLimits,
-        now: Instant,
-    ) -> Enqueued {
-        // A delivery handed over from another session starts afresh here.
-        d.seq = 0;
-        d.dup = false;
-        let gate = d.gate.take();
-        let connected = self.is_connected();
-        let mut st = self.state.lock();
-        if !connected && d.qos == QoS::AtMostOnce && !limits.queue_qos0_offline {
-            return Enqueued::SkippedOffline;
-        }
-        // A connected session may hold half as much again as an offline one, so a
-        // session that resumes with a full queue has room to drain it; only a
-        // consumer that still falls behind by that much is cut off.
-        let (max_messages, max_bytes) = if connected {
-            (
-                limits.max_messages + limits.max_messages / 2,
-                limits.max_bytes + limits.max_bytes / 2,
-            )
-        } else {
-            (limits.max_messages, limits.max_bytes)
-        };
-        let full = st.queue.len() + st.inflight.len() >= max_messages
-            || st.queued_bytes + d.msg.weight() > max_bytes;
-        if full && d.qos == QoS::AtMostOnce {
-            st.dropped_qos0 += 1;
-            return Enqueued::DroppedQoS0;
-        }
-        if full && !connected {
-            st.dropped_offline += 1;
-            return Enqueued::DroppedOffline;
-        }
-        let stored = st.persist.is_some() && d.qos != QoS::AtMostOnce;
-        if stored {
-            // Only a stored QoS 2 copy needs to wait until it is durable; the gate
-            // wakes this session when it opens.
-            d.gate = gate.filter(|_| d.qos == QoS::ExactlyOnce);
-            if let Some(g) = &d.gate {
-                g.hold(self.clone());
-            }
-            st.next_seq += 1;
-            d.seq = st.next_seq;
-            st.record(|incarnation| SessionChange::Message {
-                incarnation,
-                seq: d.seq,
-                message: d.queued(),
-                released: false,
-                now,
-            });
-        }
-        st.push_queue(d);
-        if full {
-            // The consumer is not keeping up: from now on the session is treated as
-            // offline (further messages follow the offline bounds), and its
-            // connection is closed with 0x97. Reported once per connection.
-            self.set_connected(false);
-            if let Some(a) = &st.attached {
-                // If a close was asked for already, that one stands.
-                a.signal.close(ReasonCode::QUOTA_EXCEEDED);
-            }
-            return Enqueued::SlowConsumer { stored };
-        }
-        if let Some(a) = st.attached.as_ref().filter(|_| connected) {
-            a.signal.deliveries();
-        }
-        Enqueued::Queued { stored }
-    }
-
-    /// Wakes the attached connection, if any, to look at its queue again.
-    pub fn wake(&self) {
-        if let Some(a) = &self.state.lock().attached {
-            a.signal.deliveries();
-        }
-    }
-
-    /// Asks the attached connection, if any, to close with `reason`; false if none is
-    /// attached or it was already asked to close.
-    pub fn kick(&self, reason: ReasonCode) -> bool {
-        let st = self.state.lock();
-        st.attached.as_ref().is_some_and(|a| a.signal.close(reason))
     }
 }

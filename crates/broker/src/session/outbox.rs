@@ -2,13 +2,14 @@
 //! packet ids, gates, expiry), and handing shared-subscription messages back when the
 //! connection ends.
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use parking_lot::MutexGuard;
 use statehub_mqtt_codec::QoS;
 
-use super::{Inflight, Session, SessionState, Stage};
-use crate::message::Delivery;
+use super::{Inflight, Session, SessionState, Stage, Usage};
+use crate::message::{Delivery, Message};
 use crate::session_store::packet_id_for;
 
 /// The session's queue, locked for one connection to drain a batch of deliveries.
@@ -17,6 +18,7 @@ pub(crate) struct Outbox<'a> {
     st: MutexGuard<'a, SessionState>,
     /// Deliveries dropped by [`Outbox::next`] because their message had expired.
     expired: usize,
+    usage: &'a Usage,
 }
 
 impl Session {
@@ -28,7 +30,11 @@ impl Session {
             .attached
             .as_ref()
             .is_some_and(|a| a.generation == generation);
-        owner.then_some(Outbox { st, expired: 0 })
+        owner.then_some(Outbox {
+            st,
+            expired: 0,
+            usage: &self.usage,
+        })
     }
 
     /// Takes the messages that came through shared subscriptions and were not
@@ -53,12 +59,15 @@ impl Session {
             }
         }
         st.queued_bytes = st.queue.iter().map(|d| d.msg.weight()).sum();
+        // They leave this session; whoever takes them counts them again.
+        let bytes = taken.iter().map(|d| d.msg.weight()).sum();
+        self.usage.give(taken.len(), bytes);
         taken
     }
 
     /// The stored message `seq` went elsewhere: its record goes.
-    pub fn forget(&self, seq: u64) {
-        self.state.lock().forget(seq);
+    pub fn forget(&self, seq: u64, msg: &Arc<Message>) {
+        self.state.lock().forget(seq, msg);
     }
 }
 
@@ -86,7 +95,8 @@ impl Outbox<'_> {
             }
             let d = st.pop_queue()?;
             if d.msg.is_expired(now) {
-                st.forget(d.seq);
+                st.forget(d.seq, &d.msg);
+                self.usage.give(1, d.msg.weight());
                 self.expired += 1;
                 continue;
             }
@@ -109,26 +119,29 @@ impl Outbox<'_> {
     }
 
     /// `d` was written under `packet_id`: a QoS 1/2 message waits in flight for its
-    /// acknowledgement.
+    /// acknowledgement; a QoS 0 one is done with.
     pub fn sent(&mut self, d: Delivery, packet_id: Option<u16>) {
-        if let Some(packet_id) = packet_id {
-            let stage = if d.qos == QoS::ExactlyOnce {
-                Stage::Qos2Sent
-            } else {
-                Stage::Qos1Sent
-            };
-            self.st.inflight.push_back(Inflight {
-                packet_id,
-                stage,
-                delivery: d,
-            });
-        }
+        let Some(packet_id) = packet_id else {
+            self.usage.give(1, d.msg.weight());
+            return;
+        };
+        let stage = if d.qos == QoS::ExactlyOnce {
+            Stage::Qos2Sent
+        } else {
+            Stage::Qos1Sent
+        };
+        self.st.inflight.push_back(Inflight {
+            packet_id,
+            stage,
+            delivery: d,
+        });
     }
 
     /// `d` could not be written and never will be (over the client's Maximum Packet
     /// Size, or not encodable): it is done with.
     pub fn discard(&mut self, d: &Delivery) {
-        self.st.forget(d.seq);
+        self.st.forget(d.seq, &d.msg);
+        self.usage.give(1, d.msg.weight());
     }
 }
 
