@@ -11,50 +11,52 @@
 //! No lock is held across an `.await`, and the lock order is always
 //! trie → session, so the publish path cannot deadlock.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use dashmap::DashMap;
 use parking_lot::RwLock;
 use smallvec::SmallVec;
 use statehub_mqtt_codec::{ByteString, Publish, ReasonCode, SubscriptionOptions};
 use tokio_util::sync::CancellationToken;
 
 use crate::auth::{AllowAll, Authenticator};
+use crate::clock::Clock;
 use crate::config::{BrokerConfig, Overlap};
 use crate::message::{Delivery, Message, SharedVia};
 use crate::metrics::Metrics;
+use crate::ratelimit::LogLimit;
 use crate::retain_store::{RetainStore, RetainStoreError};
+use crate::retained::RetainedIndex;
 use crate::service::BoxFuture;
 use crate::service::Service;
-use crate::session::{Enqueued, QueueLimits, Session};
-use crate::session_store::{Gate, SessionStore};
+use crate::session::{Bound, Enqueued, QueueLimits, Session};
+use crate::session_store::Gate;
+use crate::session_table::Sessions;
 use crate::topic;
 use crate::trie::{SubEntry, SubscriptionTrie};
 
 /// Handle to the broker. Clone freely.
 #[derive(Debug, Clone)]
 pub struct Broker {
-    pub(crate) inner: Arc<Inner>,
+    inner: Arc<Inner>,
 }
 
 #[derive(Debug)]
-pub(crate) struct Inner {
-    pub config: BrokerConfig,
-    pub limits: QueueLimits,
-    pub sessions: DashMap<ByteString, Arc<Session>>,
-    pub trie: RwLock<SubscriptionTrie>,
-    pub retained: RwLock<HashMap<ByteString, Arc<Message>>>,
-    pub retain_store: RwLock<Option<Arc<dyn RetainStore>>>,
-    pub session_store: RwLock<Option<Arc<dyn SessionStore>>>,
-    pub services: RwLock<Vec<(String, Arc<dyn Service>)>>,
-    pub authenticator: RwLock<Arc<dyn Authenticator>>,
-    pub metrics: Metrics,
-    pub generation: AtomicU64,
-    pub connections: AtomicUsize,
-    pub shutdown: CancellationToken,
+struct Inner {
+    config: BrokerConfig,
+    limits: QueueLimits,
+    clock: Clock,
+    sessions: Sessions,
+    trie: RwLock<SubscriptionTrie>,
+    retained: RwLock<RetainedIndex>,
+    retain_store: RwLock<Option<Arc<dyn RetainStore>>>,
+    services: RwLock<Vec<(String, Arc<dyn Service>)>>,
+    authenticator: RwLock<Arc<dyn Authenticator>>,
+    metrics: Metrics,
+    generation: AtomicU64,
+    connections: AtomicUsize,
+    shutdown: CancellationToken,
 }
 
 /// Why [`Broker::deliver_to`] could not deliver.
@@ -68,6 +70,13 @@ pub enum DeliverError {
 
 impl Broker {
     pub fn new(config: BrokerConfig) -> Broker {
+        Broker::with_clock(config, Clock::system())
+    }
+
+    /// A broker on `clock` (a test's [`ManualClock`](crate::ManualClock)) instead of
+    /// the system's.
+    pub fn with_clock(config: BrokerConfig, clock: Clock) -> Broker {
+        let sessions = Sessions::new(&config);
         let limits = QueueLimits {
             max_messages: config.max_queued_messages,
             max_bytes: config.max_queued_bytes,
@@ -77,11 +86,11 @@ impl Broker {
             inner: Arc::new(Inner {
                 config,
                 limits,
-                sessions: DashMap::new(),
+                clock,
+                sessions,
                 trie: RwLock::new(SubscriptionTrie::default()),
-                retained: RwLock::new(HashMap::new()),
+                retained: RwLock::new(RetainedIndex::default()),
                 retain_store: RwLock::new(None),
-                session_store: RwLock::new(None),
                 services: RwLock::new(Vec::new()),
                 authenticator: RwLock::new(Arc::new(AllowAll)),
                 metrics: Metrics::default(),
@@ -100,6 +109,16 @@ impl Broker {
         &self.inner.metrics
     }
 
+    /// The broker's clock.
+    pub fn clock(&self) -> &Clock {
+        &self.inner.clock
+    }
+
+    /// Now, on the broker's clock (see [`Broker::clock`]).
+    pub fn now(&self) -> Instant {
+        self.inner.clock.now()
+    }
+
     /// The token that, once cancelled, makes every connection send DISCONNECT 0x8B
     /// and close. Cancel it to shut the broker down.
     pub fn shutdown_token(&self) -> CancellationToken {
@@ -109,6 +128,36 @@ impl Broker {
     /// Number of open client connections.
     pub fn connection_count(&self) -> usize {
         self.inner.connections.load(Ordering::Relaxed)
+    }
+
+    /// Counts a connection as open until the returned guard drops.
+    pub(crate) fn open_connection(&self) -> OpenConnection {
+        self.inner.connections.fetch_add(1, Ordering::Relaxed);
+        self.inner
+            .metrics
+            .connections_total
+            .fetch_add(1, Ordering::Relaxed);
+        OpenConnection(self.clone())
+    }
+
+    /// The bounds of a session queue.
+    pub(crate) fn queue_limits(&self) -> QueueLimits {
+        self.inner.limits
+    }
+
+    /// The session table.
+    pub(crate) fn sessions(&self) -> &Sessions {
+        &self.inner.sessions
+    }
+
+    /// Whether the shutdown token was cancelled.
+    pub(crate) fn is_shutting_down(&self) -> bool {
+        self.inner.shutdown.is_cancelled()
+    }
+
+    /// The authentication hook installed now.
+    pub(crate) fn authenticator(&self) -> Arc<dyn Authenticator> {
+        self.inner.authenticator.read().clone()
     }
 
     /// Number of subscriptions in the index (a shared-group member counts as one).
@@ -158,42 +207,31 @@ impl Broker {
     /// (the service answer path). The message is delivered once.
     pub fn deliver_to(&self, client_id: &str, publish: Publish) -> Result<(), DeliverError> {
         let session = self
-            .inner
-            .sessions
-            .get(client_id)
-            .map(|s| s.clone())
+            .session(client_id)
             .ok_or_else(|| DeliverError::NoSession(client_id.to_owned()))?;
-        let msg = Arc::new(Message::from_publish(publish, None, Instant::now()));
-        let d = Delivery {
-            qos: msg.qos,
-            retain: msg.retain,
-            msg,
-            subscription_ids: Vec::new(),
-            shared: None,
-            seq: 0,
-            dup: false,
-            gate: None,
-        };
-        match session.enqueue(d, &self.inner.limits) {
+        let msg = Arc::new(Message::from_publish(publish, None, self.now()));
+        let d = Delivery::new(msg.clone(), msg.qos, msg.retain, Vec::new());
+        let outcome = session.enqueue(d, &self.inner.limits, self.now());
+        self.count(&session, outcome);
+        match outcome {
             Enqueued::Queued { .. } | Enqueued::SlowConsumer { .. } => Ok(()),
-            Enqueued::SkippedOffline | Enqueued::DroppedOffline | Enqueued::DroppedQoS0 => {
-                self.inner.metrics.dropped.fetch_add(1, Ordering::Relaxed);
-                Err(DeliverError::QueueFull(client_id.to_owned()))
-            }
+            Enqueued::SkippedOffline
+            | Enqueued::DroppedOffline(_)
+            | Enqueued::DroppedQoS0(_)
+            | Enqueued::Ended => Err(DeliverError::QueueFull(client_id.to_owned())),
         }
     }
 
     /// Asks every connected client's connection to close with `reason`.
     pub(crate) fn close_all(&self, reason: ReasonCode) {
-        for session in self.inner.sessions.iter() {
+        self.inner.sessions.for_each(|session| {
             session.kick(reason);
-        }
+        });
     }
 
     /// Asks a client's connection to close with `reason`. False if not connected.
     pub fn disconnect_client(&self, client_id: &str, reason: ReasonCode) -> bool {
-        let session = self.inner.sessions.get(client_id).map(|s| s.clone());
-        session.is_some_and(|s| s.kick(reason))
+        self.session(client_id).is_some_and(|s| s.kick(reason))
     }
 
     /// Publishes a message as if a client had (retained handling included) and
@@ -214,14 +252,17 @@ impl Broker {
         &self,
         msg: &Arc<Message>,
     ) -> Option<BoxFuture<'static, Result<(), RetainStoreError>>> {
+        // Copied outside the lock; kept compacted (see `Message::compacted`).
+        let keep = (!msg.payload.is_empty()).then(|| Arc::new(msg.compacted()));
         let mut retained = self.inner.retained.write();
-        if msg.payload.is_empty() {
-            retained.remove(&msg.topic);
-        } else {
-            retained.insert(msg.topic.clone(), msg.clone());
+        match keep {
+            Some(keep) => retained.insert(keep),
+            None => {
+                retained.remove(&msg.topic);
+            }
         }
         let store = self.inner.retain_store.read();
-        store.as_ref().map(|s| s.record(msg, Instant::now()))
+        store.as_ref().map(|s| s.record(msg, self.now()))
     }
 
     /// Keeps retained messages in `store` from now on, starting from `loaded` (what it
@@ -230,7 +271,7 @@ impl Broker {
         let mut retained = self.inner.retained.write();
         for msg in loaded {
             if !msg.payload.is_empty() {
-                retained.insert(msg.topic.clone(), Arc::new(msg));
+                retained.insert(Arc::new(msg));
             }
         }
         *self.inner.retain_store.write() = Some(store);
@@ -241,22 +282,15 @@ impl Broker {
         self.inner.retained.read().len()
     }
 
-    /// Retained messages matching `filter`, oldest topic order not guaranteed.
-    pub(crate) fn retained_matching(&self, filter: &str, now: Instant) -> Vec<Arc<Message>> {
-        let retained = self.inner.retained.read();
-        if !topic::has_wildcard(filter) {
-            return retained
-                .get(filter)
-                .filter(|m| !m.is_expired(now))
-                .cloned()
-                .into_iter()
-                .collect();
-        }
-        retained
-            .iter()
-            .filter(|(t, m)| topic::matches(filter, t) && !m.is_expired(now))
-            .map(|(_, m)| m.clone())
-            .collect()
+    /// Appends the retained messages matching `filter` to `out`, in no particular
+    /// order; returns the index nodes visited (the work done).
+    pub(crate) fn retained_into(
+        &self,
+        filter: &str,
+        now: Instant,
+        out: &mut Vec<Arc<Message>>,
+    ) -> usize {
+        self.inner.retained.read().matching(filter, now, out)
     }
 
     /// Delivers `msg` to every matching subscription; says how many sessions it went
@@ -289,32 +323,25 @@ impl Broker {
                 d.subscription_ids.extend(entry.identifier);
                 continue;
             }
+            let ids = entry.identifier.into_iter().collect();
             let d = Delivery {
-                msg: msg.clone(),
-                qos,
-                retain,
-                subscription_ids: entry.identifier.into_iter().collect(),
-                shared: None,
-                seq: 0,
-                dup: false,
                 gate: gate.cloned(),
+                ..Delivery::new(msg.clone(), qos, retain, ids)
             };
             targets.push((entry, d));
         }
         for group in &matches.shared {
             if let Some(entry) = group.pick(None) {
+                let qos = msg.qos.min(entry.options.qos);
+                let retain = entry.options.retain_as_published && msg.retain;
+                let ids = entry.identifier.into_iter().collect();
                 let d = Delivery {
-                    msg: msg.clone(),
-                    qos: msg.qos.min(entry.options.qos),
-                    retain: entry.options.retain_as_published && msg.retain,
-                    subscription_ids: entry.identifier.into_iter().collect(),
                     shared: Some(SharedVia {
                         filter: group.filter.as_ref().into(),
                         group: group.name.as_ref().into(),
                     }),
-                    seq: 0,
-                    dup: false,
                     gate: gate.cloned(),
+                    ..Delivery::new(msg.clone(), qos, retain, ids)
                 };
                 targets.push((entry, d));
             }
@@ -330,27 +357,52 @@ impl Broker {
     /// Enqueues one delivery and counts what the queue bounds did to it. True if it
     /// was recorded in the session store (see [`Enqueued::stored`]).
     pub(crate) fn offer(&self, session: &Arc<Session>, d: Delivery) -> bool {
+        let outcome = session.enqueue(d, &self.inner.limits, self.now());
+        self.count(session, outcome);
+        outcome.stored()
+    }
+
+    /// Counts (and logs) what the queue bounds did to a delivery.
+    fn count(&self, session: &Session, outcome: Enqueued) {
         let m = &self.inner.metrics;
-        let outcome = session.enqueue(d, &self.inner.limits);
-        match outcome {
-            Enqueued::Queued { .. } => m.messages_out.fetch_add(1, Ordering::Relaxed),
-            Enqueued::SkippedOffline => 0,
-            Enqueued::DroppedQoS0 | Enqueued::DroppedOffline => {
+        let bound = match outcome {
+            Enqueued::Queued { .. } => {
+                m.messages_out.fetch_add(1, Ordering::Relaxed);
+                return;
+            }
+            Enqueued::SkippedOffline | Enqueued::Ended => return,
+            Enqueued::DroppedQoS0(bound) | Enqueued::DroppedOffline(bound) => {
                 tracing::debug!(
                     client = session.client_id(),
-                    "session queue full; message dropped"
+                    ?bound,
+                    "queue full; message dropped"
                 );
-                m.dropped.fetch_add(1, Ordering::Relaxed)
+                m.dropped.fetch_add(1, Ordering::Relaxed);
+                bound
             }
-            Enqueued::SlowConsumer { .. } => {
+            Enqueued::SlowConsumer { bound, .. } => {
                 tracing::info!(
                     client = session.client_id(),
+                    ?bound,
                     "slow consumer; disconnecting with 0x97"
                 );
-                m.slow_consumers.fetch_add(1, Ordering::Relaxed)
+                m.slow_consumers.fetch_add(1, Ordering::Relaxed);
+                bound
             }
         };
-        outcome.stored()
+        if bound == Bound::Broker {
+            static LOG: LogLimit = LogLimit::per_secs(10);
+            m.total_queue_full.fetch_add(1, Ordering::Relaxed);
+            if let Some(left_out) = LOG.allow() {
+                let (messages, bytes) = self.queued_total();
+                tracing::warn!(
+                    messages,
+                    bytes,
+                    left_out,
+                    "sessions together hold max_total_queued_messages/bytes: messages for offline sessions are dropped and slow connected ones disconnected with 0x97"
+                );
+            }
+        }
     }
 
     /// Hands a delivery that came through a shared group to another member, if any
@@ -394,36 +446,27 @@ impl Broker {
         self.inner.trie.write().remove(f, group, client_id)
     }
 
-    /// Ends a session: removes it from the table (if it is still this one) and its
-    /// subscriptions from the trie.
-    pub(crate) fn end_session(&self, session: &Arc<Session>) {
-        // The stored session is forgotten under the table's shard lock, so a new
-        // session of the same client id (inserted under that lock) is recorded after.
-        let removed = self
-            .inner
-            .sessions
-            .remove_if(session.client_id_bytes(), |_, s| {
-                let same = Arc::ptr_eq(s, session);
-                if same {
-                    session.state.lock().unpersist();
-                }
-                same
-            })
-            .is_some();
-        if !removed {
-            return;
-        }
-        session.ended.cancel();
-        let filters: Vec<ByteString> = session.state.lock().subscriptions.keys().cloned().collect();
+    /// Removes a client's subscriptions to `filters` from the trie (its session ended).
+    pub(crate) fn unindex_all(&self, client_id: &str, filters: &[ByteString]) {
         let mut trie = self.inner.trie.write();
         for f in filters {
-            let (group, filter) = split_shared(&f);
-            trie.remove(filter, group, session.client_id());
+            let (group, filter) = split_shared(f);
+            trie.remove(filter, group, client_id);
         }
     }
 
     pub(crate) fn next_generation(&self) -> u64 {
         self.inner.generation.fetch_add(1, Ordering::Relaxed)
+    }
+}
+
+/// An open connection, counted until it drops.
+#[derive(Debug)]
+pub(crate) struct OpenConnection(Broker);
+
+impl Drop for OpenConnection {
+    fn drop(&mut self) {
+        self.0.inner.connections.fetch_sub(1, Ordering::Relaxed);
     }
 }
 

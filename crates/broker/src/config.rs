@@ -14,7 +14,9 @@ pub struct BrokerConfig {
     /// Receive Maximum advertised to clients: QoS 2 messages a client may have
     /// un-released at once. Exceeding it is DISCONNECT 0x93.
     pub receive_maximum: u16,
-    /// Topic Alias Maximum advertised to clients (aliases they may use towards us).
+    /// Topic Alias Maximum advertised to clients (aliases they may use towards us);
+    /// also the most aliases we assign to one client (each is a topic kept for the
+    /// connection's life).
     pub topic_alias_maximum: u16,
     /// Assign topic aliases on messages to clients that allow them.
     pub server_topic_aliases: bool,
@@ -23,13 +25,28 @@ pub struct BrokerConfig {
     pub max_keep_alive: u16,
     /// Whether a client may disable keep alive with 0.
     pub keep_alive_zero_allowed: bool,
-    /// Upper bound on Session Expiry Interval a client may ask for (seconds).
+    /// Upper bound on the Session Expiry Interval a client may ask for (seconds); a
+    /// larger request, and an MQTT 3.1.1 session without Clean Session, gets this one
+    /// (told in the CONNACK's Session Expiry Interval to MQTT 5 clients). Set to
+    /// 4294967295, a session that asks for it (and every 3.1.1 one) never expires.
     pub max_session_expiry: u32,
+    /// Sessions kept beyond their connection (Session Expiry above 0) at once; a
+    /// CONNECT that would make one more gets CONNACK 0x97 Quota exceeded (3.1.1:
+    /// return code 3, Server unavailable). Resuming or replacing one is always allowed.
+    pub max_persistent_sessions: usize,
     /// Messages queued per session (pending and in flight) while it is offline; a
     /// connected session may hold 1.5x this before it is a slow consumer (0x97).
     pub max_queued_messages: usize,
-    /// Bytes of payload queued per offline session (1.5x while connected, as above).
+    /// Bytes of payload and topic queued per offline session (1.5x while connected, as
+    /// above).
     pub max_queued_bytes: usize,
+    /// Messages queued (pending and in flight) across every session. Past it, a
+    /// message for an offline session is dropped (counted, logged), and a connected
+    /// session that cannot take one is disconnected with 0x97 like a slow consumer.
+    pub max_total_queued_messages: usize,
+    /// Bytes of payload and topic queued across every session (as above). A message
+    /// shared by several sessions counts once per session.
+    pub max_total_queued_bytes: usize,
     /// Queue QoS 0 messages for offline sessions (Mosquitto's `queue_qos0_messages`).
     pub queue_qos0_offline: bool,
     /// Topic filters whose subscription is refused with 0x80 (Not authorized is
@@ -38,11 +55,36 @@ pub struct BrokerConfig {
     /// Bytes buffered for a socket before the broker stops draining the session
     /// queue into it (the queue then fills and the slow-consumer policy applies).
     pub socket_write_high_water: usize,
-    /// Seconds a client has to send CONNECT after the TCP connection opens.
+    /// Seconds a client has to send CONNECT (and finish any AUTH exchange) after the
+    /// TCP connection opens.
     pub connect_timeout_secs: u64,
-    /// Maximum concurrent client connections; further ones get CONNACK 0x97
-    /// (Quota exceeded; return code 3 for MQTT 3.1.1).
+    /// Maximum concurrent client connections that have sent CONNECT; further ones get
+    /// CONNACK 0x97 (Quota exceeded; return code 3 for MQTT 3.1.1). Connections that
+    /// have not sent CONNECT yet are bounded by the two settings below instead.
     pub max_connections: usize,
+    /// Connections open without a CONNECT yet, in total. At the limit, the oldest of
+    /// them is closed to make room if it has been silent for a second (a real client
+    /// sends CONNECT at once; a socket that stays silent is the one to go), else the
+    /// new one is closed.
+    pub max_pending_connections: usize,
+    /// Connections open without a CONNECT yet from one IPv4 address (one /64 prefix
+    /// for IPv6), with the same rule at the limit.
+    pub max_pending_per_address: usize,
+    /// Seconds a packet may take to arrive once its first byte has (the keep alive
+    /// counts any byte, so a packet trickled a byte at a time would hold its buffer
+    /// for ever without this). The connection is closed without a DISCONNECT.
+    pub packet_read_timeout_secs: u64,
+    /// Most topic levels in a topic name or filter (each level is a node of the
+    /// subscription or retained index). A SUBSCRIBE filter over it gets 0x8F, a
+    /// PUBLISH over it 0x90 (PUBACK/PUBREC for QoS 1/2, DISCONNECT for QoS 0), a will
+    /// topic over it CONNACK 0x90.
+    pub max_topic_levels: usize,
+    /// Most topic filters handled in one SUBSCRIBE; the ones after it get 0x97 (Quota
+    /// exceeded; 0x80 for MQTT 3.1.1) in the SUBACK.
+    pub max_filters_per_subscribe: usize,
+    /// Most subscriptions one session holds; a new filter beyond it gets 0x97 (0x80
+    /// for MQTT 3.1.1) in the SUBACK (replacing an existing one is always allowed).
+    pub max_subscriptions_per_client: usize,
     /// How a message matching several subscriptions of one client is delivered
     /// (MQTT 5 allows both [MQTT-3.3.4-2], [MQTT-3.3.4-3]).
     pub overlapping_subscriptions: Overlap,
@@ -68,14 +110,23 @@ impl Default for BrokerConfig {
             server_topic_aliases: false,
             max_keep_alive: 0,
             keep_alive_zero_allowed: true,
-            max_session_expiry: u32::MAX,
+            max_session_expiry: 24 * 3600,
+            max_persistent_sessions: 100_000,
             max_queued_messages: 10_000,
             max_queued_bytes: 64 * 1024 * 1024,
+            max_total_queued_messages: 1_000_000,
+            max_total_queued_bytes: 1024 * 1024 * 1024,
             queue_qos0_offline: false,
             refused_filters: Vec::new(),
             socket_write_high_water: 1024 * 1024,
-            connect_timeout_secs: 10,
+            connect_timeout_secs: 5,
             max_connections: 100_000,
+            max_pending_connections: 8192,
+            max_pending_per_address: 1024,
+            packet_read_timeout_secs: 30,
+            max_topic_levels: 128,
+            max_filters_per_subscribe: 256,
+            max_subscriptions_per_client: 1000,
             overlapping_subscriptions: Overlap::Single,
         }
     }

@@ -2,12 +2,16 @@
 //!
 //! * [`Broker`] (`broker.rs`): shared state and the publish path (routing into
 //!   session queues, retained messages, built-in services).
-//! * `session.rs`: what survives a connection: subscriptions, queued and in-flight
-//!   messages, packet ids, expiry; `signal.rs`: what wakes a connection task.
-//! * `trie.rs`: the subscription index, including shared-subscription groups.
+//! * `session/`: what survives a connection: subscriptions, queued and in-flight
+//!   messages, packet ids, expiry; `session_table.rs`: client id → session, and the
+//!   session lifecycle (take over, restore, expire, end); `signal.rs`: what wakes a
+//!   connection task.
+//! * `trie.rs`: the subscription index, including shared-subscription groups;
+//!   `retained.rs`: the retained messages, indexed by topic level.
 //! * `connection/`: one task per client: handshake, inbound packets, outbound
 //!   flow control, teardown (wills, session expiry).
-//! * [`MqttListener`] (`server.rs`): accept loop and graceful shutdown.
+//! * [`MqttListener`] (`server.rs`): accept loop and graceful shutdown;
+//!   `pending.rs`: the bounds on connections that have not sent CONNECT yet.
 //! * [`Service`] (`service.rs`) and [`Authenticator`] (`auth.rs`): the hooks other
 //!   layers (the state store, security) plug into.
 //!
@@ -15,30 +19,37 @@
 
 mod auth;
 mod broker;
+mod clock;
 mod config;
 mod connection;
 mod message;
 mod metrics;
+mod pending;
+mod ratelimit;
 mod retain_store;
+mod retained;
 mod server;
 mod service;
 mod session;
 mod session_store;
+mod session_table;
 mod signal;
 pub mod topic;
 mod trie;
 
 pub use auth::{AllowAll, AuthDecision, Authenticator};
 pub use broker::{Broker, DeliverError};
+pub use clock::{Clock, ManualClock};
 pub use config::{BrokerConfig, Overlap};
-pub use message::{Delivery, Message, SharedVia};
+pub use message::{Message, SharedVia};
 pub use metrics::Metrics;
+pub use ratelimit::LogLimit;
 pub use retain_store::{RetainStore, RetainStoreError};
 pub use server::MqttListener;
 pub use service::{done, BoxFuture, ClientInfo, Service};
 pub use session::Subscription;
 pub use session_store::{
-    packet_id_for, Gate, SessionChange, SessionStore, SessionStoreError, StoredMessage,
+    packet_id_for, Gate, QueuedRef, SessionChange, SessionStore, SessionStoreError, StoredMessage,
     StoredSession,
 };
 pub use statehub_mqtt_codec as codec;

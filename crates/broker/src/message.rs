@@ -30,9 +30,11 @@ impl Message {
         let mut properties = p.properties;
         properties.topic_alias = None;
         properties.subscription_identifiers.clear();
+        // An interval too far out for the clock (where `Instant` would overflow) is as
+        // good as none.
         let expires_at = properties
             .message_expiry_interval
-            .map(|s| now + Duration::from_secs(u64::from(s)));
+            .and_then(|s| now.checked_add(Duration::from_secs(u64::from(s))));
         Message {
             topic: p.topic,
             payload: p.payload,
@@ -58,6 +60,32 @@ impl Message {
         })
     }
 
+    /// A copy whose fields own their bytes. A decoded message's topic, payload and
+    /// properties are slices of the buffer its PUBLISH was read into, and keep all of
+    /// that buffer alive (8 KiB or more for a 10-byte message read on its own): fine
+    /// for a message on its way, not for one kept as long as a retained message.
+    pub fn compacted(&self) -> Message {
+        let text = |s: &ByteString| ByteString::from(&**s);
+        let p = &self.properties;
+        Message {
+            topic: text(&self.topic),
+            payload: Bytes::copy_from_slice(&self.payload),
+            properties: PublishProperties {
+                response_topic: p.response_topic.as_ref().map(text),
+                correlation_data: p.correlation_data.as_deref().map(Bytes::copy_from_slice),
+                user_properties: p
+                    .user_properties
+                    .iter()
+                    .map(|(k, v)| (text(k), text(v)))
+                    .collect(),
+                content_type: p.content_type.as_ref().map(text),
+                ..p.clone()
+            },
+            publisher: self.publisher.as_ref().map(text),
+            ..self.clone()
+        }
+    }
+
     /// Bytes this message accounts for in a session queue.
     pub fn weight(&self) -> usize {
         self.payload.len() + self.topic.len()
@@ -74,7 +102,7 @@ pub struct SharedVia {
 
 /// One message bound for one session.
 #[derive(Debug, Clone)]
-pub struct Delivery {
+pub(crate) struct Delivery {
     pub msg: Arc<Message>,
     /// min(message QoS, subscription QoS).
     pub qos: QoS,
@@ -94,6 +122,42 @@ pub struct Delivery {
 }
 
 impl Delivery {
+    /// A copy of `msg` for one subscriber, with nothing stored or held back yet.
+    pub fn new(msg: Arc<Message>, qos: QoS, retain: bool, subscription_ids: Vec<u32>) -> Self {
+        Delivery {
+            msg,
+            qos,
+            retain,
+            subscription_ids,
+            shared: None,
+            seq: 0,
+            dup: false,
+            gate: None,
+        }
+    }
+
+    /// A stored copy loaded after a restart: it may have been sent before, so it goes
+    /// out with DUP set.
+    pub fn restored(m: crate::StoredMessage) -> Self {
+        Delivery {
+            shared: m.shared,
+            seq: m.seq,
+            dup: true,
+            ..Delivery::new(m.msg, m.qos, m.retain, m.subscription_ids)
+        }
+    }
+
+    /// What the session store is told of this copy.
+    pub fn queued(&self) -> crate::QueuedRef<'_> {
+        crate::QueuedRef {
+            msg: &self.msg,
+            qos: self.qos,
+            retain: self.retain,
+            subscription_ids: &self.subscription_ids,
+            shared: self.shared.as_ref(),
+        }
+    }
+
     /// The PUBLISH for this delivery (topic alias and packet id set by the caller).
     pub fn to_publish(&self, packet_id: Option<u16>, dup: bool, now: Instant) -> Publish {
         let mut properties = self.msg.properties.clone();

@@ -16,4 +16,22 @@ pub struct Metrics {
     /// Connections closed with 0x97 because they did not keep up.
     pub slow_consumers: AtomicU64,
     pub protocol_errors: AtomicU64,
+    /// Outbound packets that could not be encoded (a message the broker cannot write:
+    /// a topic or property over the protocol's length limits). Each is logged.
+    pub encode_failures: AtomicU64,
+    /// Queued messages dropped unsent because their Message Expiry Interval passed
+    /// first (a delayed reply, a backlog).
+    pub expired_dropped: AtomicU64,
+    /// Connections closed before CONNECT to keep the pending-connection limits.
+    pub pending_evicted: AtomicU64,
+    /// Connections closed because a started packet did not arrive in time.
+    pub packet_read_timeouts: AtomicU64,
+    /// Topic filters refused with 0x97 for the per-SUBSCRIBE or per-client limit.
+    pub subscriptions_refused: AtomicU64,
+    /// Messages not queued because every session together held the broker-wide
+    /// bound (`max_total_queued_*`); also counted in `dropped` or `slow_consumers`.
+    pub total_queue_full: AtomicU64,
+    /// CONNECTs refused with 0x97 because they would make one persistent session more
+    /// than `max_persistent_sessions`.
+    pub persistent_sessions_refused: AtomicU64,
 }

@@ -3,6 +3,7 @@
 //! listener waits (bounded) for the connections to finish.
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use statehub_mqtt_codec::ReasonCode;
@@ -10,6 +11,7 @@ use tokio::net::TcpListener;
 use tokio::runtime::Handle;
 
 use crate::connection;
+use crate::pending::Pending;
 use crate::Broker;
 
 /// A bound MQTT listener.
@@ -18,16 +20,24 @@ pub struct MqttListener {
     listener: TcpListener,
     broker: Broker,
     workers: Vec<Handle>,
+    pending: Arc<Pending>,
 }
 
 impl MqttListener {
     /// Binds `addr` (port 0 picks a free port; see [`MqttListener::local_addr`]).
     pub async fn bind(broker: Broker, addr: SocketAddr) -> std::io::Result<MqttListener> {
         let listener = TcpListener::bind(addr).await?;
+        let cfg = broker.config();
+        let pending = Pending::new(
+            cfg.max_pending_connections,
+            cfg.max_pending_per_address,
+            broker.clock().clone(),
+        );
         Ok(MqttListener {
             listener,
             broker,
             workers: Vec::new(),
+            pending,
         })
     }
 
@@ -58,8 +68,11 @@ impl MqttListener {
                 () = shutdown.cancelled() => break,
                 accepted = self.listener.accept() => match accepted {
                     Ok((stream, peer)) => {
+                        let Some(admission) = self.pending.admit(peer.ip(), self.broker.metrics()) else {
+                            continue;
+                        };
                         if self.workers.is_empty() {
-                            tokio::spawn(connection::serve(self.broker.clone(), stream, peer));
+                            tokio::spawn(connection::serve(self.broker.clone(), stream, peer, admission));
                             continue;
                         }
                         // A tokio stream belongs to the reactor it was accepted on; hand
@@ -70,7 +83,7 @@ impl MqttListener {
                         let broker = self.broker.clone();
                         worker.spawn(async move {
                             match tokio::net::TcpStream::from_std(std_stream) {
-                                Ok(stream) => connection::serve(broker, stream, peer).await,
+                                Ok(stream) => connection::serve(broker, stream, peer, admission).await,
                                 Err(e) => tracing::warn!(error = %e, "cannot register connection"),
                             }
                         });

@@ -16,13 +16,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use statehub_mqtt_codec::ByteString;
+use statehub_mqtt_codec::{ByteString, QoS};
 
-use crate::connection::schedule_expiry;
-use crate::message::Delivery;
+use crate::message::{Message, SharedVia};
 use crate::service::BoxFuture;
-use crate::session::{Inflight, Session, Stage, Subscription};
-use crate::Broker;
+use crate::session::{Session, Subscription};
 
 /// Why a session change could not be made durable.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -42,22 +40,28 @@ pub enum SessionChange<'a> {
         disconnected: bool,
         subscriptions: Vec<(&'a ByteString, Subscription)>,
     },
-    /// The session ended: forget it, its messages and its QoS 2 receipts.
+    /// The session ended: forget it, its messages (by sequence number, with the
+    /// message each was recorded with) and its QoS 2 receipts.
     Ended {
         incarnation: u64,
-        messages: Vec<u64>,
+        messages: Vec<(u64, &'a Arc<Message>)>,
         incoming_qos2: Vec<u16>,
     },
     /// A message queued for the session (or, `released`, one whose PUBREL is sent).
     Message {
         incarnation: u64,
         seq: u64,
-        delivery: &'a Delivery,
+        message: QueuedRef<'a>,
         released: bool,
         now: Instant,
     },
-    /// The message was acknowledged, expired or handed to someone else.
-    MessageDone { incarnation: u64, seq: u64 },
+    /// The message was acknowledged, expired or handed to someone else; `msg` is the
+    /// one it was recorded with.
+    MessageDone {
+        incarnation: u64,
+        seq: u64,
+        msg: &'a Arc<Message>,
+    },
     /// A QoS 2 PUBLISH from the client was received (PUBREC sent) or released.
     IncomingQos2 {
         incarnation: u64,
@@ -84,6 +88,11 @@ pub enum SessionChange<'a> {
 ///   keeps the copies without the receipt (the resent PUBLISH would be routed twice)
 ///   or the receipt without the copies (the message would be lost). A group never
 ///   spans an `.await`. A barrier taken while a group is open covers the group.
+/// * A message queued for several sessions is one `Arc<Message>`: the changes that
+///   record and forget each session's copy ([`SessionChange::Message`],
+///   [`SessionChange::MessageDone`], [`SessionChange::Ended`]) name it, so a store can
+///   keep the message once and know when no copy refers to it any more. A restored
+///   session's copies share the `Arc` the store loaded them with.
 pub trait SessionStore: Send + Sync + std::fmt::Debug {
     fn record(&self, change: SessionChange<'_>);
     fn barrier(&self) -> BoxFuture<'static, Result<(), SessionStoreError>>;
@@ -121,11 +130,29 @@ pub struct StoredSession {
     pub incoming_qos2: Vec<u16>,
 }
 
-/// A message of a stored session's queue.
+/// One subscriber's copy of a message as a session queues it: the message, shared by
+/// every subscriber, and what is particular to this one.
+#[derive(Debug, Clone, Copy)]
+pub struct QueuedRef<'a> {
+    pub msg: &'a Arc<Message>,
+    /// min(message QoS, subscription QoS).
+    pub qos: QoS,
+    /// The RETAIN flag as it goes to this subscriber.
+    pub retain: bool,
+    pub subscription_ids: &'a [u32],
+    /// The shared-subscription group it came through, if any.
+    pub shared: Option<&'a SharedVia>,
+}
+
+/// A message of a stored session's queue, as loaded at start-up.
 #[derive(Debug)]
 pub struct StoredMessage {
     pub seq: u64,
-    pub delivery: Delivery,
+    pub msg: Arc<Message>,
+    pub qos: QoS,
+    pub retain: bool,
+    pub subscription_ids: Vec<u32>,
+    pub shared: Option<SharedVia>,
     /// PUBREL was sent for it (QoS 2): it waits for PUBCOMP only.
     pub released: bool,
 }
@@ -136,63 +163,6 @@ pub struct StoredMessage {
 /// sender then waits for the old one's acknowledgement (see `outbound.rs`).
 pub fn packet_id_for(seq: u64) -> u16 {
     ((seq.wrapping_sub(1) % 65_535) + 1) as u16
-}
-
-impl Broker {
-    /// Keeps persistent sessions in `store` from now on, starting from `loaded` (what
-    /// it held at start-up): their subscriptions are indexed, their messages queued
-    /// (to be sent with DUP set, under their old packet ids), released QoS 2 messages
-    /// put back in flight, and their expiry clocks started. Call from within the
-    /// runtime, before accepting connections.
-    pub fn set_session_store(&self, store: Arc<dyn SessionStore>, loaded: Vec<StoredSession>) {
-        *self.inner.session_store.write() = Some(store.clone());
-        for stored in loaded {
-            let session = Arc::new(Session::new(
-                stored.client_id.clone(),
-                stored.expiry_interval,
-            ));
-            {
-                let mut st = session.state.lock();
-                st.persist = Some(Persist {
-                    store: store.clone(),
-                    incarnation: stored.incarnation,
-                });
-                for m in stored.messages {
-                    st.next_seq = st.next_seq.max(m.seq);
-                    let mut delivery = m.delivery;
-                    delivery.seq = m.seq;
-                    delivery.dup = true;
-                    if m.released {
-                        let packet_id = packet_id_for(m.seq);
-                        st.inflight.push_back(Inflight {
-                            packet_id,
-                            stage: Stage::Released,
-                            delivery,
-                        });
-                    } else {
-                        st.queued_bytes += delivery.msg.weight();
-                        st.queue.push_back(delivery);
-                    }
-                }
-                st.incoming_qos2.extend(stored.incoming_qos2);
-                for (filter, sub) in &stored.subscriptions {
-                    st.subscriptions.insert(filter.clone(), *sub);
-                }
-            }
-            for (filter, sub) in stored.subscriptions {
-                self.index_subscription(&session, &filter, sub.options, sub.identifier);
-            }
-            self.inner
-                .sessions
-                .insert(stored.client_id, session.clone());
-            schedule_expiry(self, &session, 0, stored.expires_in);
-        }
-    }
-
-    /// The session store, if one is configured.
-    pub(crate) fn session_store(&self) -> Option<Arc<dyn SessionStore>> {
-        self.inner.session_store.read().clone()
-    }
 }
 
 /// Holds the stored QoS 2 copies of one message back from their subscribers until the

@@ -19,6 +19,25 @@ pub fn matches(filter: &str, topic: &str) -> bool {
     }
 }
 
+/// Number of levels of a topic name or filter.
+pub fn levels(topic: &str) -> usize {
+    memchr::memchr_iter(b'/', topic.as_bytes()).count() + 1
+}
+
+/// Whether `topic` has more than `max` levels; cheap for a topic too short to.
+pub fn too_deep(topic: &str, max: usize) -> bool {
+    topic.len() >= max && levels(topic) > max
+}
+
+/// The start of a client-given topic or filter, short enough for a log line.
+pub(crate) fn for_log(topic: &str) -> &str {
+    let mut end = topic.len().min(100);
+    while !topic.is_char_boundary(end) {
+        end -= 1;
+    }
+    &topic[..end]
+}
+
 /// Whether a filter contains a wildcard.
 pub fn has_wildcard(filter: &str) -> bool {
     filter.contains(['+', '#'])

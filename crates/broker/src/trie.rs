@@ -53,7 +53,7 @@ impl SharedGroup {
     }
 }
 
-#[derive(Debug, Default)]
+#[derive(Default)]
 struct Node {
     children: HashMap<Box<str>, Node>,
     /// Whether `children` holds a `+` / a `#` level. Most nodes have neither (a response
@@ -63,6 +63,31 @@ struct Node {
     has_hash: bool,
     plain: HashMap<ByteString, SubEntry>,
     shared: HashMap<Box<str>, SharedGroup>,
+}
+
+/// Dropped level by level from a stack, not by the derived recursion: a chain of tens of
+/// thousands of levels would overflow the stack of the thread dropping it.
+impl Drop for Node {
+    fn drop(&mut self) {
+        if self.children.is_empty() {
+            return;
+        }
+        let mut stack: Vec<Node> = self.children.drain().map(|(_, n)| n).collect();
+        while let Some(mut node) = stack.pop() {
+            stack.extend(node.children.drain().map(|(_, n)| n));
+        }
+    }
+}
+
+/// Shallow: the derived form would recurse through every level.
+impl std::fmt::Debug for Node {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Node")
+            .field("children", &self.children.len())
+            .field("plain", &self.plain.len())
+            .field("shared", &self.shared.len())
+            .finish()
+    }
 }
 
 impl Node {
@@ -96,11 +121,20 @@ pub struct Matches<'a> {
 /// filter matches one topic only, so a publish finds them with one hash of its topic
 /// instead of one per level, and the trie holds only wildcard filters (often none, and
 /// then the walk stops at the root).
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub struct SubscriptionTrie {
     root: Node,
     exact: HashMap<Box<str>, Node>,
     count: usize,
+}
+
+impl std::fmt::Debug for SubscriptionTrie {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SubscriptionTrie")
+            .field("count", &self.count)
+            .field("exact", &self.exact.len())
+            .finish_non_exhaustive()
+    }
 }
 
 impl SubscriptionTrie {
@@ -155,13 +189,12 @@ impl SubscriptionTrie {
     /// Removes a client's subscription; returns true if it existed.
     pub fn remove(&mut self, filter: &str, group: Option<&str>, client_id: &str) -> bool {
         let removed = if topic::has_wildcard(filter) {
-            let levels: Vec<&str> = filter.split('/').collect();
-            remove_at(&mut self.root, &levels, group, client_id)
+            remove_wildcard(&mut self.root, filter, group, client_id)
         } else {
             let Some(node) = self.exact.get_mut(filter) else {
                 return false;
             };
-            let removed = remove_at(node, &[], group, client_id);
+            let removed = remove_here(node, group, client_id);
             if node.is_empty() {
                 self.exact.remove(filter);
             }
@@ -197,38 +230,76 @@ impl SubscriptionTrie {
             exact: self.exact.get(topic),
             dollar: topic.starts_with('$'),
         };
-        collect(&self.root, Some(topic), true, true, &walk, &mut out);
+        collect(&self.root, topic, &walk, &mut out);
         out
     }
 }
 
-fn remove_at(node: &mut Node, levels: &[&str], group: Option<&str>, client_id: &str) -> bool {
-    let Some((first, rest)) = levels.split_first() else {
-        return match group {
-            None => node.plain.remove(client_id).is_some(),
-            Some(g) => {
-                let Some(grp) = node.shared.get_mut(g) else {
-                    return false;
-                };
-                let before = grp.members.len();
-                grp.members.retain(|m| m.session.client_id() != client_id);
-                let removed = grp.members.len() != before;
-                if grp.members.is_empty() {
-                    node.shared.remove(g);
-                }
-                removed
+/// Removes `client_id`'s subscription from `node`'s own lists; true if it was there.
+fn remove_here(node: &mut Node, group: Option<&str>, client_id: &str) -> bool {
+    match group {
+        None => node.plain.remove(client_id).is_some(),
+        Some(g) => {
+            let Some(grp) = node.shared.get_mut(g) else {
+                return false;
+            };
+            let before = grp.members.len();
+            grp.members.retain(|m| m.session.client_id() != client_id);
+            let removed = grp.members.len() != before;
+            if grp.members.is_empty() {
+                node.shared.remove(g);
             }
-        };
-    };
-    let Some(child) = node.children.get_mut(*first) else {
-        return false;
-    };
-    let removed = remove_at(child, rest, group, client_id);
-    if child.is_empty() {
-        node.children.remove(*first);
-        node.removed_child(first);
+            removed
+        }
     }
-    removed
+}
+
+/// Removes a subscription below the root, then the nodes left empty on its path. Two
+/// walks down instead of a recursion per level: a filter may have tens of thousands.
+fn remove_wildcard(root: &mut Node, filter: &str, group: Option<&str>, client_id: &str) -> bool {
+    let mut node = &mut *root;
+    for level in filter.split('/') {
+        let Some(child) = node.children.get_mut(level) else {
+            return false;
+        };
+        node = child;
+    }
+    if !remove_here(node, group, client_id) {
+        return false;
+    }
+    if !node.is_empty() {
+        return true;
+    }
+    // The shallowest node of the path from which everything below is this one empty
+    // chain: cutting it there drops the rest.
+    let mut cut = None;
+    let mut node = &*root;
+    for (depth, level) in filter.split('/').enumerate() {
+        let Some(child) = node.children.get(level) else {
+            return true;
+        };
+        let chain = child.plain.is_empty() && child.shared.is_empty() && child.children.len() <= 1;
+        match (chain, cut) {
+            (true, None) => cut = Some(depth),
+            (false, _) => cut = None,
+            (true, Some(_)) => {}
+        }
+        node = child;
+    }
+    let Some(cut) = cut else { return true };
+    let mut node = &mut *root;
+    for (depth, level) in filter.split('/').enumerate() {
+        if depth == cut {
+            node.children.remove(level);
+            node.removed_child(level);
+            break;
+        }
+        let Some(child) = node.children.get_mut(level) else {
+            break;
+        };
+        node = child;
+    }
+    true
 }
 
 /// What stays the same during one topic's walk.
@@ -239,49 +310,75 @@ struct Walk<'a> {
     dollar: bool,
 }
 
-/// Matches the levels of `rest` (`None` once every level is consumed; levels are split
-/// off as the walk goes, no vector of them) below `node`; `first` is the topic's first
-/// level, `literal` whether the path so far took no wildcard. The exact subscriptions
-/// come where the literal path ends (after the `#` filters along it, before any `+`
-/// branch), the order the single trie of before gave them.
-fn collect<'a>(
+/// One pending branch of a topic's walk: `node`, the levels of the topic still to
+/// match below it (`None` once every level is consumed; split off as the walk goes, no
+/// vector of them), whether `node` is the root (the topic's first level is matched
+/// below it) and whether the path to it took no wildcard.
+#[derive(Clone, Copy)]
+struct Branch<'a, 't> {
     node: &'a Node,
-    rest: Option<&str>,
+    rest: Option<&'t str>,
     first: bool,
     literal: bool,
-    walk: &Walk<'a>,
-    out: &mut Matches<'a>,
-) {
-    let wildcard_ok = !(walk.dollar && first);
-    if wildcard_ok && node.has_hash {
-        if let Some(hash) = node.children.get("#") {
-            push_leaf(hash, out);
+}
+
+/// Collects every subscription matching the topic, depth first with an explicit stack
+/// (a topic may have tens of thousands of levels; a recursion per level overflowed the
+/// worker's stack). The order: at each node the `#` filters, then the literal child's
+/// whole subtree, then the `+` child's. The exact subscriptions come where the literal
+/// path ends (after the `#` filters along it, before any `+` branch).
+fn collect<'a>(root: &'a Node, topic: &str, walk: &Walk<'a>, out: &mut Matches<'a>) {
+    let mut stack: SmallVec<[Branch<'a, '_>; 8]> = SmallVec::new();
+    stack.push(Branch {
+        node: root,
+        rest: Some(topic),
+        first: true,
+        literal: true,
+    });
+    while let Some(b) = stack.pop() {
+        let node = b.node;
+        let wildcard_ok = !(walk.dollar && b.first);
+        if wildcard_ok && node.has_hash {
+            if let Some(hash) = node.children.get("#") {
+                push_leaf(hash, out);
+            }
         }
-    }
-    let Some(rest) = rest else {
-        push_leaf(node, out);
-        if literal {
-            walk.exact
+        let Some(rest) = b.rest else {
+            push_leaf(node, out);
+            if b.literal {
+                walk.exact
+                    .into_iter()
+                    .for_each(|exact| push_leaf(exact, out));
+            }
+            continue;
+        };
+        let (level, next) = match rest.split_once('/') {
+            Some((level, next)) => (level, Some(next)),
+            None => (rest, None),
+        };
+        // Pushed first, so taken after the literal child's subtree.
+        if wildcard_ok && node.has_plus {
+            if let Some(plus) = node.children.get("+") {
+                stack.push(Branch {
+                    node: plus,
+                    rest: next,
+                    first: false,
+                    literal: false,
+                });
+            }
+        }
+        match node.children.get(level) {
+            Some(child) => stack.push(Branch {
+                node: child,
+                rest: next,
+                first: false,
+                literal: b.literal,
+            }),
+            None if b.literal => walk
+                .exact
                 .into_iter()
-                .for_each(|exact| push_leaf(exact, out));
-        }
-        return;
-    };
-    let (level, next) = match rest.split_once('/') {
-        Some((level, next)) => (level, Some(next)),
-        None => (rest, None),
-    };
-    match node.children.get(level) {
-        Some(child) => collect(child, next, false, literal, walk, out),
-        None if literal => walk
-            .exact
-            .into_iter()
-            .for_each(|exact| push_leaf(exact, out)),
-        None => {}
-    }
-    if wildcard_ok && node.has_plus {
-        if let Some(plus) = node.children.get("+") {
-            collect(plus, next, false, false, walk, out);
+                .for_each(|exact| push_leaf(exact, out)),
+            None => {}
         }
     }
 }
@@ -292,49 +389,4 @@ fn push_leaf<'a>(node: &'a Node, out: &mut Matches<'a>) {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn entry(session: &Arc<Session>, id: u32) -> SubEntry {
-        SubEntry {
-            session: session.clone(),
-            options: SubscriptionOptions::default(),
-            identifier: Some(id),
-        }
-    }
-
-    fn ids(trie: &SubscriptionTrie, topic: &str) -> Vec<u32> {
-        trie.matches(topic)
-            .plain
-            .iter()
-            .filter_map(|(_, e)| e.identifier)
-            .collect()
-    }
-
-    #[test]
-    fn exact_filters_keep_their_place_among_wildcards() {
-        let mut trie = SubscriptionTrie::default();
-        let sessions: Vec<Arc<Session>> = (0..5)
-            .map(|i| Arc::new(Session::new(format!("c{i}").into(), 0)))
-            .collect();
-        trie.insert("a/b", None, entry(&sessions[0], 1));
-        trie.insert("a/#", None, entry(&sessions[1], 2));
-        trie.insert("a/+", None, entry(&sessions[2], 3));
-        trie.insert("+/b", None, entry(&sessions[3], 4));
-        trie.insert("a/b/#", None, entry(&sessions[4], 5));
-        // The order the single trie gave: `#` filters along the literal path, the exact
-        // filter where that path ends, then the `+` branches from the deepest up.
-        assert_eq!(ids(&trie, "a/b"), [2, 5, 1, 3, 4]);
-        assert_eq!(ids(&trie, "a/c"), [2, 3]);
-        assert!(trie.remove("a/b/#", None, "c4"));
-        assert_eq!(ids(&trie, "a/b"), [2, 1, 3, 4]);
-        assert!(trie.remove("a/b", None, "c0"));
-        assert!(!trie.remove("a/b", None, "c0"));
-        assert_eq!(ids(&trie, "a/b"), [2, 3, 4]);
-        assert_eq!(trie.len(), 3);
-        // `$` topics: exact filters match them, wildcards at the first level do not.
-        trie.insert("$sys/x", None, entry(&sessions[0], 6));
-        trie.insert("+/x", None, entry(&sessions[1], 7));
-        assert_eq!(ids(&trie, "$sys/x"), [6]);
-    }
-}
+mod tests;

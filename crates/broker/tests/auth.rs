@@ -3,14 +3,12 @@
 //! re-authentication (AUTH 0x19 → AUTH 0x00), refusals, and the default that
 //! refuses any method with 0x8C.
 
-mod common;
-
 use std::sync::Arc;
 
 use bytes::Bytes;
-use common::*;
 use statehub_broker::codec::{Auth, ByteString, Connect, Packet, ReasonCode};
 use statehub_broker::{AuthDecision, Authenticator, BrokerConfig};
+use statehub_test_support::*;
 
 /// Method "CHAL": the server challenges with "nonce", the client must answer with
 /// "ecnon" (the nonce reversed). A CONNECT carrying "ecnon" right away is accepted

@@ -2,15 +2,13 @@
 //! invalid UTF-8, QoS 3. The broker must answer or close quickly, never hang, and
 //! keep serving everyone else. Ends with a proptest throwing arbitrary bytes.
 
-mod common;
-
 use std::time::{Duration, Instant};
 
-use common::*;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 use statehub_broker::codec::{Packet, QoS, ReasonCode};
 use statehub_broker::Broker;
+use statehub_test_support::*;
 
 /// A fresh client can still connect, subscribe and get its own message.
 async fn assert_healthy(addr: std::net::SocketAddr, id: &str) {

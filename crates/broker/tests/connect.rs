@@ -1,13 +1,11 @@
 //! CONNECT handling: client identifiers, session present, keep alive, takeover,
 //! DISCONNECT with a new session expiry, and refusals.
 
-mod common;
-
 use std::time::{Duration, Instant};
 
-use common::*;
 use statehub_broker::codec::{ConnectProperties, Disconnect, Packet, QoS, ReasonCode};
 use statehub_broker::BrokerConfig;
+use statehub_test_support::*;
 
 fn v5_persistent(id: &str, clean_start: bool, expiry: u32) -> statehub_broker::codec::Connect {
     let mut c = connect_packet(V5, id);
@@ -102,40 +100,36 @@ async fn session_present_v311() {
 
 #[tokio::test]
 async fn keep_alive_timeout_disconnects_with_0x8d() {
-    let (_b, addr) = start_default().await;
+    let (_b, addr, clock) = start_with_clock(BrokerConfig::default()).await;
     let mut connect = connect_packet(V5, "ka");
-    connect.keep_alive = 1;
+    connect.keep_alive = 10;
     let (mut c, _) = RawClient::connect_with(addr, connect).await;
-    let start = Instant::now();
-    c.expect_disconnect_within(ReasonCode::KEEP_ALIVE_TIMEOUT, Duration::from_millis(2500))
-        .await;
-    let waited = start.elapsed();
-    assert!(
-        waited >= Duration::from_millis(1000),
-        "disconnected too early: {waited:?}"
-    );
+    // The server allows 1.5 x keep alive: 15 s.
+    clock.advance(Duration::from_secs(14));
+    c.expect_nothing(QUIET).await;
+    clock.advance(Duration::from_secs(2));
+    c.expect_disconnect(ReasonCode::KEEP_ALIVE_TIMEOUT).await;
 }
 
 #[tokio::test]
 async fn keep_alive_timeout_v311_closes() {
-    let (_b, addr) = start_default().await;
+    let (_b, addr, clock) = start_with_clock(BrokerConfig::default()).await;
     let mut connect = connect_packet(V311, "ka3");
-    connect.keep_alive = 1;
+    connect.keep_alive = 10;
     let (mut c, _) = RawClient::connect_with(addr, connect).await;
-    match c.next_event(Duration::from_millis(2500)).await {
-        Event::Closed => {}
-        other => panic!("expected close after 1.5 x keep alive, got {other:?}"),
-    }
+    clock.advance(Duration::from_secs(16));
+    c.expect_closed().await;
 }
 
 #[tokio::test]
 async fn pings_keep_the_connection_alive() {
-    let (_b, addr) = start_default().await;
+    let (_b, addr, clock) = start_with_clock(BrokerConfig::default()).await;
     let mut connect = connect_packet(V5, "ka-ping");
-    connect.keep_alive = 1;
+    connect.keep_alive = 10;
     let (mut c, _) = RawClient::connect_with(addr, connect).await;
+    // 50 s in all, never more than 10 s between packets.
     for _ in 0..5 {
-        tokio::time::sleep(Duration::from_millis(400)).await;
+        clock.advance(Duration::from_secs(10));
         c.ping().await;
     }
 }
@@ -184,11 +178,11 @@ async fn server_keep_alive_is_enforced() {
         max_keep_alive: 1,
         ..Default::default()
     };
-    let (_b, addr) = start_broker(cfg).await;
+    let (_b, addr, clock) = start_with_clock(cfg).await;
     let (mut c, ack) = RawClient::connect_with(addr, connect_packet(V5, "ska-enf")).await;
     assert_eq!(ack.properties.server_keep_alive, Some(1));
-    c.expect_disconnect_within(ReasonCode::KEEP_ALIVE_TIMEOUT, Duration::from_millis(2500))
-        .await;
+    clock.advance(Duration::from_secs(2));
+    c.expect_disconnect(ReasonCode::KEEP_ALIVE_TIMEOUT).await;
 }
 
 #[tokio::test]
@@ -216,7 +210,7 @@ async fn session_takeover_keeps_subscriptions_without_clean_start() {
 
 #[tokio::test]
 async fn disconnect_can_shorten_session_expiry_to_zero() {
-    let (_b, addr) = start_default().await;
+    let (b, addr) = start_default().await;
     let (mut c, _) = RawClient::connect_with(addr, v5_persistent("dse", true, 60)).await;
     c.subscribe("x", opts(QoS::AtLeastOnce)).await;
     let d = Disconnect {
@@ -225,7 +219,7 @@ async fn disconnect_can_shorten_session_expiry_to_zero() {
     };
     c.send(&Packet::Disconnect(d)).await;
     c.expect_closed().await;
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(wait_until(WAIT, || !b.has_session("dse")).await);
     let (_c, ack) = RawClient::connect_with(addr, v5_persistent("dse", false, 60)).await;
     assert!(
         !ack.session_present,
@@ -235,20 +229,22 @@ async fn disconnect_can_shorten_session_expiry_to_zero() {
 
 #[tokio::test]
 async fn disconnect_can_change_session_expiry() {
-    let (_b, addr) = start_default().await;
+    let (b, addr, clock) = start_with_clock(BrokerConfig::default()).await;
     let (c, _) = RawClient::connect_with(addr, v5_persistent("dse1", true, 60)).await;
     let mut c = c;
     let d = Disconnect {
-        session_expiry_interval: Some(1),
+        session_expiry_interval: Some(10),
         ..Default::default()
     };
     c.send(&Packet::Disconnect(d)).await;
     c.expect_closed().await;
-    tokio::time::sleep(Duration::from_millis(2000)).await;
+    assert!(wait_until(WAIT, || b.connection_count() == 0).await);
+    clock.advance(Duration::from_secs(11));
+    assert!(wait_until(WAIT, || !b.has_session("dse1")).await);
     let (_c, ack) = RawClient::connect_with(addr, v5_persistent("dse1", false, 60)).await;
     assert!(
         !ack.session_present,
-        "the session expiry from DISCONNECT (1 s) had passed"
+        "the session expiry from DISCONNECT (10 s) had passed"
     );
 }
 

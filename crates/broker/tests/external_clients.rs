@@ -5,16 +5,14 @@
 //! a venv with paho-mqtt at <repo>/.venv). A missing tool FAILS the test, naming
 //! that script: these tests are never skipped silently.
 
-mod common;
-
 use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
 use bytes::Bytes;
-use common::*;
 use statehub_broker::codec::{QoS, ReasonCode};
 use statehub_broker::Broker;
+use statehub_test_support::*;
 
 const INSTALL: &str =
     "run scripts/install-test-deps.sh (or scripts/test.sh, which runs it) to install it";

@@ -1,14 +1,12 @@
 //! Flow control and per-connection limits: Receive Maximum both ways, the
 //! client's Maximum Packet Size, topic aliases both ways, shared subscriptions.
 
-mod common;
-
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use common::*;
 use statehub_broker::codec::{ConnectProperties, Packet, PubResponse, Publish, QoS, ReasonCode};
 use statehub_broker::BrokerConfig;
+use statehub_test_support::*;
 
 fn with_props(id: &str, props: ConnectProperties) -> statehub_broker::codec::Connect {
     let mut c = connect_packet(V5, id);

@@ -2,13 +2,11 @@
 //! wildcards, `$` topics, overlapping subscriptions, subscription identifiers,
 //! No Local, Retain As Published and UNSUBSCRIBE.
 
-mod common;
-
 use std::time::Duration;
 
 use bytes::Bytes;
-use common::*;
 use statehub_broker::codec::{Packet, PubResponse, QoS, ReasonCode, SubscriptionOptions};
+use statehub_test_support::*;
 
 #[tokio::test]
 async fn qos_0_1_2_both_directions_raw_v5() {

@@ -1,15 +1,14 @@
 //! Retained messages (store, replace, clear, Retain Handling), PUBLISH properties
 //! passed through untouched, Message Expiry, and the Payload Format Indicator.
 
-mod common;
-
 use std::time::Duration;
 
 use bytes::Bytes;
-use common::*;
 use statehub_broker::codec::{
     ConnectProperties, Packet, PublishProperties, QoS, ReasonCode, SubscriptionOptions,
 };
+use statehub_broker::BrokerConfig;
+use statehub_test_support::*;
 
 fn retained(topic: &str, payload: &[u8]) -> statehub_broker::codec::Publish {
     let mut p = publish(topic, QoS::AtLeastOnce, payload);
@@ -196,7 +195,7 @@ async fn every_publish_property_is_forwarded_untouched() {
 
 #[tokio::test]
 async fn message_expiry_is_decremented_and_expired_messages_are_not_delivered() {
-    let (_b, addr) = start_default().await;
+    let (_b, addr, clock) = start_with_clock(BrokerConfig::default()).await;
     let mut connect = connect_packet(V5, "expsub");
     connect.properties = ConnectProperties {
         session_expiry_interval: Some(60),
@@ -213,7 +212,7 @@ async fn message_expiry_is_decremented_and_expired_messages_are_not_delivered() 
     short.properties.message_expiry_interval = Some(1);
     publ.publish(short).await;
     publ.publish(long).await;
-    tokio::time::sleep(Duration::from_millis(1300)).await;
+    clock.advance(Duration::from_millis(1300));
 
     connect.clean_start = false;
     let (mut s, ack) = RawClient::connect_with(addr, connect).await;
@@ -236,12 +235,12 @@ async fn message_expiry_is_decremented_and_expired_messages_are_not_delivered() 
 
 #[tokio::test]
 async fn expired_retained_message_is_not_sent() {
-    let (_b, addr) = start_default().await;
+    let (_b, addr, clock) = start_with_clock(BrokerConfig::default()).await;
     let mut publ = RawClient::connect(addr, V5, "rexp").await;
     let mut p = retained("rexp/t", b"x");
     p.properties.message_expiry_interval = Some(1);
     publ.publish(p).await;
-    tokio::time::sleep(Duration::from_millis(1200)).await;
+    clock.advance(Duration::from_millis(1200));
     let mut s = RawClient::connect(addr, V5, "rexps").await;
     s.subscribe("rexp/t", opts(QoS::AtLeastOnce)).await;
     s.expect_nothing(QUIET).await;

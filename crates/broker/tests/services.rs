@@ -1,16 +1,14 @@
 //! The built-in service API: a test service on `svc/#` answering with
 //! `Broker::deliver_to`, `on_connection_closed`, and `disconnect_client`.
 
-mod common;
-
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use common::*;
 use parking_lot::Mutex;
 use statehub_broker::codec::{Packet, Publish, PublishProperties, QoS, ReasonCode};
 use statehub_broker::{BoxFuture, Broker, ClientInfo, DeliverError, Service};
+use statehub_test_support::*;
 
 #[derive(Debug, Default)]
 struct Echo {

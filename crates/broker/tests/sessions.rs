@@ -1,16 +1,15 @@
 //! Sessions across connections: queued messages, in-flight resend with DUP,
 //! session expiry, and wills (abnormal close, normal DISCONNECT, 0x04, delay).
 
-mod common;
-
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
-use common::*;
 use statehub_broker::codec::{
     Connect, ConnectProperties, Disconnect, LastWill, Packet, PubResponse, QoS, ReasonCode,
     WillProperties,
 };
+use statehub_broker::BrokerConfig;
+use statehub_test_support::*;
 
 fn persistent(id: &str, clean_start: bool) -> Connect {
     let mut c = connect_packet(V5, id);
@@ -54,7 +53,7 @@ async fn queued_qos1_messages_are_delivered_after_reconnect() {
 
 #[tokio::test]
 async fn rumqttc_v311_persistent_session() {
-    let (_b, addr) = start_default().await;
+    let (b, addr) = start_default().await;
     let mut o = v4c::options(addr, "r4persist");
     o.set_clean_session(false);
     {
@@ -62,7 +61,7 @@ async fn rumqttc_v311_persistent_session() {
         c.subscribe("p4/t", v4c::QoS::AtLeastOnce).await.unwrap();
         v4c::next_suback(&mut rx).await;
         c.disconnect().await.unwrap();
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(wait_until(WAIT, || b.connection_count() == 0).await);
     }
     let mut publ = RawClient::connect(addr, V311, "p4pub").await;
     publ.publish_simple("p4/t", QoS::AtLeastOnce, b"while away")
@@ -74,7 +73,7 @@ async fn rumqttc_v311_persistent_session() {
 
 #[tokio::test]
 async fn unacknowledged_qos1_is_resent_with_dup_on_resume() {
-    let (_b, addr) = start_default().await;
+    let (b, addr) = start_default().await;
     let (mut s, _) = RawClient::connect_with(addr, persistent("dup1", true)).await;
     s.subscribe("dup/t", opts(QoS::AtLeastOnce)).await;
     let mut publ = RawClient::connect(addr, V5, "duppub").await;
@@ -83,7 +82,7 @@ async fn unacknowledged_qos1_is_resent_with_dup_on_resume() {
     let first = s.expect_publish().await;
     assert!(!first.dup);
     drop(s); // no PUBACK, TCP closed
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(wait_until(WAIT, || b.connection_count() == 1).await);
 
     let (mut s, ack) = RawClient::connect_with(addr, persistent("dup1", false)).await;
     assert!(ack.session_present);
@@ -97,7 +96,7 @@ async fn unacknowledged_qos1_is_resent_with_dup_on_resume() {
 
 #[tokio::test]
 async fn qos2_exchange_resumes_with_pubrel() {
-    let (_b, addr) = start_default().await;
+    let (b, addr) = start_default().await;
     let (mut s, _) = RawClient::connect_with(addr, persistent("dup2", true)).await;
     s.subscribe("dup2/t", opts(QoS::ExactlyOnce)).await;
     let mut publ = RawClient::connect(addr, V5, "dup2pub").await;
@@ -108,7 +107,7 @@ async fn qos2_exchange_resumes_with_pubrel() {
     s.send(&Packet::PubRec(PubResponse::ok(id))).await;
     assert!(matches!(s.expect().await, Packet::PubRel(r) if r.packet_id == id));
     drop(s);
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(wait_until(WAIT, || b.connection_count() == 1).await);
 
     let (mut s, _) = RawClient::connect_with(addr, persistent("dup2", false)).await;
     match s.expect().await {
@@ -121,23 +120,29 @@ async fn qos2_exchange_resumes_with_pubrel() {
 
 #[tokio::test]
 async fn session_expires_after_its_interval() {
-    let (_b, addr) = start_default().await;
+    let (b, addr, clock) = start_with_clock(BrokerConfig::default()).await;
     let mut c = connect_packet(V5, "expiring");
     c.clean_start = false;
-    c.properties.session_expiry_interval = Some(1);
+    c.properties.session_expiry_interval = Some(60);
     let (mut s, ack) = RawClient::connect_with(addr, c.clone()).await;
     assert!(!ack.session_present);
     s.subscribe("gone/t", opts(QoS::AtLeastOnce)).await;
     drop(s);
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(wait_until(WAIT, || b.connection_count() == 0).await);
+    clock.advance(Duration::from_secs(59));
     let (s, ack) = RawClient::connect_with(addr, c.clone()).await;
-    assert!(ack.session_present, "still within the 1 s expiry");
+    assert!(ack.session_present, "still within the 60 s expiry");
     drop(s);
-    tokio::time::sleep(Duration::from_millis(2000)).await;
+    assert!(wait_until(WAIT, || b.connection_count() == 0).await);
+    // The clock restarts at the second disconnect.
+    clock.advance(Duration::from_secs(59));
+    assert!(b.has_session("expiring"));
+    clock.advance(Duration::from_secs(2));
+    assert!(wait_until(WAIT, || !b.has_session("expiring")).await);
     let (mut s, ack) = RawClient::connect_with(addr, c).await;
     assert!(
         !ack.session_present,
-        "session should have expired after 1 s"
+        "session should have expired after 60 s"
     );
     // ... and its subscription with it.
     let mut publ = RawClient::connect(addr, V5, "gonepub").await;
@@ -209,13 +214,13 @@ async fn will_is_published_on_disconnect_with_will_message() {
 
 #[tokio::test]
 async fn will_is_published_on_keep_alive_timeout() {
-    let (_b, addr) = start_default().await;
+    let (_b, addr, clock) = start_with_clock(BrokerConfig::default()).await;
     let mut w = watcher(addr, "kat").await;
     let mut connect = with_will("kat", None, 0);
-    connect.keep_alive = 1;
+    connect.keep_alive = 10;
     let (mut c, _) = RawClient::connect_with(addr, connect).await;
-    c.expect_disconnect_within(ReasonCode::KEEP_ALIVE_TIMEOUT, Duration::from_millis(2500))
-        .await;
+    clock.advance(Duration::from_secs(16));
+    c.expect_disconnect(ReasonCode::KEEP_ALIVE_TIMEOUT).await;
     assert_eq!(&*w.expect_publish_ack().await.topic, "will/kat");
 }
 
@@ -244,36 +249,35 @@ async fn v311_will_on_abnormal_close() {
 
 #[tokio::test]
 async fn delayed_will_is_not_sent_if_the_client_reconnects_in_time() {
-    let (_b, addr) = start_default().await;
+    let (b, addr, clock) = start_with_clock(BrokerConfig::default()).await;
     let mut w = watcher(addr, "delay").await;
-    let connect = with_will("delay", Some(1), 10);
+    let connect = with_will("delay", Some(30), 60);
     let (c, _) = RawClient::connect_with(addr, connect.clone()).await;
     drop(c);
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(wait_until(WAIT, || b.connection_count() == 1).await);
+    clock.advance(Duration::from_secs(20));
     let mut again = connect;
     again.clean_start = false;
     again.will = None;
     let (mut c, ack) = RawClient::connect_with(addr, again).await;
     assert!(ack.session_present);
-    w.expect_nothing(Duration::from_millis(1500)).await;
+    clock.advance(Duration::from_secs(20));
+    w.expect_nothing(QUIET).await;
     c.ping().await;
 }
 
 #[tokio::test]
 async fn delayed_will_is_sent_after_the_delay() {
-    let (_b, addr) = start_default().await;
+    let (b, addr, clock) = start_with_clock(BrokerConfig::default()).await;
     let mut w = watcher(addr, "late").await;
-    let (c, _) = RawClient::connect_with(addr, with_will("late", Some(1), 10)).await;
-    let start = Instant::now();
+    let (c, _) = RawClient::connect_with(addr, with_will("late", Some(30), 60)).await;
     drop(c);
-    w.expect_nothing(Duration::from_millis(700)).await;
+    assert!(wait_until(WAIT, || b.connection_count() == 1).await);
+    clock.advance(Duration::from_secs(29));
+    w.expect_nothing(QUIET).await;
+    clock.advance(Duration::from_secs(2));
     let got = w.expect_publish_ack().await;
     assert_eq!(&*got.topic, "will/late");
-    let waited = start.elapsed();
-    assert!(
-        waited >= Duration::from_millis(900),
-        "will delay not honoured: {waited:?}"
-    );
 }
 
 #[tokio::test]

@@ -12,7 +12,9 @@
 //!   decoder never stops half-way through one; [`crate::strings`] then adds the
 //!   U+0000 check it lacks.
 //!
-//! Checks the codec enforces on what it decodes: all of the above plus, on a server
+//! Checks the codec enforces on what it decodes: all of the above, the CONNECT layout
+//! ([`crate::connect`]: nothing after its payload, properties at most once and in
+//! range) plus, on a server
 //! codec (one made with [`Codec::new_server`]), a client PUBLISH carrying
 //! Subscription Identifiers [MQTT-3.3.4-6]. Topic Alias 0 [MQTT-3.3.2-8] and wildcard
 //! topic names [MQTT-3.3.2-2] are refused on every codec. Topic *filters* are not
@@ -120,6 +122,14 @@ impl Codec {
         }
     }
 
+    /// Bytes still missing from the packet that starts `src` once its fixed header is
+    /// there; `None` before that, or when the packet is complete or refused anyway. A
+    /// reader can reserve exactly this instead of growing its buffer by doubling.
+    pub fn missing(&self, src: &[u8]) -> Option<usize> {
+        let header = frame::parse_header(src, self.max_incoming).ok()??;
+        header.total().checked_sub(src.len()).filter(|&n| n > 0)
+    }
+
     /// Appends one PUBLISH given as a [`PublishRef`] (a shared message with its
     /// per-hop fields), the way [`Codec::encode`] would write the whole [`Publish`].
     pub fn encode_publish(
@@ -171,6 +181,7 @@ fn decode_connect(
         let level = body[connect.flags_offset - 1];
         return Err(DecodeError::UnsupportedProtocolVersion(level));
     }
+    crate::connect::check_layout(body, &connect)?;
     // rmqtt-codec refuses an empty Client Identifier without Clean Start for MQTT 5
     // too, where the spec allows it (only 3.1.1 forbids it, [MQTT-3.1.3-8]). Decode
     // with the flag set, then restore it.
@@ -376,6 +387,21 @@ fn empty_reason(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn missing_counts_the_rest_of_a_started_packet() {
+        let codec = Codec::with_version(ProtocolVersion::V5, 1024);
+        assert_eq!(codec.missing(&[]), None);
+        assert_eq!(codec.missing(&[0x30]), None);
+        // PUBLISH, remaining length 200 (two-byte varint), 3 bytes of it here.
+        assert_eq!(
+            codec.missing(&[0x30, 0xC8, 0x01, 0, 1, b't']),
+            Some(200 - 3)
+        );
+        assert_eq!(codec.missing(&[0xC0, 0x00]), None, "a whole PINGREQ");
+        // Over the limit: the decoder refuses it; nothing to reserve.
+        assert_eq!(codec.missing(&[0x30, 0xFF, 0x7F]), None);
+    }
 
     /// The two-byte acknowledgements read in place decode exactly as the general decoder
     /// reads them, in both versions.

@@ -37,13 +37,24 @@ pub enum DecodeError {
 impl DecodeError {
     /// The reason code to disconnect the peer with (or to refuse a CONNECT with).
     /// An empty 3.1.1 Client Identifier without Clean Session gives 0x85, which a
-    /// 3.1.1 CONNACK carries as return code 2, as [MQTT-3.1.3-8] requires.
+    /// 3.1.1 CONNACK carries as return code 2, as [MQTT-3.1.3-8] requires. Two
+    /// protocol errors have a code of their own: a wildcard in a Topic Name is 0x90
+    /// Topic Name invalid, Topic Alias 0 is 0x94 Topic Alias invalid (spec 3.3.2.1,
+    /// 3.3.2.3.4).
     pub fn reason_code(&self) -> ReasonCode {
         match self {
             DecodeError::Protocol {
                 clause: "MQTT-3.1.3-8",
                 ..
             } => ReasonCode::CLIENT_IDENTIFIER_NOT_VALID,
+            DecodeError::Protocol {
+                clause: "MQTT-3.3.2-2",
+                ..
+            } => ReasonCode::TOPIC_NAME_INVALID,
+            DecodeError::Protocol {
+                clause: "MQTT-3.3.2-8",
+                ..
+            } => ReasonCode::TOPIC_ALIAS_INVALID,
             DecodeError::Malformed { .. } | DecodeError::InvalidUtf8 => {
                 ReasonCode::MALFORMED_PACKET
             }

@@ -8,10 +8,12 @@
 //!   `convert` maps between its types and ours, and [`validate`] adds the protocol
 //!   checks it leaves to the caller, each tagged with its spec clause.
 //! * Where rmqtt-codec is wrong or lossy, this crate does the work itself: framing
-//!   (`frame`), PUBLISH (`publish`) and the MQTT 5 short-form acknowledgements
-//!   (see [`Codec`]); `wire` holds the byte-level helpers they share.
+//!   (`frame`), PUBLISH (`publish`), the CONNECT layout checks (`connect`) and the
+//!   MQTT 5 short-form acknowledgements (see [`Codec`]); `wire` holds the byte-level
+//!   helpers they share.
 
 mod codec;
+mod connect;
 mod convert;
 mod error;
 mod frame;

@@ -3,7 +3,7 @@
 //! Why: rmqtt-codec stores Message Expiry Interval and Topic Alias as `NonZero*`,
 //! so a Message Expiry Interval of 0 (legal on the wire) is refused as malformed and
 //! cannot be encoded, and Topic Alias 0 comes back as a generic "malformed packet"
-//! when the spec makes it a Protocol Error [MQTT-3.3.2-8]. PUBLISH is also the hot
+//! where the spec asks for 0x94 Topic Alias invalid [MQTT-3.3.2-8]. PUBLISH is also the hot
 //! path; decoding here goes straight into our struct with the payload as a slice of
 //! the received frame (no `Box`, no intermediate struct).
 //!

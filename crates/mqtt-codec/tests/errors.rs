@@ -279,7 +279,12 @@ fn packet_id_zero() {
 fn publish_checks() {
     // Topic Alias 0.
     let alias0 = [0x30, 0x08, 0x00, 0x01, b't', 0x03, 0x23, 0x00, 0x00, b'x'];
-    rejects_with(&mut v5(), &alias0, protocol("MQTT-3.3.2-8"), PROTOCOL);
+    rejects_with(
+        &mut v5(),
+        &alias0,
+        protocol("MQTT-3.3.2-8"),
+        ReasonCode::TOPIC_ALIAS_INVALID,
+    );
     // Subscription Identifier from a client, on a server codec only.
     let with_sub_id = [0x30, 0x06, 0x00, 0x01, b't', 0x02, 0x0B, 0x01];
     rejects_with(
@@ -297,7 +302,13 @@ fn publish_checks() {
         &mut v311(),
         &[0x30, 0x05, 0x00, 0x03, b'a', b'/', b'+'],
         protocol("MQTT-3.3.2-2"),
-        PROTOCOL,
+        ReasonCode::TOPIC_NAME_INVALID,
+    );
+    rejects_with(
+        &mut v5_server(),
+        &[0x30, 0x06, 0x00, 0x03, b'a', b'/', b'#', 0x00],
+        protocol("MQTT-3.3.2-2"),
+        ReasonCode::TOPIC_NAME_INVALID,
     );
     rejects_with(
         &mut v5(),

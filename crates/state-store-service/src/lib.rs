@@ -39,7 +39,7 @@ use std::time::{Duration, Instant, SystemTime};
 use bytes::Bytes;
 use parking_lot::Mutex;
 use statehub_broker::codec::{ByteString, Publish, PublishProperties, QoS, ReasonCode};
-use statehub_broker::{BoxFuture, Broker, ClientInfo, Message, Service};
+use statehub_broker::{BoxFuture, Broker, ClientInfo, LogLimit, Message, Service};
 use statehub_state_store::{
     unix_ms, AllowAll, Effect, FatalError, Machine, MemoryEngine, Request, FENCING_TOKEN_PROPERTY,
     TIMESTAMP_PROPERTY,
@@ -184,11 +184,18 @@ where
             return None;
         };
         if rpc::is_forbidden_response_topic(response_topic) {
-            tracing::info!(
-                client = client_id,
-                topic = response_topic,
-                "reserved Response Topic; disconnecting"
-            );
+            // Any client can send this as often as it likes: one line a minute.
+            static LOG: LogLimit = LogLimit::per_secs(60);
+            match LOG.allow() {
+                Some(left_out) => tracing::info!(
+                    client = client_id,
+                    left_out,
+                    "reserved Response Topic; disconnecting"
+                ),
+                None => {
+                    tracing::debug!(client = client_id, "reserved Response Topic; disconnecting")
+                }
+            }
             broker.disconnect_client(client_id, ReasonCode::PROTOCOL_ERROR);
             return None;
         }

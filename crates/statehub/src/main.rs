@@ -4,9 +4,6 @@
 mod config;
 mod fds;
 mod http;
-mod retained;
-mod sessions;
-mod stored;
 
 use std::error::Error;
 use std::fmt::Debug;
@@ -16,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use clap::{Parser, Subcommand};
 use statehub_broker::{Broker, MqttListener};
+use statehub_broker_durable::SessionTable;
 use statehub_state_store_service::{StateStoreService, REQUEST_TOPIC};
 use statehub_storage::{Options, Store};
 use tokio::net::TcpListener;
@@ -181,27 +179,20 @@ fn start_state_store(
     let store = Store::open(dir, options).map_err(|e| std::io::Error::other(chain(&e)))?;
     let service = StateStoreService::open_durable(&settings.state_store, &store)
         .map_err(|e| std::io::Error::other(chain(&e)))?;
-    let (retained, loaded) =
-        retained::RetainedTable::open(&store).map_err(|e| std::io::Error::other(chain(&e)))?;
-    let retained_count = loaded.len();
-    broker.set_retain_store(Arc::new(retained), loaded);
-    let (sessions, loaded) =
-        sessions::SessionTable::open(&store).map_err(|e| std::io::Error::other(chain(&e)))?;
-    let session_count = loaded.len();
-    let sessions = Arc::new(sessions);
-    broker.set_session_store(sessions.clone(), loaded);
+    let installed = statehub_broker_durable::install(broker, &store)
+        .map_err(|e| std::io::Error::other(chain(&e)))?;
     tracing::info!(
         "state store loaded from {}: {} keys, {} retained messages and {} persistent sessions in {} ms (sync {})",
         dir.display(),
         service.stats().keys,
-        retained_count,
-        session_count,
+        installed.retained_messages,
+        installed.persistent_sessions,
         started.elapsed().as_millis(),
         settings.sync
     );
     Ok((
         register(broker, service),
-        Some(DataDir::start(store, sessions)),
+        Some(DataDir::start(store, installed.sessions)),
     ))
 }
 
@@ -216,25 +207,16 @@ where
 }
 
 /// The open data directory: its store, and the session table whose write-behind
-/// messages a background task writes out every [`sessions::STALE`].
+/// messages a background task writes out.
 struct DataDir {
     store: Store,
-    sessions: Arc<sessions::SessionTable>,
+    sessions: Arc<SessionTable>,
     flusher: JoinHandle<()>,
 }
 
 impl DataDir {
-    fn start(store: Store, sessions: Arc<sessions::SessionTable>) -> DataDir {
-        let flusher = tokio::spawn({
-            let sessions = sessions.clone();
-            async move {
-                let mut tick = tokio::time::interval(sessions::STALE);
-                loop {
-                    tick.tick().await;
-                    sessions.flush_stale();
-                }
-            }
-        });
+    fn start(store: Store, sessions: Arc<SessionTable>) -> DataDir {
+        let flusher = tokio::spawn(sessions.clone().run_flusher());
         DataDir {
             store,
             sessions,

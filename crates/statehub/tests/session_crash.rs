@@ -12,9 +12,6 @@
 //! `SESSION_CRASH_ITERATIONS` (default 16) and `CRASH_SEED` extend or reproduce it.
 
 mod common;
-#[path = "../../broker/tests/common/mod.rs"]
-#[allow(clippy::all)]
-mod raw;
 
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
@@ -24,11 +21,11 @@ use std::time::Duration;
 
 use bytes::BytesMut;
 use common::{start, Rng, Server};
-use raw::{bs, Event, RawClient};
 use statehub_broker::codec::{
     Connect, ConnectProperties, Packet, ProtocolVersion, PubResponse, Publish, QoS,
     SubscriptionOptions,
 };
+use statehub_test_support::{bs, Event, RawClient};
 use tokio::sync::watch;
 
 const WRITERS: u32 = 3;
@@ -66,7 +63,7 @@ async fn resume(addr: SocketAddr, client_id: &str) -> Option<(RawClient, bool)> 
             session_expiry_interval: Some(3600),
             ..Default::default()
         },
-        ..raw::connect_packet(ProtocolVersion::V5, client_id)
+        ..statehub_test_support::connect_packet(ProtocolVersion::V5, client_id)
     };
     if !send(&mut c, &Packet::Connect(Box::new(connect))).await {
         return None;

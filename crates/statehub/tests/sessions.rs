@@ -4,21 +4,19 @@
 //! and a SIGKILL; and every QoS 1 publish acknowledged to a publisher reaches the
 //! persistent subscriber, however often the server is killed (`session_crash.rs`).
 //!
-//! The exact-protocol checks use the broker tests' raw client (our codec over TCP).
+//! The exact-protocol checks use the raw client of `statehub-test-support` (our codec
+//! over TCP).
 
 mod common;
-#[path = "../../broker/tests/common/mod.rs"]
-#[allow(clippy::all)]
-mod raw;
 
 use std::path::Path;
 use std::time::Duration;
 
 use common::{start, Server};
-use raw::{bs, opts, RawClient};
 use statehub_broker::codec::{
     Connect, ConnectProperties, Packet, ProtocolVersion, PubResponse, Publish, QoS, ReasonCode,
 };
+use statehub_test_support::{bs, opts, RawClient};
 
 fn launch(dir: &Path) -> Server {
     start(
@@ -53,7 +51,7 @@ fn persistent(client_id: &str, expiry: u32) -> Connect {
             session_expiry_interval: Some(expiry),
             ..Default::default()
         },
-        ..raw::connect_packet(ProtocolVersion::V5, client_id)
+        ..statehub_test_support::connect_packet(ProtocolVersion::V5, client_id)
     }
 }
 
@@ -230,10 +228,10 @@ async fn in_flight_qos2_keeps_its_packet_id_and_its_stage_across_sigkills() {
     assert!(present);
     loop {
         match sub.next_event(Duration::from_millis(500)).await {
-            raw::Event::Packet(Packet::PubRel(r)) if r.packet_id == id2 => {
+            statehub_test_support::Event::Packet(Packet::PubRel(r)) if r.packet_id == id2 => {
                 sub.send(&Packet::PubComp(PubResponse::ok(id2))).await;
             }
-            raw::Event::Timeout => break,
+            statehub_test_support::Event::Timeout => break,
             other => panic!("expected at most the PUBREL of {id2}, got {other:?}"),
         }
     }
@@ -299,7 +297,7 @@ async fn a_qos2_receipt_survives_so_a_resent_publish_is_a_duplicate() {
     // The watcher may get the pre-crash copy again (QoS 1, possibly unacknowledged on
     // disk), but the resent PUBLISH was not routed a second time.
     let mut copies = 0;
-    while let raw::Event::Packet(Packet::Publish(p)) =
+    while let statehub_test_support::Event::Packet(Packet::Publish(p)) =
         watcher.next_event(Duration::from_millis(500)).await
     {
         watcher.ack(&p).await;
@@ -384,7 +382,7 @@ async fn mqtt_311_sessions_without_clean_session_are_kept_too() {
     let server = launch(dir.path());
     let v311 = Connect {
         clean_start: false,
-        ..raw::connect_packet(ProtocolVersion::V311, "old-client")
+        ..statehub_test_support::connect_packet(ProtocolVersion::V311, "old-client")
     };
     let (mut c, ack) = RawClient::connect_with(server.mqtt, v311.clone()).await;
     assert!(!ack.session_present);

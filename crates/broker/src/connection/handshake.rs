@@ -1,18 +1,28 @@
-//! CONNECT handling: validate, authenticate, find or create the session (taking
-//! it over from an older connection if need be) and build the CONNACK.
+//! CONNECT handling: read it (and any AUTH rounds) before the deadline, validate,
+//! authenticate, find or create the session (taking it over from an older connection
+//! if need be), and answer with the CONNACK, refusing ones encoded by the codec.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use bytes::BytesMut;
 use statehub_mqtt_codec::{
-    validate, Auth, ByteString, ConnAck, ConnAckProperties, Connect, Packet, ProtocolVersion,
-    ReasonCode,
+    validate, Auth, ByteString, Codec, ConnAck, ConnAckProperties, Connect, DecodeError, Packet,
+    ProtocolVersion, ReasonCode,
 };
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpStream;
+use tokio::time::Instant;
 
+use super::{barrier, Conn};
 use crate::auth::AuthDecision;
-use crate::session::{Attachment, Session, SessionState};
-use crate::session_store::Persist;
+use crate::broker::OpenConnection;
+use crate::pending::Admission;
+use crate::service::ClientInfo;
+use crate::session::Session;
 use crate::signal::Signal;
+use crate::topic;
 use crate::Broker;
 
 /// The negotiated parameters of an accepted connection.
@@ -41,8 +51,7 @@ pub(crate) enum AuthStep {
 
 /// Runs the authenticator on CONNECT.
 pub(crate) fn authenticate(broker: &Broker, connect: &Connect) -> Result<AuthStep, Refused> {
-    let auth = broker.inner.authenticator.read().clone();
-    match auth.connect(connect) {
+    match broker.authenticator().connect(connect) {
         AuthDecision::Success { data } => Ok(AuthStep::Done(data)),
         AuthDecision::Continue { data } if connect.protocol == ProtocolVersion::V5 => {
             Ok(AuthStep::Challenge(Packet::Auth(Auth {
@@ -58,7 +67,7 @@ pub(crate) fn authenticate(broker: &Broker, connect: &Connect) -> Result<AuthSte
 }
 
 /// Checks the CONNECT's own fields.
-pub(crate) fn check(connect: &Connect) -> Result<(), Refused> {
+pub(crate) fn check(broker: &Broker, connect: &Connect) -> Result<(), Refused> {
     if connect.client_id.is_empty()
         && !connect.clean_start
         && connect.protocol == ProtocolVersion::V311
@@ -66,7 +75,9 @@ pub(crate) fn check(connect: &Connect) -> Result<(), Refused> {
         return Err(Refused(ReasonCode::CLIENT_IDENTIFIER_NOT_VALID));
     }
     if let Some(w) = &connect.will {
-        if validate::topic_name(&w.topic).is_err() {
+        if validate::topic_name(&w.topic).is_err()
+            || topic::too_deep(&w.topic, broker.config().max_topic_levels)
+        {
             return Err(Refused(ReasonCode::TOPIC_NAME_INVALID));
         }
         if w.properties
@@ -88,7 +99,7 @@ pub(crate) fn accept(
     broker: &Broker,
     connect: &mut Connect,
     auth_data: Option<bytes::Bytes>,
-) -> Accepted {
+) -> Result<Accepted, Refused> {
     let cfg = broker.config();
     let mut props = ConnAckProperties::default();
     if connect.client_id.is_empty() {
@@ -116,18 +127,18 @@ pub(crate) fn accept(
 
     let generation = broker.next_generation();
     let signal = Arc::new(Signal::default());
-    let (session, session_present) = take_session(broker, connect, session_expiry);
-    let stored = {
-        let mut st = session.state.lock();
-        st.expiry_interval = session_expiry;
-        st.last_generation = generation;
-        st.attached = Some(Attachment {
+    let taken = broker
+        .take_session(
+            &connect.client_id,
+            connect.clean_start,
+            session_expiry,
             generation,
-            signal: signal.clone(),
-        });
-        persist(broker, &session, &mut st, session_expiry)
-    };
-    session.set_connected(true);
+            signal.clone(),
+        )
+        .map_err(|code| {
+            broker.refused_persistent_session(&connect.client_id);
+            Refused(code)
+        })?;
 
     props.receive_maximum = Some(cfg.receive_maximum);
     props.maximum_packet_size = Some(cfg.max_packet_size);
@@ -144,63 +155,280 @@ pub(crate) fn accept(
         props.authentication_method = Some(method.clone());
         props.authentication_data = auth_data;
     }
-    Accepted {
-        session,
+    Ok(Accepted {
+        session: taken.session,
         generation,
         signal,
         connack: ConnAck {
-            session_present,
+            session_present: taken.present,
             reason_code: ReasonCode::SUCCESS,
             properties: props,
         },
         keep_alive: Duration::from_secs(u64::from(keep_alive)),
         session_expiry,
-        stored,
-    }
+        stored: taken.stored,
+    })
 }
 
-/// Makes the session persistent if it should be (expiry above 0 and a session store),
-/// or forgets its stored form if it no longer should be. True if a change was recorded
-/// that the CONNACK must wait for.
-fn persist(broker: &Broker, session: &Session, st: &mut SessionState, expiry: u32) -> bool {
-    let Some(store) = broker.session_store() else {
-        return false;
+/// Reads CONNECT (and any AUTH rounds), answers CONNACK. `None` if refused. Until the
+/// CONNECT is in, the connection holds its place among the pending ones (`admission`)
+/// and closes if evicted from it; from then on it counts against `max_connections`
+/// (for as long as the returned guard lives).
+pub(super) async fn connect(
+    broker: &Broker,
+    stream: &mut TcpStream,
+    admission: Admission,
+) -> Option<(Conn, BytesMut, OpenConnection)> {
+    let cfg = broker.config();
+    let deadline = Instant::now() + Duration::from_secs(cfg.connect_timeout_secs);
+    let mut codec = Codec::new_server(cfg.max_packet_size);
+    let mut rbuf = BytesMut::new();
+    let (mut connect, open) =
+        read_connect(broker, stream, &mut codec, &mut rbuf, deadline, admission).await?;
+    let auth_data = match check(broker, &connect).and_then(|()| authenticate(broker, &connect)) {
+        Ok(AuthStep::Done(data)) => data,
+        Ok(AuthStep::Challenge(challenge)) => {
+            let rounds = auth_rounds(
+                broker, stream, &mut codec, &mut rbuf, &connect, challenge, deadline,
+            );
+            match rounds.await {
+                Ok(data) => data,
+                Err(Some(Refused(code))) => {
+                    refuse(stream, &codec, code).await;
+                    return None;
+                }
+                Err(None) => return None,
+            }
+        }
+        Err(Refused(code)) => {
+            refuse(stream, &codec, code).await;
+            return None;
+        }
     };
-    if expiry == 0 {
-        // It ends with this connection: nothing of it needs to survive a restart.
-        st.unpersist();
-        return false;
+    let accepted = match accept(broker, &mut connect, auth_data) {
+        Ok(accepted) => accepted,
+        Err(Refused(code)) => {
+            refuse(stream, &codec, code).await;
+            return None;
+        }
+    };
+    if accepted.stored {
+        if let Err(e) = barrier(broker).await {
+            // Session Present could not be promised: refuse, and the client retries.
+            tracing::error!("{e}; refusing the connection of {}", connect.client_id);
+            refuse(stream, &codec, ReasonCode::UNSPECIFIED_ERROR).await;
+            return None;
+        }
     }
-    if st.persist.is_none() {
-        st.persist = Some(Persist {
-            store,
-            incarnation: rand::random::<u64>(),
-        });
-    }
-    st.save(session.client_id(), false);
-    true
+    let conn = Conn::new(broker, codec, &mut connect, accepted)?;
+    Some((conn, rbuf, open))
 }
 
-/// Finds the client's session (resuming it unless Clean Start) or makes a new one.
-/// An older connection on the same client id is told to go with 0x8E.
-fn take_session(broker: &Broker, connect: &Connect, expiry: u32) -> (Arc<Session>, bool) {
-    let sessions = &broker.inner.sessions;
-    let existing = sessions.get(&connect.client_id).map(|s| s.clone());
-    if let Some(old) = existing {
-        let kicked = old.state.lock().attached.take();
-        if let Some(a) = kicked {
-            a.signal.close(ReasonCode::SESSION_TAKEN_OVER);
-            // The old connection's teardown no longer owns the session and stays
-            // quiet; services hear of its end now, before the new one can act.
-            broker.notify_services_closed(&connect.client_id);
+/// Reads the first packet, which must be a CONNECT, and refuses it if the broker is
+/// shutting down or full. `None` if the connection is to close.
+async fn read_connect(
+    broker: &Broker,
+    stream: &mut TcpStream,
+    codec: &mut Codec,
+    rbuf: &mut BytesMut,
+    deadline: Instant,
+    admission: Admission,
+) -> Option<(Box<Connect>, OpenConnection)> {
+    let cfg = broker.config();
+    let first = tokio::select! {
+        r = read_packet(stream, codec, rbuf, deadline) => r,
+        () = admission.closed.cancelled() => return None,
+    };
+    drop(admission);
+    let first = match first {
+        Ok(Some(p)) => p,
+        Ok(None) => return None,
+        Err(DecodeError::UnsupportedProtocolVersion(level)) => {
+            // Answered in the newest version the client may read: MQTT 5 for a newer
+            // level, else 3.1.1 (where 0x84 is return code 1).
+            let version = if level >= 5 {
+                ProtocolVersion::V5
+            } else {
+                ProtocolVersion::V311
+            };
+            let codec = Codec::with_version(version, cfg.max_packet_size);
+            refuse(stream, &codec, ReasonCode::UNSUPPORTED_PROTOCOL_VERSION).await;
+            return None;
         }
-        old.set_connected(false);
-        if !connect.clean_start {
-            return (old, true);
+        Err(e) => {
+            tracing::debug!(error = %e, "bad first packet");
+            refuse_bad_connect(stream, codec, &e).await;
+            return None;
         }
-        broker.end_session(&old);
+    };
+    let Packet::Connect(connect) = first else {
+        return None;
+    };
+    let open = broker.open_connection();
+    let unavailable = if broker.is_shutting_down() {
+        Some(ReasonCode::SERVER_UNAVAILABLE)
+    } else if broker.connection_count() > cfg.max_connections {
+        tracing::warn!(client = %connect.client_id, "connection limit reached; refusing with 0x97");
+        Some(ReasonCode::QUOTA_EXCEEDED)
+    } else {
+        None
+    };
+    if let Some(code) = unavailable {
+        refuse(stream, codec, code).await;
+        return None;
     }
-    let session = Arc::new(Session::new(connect.client_id.clone(), expiry));
-    sessions.insert(connect.client_id.clone(), session.clone());
-    (session, false)
+    Some((connect, open))
+}
+
+impl Conn {
+    /// The connection of an accepted CONNECT, its CONNACK in the write buffer.
+    fn new(
+        broker: &Broker,
+        codec: Codec,
+        connect: &mut Connect,
+        accepted: Accepted,
+    ) -> Option<Conn> {
+        let cfg = broker.config();
+        let mut wbuf = BytesMut::with_capacity(1024);
+        if let Err(e) = codec.encode(&Packet::ConnAck(accepted.connack), &mut wbuf) {
+            super::encode_failed(broker, &connect.client_id, "CONNACK", &e);
+            return None;
+        }
+        let p = &connect.properties;
+        Some(Conn {
+            broker: broker.clone(),
+            codec,
+            wbuf,
+            wbuf_front_left: 0,
+            session: accepted.session,
+            generation: accepted.generation,
+            info: ClientInfo {
+                client_id: connect.client_id.clone(),
+                username: connect.username.clone(),
+                protocol: connect.protocol,
+            },
+            version: connect.protocol,
+            client_receive_max: p.receive_maximum.unwrap_or(u16::MAX).max(1),
+            client_max_packet: p.maximum_packet_size.unwrap_or(u32::MAX),
+            // The aliases we assign are topics kept for the connection's life: no more
+            // of them than we let the client use towards us.
+            client_alias_max: if cfg.server_topic_aliases {
+                p.topic_alias_maximum
+                    .unwrap_or(0)
+                    .min(cfg.topic_alias_maximum)
+            } else {
+                0
+            },
+            out_aliases: HashMap::new(),
+            in_aliases: HashMap::new(),
+            will: connect.will.take(),
+            auth_method: p.authentication_method.clone(),
+            problem_info: p.request_problem_information != Some(false),
+            session_expiry: accepted.session_expiry,
+            connect_expiry_zero: accepted.session_expiry == 0,
+            signal: accepted.signal,
+            keep_alive: accepted.keep_alive,
+        })
+    }
+}
+
+/// Answers a CONNECT that failed to decode with a refusing CONNACK where the
+/// protocol has a code for it (any for MQTT 5 [MQTT-3.2.2-7]; 3.1.1 only for the
+/// identifier case, return code 2 [MQTT-3.1.3-8]), then the caller closes.
+async fn refuse_bad_connect(stream: &mut TcpStream, codec: &Codec, e: &DecodeError) {
+    let code = e.reason_code();
+    let answer = match codec.version() {
+        Some(ProtocolVersion::V5) => true,
+        Some(ProtocolVersion::V311) => code == ReasonCode::CLIENT_IDENTIFIER_NOT_VALID,
+        None => false,
+    };
+    if answer {
+        refuse(stream, codec, code).await;
+    }
+}
+
+/// Writes a CONNACK refusing the connection with `code` (the codec maps it to a
+/// 3.1.1 return code); the caller then closes.
+async fn refuse(stream: &mut TcpStream, codec: &Codec, code: ReasonCode) {
+    let mut out = BytesMut::new();
+    let ack = statehub_mqtt_codec::ConnAck {
+        reason_code: code,
+        ..Default::default()
+    };
+    match codec.encode(&Packet::ConnAck(ack), &mut out) {
+        Ok(()) => drop(stream.write_all(&out).await),
+        Err(e) => tracing::warn!(error = %e, "refusing CONNACK not sent: it cannot be encoded"),
+    }
+}
+
+/// Extra AUTH exchanges during connect (MQTT 5 enhanced authentication).
+async fn auth_rounds(
+    broker: &Broker,
+    stream: &mut TcpStream,
+    codec: &mut Codec,
+    rbuf: &mut BytesMut,
+    connect: &Connect,
+    mut challenge: Packet,
+    deadline: Instant,
+) -> Result<Option<bytes::Bytes>, Option<Refused>> {
+    let method = connect
+        .properties
+        .authentication_method
+        .clone()
+        .unwrap_or_default();
+    let authenticator = broker.authenticator();
+    loop {
+        let mut out = BytesMut::new();
+        if let Err(e) = codec.encode(&challenge, &mut out) {
+            super::encode_failed(broker, &connect.client_id, "AUTH", &e);
+            return Err(None);
+        }
+        stream.write_all(&out).await.map_err(|_| None)?;
+        let Ok(Some(Packet::Auth(auth))) = read_packet(stream, codec, rbuf, deadline).await else {
+            return Err(None);
+        };
+        if auth.reason_code != ReasonCode::CONTINUE_AUTHENTICATION
+            || auth.authentication_method.as_ref() != Some(&method)
+        {
+            return Err(Some(Refused(ReasonCode::PROTOCOL_ERROR)));
+        }
+        match authenticator.auth(&connect.client_id, &method, &auth) {
+            AuthDecision::Success { data } => return Ok(data),
+            AuthDecision::Continue { data } => {
+                challenge = Packet::Auth(statehub_mqtt_codec::Auth {
+                    reason_code: ReasonCode::CONTINUE_AUTHENTICATION,
+                    authentication_method: Some(method.clone()),
+                    authentication_data: data,
+                    ..Default::default()
+                });
+            }
+            AuthDecision::Deny(code) => return Err(Some(Refused(code))),
+        }
+    }
+}
+
+/// Reads until one whole packet is decoded, the peer closes (Ok(None)), or the deadline.
+async fn read_packet(
+    stream: &mut TcpStream,
+    codec: &mut Codec,
+    rbuf: &mut BytesMut,
+    deadline: Instant,
+) -> Result<Option<Packet>, DecodeError> {
+    loop {
+        if let Some(p) = codec.decode(rbuf)? {
+            return Ok(Some(p));
+        }
+        // The buffer is reserved once bytes are there to read: a socket that stays
+        // silent holds none.
+        match tokio::time::timeout_at(deadline, stream.readable()).await {
+            Ok(Ok(())) => {}
+            _ => return Ok(None),
+        }
+        rbuf.reserve(4096);
+        match stream.try_read_buf(rbuf) {
+            Ok(n) if n > 0 => {}
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            _ => return Ok(None),
+        }
+    }
 }

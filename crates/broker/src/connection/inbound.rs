@@ -1,19 +1,18 @@
 //! Packets from the client, once connected.
 
 use std::sync::Arc;
-use std::time::Instant;
 
 use statehub_mqtt_codec::{
-    validate, Auth, Packet, ProtocolVersion, PubResponse, Publish, QoS, ReasonCode, SubAck,
-    Subscribe, UnsubAck, Unsubscribe,
+    validate, Auth, ByteString, Packet, PubResponse, Publish, QoS, ReasonCode,
 };
 
 use super::{Close, Conn};
 use crate::auth::AuthDecision;
-use crate::broker::{split_shared, Routed};
-use crate::message::{Delivery, Message};
-use crate::session::{Stage, Subscription};
-use crate::session_store::{Gate, Group, SessionChange};
+use crate::broker::Routed;
+use crate::message::Message;
+use crate::session::{IncomingQos2, PubRec, Stage};
+use crate::session_store::{Gate, Group};
+use crate::topic;
 
 /// Opens a gate when the publish that holds it is done with (acknowledged, or failed:
 /// a dead store must not leave messages stuck behind it).
@@ -31,29 +30,18 @@ impl Conn {
         match p {
             Packet::Publish(p) => self.on_publish(p).await,
             Packet::PubAck(a) => {
-                self.complete(a.packet_id, Stage::Qos1Sent);
+                self.session.complete(a.packet_id, Stage::Qos1Sent);
                 Ok(())
             }
             Packet::PubRec(r) => self.on_pubrec(r).await,
             Packet::PubRel(r) => {
-                let (known, stored) = {
-                    let mut st = self.session.state.lock();
-                    let known = st.incoming_qos2.remove(&r.packet_id);
-                    if known {
-                        st.record(|incarnation| SessionChange::IncomingQos2 {
-                            incarnation,
-                            packet_id: r.packet_id,
-                            pending: false,
-                        });
-                    }
-                    (known, known && st.is_persistent())
-                };
+                let released = self.session.release_qos2(r.packet_id);
                 // A PUBCOMP frees the id for the client's next message: a restart must
                 // not take that one for a duplicate.
-                if stored {
+                if released == Some(true) {
                     self.durable().await?;
                 }
-                let code = if known {
+                let code = if released.is_some() {
                     ReasonCode::SUCCESS
                 } else {
                     ReasonCode::PACKET_IDENTIFIER_NOT_FOUND
@@ -64,7 +52,7 @@ impl Conn {
                 }))
             }
             Packet::PubComp(c) => {
-                self.complete(c.packet_id, Stage::Released);
+                self.session.complete(c.packet_id, Stage::Released);
                 Ok(())
             }
             Packet::Subscribe(s) => self.on_subscribe(s).await,
@@ -103,17 +91,31 @@ impl Conn {
         }
         let pid = p.packet_id.unwrap_or(0);
         if p.qos == QoS::ExactlyOnce {
-            let st = self.session.state.lock();
-            if st.incoming_qos2.contains(&pid) {
-                drop(st);
-                return self.send(&Packet::PubRec(PubResponse::ok(pid)));
+            match self
+                .session
+                .incoming_qos2(pid, self.broker.config().receive_maximum)
+            {
+                IncomingQos2::Duplicate => {
+                    return self.send(&Packet::PubRec(PubResponse::ok(pid)));
+                }
+                IncomingQos2::OverMaximum => {
+                    return Err(Close::ByServer(
+                        ReasonCode::RECEIVE_MAXIMUM_EXCEEDED,
+                        "receive maximum exceeded [MQTT-3.3.4-9]",
+                    ));
+                }
+                IncomingQos2::New => {}
             }
-            if st.incoming_qos2.len() >= usize::from(self.broker.config().receive_maximum) {
-                return Err(Close::ByServer(
-                    ReasonCode::RECEIVE_MAXIMUM_EXCEEDED,
-                    "receive maximum exceeded [MQTT-3.3.4-9]",
-                ));
+        }
+        if topic::too_deep(&p.topic, self.broker.config().max_topic_levels) {
+            let text = "topic has more levels than max_topic_levels";
+            if p.qos == QoS::AtMostOnce {
+                return Err(Close::ByServer(ReasonCode::TOPIC_NAME_INVALID, text));
             }
+            tracing::debug!(client = %self.info.client_id, "{text}; answering 0x90");
+            return self
+                .ack_publish(p.qos, pid, ReasonCode::TOPIC_NAME_INVALID, false)
+                .await;
         }
         if let Err(code) = validate::payload_utf8(&p) {
             if p.qos == QoS::AtMostOnce {
@@ -128,13 +130,13 @@ impl Conn {
         let _open_when_done = gate.clone().map(OpenOnDrop);
         let (code, stored) = if let Some(service) = self.broker.service_for(&p.topic) {
             service.on_publish(&self.broker, &self.info, p).await;
-            let stored = qos == QoS::ExactlyOnce && self.receive_qos2(pid);
+            let stored = qos == QoS::ExactlyOnce && self.session.receive_qos2(pid);
             (ReasonCode::SUCCESS, stored)
         } else {
             let msg = Arc::new(Message::from_publish(
                 p,
                 Some(self.info.client_id.clone()),
-                Instant::now(),
+                self.broker.now(),
             ));
             let durable = if msg.retain {
                 self.broker.store_retained(&msg)
@@ -177,24 +179,11 @@ impl Conn {
         let store = self
             .broker
             .session_store()
-            .filter(|_| self.session.state.lock().is_persistent());
+            .filter(|_| self.session.is_persistent());
         let _group = store.map(Group::open);
         let mut routed = self.broker.route(msg, gate);
-        routed.stored |= self.receive_qos2(pid);
+        routed.stored |= self.session.receive_qos2(pid);
         routed
-    }
-
-    /// Remembers a QoS 2 packet id until its PUBREL; true if that was recorded in the
-    /// session store (the PUBREC waits for it).
-    fn receive_qos2(&mut self, pid: u16) -> bool {
-        let mut st = self.session.state.lock();
-        st.incoming_qos2.insert(pid);
-        st.record(|incarnation| SessionChange::IncomingQos2 {
-            incarnation,
-            packet_id: pid,
-            pending: true,
-        });
-        st.is_persistent()
     }
 
     /// Acknowledges a PUBLISH once what the acknowledgement promises is durable
@@ -252,197 +241,32 @@ impl Conn {
                 }
             }
         } else {
-            self.in_aliases.insert(alias, p.topic.clone());
+            // A copy: the topic is a slice of the read buffer, which it would keep
+            // alive for the connection's life.
+            self.in_aliases.insert(alias, ByteString::from(&*p.topic));
         }
         Ok(())
     }
 
     async fn on_pubrec(&mut self, r: PubResponse) -> Result<(), Close> {
-        let (found, stored) = {
-            let mut st = self.session.state.lock();
-            match st.inflight_position(r.packet_id) {
-                Some(i) if st.inflight[i].stage == Stage::Qos2Sent => {
-                    if r.reason_code.is_success() {
-                        st.inflight[i].stage = Stage::Released;
-                        let (seq, now) = (st.inflight[i].delivery.seq, Instant::now());
-                        let stored = seq != 0 && st.is_persistent();
-                        if stored {
-                            let delivery = &st.inflight[i].delivery;
-                            st.record(|incarnation| SessionChange::Message {
-                                incarnation,
-                                seq,
-                                delivery,
-                                released: true,
-                                now,
-                            });
-                        }
-                        (true, stored)
-                    } else {
-                        if let Some(done) = st.inflight.remove(i) {
-                            st.forget(done.delivery.seq);
-                        }
-                        return Ok(());
+        let code =
+            match self
+                .session
+                .pubrec(r.packet_id, r.reason_code.is_success(), self.broker.now())
+            {
+                PubRec::Refused => return Ok(()),
+                PubRec::Unknown => ReasonCode::PACKET_IDENTIFIER_NOT_FOUND,
+                PubRec::Released { stored } => {
+                    if stored {
+                        self.durable().await?;
                     }
+                    ReasonCode::SUCCESS
                 }
-                _ => (false, false),
-            }
-        };
-        // After a restart, a message whose PUBREL went out must not be sent again as
-        // a PUBLISH: the receiver has forgotten its id and would deliver it twice.
-        if stored {
-            self.durable().await?;
-        }
-        let code = if found {
-            ReasonCode::SUCCESS
-        } else {
-            ReasonCode::PACKET_IDENTIFIER_NOT_FOUND
-        };
+            };
         self.send(&Packet::PubRel(PubResponse {
             reason_code: code,
             ..PubResponse::ok(r.packet_id)
         }))
-    }
-
-    /// Finishes an outgoing QoS 1/2 exchange at `stage`; unknown ids are ignored.
-    fn complete(&mut self, packet_id: u16, stage: Stage) {
-        let mut st = self.session.state.lock();
-        if let Some(i) = st.inflight_position(packet_id) {
-            if st.inflight[i].stage == stage {
-                if let Some(done) = st.inflight.remove(i) {
-                    st.forget(done.delivery.seq);
-                }
-            }
-        }
-    }
-
-    async fn on_subscribe(&mut self, s: Subscribe) -> Result<(), Close> {
-        let v5 = self.version == ProtocolVersion::V5;
-        let mut codes = Vec::with_capacity(s.filters.len());
-        let mut retained = Vec::new();
-        let now = Instant::now();
-        for (filter, options) in &s.filters {
-            let valid =
-                validate::topic_filter(filter).is_ok() && validate::shared_filter(filter).is_ok();
-            if !valid {
-                codes.push(if v5 {
-                    ReasonCode::TOPIC_FILTER_INVALID
-                } else {
-                    ReasonCode::UNSPECIFIED_ERROR
-                });
-                continue;
-            }
-            let (group, plain) = split_shared(filter);
-            if group.is_some() && options.no_local {
-                return Err(Close::ByServer(
-                    ReasonCode::PROTOCOL_ERROR,
-                    "No Local on a shared subscription [MQTT-3.8.3-4]",
-                ));
-            }
-            if self
-                .broker
-                .config()
-                .refused_filters
-                .iter()
-                .any(|f| f == &**filter)
-            {
-                codes.push(ReasonCode::UNSPECIFIED_ERROR);
-                continue;
-            }
-            let sub = Subscription {
-                options: *options,
-                identifier: s.subscription_identifier,
-            };
-            let existed = self
-                .session
-                .state
-                .lock()
-                .subscriptions
-                .insert(filter.clone(), sub)
-                .is_some();
-            self.broker.index_subscription(
-                &self.session,
-                filter,
-                *options,
-                s.subscription_identifier,
-            );
-            codes.push(ReasonCode(options.qos as u8));
-            let send_retained = group.is_none()
-                && match options.retain_handling {
-                    0 => true,
-                    1 => !existed,
-                    _ => false,
-                };
-            if send_retained {
-                for msg in self.broker.retained_matching(plain, now) {
-                    retained.push(Delivery {
-                        qos: msg.qos.min(options.qos),
-                        retain: true,
-                        subscription_ids: s.subscription_identifier.into_iter().collect(),
-                        shared: None,
-                        seq: 0,
-                        dup: false,
-                        gate: None,
-                        msg,
-                    });
-                }
-            }
-        }
-        self.save_subscriptions().await?;
-        self.send(&Packet::SubAck(SubAck {
-            packet_id: s.packet_id,
-            reason_codes: codes,
-            ..Default::default()
-        }))?;
-        for d in retained {
-            self.broker.offer(&self.session, d);
-        }
-        Ok(())
-    }
-
-    async fn on_unsubscribe(&mut self, u: Unsubscribe) -> Result<(), Close> {
-        let mut codes = Vec::with_capacity(u.filters.len());
-        for filter in &u.filters {
-            if validate::topic_filter(filter).is_err() || validate::shared_filter(filter).is_err() {
-                codes.push(ReasonCode::TOPIC_FILTER_INVALID);
-                continue;
-            }
-            let existed = self
-                .session
-                .state
-                .lock()
-                .subscriptions
-                .remove(filter)
-                .is_some();
-            if existed {
-                self.broker
-                    .unindex_subscription(self.session.client_id(), filter);
-            }
-            codes.push(if existed {
-                ReasonCode::SUCCESS
-            } else {
-                ReasonCode::NO_SUBSCRIPTION_EXISTED
-            });
-        }
-        self.save_subscriptions().await?;
-        self.send(&Packet::UnsubAck(UnsubAck {
-            packet_id: u.packet_id,
-            reason_codes: codes,
-            ..Default::default()
-        }))
-    }
-
-    /// Records a persistent session's subscriptions and waits until they are durable,
-    /// so that a SUBACK or UNSUBACK holds across a restart.
-    async fn save_subscriptions(&mut self) -> Result<(), Close> {
-        let stored = {
-            let st = self.session.state.lock();
-            st.save(self.session.client_id(), false);
-            st.is_persistent()
-        };
-        if stored {
-            self.durable().await?;
-        }
-        Ok(())
     }
 
     /// Waits until every session change recorded so far is durable; if it never will
@@ -483,7 +307,7 @@ impl Conn {
                 "AUTH method differs from CONNECT's [MQTT-4.12.1-1]",
             ));
         }
-        let auth = self.broker.inner.authenticator.read().clone();
+        let auth = self.broker.authenticator();
         let (code, data) = match auth.auth(&self.info.client_id, &method, &a) {
             AuthDecision::Success { data } => (ReasonCode::SUCCESS, data),
             AuthDecision::Continue { data } => (ReasonCode::CONTINUE_AUTHENTICATION, data),

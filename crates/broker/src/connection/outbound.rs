@@ -3,21 +3,19 @@
 //! resending what was in flight when a session resumes.
 
 use std::sync::atomic::Ordering;
-use std::time::Instant;
 
-use statehub_mqtt_codec::{ByteString, Packet, PubResponse, PublishRef, QoS};
+use statehub_mqtt_codec::{ByteString, Packet, PubResponse, PublishRef};
 
 use super::Conn;
-use crate::session::{Inflight, Stage};
-use crate::session_store::packet_id_for;
+use crate::session::Stage;
+use crate::topic;
 
 impl Conn {
     /// On attach: resend unacknowledged PUBLISHes (DUP set) and PUBRELs in their
     /// original order [MQTT-4.4.0-1], before any new message.
     pub(super) fn resume(&mut self) {
-        let now = Instant::now();
-        let pending: Vec<Inflight> = self.session.state.lock().inflight.iter().cloned().collect();
-        for i in pending {
+        let now = self.broker.now();
+        for i in self.session.inflight() {
             let packet = match i.stage {
                 Stage::Released => Packet::PubRel(PubResponse::ok(i.packet_id)),
                 Stage::Qos1Sent | Stage::Qos2Sent => {
@@ -34,46 +32,15 @@ impl Conn {
     /// window and our high-water mark allow.
     pub(super) fn drain(&mut self) {
         let high_water = self.broker.config().socket_write_high_water;
-        let now = Instant::now();
+        let now = self.broker.now();
         let session = self.session.clone();
-        let mut st = session.state.lock();
-        if st
-            .attached
-            .as_ref()
-            .is_none_or(|a| a.generation != self.generation)
-        {
+        let Some(mut outbox) = session.outbox(self.generation) else {
             // Taken over: the queue belongs to the new connection now.
             return;
-        }
+        };
         while self.wbuf.len() < high_water {
-            let Some(front) = st.queue.front() else { break };
-            if front.gate.as_ref().is_some_and(|g| !g.is_open()) {
-                // Not durable yet: the gate's opener wakes this connection.
+            let Some((d, packet_id)) = outbox.next(self.client_receive_max, now) else {
                 break;
-            }
-            if front.qos != QoS::AtMostOnce
-                && st.inflight.len() >= usize::from(self.client_receive_max)
-            {
-                break;
-            }
-            let Some(d) = st.pop_queue() else { break };
-            if d.msg.is_expired(now) {
-                st.forget(d.seq);
-                continue;
-            }
-            let packet_id = match (d.qos, d.seq) {
-                (QoS::AtMostOnce, _) => None,
-                (_, 0) => Some(st.next_packet_id()),
-                (_, seq) => {
-                    // A stored message keeps the id its sequence number gives it; if an
-                    // older message still holds that id, wait for its acknowledgement.
-                    let id = packet_id_for(seq);
-                    if st.inflight_position(id).is_some() {
-                        st.unpop_queue(d);
-                        break;
-                    }
-                    Some(id)
-                }
             };
             let (alias, alias_only, new_alias) = self.alias_for(&d.msg.topic);
             // The shared message is written as it is, with this delivery's per-hop
@@ -91,9 +58,11 @@ impl Conn {
                 subscription_identifiers: &d.subscription_ids,
             };
             let start = self.wbuf.len();
-            if self.codec.encode_publish(&publish, &mut self.wbuf).is_err() {
+            if let Err(e) = self.codec.encode_publish(&publish, &mut self.wbuf) {
                 self.wbuf.truncate(start);
-                st.forget(d.seq);
+                let what = format!("PUBLISH on {}", topic::for_log(&d.msg.topic));
+                super::encode_failed(&self.broker, &self.info.client_id, &what, &e);
+                outbox.discard(&d);
                 continue;
             }
             if self.wbuf.len() - start > self.client_max_packet as usize {
@@ -103,25 +72,24 @@ impl Conn {
                     self.out_aliases.remove(&topic);
                 }
                 self.broker
-                    .inner
-                    .metrics
+                    .metrics()
                     .oversize_dropped
                     .fetch_add(1, Ordering::Relaxed);
-                st.forget(d.seq);
+                outbox.discard(&d);
                 continue;
             }
-            if let Some(packet_id) = packet_id {
-                let stage = if d.qos == QoS::ExactlyOnce {
-                    Stage::Qos2Sent
-                } else {
-                    Stage::Qos1Sent
-                };
-                st.inflight.push_back(Inflight {
-                    packet_id,
-                    stage,
-                    delivery: d,
-                });
-            }
+            outbox.sent(d, packet_id);
+        }
+        let expired = outbox.expired();
+        drop(outbox);
+        if expired > 0 {
+            // A reply held up past its Message Expiry Interval, a backlog: dropped as
+            // the spec says [MQTT-3.3.2-5], and counted.
+            self.broker
+                .metrics()
+                .expired_dropped
+                .fetch_add(expired as u64, Ordering::Relaxed);
+            tracing::debug!(client = %self.info.client_id, expired, "expired messages dropped unsent");
         }
     }
 
@@ -141,7 +109,9 @@ impl Conn {
         else {
             return (None, false, None);
         };
+        // A copy: the message's topic keeps its whole read buffer alive.
+        let topic = ByteString::from(&**topic);
         self.out_aliases.insert(topic.clone(), next);
-        (Some(next), false, Some(topic.clone()))
+        (Some(next), false, Some(topic))
     }
 }

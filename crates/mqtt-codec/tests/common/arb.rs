@@ -221,8 +221,10 @@ pub fn connect(v: ProtocolVersion) -> impl Strategy<Value = Packet> {
                 request_response_information: rri,
                 request_problem_information: rpi,
                 user_properties: user,
+                // Authentication Data without a method is a Protocol Error
+                // [MQTT-3.1.2.11.10].
+                authentication_data: ad.filter(|_| am.is_some()),
                 authentication_method: am,
-                authentication_data: ad,
             },
         );
     let ids = (

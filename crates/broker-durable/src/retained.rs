@@ -1,6 +1,4 @@
-//! Retained MQTT messages on the data directory: the broker's [`RetainStore`] hook
-//! implemented on `statehub-storage`, in the same store (and the same group commit)
-//! as the state store.
+//! Retained MQTT messages on the data directory: the broker's [`RetainStore`] hook.
 //!
 //! One table, `mqtt-retained`, keyed by topic. A value is a format byte, the wall-clock
 //! time it was written (ms since the Unix epoch, big-endian) and the message as an
@@ -13,23 +11,16 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::{BufMut, BytesMut};
-use statehub_broker::{Message, RetainStore, RetainStoreError};
+use statehub_broker::{BoxFuture, Message, RetainStore, RetainStoreError};
 use statehub_storage::{Batch, StorageError, Store, Table};
 
-use crate::stored::{self, wall_ms};
+use crate::stored::{self, wall_ms, Reader, RecordError};
+use crate::LoadError;
 
-const TABLE: &str = "mqtt-retained";
+/// The table of retained messages, keyed by topic.
+pub const RETAINED_TABLE: &str = "mqtt-retained";
 const FORMAT: u8 = 1;
 const HEADER: usize = 9;
-
-/// Why the retained messages could not be loaded.
-#[derive(Debug, thiserror::Error)]
-pub enum LoadError {
-    #[error("retained messages: {0}")]
-    Storage(#[from] StorageError),
-    #[error("retained message of topic {topic:?} is unreadable ({why}); the data directory was written by another version or damaged")]
-    Record { topic: String, why: String },
-}
 
 /// The retained-message table of an open store.
 #[derive(Debug)]
@@ -41,22 +32,21 @@ pub struct RetainedTable {
 impl RetainedTable {
     /// Opens the table and reads every retained message that has not expired.
     pub fn open(store: &Store) -> Result<(RetainedTable, Vec<Message>), LoadError> {
-        let table = store.table(TABLE)?;
-        let now_ms = wall_ms();
+        let failed = LoadError::storage(RETAINED_TABLE);
+        let table = store.table(RETAINED_TABLE).map_err(&failed)?;
+        let (now_ms, now) = (wall_ms(), Instant::now());
         let (mut live, mut expired) = (Vec::new(), Batch::new());
         for record in table.iter() {
-            let record = record?;
-            match decode(record.value(), now_ms) {
-                Ok(Some(msg)) => live.push(msg),
-                Ok(None) => expired.delete(&table, record.key())?,
-                Err(why) => {
-                    let topic = String::from_utf8_lossy(record.key()).into_owned();
-                    return Err(LoadError::Record { topic, why });
-                }
+            let record = record.map_err(&failed)?;
+            let decoded = decode(record.value(), now_ms, now)
+                .map_err(LoadError::record(RETAINED_TABLE, record.key()))?;
+            match decoded {
+                Some(msg) => live.push(msg),
+                None => expired.delete(&table, record.key()).map_err(&failed)?,
             }
         }
         if !expired.is_empty() {
-            store.submit(expired)?;
+            store.submit(expired).map_err(&failed)?;
         }
         Ok((
             RetainedTable {
@@ -73,7 +63,7 @@ impl RetainStore for RetainedTable {
         &self,
         msg: &Message,
         now: Instant,
-    ) -> statehub_broker::BoxFuture<'static, Result<(), RetainStoreError>> {
+    ) -> BoxFuture<'static, Result<(), RetainStoreError>> {
         let mut batch = Batch::new();
         let queued = if msg.payload.is_empty() {
             batch.delete(&self.table, msg.topic.as_bytes())
@@ -100,14 +90,15 @@ fn encode(msg: &Message, now: Instant, now_ms: u64) -> Vec<u8> {
     out.to_vec()
 }
 
-/// The message a record holds, `None` if it expired by `now_ms`.
-fn decode(value: &[u8], now_ms: u64) -> Result<Option<Message>, String> {
-    let (&format, rest) = value.split_first().ok_or("empty record")?;
-    if format != FORMAT || rest.len() < HEADER - 1 {
-        return Err(format!("unknown record format {format}"));
+/// The message a record holds, received at `now`; `None` if it expired by `now_ms`.
+fn decode(value: &[u8], now_ms: u64, now: Instant) -> Result<Option<Message>, RecordError> {
+    let mut r = Reader(value);
+    match r.u8()? {
+        FORMAT => {}
+        other => return Err(RecordError::UnknownFormat(other)),
     }
-    let written_ms = u64::from_be_bytes(rest[..8].try_into().map_err(|_| "short header")?);
-    stored::read_message(&rest[8..], stored::down_since(written_ms, now_ms))
+    let written_ms = r.u64()?;
+    stored::read_message(r.rest(), stored::down_since(written_ms, now_ms), now)
 }
 
 #[cfg(test)]
@@ -138,7 +129,7 @@ mod tests {
     #[test]
     fn records_round_trip_with_every_property() {
         let msg = message(None);
-        let back = decode(&encode(&msg, Instant::now(), 1_000), 5_000)
+        let back = decode(&encode(&msg, Instant::now(), 1_000), 5_000, Instant::now())
             .unwrap()
             .unwrap();
         assert_eq!(back.topic, msg.topic);
@@ -152,18 +143,18 @@ mod tests {
     fn time_spent_down_counts_against_message_expiry() {
         let msg = message(Some(10));
         let record = encode(&msg, Instant::now(), 1_000);
-        let back = decode(&record, 4_500).unwrap().unwrap();
+        let back = decode(&record, 4_500, Instant::now()).unwrap().unwrap();
         assert_eq!(
             back.properties.message_expiry_interval,
             Some(7),
             "10 s - 3.5 s, rounded up"
         );
         assert!(
-            decode(&record, 11_000).unwrap().is_none(),
+            decode(&record, 11_000, Instant::now()).unwrap().is_none(),
             "expired while down"
         );
         assert!(
-            decode(&record, 0).unwrap().is_some(),
+            decode(&record, 0, Instant::now()).unwrap().is_some(),
             "a clock that went back loses nothing"
         );
     }
@@ -171,11 +162,11 @@ mod tests {
     #[test]
     fn damaged_records_are_errors_not_messages() {
         let record = encode(&message(None), Instant::now(), 1);
-        assert!(decode(&[], 0).is_err());
-        assert!(decode(&[2, 0, 0, 0, 0, 0, 0, 0, 0], 0).is_err());
-        assert!(decode(&record[..record.len() - 1], 0).is_err());
+        assert!(decode(&[], 0, Instant::now()).is_err());
+        assert!(decode(&[2, 0, 0, 0, 0, 0, 0, 0, 0], 0, Instant::now()).is_err());
+        assert!(decode(&record[..record.len() - 1], 0, Instant::now()).is_err());
         let mut longer = record.clone();
         longer.push(0);
-        assert!(decode(&longer, 0).is_err());
+        assert!(decode(&longer, 0, Instant::now()).is_err());
     }
 }

@@ -1,11 +1,10 @@
 //! Thin wrappers around rumqttc 0.24 (MQTT 5 and 3.1.1): the event loop runs in a
 //! task that forwards every incoming packet to a channel; every wait is bounded.
-#![allow(dead_code, unused_imports)]
 
 pub mod v5c {
     //! rumqttc's MQTT 5 client, its event loop driven by a task that forwards
     //! every incoming packet to a channel.
-    use super::super::*;
+    use crate::*;
     pub use rumqttc::v5::mqttbytes::v5::{
         Filter, Packet as In, Publish as InPublish, PublishProperties,
     };
@@ -71,7 +70,7 @@ pub mod v5c {
 
 pub mod v4c {
     //! rumqttc's MQTT 3.1.1 client, same shape as [`super::v5c`].
-    use super::super::*;
+    use crate::*;
     pub use rumqttc::{AsyncClient, MqttOptions, Packet as In, Publish as InPublish, QoS};
     use rumqttc::{Event, Incoming};
     use tokio::sync::mpsc;

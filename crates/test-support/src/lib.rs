@@ -1,9 +1,9 @@
-//! Helpers shared by the broker integration tests: an in-process broker on a free
-//! port, a raw MQTT client over TCP built on our codec (for exact protocol checks),
-//! and thin wrappers around rumqttc (v5 and 3.1.1) for end-to-end checks.
+//! Helpers shared by the broker's integration tests and the binary's session tests
+//! (a dev-dependency only): an in-process broker on a free port, a raw MQTT client over
+//! TCP built on our codec (for exact protocol checks), and thin wrappers around rumqttc
+//! (v5 and 3.1.1) for end-to-end checks.
 //!
 //! Every wait is bounded: `expect*` panic after [`WAIT`] unless told otherwise.
-#![allow(dead_code, unused_imports)]
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -14,7 +14,7 @@ use statehub_broker::codec::{
     PubResponse, Publish, PublishProperties, QoS, ReasonCode, SubAck, Subscribe,
     SubscriptionOptions, UnsubAck, Unsubscribe,
 };
-use statehub_broker::{Broker, BrokerConfig, MqttListener};
+use statehub_broker::{Broker, BrokerConfig, Clock, ManualClock, MqttListener};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::time::{timeout, Instant};
@@ -28,7 +28,19 @@ pub const QUIET: Duration = Duration::from_millis(300);
 
 /// Starts an in-process broker on 127.0.0.1:0 and returns it with its address.
 pub async fn start_broker(cfg: BrokerConfig) -> (Broker, SocketAddr) {
-    let broker = Broker::new(cfg);
+    start_broker_on(cfg, Clock::system()).await
+}
+
+/// Starts an in-process broker on `clock` and returns it with its address and the
+/// clock's handle (time moves when the test says so, besides real time).
+pub async fn start_with_clock(cfg: BrokerConfig) -> (Broker, SocketAddr, ManualClock) {
+    let manual = ManualClock::new();
+    let (broker, addr) = start_broker_on(cfg, manual.clock()).await;
+    (broker, addr, manual)
+}
+
+async fn start_broker_on(cfg: BrokerConfig, clock: Clock) -> (Broker, SocketAddr) {
+    let broker = Broker::with_clock(cfg, clock);
     let l = MqttListener::bind(broker.clone(), "127.0.0.1:0".parse().unwrap())
         .await
         .unwrap();

@@ -1,0 +1,175 @@
+//! The connection's buffers and read deadlines.
+//!
+//! Memory: an idle connection holds no read or write buffer (both are released when
+//! empty and allocated when bytes come or go), and a packet being read gets exactly
+//! the room it still needs once its fixed header is in, instead of a buffer grown by
+//! doubling (a 1 MiB PUBLISH held 2 MiB).
+//!
+//! Time: besides the keep alive, a packet whose first byte has arrived must be whole
+//! within `packet_read_timeout_secs`: any byte resets the keep alive, so a packet
+//! trickled in (or stopped half-way with keep alive 0) held its buffer for ever.
+//!
+//! The write buffer holds whole packets, the first possibly part-written; the length
+//! of that part is tracked so the unsent packets behind it can be dropped when a slow
+//! consumer is cut off, for the DISCONNECT to come right after it.
+
+use std::time::{Duration, Instant};
+
+use bytes::{Buf, BytesMut};
+
+use super::{Close, Conn};
+use statehub_mqtt_codec::ReasonCode;
+
+/// Bytes reserved for a read when no packet is under way.
+const READ_CHUNK: usize = 4096;
+
+/// The keep alive (1.5 times the negotiated one; zero for none) and the deadline of
+/// the packet being read. One timer serves both.
+#[derive(Debug)]
+pub(super) struct Deadlines {
+    keep_alive: Duration,
+    packet_timeout: Duration,
+    idle_at: Option<Instant>,
+    packet_at: Option<Instant>,
+}
+
+impl Deadlines {
+    pub fn new(keep_alive: Duration, packet_timeout: Duration, now: Instant) -> Deadlines {
+        Deadlines {
+            keep_alive,
+            packet_timeout,
+            idle_at: (!keep_alive.is_zero()).then(|| now + keep_alive),
+            packet_at: None,
+        }
+    }
+
+    /// The earlier of the two, if any.
+    pub fn next(&self) -> Option<Instant> {
+        match (self.idle_at, self.packet_at) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Bytes were read and `decoded` packets handled; `partial`: a packet is still
+    /// incomplete in the buffer (a new one if any packet completed, else the same).
+    pub fn read(&mut self, now: Instant, decoded: usize, partial: bool) {
+        if !self.keep_alive.is_zero() {
+            self.idle_at = Some(now + self.keep_alive);
+        }
+        self.packet_at = match (partial, self.packet_at) {
+            (false, _) => None,
+            (true, Some(at)) if decoded == 0 => Some(at),
+            (true, _) => Some(now + self.packet_timeout),
+        };
+    }
+
+    /// Whether the packet being read is past its deadline.
+    pub fn packet_late(&self, now: Instant) -> bool {
+        self.packet_at.is_some_and(|at| now >= at)
+    }
+
+    /// The close a deadline that passed asks for.
+    pub fn expired(&self, now: Instant) -> Option<Close> {
+        if self.packet_late(now) {
+            return Some(Close::ByServer(
+                ReasonCode::KEEP_ALIVE_TIMEOUT,
+                "packet not completed within packet_read_timeout_secs",
+            ));
+        }
+        if self.idle_at.is_some_and(|at| now >= at) {
+            return Some(Close::ByServer(
+                ReasonCode::KEEP_ALIVE_TIMEOUT,
+                "keep alive timeout",
+            ));
+        }
+        None
+    }
+}
+
+impl Conn {
+    /// Makes room in `rbuf` for the next read: what the packet under way still needs,
+    /// or a chunk.
+    pub(super) fn reserve_read(&self, rbuf: &mut BytesMut) {
+        let want = self.codec.missing(rbuf).unwrap_or(READ_CHUNK);
+        rbuf.reserve(want);
+    }
+
+    /// `n` bytes of the write buffer reached the socket.
+    pub(super) fn written(&mut self, mut n: usize) {
+        while n > 0 && !self.wbuf.is_empty() {
+            if self.wbuf_front_left == 0 {
+                self.wbuf_front_left = packet_len(&self.wbuf);
+            }
+            let k = n.min(self.wbuf_front_left);
+            self.wbuf.advance(k);
+            self.wbuf_front_left -= k;
+            n -= k;
+        }
+    }
+
+    /// Drops the packets not started yet; keeps the rest of the one part-written (the
+    /// peer would read a truncated packet otherwise).
+    pub(super) fn drop_unsent(&mut self) {
+        self.wbuf.truncate(self.wbuf_front_left);
+    }
+
+    /// Lets go of empty buffers while the connection waits.
+    pub(super) fn release_idle(&mut self, rbuf: &mut BytesMut) {
+        if rbuf.is_empty() && rbuf.capacity() > 0 {
+            *rbuf = BytesMut::new();
+        }
+        if self.wbuf.is_empty() && self.wbuf.capacity() > 0 {
+            self.wbuf = BytesMut::new();
+            self.wbuf_front_left = 0;
+        }
+    }
+}
+
+/// Length of the whole packet at the start of `buf` (which starts with one).
+fn packet_len(buf: &[u8]) -> usize {
+    let mut remaining = 0usize;
+    for (i, &byte) in buf.iter().enumerate().skip(1).take(4) {
+        remaining |= usize::from(byte & 0x7F) << (7 * (i - 1));
+        if byte & 0x80 == 0 {
+            return 1 + i + remaining;
+        }
+    }
+    // Not a packet we wrote; treat the rest as one.
+    buf.len()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn packet_len_reads_the_fixed_header() {
+        assert_eq!(packet_len(&[0xC0, 0x00]), 2);
+        assert_eq!(packet_len(&[0x30, 0x05, 0, 1, b't', b'x', b'y']), 7);
+        assert_eq!(packet_len(&[0x30, 0xC8, 0x01]), 3 + 200);
+    }
+
+    #[test]
+    fn a_packet_deadline_runs_from_the_first_byte_of_each_packet() {
+        let t0 = Instant::now();
+        let s = Duration::from_secs(1);
+        let mut d = Deadlines::new(Duration::ZERO, 10 * s, t0);
+        assert_eq!(d.next(), None);
+        d.read(t0, 0, true);
+        assert_eq!(d.next(), Some(t0 + 10 * s));
+        // More bytes of the same packet: its deadline stays.
+        d.read(t0 + s, 0, true);
+        assert_eq!(d.next(), Some(t0 + 10 * s));
+        assert!(d.expired(t0 + 10 * s).is_some());
+        // A packet completed and another started: a new deadline.
+        d.read(t0 + 2 * s, 1, true);
+        assert_eq!(d.next(), Some(t0 + 12 * s));
+        d.read(t0 + 3 * s, 1, false);
+        assert_eq!(d.next(), None);
+        // With a keep alive, the earlier of the two.
+        let mut d = Deadlines::new(3 * s, 10 * s, t0);
+        d.read(t0, 0, true);
+        assert_eq!(d.next(), Some(t0 + 3 * s));
+    }
+}
