@@ -115,11 +115,6 @@ fn js_recovery_and_failed_recovery() {
     node("recovery.mjs", LIMIT);
 }
 
-#[test]
-fn js_unacked_overflow_closes_with_1008() {
-    node("overflow.mjs", LIMIT);
-}
-
 /// 10,000 messages through a proxy that resets every connection every 300 ms.
 #[test]
 fn js_chaos_10000_messages_exactly_once_in_order() {
