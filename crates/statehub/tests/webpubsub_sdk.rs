@@ -181,3 +181,25 @@ fn python_messaging_and_rest_api() {
 fn python_recovery_and_failed_recovery() {
     python("recovery.py", LIMIT);
 }
+
+/// 20,000 messages from an unpaced publisher to the Python client: all delivered, in
+/// order, on one connection.
+#[test]
+fn python_firehose_20000_messages_one_session() {
+    python("firehose.py", LIMIT);
+}
+
+/// 10,000 unpaced messages to the Python client through a proxy that resets its
+/// connection every 300 ms: exactly once, in order, no session lost.
+#[test]
+fn python_chaos_10000_unpaced_messages_exactly_once_in_order() {
+    python("chaos.py", LIMIT);
+}
+
+/// The Python client with a small replay buffer: evictions never close it, a recovery
+/// its ack covers is served, one that needs evicted messages gets 1008 and it starts
+/// over.
+#[test]
+fn python_replay_eviction_and_failed_recovery() {
+    python("eviction.py", LIMIT);
+}
