@@ -141,7 +141,8 @@ fn js_chaos_20000_unpaced_messages_exactly_once_in_order() {
     node("chaos.mjs", Duration::from_secs(240));
 }
 
-/// The same at 2,000 msg/s with a replay buffer too small to cover a reset (64 KiB):
+/// The same at 2,000 msg/s with a replay buffer too small to cover a reset (4 KiB,
+/// about 17 messages, so that even a machine ten times slower loses sessions):
 /// sessions are lost, but only with a `disconnected` naming the evicted messages and
 /// close 1008, each followed by a new session, and every missing message falls in
 /// the gap of one.
@@ -153,7 +154,7 @@ fn js_chaos_small_replay_buffer_loses_sessions_only_honestly() {
         ("CHAOS_EXPECT_LOSS", "1"),
         (
             "CHAOS_CONFIG",
-            "[webpubsub.limits]\nreplay_buffer_bytes = 65536\n",
+            "[webpubsub.limits]\nreplay_buffer_bytes = 4096\n",
         ),
     ];
     node_with("chaos.mjs", &env, Duration::from_secs(240));
