@@ -6,7 +6,7 @@ use std::sync::mpsc;
 use std::thread::JoinHandle;
 
 use super::*;
-use crate::store::Table;
+use crate::table::Table;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Event {

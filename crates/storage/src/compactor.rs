@@ -1,7 +1,7 @@
 //! The compactor: one thread per store that folds closed journal segments into a new
 //! snapshot, so the journal a start-up replays stays bounded and the disk holds little
 //! more than the live data; it also writes the spare segment the committer's next roll
-//! takes (`journal::prepare_spare`).
+//! takes (`files::prepare_spare`).
 //!
 //! It wakes when the committer closes a segment and works once the closed segments add
 //! up to half the snapshot (at least [`crate::Options::compact_after_bytes`]), which bounds the
@@ -17,11 +17,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::journal::{
-    prepare_spare, scan, spare_path, sync_dir, Changes, Files, Overlay, SegmentDamage, Tail,
-};
+use crate::files::{prepare_spare, snapshot_path, spare_path, sync_dir, Files};
 use crate::manifest::Manifest;
 use crate::merge::merge;
+use crate::scan::{scan, Changes, Overlay, SegmentDamage, Tail};
 use crate::snapshot::{Snapshot, SnapshotDamage, SnapshotWriter};
 
 /// Why one compaction gave up; the store is unharmed and a later one tries again.
@@ -43,11 +42,6 @@ pub(crate) enum CompactError {
 
 /// How long the compactor waits after a failure before it tries again.
 const RETRY: Duration = Duration::from_secs(10);
-
-/// Where the snapshot of batch `seq` lives.
-pub(crate) fn snapshot_path(dir: &Path, seq: u64) -> PathBuf {
-    dir.join("snapshots").join(format!("{seq:020}.snap"))
-}
 
 /// How many times the compaction threshold the closed segments add up to (0: not due).
 fn backlog(files: &Files) -> u64 {

@@ -15,8 +15,8 @@ use std::fs::File;
 use std::io::Write;
 use std::path::Path;
 
+use crate::files::{sync_dir, FileSet};
 use crate::format::{crc, FormatError, Reader};
-use crate::journal::{sync_dir, FileSet};
 
 const MAGIC: &[u8; 8] = b"SHMANI01";
 const NAME: &str = "MANIFEST";

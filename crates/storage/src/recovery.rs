@@ -32,13 +32,33 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::error::OpenError;
-use crate::format::TableNames;
-use crate::journal::{
-    list_segments, scan, Changes, Continue, Overlay, Segment, SegmentDamage, Tail,
+use crate::files::{
+    list_segments, list_snapshots, segment_path, snapshot_path, Segment, Snapshots,
 };
+use crate::format::TableNames;
+use crate::journal::Continue;
 use crate::manifest::Manifest;
+use crate::scan::{scan, Changes, Overlay, SegmentDamage, Tail};
 use crate::snapshot::{Snapshot, SnapshotDamage};
-use crate::store::TruncatedJournal;
+
+/// What recovery did when the store was opened.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Recovery {
+    /// Journal segments whose torn or damaged tail recovery discarded (overwrote with
+    /// zeros).
+    pub truncated_journals: Vec<TruncatedJournal>,
+}
+
+/// A journal segment that recovery cut short of what had been written in it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TruncatedJournal {
+    /// The segment file.
+    pub path: PathBuf,
+    /// Where its written bytes ended before opening.
+    pub written: u64,
+    /// Where they end after recovery: the end of its last whole batch.
+    pub after: u64,
+}
 
 /// The state of a directory after recovery.
 #[derive(Debug)]
@@ -67,42 +87,13 @@ fn corrupt(dir: &Path, files: &Path, detail: impl Into<String>) -> OpenError {
     }
 }
 
-/// The `.snap` files of `dir/snapshots` by batch, oldest first; temporary files are
-/// removed.
-fn list_snapshots(dir: &Path) -> std::io::Result<Vec<(u64, PathBuf)>> {
-    let mut out = Vec::new();
-    for entry in std::fs::read_dir(dir.join("snapshots"))? {
-        let path = entry?.path();
-        let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
-            continue;
-        };
-        if name.ends_with(".tmp") {
-            std::fs::remove_file(&path)?;
-        } else if let Some(seq) = name
-            .strip_suffix(".snap")
-            .and_then(|n| n.parse::<u64>().ok())
-        {
-            out.push((seq, path));
-        }
-    }
-    out.sort();
-    Ok(out)
-}
-
-/// Overwrites bytes `from..to` of the file at `path` with zeros, synced.
-fn zero(path: &Path, from: u64, to: u64) -> std::io::Result<()> {
-    use std::io::{Seek, SeekFrom, Write};
-    let mut file = std::fs::OpenOptions::new().write(true).open(path)?;
-    file.seek(SeekFrom::Start(from))?;
-    let zeros = vec![0u8; usize::try_from(to.saturating_sub(from)).unwrap_or(0)];
-    file.write_all(&zeros)?;
-    file.sync_data()
-}
-
 /// Recovers `dir` (which holds `journal/` and `snapshots/`); see the module docs.
 pub(crate) fn recover(dir: &Path) -> Result<Recovered, OpenError> {
     let io = |path: PathBuf| move |source| OpenError::Io { path, source };
-    let snapshots = list_snapshots(dir).map_err(io(dir.join("snapshots")))?;
+    let Snapshots {
+        snapshots,
+        temporary,
+    } = list_snapshots(dir).map_err(io(dir.join("snapshots")))?;
     let all = list_segments(dir).map_err(io(dir.join("journal")))?;
     let manifest = match Manifest::read(dir) {
         Ok(Some(m)) => m,
@@ -113,14 +104,14 @@ pub(crate) fn recover(dir: &Path) -> Result<Recovered, OpenError> {
     let snapshot = match manifest.snapshot_seq {
         0 => None,
         seq => {
-            let path = crate::compactor::snapshot_path(dir, seq);
+            let path = snapshot_path(dir, seq);
             Some(Arc::new(Snapshot::open(&path).map_err(
                 |SnapshotDamage { path, detail }| corrupt(dir, &path, detail),
             )?))
         }
     };
     if manifest.newest_segment > 0 && !all.iter().any(|s| s.first_seq == manifest.newest_segment) {
-        let path = crate::journal::segment_path(dir, manifest.newest_segment);
+        let path = segment_path(dir, manifest.newest_segment);
         return Err(corrupt(
             dir,
             &path,
@@ -130,7 +121,7 @@ pub(crate) fn recover(dir: &Path) -> Result<Recovered, OpenError> {
     let after = snapshot.as_ref().map_or(0, |s| s.seq);
     let mut changes = Changes::default();
     let mut segments = Vec::new();
-    let mut obsolete = Vec::new();
+    let mut obsolete = temporary;
     let mut truncated_journals = Vec::new();
     let mut resume = None;
     // The last batch of the segment before (or the snapshot's).
@@ -181,11 +172,6 @@ pub(crate) fn recover(dir: &Path) -> Result<Recovered, OpenError> {
                 written: scanned.written,
                 after: scanned.end,
             });
-        }
-        if scanned.torn && scanned.end > 0 {
-            // Zeros over the torn bytes: the segment keeps its length (see
-            // `journal::prepare_spare`), and the committer writes on from its last batch.
-            zero(&segment.path, scanned.end, scanned.written).map_err(io(segment.path.clone()))?;
         }
         if scanned.end == 0 {
             // Not even a header (a crash as the committer started it): the next commit
@@ -249,7 +235,7 @@ mod tests {
             seq
         };
         let seq = write(1);
-        let empty = crate::journal::segment_path(dir.path(), seq + 1);
+        let empty = crate::files::segment_path(dir.path(), seq + 1);
         std::fs::write(&empty, segment_header(seq + 1, &[(0, "t".to_owned())])).unwrap();
         Manifest {
             snapshot_seq: 0,
