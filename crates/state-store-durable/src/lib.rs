@@ -14,6 +14,10 @@
 //! entry carries (a deletion's), so that the greatest stored version is at least every
 //! version ever issued, even for keys since deleted, and even if the wall clock goes back
 //! across a restart. [`DurableEngine::open`] reads both tables once.
+//!
+//! The shell waits for durability outside the engine's lock, through a [`Progress`]
+//! handle the engine gives it ([`DurableEngine::progress`]): it awaits the sequence
+//! numbers `seal` returned and asks for admission before work that will write.
 
 mod record;
 
@@ -119,6 +123,44 @@ impl DurableEngine {
     /// The store this engine writes to.
     pub fn store(&self) -> &Store {
         &self.store
+    }
+
+    /// The data directory of its store.
+    pub fn data_dir(&self) -> &std::path::Path {
+        self.store.dir()
+    }
+
+    /// A handle to wait on this engine's writes without holding the engine.
+    pub fn progress(&self) -> Progress {
+        Progress {
+            store: self.store.clone(),
+        }
+    }
+}
+
+/// How far a [`DurableEngine`]'s sealed writes have come, and admission to write more:
+/// what the shell awaits outside the lock that holds the engine. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct Progress {
+    store: Store,
+}
+
+impl Progress {
+    /// Resolves once the writes sealed up to `seq` are durable, or with the failure that
+    /// lost them.
+    pub async fn durable(&self, seq: WriteSeq) -> Result<(), DurableError> {
+        Ok(self.store.ticket(seq).durable().await?)
+    }
+
+    /// The highest sequence number whose writes, and every earlier one's, are durable.
+    pub fn durable_seq(&self) -> WriteSeq {
+        self.store.durable_seq()
+    }
+
+    /// Waits while the storage holds more unwritten bytes than it admits; await it before
+    /// work that may write.
+    pub async fn admit(&self) {
+        self.store.admit().await;
     }
 }
 

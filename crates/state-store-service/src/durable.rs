@@ -28,7 +28,7 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 use statehub_broker::{Broker, Message};
 use statehub_state_store::{Authorizer, Effect, Engine, WriteSeq};
-use statehub_storage::{StorageError, Store};
+use statehub_state_store_durable::{DurableError, Progress};
 
 use crate::{rpc, StateStoreService};
 
@@ -43,7 +43,7 @@ struct Held {
 /// The durability side of a service over a persistent engine.
 #[derive(Debug)]
 pub(crate) struct Durability {
-    store: Store,
+    progress: Progress,
     outbox: Mutex<VecDeque<Held>>,
     /// Held while publishing released entries, so two releasing tasks cannot interleave.
     release: Mutex<()>,
@@ -58,16 +58,16 @@ pub(crate) enum Next {
 }
 
 impl Durability {
-    pub(crate) fn new(store: Store) -> Self {
+    pub(crate) fn new(progress: Progress) -> Self {
         Self {
-            store,
+            progress,
             outbox: Mutex::new(VecDeque::new()),
             release: Mutex::new(()),
         }
     }
 
-    pub(crate) fn store(&self) -> &Store {
-        &self.store
+    pub(crate) fn progress(&self) -> &Progress {
+        &self.progress
     }
 
     /// Holds the outcome if it must wait, or if earlier ones are still held (so it cannot
@@ -98,7 +98,7 @@ where
 {
     /// Awaits `seq`, then publishes everything released (or fails the held outcomes).
     pub(crate) async fn finish(&self, broker: &Broker, durability: &Durability, seq: WriteSeq) {
-        match durability.store.ticket(seq).durable().await {
+        match durability.progress.durable(seq).await {
             Ok(()) => self.release(broker, durability),
             Err(error) => self.fail_held(broker, durability, &error),
         }
@@ -107,7 +107,7 @@ where
     /// Publishes, in order, every held outcome whose writes are durable.
     fn release(&self, broker: &Broker, durability: &Durability) {
         let _order = durability.release.lock();
-        let durable = durability.store.durable_seq();
+        let durable = durability.progress.durable_seq();
         let ready: Vec<Held> = {
             let mut outbox = durability.outbox.lock();
             let n = outbox.iter().take_while(|h| h.seq <= durable).count();
@@ -122,8 +122,8 @@ where
     }
 
     /// The store failed: release what became durable, answer 503 to the rest.
-    fn fail_held(&self, broker: &Broker, durability: &Durability, error: &StorageError) {
-        self.fail(&format!("{error}"));
+    fn fail_held(&self, broker: &Broker, durability: &Durability, error: &DurableError) {
+        self.fail(error);
         self.release(broker, durability);
         let _order = durability.release.lock();
         let lost: Vec<Held> = durability.outbox.lock().drain(..).collect();

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use clap::{Parser, Subcommand};
 use statehub_broker::{Broker, MqttListener};
-use statehub_state_store_service::{StateStoreService, REQUEST_TOPIC};
+use statehub_state_store_service::{DurableEngine, StateStoreService, REQUEST_TOPIC};
 use statehub_storage::{Options, Store};
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
@@ -175,7 +175,14 @@ fn start_state_store(
         ..Options::default()
     };
     let store = Store::open(dir, options).map_err(|e| std::io::Error::other(chain(&e)))?;
-    let service = StateStoreService::open_durable(&settings.state_store, &store)
+    let engine = DurableEngine::open(&store).map_err(|e| {
+        std::io::Error::other(format!(
+            "cannot load the state store from {}: {}",
+            dir.display(),
+            chain(&e)
+        ))
+    })?;
+    let service = StateStoreService::open_durable(&settings.state_store, engine)
         .map_err(|e| std::io::Error::other(chain(&e)))?;
     let (retained, loaded) =
         retained::RetainedTable::open(&store).map_err(|e| std::io::Error::other(chain(&e)))?;
