@@ -7,6 +7,7 @@
 //! DIR/journal/{first_seq:020}.log   the journal's segments (format.rs, journal.rs)
 //! DIR/journal/spare                 the next segment's zeros (prepare_spare)
 //! DIR/snapshots/{seq:020}.snap      the snapshot (snapshot.rs)
+//! DIR/damaged/                      bytes recovery and repair took out (recovery.rs, repair.rs)
 //! ```
 //!
 //! Everything else in the crate names files through this module, so the layout is
@@ -35,6 +36,13 @@ pub(crate) fn snapshot_path(dir: &Path, seq: u64) -> PathBuf {
 /// takes it (see [`prepare_spare`]).
 pub(crate) fn spare_path(dir: &Path) -> PathBuf {
     dir.join("journal").join("spare")
+}
+
+/// Where recovery and repair put the bytes they take out of the store: never deleted by
+/// statehub, so what they held can still be looked at (and the directory can be deleted
+/// by hand once it has been).
+pub(crate) fn damaged_dir(dir: &Path) -> PathBuf {
+    dir.join("damaged")
 }
 
 /// A journal segment the store knows of.
@@ -82,6 +90,8 @@ pub(crate) struct Files {
     pub(crate) compact_after: u64,
     /// Rung when a segment closes: the compactor may have work.
     pub(crate) rolled: (Mutex<()>, Condvar),
+    /// Rung when a compaction swapped a snapshot in: the journal shrank.
+    pub(crate) compacted: (Mutex<()>, Condvar),
     /// Held through a compaction: one at a time (the compactor's, or a forced one).
     pub(crate) compacting: Mutex<()>,
 }
@@ -94,6 +104,7 @@ impl Files {
             segment_bytes,
             compact_after,
             rolled: (Mutex::new(()), Condvar::new()),
+            compacted: (Mutex::new(()), Condvar::new()),
             compacting: Mutex::new(()),
         }
     }
@@ -101,6 +112,11 @@ impl Files {
     pub(crate) fn notify_rolled(&self) {
         let _guard = self.rolled.0.lock();
         self.rolled.1.notify_all();
+    }
+
+    pub(crate) fn notify_compacted(&self) {
+        let _guard = self.compacted.0.lock();
+        self.compacted.1.notify_all();
     }
 }
 
@@ -138,6 +154,53 @@ fn write_zeros(path: &Path, len: u64) -> std::io::Result<()> {
         left -= n as u64;
     }
     file.sync_all()
+}
+
+/// A failed step of making a file durable. Writing it (creating, writing, renaming) may
+/// fail for want of space, and is then safe to try again; a failed sync never is (see
+/// `committer.rs`), so the two are told apart.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum WriteError {
+    /// Creating, writing or renaming the file failed.
+    #[error(transparent)]
+    Write(std::io::Error),
+    /// `fsync` or `fdatasync` failed.
+    #[error("sync failed: {0}")]
+    Sync(std::io::Error),
+}
+
+impl WriteError {
+    /// The underlying error (a sync's says so).
+    pub(crate) fn into_io(self) -> std::io::Error {
+        match self {
+            Self::Write(e) => e,
+            Self::Sync(e) => std::io::Error::new(e.kind(), format!("sync failed: {e}")),
+        }
+    }
+}
+
+/// Whether a failed write found no room: a full file system (`ENOSPC`) or quota
+/// (`EDQUOT`). Such a write left nothing the next attempt does not overwrite.
+pub(crate) fn no_space(error: &std::io::Error) -> bool {
+    matches!(
+        error.kind(),
+        std::io::ErrorKind::StorageFull | std::io::ErrorKind::QuotaExceeded
+    )
+}
+
+/// Writes `bytes` to a new file at `path` durably: under a temporary name, synced,
+/// renamed, and the directory synced.
+pub(crate) fn write_file(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    let mut file = File::create(&tmp)?;
+    file.write_all(bytes)?;
+    file.sync_all()?;
+    std::fs::rename(&tmp, path)?;
+    match path.parent() {
+        Some(parent) => sync_dir(parent),
+        None => Ok(()),
+    }
 }
 
 /// Fsyncs a directory, so that files created or renamed in it stay after a power cut.

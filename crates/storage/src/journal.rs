@@ -8,13 +8,28 @@
 //! `files::prepare_spare`) when one is waiting.
 //! Rolling syncs the finished segment, so a closed segment is complete on disk, syncs
 //! the directory after creating the new one, so its name survives a power cut, and then
-//! records it in the manifest (`manifest.rs`).
+//! records it in the manifest (`manifest.rs`). Every step of a roll may be done twice
+//! (after a full disk failed the first attempt, see `committer.rs`): the new segment's
+//! file is opened whether or not an earlier attempt created it, and the file set changes
+//! only once the manifest names the new segment.
+//!
+//! Records are written with `pwrite` at the segment's end as the committer knows it, so
+//! a write tried again after a full disk overwrites what the failed one left. The first
+//! record of each write carries `format::SYNCED_BEFORE` when every earlier byte of the
+//! segment is known synced: always with `--sync always` (each commit synced before the
+//! next), with the interval policy once the syncer reports it (`syncer.rs`).
+//!
+//! Back-pressure: before each commit the committer waits while the closed segments the
+//! compactor has not folded yet add up to more than the journal's bound
+//! ([`journal_bound`]): writes then wait for the compactor instead of growing the
+//! journal without end.
 
 use std::fs::{File, OpenOptions};
-use std::io::Write;
-use std::path::PathBuf;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use parking_lot::Mutex;
 
@@ -90,11 +105,10 @@ struct Current {
     bytes: u64,
     /// The registry version its header lists.
     registry_version: u64,
+    /// Through which offset the committer itself synced it.
+    synced: u64,
     /// Bytes written since the syncer was last asked to sync.
     unsynced: u64,
-    /// Whether anything was written since the committer's own last sync (the syncer's
-    /// may not have happened yet).
-    dirty: bool,
 }
 
 impl Current {
@@ -104,16 +118,22 @@ impl Current {
             file,
             bytes,
             registry_version,
+            synced: bytes,
             unsynced: 0,
-            dirty: false,
         }
     }
 
+    /// Whether anything was written since the committer's own last sync (the syncer's
+    /// may not have happened yet).
+    fn dirty(&self) -> bool {
+        self.synced < self.bytes
+    }
+
     /// Syncs what was written; the syncer owes nothing for it any more.
-    fn sync(&mut self) -> std::io::Result<()> {
-        self.file.sync_data()?;
+    fn sync(&mut self) -> Result<(), BackendError> {
+        self.file.sync_data().map_err(BackendError::sync)?;
+        self.synced = self.bytes;
         self.unsynced = 0;
-        self.dirty = false;
         Ok(())
     }
 }
@@ -126,8 +146,16 @@ pub(crate) struct Log {
     buf: Vec<u8>,
     /// The sequence number the next batch gets on disk.
     next_seq: u64,
+    /// Set while a write of records failed for want of room: the committer tries the
+    /// same batches again, in the same segment at the same offset.
+    retrying: bool,
     /// With the interval policy: the thread that syncs the current segment.
     syncer: Option<Arc<Syncer>>,
+    /// [`crate::Options::max_journal_bytes`].
+    max_journal: u64,
+    /// When waiting for the compactor was last logged at warning level (a flood makes
+    /// writes wait at every compaction: once a minute is enough).
+    journal_warned: Option<std::time::Instant>,
     /// Told after each commit: a view of the tables read at open is stale now.
     on_commit: Box<dyn FnMut() + Send>,
 }
@@ -138,6 +166,15 @@ pub(crate) struct Log {
 pub(crate) struct Continue {
     pub(crate) path: PathBuf,
     pub(crate) end: u64,
+}
+
+/// How much closed journal the compactor may leave unfolded before commits wait for it:
+/// `max_journal` or twice the compaction threshold (half the snapshot, at least
+/// [`crate::Options::compact_after_bytes`]), whichever is more, so the bound never
+/// stops writes before a compaction is due.
+pub(crate) fn journal_bound(files: &Files, max_journal: u64) -> u64 {
+    let snapshot = files.set.read().snapshot.as_ref().map_or(0, |s| s.len);
+    max_journal.max((snapshot / 2).max(files.compact_after).saturating_mul(2))
 }
 
 impl Log {
@@ -151,15 +188,18 @@ impl Log {
         last_seq: u64,
         resume: Option<Continue>,
         syncer: Option<Arc<Syncer>>,
+        max_journal: u64,
         on_commit: Box<dyn FnMut() + Send>,
     ) -> std::io::Result<Self> {
         let current = match resume {
             Some(Continue { path, end }) => {
-                use std::io::{Seek, SeekFrom};
-                let mut file = OpenOptions::new().write(true).open(path)?;
-                file.seek(SeekFrom::Start(end))?;
+                let file = OpenOptions::new().write(true).open(path)?;
+                // What the previous run wrote may not be on disk yet (with the interval
+                // policy, or after a kill): synced now, the first write of this run can
+                // say that every byte before it is (`format::SYNCED_BEFORE`).
+                file.sync_data()?;
                 if let Some(syncer) = &syncer {
-                    syncer.set_file(file.try_clone()?);
+                    syncer.set_file(file.try_clone()?, end);
                 }
                 Some(Current::new(file, end, registry.version()))
             }
@@ -171,43 +211,39 @@ impl Log {
             current,
             buf: Vec::with_capacity(64 << 10),
             next_seq: last_seq + 1,
+            retrying: false,
             syncer,
+            max_journal,
+            journal_warned: None,
             on_commit,
         })
     }
 
     /// Closes the current segment (synced) and starts the next one at `next_seq`, in the
     /// spare segment if one is waiting (see `files::prepare_spare`), else in a new file.
-    fn roll(&mut self) -> std::io::Result<()> {
-        let version = self.registry.version();
-        let path = segment_path(&self.files.dir, self.next_seq);
-        let mut file = match std::fs::rename(spare_path(&self.files.dir), &path) {
-            Ok(()) => OpenOptions::new().write(true).open(&path)?,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .open(&path)?,
-            Err(e) => return Err(e),
-        };
-        let header = segment_header(self.next_seq, &self.registry.tables());
-        file.write_all(&header)?;
-        let bytes = header.len() as u64;
-        let done = self.current.take();
+    fn roll(&mut self) -> Result<(), BackendError> {
         // A closed segment is whole on disk before the next one holds anything (with the
         // interval policy the syncer has left little to write; with `always` every
         // commit was synced already).
-        if let Some(done) = done.as_ref().filter(|d| d.dirty) {
-            done.file.sync_data()?;
+        if let Some(done) = self.current.as_mut().filter(|d| d.dirty()) {
+            done.sync()?;
         }
-        file.sync_data()?;
-        if let Some(syncer) = &self.syncer {
-            syncer.set_file(file.try_clone()?);
-        }
-        sync_dir(&self.files.dir.join("journal"))?;
+        let version = self.registry.version();
+        let path = segment_path(&self.files.dir, self.next_seq);
+        let file = open_next(&spare_path(&self.files.dir), &path).map_err(BackendError::write)?;
+        let header = segment_header(self.next_seq, &self.registry.tables());
+        file.write_all_at(&header, 0).map_err(BackendError::write)?;
+        file.sync_data().map_err(BackendError::sync)?;
+        sync_dir(&self.files.dir.join("journal")).map_err(BackendError::sync)?;
         {
             let mut set = self.files.set.write();
+            Manifest {
+                snapshot_seq: set.snapshot.as_ref().map_or(0, |s| s.seq),
+                newest_segment: self.next_seq,
+            }
+            .write(&self.files.dir)?;
             if let Some(last) = set.segments.last_mut().filter(|s| !s.closed) {
-                last.bytes = done.map_or(0, |d| d.bytes);
+                last.bytes = self.current.as_ref().map_or(0, |d| d.bytes);
                 last.closed = true;
             }
             set.segments.push(Segment {
@@ -216,25 +252,59 @@ impl Log {
                 bytes: 0,
                 closed: false,
             });
-            Manifest::of(&set).write(&self.files.dir)?;
+        }
+        let bytes = header.len() as u64;
+        if let Some(syncer) = &self.syncer {
+            let handle = file
+                .try_clone()
+                .map_err(|e| BackendError::Fatal(Box::new(e)))?;
+            syncer.set_file(handle, bytes);
         }
         self.current = Some(Current::new(file, bytes, version));
         self.files.notify_rolled();
         Ok(())
     }
-}
 
-impl Backend for Log {
-    fn commit(&mut self, batches: Vec<Batch>, sync: bool) -> Result<(), BackendError> {
-        let stale = match &self.current {
+    /// Whether the next commit starts a segment: there is none, it is full, or a table was
+    /// opened since it started. Never while a write is tried again (its batches use only
+    /// tables the segment lists, and a new segment would leave its failed bytes behind).
+    fn must_roll(&self) -> bool {
+        match &self.current {
             None => true,
+            Some(_) if self.retrying => false,
             Some(c) => {
                 c.bytes >= self.files.segment_bytes || c.registry_version != self.registry.version()
             }
-        };
-        if stale {
+        }
+    }
+}
+
+/// The next segment's file at `path`: the spare renamed there, or, without a spare, the
+/// file an earlier attempt created, or a new one.
+fn open_next(spare: &Path, path: &Path) -> std::io::Result<File> {
+    match std::fs::rename(spare, path) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(path)
+}
+
+impl Backend for Log {
+    fn commit(&mut self, batches: &[Batch], sync: bool) -> Result<(), BackendError> {
+        if self.must_roll() {
             self.roll()?;
         }
+        let Some(current) = self.current.as_mut() else {
+            return Err("no journal segment".into());
+        };
+        let at = current.bytes;
+        let synced_before =
+            current.synced >= at || self.syncer.as_ref().is_some_and(|s| s.synced() >= at);
         self.buf.clear();
         self.buf.reserve(
             batches
@@ -242,26 +312,28 @@ impl Backend for Log {
                 .map(|b| b.ops.len() + format::RECORD_OVERHEAD)
                 .sum(),
         );
-        for batch in &batches {
-            format::put_record(&mut self.buf, self.next_seq, &batch.ops);
-            self.next_seq += 1;
+        let mut seq = self.next_seq;
+        for (i, batch) in batches.iter().enumerate() {
+            format::put_record(&mut self.buf, seq, i == 0 && synced_before, &batch.ops);
+            seq += 1;
         }
-        let Some(current) = self.current.as_mut() else {
-            return Err("no journal segment".into());
-        };
-        current.file.write_all(&self.buf)?;
+        if let Err(e) = current.file.write_all_at(&self.buf, at) {
+            self.retrying = true;
+            return Err(BackendError::write(e));
+        }
+        self.retrying = false;
+        self.next_seq = seq;
         current.bytes += self.buf.len() as u64;
         if sync {
             current.sync()?;
         } else {
-            current.dirty = true;
             current.unsynced += self.buf.len() as u64;
             if let Some(syncer) = self
                 .syncer
                 .as_ref()
                 .filter(|_| current.unsynced >= SYNC_EVERY_BYTES)
             {
-                syncer.request();
+                syncer.request(current.bytes);
                 current.unsynced = 0;
             }
         }
@@ -270,20 +342,52 @@ impl Backend for Log {
     }
 
     fn sync(&mut self) -> Result<(), BackendError> {
-        if let Some(current) = self.current.as_mut() {
-            current.sync()?;
+        match self.current.as_mut() {
+            Some(current) => current.sync(),
+            None => Ok(()),
         }
-        Ok(())
     }
 
     fn sync_soon(&mut self) -> Result<(), BackendError> {
         match (&self.syncer, self.current.as_mut()) {
             (Some(syncer), Some(current)) => {
-                syncer.request();
+                syncer.request(current.bytes);
                 current.unsynced = 0;
                 Ok(())
             }
             _ => self.sync(),
+        }
+    }
+
+    fn wait_for_room(&mut self, give_up: &dyn Fn() -> bool) {
+        let bound = journal_bound(&self.files, self.max_journal);
+        let backlog = || self.files.set.read().closed_bytes();
+        if backlog() <= bound {
+            return;
+        }
+        let warn = self
+            .journal_warned
+            .is_none_or(|at| at.elapsed() >= Duration::from_secs(60));
+        let message = "storage: the journal waiting for compaction is over its bound; \
+                       writes wait for the compactor";
+        if warn {
+            self.journal_warned = Some(std::time::Instant::now());
+            tracing::warn!(journal_bytes = backlog(), bound, "{message}");
+        } else {
+            tracing::debug!(journal_bytes = backlog(), bound, "{message}");
+        }
+        let started = std::time::Instant::now();
+        let mut guard = self.files.compacted.0.lock();
+        while backlog() > journal_bound(&self.files, self.max_journal) && !give_up() {
+            // A timeout as well: a close sets `give_up` without ringing this condvar.
+            self.files
+                .compacted
+                .1
+                .wait_for(&mut guard, Duration::from_millis(100));
+        }
+        let waited_ms = started.elapsed().as_millis() as u64;
+        if warn {
+            tracing::info!(waited_ms, "storage: the compactor caught up; writes go on");
         }
     }
 }

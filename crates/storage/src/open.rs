@@ -7,12 +7,12 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::error::OpenError;
-use crate::files::Segment;
+use crate::files::{damaged_dir, sync_dir, write_file, Segment};
 use crate::format::TableNames;
 use crate::journal::Continue;
 use crate::lock::DirLock;
 use crate::manifest::Manifest;
-use crate::recovery::{recover, Recovered, Recovery};
+use crate::recovery::{recover, Recovered, Recovery, TruncatedJournal};
 use crate::scan::Overlay;
 use crate::snapshot::Snapshot;
 
@@ -63,17 +63,15 @@ impl Opened {
             resume,
         } = recover(&dir)?;
         for t in &truncated_journals {
-            if t.after > 0 {
-                // Zeros over the torn bytes: the segment keeps its length (see
-                // `files::prepare_spare`), and the committer writes on from its last batch.
-                zero(&t.path, t.after, t.written).map_err(io(&t.path))?;
-            }
+            set_aside(&dir, t).map_err(io(&t.kept))?;
             tracing::warn!(
                 journal = %t.path.display(),
                 discarded_bytes = t.written - t.after,
-                "recovery discarded the end of a journal after its last whole batch: either a \
-                 batch statehub was writing when it stopped (never acknowledged), or damage, in \
-                 which case the writes after the damaged point are lost; every batch before it is kept"
+                kept_in = %t.kept.display(),
+                "recovery discarded the end of the journal after its last whole batch: a write \
+                 statehub was making when it stopped (never acknowledged with --sync always; \
+                 with --sync interval, at most the writes of the last interval before a power \
+                 cut). Every batch before it is kept; the discarded bytes are kept in their own file"
             );
         }
         // What recovery kept (a new store's first manifest, or one without a segment it
@@ -83,7 +81,7 @@ impl Opened {
             newest_segment: segments.last().map_or(0, |s| s.first_seq),
         }
         .write(&dir)
-        .map_err(io(&Manifest::path(&dir)))?;
+        .map_err(|e| io(&Manifest::path(&dir))(e.into_io()))?;
         for path in &obsolete {
             std::fs::remove_file(path).map_err(io(path))?;
         }
@@ -100,12 +98,27 @@ impl Opened {
     }
 }
 
-/// Overwrites bytes `from..to` of the file at `path` with zeros, synced.
-fn zero(path: &Path, from: u64, to: u64) -> std::io::Result<()> {
-    use std::io::{Seek, SeekFrom, Write};
-    let mut file = std::fs::OpenOptions::new().write(true).open(path)?;
-    file.seek(SeekFrom::Start(from))?;
-    let zeros = vec![0u8; usize::try_from(to.saturating_sub(from)).unwrap_or(0)];
-    file.write_all(&zeros)?;
-    file.sync_data()
+/// Copies the torn end of a segment into its own file (synced) and only then overwrites
+/// it with zeros in the segment, so the committer can write on after the last whole
+/// batch (the segment keeps its length, see `files::prepare_spare`). A crash in between
+/// finds the same torn end at the next open and copies it again.
+fn set_aside(dir: &Path, torn: &TruncatedJournal) -> std::io::Result<()> {
+    use std::os::unix::fs::FileExt;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&torn.path)?;
+    let len = usize::try_from(torn.written.saturating_sub(torn.after)).unwrap_or(0);
+    let mut bytes = vec![0u8; len];
+    file.read_exact_at(&mut bytes, torn.after)?;
+    let damaged = damaged_dir(dir);
+    std::fs::create_dir_all(&damaged)?;
+    sync_dir(dir)?;
+    write_file(&torn.kept, &bytes)?;
+    if torn.after > 0 {
+        bytes.fill(0);
+        file.write_all_at(&bytes, torn.after)?;
+        file.sync_data()?;
+    }
+    Ok(())
 }

@@ -13,27 +13,61 @@
 //!   after the snapshot's, and each next one starts right after the last batch of the
 //!   one before (a missing segment or batch is refused, never skipped);
 //! * every record's checksum must match and sequence numbers must count up by one;
-//! * the end of the last segment may hold a torn write: from the first record cut short
-//!   or failing its checksum, the rest of the segment is discarded (overwritten with
-//!   zeros and reported; every batch before it is kept, and the committer writes on in
-//!   that segment). Whole records after a bad one do not make it damage: a power cut
-//!   may persist a later page of the last write but not an earlier one (the kernel
-//!   writes dirty pages in no set order), and under the interval policy the last write
-//!   can be a second's worth. Closed segments were synced before the next one got
-//!   anything, so they must be whole.
+//! * the end of the last segment may hold a torn write (below); closed segments were
+//!   synced before the next one got anything, so they must be whole.
+//!
+//! Recovery reads only: it decides, and `open.rs` acts. A directory it refuses is left
+//! exactly as it was found, and `repair.rs` is the explicit, separate step that salvages
+//! it.
+//!
+//! # A torn last write, or damage?
+//!
+//! From the first record of the last segment that is cut short or fails its checksum,
+//! the rest may be a write that never completed: a crash in the middle of it, or a
+//! power cut that persisted some of its pages and not others (the kernel writes dirty
+//! pages in no set order, so whole records can follow a torn one). Such bytes were never
+//! promised to anyone, and discarding them loses nothing acknowledged. But a record
+//! that was on disk and then went bad (media damage, a flipped bit) looks the same, and
+//! discarding from there would silently drop every batch after it.
+//!
+//! What tells them apart is a fact the writer records: the first record of each write
+//! carries `SYNCED_BEFORE` when every earlier byte of the segment had been synced
+//! before that write began (`format.rs`, `journal.rs`). So if any whole record after the
+//! bad one carries it, the bad record was on disk before that later write was made, and
+//! no crash can have torn it: the store refuses to open, naming the file, the byte and
+//! the later batch, and changes nothing. Otherwise everything from the bad record on was
+//! written since the last sync, which is exactly what a crash may lose:
+//! * `--sync always`: every commit is synced before the next is written, so every write
+//!   carries the flag, and only the final write (never acknowledged) can be torn. One
+//!   flipped bit followed by later batches is refused.
+//! * `--sync interval`: writes between two syncs carry no flag, and a power cut may lose
+//!   any of them (that is the policy's promise: at most the last interval). Damage in
+//!   what was synced before a later write is refused as above; damage in what was written
+//!   since the last sync is treated as torn. The part the policy allows to lose is the
+//!   part that cannot be told from damage.
+//! * A segment of the first format (before the flag) cannot say: any whole record after
+//!   a bad one is taken as proof, and the directory refused.
+//!
+//! A torn end is never overwritten in place before it is kept: its bytes (up to the
+//! last that is not zero) are copied to `DIR/damaged/{segment}.torn-at-{offset}` and
+//! synced, then zeroed in the segment so the committer can write on after the last
+//! whole batch, and the open reports it ([`crate::Recovery`]) and logs a warning naming
+//! the copy. The documented limit: a last record that went bad with nothing written
+//! after it looks like a torn last write (nothing later can prove otherwise); its bytes
+//! are kept in that copy.
 //!
 //! Segments whose batches are all in the snapshot (a crash between a compaction's swap
 //! and its clean-up), a last segment without even a header (a crash as the committer
-//! started it), snapshots other than the manifest's (older ones, or one a crash left before the
-//! manifest named it) and temporary files are deleted, once the manifest written at
-//! open no longer names them.
+//! started it), snapshots other than the manifest's (older ones, or one a crash left
+//! before the manifest named it) and temporary files are deleted, once the manifest
+//! written at open no longer names them.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::error::OpenError;
 use crate::files::{
-    list_segments, list_snapshots, segment_path, snapshot_path, Segment, Snapshots,
+    damaged_dir, list_segments, list_snapshots, segment_path, snapshot_path, Segment, Snapshots,
 };
 use crate::format::TableNames;
 use crate::journal::Continue;
@@ -44,8 +78,8 @@ use crate::snapshot::{Snapshot, SnapshotDamage};
 /// What recovery did when the store was opened.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Recovery {
-    /// Journal segments whose torn or damaged tail recovery discarded (overwrote with
-    /// zeros).
+    /// Journal segments whose torn end recovery took out of the store (kept in a file of
+    /// their own, see [`TruncatedJournal::kept`]).
     pub truncated_journals: Vec<TruncatedJournal>,
 }
 
@@ -58,6 +92,9 @@ pub struct TruncatedJournal {
     pub written: u64,
     /// Where they end after recovery: the end of its last whole batch.
     pub after: u64,
+    /// Where the bytes taken out (`after..written` of the segment) were put:
+    /// `DIR/damaged/{segment}.torn-at-{after}`, never deleted by statehub.
+    pub kept: PathBuf,
 }
 
 /// The state of a directory after recovery.
@@ -77,6 +114,14 @@ pub(crate) struct Recovered {
     /// The last segment, which the committer goes on writing, and the tables its header
     /// names.
     pub(crate) resume: Option<(Continue, TableNames)>,
+}
+
+/// Where the torn end of `segment` from byte `at` is kept.
+fn torn_path(dir: &Path, segment: &Path, at: u64) -> PathBuf {
+    let name = segment
+        .file_name()
+        .map_or_else(|| "segment".into(), |n| n.to_string_lossy());
+    damaged_dir(dir).join(format!("{name}.torn-at-{at}"))
 }
 
 fn corrupt(dir: &Path, files: &Path, detail: impl Into<String>) -> OpenError {
@@ -171,6 +216,7 @@ pub(crate) fn recover(dir: &Path) -> Result<Recovered, OpenError> {
                 path: segment.path.clone(),
                 written: scanned.written,
                 after: scanned.end,
+                kept: torn_path(dir, &segment.path, scanned.end),
             });
         }
         if scanned.end == 0 {

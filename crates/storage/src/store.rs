@@ -7,10 +7,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
+use bytes::Bytes;
 use parking_lot::Mutex;
 
 use crate::batch::Batch;
-use crate::committer::{self, Shared};
+use crate::committer;
 use crate::compactor;
 use crate::error::{OpenError, StorageError};
 use crate::files::{prepare_spare, spare_path, FileSet, Files};
@@ -18,6 +19,7 @@ use crate::journal::{Log, Registry};
 use crate::lock::DirLock;
 use crate::open::Opened;
 use crate::options::{Options, SyncPolicy};
+use crate::shared::Shared;
 use crate::syncer::Syncer;
 use crate::table::{Disk, Table};
 
@@ -39,8 +41,8 @@ struct Inner {
     compactor: Mutex<Option<JoinHandle<()>>>,
     stop_compactor: Arc<AtomicBool>,
     recovery: Recovery,
-    // Declared last: released only after the threads above have stopped.
-    _lock: DirLock,
+    /// Released by `close` once the threads above have stopped (or with the store).
+    lock: Mutex<Option<DirLock>>,
 }
 
 impl std::fmt::Debug for Inner {
@@ -126,6 +128,7 @@ impl Store {
             last_seq,
             resume,
             syncer.as_ref().map(|(s, _)| s.clone()),
+            options.max_journal_bytes,
             {
                 let disk = disk.clone();
                 Box::new(move || disk.drop_view())
@@ -157,7 +160,7 @@ impl Store {
                 compactor: Mutex::new(Some(compactor)),
                 stop_compactor,
                 recovery,
-                _lock: lock,
+                lock: Mutex::new(Some(lock)),
             }),
         })
     }
@@ -165,6 +168,11 @@ impl Store {
     /// The data directory.
     pub fn dir(&self) -> &Path {
         &self.inner.dir
+    }
+
+    #[cfg(test)]
+    pub(crate) fn files(&self) -> &Arc<Files> {
+        self.inner.disk.files()
     }
 
     /// What recovery did on open.
@@ -212,7 +220,8 @@ impl Store {
     }
 
     /// Waits while more than [`Options::max_pending_bytes`] are queued; call it before
-    /// work that will submit. Returns at once if the store failed (the submit will say so).
+    /// work that will submit. Returns at once if the store failed (the submit will say so)
+    /// or writes wait for disk space (see [`Store::stall_error`]).
     pub async fn admit(&self) {
         self.shared().admit().await;
     }
@@ -234,6 +243,28 @@ impl Store {
             seq,
             shared: self.shared().clone(),
         }
+    }
+
+    /// [`StorageError::NoSpace`] while writes wait for disk space: batches submitted
+    /// meanwhile are queued and written once there is room, and callers are to refuse new
+    /// writes (and not wait in [`Store::admit`], which returns at once then). Cheap: one
+    /// atomic load when writes are not waiting.
+    pub fn stall_error(&self) -> Option<StorageError> {
+        self.shared().stall_error()
+    }
+
+    /// Resolves once writes no longer wait for disk space (at once if they do not), or the
+    /// store has stopped.
+    pub async fn unstalled(&self) {
+        self.shared().unstalled().await;
+    }
+
+    /// While writes wait for disk space ([`Store::stall_error`]): the keys of `table` that
+    /// batches not yet durable write, so that a reader can tell whether what it reads is
+    /// durable. Decodes every such batch (at most [`Options::max_pending_bytes`] and a
+    /// group); `None` when writes do not wait.
+    pub fn pending_keys(&self, table: &Table) -> Option<Vec<Bytes>> {
+        self.shared().pending_keys(table.id())
     }
 
     /// The failure that broke the store, if one did.
@@ -288,6 +319,7 @@ impl Inner {
                 tracing::error!("the storage compactor thread panicked");
             }
         }
+        drop(self.lock.lock().take());
         match self.disk.shared().failure() {
             Some(failure) => Err(failure),
             None => Ok(()),
@@ -325,3 +357,7 @@ impl Ticket {
         self.shared.wait_blocking(self.seq)
     }
 }
+
+#[cfg(test)]
+#[path = "store_test.rs"]
+mod tests;

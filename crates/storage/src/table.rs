@@ -7,11 +7,11 @@ use std::sync::Arc;
 use bytes::Bytes;
 use parking_lot::{Mutex, RwLockReadGuard};
 
-use crate::committer::Shared;
 use crate::error::StorageError;
 use crate::files::{FileSet, Files};
 use crate::merge::merge;
 use crate::scan::{scan, Changes, Overlay, Tail};
+use crate::shared::Shared;
 use crate::snapshot::{Snapshot, SnapshotDamage};
 
 /// What reads see: a snapshot and the journal's changes since, as of a durable batch.
@@ -115,7 +115,7 @@ impl Disk {
     }
 }
 
-/// A named table of a [`Store`]. Cheap to clone.
+/// A named table of a [`crate::Store`]. Cheap to clone.
 #[derive(Clone)]
 pub struct Table {
     name: Arc<str>,
