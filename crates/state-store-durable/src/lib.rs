@@ -15,11 +15,15 @@
 //! version ever issued, even for keys since deleted, and even if the wall clock goes back
 //! across a restart. [`DurableEngine::open`] reads both tables once.
 //!
+//! While the store waits for disk space, client writes are refused, expiry goes on and
+//! reads of durable data are answered at once (`stall.rs`).
+//!
 //! The shell waits for durability outside the engine's lock, through a [`Progress`]
 //! handle the engine gives it ([`DurableEngine::progress`]): it awaits the sequence
 //! numbers `seal` returned and asks for admission before work that will write.
 
 mod record;
+mod stall;
 
 use bytes::Bytes;
 use statehub_state_store::{
@@ -59,6 +63,20 @@ impl From<DurableError> for EngineError {
     }
 }
 
+/// Whether `error` (an engine's, or the machine's wrapping it) is a write refused because
+/// the store waits for disk space: not a failure of the engine, which goes on serving
+/// reads and takes writes again once there is room (see `stall.rs`).
+pub fn is_no_space(error: &(dyn std::error::Error + 'static)) -> bool {
+    let mut source = Some(error);
+    while let Some(e) = source {
+        if let Some(DurableError::Storage(StorageError::NoSpace { .. })) = e.downcast_ref() {
+            return true;
+        }
+        source = e.source();
+    }
+    false
+}
+
 fn storage(error: StorageError) -> EngineError {
     DurableError::Storage(error).into()
 }
@@ -77,6 +95,8 @@ pub struct DurableEngine {
     loaded_clock: Option<Hlc>,
     /// The sequence number of the last batch this engine submitted.
     submitted: WriteSeq,
+    /// What a stall of the store needs tracked per request (`stall.rs`).
+    stall: stall::StallWatch,
 }
 
 impl DurableEngine {
@@ -117,6 +137,7 @@ impl DurableEngine {
             staged_version: None,
             loaded_clock,
             submitted: 0,
+            stall: stall::StallWatch::default(),
         })
     }
 
@@ -158,18 +179,44 @@ impl Progress {
     }
 
     /// Waits while the storage holds more unwritten bytes than it admits; await it before
-    /// work that may write.
+    /// work that may write. Returns at once while writes wait for disk space.
     pub async fn admit(&self) {
         self.store.admit().await;
+    }
+
+    /// Whether writes wait for disk space (client writes are refused meanwhile).
+    pub fn stalled(&self) -> bool {
+        self.store.stall_error().is_some()
+    }
+
+    /// Resolves once writes no longer wait for disk space.
+    pub async fn unstalled(&self) {
+        self.store.unstalled().await;
+    }
+}
+
+impl DurableEngine {
+    /// Refuses the first client write of a request while the store waits for disk space
+    /// (see `stall.rs`); later writes of the same request follow the first.
+    fn admit_client_write(&mut self) -> Result<(), EngineError> {
+        if self.stall.first_client_write() {
+            if let Some(e) = self.store.stall_error() {
+                return Err(storage(e));
+            }
+            self.stall.client_wrote();
+        }
+        Ok(())
     }
 }
 
 impl Engine for DurableEngine {
     fn peek(&self, key: &[u8]) -> Result<Option<&Entry>, EngineError> {
+        self.stall.read(key);
         self.memory.peek(key)
     }
 
     fn put(&mut self, key: &[u8], entry: Entry) -> Result<Option<Entry>, EngineError> {
+        self.admit_client_write()?;
         self.staged
             .put_with(&self.entries, key, |out| {
                 record::encode_entry_into(&entry, out)
@@ -180,6 +227,13 @@ impl Engine for DurableEngine {
     }
 
     fn remove(&mut self, key: &[u8]) -> Result<Option<Entry>, EngineError> {
+        let expiry = self
+            .memory
+            .peek(key)?
+            .is_some_and(|e| self.stall.is_expiry(e.expires_at_ms));
+        if !expiry {
+            self.admit_client_write()?;
+        }
         let old = self.memory.remove(key)?;
         if old.is_some() {
             self.staged.delete(&self.entries, key).map_err(storage)?;
@@ -188,6 +242,7 @@ impl Engine for DurableEngine {
     }
 
     fn scan(&self, cursor: Option<&[u8]>, count: usize) -> Result<ScanBatch, EngineError> {
+        self.stall.scanned();
         self.memory.scan(cursor, count)
     }
 
@@ -196,6 +251,7 @@ impl Engine for DurableEngine {
     }
 
     fn expired(&self, now_ms: u64, limit: usize) -> Result<Vec<Bytes>, EngineError> {
+        self.stall.expiring_at(now_ms);
         self.memory.expired(now_ms, limit)
     }
 
@@ -225,6 +281,18 @@ impl Engine for DurableEngine {
             }
             self.submitted = self.store.submit(batch).map_err(storage)?.seq();
         }
-        Ok((self.submitted > self.store.durable_seq()).then_some(self.submitted))
+        if self.submitted <= self.store.durable_seq() {
+            self.stall.clear();
+            return Ok(None);
+        }
+        if self.store.stall_error().is_none() {
+            self.stall.clear();
+            return Ok(Some(self.submitted));
+        }
+        let (store, entries) = (&self.store, &self.entries);
+        let wait = self
+            .stall
+            .must_wait(self.submitted, || store.pending_keys(entries));
+        Ok(wait.then_some(self.submitted))
     }
 }

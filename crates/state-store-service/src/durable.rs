@@ -20,6 +20,17 @@
 //! entry's reply becomes a 503, its notifications are dropped (logged), the response
 //! cache is emptied (it may hold answers to writes that are now lost) and the store
 //! answers 503 from then on, as for any engine failure.
+//!
+//! A full disk is not a failure. The store retries the write until there is room; held
+//! outcomes wait for it (a SET acknowledged once its write is durable, however late).
+//! Meanwhile the engine refuses new client writes (503 "disk is full", answered at
+//! once) and says which reads reveal a waiting write; the others are answered at once,
+//! ahead of the held outcomes ([`Durability::hold`]). A request whose write waits stops
+//! waiting at its deadline (its client has given up on the reply by then), so that its
+//! PUBACK goes and the client's later requests, which the broker handles in order, are
+//! served; its outcome stays held and the expiry task releases it once durable. When
+//! the disk has room again the held outcomes are released in order and writes are taken
+//! again, without a restart.
 
 use std::collections::VecDeque;
 use std::fmt::Debug;
@@ -29,8 +40,30 @@ use parking_lot::Mutex;
 use statehub_broker::{Broker, Message};
 use statehub_state_store::{Authorizer, Effect, Engine, WriteSeq};
 use statehub_state_store_durable::{DurableError, Progress};
+use tokio::sync::Notify;
 
 use crate::{rpc, StateStoreService};
+
+/// The effects of two machine calls made back to back, as one outcome: one wait first
+/// (for the later of the two), then the other effects in order.
+pub(crate) fn merge(first: Vec<Effect>, then: Vec<Effect>) -> Vec<Effect> {
+    if first.is_empty() {
+        return then;
+    }
+    let wait = |effects: &[Effect]| match effects.first() {
+        Some(Effect::AwaitDurable(seq)) => Some(*seq),
+        _ => None,
+    };
+    let seq = wait(&first).max(wait(&then));
+    let rest = first
+        .into_iter()
+        .chain(then)
+        .filter(|e| !matches!(e, Effect::AwaitDurable(_)));
+    seq.map(Effect::AwaitDurable)
+        .into_iter()
+        .chain(rest)
+        .collect()
+}
 
 /// An outcome waiting for its writes.
 #[derive(Debug)]
@@ -47,6 +80,10 @@ pub(crate) struct Durability {
     outbox: Mutex<VecDeque<Held>>,
     /// Held while publishing released entries, so two releasing tasks cannot interleave.
     release: Mutex<()>,
+    /// The highest sequence number a request stopped waiting for at its deadline (0:
+    /// none): the expiry task waits for it and releases the outbox then.
+    orphaned: Mutex<WriteSeq>,
+    orphan: Notify,
 }
 
 /// What to do with an outcome after the state lock is dropped.
@@ -63,6 +100,8 @@ impl Durability {
             progress,
             outbox: Mutex::new(VecDeque::new()),
             release: Mutex::new(()),
+            orphaned: Mutex::new(0),
+            orphan: Notify::new(),
         }
     }
 
@@ -70,13 +109,38 @@ impl Durability {
         &self.progress
     }
 
+    /// A request stopped waiting for `seq`: someone else must release it.
+    fn orphan(&self, seq: WriteSeq) {
+        let mut orphaned = self.orphaned.lock();
+        *orphaned = (*orphaned).max(seq);
+        self.orphan.notify_one();
+    }
+
+    /// The next sequence number requests stopped waiting for.
+    pub(crate) async fn next_orphan(&self) -> WriteSeq {
+        loop {
+            let seq = std::mem::take(&mut *self.orphaned.lock());
+            if seq > 0 {
+                return seq;
+            }
+            self.orphan.notified().await;
+        }
+    }
+
     /// Holds the outcome if it must wait, or if earlier ones are still held (so it cannot
-    /// overtake them). Call it under the state lock.
+    /// overtake them), but for one exception: while writes wait for disk space, an outcome
+    /// that need not wait and carries no notification (a read of durable data, a write
+    /// refused) goes out at once, ahead of the held ones, which may wait long.
+    /// Notifications always keep their order. Call it under the state lock.
     pub(crate) fn hold(&self, reply: Option<Arc<Message>>, effects: Vec<Effect>) -> Next {
         let own = match effects.first() {
             Some(Effect::AwaitDurable(seq)) => *seq,
             _ => 0,
         };
+        let notifies = || effects.iter().any(|e| matches!(e, Effect::Notify(_)));
+        if own == 0 && self.progress.stalled() && !notifies() {
+            return Next::Now(reply, effects);
+        }
         let mut outbox = self.outbox.lock();
         let seq = own.max(outbox.back().map_or(0, |h| h.seq));
         if seq == 0 {
@@ -97,10 +161,32 @@ where
     A: Authorizer + Send + Debug + 'static,
 {
     /// Awaits `seq`, then publishes everything released (or fails the held outcomes).
-    pub(crate) async fn finish(&self, broker: &Broker, durability: &Durability, seq: WriteSeq) {
-        match durability.progress.durable(seq).await {
-            Ok(()) => self.release(broker, durability),
-            Err(error) => self.fail_held(broker, durability, &error),
+    /// Waits until `deadline` at most (the request's, after which nobody waits for its
+    /// reply): then the request's PUBACK goes, so a write that waits for disk space holds
+    /// up its client's later requests only that long, and the expiry task releases the
+    /// outcome once it is durable.
+    pub(crate) async fn finish(
+        &self,
+        broker: &Broker,
+        durability: &Durability,
+        seq: WriteSeq,
+        deadline: Option<std::time::Instant>,
+    ) {
+        let durable = durability.progress.durable(seq);
+        let outcome = match deadline {
+            None => Some(durable.await),
+            Some(at) => tokio::time::timeout_at(at.into(), durable).await.ok(),
+        };
+        match outcome {
+            Some(Ok(())) => self.release(broker, durability),
+            Some(Err(error)) => self.fail_held(broker, durability, &error),
+            None => {
+                tracing::debug!(
+                    seq,
+                    "a state store request's deadline passed while its write waits for disk space"
+                );
+                durability.orphan(seq);
+            }
         }
     }
 

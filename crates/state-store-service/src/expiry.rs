@@ -24,6 +24,8 @@ where
 {
     /// Expires keys on time until the broker shuts down. Spawn it once per service.
     ///
+    /// It also releases what requests stopped waiting for (see `durable.rs`).
+    ///
     /// The task re-reads [`statehub_state_store::Machine::next_expiry`] whenever a request
     /// arms a new expiry (through a `Notify`, which keeps a wake-up that arrives while the
     /// task is busy), so it is never more than a timer tick late.
@@ -34,9 +36,19 @@ where
                 Some(at) => Duration::from_millis(at.saturating_sub(unix_ms(SystemTime::now()))),
                 None => IDLE,
             };
+            let orphans = async {
+                match &self.durability {
+                    Some(durability) => (durability.next_orphan().await, durability),
+                    None => std::future::pending().await,
+                }
+            };
             tokio::select! {
                 () = shutdown.cancelled() => return,
                 () = self.rearm.notified() => continue,
+                (seq, durability) = orphans => {
+                    self.finish(&broker, durability, seq, None).await;
+                    continue;
+                }
                 () = tokio::time::sleep(wait) => {}
             }
             let next = {
@@ -56,7 +68,7 @@ where
             };
             if let (Some(seq), Some(durability)) = (self.dispatch(&broker, next), &self.durability)
             {
-                self.finish(&broker, durability, seq).await;
+                self.finish(&broker, durability, seq, None).await;
             }
         }
     }

@@ -46,7 +46,7 @@ use statehub_state_store::{
     unix_ms, AllowAll, Effect, FatalError, Machine, MemoryEngine, Request, FENCING_TOKEN_PROPERTY,
     TIMESTAMP_PROPERTY,
 };
-use statehub_state_store_durable::Progress;
+use statehub_state_store_durable::{is_no_space, Progress};
 use tokio::sync::Notify;
 
 use cache::{CacheKey, CachedReply, Lookup, ResponseCache};
@@ -166,13 +166,14 @@ where
         self.state.lock().fail(error);
     }
 
-    /// Handles one request; `Some` when its answer is held until that write is durable.
+    /// Handles one request; `Some` when its answer is held until that write is durable:
+    /// what to wait for, and the request's deadline.
     fn handle(
         &self,
         broker: &Broker,
         from: &ClientInfo,
         publish: Publish,
-    ) -> Option<statehub_state_store::WriteSeq> {
+    ) -> Option<(statehub_state_store::WriteSeq, Instant)> {
         let client_id = &*from.client_id;
         if publish.qos == QoS::AtMostOnce {
             tracing::debug!(client = client_id, "state store request with QoS 0 ignored");
@@ -225,8 +226,15 @@ where
                 }
                 Lookup::Late => (None, Vec::new()),
                 Lookup::Miss(at) => {
-                    let (answer, effects) =
-                        state.execute(client_id, publish.payload, &props, response_topic, deadline);
+                    let stalled = self.stalled();
+                    let (answer, effects) = state.execute(
+                        client_id,
+                        publish.payload,
+                        &props,
+                        response_topic,
+                        deadline,
+                        stalled,
+                    );
                     let reply = match answer {
                         Answer::Ok(ok) => {
                             let reply = Arc::new(ok.message());
@@ -235,8 +243,8 @@ where
                                 .insert(at, lookup.client_id, ok, &reply, received);
                             reply
                         }
-                        // Only a failed store answers so, and it keeps answering so: a
-                        // resent request gets the same answer without the cache.
+                        // A failed store answers so for good, a full disk until there is
+                        // room: a resent request is answered anew, without the cache.
                         Answer::Fault(fault) => Arc::new(fault),
                     };
                     (Some(reply), effects)
@@ -244,7 +252,7 @@ where
             };
             self.next(reply, effects)
         };
-        self.dispatch(broker, next)
+        self.dispatch(broker, next).map(|seq| (seq, deadline))
     }
 
     /// Holds the outcome if a persistent engine says it must wait. Under the state lock.
@@ -253,6 +261,13 @@ where
             Some(durability) => durability.hold(reply, effects),
             None => Next::Now(reply, effects),
         }
+    }
+
+    /// Whether writes wait for disk space (a persistent engine's storage is full).
+    fn stalled(&self) -> bool {
+        self.durability
+            .as_ref()
+            .is_some_and(|d| d.progress().stalled())
     }
 
     /// Publishes an outcome that need not wait; returns what a held one waits for.
@@ -345,40 +360,58 @@ impl<E: Engine, A: Authorizer> State<E, A> {
         props: &PublishProperties,
         topic: &str,
         deadline: Instant,
+        stalled: bool,
     ) -> (Answer, Vec<Effect>) {
         let correlation = props.correlation_data.as_deref();
-        let unavailable = || {
+        let fault = |fault: rpc::Fault| {
             Answer::Fault(rpc::fault_response(
                 topic.into(),
                 correlation.map(Bytes::copy_from_slice),
-                &rpc::Fault::unavailable(),
+                &fault,
                 deadline,
             ))
         };
         if self.failed {
-            return (unavailable(), Vec::new());
+            return (fault(rpc::Fault::unavailable()), Vec::new());
         }
+        let now = unix_ms(SystemTime::now());
+        // While writes wait for disk space, expired keys are removed first, on their own:
+        // a write refused below would otherwise take their notifications with it.
+        let expiry = match stalled.then(|| self.machine.expire(now)) {
+            None => Vec::new(),
+            // Only its notifications reveal anything: without, it need not wait.
+            Some(Ok(effects)) if !effects.iter().any(|e| matches!(e, Effect::Notify(_))) => effects
+                .into_iter()
+                .filter(|e| !matches!(e, Effect::AwaitDurable(_)))
+                .collect(),
+            Some(Ok(effects)) => effects,
+            Some(Err(e)) => {
+                self.fail(&e);
+                return (fault(rpc::Fault::unavailable()), Vec::new());
+            }
+        };
         let request = Request {
             client_id,
             payload,
             timestamp: rpc::user_property(props, TIMESTAMP_PROPERTY),
             fencing_token: rpc::user_property(props, FENCING_TOKEN_PROPERTY),
         };
-        match self.machine.handle(request, unix_ms(SystemTime::now())) {
+        match self.machine.handle(request, now) {
             Ok(outcome) => {
                 let parts = rpc::OkParts::new(topic, correlation, outcome.reply.version.as_ref());
-                (
-                    Answer::Ok(CachedReply {
-                        parts,
-                        payload: outcome.reply.payload,
-                        deadline,
-                    }),
-                    outcome.effects,
-                )
+                let reply = CachedReply {
+                    parts,
+                    payload: outcome.reply.payload,
+                    deadline,
+                };
+                (Answer::Ok(reply), durable::merge(expiry, outcome.effects))
             }
+            // The engine refused a write for want of disk space before changing anything:
+            // this request fails, the store goes on (`statehub_state_store_durable`).
+            Err(e) if is_no_space(&e) => (fault(rpc::Fault::no_space()), expiry),
             Err(e) => {
                 self.fail(&e);
-                (unavailable(), Vec::new())
+                (fault(rpc::Fault::unavailable()), Vec::new())
             }
         }
     }
@@ -401,8 +434,8 @@ where
         };
         Box::pin(async move {
             durability.progress().admit().await;
-            if let Some(seq) = self.handle(broker, from, publish) {
-                self.finish(broker, durability, seq).await;
+            if let Some((seq, deadline)) = self.handle(broker, from, publish) {
+                self.finish(broker, durability, seq, Some(deadline)).await;
             }
         })
     }

@@ -130,6 +130,9 @@ pub(crate) fn run(shared: Arc<Shared>, mut backend: impl Backend, policy: SyncPo
             if interval.is_some() && unsynced_since.is_none() {
                 unsynced_since = Some(Instant::now());
             }
+            // Before the watermark moves: whoever sees these batches durable sees writes
+            // taken again.
+            shared.unstall();
             shared.committed(bytes, last_seq);
         }
         let sync_due = sync_deadline(interval, unsynced_since)
@@ -204,10 +207,7 @@ fn commit(
     loop {
         let closing = shared.closing();
         match attempt {
-            Ok(()) => {
-                shared.unstall();
-                return Ok(());
-            }
+            Ok(()) => return Ok(()),
             Err(BackendError::NoSpace(e)) if closing => return Err(Box::new(e)),
             Err(BackendError::NoSpace(e)) => shared.stall(e, &batches),
             Err(BackendError::Fatal(e)) => return Err(e),

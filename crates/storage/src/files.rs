@@ -94,6 +94,9 @@ pub(crate) struct Files {
     pub(crate) compacted: (Mutex<()>, Condvar),
     /// Held through a compaction: one at a time (the compactor's, or a forced one).
     pub(crate) compacting: Mutex<()>,
+    /// Commits fail as on a full disk while set (`Store::set_disk_full`).
+    #[cfg(feature = "fault-injection")]
+    pub(crate) full: std::sync::atomic::AtomicBool,
 }
 
 impl Files {
@@ -106,6 +109,8 @@ impl Files {
             rolled: (Mutex::new(()), Condvar::new()),
             compacted: (Mutex::new(()), Condvar::new()),
             compacting: Mutex::new(()),
+            #[cfg(feature = "fault-injection")]
+            full: std::sync::atomic::AtomicBool::new(false),
         }
     }
 

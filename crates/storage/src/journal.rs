@@ -296,6 +296,11 @@ fn open_next(spare: &Path, path: &Path) -> std::io::Result<File> {
 
 impl Backend for Log {
     fn commit(&mut self, batches: &[Batch], sync: bool) -> Result<(), BackendError> {
+        #[cfg(feature = "fault-injection")]
+        if self.files.full.load(Ordering::Acquire) {
+            let full = std::io::Error::from(std::io::ErrorKind::StorageFull);
+            return Err(BackendError::write(full));
+        }
         if self.must_roll() {
             self.roll()?;
         }

@@ -267,6 +267,13 @@ impl Store {
         self.shared().pending_keys(table.id())
     }
 
+    /// Makes every commit from now on fail as a write to a full disk does (`ENOSPC`), or
+    /// stops doing so: for the tests of the crates that use the store.
+    #[cfg(feature = "fault-injection")]
+    pub fn set_disk_full(&self, full: bool) {
+        self.inner.disk.files().full.store(full, Ordering::Release);
+    }
+
     /// The failure that broke the store, if one did.
     pub fn failure(&self) -> Option<StorageError> {
         self.shared().failure()
