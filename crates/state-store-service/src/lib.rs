@@ -226,15 +226,14 @@ where
                 }
                 Lookup::Late => (None, Vec::new()),
                 Lookup::Miss(at) => {
-                    let stalled = self.stalled();
-                    let (answer, effects) = state.execute(
+                    let call = Call {
                         client_id,
-                        publish.payload,
-                        &props,
-                        response_topic,
+                        props: &props,
+                        topic: response_topic,
                         deadline,
-                        stalled,
-                    );
+                        stalled: self.stalled(),
+                    };
+                    let (answer, effects) = state.execute(&call, publish.payload);
                     let reply = match answer {
                         Answer::Ok(ok) => {
                             let reply = Arc::new(ok.message());
@@ -316,6 +315,18 @@ where
     }
 }
 
+/// A request as [`State::execute`] needs it besides its payload.
+#[derive(Clone, Copy)]
+struct Call<'a> {
+    client_id: &'a str,
+    props: &'a PublishProperties,
+    /// The Response Topic.
+    topic: &'a str,
+    deadline: Instant,
+    /// Whether writes wait for disk space.
+    stalled: bool,
+}
+
 /// A request's response, as [`State::execute`] builds it.
 enum Answer {
     /// `__stat=200`, with the store's reply: the cache keeps it.
@@ -353,15 +364,14 @@ impl<E: Engine, A: Authorizer> State<E, A> {
     }
 
     /// Runs one request in the machine and builds its response.
-    fn execute(
-        &mut self,
-        client_id: &str,
-        payload: Bytes,
-        props: &PublishProperties,
-        topic: &str,
-        deadline: Instant,
-        stalled: bool,
-    ) -> (Answer, Vec<Effect>) {
+    fn execute(&mut self, call: &Call<'_>, payload: Bytes) -> (Answer, Vec<Effect>) {
+        let Call {
+            client_id,
+            props,
+            topic,
+            deadline,
+            stalled,
+        } = *call;
         let correlation = props.correlation_data.as_deref();
         let fault = |fault: rpc::Fault| {
             Answer::Fault(rpc::fault_response(

@@ -81,6 +81,41 @@ pub struct FileConfig {
     pub webpubsub: WebPubSubConfig,
 }
 
+/// The journal's sizes from the file (`compact_after_mib`, `max_journal_mib`), in bytes:
+/// each from 1 MiB to its maximum, and only with a data directory.
+fn journal_sizes(
+    file: &FileConfig,
+    data_dir: bool,
+    path: Option<&Path>,
+) -> Result<(u64, u64), ConfigError> {
+    let defaults = statehub_storage::Options::default();
+    let mib = |key, value: Option<u64>, max, default| match value {
+        Some(_) if !data_dir => Err(ConfigError::JournalWithoutDataDir(key)),
+        Some(mib) if !(1..=max).contains(&mib) => Err(ConfigError::Mib {
+            path: path.map(Path::to_owned).unwrap_or_default(),
+            key,
+            value: mib,
+            max,
+        }),
+        Some(mib) => Ok(mib << 20),
+        None => Ok(default),
+    };
+    Ok((
+        mib(
+            "compact_after_mib",
+            file.compact_after_mib,
+            4096,
+            defaults.compact_after_bytes,
+        )?,
+        mib(
+            "max_journal_mib",
+            file.max_journal_mib,
+            1 << 20,
+            defaults.max_journal_bytes,
+        )?,
+    ))
+}
+
 /// Why the configuration could not be loaded.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -153,35 +188,13 @@ impl Settings {
             }
             _ => None,
         };
-        let data_dir = args.data_dir.clone().or(file.data_dir);
+        let data_dir = args.data_dir.clone().or(file.data_dir.clone());
         let sync = args.sync.or(file_sync);
         if let (None, Some(sync)) = (&data_dir, sync) {
             return Err(ConfigError::SyncWithoutDataDir(sync));
         }
-        let defaults = statehub_storage::Options::default();
-        let journal_mib = |key, value: Option<u64>, max, default| match value {
-            Some(_) if data_dir.is_none() => Err(ConfigError::JournalWithoutDataDir(key)),
-            Some(mib) if !(1..=max).contains(&mib) => Err(ConfigError::Mib {
-                path: args.config.clone().unwrap_or_default(),
-                key,
-                value: mib,
-                max,
-            }),
-            Some(mib) => Ok(mib << 20),
-            None => Ok(default),
-        };
-        let compact_after_bytes = journal_mib(
-            "compact_after_mib",
-            file.compact_after_mib,
-            4096,
-            defaults.compact_after_bytes,
-        )?;
-        let max_journal_bytes = journal_mib(
-            "max_journal_mib",
-            file.max_journal_mib,
-            1 << 20,
-            defaults.max_journal_bytes,
-        )?;
+        let (compact_after_bytes, max_journal_bytes) =
+            journal_sizes(&file, data_dir.is_some(), args.config.as_deref())?;
         Ok(Settings {
             mqtt_listen: args
                 .mqtt_listen

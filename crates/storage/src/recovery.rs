@@ -140,9 +140,56 @@ pub(crate) fn recover(dir: &Path) -> Result<Recovered, OpenError> {
         temporary,
     } = list_snapshots(dir).map_err(io(dir.join("snapshots")))?;
     let all = list_segments(dir).map_err(io(dir.join("journal")))?;
+    let (manifest, snapshot) = base(dir, !snapshots.is_empty() || !all.is_empty(), &all)?;
+    let after = snapshot.as_ref().map_or(0, |s| s.seq);
+    let mut replay = Replay {
+        dir,
+        manifest,
+        after,
+        previous: after,
+        changes: Changes::default(),
+        segments: Vec::new(),
+        obsolete: temporary,
+        truncated_journals: Vec::new(),
+        resume: None,
+    };
+    for (i, segment) in all.iter().enumerate() {
+        if all
+            .get(i + 1)
+            .is_some_and(|next| next.first_seq <= after + 1)
+        {
+            replay.obsolete.push(segment.path.clone());
+        } else {
+            replay.segment(segment, i + 1 == all.len())?;
+        }
+    }
+    replay.obsolete.extend(
+        snapshots
+            .iter()
+            .filter(|(seq, _)| *seq != manifest.snapshot_seq)
+            .map(|(_, p)| p.clone()),
+    );
+    Ok(Recovered {
+        snapshot,
+        segments: replay.segments,
+        overlay: replay.changes.sorted(),
+        last_seq: replay.previous.max(after),
+        truncated_journals: replay.truncated_journals,
+        obsolete: replay.obsolete,
+        resume: replay.resume,
+    })
+}
+
+/// The manifest and the snapshot it names; the newest segment it names must be among
+/// `segments`. A directory holding anything (`any`) must have a manifest.
+fn base(
+    dir: &Path,
+    any: bool,
+    segments: &[Segment],
+) -> Result<(Manifest, Option<Arc<Snapshot>>), OpenError> {
     let manifest = match Manifest::read(dir) {
         Ok(Some(m)) => m,
-        Ok(None) if snapshots.is_empty() && all.is_empty() => Manifest::default(),
+        Ok(None) if !any => Manifest::default(),
         Ok(None) => return Err(corrupt(dir, &Manifest::path(dir), "missing")),
         Err(detail) => return Err(corrupt(dir, &Manifest::path(dir), detail)),
     };
@@ -155,64 +202,64 @@ pub(crate) fn recover(dir: &Path) -> Result<Recovered, OpenError> {
             )?))
         }
     };
-    if manifest.newest_segment > 0 && !all.iter().any(|s| s.first_seq == manifest.newest_segment) {
-        let path = segment_path(dir, manifest.newest_segment);
-        return Err(corrupt(
-            dir,
-            &path,
-            "missing (the manifest names it as the newest journal segment)",
-        ));
+    let newest = manifest.newest_segment;
+    if newest > 0 && !segments.iter().any(|s| s.first_seq == newest) {
+        let path = segment_path(dir, newest);
+        let detail = "missing (the manifest names it as the newest journal segment)";
+        return Err(corrupt(dir, &path, detail));
     }
-    let after = snapshot.as_ref().map_or(0, |s| s.seq);
-    let mut changes = Changes::default();
-    let mut segments = Vec::new();
-    let mut obsolete = temporary;
-    let mut truncated_journals = Vec::new();
-    let mut resume = None;
-    // The last batch of the segment before (or the snapshot's).
-    let mut previous = after;
-    for (i, segment) in all.iter().enumerate() {
-        let last = i + 1 == all.len();
-        if all
-            .get(i + 1)
-            .is_some_and(|next| next.first_seq <= after + 1)
-        {
-            obsolete.push(segment.path.clone());
-            continue;
-        }
-        let expected = if segments.is_empty() {
-            segment.first_seq <= after + 1
+    Ok((manifest, snapshot))
+}
+
+/// The journal's segments replayed one after the other.
+struct Replay<'a> {
+    dir: &'a Path,
+    manifest: Manifest,
+    /// The snapshot's batch.
+    after: u64,
+    /// The last batch of the segment before (or the snapshot's).
+    previous: u64,
+    changes: Changes,
+    segments: Vec<Segment>,
+    obsolete: Vec<PathBuf>,
+    truncated_journals: Vec<TruncatedJournal>,
+    resume: Option<(Continue, TableNames)>,
+}
+
+impl Replay<'_> {
+    /// Checks and replays one segment (`last`: the newest, which may end torn).
+    fn segment(&mut self, segment: &Segment, last: bool) -> Result<(), OpenError> {
+        let dir = self.dir;
+        let expected = if self.segments.is_empty() {
+            segment.first_seq <= self.after + 1
         } else {
-            segment.first_seq == previous + 1
+            segment.first_seq == self.previous + 1
         };
         if !expected {
-            return Err(corrupt(
-                dir,
-                &segment.path,
-                format!(
-                    "batches {} to {} are missing (a journal segment is gone)",
-                    previous + 1,
-                    segment.first_seq - 1
-                ),
-            ));
+            let detail = format!(
+                "batches {} to {} are missing (a journal segment is gone)",
+                self.previous + 1,
+                segment.first_seq - 1
+            );
+            return Err(corrupt(dir, &segment.path, detail));
         }
         let tail = if last { Tail::Recover } else { Tail::Whole };
         let scanned = scan(
             &segment.path,
             segment.first_seq,
-            after,
+            self.after,
             tail,
-            &mut changes.sink(),
+            &mut self.changes.sink(),
         )
         .map_err(|SegmentDamage { path, detail }| corrupt(dir, &path, detail))?;
-        previous = scanned.last_seq;
-        if scanned.end == 0 && manifest.newest_segment == segment.first_seq {
+        self.previous = scanned.last_seq;
+        if scanned.end == 0 && self.manifest.newest_segment == segment.first_seq {
             // The manifest names a segment only once its header is on disk. Refused
             // before anything is written to it.
             return Err(corrupt(dir, &segment.path, "its header is cut short"));
         }
         if scanned.torn {
-            truncated_journals.push(TruncatedJournal {
+            self.truncated_journals.push(TruncatedJournal {
                 path: segment.path.clone(),
                 written: scanned.written,
                 after: scanned.end,
@@ -222,41 +269,24 @@ pub(crate) fn recover(dir: &Path) -> Result<Recovered, OpenError> {
         if scanned.end == 0 {
             // Not even a header (a crash as the committer started it): the next commit
             // starts a segment of that name again.
-            obsolete.push(segment.path.clone());
-            continue;
+            self.obsolete.push(segment.path.clone());
+            return Ok(());
         }
         if last {
-            resume = Some((
-                Continue {
-                    path: segment.path.clone(),
-                    end: scanned.end,
-                },
-                scanned.tables,
-            ));
+            let at = Continue {
+                path: segment.path.clone(),
+                end: scanned.end,
+            };
+            self.resume = Some((at, scanned.tables));
         }
-        segments.push(Segment {
+        self.segments.push(Segment {
             path: segment.path.clone(),
             first_seq: segment.first_seq,
             bytes: scanned.end,
             closed: true,
         });
+        Ok(())
     }
-    let last_seq = previous.max(after);
-    obsolete.extend(
-        snapshots
-            .iter()
-            .filter(|(seq, _)| *seq != manifest.snapshot_seq)
-            .map(|(_, p)| p.clone()),
-    );
-    Ok(Recovered {
-        snapshot,
-        segments,
-        overlay: changes.sorted(),
-        last_seq,
-        truncated_journals,
-        obsolete,
-        resume,
-    })
 }
 
 #[cfg(test)]

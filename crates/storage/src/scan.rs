@@ -7,7 +7,9 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
-use crate::format::{self, read_record, read_segment_header, FormatError, TableNames};
+use crate::format::{
+    self, read_record, read_segment_header, FormatError, SegmentHeader, TableNames,
+};
 
 /// Changes recorded in the journal since a snapshot, per table name: the latest value of
 /// each key written (`None`: removed), sorted by key.
@@ -94,37 +96,10 @@ pub(crate) fn scan(
         detail,
     };
     let bytes = Bytes::from(std::fs::read(path).map_err(|e| damage(e.to_string()))?);
-    let written = bytes.len() as u64;
-    let header = match read_segment_header(&bytes) {
-        Ok(h) => h,
-        // A crash while the committer started the segment, before its header was
-        // whole: no batch was written in it.
-        Err(FormatError::Truncated) if tail == Tail::Recover => {
-            return Ok(Scanned {
-                last_seq: first_seq - 1,
-                end: 0,
-                written,
-                torn: written > 0,
-                tables: Vec::new(),
-            });
-        }
-        Err(_) if tail == Tail::Recover && all_zero(&bytes) => {
-            return Ok(Scanned {
-                last_seq: first_seq - 1,
-                end: 0,
-                written,
-                torn: false,
-                tables: Vec::new(),
-            });
-        }
-        Err(e) => return Err(damage(format!("header: {e}"))),
+    let header = match header(&bytes, first_seq, tail).map_err(damage)? {
+        Ok(header) => header,
+        Err(no_header) => return Ok(no_header),
     };
-    if header.first_seq != first_seq {
-        return Err(damage(format!(
-            "header says it starts at batch {}, its name at {first_seq}",
-            header.first_seq
-        )));
-    }
     let names = table_names(&header.tables);
     let mut pos = header.len;
     let mut last_seq = first_seq - 1;
@@ -136,37 +111,20 @@ pub(crate) fn scan(
             Err(e) => match tail {
                 Tail::Live { .. } => break,
                 Tail::Recover => {
-                    let written = bytes.iter().rposition(|&b| b != 0).map_or(0, |i| i + 1);
-                    let evidence =
-                        synced_after(&bytes[..written], pos, last_seq, !header.flags_synced);
-                    if let Some((at, seq)) = evidence {
-                        return Err(damage(format!(
-                            "the record after batch {last_seq} at byte {pos} is damaged ({e}), \
-                             yet batch {seq} at byte {at}, written after it was on disk, is \
-                             whole: this is damage to data that was on disk, not a torn last \
-                             write; the file was left as it is"
-                        )));
-                    }
-                    return Ok(Scanned {
-                        last_seq,
-                        end: pos as u64,
-                        written: written as u64,
-                        torn: true,
-                        tables: header.tables,
-                    });
+                    return torn_end(&bytes, pos, last_seq, header, &e).map_err(damage);
                 }
-                _ => {
-                    return Err(damage(format!(
-                        "record after batch {last_seq} at byte {pos}: {e}"
-                    )))
+                Tail::Whole => {
+                    let detail = format!("record after batch {last_seq} at byte {pos}: {e}");
+                    return Err(damage(detail));
                 }
             },
         };
         if record.seq != last_seq + 1 {
-            return Err(damage(format!(
+            let detail = format!(
                 "batch {} follows batch {last_seq} at byte {pos}",
                 record.seq
-            )));
+            );
+            return Err(damage(detail));
         }
         if let Tail::Live { upto } = tail {
             if record.seq > upto {
@@ -183,8 +141,68 @@ pub(crate) fn scan(
     Ok(Scanned {
         last_seq,
         end: pos as u64,
-        written,
+        written: bytes.len() as u64,
         torn: false,
+        tables: header.tables,
+    })
+}
+
+/// The header of the segment in `bytes`, named for `first_seq`; or, for the last segment
+/// at open (`Tail::Recover`), what a segment without one holds: a crash while the
+/// committer started it, before its header was whole (no batch was written in it).
+fn header(
+    bytes: &[u8],
+    first_seq: u64,
+    tail: Tail,
+) -> Result<Result<SegmentHeader, Scanned>, String> {
+    let empty = |torn| Scanned {
+        last_seq: first_seq - 1,
+        end: 0,
+        written: bytes.len() as u64,
+        torn,
+        tables: Vec::new(),
+    };
+    let header = match read_segment_header(bytes) {
+        Ok(h) => h,
+        Err(FormatError::Truncated) if tail == Tail::Recover => {
+            return Ok(Err(empty(!bytes.is_empty())))
+        }
+        Err(_) if tail == Tail::Recover && all_zero(bytes) => return Ok(Err(empty(false))),
+        Err(e) => return Err(format!("header: {e}")),
+    };
+    if header.first_seq != first_seq {
+        return Err(format!(
+            "header says it starts at batch {}, its name at {first_seq}",
+            header.first_seq
+        ));
+    }
+    Ok(Ok(header))
+}
+
+/// What follows the last whole record (batch `last_seq`) of the last segment at `pos`,
+/// where a record is cut short or damaged (`error`): a torn end, unless a whole record
+/// after it proves it was on disk (see `recovery.rs`).
+fn torn_end(
+    bytes: &[u8],
+    pos: usize,
+    last_seq: u64,
+    header: SegmentHeader,
+    error: &FormatError,
+) -> Result<Scanned, String> {
+    let written = bytes.iter().rposition(|&b| b != 0).map_or(0, |i| i + 1);
+    let evidence = synced_after(&bytes[..written], pos, last_seq, !header.flags_synced);
+    if let Some((at, seq)) = evidence {
+        return Err(format!(
+            "the record after batch {last_seq} at byte {pos} is damaged ({error}), yet batch \
+             {seq} at byte {at}, written after it was on disk, is whole: this is damage to \
+             data that was on disk, not a torn last write; the file was left as it is"
+        ));
+    }
+    Ok(Scanned {
+        last_seq,
+        end: pos as u64,
+        written: written as u64,
+        torn: true,
         tables: header.tables,
     })
 }

@@ -97,14 +97,13 @@ impl Store {
                 None => (Registry::default(), None),
             };
         let registry = Arc::new(registry);
-        let set = FileSet {
-            snapshot: snapshot.clone(),
-            segments,
-            generation: 0,
-        };
         let files = Arc::new(Files::new(
             dir.clone(),
-            set,
+            FileSet {
+                snapshot: snapshot.clone(),
+                segments,
+                generation: 0,
+            },
             options.segment_bytes.max(1024),
             options.compact_after_bytes.max(1),
         ));
@@ -135,21 +134,8 @@ impl Store {
             },
         )
         .map_err(io(&dir.join("journal")))?;
-        let committer = std::thread::Builder::new()
-            .name("storage-committer".to_owned())
-            .spawn({
-                let shared = shared.clone();
-                move || committer::run(shared, backend, options.sync)
-            })
-            .map_err(io(&dir))?;
-        let stop_compactor = Arc::new(AtomicBool::new(false));
-        let compactor = std::thread::Builder::new()
-            .name("storage-compactor".to_owned())
-            .spawn({
-                let (files, stop) = (files.clone(), stop_compactor.clone());
-                move || compactor::run(files, stop)
-            })
-            .map_err(io(&dir))?;
+        let (committer, compactor, stop_compactor) =
+            spawn(&shared, backend, options.sync, &files).map_err(io(&dir))?;
         Ok(Store {
             inner: Arc::new(Inner {
                 dir,
@@ -303,6 +289,31 @@ impl Store {
     pub fn close(&self) -> Result<(), StorageError> {
         self.inner.close()
     }
+}
+
+/// The committer and the compactor threads, and the compactor's stop flag.
+type Threads = (JoinHandle<()>, JoinHandle<()>, Arc<AtomicBool>);
+
+fn spawn(
+    shared: &Arc<Shared>,
+    backend: Log,
+    sync: SyncPolicy,
+    files: &Arc<Files>,
+) -> std::io::Result<Threads> {
+    let committer = std::thread::Builder::new()
+        .name("storage-committer".to_owned())
+        .spawn({
+            let shared = shared.clone();
+            move || committer::run(shared, backend, sync)
+        })?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let compactor = std::thread::Builder::new()
+        .name("storage-compactor".to_owned())
+        .spawn({
+            let (files, stop) = (files.clone(), stop.clone());
+            move || compactor::run(files, stop)
+        })?;
+    Ok((committer, compactor, stop))
 }
 
 impl Inner {
