@@ -26,7 +26,9 @@
 //! * With a persistent engine ([`StateStoreService::open_durable`]), nothing is sent
 //!   (reply, notification, PUBACK) before the writes it reveals are durable
 //!   (`durable.rs`); the service waits for that through the engine's
-//!   [`statehub_state_store_durable::Progress`], never touching the storage itself.
+//!   [`statehub_state_store_durable::Progress`], never touching the storage itself. A
+//!   full disk is not a failure: writes are answered 503 ("disk is full") while reads go
+//!   on, and the store takes writes again by itself once there is room.
 
 mod cache;
 mod durable;
