@@ -290,9 +290,7 @@ impl Engine for DurableEngine {
             return Ok(Some(self.submitted));
         }
         let (store, entries) = (&self.store, &self.entries);
-        let wait = self
-            .stall
-            .must_wait(self.submitted, || store.pending_keys(entries));
+        let wait = self.stall.must_wait(|| store.pending_keys(entries));
         Ok(wait.then_some(self.submitted))
     }
 }

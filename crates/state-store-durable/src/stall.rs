@@ -24,15 +24,6 @@ use std::cell::Cell;
 use std::collections::HashSet;
 
 use bytes::Bytes;
-use statehub_state_store::WriteSeq;
-
-/// The keys whose writes wait for disk space, as of a batch the engine submitted.
-#[derive(Debug)]
-struct Stuck {
-    /// The engine's last submitted batch when the keys were read from the store.
-    upto: WriteSeq,
-    keys: HashSet<Bytes>,
-}
 
 /// What the engine tracks per request about a stall (see the module docs).
 #[derive(Debug, Default)]
@@ -41,8 +32,9 @@ pub(crate) struct StallWatch {
     expired_as_of: Cell<u64>,
     /// A client write was accepted in this request.
     client_wrote: bool,
-    /// Set while writes wait for space (built at the first seal that sees the stall).
-    stuck: Option<Stuck>,
+    /// The keys whose writes wait for disk space, while they do (read from the store at
+    /// the first seal that sees the stall, and again after a client write).
+    stuck: Option<HashSet<Bytes>>,
     /// This request read a key of `stuck` (or scanned while some wait).
     revealed: Cell<bool>,
     /// This request read anything through the engine.
@@ -73,7 +65,7 @@ impl StallWatch {
     /// The request read `key`.
     pub(crate) fn read(&self, key: &[u8]) {
         self.read.set(true);
-        if self.stuck.as_ref().is_some_and(|s| s.keys.contains(key)) {
+        if self.stuck.as_ref().is_some_and(|keys| keys.contains(key)) {
             self.revealed.set(true);
         }
     }
@@ -81,25 +73,24 @@ impl StallWatch {
     /// The request scanned: it may reveal any key's presence.
     pub(crate) fn scanned(&self) {
         self.read.set(true);
-        if self.stuck.as_ref().is_some_and(|s| !s.keys.is_empty()) {
+        if self.stuck.as_ref().is_some_and(|keys| !keys.is_empty()) {
             self.revealed.set(true);
         }
     }
 
-    /// The end of a request (`seal`), with the engine's last submitted batch: whether its
-    /// reply must wait for it. `pending_keys` gives the keys that wait while the store
-    /// is stalled (`None`: not stalled). Resets the request's tracking.
-    pub(crate) fn must_wait(
-        &mut self,
-        submitted: WriteSeq,
-        pending_keys: impl FnOnce() -> Option<Vec<Bytes>>,
-    ) -> bool {
+    /// The end of a request (`seal`) while the store is stalled: whether its reply must
+    /// wait for the engine's writes. `pending_keys` gives the keys that wait (`None`: not
+    /// stalled after all). Resets the request's tracking.
+    pub(crate) fn must_wait(&mut self, pending_keys: impl FnOnce() -> Option<Vec<Bytes>>) -> bool {
         let client_wrote = std::mem::take(&mut self.client_wrote);
         let revealed = self.revealed.replace(false);
         let read = self.read.replace(false);
         let watched = self.stuck.is_some();
-        if self.stuck.as_ref().is_some_and(|s| s.upto == submitted) {
-            return !read || client_wrote || revealed;
+        // Batches submitted since the keys were read hold this request's client writes
+        // (then it waits anyway, and the keys are read again) or only expiry, which
+        // readers need not wait for: no need to decode everything pending again.
+        if watched && !client_wrote {
+            return !read || revealed;
         }
         match pending_keys() {
             None => {
@@ -107,10 +98,7 @@ impl StallWatch {
                 true
             }
             Some(keys) => {
-                self.stuck = Some(Stuck {
-                    upto: submitted,
-                    keys: keys.into_iter().collect(),
-                });
+                self.stuck = Some(keys.into_iter().collect());
                 !watched || !read || client_wrote || revealed
             }
         }
