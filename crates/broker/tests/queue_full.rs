@@ -9,10 +9,9 @@ use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use rumqttc::v5::mqttbytes::v5::{Packet as In, PubAckReason};
-use rumqttc::v5::{AsyncClient, ConnectionError, EventLoop, MqttOptions, StateError};
 use statehub_broker::codec::{Connect, ConnectProperties, Packet, Publish, QoS, ReasonCode};
 use statehub_broker::{Broker, BrokerConfig, QueueFull};
+use statehub_test_support::v5pub::{publish_each, PubAckReason};
 use statehub_test_support::*;
 use tokio::time::timeout;
 
@@ -65,52 +64,12 @@ fn names(prefix: &str, range: std::ops::Range<usize>) -> Vec<String> {
     range.map(|i| format!("{prefix}{i}")).collect()
 }
 
-/// The PUBACK reason of the message just published. rumqttc reports an error code
-/// as an event-loop error (and reconnects on the next poll).
-async fn next_puback(el: &mut EventLoop) -> PubAckReason {
-    let wait = async {
-        loop {
-            match el.poll().await {
-                Ok(rumqttc::v5::Event::Incoming(In::PubAck(a))) => return a.reason,
-                Ok(_) => {}
-                Err(ConnectionError::MqttState(StateError::PubAckFail { reason })) => {
-                    return reason
-                }
-                Err(e) => panic!("rumqttc v5 publisher: {e:?}"),
-            }
-        }
-    };
-    timeout(WAIT, wait).await.expect("PUBACK within WAIT")
-}
-
-/// Publishes `payloads` on `t` at QoS 1 with rumqttc's MQTT 5 client, one at a time,
-/// and returns each PUBACK's reason.
-async fn publish_v5(addr: SocketAddr, payloads: &[String]) -> Vec<PubAckReason> {
-    let mut o = MqttOptions::new("pub5", addr.ip().to_string(), addr.port());
-    o.set_keep_alive(Duration::from_secs(30));
-    let (client, mut el) = AsyncClient::new(o, 10);
-    let mut reasons = Vec::new();
-    for p in payloads {
-        client
-            .publish(
-                "t",
-                rumqttc::v5::mqttbytes::QoS::AtLeastOnce,
-                false,
-                p.clone(),
-            )
-            .await
-            .unwrap();
-        reasons.push(next_puback(&mut el).await);
-    }
-    reasons
-}
-
 /// An offline subscriber, 15 QoS 1 messages from an MQTT 5 publisher: what the
 /// publisher was told and what the subscriber gets when it comes back.
 async fn fifteen_to_a_queue_of_ten(cfg: BrokerConfig) -> (Broker, Vec<PubAckReason>, Vec<String>) {
     let (b, addr) = start_broker(cfg).await;
     offline_subscriber(&b, addr, "sub", &["t"]).await;
-    let reasons = publish_v5(addr, &names("m", 0..15)).await;
+    let reasons = publish_each(addr, "pub5", "t", &names("m", 0..15)).await;
     let (got, _) = come_back(addr, "sub").await;
     (b, reasons, got)
 }
