@@ -40,7 +40,7 @@ mod trie;
 pub use auth::{AllowAll, AuthDecision, Authenticator};
 pub use broker::{Broker, DeliverError};
 pub use clock::{Clock, ManualClock};
-pub use config::{BrokerConfig, Overlap};
+pub use config::{BrokerConfig, Overlap, QueueFull};
 pub use message::{Message, SharedVia};
 pub use metrics::Metrics;
 pub use ratelimit::LogLimit;
