@@ -6,12 +6,15 @@
 //! * the subscription trie sits behind a `RwLock`: publishes take it shared, only
 //!   (un)subscribes and session ends take it exclusively;
 //! * retained messages sit behind their own `RwLock`;
-//! * each session's queue has its own short mutex (see `session.rs`).
+//! * each session's queue has its own short mutex (see `session/mod.rs`).
 //!
-//! No lock is held across an `.await`, and the lock order is always
-//! trie → session, so the publish path cannot deadlock. (A PUBLISH that may be
-//! refused takes the retained lock inside the trie's, once no session could refuse
-//! it; nothing takes the trie's inside the retained lock.)
+//! No lock is held across an `.await`. The lock order is the client id's stripe
+//! (`session_table.rs`), then the table's shard or the trie (never both), then a
+//! session, then the session store: the publish path takes the trie, then each
+//! session, so it cannot deadlock (ARCHITECTURE.md has the whole order). A PUBLISH
+//! that may be refused (`queue_full_policy = "refuse"`) takes the retained lock
+//! inside the trie's, once no session could refuse it; nothing takes the trie's
+//! inside the retained lock.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;

@@ -13,7 +13,10 @@
 //! * [`MqttListener`] (`server.rs`): accept loop and graceful shutdown;
 //!   `pending.rs`: the bounds on connections that have not sent CONNECT yet.
 //! * [`Service`] (`service.rs`) and [`Authenticator`] (`auth.rs`): the hooks other
-//!   layers (the state store, security) plug into.
+//!   layers (the state store, security) plug into; [`RetainStore`] (`retain_store.rs`)
+//!   and [`SessionStore`] (`session_store.rs`): the durability hooks
+//!   `statehub-broker-durable` implements; [`Clock`] (`clock.rs`): the time the broker
+//!   reads, which tests move by hand.
 //!
 //! See ARCHITECTURE.md at the repository root for the journey of one PUBLISH.
 

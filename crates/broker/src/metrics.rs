@@ -1,4 +1,4 @@
-//! Broker counters (atomics; read by the HTTP metrics endpoint in a later issue).
+//! Broker counters (atomics), read through `Broker::metrics`; no endpoint serves them yet.
 
 use std::sync::atomic::AtomicU64;
 

@@ -264,7 +264,7 @@ impl Conn {
                 None => {
                     return Err(Close::ByServer(
                         ReasonCode::PROTOCOL_ERROR,
-                        "unknown topic alias [MQTT-3.3.4-?]",
+                        "unknown topic alias (MQTT 5.0 section 3.3.4)",
                     ))
                 }
             }
