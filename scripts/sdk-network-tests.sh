@@ -15,7 +15,8 @@
 # `statehub serve --mqtt-listen 127.0.0.1:1883` (the port those tests hardcode; it must be
 # free). Prints per-file pass/fail counts and exits non-zero if any test failed.
 #
-# Environment: SDK_SERVICES_VERSION (default 1.5.0-beta1), SDK_MQTT_VERSION (1.2.3),
+# Environment: STATEHUB_SERVE_ARGS adds arguments to `statehub serve` (e.g.
+# `--data-dir DIR` to run the tests against the durable engine); SDK_SERVICES_VERSION (default 1.5.0-beta1), SDK_MQTT_VERSION (1.2.3),
 # SDK_PROTOCOL_VERSION (1.1.0) pick the registry folders; CARGO_TARGET_DIR is honoured
 # for the statehub build; SDK_TARGET_DIR (default $SCRATCH/target) for the SDK build.
 set -euo pipefail
@@ -78,7 +79,8 @@ export CARGO_TARGET_DIR="${SDK_TARGET_DIR:-$SCRATCH/target}"
 (cd "$SCRATCH" && cargo test --no-run -p azure_iot_operations_mqtt --test session_network_tests)
 
 LOG="$SCRATCH/statehub.log"
-"$BIN" serve --mqtt-listen 127.0.0.1:1883 --http-listen 127.0.0.1:0 >"$LOG" 2>&1 &
+# shellcheck disable=SC2086 # STATEHUB_SERVE_ARGS is a list of arguments
+"$BIN" serve --mqtt-listen 127.0.0.1:1883 --http-listen 127.0.0.1:0 ${STATEHUB_SERVE_ARGS:-} >"$LOG" 2>&1 &
 SERVER=$!
 trap 'kill "$SERVER" 2>/dev/null || true; wait "$SERVER" 2>/dev/null || true' EXIT
 for _ in $(seq 100); do
