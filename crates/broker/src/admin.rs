@@ -200,6 +200,12 @@ impl Broker {
         SessionPage { sessions, more }
     }
 
+    /// The built-in service that takes PUBLISHes on `topic`, if any (the admin view
+    /// calls the state store through it).
+    pub fn service_for_topic(&self, topic: &str) -> Option<Arc<dyn crate::Service>> {
+        self.service_for(topic)
+    }
+
     /// The copy of one session, if it exists.
     pub fn session_snapshot(
         &self,
