@@ -6,7 +6,7 @@
 //! While no tap exists, routing pays one relaxed atomic load for them.
 
 use std::collections::BinaryHeap;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use parking_lot::RwLock;
@@ -14,6 +14,7 @@ use statehub_mqtt_codec::validate;
 use tokio::sync::mpsc;
 
 use crate::message::Message;
+use crate::ratelimit::LogLimit;
 use crate::session::SessionSnapshot;
 use crate::topic;
 use crate::Broker;
@@ -31,6 +32,8 @@ pub struct SessionPage {
 pub(crate) struct Taps {
     count: AtomicUsize,
     list: RwLock<Vec<TapEntry>>,
+    /// Taps cut off because their receiver fell behind.
+    dropped: AtomicU64,
 }
 
 /// A tap as the broker holds it: its sender lives only here, so removing the entry
@@ -134,6 +137,15 @@ impl Taps {
             // Dropping its sender (by removing it) ends the receiver's stream once it
             // has read what was queued.
             self.remove(&tap);
+            self.dropped.fetch_add(1, Ordering::Relaxed);
+            static LOG: LogLimit = LogLimit::per_secs(10);
+            if let Some(left_out) = LOG.allow() {
+                tracing::info!(
+                    filter = tap.filter,
+                    left_out,
+                    "tap dropped: its reader fell behind (admin topic tail)"
+                );
+            }
         }
     }
 }
@@ -198,6 +210,11 @@ impl Broker {
             .map(|s| s.snapshot(max_subscriptions))
             .collect();
         SessionPage { sessions, more }
+    }
+
+    /// Taps cut off so far because their reader fell behind.
+    pub fn taps_dropped(&self) -> u64 {
+        self.inner_taps().dropped.load(Ordering::Relaxed)
     }
 
     /// The built-in service that takes PUBLISHes on `topic`, if any (the admin view

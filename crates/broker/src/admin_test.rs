@@ -114,8 +114,9 @@ async fn tap_sees_matching_messages_only_and_is_cut_off_when_full() {
     }
     assert!(matches!(tap.recv().await, Some(Tapped::Overflowed)));
     assert!(tap.recv().await.is_none());
-    // Cut off: no longer offered anything.
+    // Cut off: no longer offered anything, and counted.
     assert_eq!(broker.inner_taps().len(), 0);
+    assert_eq!(broker.taps_dropped(), 1);
 }
 
 #[tokio::test]

@@ -364,3 +364,103 @@ fn dashboard_is_off_without_a_key_and_refuses_a_wrong_one() {
     assert!(!exit.success());
     assert!(log.contains("at least 16 are required"), "{log}");
 }
+
+/// Opens `GET path` with the admin key and returns the socket once the response
+/// head is in, with the head.
+async fn open_stream(addr: SocketAddr, path: &str) -> (tokio::net::TcpStream, String) {
+    use tokio::io::AsyncReadExt;
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let request =
+        format!("GET {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {ADMIN_KEY}\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut head = Vec::new();
+    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+        let mut byte = [0u8; 1];
+        let n = timeout(PATIENCE, stream.read(&mut byte))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            n,
+            1,
+            "closed before the head: {}",
+            String::from_utf8_lossy(&head)
+        );
+        head.push(byte[0]);
+    }
+    (stream, String::from_utf8(head).unwrap())
+}
+
+/// A topic-tail viewer that stops reading is dropped once it is `tail_buffer_messages`
+/// behind: it finds an `overflow` event at the end of what it was sent, its stream
+/// ends, and its place among `max_streams` is free again; while it held the only place,
+/// another stream was refused with 429.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_tail_viewer_is_dropped_with_a_notice_and_streams_are_capped() {
+    use tokio::io::AsyncReadExt;
+    let config = store_client::config_file(
+        "dashboard-limits.toml",
+        &format!(
+            "[admin]\nkey = \"{ADMIN_KEY}\"\nmax_streams = 1\ntail_buffer_messages = 8\n\
+             tail_payload_bytes = 65536\n"
+        ),
+    );
+    let server = common::start(
+        &[
+            "--mqtt-listen",
+            "127.0.0.1:0",
+            "--http-listen",
+            "127.0.0.1:0",
+            "--config",
+            config.to_str().unwrap(),
+        ],
+        &[],
+    );
+    let (mut slow, head) = open_stream(server.http, "/admin/api/tail?filter=flood/%23").await;
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    let (_, refused) = open_stream(server.http, "/admin/api/store/watch?key=k").await;
+    assert!(refused.starts_with("HTTP/1.1 429"), "{refused}");
+
+    let mut opts = MqttOptions::new("flood", "127.0.0.1", server.mqtt.port());
+    opts.set_max_packet_size(Some(1 << 20));
+    let (client, mut eventloop) = AsyncClient::new(opts, 64);
+    tokio::spawn(async move { while eventloop.poll().await.is_ok() {} });
+    // 64 KiB messages until the server says it dropped the viewer: what the viewer's
+    // socket buffers hold, plus 8, at most.
+    let payload = vec![b'x'; 64 * 1024];
+    let mut dropped = false;
+    for _ in 0..2000 {
+        client
+            .publish("flood/1", QoS::AtMostOnce, false, payload.clone())
+            .await
+            .unwrap();
+        while let Ok(line) = server.log.try_recv() {
+            dropped |= line.contains("tap dropped: its reader fell behind");
+        }
+        if dropped {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    assert!(dropped, "the slow viewer was never dropped");
+
+    // Everything queued before the drop arrives, then the notice and the end.
+    let mut seen = Vec::new();
+    let mut buf = vec![0u8; 1 << 16];
+    while !seen.ends_with(b"0\r\n\r\n") {
+        let n = timeout(PATIENCE, slow.read(&mut buf))
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(n > 0, "closed without the final chunk");
+        seen.extend_from_slice(&buf[..n]);
+    }
+    let text = String::from_utf8_lossy(&seen);
+    assert!(text.contains("event: overflow"), "no overflow event");
+    assert!(text.contains("fell behind and was dropped"));
+    let (_, head) = open_stream(server.http, "/admin/api/tail?filter=x").await;
+    assert!(
+        head.starts_with("HTTP/1.1 200"),
+        "the place was not freed: {head}"
+    );
+}

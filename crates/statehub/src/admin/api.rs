@@ -36,6 +36,7 @@ pub(super) async fn overview(State(admin): State<Admin>) -> Json<Value> {
         "version": env!("CARGO_PKG_VERSION"),
         "uptime_secs": admin.uptime_secs(),
         "live_streams": admin.open_streams(),
+        "tails_dropped": broker.taps_dropped(),
         "mqtt": {
             "connections": broker.connection_count(),
             "connections_total": load(&m.connections_total),
