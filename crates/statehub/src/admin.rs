@@ -30,7 +30,7 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
-use statehub_broker::Broker;
+use statehub_broker::{Broker, LogLimit};
 use statehub_webpubsub::WebPubSub;
 use subtle::ConstantTimeEq as _;
 
@@ -170,16 +170,7 @@ pub fn router(config: &AdminConfig, broker: Broker, wps: Option<WebPubSub>) -> R
             .route("/dashboard/{*path}", get(off))
             .route("/admin/{*path}", get(off).post(off).put(off).delete(off));
     };
-    let admin = Admin {
-        inner: Arc::new(Inner {
-            key_digest: Sha256::digest(key.as_bytes()).into(),
-            config: config.clone(),
-            broker,
-            wps,
-            started: Instant::now(),
-            streams: AtomicUsize::new(0),
-        }),
-    };
+    let admin = Admin::new(config, key, broker, wps);
     let api = Router::new()
         .route("/admin/api/overview", get(api::overview))
         .route("/admin/api/clients", get(api::clients))
@@ -250,6 +241,15 @@ async fn authorize(State(admin): State<Admin>, request: Request, next: Next) -> 
         bool::from(digest.ct_eq(&admin.inner.key_digest))
     });
     if !ok {
+        // Anyone can send these as often as they like: one line per 10 s at most.
+        static LOG: LogLimit = LogLimit::per_secs(10);
+        if let Some(left_out) = LOG.allow() {
+            tracing::warn!(
+                path = %request.uri().path(),
+                left_out,
+                "admin API request refused with 401: missing or wrong admin key"
+            );
+        }
         let mut response = json_error(
             StatusCode::UNAUTHORIZED,
             "a valid admin key is required: Authorization: Bearer <key>",
@@ -267,6 +267,24 @@ async fn authorize(State(admin): State<Admin>, request: Request, next: Next) -> 
 }
 
 impl Admin {
+    fn new(config: &AdminConfig, key: &str, broker: Broker, wps: Option<WebPubSub>) -> Admin {
+        Admin {
+            inner: Arc::new(Inner {
+                key_digest: Sha256::digest(key.as_bytes()).into(),
+                config: config.clone(),
+                broker,
+                wps,
+                started: Instant::now(),
+                streams: AtomicUsize::new(0),
+            }),
+        }
+    }
+
+    #[cfg(test)]
+    fn for_test(config: AdminConfig, broker: Broker) -> Admin {
+        Admin::new(&config, "test-key-0123456789", broker, None)
+    }
+
     pub(crate) fn broker(&self) -> &Broker {
         &self.inner.broker
     }
@@ -321,5 +339,56 @@ pub(crate) struct StreamSlot(Admin);
 impl Drop for StreamSlot {
     fn drop(&mut self) {
         self.0.inner.streams.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Admin, AdminConfig, AdminConfigError};
+
+    #[test]
+    fn key_from_the_flag_wins_and_short_keys_and_zero_bounds_are_refused() {
+        let file = AdminConfig {
+            key: Some("file-key-0123456789".into()),
+            ..AdminConfig::default()
+        };
+        let flag = Some("flag-key-0123456789".to_owned());
+        let resolved = file.clone().resolve(flag).unwrap();
+        assert_eq!(resolved.key.as_deref(), Some("flag-key-0123456789"));
+        assert_eq!(
+            file.clone().resolve(None).unwrap().key.as_deref(),
+            Some("file-key-0123456789")
+        );
+        assert!(matches!(
+            file.clone().resolve(Some("short".into())),
+            Err(AdminConfigError::ShortKey { len: 5, .. })
+        ));
+        let zero = AdminConfig {
+            max_streams: 0,
+            ..AdminConfig::default()
+        };
+        assert!(matches!(
+            zero.resolve(None),
+            Err(AdminConfigError::Zero("max_streams"))
+        ));
+        assert!(AdminConfig::default().resolve(None).unwrap().key.is_none());
+    }
+
+    #[test]
+    fn pages_are_bounded_by_page_limit() {
+        let config = AdminConfig {
+            key: Some("k".repeat(16)),
+            page_limit: 10,
+            ..AdminConfig::default()
+        };
+        let broker = statehub_broker::Broker::new(Default::default());
+        // axum refuses conflicting routes when the router is built: build both kinds.
+        drop(super::router(&config, broker.clone(), None));
+        drop(super::router(&AdminConfig::default(), broker.clone(), None));
+        let admin = Admin::for_test(config, broker);
+        assert_eq!(admin.page(None), 10);
+        assert_eq!(admin.page(Some(0)), 1);
+        assert_eq!(admin.page(Some(5)), 5);
+        assert_eq!(admin.page(Some(1_000_000)), 10);
     }
 }
