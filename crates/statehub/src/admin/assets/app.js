@@ -113,6 +113,7 @@ function route() {
   $('#nav').hidden = false;
   const page = (location.hash || '#overview').slice(1);
   clearInterval(timer); timer = null;
+  status('');
   show(page);
   const load = { overview: startOverview, clients: () => loadClients(true), store: () => {}, wps: loadHubs, tail: () => {} }[page];
   if (load) Promise.resolve(load()).catch((e) => status(e.message));
