@@ -9,6 +9,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use statehub_broker::codec::{ProtocolVersion, ReasonCode};
 use statehub_broker::SessionSnapshot;
+use statehub_webpubsub::ViewFrom;
 
 use super::{Admin, ApiError};
 
@@ -24,7 +25,7 @@ pub(super) async fn overview(State(admin): State<Admin>) -> Json<Value> {
     let (queued_messages, queued_bytes) = broker.queued_total();
     let wps = admin.wps().map(|wps| {
         let c = wps.counters();
-        let (_, hubs) = wps.hubs(0);
+        let (_, hubs) = wps.hubs(None, 0);
         json!({
             "hubs": hubs,
             "slow_consumers": c.slow_consumers,
@@ -138,15 +139,26 @@ fn wps_of(admin: &Admin) -> Result<&statehub_webpubsub::WebPubSub, ApiError> {
     })
 }
 
-/// `GET /admin/api/wps/hubs?limit=`: the hubs by name with their connection counts.
+/// The `after` of the next page: the last name if the page is full.
+fn next_after(names: &[&str], limit: usize) -> Option<String> {
+    (names.len() == limit)
+        .then(|| names.last().map(|n| n.to_string()))
+        .flatten()
+}
+
+/// `GET /admin/api/wps/hubs?after=&limit=`: the hubs by name with their connection
+/// counts.
 pub(super) async fn hubs(
     State(admin): State<Admin>,
     Query(q): Query<PageQuery>,
 ) -> Result<Json<Value>, ApiError> {
     let wps = wps_of(&admin)?;
-    let (hubs, total) = wps.hubs(admin.page(q.limit));
+    let limit = admin.page(q.limit);
+    let (hubs, total) = wps.hubs(q.after.as_deref(), limit);
+    let names: Vec<&str> = hubs.iter().map(|h| h.name.as_str()).collect();
     Ok(Json(json!({
         "total": total,
+        "next_after": next_after(&names, limit),
         "hubs": hubs.iter()
             .map(|h| json!({"name": h.name, "connections": h.connections}))
             .collect::<Vec<_>>(),
@@ -157,18 +169,34 @@ pub(super) async fn hubs(
 pub(super) struct HubQuery {
     name: String,
     limit: Option<usize>,
+    groups_after: Option<String>,
+    connections_after: Option<String>,
 }
 
-/// `GET /admin/api/wps/hub?name=&limit=`: a page of a hub's groups and connections.
+/// `GET /admin/api/wps/hub?name=&limit=&groups_after=&connections_after=`: a page of
+/// a hub's groups and one of its connections.
 pub(super) async fn hub(
     State(admin): State<Admin>,
     Query(q): Query<HubQuery>,
 ) -> Result<Json<Value>, ApiError> {
     let wps = wps_of(&admin)?;
+    let limit = admin.page(q.limit);
+    let from = ViewFrom {
+        groups_after: q.groups_after.as_deref(),
+        connections_after: q.connections_after.as_deref(),
+    };
     let view = wps
-        .hub_view(&q.name, admin.page(q.limit))
+        .hub_view(&q.name, from, limit)
         .ok_or_else(|| ApiError::new(StatusCode::NOT_FOUND, format!("no hub {}", q.name)))?;
+    let groups: Vec<&str> = view.groups.iter().map(|g| g.name.as_str()).collect();
+    let conns: Vec<&str> = view
+        .connections
+        .iter()
+        .map(|c| c.connection_id.as_str())
+        .collect();
     Ok(Json(json!({
+        "groups_next_after": next_after(&groups, limit),
+        "connections_next_after": next_after(&conns, limit),
         "name": view.name,
         "connection_count": view.connection_count,
         "group_count": view.group_count,

@@ -287,7 +287,7 @@ async fn view_pages_groups_and_connections_by_name() {
     let h = Hub::new("chat", Limits::default());
     let (_a, _ra) = connect(&h, Some("alice"), Subprotocol::Json, &["z", "b", "a"]);
     let (_b, _rb) = connect(&h, None, Subprotocol::Raw, &["b"]);
-    let view = h.view(2);
+    let view = h.view(Default::default(), 2);
     assert_eq!(view.connection_count, 2);
     assert_eq!(view.group_count, 3);
     let groups: Vec<_> = view
@@ -303,5 +303,17 @@ async fn view_pages_groups_and_connections_by_name() {
         .find(|c| c.user_id.as_deref() == Some("alice"))
         .unwrap();
     assert_eq!(alice.groups, ["a", "b"]);
-    assert!(h.view(0).groups.is_empty());
+    assert!(h.view(Default::default(), 0).groups.is_empty());
+    let from = super::super::view::ViewFrom {
+        groups_after: Some("b"),
+        connections_after: Some(view.connections[0].connection_id.as_str()),
+    };
+    let next = h.view(from, 2);
+    let groups: Vec<_> = next.groups.iter().map(|g| g.name.as_str()).collect();
+    assert_eq!(groups, ["z"]);
+    assert_eq!(next.connections.len(), 1);
+    assert_eq!(
+        next.connections[0].connection_id,
+        view.connections[1].connection_id
+    );
 }

@@ -33,10 +33,22 @@ pub struct HubView {
     pub connections: Vec<ConnectionSummary>,
 }
 
-/// The `limit` smallest of `items`, sorted, keeping at most `limit + 1` at a time.
-pub(crate) fn smallest<'a>(items: impl Iterator<Item = &'a String>, limit: usize) -> Vec<String> {
+/// Where the pages of [`Hub::view`] start: after these names (`None`: the first).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ViewFrom<'a> {
+    pub groups_after: Option<&'a str>,
+    pub connections_after: Option<&'a str>,
+}
+
+/// The `limit` smallest of `items` that sort after `after`, sorted, keeping at most
+/// `limit` at a time.
+pub(crate) fn smallest<'a>(
+    items: impl Iterator<Item = &'a String>,
+    after: Option<&str>,
+    limit: usize,
+) -> Vec<String> {
     let mut heap: BinaryHeap<&'a String> = BinaryHeap::with_capacity(limit + 1);
-    for item in items {
+    for item in items.filter(|i| after.is_none_or(|a| i.as_str() > a)) {
         if heap.len() < limit {
             heap.push(item);
         } else if heap.peek().is_some_and(|top| item < *top) {
@@ -49,11 +61,11 @@ pub(crate) fn smallest<'a>(items: impl Iterator<Item = &'a String>, limit: usize
 
 impl Hub {
     /// At most `limit` groups and `limit` connections (each with at most `limit` of
-    /// its groups), the first by name.
-    pub(crate) fn view(&self, limit: usize) -> HubView {
+    /// its groups), the first by name after `from`.
+    pub(crate) fn view(&self, from: ViewFrom<'_>, limit: usize) -> HubView {
         let (groups, ids, connection_count, group_count) = {
             let hub = lock(&self.state);
-            let names = smallest(hub.groups.keys(), limit);
+            let names = smallest(hub.groups.keys(), from.groups_after, limit);
             let groups: Vec<GroupSummary> = names
                 .into_iter()
                 .map(|name| GroupSummary {
@@ -61,7 +73,7 @@ impl Hub {
                     name,
                 })
                 .collect();
-            let ids = smallest(hub.sessions.keys(), limit);
+            let ids = smallest(hub.sessions.keys(), from.connections_after, limit);
             let sessions: Vec<_> = ids
                 .iter()
                 .filter_map(|id| hub.sessions.get(id).cloned())
