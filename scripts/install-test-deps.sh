@@ -7,6 +7,8 @@
 #                     SDKs pinned in tests/webpubsub-sdk/python/requirements.txt
 #   Node.js         : the Web PubSub SDKs of tests/webpubsub-sdk/js (npm ci from the
 #                     committed package-lock.json); Debian's nodejs/npm if no node
+#   Dashboard       : Debian's chromium (the browser the dashboard test drives; no
+#                     browser is downloaded) and playwright-core in tests/dashboard
 #
 # Each step is skipped quickly when already satisfied. Works non-interactively
 # (CI=true, no stdin). Run as root, or as a user with password-less sudo.
@@ -108,6 +110,24 @@ if [ -f "$WPS_JS/node_modules/.package-lock.json" ] \
 else
     log "installing the Web PubSub JS SDKs (npm ci) in $WPS_JS"
     (cd "$WPS_JS" && npm ci --no-audit --no-fund --loglevel=error </dev/null)
+fi
+
+# ---- Dashboard: Debian's chromium, playwright-core -------------------------
+if ! dpkg-query -W -f='${Status}' chromium 2>/dev/null | grep -q 'install ok installed'; then
+    log "installing Debian's chromium"
+    export DEBIAN_FRONTEND=noninteractive
+    as_root apt-get update -q </dev/null
+    as_root apt-get install -y -q --no-install-recommends chromium </dev/null
+else
+    log "chromium already installed"
+fi
+DASH_JS="$ROOT/tests/dashboard"
+if [ -f "$DASH_JS/node_modules/.package-lock.json" ] \
+    && [ "$DASH_JS/node_modules/.package-lock.json" -nt "$DASH_JS/package-lock.json" ]; then
+    log "playwright-core already in $DASH_JS/node_modules"
+else
+    log "installing playwright-core (npm ci) in $DASH_JS"
+    (cd "$DASH_JS" && PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 npm ci --no-audit --no-fund --loglevel=error </dev/null)
 fi
 
 log "done"

@@ -25,6 +25,7 @@ use smallvec::SmallVec;
 use statehub_mqtt_codec::{ByteString, Publish, ReasonCode, SubscriptionOptions};
 use tokio_util::sync::CancellationToken;
 
+use crate::admin::Taps;
 use crate::auth::{AllowAll, Authenticator};
 use crate::clock::Clock;
 use crate::config::{BrokerConfig, Overlap};
@@ -63,6 +64,7 @@ struct Inner {
     generation: AtomicU64,
     connections: AtomicUsize,
     shutdown: CancellationToken,
+    taps: Taps,
 }
 
 /// Why [`Broker::deliver_to`] could not deliver.
@@ -104,6 +106,7 @@ impl Broker {
                 generation: AtomicU64::new(1),
                 connections: AtomicUsize::new(0),
                 shutdown: CancellationToken::new(),
+                taps: Taps::default(),
             }),
         }
     }
@@ -150,6 +153,11 @@ impl Broker {
     /// The bounds of a session queue.
     pub(crate) fn queue_limits(&self) -> QueueLimits {
         self.inner.limits
+    }
+
+    /// The admin view's taps (`admin.rs`).
+    pub(crate) fn inner_taps(&self) -> &Taps {
+        &self.inner.taps
     }
 
     /// The session table.
@@ -359,6 +367,7 @@ impl Broker {
                 None => self.offer(&entry.session, d),
             };
         }
+        self.inner.taps.feed(msg);
         Routed {
             sessions,
             stored,

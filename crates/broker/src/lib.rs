@@ -20,6 +20,7 @@
 //!
 //! See ARCHITECTURE.md at the repository root for the journey of one PUBLISH.
 
+mod admin;
 mod auth;
 mod broker;
 mod clock;
@@ -40,6 +41,7 @@ mod signal;
 pub mod topic;
 mod trie;
 
+pub use admin::{SessionPage, Tap, TapError, Tapped};
 pub use auth::{AllowAll, AuthDecision, Authenticator};
 pub use broker::{Broker, DeliverError};
 pub use clock::{Clock, ManualClock};
@@ -50,7 +52,7 @@ pub use ratelimit::LogLimit;
 pub use retain_store::{RetainStore, RetainStoreError};
 pub use server::MqttListener;
 pub use service::{done, BoxFuture, ClientInfo, Service};
-pub use session::Subscription;
+pub use session::{Peer, SessionSnapshot, Subscription};
 pub use session_store::{
     packet_id_for, Gate, QueuedRef, SessionChange, SessionStore, SessionStoreError, StoredMessage,
     StoredSession,

@@ -38,6 +38,16 @@ pub(crate) fn for_log(topic: &str) -> &str {
     &topic[..end]
 }
 
+/// The topic level the server keeps to itself: the answers to the admin view's state
+/// store requests travel under `$statehub/admin/`, so no client may subscribe there.
+pub const RESERVED_LEVEL: &str = "$statehub";
+
+/// Whether a filter (without its `$share/` prefix) reaches into [`RESERVED_LEVEL`].
+/// Wildcards at the first level never match `$` topics [MQTT-4.7.2-1].
+pub fn is_reserved_filter(filter: &str) -> bool {
+    filter.split('/').next() == Some(RESERVED_LEVEL)
+}
+
 /// Whether a filter contains a wildcard.
 pub fn has_wildcard(filter: &str) -> bool {
     filter.contains(['+', '#'])

@@ -193,3 +193,27 @@ async fn server_assigned_aliases_stop_at_the_servers_maximum() {
     }
     assert_eq!(got, [Some(1), Some(2), None, None, None]);
 }
+
+/// `$statehub/...` is the server's own (the admin view's state store answers travel
+/// there): filters into it are refused with 0x87 (0x80 for 3.1.1), shared or not;
+/// look-alikes are not.
+#[tokio::test]
+async fn filters_into_the_reserved_statehub_level_get_0x87() {
+    let (_broker, addr) = start_broker(BrokerConfig::default()).await;
+    let mut c = RawClient::connect(addr, V5, "curious").await;
+    let ack = c
+        .subscribe_with(
+            filters(&[
+                "$statehub/#",
+                "$statehub/admin/+",
+                "$share/g/$statehub/admin/x",
+                "$statehubx/#",
+                "#",
+            ]),
+            None,
+        )
+        .await;
+    let no = ReasonCode::NOT_AUTHORIZED;
+    let one = ReasonCode::GRANTED_QOS_1;
+    assert_eq!(ack.reason_codes, [no, no, no, one, one]);
+}

@@ -11,6 +11,8 @@ use statehub_state_store_service::Settings as StateStoreSettings;
 use statehub_storage::{SyncPolicy, SyncPolicyParseError};
 use statehub_webpubsub::Config as WebPubSubConfig;
 
+use crate::admin::AdminConfig;
+
 /// `statehub serve` flags. Each has an environment variable of the same name.
 #[derive(Debug, Clone, clap::Args)]
 pub struct ServeArgs {
@@ -47,6 +49,10 @@ pub struct ServeArgs {
     /// the OS, fsync every <ms>: a power failure may lose the last <ms> of writes).
     #[arg(long, env = "STATEHUB_SYNC")]
     pub sync: Option<SyncPolicy>,
+    /// The dashboard's and admin API's key (at least 16 bytes; replaces the file's
+    /// `[admin] key`). Without one, both are off.
+    #[arg(long, env = "STATEHUB_ADMIN_KEY")]
+    pub admin_key: Option<String>,
 }
 
 /// The TOML file's shape.
@@ -81,6 +87,8 @@ pub struct FileConfig {
     pub webpubsub: WebPubSubConfig,
     /// The `[http]` table: the HTTP listener's limits.
     pub http: HttpConfig,
+    /// The `[admin]` table: the dashboard's key and limits.
+    pub admin: AdminConfig,
 }
 
 /// The `[http]` table: limits of the HTTP listener (health, the Web PubSub client
@@ -183,6 +191,8 @@ pub enum ConfigError {
     JournalWithoutDataDir(&'static str),
     #[error(transparent)]
     WebPubSub(#[from] statehub_webpubsub::ConfigError),
+    #[error(transparent)]
+    Admin(#[from] crate::admin::AdminConfigError),
     #[error("invalid [http] table: {0}")]
     Http(String),
     /// A Web PubSub access key is refused; `origin` says where the keys came from.
@@ -217,6 +227,8 @@ pub struct Settings {
     pub compact_after_bytes: u64,
     /// How far compaction may fall behind before writes wait, in bytes.
     pub max_journal_bytes: u64,
+    /// The dashboard, with its key resolved (flag/env, then `[admin] key`).
+    pub admin: AdminConfig,
 }
 
 impl Settings {
@@ -271,6 +283,7 @@ impl Settings {
             sync: sync.unwrap_or_default(),
             compact_after_bytes,
             max_journal_bytes,
+            admin: file.admin.resolve(args.admin_key.clone())?,
         })
     }
 }

@@ -1,6 +1,7 @@
 //! The `statehub` binary: parses settings, starts the MQTT and HTTP listeners, and
 //! turns SIGINT/SIGTERM into one shutdown signal fanned out to every task.
 
+mod admin;
 mod config;
 mod fds;
 mod http;
@@ -146,6 +147,7 @@ async fn serve(mut settings: Settings) -> std::io::Result<()> {
     });
     let grace = Duration::from_secs(settings.shutdown_grace_secs);
     let (router, wps) = http::router(settings.webpubsub.clone(), http.local_addr()?);
+    let router = router.merge(admin::router(&settings.admin, broker.clone(), wps.clone()));
     let wps_task = match wps {
         Some(wps) => {
             tracing::info!(

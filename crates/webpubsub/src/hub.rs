@@ -29,6 +29,7 @@ mod ended;
 mod events;
 mod session;
 pub(crate) mod stream;
+pub(crate) mod view;
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -355,7 +356,6 @@ impl Hub {
         });
     }
 
-    #[cfg(test)]
     /// Number of live or retained sessions.
     pub(crate) fn session_count(&self) -> usize {
         lock(&self.state).sessions.len()

@@ -26,6 +26,7 @@
 
 #![warn(unreachable_pub)]
 
+mod admin;
 mod config;
 mod connection;
 mod dispatch;
@@ -53,6 +54,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+pub use admin::{ConnectionSummary, GroupSummary, HubSummary, HubView, ViewFrom};
 pub use config::hubs::{EventHandler, HubSettings, SystemEvent};
 pub use config::{Config, ConfigError, Limits, MIN_ACCESS_KEY_BYTES};
 use hub::Hub;

@@ -99,6 +99,11 @@ pub(crate) async fn serve(
     let connected = Box::pin(handshake::connect(&broker, &mut stream, admission)).await;
     if let Some((conn, rbuf, _open)) = connected {
         let client = conn.info.client_id.clone();
+        let about = crate::session::Peer {
+            addr: peer,
+            protocol: conn.version,
+        };
+        conn.session.set_peer(conn.generation, about);
         tracing::debug!(%peer, client = %client, "client connected");
         run(conn, stream, rbuf).await;
         tracing::debug!(%peer, client = %client, "client gone");

@@ -141,6 +141,9 @@ impl Conn {
         if topic::too_deep(plain, cfg.max_topic_levels) {
             return Ok(Some(ReasonCode::TOPIC_FILTER_INVALID));
         }
+        if topic::is_reserved_filter(plain) {
+            return Ok(Some(ReasonCode::NOT_AUTHORIZED));
+        }
         Ok(None)
     }
 

@@ -19,6 +19,7 @@ mod enqueue;
 mod evict;
 mod exchange;
 mod outbox;
+mod snapshot;
 mod usage;
 
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -35,6 +36,7 @@ use crate::signal::Signal;
 
 pub(crate) use enqueue::{Bound, Enqueued, QueueLimits, Ticket};
 pub(crate) use exchange::{IncomingQos2, PubRec};
+pub use snapshot::SessionSnapshot;
 pub(crate) use usage::Usage;
 
 /// A subscription as the session remembers it (for resume and UNSUBSCRIBE).
@@ -72,6 +74,13 @@ struct Attachment {
     signal: Arc<Signal>,
 }
 
+/// The network side of the connection attached last: its address and protocol.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Peer {
+    pub addr: std::net::SocketAddr,
+    pub protocol: statehub_mqtt_codec::ProtocolVersion,
+}
+
 /// Mutable session state; see the module docs for who locks it.
 #[derive(Debug, Default)]
 struct SessionState {
@@ -91,6 +100,8 @@ struct SessionState {
     attached: Option<Attachment>,
     /// Generation of the last connection attached (see [`Attachment`]).
     last_generation: u64,
+    /// Where the last connection came from and what it spoke (for the admin view).
+    peer: Option<Peer>,
     /// Counters for what was not delivered.
     dropped_qos0: u64,
     dropped_offline: u64,

@@ -281,3 +281,39 @@ async fn ttl_messages_expire_for_absent_clients() {
     assert_eq!(replay.len(), 1);
     assert!(replay[0].1.to_text().unwrap().contains("forever"));
 }
+
+#[tokio::test]
+async fn view_pages_groups_and_connections_by_name() {
+    let h = Hub::new("chat", Limits::default());
+    let (_a, _ra) = connect(&h, Some("alice"), Subprotocol::Json, &["z", "b", "a"]);
+    let (_b, _rb) = connect(&h, None, Subprotocol::Raw, &["b"]);
+    let view = h.view(Default::default(), 2);
+    assert_eq!(view.connection_count, 2);
+    assert_eq!(view.group_count, 3);
+    let groups: Vec<_> = view
+        .groups
+        .iter()
+        .map(|g| (g.name.as_str(), g.members))
+        .collect();
+    assert_eq!(groups, [("a", 1), ("b", 2)]);
+    assert_eq!(view.connections.len(), 2);
+    let alice = view
+        .connections
+        .iter()
+        .find(|c| c.user_id.as_deref() == Some("alice"))
+        .unwrap();
+    assert_eq!(alice.groups, ["a", "b"]);
+    assert!(h.view(Default::default(), 0).groups.is_empty());
+    let from = super::super::view::ViewFrom {
+        groups_after: Some("b"),
+        connections_after: Some(view.connections[0].connection_id.as_str()),
+    };
+    let next = h.view(from, 2);
+    let groups: Vec<_> = next.groups.iter().map(|g| g.name.as_str()).collect();
+    assert_eq!(groups, ["z"]);
+    assert_eq!(next.connections.len(), 1);
+    assert_eq!(
+        next.connections[0].connection_id,
+        view.connections[1].connection_id
+    );
+}

@@ -1,0 +1,169 @@
+//! Live streams as Server-Sent Events: a topic tail (a broker tap on a filter) and a
+//! watched key (read every `watch_interval_ms`, an event when its version changes).
+//!
+//! Each stream holds one of `max_streams` places, sends a comment every 15 s so the
+//! HTTP idle timeout leaves it open, and ends at shutdown. A tail viewer that falls
+//! `tail_buffer_messages` behind gets an `overflow` event and its stream ends: the
+//! broker never waits for a browser.
+
+use std::convert::Infallible;
+use std::time::Duration;
+
+use axum::extract::{Query, State};
+use axum::http::StatusCode;
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse as _, Response};
+use axum::routing::get;
+use axum::Router;
+use futures_util::stream::{self, Stream};
+use futures_util::StreamExt as _;
+use serde::Deserialize;
+use serde_json::json;
+use statehub_broker::{Tap, Tapped};
+use tokio_util::sync::CancellationToken;
+
+use super::store::{self, Resp};
+use super::{Admin, ApiError, StreamSlot};
+
+const KEEP_ALIVE: Duration = Duration::from_secs(15);
+
+pub(super) fn routes() -> Router<Admin> {
+    Router::new()
+        .route("/admin/api/tail", get(tail))
+        .route("/admin/api/store/watch", get(watch))
+}
+
+type Events = Response;
+
+fn sse(s: impl Stream<Item = Result<Event, Infallible>> + Send + 'static) -> Events {
+    Sse::new(s)
+        .keep_alive(KeepAlive::new().interval(KEEP_ALIVE))
+        .into_response()
+}
+
+fn event(kind: &str, data: serde_json::Value) -> Result<Event, Infallible> {
+    Ok(Event::default().event(kind).data(data.to_string()))
+}
+
+#[derive(Debug, Deserialize)]
+struct TailQuery {
+    filter: String,
+}
+
+/// A tail's state between events.
+struct Tail {
+    tap: Tap,
+    shutdown: CancellationToken,
+    payload_bytes: usize,
+    _slot: StreamSlot,
+    ended: bool,
+}
+
+/// `GET /admin/api/tail?filter=`: every message routed on `filter` from now on, as
+/// `message` events (`topic`, `qos`, `retain`, `payload` cut at
+/// `tail_payload_bytes`); `overflow` once if the viewer falls behind.
+async fn tail(State(admin): State<Admin>, Query(q): Query<TailQuery>) -> Result<Events, ApiError> {
+    let slot = admin.open_stream()?;
+    let capacity = admin.config().tail_buffer_messages;
+    let tap = admin
+        .broker()
+        .tap(&q.filter, capacity)
+        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, format!("{e}: {}", q.filter)))?;
+    let state = Tail {
+        tap,
+        shutdown: admin.broker().shutdown_token(),
+        payload_bytes: admin.config().tail_payload_bytes,
+        _slot: slot,
+        ended: false,
+    };
+    let ready = stream::iter([event("ready", json!({ "filter": q.filter }))]);
+    let messages = stream::unfold(state, |mut st| async move {
+        if st.ended {
+            return None;
+        }
+        let next = tokio::select! {
+            () = st.shutdown.cancelled() => None,
+            next = st.tap.recv() => next,
+        };
+        let item = match next? {
+            Tapped::Message(m) => event(
+                "message",
+                json!({
+                    "topic": &*m.topic,
+                    "qos": m.qos as u8,
+                    "retain": m.retain,
+                    "payload": store::show(&m.payload, st.payload_bytes),
+                }),
+            ),
+            Tapped::Overflowed => {
+                // The broker counted and logged the drop when it happened.
+                st.ended = true;
+                event(
+                    "overflow",
+                    json!({"error": "this viewer fell behind and was dropped; reopen the tail"}),
+                )
+            }
+        };
+        Some((item, st))
+    });
+    Ok(sse(ready.chain(messages)))
+}
+
+/// A watch's state between reads.
+struct Watch {
+    admin: Admin,
+    key: String,
+    shutdown: CancellationToken,
+    interval: tokio::time::Interval,
+    /// What was last sent: `Some(None)` absent, `Some(Some(version))` a value.
+    last: Option<Option<String>>,
+    _slot: StreamSlot,
+}
+
+/// `GET /admin/api/store/watch?key=`: the key's value now and after every change, as
+/// `value` events (`value`, `version`; `deleted: true` when absent).
+async fn watch(
+    State(admin): State<Admin>,
+    Query(q): Query<store::KeyQuery>,
+) -> Result<Events, ApiError> {
+    let slot = admin.open_stream()?;
+    let mut interval =
+        tokio::time::interval(Duration::from_millis(admin.config().watch_interval_ms));
+    interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let state = Watch {
+        shutdown: admin.broker().shutdown_token(),
+        admin,
+        key: q.key,
+        interval,
+        last: None,
+        _slot: slot,
+    };
+    Ok(sse(stream::unfold(state, |mut st| async move {
+        loop {
+            tokio::select! {
+                () = st.shutdown.cancelled() => return None,
+                _ = st.interval.tick() => {}
+            }
+            let answer = match store::call(&st.admin, &[b"GET", st.key.as_bytes()]).await {
+                Ok(a) => a,
+                Err(_) => continue,
+            };
+            let data = match &answer.reply {
+                Resp::Bulk(v) => json!({
+                    "key": st.key,
+                    "value": store::show(v, st.admin.config().value_bytes),
+                    "version": answer.version,
+                }),
+                _ => json!({"key": st.key, "deleted": true}),
+            };
+            // `None` while absent; a value's version otherwise.
+            let now = matches!(answer.reply, Resp::Bulk(_))
+                .then(|| answer.version.clone().unwrap_or_default());
+            if st.last.as_ref() == Some(&now) {
+                continue;
+            }
+            st.last = Some(now);
+            return Some((event("value", data), st));
+        }
+    })))
+}
