@@ -208,6 +208,36 @@ async fn a_websocket_that_never_sends_connect_is_closed_after_the_connect_timeou
 }
 
 #[tokio::test]
+async fn websockets_without_connect_are_bounded_per_address() {
+    let config = "[mqtt]\nmax_pending_per_address = 2\nconnect_timeout_secs = 600\n";
+    let server = start_with("pending", config);
+    let mut silent = Vec::new();
+    for _ in 0..3 {
+        silent.push(open(server.http, "mqtt").await.unwrap().0);
+    }
+    // One of the three is closed (the newest if the others are younger than the
+    // pending bound's grace, else the oldest); the other two still connect.
+    let (closed, others) = {
+        let nexts = silent.iter_mut().map(|ws| Box::pin(ws.next()));
+        let first = futures_util::future::select_all(nexts);
+        let (frame, index, _) = tokio::time::timeout(WAIT, first)
+            .await
+            .expect("none of the three was closed");
+        assert!(
+            matches!(frame, Some(Ok(Message::Close(_)) | Err(_)) | None),
+            "{frame:?}"
+        );
+        (index, silent.len() - 1)
+    };
+    silent.remove(closed);
+    assert_eq!(silent.len(), others);
+    for mut ws in silent {
+        ws.send(Message::binary(CONNECT.to_vec())).await.unwrap();
+        expect_bytes(&mut ws, &CONNACK).await;
+    }
+}
+
+#[tokio::test]
 async fn a_plain_get_is_told_to_upgrade() {
     let server = start_with("plain", "");
     let mut tcp = common::connect_tcp(server.http);
