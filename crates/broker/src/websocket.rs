@@ -14,7 +14,7 @@ use tokio::net::TcpStream;
 
 use crate::connection;
 use crate::pending::Pending;
-use crate::transport::ws::{Limits, WsStream};
+use crate::transport::ws::{Hold, Limits, WsStream};
 use crate::Broker;
 
 pub use crate::transport::ws::Refusals as WebSocketRefusals;
@@ -57,14 +57,17 @@ impl WebSocketEndpoint {
 
     /// Serves one socket whose WebSocket handshake is done until the connection ends;
     /// `read` holds the bytes the client sent after its handshake that the HTTP server
-    /// already read. Never panics on peer input.
-    pub async fn serve(&self, tcp: TcpStream, read: Bytes) {
+    /// already read; `hold` is dropped when the socket is closed (after its lingering
+    /// close: the HTTP server's slot for it). Never panics on peer input.
+    pub async fn serve(&self, tcp: TcpStream, read: Bytes, hold: impl Send + Sync + 'static) {
         let Ok(peer) = tcp.peer_addr() else { return };
         let _ = tcp.set_nodelay(true);
         let Some(admission) = self.pending.admit(peer.ip(), self.broker.metrics()) else {
             return;
         };
-        let stream = WsStream::new(tcp, read, self.limits, Arc::clone(&self.refusals));
+        let hold: Hold = Box::new(hold);
+        let refusals = Arc::clone(&self.refusals);
+        let stream = WsStream::new(tcp, read, self.limits, refusals, hold);
         Box::pin(connection::serve(
             self.broker.clone(),
             stream,

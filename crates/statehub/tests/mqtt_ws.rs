@@ -238,6 +238,30 @@ async fn websockets_without_connect_are_bounded_per_address() {
 }
 
 #[tokio::test]
+async fn each_websocket_holds_an_http_connection_until_it_closes() {
+    let server = start_with("httpcap", "[http]\nmax_connections = 2\n");
+    let mut first = connected(server.http).await;
+    let _second = connected(server.http).await;
+    match open(server.http, "mqtt").await {
+        Err(WsError::Http(response)) => assert_eq!(response.status(), 503),
+        other => panic!("expected 503, got {:?}", other.map(|(_, p)| p)),
+    }
+    // DISCONNECT: once the first socket is closed its slot serves a new client.
+    first.send(Message::binary(vec![0xE0, 0])).await.unwrap();
+    while let Some(Ok(_)) = first.next().await {}
+    let deadline = Instant::now() + WAIT;
+    loop {
+        match open(server.http, "mqtt").await {
+            Ok(_) => break,
+            Err(WsError::Http(r)) if r.status() == 503 && Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(50)).await
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+}
+
+#[tokio::test]
 async fn a_plain_get_is_told_to_upgrade() {
     let server = start_with("plain", "");
     let mut tcp = common::connect_tcp(server.http);

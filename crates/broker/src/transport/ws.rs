@@ -92,11 +92,23 @@ pub(crate) struct WsStream {
     /// A failure found while returning data, reported on the next read.
     failed: Option<io::ErrorKind>,
     refusals: Arc<Refusals>,
+    /// Released when the socket closes, after the lingering close (the HTTP
+    /// server's slot under its connection cap).
+    hold: Option<Hold>,
 }
+
+/// What the caller keeps alive for as long as the socket is open.
+pub type Hold = Box<dyn std::any::Any + Send + Sync>;
 
 impl WsStream {
     /// `read` holds what the client sent after its handshake and the HTTP server read.
-    pub fn new(tcp: TcpStream, read: Bytes, limits: Limits, refusals: Arc<Refusals>) -> Self {
+    pub fn new(
+        tcp: TcpStream,
+        read: Bytes,
+        limits: Limits,
+        refusals: Arc<Refusals>,
+        hold: Hold,
+    ) -> Self {
         let ws = WebSocket::from_partially_read(
             Socket(Some(tcp)),
             read.to_vec(),
@@ -110,6 +122,7 @@ impl WsStream {
             unflushed: false,
             failed: None,
             refusals,
+            hold: Some(hold),
         }
     }
 
@@ -325,16 +338,17 @@ impl Drop for WsStream {
         let Some(tcp) = self.ws.get_mut().0.take() else {
             return;
         };
+        let hold = self.hold.take();
         // Outside a runtime (the process is exiting) the socket just closes.
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            runtime.spawn(linger(tcp));
+            runtime.spawn(linger(tcp, hold));
         }
     }
 }
 
 /// Shuts the socket down for writing and drains its input until the peer closes or
-/// [`LINGER`] passes.
-async fn linger(mut tcp: TcpStream) {
+/// [`LINGER`] passes; `hold` is released when the socket closes.
+async fn linger(mut tcp: TcpStream, hold: Option<Hold>) {
     use tokio::io::AsyncReadExt as _;
     let _ = tokio::time::timeout(LINGER, async {
         // Already shut down after a closing handshake: drain all the same.
@@ -343,6 +357,8 @@ async fn linger(mut tcp: TcpStream) {
         while let Ok(1..) = tcp.read(&mut sink).await {}
     })
     .await;
+    drop(tcp);
+    drop(hold);
 }
 
 /// The socket as blocking-style I/O for tungstenite, never blocking: `WouldBlock`

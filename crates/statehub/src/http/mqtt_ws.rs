@@ -7,7 +7,7 @@
 //! does, to one of the MQTT worker runtimes, where the broker serves it as an MQTT
 //! connection (`statehub_broker::WebSocketEndpoint`): same sessions, takeover and
 //! limits as over TCP. The socket keeps its slot under the HTTP connection cap until
-//! it closes.
+//! it is closed (after its lingering close).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -120,9 +120,7 @@ async fn take_over(endpoint: Arc<Endpoint>, on_upgrade: OnUpgrade) {
     let read = parts.read_buf;
     let workers = &endpoint.workers;
     if workers.is_empty() {
-        endpoint.broker.serve(tcp, read).await;
-        drop(slot);
-        return;
+        return endpoint.broker.serve(tcp, read, slot).await;
     }
     // A tokio stream belongs to the reactor it was accepted on; hand it over as a std
     // stream so the worker's own reactor drives it.
@@ -133,10 +131,9 @@ async fn take_over(endpoint: Arc<Endpoint>, on_upgrade: OnUpgrade) {
     let broker = endpoint.broker.clone();
     worker.spawn(async move {
         match tokio::net::TcpStream::from_std(std_stream) {
-            Ok(tcp) => broker.serve(tcp, read).await,
+            Ok(tcp) => broker.serve(tcp, read, slot).await,
             Err(e) => tracing::warn!(error = %e, "cannot register connection"),
         }
-        drop(slot);
     });
 }
 
