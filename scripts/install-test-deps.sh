@@ -5,8 +5,9 @@
 #                     clients for interop tests and benchmarks)
 #   Python          : paho-mqtt 2.x in a venv at <repo>/.venv, plus the Web PubSub
 #                     SDKs pinned in tests/webpubsub-sdk/python/requirements.txt
-#   Node.js         : the Web PubSub SDKs of tests/webpubsub-sdk/js (npm ci from the
-#                     committed package-lock.json); Debian's nodejs/npm if no node
+#   Node.js         : the Web PubSub SDKs of tests/webpubsub-sdk/js and MQTT.js of
+#                     tests/mqtt-ws (npm ci from the committed package-lock.json files);
+#                     Debian's nodejs/npm if no node
 #   Dashboard       : Debian's chromium (the browser the dashboard test drives; no
 #                     browser is downloaded) and playwright-core in tests/dashboard
 #
@@ -110,6 +111,16 @@ if [ -f "$WPS_JS/node_modules/.package-lock.json" ] \
 else
     log "installing the Web PubSub JS SDKs (npm ci) in $WPS_JS"
     (cd "$WPS_JS" && npm ci --no-audit --no-fund --loglevel=error </dev/null)
+fi
+
+# ---- MQTT.js (Node.js), for MQTT over WebSocket ----------------------------
+MQTT_JS="$ROOT/tests/mqtt-ws"
+if [ -f "$MQTT_JS/node_modules/.package-lock.json" ] \
+    && [ "$MQTT_JS/node_modules/.package-lock.json" -nt "$MQTT_JS/package-lock.json" ]; then
+    log "MQTT.js already in $MQTT_JS/node_modules"
+else
+    log "installing MQTT.js (npm ci) in $MQTT_JS"
+    (cd "$MQTT_JS" && npm ci --no-audit --no-fund --loglevel=error </dev/null)
 fi
 
 # ---- Dashboard: Debian's chromium, playwright-core -------------------------

@@ -10,7 +10,8 @@ shift
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 BIN=${BIN:-$ROOT/target/release/statehub}
 [ -x "$BIN" ] || (cd "$ROOT" && cargo build --release -p statehub)
-"$BIN" serve --config "$ROOT/tests/conformance.toml" --mqtt-listen 127.0.0.1:19600 --http-listen 127.0.0.1:0 >/tmp/conformance-broker.log 2>&1 &
+# MQTT over WebSocket on the HTTP listener: ws://127.0.0.1:19601/mqtt (the SUT file says so).
+"$BIN" serve --config "$ROOT/tests/conformance.toml" --mqtt-listen 127.0.0.1:19600 --http-listen 127.0.0.1:19601 >/tmp/conformance-broker.log 2>&1 &
 bp=$!
 sleep 0.5
 "$RUNNER" --sut "$ROOT/scripts/interop/conformance-sut.toml" "$@"

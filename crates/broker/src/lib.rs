@@ -11,7 +11,9 @@
 //! * `connection/`: one task per client: handshake, inbound packets, outbound
 //!   flow control, teardown (wills, session expiry).
 //! * [`MqttListener`] (`server.rs`): accept loop and graceful shutdown;
-//!   `pending.rs`: the bounds on connections that have not sent CONNECT yet.
+//!   `pending.rs`: the bounds on connections that have not sent CONNECT yet;
+//!   [`WebSocketEndpoint`] (`websocket.rs`): MQTT over WebSocket on a socket the
+//!   binary's HTTP server upgraded; `transport/`: what a connection reads and writes.
 //! * [`Service`] (`service.rs`) and [`Authenticator`] (`auth.rs`): the hooks other
 //!   layers (the state store, security) plug into; [`RetainStore`] (`retain_store.rs`)
 //!   and [`SessionStore`] (`session_store.rs`): the durability hooks
@@ -39,7 +41,9 @@ mod session_store;
 mod session_table;
 mod signal;
 pub mod topic;
+mod transport;
 mod trie;
+mod websocket;
 
 pub use admin::{SessionPage, Tap, TapError, Tapped};
 pub use auth::{AllowAll, AuthDecision, Authenticator};
@@ -58,3 +62,4 @@ pub use session_store::{
     StoredSession,
 };
 pub use statehub_mqtt_codec as codec;
+pub use websocket::{WebSocketEndpoint, WebSocketRefusals};

@@ -71,6 +71,7 @@ impl MqttListener {
                         let Some(admission) = self.pending.admit(peer.ip(), self.broker.metrics()) else {
                             continue;
                         };
+                        let _ = stream.set_nodelay(true);
                         if self.workers.is_empty() {
                             tokio::spawn(connection::serve(self.broker.clone(), stream, peer, admission));
                             continue;

@@ -112,6 +112,9 @@ pub struct HttpConfig {
     /// A connection (before any WebSocket upgrade) that moves no byte either way for
     /// this many seconds is closed (30): a client that stops reading its responses.
     pub idle_timeout_secs: u64,
+    /// MQTT over WebSocket on `/mqtt` (true): the broker's clients, sessions and
+    /// limits, on this listener.
+    pub mqtt_websocket: bool,
 }
 
 impl Default for HttpConfig {
@@ -121,6 +124,7 @@ impl Default for HttpConfig {
             header_timeout_secs: 10,
             request_timeout_secs: 30,
             idle_timeout_secs: 30,
+            mqtt_websocket: true,
         }
     }
 }

@@ -1,5 +1,5 @@
-//! The HTTP listener: `GET /healthz`, and the Web PubSub client endpoint and REST API
-//! when access keys are configured.
+//! The HTTP listener: `GET /healthz`, MQTT over WebSocket on `/mqtt` ([`mqtt_ws`]),
+//! and the Web PubSub client endpoint and REST API when access keys are configured.
 //!
 //! Served by hyper's HTTP/1 connection with our own accept loop rather than
 //! `axum::serve`, which has no timeouts nor connection cap: a client that opens
@@ -16,6 +16,7 @@
 //! Every connection ends with a lingering close (see [`conn`]).
 
 mod conn;
+pub mod mqtt_ws;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;

@@ -164,6 +164,10 @@ async fn serve(mut settings: Settings) -> std::io::Result<()> {
             None
         }
     };
+    let router = match settings.http.mqtt_websocket {
+        true => http::mqtt_ws::mount(router, &broker, workers.handles()),
+        false => router,
+    };
     let http_limits = http::Limits::new(&settings.http, descriptors.per_listener());
     let http_task = tokio::spawn(http::serve(http, router, http_limits, shutdown.clone()));
     mqtt.serve(grace).await;

@@ -11,8 +11,6 @@ use statehub_mqtt_codec::{
     validate, Auth, ByteString, Codec, ConnAck, ConnAckProperties, Connect, DecodeError, Packet,
     ProtocolVersion, ReasonCode,
 };
-use tokio::io::AsyncWriteExt;
-use tokio::net::TcpStream;
 use tokio::time::Instant;
 
 use super::{barrier, Conn};
@@ -23,6 +21,7 @@ use crate::service::ClientInfo;
 use crate::session::Session;
 use crate::signal::Signal;
 use crate::topic;
+use crate::transport::Transport;
 use crate::Broker;
 
 /// The negotiated parameters of an accepted connection.
@@ -174,9 +173,9 @@ pub(crate) fn accept(
 /// CONNECT is in, the connection holds its place among the pending ones (`admission`)
 /// and closes if evicted from it; from then on it counts against `max_connections`
 /// (for as long as the returned guard lives).
-pub(super) async fn connect(
+pub(super) async fn connect<S: Transport>(
     broker: &Broker,
-    stream: &mut TcpStream,
+    stream: &mut S,
     admission: Admission,
 ) -> Option<(Conn, BytesMut, OpenConnection)> {
     let cfg = broker.config();
@@ -226,9 +225,9 @@ pub(super) async fn connect(
 
 /// Reads the first packet, which must be a CONNECT, and refuses it if the broker is
 /// shutting down or full. `None` if the connection is to close.
-async fn read_connect(
+async fn read_connect<S: Transport>(
     broker: &Broker,
-    stream: &mut TcpStream,
+    stream: &mut S,
     codec: &mut Codec,
     rbuf: &mut BytesMut,
     deadline: Instant,
@@ -335,7 +334,7 @@ impl Conn {
 /// Answers a CONNECT that failed to decode with a refusing CONNACK where the
 /// protocol has a code for it (any for MQTT 5 [MQTT-3.2.2-7]; 3.1.1 only for the
 /// identifier case, return code 2 [MQTT-3.1.3-8]), then the caller closes.
-async fn refuse_bad_connect(stream: &mut TcpStream, codec: &Codec, e: &DecodeError) {
+async fn refuse_bad_connect<S: Transport>(stream: &mut S, codec: &Codec, e: &DecodeError) {
     let code = e.reason_code();
     let answer = match codec.version() {
         Some(ProtocolVersion::V5) => true,
@@ -349,7 +348,7 @@ async fn refuse_bad_connect(stream: &mut TcpStream, codec: &Codec, e: &DecodeErr
 
 /// Writes a CONNACK refusing the connection with `code` (the codec maps it to a
 /// 3.1.1 return code); the caller then closes.
-async fn refuse(stream: &mut TcpStream, codec: &Codec, code: ReasonCode) {
+async fn refuse<S: Transport>(stream: &mut S, codec: &Codec, code: ReasonCode) {
     let mut out = BytesMut::new();
     let ack = statehub_mqtt_codec::ConnAck {
         reason_code: code,
@@ -362,9 +361,9 @@ async fn refuse(stream: &mut TcpStream, codec: &Codec, code: ReasonCode) {
 }
 
 /// Extra AUTH exchanges during connect (MQTT 5 enhanced authentication).
-async fn auth_rounds(
+async fn auth_rounds<S: Transport>(
     broker: &Broker,
-    stream: &mut TcpStream,
+    stream: &mut S,
     codec: &mut Codec,
     rbuf: &mut BytesMut,
     connect: &Connect,
@@ -408,8 +407,8 @@ async fn auth_rounds(
 }
 
 /// Reads until one whole packet is decoded, the peer closes (Ok(None)), or the deadline.
-async fn read_packet(
-    stream: &mut TcpStream,
+async fn read_packet<S: Transport>(
+    stream: &mut S,
     codec: &mut Codec,
     rbuf: &mut BytesMut,
     deadline: Instant,

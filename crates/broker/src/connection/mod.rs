@@ -1,7 +1,7 @@
 //! One task per client connection; the only place that touches its socket.
 //!
-//! The task reads and writes concurrently from one `select!` loop (borrowed halves
-//! of the `TcpStream`): decoded packets are handled in place and their answers
+//! The task reads and writes concurrently from one `select!` loop (on the readiness
+//! of its [`Transport`]: a `TcpStream`, or a WebSocket on one): decoded packets are handled in place and their answers
 //! appended to one write buffer, and deliveries from the session queue are encoded
 //! into the same buffer, so many packets leave in one `write` call. The loop stops
 //! draining the session queue while the write buffer is above its high-water mark;
@@ -26,9 +26,6 @@ use bytes::BytesMut;
 use statehub_mqtt_codec::{
     ByteString, Codec, DecodeError, EncodeError, LastWill, Packet, ProtocolVersion, ReasonCode,
 };
-use tokio::io::AsyncWriteExt;
-use tokio::net::tcp::ReadHalf;
-use tokio::net::TcpStream;
 
 use crate::clock::Timer;
 use crate::pending::Admission;
@@ -36,6 +33,7 @@ use crate::ratelimit::LogLimit;
 use crate::service::ClientInfo;
 use crate::session::Session;
 use crate::signal::Signal;
+use crate::transport::Transport;
 use crate::Broker;
 use buffers::Deadlines;
 
@@ -86,14 +84,13 @@ pub(crate) struct Conn {
     keep_alive: Duration,
 }
 
-/// Serves one TCP connection until it closes. Never panics on peer input.
-pub(crate) async fn serve(
+/// Serves one connection until it closes. Never panics on peer input.
+pub(crate) async fn serve<S: Transport>(
     broker: Broker,
-    mut stream: TcpStream,
+    mut stream: S,
     peer: SocketAddr,
     admission: Admission,
 ) {
-    let _ = stream.set_nodelay(true);
     // The handshake and the teardown are boxed: a task's future is as large as its
     // largest state, and an idle connection should not carry theirs.
     let connected = Box::pin(handshake::connect(&broker, &mut stream, admission)).await;
@@ -111,14 +108,14 @@ pub(crate) async fn serve(
 }
 
 /// The connected phase: the select loop, then teardown.
-async fn run(mut conn: Conn, mut stream: TcpStream, mut rbuf: BytesMut) {
+async fn run<S: Transport>(mut conn: Conn, mut stream: S, mut rbuf: BytesMut) {
     conn.resume();
     let close = conn.pump(&mut stream, &mut rbuf).await;
     Box::pin(conn.finish(&mut stream, close)).await;
 }
 
 impl Conn {
-    async fn pump(&mut self, stream: &mut TcpStream, rbuf: &mut BytesMut) -> Close {
+    async fn pump<S: Transport>(&mut self, stream: &mut S, rbuf: &mut BytesMut) -> Close {
         let signal = self.signal.clone();
         let cfg = self.broker.config();
         let high_water = cfg.socket_write_high_water;
@@ -136,7 +133,6 @@ impl Conn {
             Ok(n) => deadlines.read(clock.now(), n, !rbuf.is_empty()),
             Err(close) => return close,
         }
-        let (rd, mut wr) = stream.split();
         // One timer for the connection's life (keep alive and packet deadline), moved
         // only when it fires early or a packet deadline comes before it: a fresh
         // `sleep_until` per turn of the loop inserted into and removed from the timer
@@ -155,32 +151,30 @@ impl Conn {
             // common case (a request's PUBACK and reply) then needs no turn of the select
             // for its write. The select below waits when the socket is full.
             if !self.wbuf.is_empty() {
-                match wr.try_write(&self.wbuf) {
-                    Ok(n) if n > 0 => self.written(n),
-                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-                    _ => return Close::Lost,
+                if let Err(close) = self.write_some(stream) {
+                    return close;
                 }
             }
             self.release_idle(rbuf);
-            let writing = !self.wbuf.is_empty();
+            let writing = !self.wbuf.is_empty() || stream.wants_write();
             let reading = self.wbuf.len() < 4 * high_water;
             tokio::select! {
                 biased;
                 // Registers the task with the signal, so the deliveries branch below
                 // needs no registration of its own.
                 code = poll_fn(|cx| signal.poll_close(cx)) => return Close::ByServer(code, close_text(code)),
-                r = wr.write(&self.wbuf), if writing => {
-                    tracing::trace!(client = %self.info.client_id, written = ?r, left = self.wbuf.len(), "write");
-                    match r {
-                        Ok(n) if n > 0 => self.written(n),
-                        _ => return Close::Lost,
+                r = stream.writable(), if writing => {
+                    let written = r.map_err(|_| Close::Lost).and_then(|()| self.write_some(stream));
+                    tracing::trace!(client = %self.info.client_id, left = self.wbuf.len(), "write");
+                    if let Err(close) = written {
+                        return close;
                     }
                 }
-                r = rd.readable(), if reading => {
+                r = stream.readable(), if reading => {
                     if r.is_err() {
                         return Close::Lost;
                     }
-                    if let Err(close) = self.read_some(&rd, rbuf, &mut deadlines).await {
+                    if let Err(close) = self.read_some(stream, rbuf, &mut deadlines).await {
                         return close;
                     }
                     if let Some(at) = deadlines.next().filter(|at| *at < timer.deadline()) {
@@ -198,15 +192,29 @@ impl Conn {
         }
     }
 
+    /// Writes what the socket takes now of the write buffer (and of what the transport
+    /// holds).
+    fn write_some<S: Transport>(&mut self, stream: &mut S) -> Result<(), Close> {
+        if self.wbuf.is_empty() {
+            return stream.try_flush().map_err(|_| Close::Lost);
+        }
+        match stream.try_write(&self.wbuf) {
+            Ok(n) if n > 0 => self.written(n),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            _ => return Err(Close::Lost),
+        }
+        Ok(())
+    }
+
     /// Reads what the socket has and handles the whole packets in it.
-    async fn read_some(
+    async fn read_some<S: Transport>(
         &mut self,
-        rd: &ReadHalf<'_>,
+        stream: &mut S,
         rbuf: &mut BytesMut,
         deadlines: &mut Deadlines,
     ) -> Result<(), Close> {
         self.reserve_read(rbuf);
-        match rd.try_read_buf(rbuf) {
+        match stream.try_read_buf(rbuf) {
             Ok(n) if n > 0 => {}
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Ok(()),
             _ => return Err(Close::Lost),

@@ -47,6 +47,12 @@ impl Conn {
         Arc::clone(&self.activity)
     }
 
+    /// The socket and its slot, for a protocol that takes the connection over (MQTT
+    /// over WebSocket) and closes it its own way; the slot goes with the socket.
+    pub fn into_parts(mut self) -> Option<(TcpStream, OwnedSemaphorePermit)> {
+        Some((self.stream.take()?, self.slot.take()?))
+    }
+
     fn stream(&mut self) -> io::Result<Pin<&mut TcpStream>> {
         self.stream
             .as_mut()

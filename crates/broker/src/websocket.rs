@@ -1,0 +1,79 @@
+//! MQTT over WebSocket: the broker's side of a socket another server upgraded.
+//!
+//! The HTTP server (the binary's) answers the WebSocket handshake and hands the
+//! socket over; from then on it is an MQTT connection like one from the TCP
+//! listener: the same connection task, sessions, takeover and limits. Until its
+//! CONNECT arrives it holds a place among this endpoint's pending connections (the
+//! `max_pending_*` bounds, like a listener's own) and must send CONNECT within
+//! `connect_timeout_secs`; then it counts against `max_connections`.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use tokio::net::TcpStream;
+
+use crate::connection;
+use crate::pending::Pending;
+use crate::transport::ws::{Hold, Limits, WsStream};
+use crate::Broker;
+
+pub use crate::transport::ws::Refusals as WebSocketRefusals;
+
+/// Serves MQTT connections on upgraded WebSockets.
+#[derive(Debug, Clone)]
+pub struct WebSocketEndpoint {
+    broker: Broker,
+    pending: Arc<Pending>,
+    limits: Limits,
+    refusals: Arc<WebSocketRefusals>,
+}
+
+impl WebSocketEndpoint {
+    pub fn new(broker: Broker) -> WebSocketEndpoint {
+        let cfg = broker.config();
+        let pending = Pending::new(
+            cfg.max_pending_connections,
+            cfg.max_pending_per_address,
+            broker.clock().clone(),
+        );
+        let limits = Limits::for_packets(cfg.max_packet_size);
+        WebSocketEndpoint {
+            broker,
+            pending,
+            limits,
+            refusals: Arc::default(),
+        }
+    }
+
+    /// The largest WebSocket message (and frame) a client may send, in payload bytes.
+    pub fn max_message_size(&self) -> usize {
+        self.limits.max_message
+    }
+
+    /// What the WebSocket layer refused so far.
+    pub fn refusals(&self) -> &WebSocketRefusals {
+        &self.refusals
+    }
+
+    /// Serves one socket whose WebSocket handshake is done until the connection ends;
+    /// `read` holds the bytes the client sent after its handshake that the HTTP server
+    /// already read; `hold` is dropped when the socket is closed (after its lingering
+    /// close: the HTTP server's slot for it). Never panics on peer input.
+    pub async fn serve(&self, tcp: TcpStream, read: Bytes, hold: impl Send + Sync + 'static) {
+        let Ok(peer) = tcp.peer_addr() else { return };
+        let _ = tcp.set_nodelay(true);
+        let Some(admission) = self.pending.admit(peer.ip(), self.broker.metrics()) else {
+            return;
+        };
+        let hold: Hold = Box::new(hold);
+        let refusals = Arc::clone(&self.refusals);
+        let stream = WsStream::new(tcp, read, self.limits, refusals, hold);
+        Box::pin(connection::serve(
+            self.broker.clone(),
+            stream,
+            peer,
+            admission,
+        ))
+        .await;
+    }
+}
