@@ -25,6 +25,7 @@ mod broker;
 mod clock;
 mod config;
 mod connection;
+mod levels;
 mod message;
 mod metrics;
 mod pending;
