@@ -1,7 +1,7 @@
 //! Helpers shared by the broker's integration tests and the binary's session tests
 //! (a dev-dependency only): an in-process broker on a free port, a raw MQTT client over
 //! TCP built on our codec (for exact protocol checks), and thin wrappers around rumqttc
-//! (v5 and 3.1.1) for end-to-end checks.
+//! (v5 and 3.1.1) for end-to-end checks, and a real full disk ([`tmpfs`]).
 //!
 //! Every wait is bounded: `expect*` panic after [`WAIT`] unless told otherwise.
 
@@ -68,6 +68,31 @@ pub fn connect_packet(version: ProtocolVersion, client_id: &str) -> Connect {
         password: None,
         will: None,
         properties: ConnectProperties::default(),
+    }
+}
+
+/// A RESP array of bulk strings: a state store request's payload as the SDKs write it,
+/// encoded here apart from the store's own encoder.
+pub fn resp(args: &[&[u8]]) -> Vec<u8> {
+    let mut out = format!("*{}\r\n", args.len()).into_bytes();
+    for a in args {
+        out.extend_from_slice(format!("${}\r\n", a.len()).as_bytes());
+        out.extend_from_slice(a);
+        out.extend_from_slice(b"\r\n");
+    }
+    out
+}
+
+/// An MQTT 5 CONNECT of a persistent session: clean start off and a session expiry of
+/// `expiry` seconds.
+pub fn persistent_connect(client_id: &str, expiry: u32) -> Connect {
+    Connect {
+        clean_start: false,
+        properties: ConnectProperties {
+            session_expiry_interval: Some(expiry),
+            ..Default::default()
+        },
+        ..connect_packet(V5, client_id)
     }
 }
 
@@ -467,3 +492,4 @@ pub async fn wait_until(within: Duration, mut cond: impl FnMut() -> bool) -> boo
 
 mod rumqtt;
 pub use rumqtt::{v4c, v5c, v5pub};
+pub mod tmpfs;

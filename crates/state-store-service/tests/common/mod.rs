@@ -13,6 +13,9 @@ use rumqttc::v5::mqttbytes::QoS;
 use rumqttc::v5::{AsyncClient, ConnectionError, Event, MqttOptions, StateError};
 use statehub_broker::{Broker, BrokerConfig, MqttListener};
 use statehub_state_store_service::{Settings, StateStoreService, REQUEST_TOPIC};
+// Not every test file that includes this module uses every helper.
+#[allow(unused_imports)]
+pub use statehub_test_support::resp;
 use tokio::sync::mpsc;
 use tokio::time::timeout;
 
@@ -248,17 +251,6 @@ pub fn now_ts() -> String {
         .unwrap()
         .as_millis();
     format!("{ms:015}:00000:client")
-}
-
-/// RESP array of bulk strings.
-pub fn resp(args: &[&[u8]]) -> Vec<u8> {
-    let mut out = format!("*{}\r\n", args.len()).into_bytes();
-    for a in args {
-        out.extend_from_slice(format!("${}\r\n", a.len()).as_bytes());
-        out.extend_from_slice(a);
-        out.extend_from_slice(b"\r\n");
-    }
-    out
 }
 
 /// All values of user property `name`.
