@@ -11,7 +11,7 @@
 //     again. Nothing arrives twice or out of order.
 
 import { WebPubSubClient } from "@azure/web-pubsub-client";
-import { scenario, until, watch, withStatehub } from "./lib.mjs";
+import { scenario, startPublisher, until, watch, withStatehub } from "./lib.mjs";
 
 const BURST = 500;
 
@@ -35,10 +35,7 @@ scenario("eviction", (t) =>
     await sub.start();
     await until(5000, "connected", () => connected.length === 1);
 
-    const pubToken = await svc.getClientAccessToken({ userId: "pub", roles: ["webpubsub.sendToGroup"] });
-    const pub = new WebPubSubClient(pubToken.url);
-    clients.push(pub);
-    await pub.start();
+    const pub = await startPublisher(svc, clients);
     let next = 1;
     const publish = async (n) => {
       const end = next + n;

@@ -6,7 +6,7 @@
 // connection: no `disconnected` event, no new connection id.
 
 import { WebPubSubClient } from "@azure/web-pubsub-client";
-import { scenario, sleep, until, withStatehub } from "./lib.mjs";
+import { scenario, sleep, startPublisher, until, withStatehub } from "./lib.mjs";
 
 const TOTAL = Number(process.env.FIREHOSE_MESSAGES ?? 20000);
 const WINDOW = Number(process.env.FIREHOSE_WINDOW ?? 64);
@@ -32,10 +32,7 @@ scenario("firehose", (t) =>
     await sub.start();
     await until(5000, "connected", () => connectedIds.length === 1);
 
-    const pubToken = await svc.getClientAccessToken({ userId: "pub", roles: ["webpubsub.sendToGroup"] });
-    const pub = new WebPubSubClient(pubToken.url);
-    clients.push(pub);
-    await pub.start();
+    const pub = await startPublisher(svc, clients);
 
     // Sends leave in the order they are issued, so the group sees 1, 2, 3...
     let next = 1;

@@ -11,6 +11,7 @@ import net from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { createInterface } from "node:readline";
+import { WebPubSubClient } from "@azure/web-pubsub-client";
 import { WebPubSubServiceClient } from "@azure/web-pubsub";
 
 export const ACCESS_KEY = "statehub-sdk-test-key-0123456789abcdef";
@@ -75,6 +76,15 @@ export async function withStatehub({ hub, config = "", proxied = false }, body) 
     proxy?.close();
     server.stop();
   }
+}
+
+/** Starts a client of user "pub", allowed to send to groups, and adds it to `clients`. */
+export async function startPublisher(svc, clients) {
+  const token = await svc.getClientAccessToken({ userId: "pub", roles: ["webpubsub.sendToGroup"] });
+  const pub = new WebPubSubClient(token.url);
+  clients.push(pub);
+  await pub.start();
+  return pub;
 }
 
 /**

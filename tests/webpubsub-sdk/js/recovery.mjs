@@ -6,7 +6,7 @@
 //     reports `disconnected`, opens a new connection and rejoins its groups.
 
 import { WebPubSubClient } from "@azure/web-pubsub-client";
-import { deferred, scenario, sleep, until, watch, withStatehub, within } from "./lib.mjs";
+import { deferred, scenario, sleep, startPublisher, until, watch, withStatehub, within } from "./lib.mjs";
 
 const CONFIG = "[webpubsub.limits]\nsession_retention_secs = 2\n";
 
@@ -21,10 +21,7 @@ scenario("recovery", (t) =>
     await until(5000, "connected event", () => connectedIds.length === 1);
     const firstId = connectedIds[0];
 
-    const pubToken = await svc.getClientAccessToken({ userId: "pub", roles: ["webpubsub.sendToGroup"] });
-    const pub = new WebPubSubClient(pubToken.url);
-    clients.push(pub);
-    await pub.start();
+    const pub = await startPublisher(svc, clients);
     let next = 1;
     const publish = async (n) => {
       for (let k = 0; k < n; k++, next++) await pub.sendToGroup("g", { i: next }, "json");
