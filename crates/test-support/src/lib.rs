@@ -41,12 +41,18 @@ pub async fn start_with_clock(cfg: BrokerConfig) -> (Broker, SocketAddr, ManualC
 
 async fn start_broker_on(cfg: BrokerConfig, clock: Clock) -> (Broker, SocketAddr) {
     let broker = Broker::with_clock(cfg, clock);
+    let addr = listen(&broker).await;
+    (broker, addr)
+}
+
+/// Serves `broker` on 127.0.0.1:0 (MQTT over TCP) from a task; returns the address.
+pub async fn listen(broker: &Broker) -> SocketAddr {
     let l = MqttListener::bind(broker.clone(), "127.0.0.1:0".parse().unwrap())
         .await
         .unwrap();
     let addr = l.local_addr().unwrap();
     tokio::spawn(l.serve(Duration::from_secs(1)));
-    (broker, addr)
+    addr
 }
 
 pub async fn start_default() -> (Broker, SocketAddr) {
