@@ -28,6 +28,7 @@ mod broker;
 mod clock;
 mod config;
 mod connection;
+mod levels;
 mod message;
 mod metrics;
 mod pending;

@@ -10,6 +10,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
 
+use crate::levels;
 use crate::message::Message;
 
 #[derive(Default)]
@@ -27,13 +28,7 @@ impl Node {
 /// Dropped from a stack (see the module docs).
 impl Drop for Node {
     fn drop(&mut self) {
-        if self.children.is_empty() {
-            return;
-        }
-        let mut stack: Vec<Node> = self.children.drain().map(|(_, n)| n).collect();
-        while let Some(mut node) = stack.pop() {
-            stack.extend(node.children.drain().map(|(_, n)| n));
-        }
+        levels::drop_subtree(&mut self.children, |n| &mut n.children);
     }
 }
 

@@ -54,6 +54,9 @@ pub fn has_wildcard(filter: &str) -> bool {
 }
 
 #[cfg(test)]
+pub(crate) mod strategies;
+
+#[cfg(test)]
 mod tests {
     use super::matches;
 

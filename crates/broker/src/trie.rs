@@ -11,6 +11,7 @@ use std::sync::Arc;
 use smallvec::SmallVec;
 use statehub_mqtt_codec::{ByteString, SubscriptionOptions};
 
+use crate::levels;
 use crate::session::Session;
 use crate::topic;
 
@@ -65,17 +66,10 @@ struct Node {
     shared: HashMap<Box<str>, SharedGroup>,
 }
 
-/// Dropped level by level from a stack, not by the derived recursion: a chain of tens of
-/// thousands of levels would overflow the stack of the thread dropping it.
+/// Dropped from a stack (see [`levels::drop_subtree`]).
 impl Drop for Node {
     fn drop(&mut self) {
-        if self.children.is_empty() {
-            return;
-        }
-        let mut stack: Vec<Node> = self.children.drain().map(|(_, n)| n).collect();
-        while let Some(mut node) = stack.pop() {
-            stack.extend(node.children.drain().map(|(_, n)| n));
-        }
+        levels::drop_subtree(&mut self.children, |n| &mut n.children);
     }
 }
 

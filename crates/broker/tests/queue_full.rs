@@ -9,7 +9,7 @@ use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use statehub_broker::codec::{Connect, ConnectProperties, Packet, Publish, QoS, ReasonCode};
+use statehub_broker::codec::{Packet, Publish, QoS, ReasonCode};
 use statehub_broker::{Broker, BrokerConfig, QueueFull};
 use statehub_test_support::v5pub::{publish_each, PubAckReason};
 use statehub_test_support::*;
@@ -25,20 +25,9 @@ fn config(policy: QueueFull) -> BrokerConfig {
     }
 }
 
-fn persistent(id: &str) -> Connect {
-    Connect {
-        clean_start: false,
-        properties: ConnectProperties {
-            session_expiry_interval: Some(600),
-            ..Default::default()
-        },
-        ..connect_packet(V5, id)
-    }
-}
-
 /// A persistent session subscribed to `filters` at QoS 1, left offline.
 async fn offline_subscriber(b: &Broker, addr: SocketAddr, id: &str, filters: &[&str]) {
-    let (mut s, _) = RawClient::connect_with(addr, persistent(id)).await;
+    let (mut s, _) = RawClient::connect_with(addr, persistent_connect(id, 600)).await;
     for f in filters {
         s.subscribe(f, opts(QoS::AtLeastOnce)).await;
     }
@@ -49,7 +38,7 @@ async fn offline_subscriber(b: &Broker, addr: SocketAddr, id: &str, filters: &[&
 /// Resumes `id`'s session and returns the payloads of every message it gets, in
 /// order, acknowledging each; `dup`: how many came with DUP set.
 async fn come_back(addr: SocketAddr, id: &str) -> (Vec<String>, usize) {
-    let (mut s, ack) = RawClient::connect_with(addr, persistent(id)).await;
+    let (mut s, ack) = RawClient::connect_with(addr, persistent_connect(id, 600)).await;
     assert!(ack.session_present);
     let (mut got, mut dup) = (Vec::new(), 0);
     while let Event::Packet(Packet::Publish(p)) = s.next_event(QUIET).await {
@@ -125,7 +114,7 @@ async fn refuse_answers_0x97_for_what_the_queue_cannot_take() {
 #[tokio::test]
 async fn drop_oldest_never_drops_a_message_in_flight() {
     let (b, addr) = start_broker(config(QueueFull::DropOldest)).await;
-    let (mut s, _) = RawClient::connect_with(addr, persistent("sub")).await;
+    let (mut s, _) = RawClient::connect_with(addr, persistent_connect("sub", 600)).await;
     s.subscribe("t", opts(QoS::AtLeastOnce)).await;
     let mut publisher = RawClient::connect(addr, V5, "pub").await;
     for p in names("m", 0..3) {
@@ -234,7 +223,7 @@ async fn refuse_closes_an_mqtt_311_publisher_which_resends_after_reconnecting() 
 
     // Once the subscriber has read its queue, the publisher's next connection
     // resends the unacknowledged message, and it goes through.
-    let (mut s, _) = RawClient::connect_with(addr, persistent("sub")).await;
+    let (mut s, _) = RawClient::connect_with(addr, persistent_connect("sub", 600)).await;
     for want in names("m", 0..10) {
         let p = s.expect_publish_ack().await;
         assert_eq!(p.payload, want.as_bytes());

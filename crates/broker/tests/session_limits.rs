@@ -6,27 +6,16 @@
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use statehub_broker::codec::{Connect, ConnectProperties, Disconnect, Packet, QoS, ReasonCode};
+use statehub_broker::codec::{Disconnect, Packet, QoS, ReasonCode};
 use statehub_broker::BrokerConfig;
 use statehub_test_support::*;
 
 const DAY: u32 = 24 * 3600;
 
-fn persistent(id: &str, expiry: u32) -> Connect {
-    Connect {
-        clean_start: false,
-        properties: ConnectProperties {
-            session_expiry_interval: Some(expiry),
-            ..Default::default()
-        },
-        ..connect_packet(V5, id)
-    }
-}
-
 #[tokio::test]
 async fn session_expiry_is_capped_at_a_day_by_default_for_v5_and_v311() {
     let (b, addr, clock) = start_with_clock(BrokerConfig::default()).await;
-    let (v5, ack) = RawClient::connect_with(addr, persistent("forever-5", u32::MAX)).await;
+    let (v5, ack) = RawClient::connect_with(addr, persistent_connect("forever-5", u32::MAX)).await;
     assert_eq!(ack.reason_code, ReasonCode::SUCCESS);
     assert_eq!(
         ack.properties.session_expiry_interval,
@@ -61,11 +50,11 @@ async fn new_persistent_sessions_over_the_cap_get_0x97_and_v311_return_code_3() 
         ..Default::default()
     };
     let (b, addr) = start_broker(cfg).await;
-    let (a, _) = RawClient::connect_with(addr, persistent("a", 60)).await;
-    let (_b2, ack) = RawClient::connect_with(addr, persistent("b", 60)).await;
+    let (a, _) = RawClient::connect_with(addr, persistent_connect("a", 60)).await;
+    let (_b2, ack) = RawClient::connect_with(addr, persistent_connect("b", 60)).await;
     assert_eq!(ack.reason_code, ReasonCode::SUCCESS);
 
-    let (mut c, ack) = RawClient::connect_with(addr, persistent("c", 60)).await;
+    let (mut c, ack) = RawClient::connect_with(addr, persistent_connect("c", 60)).await;
     assert_eq!(ack.reason_code, ReasonCode::QUOTA_EXCEEDED);
     c.expect_closed().await;
     let mut v311 = connect_packet(V311, "c311");
@@ -90,9 +79,9 @@ async fn new_persistent_sessions_over_the_cap_get_0x97_and_v311_return_code_3() 
     // Resuming or replacing a persistent session is always allowed.
     drop(a);
     assert!(wait_until(WAIT, || b.connection_count() == 2).await);
-    let (a, ack) = RawClient::connect_with(addr, persistent("a", 60)).await;
+    let (a, ack) = RawClient::connect_with(addr, persistent_connect("a", 60)).await;
     assert!(ack.session_present);
-    let mut replace = persistent("a", 60);
+    let mut replace = persistent_connect("a", 60);
     replace.clean_start = true;
     let (mut a2, ack) = RawClient::connect_with(addr, replace).await;
     assert_eq!(ack.reason_code, ReasonCode::SUCCESS);
@@ -105,7 +94,7 @@ async fn new_persistent_sessions_over_the_cap_get_0x97_and_v311_return_code_3() 
     .await;
     a2.expect_closed().await;
     assert!(wait_until(WAIT, || b.persistent_session_count() == 1).await);
-    let (_c, ack) = RawClient::connect_with(addr, persistent("c", 60)).await;
+    let (_c, ack) = RawClient::connect_with(addr, persistent_connect("c", 60)).await;
     assert_eq!(ack.reason_code, ReasonCode::SUCCESS);
 }
 
@@ -117,7 +106,8 @@ async fn what_all_sessions_queue_together_is_bounded() {
     };
     let (b, addr) = start_broker(cfg).await;
     for i in 0..4 {
-        let (mut s, _) = RawClient::connect_with(addr, persistent(&format!("off-{i}"), 600)).await;
+        let (mut s, _) =
+            RawClient::connect_with(addr, persistent_connect(&format!("off-{i}"), 600)).await;
         s.subscribe("#", opts(QoS::AtLeastOnce)).await;
         s.disconnect().await;
     }
@@ -133,7 +123,7 @@ async fn what_all_sessions_queue_together_is_bounded() {
     assert_eq!(m.dropped.load(Ordering::Relaxed), 4 * 40 - 50);
 
     // A session that reads its queue gives its room back.
-    let (mut s, ack) = RawClient::connect_with(addr, persistent("off-0", 600)).await;
+    let (mut s, ack) = RawClient::connect_with(addr, persistent_connect("off-0", 600)).await;
     assert!(ack.session_present);
     let mut got = 0;
     while let Event::Packet(Packet::Publish(p)) = s.next_event(QUIET).await {
@@ -143,7 +133,7 @@ async fn what_all_sessions_queue_together_is_bounded() {
     assert!(got > 0);
     assert!(wait_until(WAIT, || b.queued_total().0 == 50 - got).await);
     // And a session that ends gives back what it held.
-    let mut end = persistent("off-1", 0);
+    let mut end = persistent_connect("off-1", 0);
     end.clean_start = true;
     RawClient::connect_with(addr, end)
         .await

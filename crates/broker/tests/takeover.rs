@@ -71,30 +71,22 @@ async fn contend(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn concurrent_connects_of_one_client_id_leave_exactly_one_connection_with_the_session() {
-    let (broker, addr) = start_default().await;
-    for round in 0..ROUNDS {
-        let ids: Vec<String> = (0..IDS).map(|i| format!("contended-{round}-{i}")).collect();
-        let races: Vec<_> = ids
-            .into_iter()
-            .map(|id| tokio::spawn(race(addr, id, false)))
-            .collect();
-        for race in races {
-            race.await.unwrap();
-        }
-        assert!(
-            wait_until(WAIT, || broker.connection_count() == 0).await,
-            "round {round}: {} connections left after every client left",
-            broker.connection_count()
-        );
-    }
+    race_rounds("contended", false).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn concurrent_clean_starts_of_one_client_id_leave_exactly_one_connection() {
+    race_rounds("replaced", true).await;
+}
+
+/// `ROUNDS` rounds of `IDS` concurrent [`race`]s, each on its own client id
+/// (`{prefix}-{round}-{i}`); after each round, once every client left, no connection is
+/// left.
+async fn race_rounds(prefix: &str, clean_start: bool) {
     let (broker, addr) = start_default().await;
     for round in 0..ROUNDS {
         let races: Vec<_> = (0..IDS)
-            .map(|i| tokio::spawn(race(addr, format!("replaced-{round}-{i}"), true)))
+            .map(|i| tokio::spawn(race(addr, format!("{prefix}-{round}-{i}"), clean_start)))
             .collect();
         for race in races {
             race.await.unwrap();

@@ -18,6 +18,7 @@ mod convert;
 mod error;
 mod frame;
 pub mod packet;
+mod property_id;
 mod publish;
 mod reason;
 mod strings;

@@ -16,6 +16,7 @@
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use bytestring::ByteString;
 
+use crate::property_id as id;
 use crate::wire::{
     check_len, read_binary, read_string, read_u16, read_u32, read_u8, read_varint, varint_len,
     write_binary, write_varint, MAX_VARINT,
@@ -23,17 +24,6 @@ use crate::wire::{
 use crate::{validate, DecodeError, EncodeError, ProtocolVersion, Publish, PublishProperties, QoS};
 
 const CLAUSE: &str = "MQTT-3.3.2";
-
-mod id {
-    pub const PAYLOAD_FORMAT: u8 = 0x01;
-    pub const MESSAGE_EXPIRY: u8 = 0x02;
-    pub const CONTENT_TYPE: u8 = 0x03;
-    pub const RESPONSE_TOPIC: u8 = 0x08;
-    pub const CORRELATION_DATA: u8 = 0x09;
-    pub const SUBSCRIPTION_ID: u8 = 0x0B;
-    pub const TOPIC_ALIAS: u8 = 0x23;
-    pub const USER_PROPERTY: u8 = 0x26;
-}
 
 const fn duplicate(detail: &'static str) -> DecodeError {
     DecodeError::Protocol {

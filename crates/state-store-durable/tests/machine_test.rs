@@ -2,27 +2,13 @@
 //! for, and versions that stay above everything issued before a restart even when the
 //! wall clock goes back.
 
+mod common;
+
 use bytes::Bytes;
-use statehub_state_store::{AllowAll, Config, Effect, Engine, Machine, Outcome, Request};
+use common::request;
+use statehub_state_store::{AllowAll, Config, Effect, Engine, Machine, Outcome};
 use statehub_state_store_durable::DurableEngine;
 use statehub_storage::{Options, Store};
-
-/// A request from the client "client". Its `__ts` string is leaked: a few bytes per
-/// request, and the tests stay one call per request.
-fn request(args: &[&[u8]], ts_ms: Option<u64>) -> Request<'static> {
-    let mut payload = format!("*{}\r\n", args.len()).into_bytes();
-    for a in args {
-        payload.extend_from_slice(format!("${}\r\n", a.len()).as_bytes());
-        payload.extend_from_slice(a);
-        payload.extend_from_slice(b"\r\n");
-    }
-    Request {
-        client_id: "client",
-        payload: Bytes::from(payload),
-        timestamp: ts_ms.map(|ms| &*format!("{ms:015}:00000:client").leak()),
-        fencing_token: None,
-    }
-}
 
 fn open(dir: &std::path::Path) -> (Store, Machine<DurableEngine, AllowAll>) {
     let store = Store::open(dir, Options::default()).unwrap();

@@ -3,27 +3,15 @@
 //! anything, reads of durable data answered without a wait, reads of a waiting write
 //! waiting with it, expiry going on; and everything back once there is room.
 
+mod common;
+
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use statehub_state_store::{AllowAll, Config, Effect, Machine, Outcome, Request};
+use common::request;
+use statehub_state_store::{AllowAll, Config, Effect, Machine, Outcome};
 use statehub_state_store_durable::{is_no_space, DurableEngine};
 use statehub_storage::{Options, Store};
-
-fn request(args: &[&[u8]], ts_ms: Option<u64>) -> Request<'static> {
-    let mut payload = format!("*{}\r\n", args.len()).into_bytes();
-    for a in args {
-        payload.extend_from_slice(format!("${}\r\n", a.len()).as_bytes());
-        payload.extend_from_slice(a);
-        payload.extend_from_slice(b"\r\n");
-    }
-    Request {
-        client_id: "client",
-        payload: Bytes::from(payload),
-        timestamp: ts_ms.map(|ms| &*format!("{ms:015}:00000:client").leak()),
-        fencing_token: None,
-    }
-}
 
 fn waits(outcome: &Outcome) -> Option<u64> {
     match outcome.effects.first() {

@@ -1,45 +1,24 @@
 //! The `[state_store]` table of statehub's configuration file.
 //!
-//! Kept apart from the core's [`Config`] because it also holds what only the MQTT shell
-//! needs (the duplicate-request cache) and because it is read from TOML, so every field
-//! has a default and unknown fields are an error rather than silently ignored. Bad
-//! settings and a store that cannot be loaded (`OpenError`) are this crate's only errors:
-//! a request the store cannot answer gets an RPC fault (see `rpc.rs`), never an `Err`.
+//! The core's [`Config`] (the one statement of each limit and its default) flattened into
+//! one table with what only the MQTT shell needs (the duplicate-request cache). Read from
+//! TOML, so every field has a default and unknown fields are an error rather than
+//! silently ignored. Bad settings and a store that cannot be loaded (`OpenError`) are this
+//! crate's only errors: a request the store cannot answer gets an RPC fault (see
+//! `rpc.rs`), never an `Err`.
 
 use serde::Deserialize;
 use statehub_state_store::Config;
 
-/// Settings of the state store service. The limits are those of the core's [`Config`]
-/// (see its docs); each, when hit, is refused with `the quota has been exceeded`.
+/// Settings of the state store service: the core's [`Config`] (its limits, each refused
+/// when hit with `the quota has been exceeded`; see its docs for each key and default)
+/// and what only the MQTT shell needs.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Settings {
-    /// Node id of every version the store issues (`state-store`, as the real one).
-    pub node_id: String,
-    /// Most keys held; a SET adding one more gets `the quota has been exceeded`.
-    pub max_keys: u64,
-    /// Most bytes (keys plus values) held.
-    pub max_bytes: u64,
-    /// Longest key a SET stores or a KEYNOTIFY observes.
-    pub max_key_bytes: usize,
-    /// Longest value a SET stores.
-    pub max_value_bytes: usize,
-    /// Most keys one client may observe at once.
-    pub max_observations_per_client: usize,
-    /// Most observations of all clients together.
-    pub max_observations: usize,
-    /// Most bytes of observed keys, summed over all observations.
-    pub max_observed_key_bytes: u64,
-    /// How far ahead of the server clock `__ts` and `__ft` may be, in milliseconds.
-    pub max_skew_ms: u64,
-    /// Most keys visited per SCAN request.
-    pub scan_count: usize,
-    /// Longest SCAN pattern.
-    pub max_pattern_bytes: usize,
-    /// Matching work per SCAN request, in key bytes × pattern words.
-    pub scan_work: u64,
-    /// Most bytes of keys in one SCAN response.
-    pub scan_page_bytes: usize,
+    /// The core's tunables, read from the same table (`max_keys`, `scan_count`...).
+    #[serde(flatten)]
+    pub store: Config,
     /// Answered responses remembered to answer QoS 1 redeliveries without running them
     /// twice (0 turns the cache off). Responses still on their way to their requester
     /// (queued or unacknowledged) are kept beyond this bound, up to
@@ -54,21 +33,8 @@ pub struct Settings {
 
 impl Default for Settings {
     fn default() -> Self {
-        let core = Config::default();
         Self {
-            node_id: core.node_id,
-            max_keys: core.max_keys,
-            max_bytes: core.max_bytes,
-            max_key_bytes: core.max_key_bytes,
-            max_value_bytes: core.max_value_bytes,
-            max_observations_per_client: core.max_observations_per_client,
-            max_observations: core.max_observations,
-            max_observed_key_bytes: core.max_observed_key_bytes,
-            max_skew_ms: core.max_skew_ms,
-            scan_count: core.scan_count,
-            max_pattern_bytes: core.max_pattern_bytes,
-            scan_work: core.scan_work,
-            scan_page_bytes: core.scan_page_bytes,
+            store: Config::default(),
             response_cache_entries: 1_000,
             response_cache_in_flight: 20_000,
         }
@@ -78,27 +44,14 @@ impl Default for Settings {
 impl Settings {
     /// Checks the settings and returns the core's configuration.
     pub fn machine_config(&self) -> Result<Config, SettingsError> {
-        if self.node_id.is_empty() || self.node_id.contains(':') {
-            return Err(SettingsError::NodeId(self.node_id.clone()));
+        let store = &self.store;
+        if store.node_id.is_empty() || store.node_id.contains(':') {
+            return Err(SettingsError::NodeId(store.node_id.clone()));
         }
-        if self.scan_count == 0 || self.scan_work == 0 || self.scan_page_bytes == 0 {
+        if store.scan_count == 0 || store.scan_work == 0 || store.scan_page_bytes == 0 {
             return Err(SettingsError::ScanPage);
         }
-        Ok(Config {
-            node_id: self.node_id.clone(),
-            max_keys: self.max_keys,
-            max_bytes: self.max_bytes,
-            max_key_bytes: self.max_key_bytes,
-            max_value_bytes: self.max_value_bytes,
-            max_observations_per_client: self.max_observations_per_client,
-            max_observations: self.max_observations,
-            max_observed_key_bytes: self.max_observed_key_bytes,
-            max_skew_ms: self.max_skew_ms,
-            scan_count: self.scan_count,
-            max_pattern_bytes: self.max_pattern_bytes,
-            scan_work: self.scan_work,
-            scan_page_bytes: self.scan_page_bytes,
-        })
+        Ok(store.clone())
     }
 }
 
@@ -118,17 +71,27 @@ mod tests {
     use super::*;
 
     #[test]
-    fn defaults_match_the_core() {
-        let config = Settings::default().machine_config().unwrap();
-        assert_eq!(config, Config::default());
+    fn one_table_holds_the_core_and_the_shell() {
+        let settings: Settings =
+            toml::from_str("max_keys = 7\nscan_count = 3\nresponse_cache_entries = 5\n").unwrap();
+        let config = settings.machine_config().unwrap();
+        assert_eq!(config.max_keys, 7);
+        assert_eq!(config.scan_count, 3);
+        assert_eq!(config.max_bytes, Config::default().max_bytes);
+        assert_eq!(settings.response_cache_entries, 5);
+        assert_eq!(settings.response_cache_in_flight, 20_000);
+    }
+
+    #[test]
+    fn unknown_keys_are_refused() {
+        let err = toml::from_str::<Settings>("max_key = 7\n").unwrap_err();
+        assert!(err.to_string().contains("max_key"), "{err}");
     }
 
     #[test]
     fn node_id_with_colon_is_refused() {
-        let settings = Settings {
-            node_id: "a:b".into(),
-            ..Settings::default()
-        };
+        let mut settings = Settings::default();
+        settings.store.node_id = "a:b".into();
         assert!(matches!(
             settings.machine_config(),
             Err(SettingsError::NodeId(_))

@@ -244,11 +244,9 @@ async fn observe_set_delete_and_expiry() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn scan_pages_through_matching_keys() {
-    let (_broker, addr) = common::start_with(statehub_state_store_service::Settings {
-        scan_count: 7,
-        ..Default::default()
-    })
-    .await;
+    let mut settings = statehub_state_store_service::Settings::default();
+    settings.store.scan_count = 7;
+    let (_broker, addr) = common::start_with(settings).await;
     let sdk = Sdk::connect(addr, "sdk-scan");
     let s = &sdk.store;
     for i in 0..20 {

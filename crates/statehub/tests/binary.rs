@@ -13,7 +13,7 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{connect_tcp, run_to_exit, start, wait_exit};
+use common::{connect_tcp, run_to_exit, start, wait_exit, LOCAL};
 
 fn http_get(addr: SocketAddr, path: &str) -> String {
     let mut s = connect_tcp(addr);
@@ -52,13 +52,6 @@ fn temp_file(name: &str, contents: &str) -> PathBuf {
     std::fs::write(&path, contents).unwrap();
     path
 }
-
-const LOCAL: [&str; 4] = [
-    "--mqtt-listen",
-    "127.0.0.1:0",
-    "--http-listen",
-    "127.0.0.1:0",
-];
 
 #[test]
 fn healthz_answers_200_ok() {

@@ -7,30 +7,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{start, Server};
-use statehub_broker::codec::{
-    Connect, ConnectProperties, Packet, Publish, PublishProperties, QoS, ReasonCode, Subscribe,
-};
-use statehub_test_support::{bs, connect_packet, opts, publish, RawClient, V5};
-use tempfile::NamedTempFile;
-
-/// Starts the binary with `toml` as its config file.
-fn launch(toml: &str) -> (Server, NamedTempFile) {
-    let file = NamedTempFile::new().unwrap();
-    std::fs::write(file.path(), toml).unwrap();
-    let server = start(
-        &[
-            "--mqtt-listen",
-            "127.0.0.1:0",
-            "--http-listen",
-            "127.0.0.1:0",
-            "--config",
-            file.path().to_str().unwrap(),
-        ],
-        &[],
-    );
-    (server, file)
-}
+use common::{start_configured, Server};
+use statehub_broker::codec::{Packet, Publish, PublishProperties, QoS, ReasonCode, Subscribe};
+use statehub_test_support::{bs, connect_packet, opts, persistent_connect, publish, RawClient, V5};
 
 /// The process is up and a new client is served (CONNACK, a PUBLISH round trip).
 async fn assert_serving(server: &mut Server, what: &str) {
@@ -49,24 +28,13 @@ async fn assert_serving(server: &mut Server, what: &str) {
     c.disconnect().await;
 }
 
-fn persistent(client_id: &str, expiry: u32) -> Connect {
-    Connect {
-        clean_start: false,
-        properties: ConnectProperties {
-            session_expiry_interval: Some(expiry),
-            ..Default::default()
-        },
-        ..connect_packet(V5, client_id)
-    }
-}
-
 /// A filter of 10,000 levels (`a/a/…/a/#`, 20 KB) and a topic of 10,000 levels: the
 /// subscription and retained indexes used to recurse once per level and overflowed
 /// the worker's stack, aborting the process, on the matching PUBLISH, on UNSUBSCRIBE
 /// and when the session ended (disconnect, or expiry on its own).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ten_thousand_level_filters_and_topics_are_served() {
-    let (mut server, _config) = launch("[mqtt]\nmax_topic_levels = 20000\n");
+    let mut server = start_configured("[mqtt]\nmax_topic_levels = 20000\n", &[]);
     let filter = format!("{}#", "a/".repeat(10_000));
     let topic = format!("{}a", "a/".repeat(9_999));
     let mut sub = RawClient::connect(server.mqtt, V5, "deep-sub").await;
@@ -108,7 +76,8 @@ async fn ten_thousand_level_filters_and_topics_are_served() {
     // expiry.
     sub.subscribe(&filter, opts(QoS::AtLeastOnce)).await;
     sub.disconnect().await;
-    let (again, ack) = RawClient::connect_with(server.mqtt, persistent("deep-sub", 1)).await;
+    let (again, ack) =
+        RawClient::connect_with(server.mqtt, persistent_connect("deep-sub", 1)).await;
     assert!(!ack.session_present, "the session did not end");
     let mut again = again;
     again.subscribe(&filter, opts(QoS::AtLeastOnce)).await;
@@ -119,7 +88,8 @@ async fn ten_thousand_level_filters_and_topics_are_served() {
     let mut expired = false;
     for _ in 0..20 {
         tokio::time::sleep(Duration::from_millis(1500)).await;
-        let (c, ack) = RawClient::connect_with(server.mqtt, persistent("deep-sub", 0)).await;
+        let (c, ack) =
+            RawClient::connect_with(server.mqtt, persistent_connect("deep-sub", 0)).await;
         c.disconnect().await;
         if !ack.session_present {
             expired = true;
@@ -136,9 +106,10 @@ async fn ten_thousand_level_filters_and_topics_are_served() {
 /// served meanwhile: a new client gets its CONNACK before that SUBACK.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_heavy_subscribe_does_not_hold_up_other_connections() {
-    let (mut server, _config) = launch(
+    let mut server = start_configured(
         "mqtt_threads = 1\n[mqtt]\nmax_filters_per_subscribe = 5000\n\
          max_subscriptions_per_client = 5000\n",
+        &[],
     );
     let mut publisher = RawClient::connect(server.mqtt, V5, "filler").await;
     for j in 0..10_000 {
@@ -185,7 +156,7 @@ async fn a_heavy_subscribe_does_not_hold_up_other_connections() {
 /// place, and a real client got CONNACK 0x97. They do not count until CONNECT now.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn silent_sockets_do_not_lock_out_real_clients() {
-    let (mut server, _config) = launch("[mqtt]\nmax_connections = 50\n");
+    let mut server = start_configured("[mqtt]\nmax_connections = 50\n", &[]);
     let mut silent = Vec::new();
     for _ in 0..60 {
         silent.push(tokio::net::TcpStream::connect(server.mqtt).await.unwrap());
@@ -201,7 +172,7 @@ async fn silent_sockets_do_not_lock_out_real_clients() {
 /// to log a line at INFO every time, which any client can repeat at will.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reserved_response_topics_do_not_flood_the_log() {
-    let (server, _config) = launch("");
+    let server = start_configured("", &[]);
     for i in 0..3 {
         let mut c = RawClient::connect(server.mqtt, V5, &format!("reserved-{i}")).await;
         let request = Publish {

@@ -5,42 +5,19 @@ mod common;
 
 use std::time::Duration;
 
-use common::{start, Server};
+use common::{start_configured, start_local};
 use statehub_broker::codec::{Publish, QoS, ReasonCode};
 use statehub_test_support::{bs, opts, publish, RawClient, V5};
-
-fn launch() -> Server {
-    start(
-        &[
-            "--mqtt-listen",
-            "127.0.0.1:0",
-            "--http-listen",
-            "127.0.0.1:0",
-        ],
-        &[],
-    )
-}
-
-/// Resident set size of `server`'s process, in KiB.
-fn rss_kib(server: &Server) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{}/status", server.child.id()))
-        .expect("read /proc status");
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .expect("VmRSS in /proc status")
-}
 
 /// 10,000 retained messages of 10 bytes, each published in a read of its own (QoS 1,
 /// one at a time): each used to keep the whole read buffer it arrived in (8 KiB or
 /// more) alive for as long as it stayed retained.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_retained_message_holds_its_own_bytes_not_its_read_buffer() {
-    let server = launch();
+    let server = start_local(&[]);
     let mut c = RawClient::connect(server.mqtt, V5, "retainer").await;
     c.publish_simple("warm/up", QoS::AtLeastOnce, b"x").await;
-    let before = rss_kib(&server);
+    let before = server.rss_kib();
     const N: usize = 10_000;
     for i in 0..N {
         let p = Publish {
@@ -49,7 +26,7 @@ async fn a_retained_message_holds_its_own_bytes_not_its_read_buffer() {
         };
         c.publish(p).await;
     }
-    let grown = rss_kib(&server).saturating_sub(before);
+    let grown = server.rss_kib().saturating_sub(before);
     eprintln!("RSS +{grown} KiB for {N} retained messages");
     // About 1 KiB each (message, topic, index entry); 8 KiB each when pinned.
     assert!(
@@ -62,10 +39,10 @@ async fn a_retained_message_holds_its_own_bytes_not_its_read_buffer() {
 /// session each): it gets the per-client limit (1,000 by default), the rest 0x97.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_client_holds_at_most_the_subscription_limit() {
-    let server = launch();
+    let server = start_local(&[]);
     let mut c = RawClient::connect(server.mqtt, V5, "collector").await;
     c.ping().await;
-    let before = rss_kib(&server);
+    let before = server.rss_kib();
     let mut granted = 0;
     for chunk in 0..160 {
         let filters = (0..250)
@@ -78,7 +55,7 @@ async fn one_client_holds_at_most_the_subscription_limit() {
             .into_iter()
             .all(|r| *r == ReasonCode::QUOTA_EXCEEDED));
     }
-    let grown = rss_kib(&server).saturating_sub(before);
+    let grown = server.rss_kib().saturating_sub(before);
     eprintln!("RSS +{grown} KiB for 40,000 wildcard SUBSCRIBE filters, {granted} granted");
     assert_eq!(granted, 1000);
     // All granted, they took about 60 MiB.
@@ -89,12 +66,12 @@ async fn one_client_holds_at_most_the_subscription_limit() {
 /// its read and write buffers are released while it is idle.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_connection_costs_a_few_kib() {
-    let server = launch();
+    let server = start_local(&[]);
     let mut conns = Vec::new();
     for i in 0..200 {
         conns.push(RawClient::connect(server.mqtt, V5, &format!("warm-{i}")).await);
     }
-    let before = rss_kib(&server);
+    let before = server.rss_kib();
     const N: usize = 2000;
     for i in 0..N {
         let mut c = RawClient::connect(server.mqtt, V5, &format!("idle-{i}")).await;
@@ -102,7 +79,7 @@ async fn an_idle_connection_costs_a_few_kib() {
             .await;
         conns.push(c);
     }
-    let per = rss_kib(&server).saturating_sub(before) as f64 / N as f64;
+    let per = server.rss_kib().saturating_sub(before) as f64 / N as f64;
     eprintln!("RSS {per:.1} KiB per idle connection");
     assert!(per < 100.0, "{per:.1} KiB per idle connection");
 }
@@ -112,23 +89,10 @@ async fn an_idle_connection_costs_a_few_kib() {
 /// and only until the packet read deadline closes it (it used to be for ever).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_half_sent_packet_holds_its_size_until_its_deadline() {
-    let file = tempfile::NamedTempFile::new().unwrap();
-    std::fs::write(file.path(), "[mqtt]\npacket_read_timeout_secs = 4\n").unwrap();
-    let config = file.path().to_str().unwrap();
-    let server = start(
-        &[
-            "--mqtt-listen",
-            "127.0.0.1:0",
-            "--http-listen",
-            "127.0.0.1:0",
-            "--config",
-            config,
-        ],
-        &[],
-    );
+    let server = start_configured("[mqtt]\npacket_read_timeout_secs = 4\n", &[]);
     let mut probe = RawClient::connect(server.mqtt, V5, "probe").await;
     probe.ping().await;
-    let before = rss_kib(&server);
+    let before = server.rss_kib();
     const N: usize = 40;
     // PUBLISH QoS 0 of 1 MiB in all: remaining length 1,048,572 (0xFC 0xFF 0x3F).
     let remaining = 1024 * 1024 - 4;
@@ -143,7 +107,7 @@ async fn a_half_sent_packet_holds_its_size_until_its_deadline() {
         conns.push(c);
     }
     probe.ping().await;
-    let per = rss_kib(&server).saturating_sub(before) / N as u64;
+    let per = server.rss_kib().saturating_sub(before) / N as u64;
     eprintln!("RSS {per} KiB per connection holding a 1 MiB PUBLISH but its last byte");
     assert!(per < 1536, "{per} KiB per half-sent 1 MiB packet");
     for c in &mut conns {

@@ -22,7 +22,7 @@ use std::net::SocketAddr;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
-use common::{start, Rng, Server};
+use common::{resp, start_on, Rng, Server};
 use rumqttc::v5::mqttbytes::v5::{Packet, PublishProperties};
 use rumqttc::v5::mqttbytes::QoS;
 use rumqttc::v5::{AsyncClient, Event, MqttOptions};
@@ -54,16 +54,6 @@ struct Known {
     /// Version of the last acknowledged write (a DEL's too).
     acked_version: Option<String>,
     in_flight: Option<InFlight>,
-}
-
-fn resp(args: &[&[u8]]) -> Vec<u8> {
-    let mut out = format!("*{}\r\n", args.len()).into_bytes();
-    for a in args {
-        out.extend_from_slice(format!("${}\r\n", a.len()).as_bytes());
-        out.extend_from_slice(a);
-        out.extend_from_slice(b"\r\n");
-    }
-    out
 }
 
 fn now_ts() -> String {
@@ -314,19 +304,7 @@ fn launch(dir: &std::path::Path, iteration: u32) -> Server {
     } else {
         "interval=50"
     };
-    start(
-        &[
-            "--mqtt-listen",
-            "127.0.0.1:0",
-            "--http-listen",
-            "127.0.0.1:0",
-            "--data-dir",
-            dir.to_str().unwrap(),
-            "--sync",
-            sync,
-        ],
-        &[],
-    )
+    start_on(dir, &["--sync", sync])
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -18,7 +18,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use common::{command, start, wait_exit, Server};
+use common::{command, start, start_configured, start_on, wait_exit, Server, LOCAL};
 use raw::{key, scan, Raw};
 
 /// Keys with 900 KiB values, enough to push a table file out of memory.
@@ -27,22 +27,15 @@ const BIG: usize = 24;
 const SMALL: usize = 40;
 
 fn args(dir: &Path) -> Vec<String> {
-    [
-        "--mqtt-listen",
-        "127.0.0.1:0",
-        "--http-listen",
-        "127.0.0.1:0",
-        "--data-dir",
-    ]
-    .iter()
-    .map(|s| (*s).to_owned())
-    .chain([dir.display().to_string()])
-    .collect()
+    LOCAL
+        .iter()
+        .map(|s| (*s).to_owned())
+        .chain(["--data-dir".to_owned(), dir.display().to_string()])
+        .collect()
 }
 
 fn launch(dir: &Path) -> Server {
-    let args = args(dir);
-    start(&args.iter().map(String::as_str).collect::<Vec<_>>(), &[])
+    start_on(dir, &[])
 }
 
 /// Writes the keys one acknowledged SET at a time, then stops the server gracefully.
@@ -284,12 +277,7 @@ fn data_dir_and_sync_come_from_flags_environment_or_file() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("from-env");
     let server = start(
-        &[
-            "--mqtt-listen",
-            "127.0.0.1:0",
-            "--http-listen",
-            "127.0.0.1:0",
-        ],
+        &LOCAL,
         &[
             ("STATEHUB_DATA_DIR", data.to_str().unwrap()),
             ("STATEHUB_SYNC", "interval=20"),
@@ -306,24 +294,11 @@ fn data_dir_and_sync_come_from_flags_environment_or_file() {
     drop(server);
 
     let data = dir.path().join("from-file");
-    let config = dir.path().join("statehub.toml");
-    std::fs::write(
-        &config,
-        format!(
+    let server = start_configured(
+        &format!(
             "data_dir = {:?}\nsync = \"always\"\n",
             data.display().to_string()
         ),
-    )
-    .unwrap();
-    let server = start(
-        &[
-            "--mqtt-listen",
-            "127.0.0.1:0",
-            "--http-listen",
-            "127.0.0.1:0",
-            "--config",
-            config.to_str().unwrap(),
-        ],
         &[],
     );
     let log = &server.startup;

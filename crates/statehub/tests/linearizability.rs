@@ -16,7 +16,7 @@ mod lincheck;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use common::start;
+use common::{start, LOCAL};
 use lincheck::check_history;
 use lincheck::client::{run_client, since, Recorded, Shared};
 use lincheck::model::Ret;
@@ -25,12 +25,6 @@ const CLIENTS: usize = 5;
 const KEYS: usize = 3;
 /// Per key; the checker answers in milliseconds on these histories.
 const CHECK_BUDGET: Duration = Duration::from_secs(60);
-const LOCAL: [&str; 4] = [
-    "--mqtt-listen",
-    "127.0.0.1:0",
-    "--http-listen",
-    "127.0.0.1:0",
-];
 
 fn seed() -> u64 {
     let seed = std::env::var("LIN_SEED")

@@ -11,68 +11,36 @@ mod common;
 use std::path::Path;
 use std::time::Duration;
 
-use common::{start, Server};
-use statehub_broker::codec::{Connect, ConnectProperties, Packet, ProtocolVersion, QoS};
+use common::{start_configured, Server};
+use statehub_broker::codec::{Packet, QoS};
 use statehub_test_support::v5pub::{publish_each, PubAckReason};
-use statehub_test_support::{opts, Event, RawClient, QUIET, WAIT};
+use statehub_test_support::{opts, persistent_connect, Event, RawClient, QUIET, WAIT};
 
 const CAP: usize = 10;
 
 /// Starts statehub on `dir` (data in `dir/data`) with a queue of 10 per session and
 /// `policy`.
 fn launch(dir: &Path, policy: &str) -> Server {
-    let config = dir.join("statehub.toml");
-    std::fs::write(
-        &config,
-        format!("[mqtt]\nmax_queued_messages = {CAP}\nqueue_full_policy = \"{policy}\"\n"),
+    start_configured(
+        &format!("[mqtt]\nmax_queued_messages = {CAP}\nqueue_full_policy = \"{policy}\"\n"),
+        &["--data-dir", dir.join("data").to_str().unwrap()],
     )
-    .unwrap();
-    let data = dir.join("data");
-    start(
-        &[
-            "--mqtt-listen",
-            "127.0.0.1:0",
-            "--http-listen",
-            "127.0.0.1:0",
-            "--data-dir",
-            data.to_str().unwrap(),
-            "--config",
-            config.to_str().unwrap(),
-        ],
-        &[],
-    )
-}
-
-fn kill(mut server: Server) {
-    server.child.kill().unwrap();
-    server.child.wait().unwrap();
-}
-
-fn persistent(id: &str) -> Connect {
-    Connect {
-        clean_start: false,
-        properties: ConnectProperties {
-            session_expiry_interval: Some(600),
-            ..Default::default()
-        },
-        ..statehub_test_support::connect_packet(ProtocolVersion::V5, id)
-    }
 }
 
 /// Starts statehub with a persistent subscriber to `t` that is offline for sure (the
 /// server was restarted since it left).
 async fn with_offline_subscriber(dir: &Path, policy: &str) -> Server {
     let server = launch(dir, policy);
-    let (mut s, _) = RawClient::connect_with(server.mqtt, persistent("sub")).await;
+    let (mut s, _) = RawClient::connect_with(server.mqtt, persistent_connect("sub", 600)).await;
     s.subscribe("t", opts(QoS::AtLeastOnce)).await;
     s.disconnect().await;
-    kill(server);
+    server.kill();
     launch(dir, policy)
 }
 
 /// Resumes the subscriber and returns the payloads it gets, in order.
 async fn come_back(server: &Server) -> Vec<String> {
-    let (mut s, ack) = RawClient::connect_with(server.mqtt, persistent("sub")).await;
+    let (mut s, ack) = RawClient::connect_with(server.mqtt, persistent_connect("sub", 600)).await;
     assert!(ack.session_present);
     let mut got = Vec::new();
     while let Event::Packet(Packet::Publish(p)) = s.next_event(QUIET).await {
@@ -112,12 +80,12 @@ async fn drop_oldest_deletes_what_it_drops_from_the_store() {
         ),
         "the drop is logged, naming the session"
     );
-    kill(server);
+    server.kill();
     // Restored messages go the same way, and stay gone after another restart.
     let server = launch(dir.path(), "drop-oldest");
     let reasons = publish_each(server.mqtt, "pub", "t", &names(15..18)).await;
     assert_eq!(reasons, vec![PubAckReason::Success; 3]);
-    kill(server);
+    server.kill();
     let server = launch(dir.path(), "drop-oldest");
     assert_eq!(come_back(&server).await, names(8..18));
 }
@@ -132,7 +100,7 @@ async fn drop_newest_keeps_the_first_ten_across_a_sigkill() {
         &server,
         &["WARN", "client=\"sub\"", "new QoS 1/2 message dropped"]
     ));
-    kill(server);
+    server.kill();
     let server = launch(dir.path(), "drop-newest");
     assert_eq!(come_back(&server).await, names(0..10));
 }
@@ -149,7 +117,7 @@ async fn refuse_acknowledges_only_what_the_store_holds() {
         &server,
         &["WARN", "client=\"sub\"", "PUBLISH refused"]
     ));
-    kill(server);
+    server.kill();
     let server = launch(dir.path(), "refuse");
     assert_eq!(come_back(&server).await, names(0..10));
 }
@@ -184,7 +152,7 @@ async fn refuse_closes_an_mqtt_311_publisher_at_the_first_message_it_cannot_take
         .expect("the connection closes");
     assert_eq!(acked, CAP, "m0..m9 acknowledged, m10 not");
     drop(el);
-    kill(server);
+    server.kill();
     let server = launch(dir.path(), "refuse");
     assert_eq!(come_back(&server).await, names(0..10));
 }

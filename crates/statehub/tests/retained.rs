@@ -13,7 +13,7 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
-use common::{start, Rng, Server};
+use common::{start_on, Rng, Server};
 use rumqttc::v5::mqttbytes::v5::{Packet, PublishProperties};
 use rumqttc::v5::mqttbytes::QoS;
 use rumqttc::v5::{AsyncClient, Event, MqttOptions};
@@ -21,19 +21,7 @@ use tokio::sync::mpsc;
 use tokio::time::timeout;
 
 fn launch(dir: &Path, sync: &str) -> Server {
-    start(
-        &[
-            "--mqtt-listen",
-            "127.0.0.1:0",
-            "--http-listen",
-            "127.0.0.1:0",
-            "--data-dir",
-            dir.to_str().unwrap(),
-            "--sync",
-            sync,
-        ],
-        &[],
-    )
+    start_on(dir, &["--sync", sync])
 }
 
 /// What a client sees: publishes and the packet ids acknowledged.

@@ -20,7 +20,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::BytesMut;
-use common::{start, Rng, Server};
+use common::{start_on, Rng, Server};
 use statehub_broker::codec::{
     Connect, ConnectProperties, Packet, ProtocolVersion, PubResponse, Publish, QoS,
     SubscriptionOptions,
@@ -32,19 +32,7 @@ const WRITERS: u32 = 3;
 const LONG: Duration = Duration::from_secs(5);
 
 fn launch(dir: &Path, sync: &str) -> Server {
-    start(
-        &[
-            "--mqtt-listen",
-            "127.0.0.1:0",
-            "--http-listen",
-            "127.0.0.1:0",
-            "--data-dir",
-            dir.to_str().unwrap(),
-            "--sync",
-            sync,
-        ],
-        &[],
-    )
+    start_on(dir, &["--sync", sync])
 }
 
 async fn send(c: &mut RawClient, p: &Packet) -> bool {

@@ -8,33 +8,9 @@ mod common;
 use std::path::Path;
 use std::time::Duration;
 
-use common::{start, Server};
-use statehub_broker::codec::{
-    Connect, ConnectProperties, Packet, ProtocolVersion, QoS, ReasonCode,
-};
-use statehub_test_support::{opts, publish, RawClient};
-
-fn persistent(client_id: &str) -> Connect {
-    Connect {
-        clean_start: false,
-        properties: ConnectProperties {
-            session_expiry_interval: Some(600),
-            ..Default::default()
-        },
-        ..statehub_test_support::connect_packet(ProtocolVersion::V5, client_id)
-    }
-}
-
-/// Resident set size of `server`'s process, in KiB.
-fn rss_kib(server: &Server) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{}/status", server.child.id()))
-        .expect("read /proc status");
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .expect("VmRSS in /proc status")
-}
+use common::{start_configured, start_on, Server};
+use statehub_broker::codec::{Packet, ProtocolVersion, QoS, ReasonCode};
+use statehub_test_support::{opts, persistent_connect, publish, RawClient};
 
 /// Bytes `server` has passed to `write` calls so far (its journal, mostly: the sockets
 /// of the scenarios below carry only acknowledgements).
@@ -67,7 +43,8 @@ fn dir_bytes(dir: &Path) -> u64 {
 async fn offline_subscribers(server: &Server, n: usize) {
     for i in 0..n {
         let (mut s, ack) =
-            RawClient::connect_with(server.mqtt, persistent(&format!("off-{i}"))).await;
+            RawClient::connect_with(server.mqtt, persistent_connect(&format!("off-{i}"), 600))
+                .await;
         assert_eq!(ack.reason_code, ReasonCode::SUCCESS, "session {i}: {ack:?}");
         s.subscribe("#", opts(QoS::AtLeastOnce)).await;
         s.disconnect().await;
@@ -96,34 +73,21 @@ async fn flood(c: &mut RawClient, count: usize, size: usize, window: usize) {
 async fn offline_sessions_on_everything_hold_no_more_than_the_total_queue_bound() {
     const SESSIONS: usize = 100;
     const MESSAGES: usize = 5_000;
-    let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("statehub.toml");
-    std::fs::write(
-        &config,
+    let server = start_configured(
         "[mqtt]\nmax_total_queued_messages = 20000\nmax_persistent_sessions = 100\n",
-    )
-    .unwrap();
-    let server = start(
-        &[
-            "--mqtt-listen",
-            "127.0.0.1:0",
-            "--http-listen",
-            "127.0.0.1:0",
-            "--config",
-            config.to_str().unwrap(),
-        ],
         &[],
     );
     offline_subscribers(&server, SESSIONS).await;
-    let (mut over, ack) = RawClient::connect_with(server.mqtt, persistent("one-more")).await;
+    let (mut over, ack) =
+        RawClient::connect_with(server.mqtt, persistent_connect("one-more", 600)).await;
     assert_eq!(ack.reason_code, ReasonCode::QUOTA_EXCEEDED, "{ack:?}");
     over.expect_closed().await;
 
     let mut publisher = RawClient::connect(server.mqtt, ProtocolVersion::V5, "flood").await;
     flood(&mut publisher, 100, 10, 100).await;
-    let before = rss_kib(&server);
+    let before = server.rss_kib();
     flood(&mut publisher, MESSAGES, 10, 100).await;
-    let grown = rss_kib(&server).saturating_sub(before);
+    let grown = server.rss_kib().saturating_sub(before);
     eprintln!("RSS +{grown} KiB for {SESSIONS} offline sessions x {MESSAGES} messages of 10 bytes");
     // Unbounded, each of the 500,000 deliveries held about 150 bytes: +75 MB and more.
     assert!(
@@ -142,19 +106,7 @@ async fn a_message_for_many_persistent_sessions_is_stored_once() {
     const SIZE: usize = 25_000;
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
-    let launch = || {
-        start(
-            &[
-                "--mqtt-listen",
-                "127.0.0.1:0",
-                "--http-listen",
-                "127.0.0.1:0",
-                "--data-dir",
-                data.to_str().unwrap(),
-            ],
-            &[],
-        )
-    };
+    let launch = || start_on(&data, &[]);
     let server = launch();
     offline_subscribers(&server, SESSIONS).await;
     let (size_before, written_before) = (dir_bytes(&data), written(&server));
@@ -185,7 +137,8 @@ async fn a_message_for_many_persistent_sessions_is_stored_once() {
     let server = launch();
     for i in [0, SESSIONS - 1] {
         let (mut s, ack) =
-            RawClient::connect_with(server.mqtt, persistent(&format!("off-{i}"))).await;
+            RawClient::connect_with(server.mqtt, persistent_connect(&format!("off-{i}"), 600))
+                .await;
         assert!(ack.session_present);
         for _ in 0..MESSAGES {
             let p = s.expect_publish().await;

@@ -12,29 +12,14 @@ mod common;
 use std::path::Path;
 use std::time::Duration;
 
-use common::{start, Server};
+use common::{start_on, Server};
 use statehub_broker::codec::{
-    Connect, ConnectProperties, Packet, ProtocolVersion, PubResponse, Publish, QoS, ReasonCode,
+    Connect, Packet, ProtocolVersion, PubResponse, Publish, QoS, ReasonCode,
 };
-use statehub_test_support::{bs, opts, RawClient};
+use statehub_test_support::{bs, opts, persistent_connect, RawClient};
 
 fn launch(dir: &Path) -> Server {
-    start(
-        &[
-            "--mqtt-listen",
-            "127.0.0.1:0",
-            "--http-listen",
-            "127.0.0.1:0",
-            "--data-dir",
-            dir.to_str().unwrap(),
-        ],
-        &[],
-    )
-}
-
-fn kill(mut server: Server) {
-    server.child.kill().unwrap();
-    server.child.wait().unwrap();
+    start_on(dir, &[])
 }
 
 fn terminate(mut server: Server) {
@@ -44,19 +29,9 @@ fn terminate(mut server: Server) {
     common::wait_exit(&mut server.child, Duration::from_secs(10));
 }
 
-fn persistent(client_id: &str, expiry: u32) -> Connect {
-    Connect {
-        clean_start: false,
-        properties: ConnectProperties {
-            session_expiry_interval: Some(expiry),
-            ..Default::default()
-        },
-        ..statehub_test_support::connect_packet(ProtocolVersion::V5, client_id)
-    }
-}
-
 async fn resume(server: &Server, client_id: &str, expiry: u32) -> (RawClient, bool) {
-    let (c, ack) = RawClient::connect_with(server.mqtt, persistent(client_id, expiry)).await;
+    let (c, ack) =
+        RawClient::connect_with(server.mqtt, persistent_connect(client_id, expiry)).await;
     assert_eq!(ack.reason_code, ReasonCode::SUCCESS, "{ack:?}");
     (c, ack.session_present)
 }
@@ -100,7 +75,7 @@ async fn queued_messages_and_subscriptions_survive_sigkill_and_restart() {
             .await,
         ReasonCode::NO_MATCHING_SUBSCRIBERS
     );
-    kill(server);
+    server.kill();
 
     let server = launch(dir.path());
     assert!(
@@ -181,7 +156,7 @@ async fn in_flight_qos2_keeps_its_packet_id_and_its_stage_across_sigkills() {
     let second = sub.expect_publish().await;
     assert!(!first.dup);
     let (id1, id2) = (first.packet_id.unwrap(), second.packet_id.unwrap());
-    kill(server);
+    server.kill();
 
     let server = launch(dir.path());
     let (mut sub, present) = resume(&server, "sub2", 3600).await;
@@ -203,7 +178,7 @@ async fn in_flight_qos2_keeps_its_packet_id_and_its_stage_across_sigkills() {
         (payload(&again2), again2.packet_id),
         ("two".into(), Some(id2))
     );
-    kill(server);
+    server.kill();
 
     // The first was released: it comes back as a PUBREL, never again as a PUBLISH.
     let server = launch(dir.path());
@@ -218,7 +193,7 @@ async fn in_flight_qos2_keeps_its_packet_id_and_its_stage_across_sigkills() {
     assert_eq!((payload(&p), p.packet_id), ("two".into(), Some(id2)));
     sub.ack(&p).await;
     sub.disconnect().await;
-    kill(server);
+    server.kill();
 
     // The PUBCOMP's deletion may not have reached the disk before the kill (nothing
     // waits for it): then the PUBREL comes again, which the protocol allows, but
@@ -265,7 +240,7 @@ async fn a_qos2_receipt_survives_so_a_resent_publish_is_a_duplicate() {
         )
         .await;
     assert_eq!(payload(&watcher.expect_publish_ack().await), "once");
-    kill(server);
+    server.kill();
 
     let server = launch(dir.path());
     let (mut watcher, _) = resume(&server, "watcher", 3600).await;
@@ -320,7 +295,7 @@ async fn expiry_clocks_count_the_time_statehub_was_down() {
     }
     // Connected when killed: its clock starts when statehub is back.
     let (_connected, _) = resume(&server, "connected", 2).await;
-    kill(server);
+    server.kill();
     tokio::time::sleep(Duration::from_millis(1_500)).await;
 
     let server = launch(dir.path());
@@ -357,13 +332,13 @@ async fn clean_start_forgets_the_stored_session() {
         server.mqtt,
         Connect {
             clean_start: true,
-            ..persistent("c", 3600)
+            ..persistent_connect("c", 3600)
         },
     )
     .await;
     assert!(!ack.session_present);
     c.disconnect().await;
-    kill(server);
+    server.kill();
 
     let server = launch(dir.path());
     let (mut c, present) = resume(&server, "c", 3600).await;
@@ -396,7 +371,7 @@ async fn mqtt_311_sessions_without_clean_session_are_kept_too() {
             .await,
         ReasonCode::SUCCESS
     );
-    kill(server);
+    server.kill();
 
     let server = launch(dir.path());
     let (mut c, ack) = RawClient::connect_with(server.mqtt, v311).await;

@@ -6,7 +6,7 @@ mod common;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use common::{start, Server};
+use common::{rss_kib, start_configured, Server};
 use futures_util::{SinkExt, StreamExt};
 use statehub_webpubsub::{issue_client_token, ClientClaims};
 use tokio::net::TcpStream;
@@ -27,25 +27,11 @@ const SUBPROTOCOLS: [Option<&str>; 5] = [
 type Ws = WebSocketStream<MaybeTlsStream<TcpStream>>;
 
 /// The binary with Web PubSub on and these `[webpubsub.limits]` lines.
-fn start_wps(name: &str, limits: &str) -> Server {
-    let path =
-        std::env::temp_dir().join(format!("statehub-test-{}-{name}.toml", std::process::id()));
-    let config =
-        format!("[webpubsub]\naccess_keys = [\"{KEY}\"]\n\n[webpubsub.limits]\n{limits}\n");
-    std::fs::write(&path, config).unwrap();
-    let server = start(
-        &[
-            "--mqtt-listen",
-            "127.0.0.1:0",
-            "--http-listen",
-            "127.0.0.1:0",
-            "--config",
-            path.to_str().unwrap(),
-        ],
+fn start_wps(limits: &str) -> Server {
+    start_configured(
+        &format!("[webpubsub]\naccess_keys = [\"{KEY}\"]\n\n[webpubsub.limits]\n{limits}\n"),
         &[],
-    );
-    let _ = std::fs::remove_file(&path);
-    server
+    )
 }
 
 async fn connect(addr: SocketAddr, protocol: Option<&str>) -> Ws {
@@ -83,7 +69,7 @@ async fn close_code(ws: &mut futures_util::stream::SplitStream<Ws>) -> Option<u1
 
 #[tokio::test]
 async fn an_oversize_frame_is_closed_with_1009_on_every_subprotocol() {
-    let server = start_wps("oversize", "max_frame_bytes = 65536");
+    let server = start_wps("max_frame_bytes = 65536");
     for protocol in SUBPROTOCOLS {
         let ws = connect(server.http, protocol).await;
         let (mut sink, mut stream) = ws.split();
@@ -107,16 +93,6 @@ async fn an_oversize_frame_is_closed_with_1009_on_every_subprotocol() {
     }
 }
 
-/// The server's resident memory, from /proc.
-fn rss_kib(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .expect("VmRSS")
-}
-
 /// Opens `n` reliable JSON connections and reads each one's `connected` message.
 async fn idle_connections(addr: SocketAddr, n: usize) -> Vec<Ws> {
     let mut all = Vec::with_capacity(n);
@@ -134,7 +110,7 @@ async fn idle_connections(addr: SocketAddr, n: usize) -> Vec<Ws> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_websocket_holds_little_memory() {
     const N: usize = 500;
-    let server = start_wps("rss", "");
+    let server = start_wps("");
     let pid = server.child.id();
     // One connection first, so the hub and the runtime's lazy parts exist.
     let first = idle_connections(server.http, 1).await;

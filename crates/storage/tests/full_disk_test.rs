@@ -7,49 +7,10 @@
 //! store reports why) and nothing completes; once space is freed, the same writes
 //! complete without a restart, in order, and a reopened store holds every one of them.
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use statehub_storage::{Batch, Options, StorageError, Store};
-
-/// A tmpfs of `size` bytes mounted on a temporary directory, unmounted on drop.
-struct Tmpfs {
-    dir: tempfile::TempDir,
-}
-
-impl Tmpfs {
-    fn mount(size: u64) -> Option<Tmpfs> {
-        let dir = tempfile::tempdir().ok()?;
-        let status = Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
-            .arg(dir.path())
-            .stderr(std::process::Stdio::null())
-            .status()
-            .ok()?;
-        status.success().then_some(Tmpfs { dir })
-    }
-
-    fn path(&self) -> &Path {
-        self.dir.path()
-    }
-}
-
-impl Drop for Tmpfs {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg(self.dir.path()).status();
-    }
-}
-
-/// Fills the file system holding `dir` with a file of zeros until a write fails.
-fn fill_up(dir: &Path) -> PathBuf {
-    use std::io::Write;
-    let path = dir.join("filler");
-    let mut file = std::fs::File::create(&path).unwrap();
-    let block = vec![0u8; 4096];
-    while file.write_all(&block).and_then(|()| file.flush()).is_ok() {}
-    path
-}
+use statehub_test_support::tmpfs::{fill_up, Tmpfs};
 
 fn batch(store: &Store, i: u32) -> Batch {
     let t = store.table("t").unwrap();
@@ -84,7 +45,7 @@ fn a_full_file_system_stalls_writes_and_they_complete_when_space_returns() {
         ticket.wait().unwrap();
         tickets.push(ticket);
     }
-    let filler = fill_up(fs.path());
+    let filler = fill_up(fs.path(), 4096);
     // The segment being written has room (its zeros were written in advance); past it a
     // new segment needs space, and the compactor could not write a spare.
     let mut i = 10;

@@ -1,7 +1,7 @@
 //! Helpers shared by the broker's integration tests and the binary's session tests
 //! (a dev-dependency only): an in-process broker on a free port, a raw MQTT client over
 //! TCP built on our codec (for exact protocol checks), and thin wrappers around rumqttc
-//! (v5 and 3.1.1) for end-to-end checks.
+//! (v5 and 3.1.1) for end-to-end checks, and a real full disk ([`tmpfs`]).
 //!
 //! Every wait is bounded: `expect*` panic after [`WAIT`] unless told otherwise.
 
@@ -41,12 +41,18 @@ pub async fn start_with_clock(cfg: BrokerConfig) -> (Broker, SocketAddr, ManualC
 
 async fn start_broker_on(cfg: BrokerConfig, clock: Clock) -> (Broker, SocketAddr) {
     let broker = Broker::with_clock(cfg, clock);
+    let addr = listen(&broker).await;
+    (broker, addr)
+}
+
+/// Serves `broker` on 127.0.0.1:0 (MQTT over TCP) from a task; returns the address.
+pub async fn listen(broker: &Broker) -> SocketAddr {
     let l = MqttListener::bind(broker.clone(), "127.0.0.1:0".parse().unwrap())
         .await
         .unwrap();
     let addr = l.local_addr().unwrap();
     tokio::spawn(l.serve(Duration::from_secs(1)));
-    (broker, addr)
+    addr
 }
 
 pub async fn start_default() -> (Broker, SocketAddr) {
@@ -68,6 +74,31 @@ pub fn connect_packet(version: ProtocolVersion, client_id: &str) -> Connect {
         password: None,
         will: None,
         properties: ConnectProperties::default(),
+    }
+}
+
+/// A RESP array of bulk strings: a state store request's payload as the SDKs write it,
+/// encoded here apart from the store's own encoder.
+pub fn resp(args: &[&[u8]]) -> Vec<u8> {
+    let mut out = format!("*{}\r\n", args.len()).into_bytes();
+    for a in args {
+        out.extend_from_slice(format!("${}\r\n", a.len()).as_bytes());
+        out.extend_from_slice(a);
+        out.extend_from_slice(b"\r\n");
+    }
+    out
+}
+
+/// An MQTT 5 CONNECT of a persistent session: clean start off and a session expiry of
+/// `expiry` seconds.
+pub fn persistent_connect(client_id: &str, expiry: u32) -> Connect {
+    Connect {
+        clean_start: false,
+        properties: ConnectProperties {
+            session_expiry_interval: Some(expiry),
+            ..Default::default()
+        },
+        ..connect_packet(V5, client_id)
     }
 }
 
@@ -467,3 +498,4 @@ pub async fn wait_until(within: Duration, mut cond: impl FnMut() -> bool) -> boo
 
 mod rumqtt;
 pub use rumqtt::{v4c, v5c, v5pub};
+pub mod tmpfs;

@@ -1,6 +1,76 @@
 //! Thin wrappers around rumqttc 0.24 (MQTT 5 and 3.1.1): the event loop runs in a
 //! task that forwards every incoming packet to a channel; every wait is bounded.
 
+/// The client of one protocol version: rumqttc's MQTT 5 and 3.1.1 clients are distinct
+/// types with the same methods, so one body serves both modules, which import the
+/// names it uses (`AsyncClient`, `MqttOptions`, `Event`, `Incoming`, `In`, `InPublish`).
+macro_rules! client {
+    ($version:literal) => {
+        pub fn options(addr: SocketAddr, id: &str) -> MqttOptions {
+            let mut o = MqttOptions::new(id, addr.ip().to_string(), addr.port());
+            o.set_keep_alive(Duration::from_secs(30));
+            o
+        }
+
+        /// Starts the client and waits for its CONNACK.
+        pub async fn connect(o: MqttOptions) -> (AsyncClient, mpsc::UnboundedReceiver<In>) {
+            let (client, mut el) = AsyncClient::new(o, 100);
+            let (tx, mut rx) = mpsc::unbounded_channel();
+            tokio::spawn(async move {
+                loop {
+                    match el.poll().await {
+                        Ok(Event::Incoming(p)) => {
+                            if tx.send(p).is_err() {
+                                return;
+                            }
+                        }
+                        Ok(Event::Outgoing(_)) => {}
+                        Err(_) => return,
+                    }
+                }
+            });
+            match timeout(WAIT, rx.recv()).await {
+                Ok(Some(Incoming::ConnAck(_))) => {}
+                other => panic!(
+                    concat!("rumqttc ", $version, ": expected CONNACK, got {:?}"),
+                    other
+                ),
+            }
+            (client, rx)
+        }
+
+        /// Next PUBLISH, skipping other packets.
+        pub async fn next_publish(rx: &mut mpsc::UnboundedReceiver<In>) -> InPublish {
+            let deadline = Instant::now() + WAIT;
+            loop {
+                match tokio::time::timeout_at(deadline, rx.recv()).await {
+                    Ok(Some(In::Publish(p))) => return p,
+                    Ok(Some(_)) => {}
+                    other => panic!(
+                        concat!("rumqttc ", $version, ": expected PUBLISH, got {:?}"),
+                        other
+                    ),
+                }
+            }
+        }
+
+        /// Waits for the SUBACK of the latest subscribe.
+        pub async fn next_suback(rx: &mut mpsc::UnboundedReceiver<In>) {
+            let deadline = Instant::now() + WAIT;
+            loop {
+                match tokio::time::timeout_at(deadline, rx.recv()).await {
+                    Ok(Some(In::SubAck(_))) => return,
+                    Ok(Some(_)) => {}
+                    other => panic!(
+                        concat!("rumqttc ", $version, ": expected SUBACK, got {:?}"),
+                        other
+                    ),
+                }
+            }
+        }
+    };
+}
+
 pub mod v5c {
     //! rumqttc's MQTT 5 client, its event loop driven by a task that forwards
     //! every incoming packet to a channel.
@@ -13,59 +83,7 @@ pub mod v5c {
     use rumqttc::v5::{Event, Incoming};
     use tokio::sync::mpsc;
 
-    pub fn options(addr: SocketAddr, id: &str) -> MqttOptions {
-        let mut o = MqttOptions::new(id, addr.ip().to_string(), addr.port());
-        o.set_keep_alive(Duration::from_secs(30));
-        o
-    }
-
-    /// Starts the client and waits for its CONNACK.
-    pub async fn connect(o: MqttOptions) -> (AsyncClient, mpsc::UnboundedReceiver<In>) {
-        let (client, mut el) = AsyncClient::new(o, 100);
-        let (tx, mut rx) = mpsc::unbounded_channel();
-        tokio::spawn(async move {
-            loop {
-                match el.poll().await {
-                    Ok(Event::Incoming(p)) => {
-                        if tx.send(p).is_err() {
-                            return;
-                        }
-                    }
-                    Ok(Event::Outgoing(_)) => {}
-                    Err(_) => return,
-                }
-            }
-        });
-        match timeout(WAIT, rx.recv()).await {
-            Ok(Some(Incoming::ConnAck(_))) => {}
-            other => panic!("rumqttc v5: expected CONNACK, got {other:?}"),
-        }
-        (client, rx)
-    }
-
-    /// Next PUBLISH, skipping other packets.
-    pub async fn next_publish(rx: &mut mpsc::UnboundedReceiver<In>) -> InPublish {
-        let deadline = Instant::now() + WAIT;
-        loop {
-            match tokio::time::timeout_at(deadline, rx.recv()).await {
-                Ok(Some(In::Publish(p))) => return p,
-                Ok(Some(_)) => {}
-                other => panic!("rumqttc v5: expected PUBLISH, got {other:?}"),
-            }
-        }
-    }
-
-    /// Waits for the SUBACK of the latest subscribe.
-    pub async fn next_suback(rx: &mut mpsc::UnboundedReceiver<In>) {
-        let deadline = Instant::now() + WAIT;
-        loop {
-            match tokio::time::timeout_at(deadline, rx.recv()).await {
-                Ok(Some(In::SubAck(_))) => return,
-                Ok(Some(_)) => {}
-                other => panic!("rumqttc v5: expected SUBACK, got {other:?}"),
-            }
-        }
-    }
+    client!("v5");
 }
 
 pub mod v5pub {
@@ -74,7 +92,7 @@ pub mod v5pub {
     use rumqttc::v5::mqttbytes::v5::Packet as In;
     pub use rumqttc::v5::mqttbytes::v5::PubAckReason;
     use rumqttc::v5::mqttbytes::QoS;
-    use rumqttc::v5::{AsyncClient, ConnectionError, Event, EventLoop, MqttOptions, StateError};
+    use rumqttc::v5::{AsyncClient, ConnectionError, Event, EventLoop, StateError};
 
     /// Publishes each of `payloads` on `topic` at QoS 1 as client `id`, one at a time,
     /// and returns each PUBACK's reason.
@@ -84,9 +102,7 @@ pub mod v5pub {
         topic: &str,
         payloads: &[String],
     ) -> Vec<PubAckReason> {
-        let mut o = MqttOptions::new(id, addr.ip().to_string(), addr.port());
-        o.set_keep_alive(Duration::from_secs(30));
-        let (client, mut el) = AsyncClient::new(o, 10);
+        let (client, mut el) = AsyncClient::new(super::v5c::options(addr, id), 10);
         let mut reasons = Vec::new();
         for p in payloads {
             client
@@ -124,54 +140,5 @@ pub mod v4c {
     use rumqttc::{Event, Incoming};
     use tokio::sync::mpsc;
 
-    pub fn options(addr: SocketAddr, id: &str) -> MqttOptions {
-        let mut o = MqttOptions::new(id, addr.ip().to_string(), addr.port());
-        o.set_keep_alive(Duration::from_secs(30));
-        o
-    }
-
-    pub async fn connect(o: MqttOptions) -> (AsyncClient, mpsc::UnboundedReceiver<In>) {
-        let (client, mut el) = AsyncClient::new(o, 100);
-        let (tx, mut rx) = mpsc::unbounded_channel();
-        tokio::spawn(async move {
-            loop {
-                match el.poll().await {
-                    Ok(Event::Incoming(p)) => {
-                        if tx.send(p).is_err() {
-                            return;
-                        }
-                    }
-                    Ok(Event::Outgoing(_)) => {}
-                    Err(_) => return,
-                }
-            }
-        });
-        match timeout(WAIT, rx.recv()).await {
-            Ok(Some(Incoming::ConnAck(_))) => {}
-            other => panic!("rumqttc v4: expected CONNACK, got {other:?}"),
-        }
-        (client, rx)
-    }
-
-    pub async fn next_publish(rx: &mut mpsc::UnboundedReceiver<In>) -> InPublish {
-        let deadline = Instant::now() + WAIT;
-        loop {
-            match tokio::time::timeout_at(deadline, rx.recv()).await {
-                Ok(Some(In::Publish(p))) => return p,
-                Ok(Some(_)) => {}
-                other => panic!("rumqttc v4: expected PUBLISH, got {other:?}"),
-            }
-        }
-    }
-
-    pub async fn next_suback(rx: &mut mpsc::UnboundedReceiver<In>) {
-        let deadline = Instant::now() + WAIT;
-        loop {
-            match tokio::time::timeout_at(deadline, rx.recv()).await {
-                Ok(Some(In::SubAck(_))) => return,
-                Ok(Some(_)) => {}
-                other => panic!("rumqttc v4: expected SUBACK, got {other:?}"),
-            }
-        }
-    }
+    client!("v4");
 }

@@ -15,8 +15,7 @@
 // buffer) and CHAOS_EXPECT_LOSS=1 requires a lost session, to show the accounting.
 
 import { WebPubSubClient } from "@azure/web-pubsub-client";
-import { WebPubSubServiceClient } from "@azure/web-pubsub";
-import { scenario, sleep, startProxy, startStatehub, until } from "./lib.mjs";
+import { scenario, sleep, until, withStatehub } from "./lib.mjs";
 
 const TOTAL = Number(process.env.CHAOS_MESSAGES ?? 20000);
 const LIFETIME_MS = Number(process.env.CHAOS_LIFETIME_MS ?? 300);
@@ -24,13 +23,11 @@ const RATE = Number(process.env.CHAOS_RATE ?? 0);
 const EXPECT_LOSS = process.env.CHAOS_EXPECT_LOSS === "1";
 const REPLAY_LOST = /cannot be recovered/;
 
-scenario("chaos", async (t) => {
-  const server = await startStatehub(process.env.CHAOS_CONFIG ?? "");
-  const proxy = await startProxy(server.port);
-  const svc = new WebPubSubServiceClient(server.connectionString, "chaos", { allowInsecureConnection: true });
-  const options = { messageRetryOptions: { maxRetries: 1000, retryDelayInMs: 50 } };
-  const clients = [];
-  try {
+const CONFIG = process.env.CHAOS_CONFIG ?? "";
+
+scenario("chaos", (t) =>
+  withStatehub({ hub: "chaos", config: CONFIG, proxied: true }, async ({ proxy, svc, clients }) => {
+    const options = { messageRetryOptions: { maxRetries: 1000, retryDelayInMs: 50 } };
     const subToken = await svc.getClientAccessToken({ userId: "sub", groups: ["chaos"] });
     const pubToken = await svc.getClientAccessToken({ userId: "pub", roles: ["webpubsub.sendToGroup"] });
     const sub = new WebPubSubClient(proxy.url(subToken.url), options);
@@ -104,9 +101,5 @@ scenario("chaos", async (t) => {
     t.counts.sessionsLost = lost.sub.length;
     t.counts.messagesLostWithSessions = missing;
     t.counts.seconds = seconds;
-  } finally {
-    clients.forEach((c) => c.stop());
-    proxy.close();
-    server.stop();
-  }
-});
+  }),
+);

@@ -11,29 +11,21 @@
 //     again. Nothing arrives twice or out of order.
 
 import { WebPubSubClient } from "@azure/web-pubsub-client";
-import { WebPubSubServiceClient } from "@azure/web-pubsub";
-import { scenario, startProxy, startStatehub, until } from "./lib.mjs";
+import { scenario, startPublisher, until, watch, withStatehub } from "./lib.mjs";
 
 const BURST = 500;
 
-scenario("eviction", async (t) => {
-  const server = await startStatehub("[webpubsub.limits]\nreplay_buffer_bytes = 16384\n");
-  const proxy = await startProxy(server.port);
-  const svc = new WebPubSubServiceClient(server.connectionString, "eviction", { allowInsecureConnection: true });
-  const clients = [];
-  try {
+const CONFIG = "[webpubsub.limits]\nreplay_buffer_bytes = 16384\n";
+
+scenario("eviction", (t) =>
+  withStatehub({ hub: "eviction", config: CONFIG, proxied: true }, async ({ proxy, svc, clients }) => {
     const subToken = await svc.getClientAccessToken({
       userId: "sub", groups: ["g"], roles: ["webpubsub.joinLeaveGroup"],
     });
     const sub = new WebPubSubClient(proxy.url(subToken.url));
     clients.push(sub);
-    const got = [];
-    const connected = [];
-    const disconnects = [];
+    const { got, connected, disconnects } = watch(sub);
     const acks = [];
-    sub.on("group-message", (e) => got.push(e.message.data.i));
-    sub.on("connected", (e) => connected.push(e.connectionId));
-    sub.on("disconnected", (e) => disconnects.push(e.message?.message ?? "(no message)"));
     // Watch the client's sequenceAcks go out (the SDK has no event for them).
     const sendMessage = sub._sendMessage.bind(sub);
     sub._sendMessage = async (message, signal) => {
@@ -43,10 +35,7 @@ scenario("eviction", async (t) => {
     await sub.start();
     await until(5000, "connected", () => connected.length === 1);
 
-    const pubToken = await svc.getClientAccessToken({ userId: "pub", roles: ["webpubsub.sendToGroup"] });
-    const pub = new WebPubSubClient(pubToken.url);
-    clients.push(pub);
-    await pub.start();
+    const pub = await startPublisher(svc, clients);
     let next = 1;
     const publish = async (n) => {
       const end = next + n;
@@ -88,9 +77,5 @@ scenario("eviction", async (t) => {
       "everything delivered before the reset");
     t.counts.delivered = got.length;
     t.counts.disconnectedMessage = disconnects[0];
-  } finally {
-    clients.forEach((c) => c.stop());
-    proxy.close();
-    server.stop();
-  }
-});
+  }),
+);

@@ -6,17 +6,13 @@
 // connection: no `disconnected` event, no new connection id.
 
 import { WebPubSubClient } from "@azure/web-pubsub-client";
-import { WebPubSubServiceClient } from "@azure/web-pubsub";
-import { scenario, sleep, startStatehub, until } from "./lib.mjs";
+import { scenario, sleep, startPublisher, until, withStatehub } from "./lib.mjs";
 
 const TOTAL = Number(process.env.FIREHOSE_MESSAGES ?? 20000);
 const WINDOW = Number(process.env.FIREHOSE_WINDOW ?? 64);
 
-scenario("firehose", async (t) => {
-  const server = await startStatehub();
-  const svc = new WebPubSubServiceClient(server.connectionString, "firehose", { allowInsecureConnection: true });
-  const clients = [];
-  try {
+scenario("firehose", (t) =>
+  withStatehub({ hub: "firehose" }, async ({ svc, clients }) => {
     const subToken = await svc.getClientAccessToken({ userId: "sub", groups: ["g"] });
     const sub = new WebPubSubClient(subToken.url);
     clients.push(sub);
@@ -36,10 +32,7 @@ scenario("firehose", async (t) => {
     await sub.start();
     await until(5000, "connected", () => connectedIds.length === 1);
 
-    const pubToken = await svc.getClientAccessToken({ userId: "pub", roles: ["webpubsub.sendToGroup"] });
-    const pub = new WebPubSubClient(pubToken.url);
-    clients.push(pub);
-    await pub.start();
+    const pub = await startPublisher(svc, clients);
 
     // Sends leave in the order they are issued, so the group sees 1, 2, 3...
     let next = 1;
@@ -66,8 +59,5 @@ scenario("firehose", async (t) => {
     t.counts.messages = TOTAL;
     t.counts.publishedPerSecond = Math.round(TOTAL / publishSeconds);
     t.counts.seconds = (Date.now() - started) / 1000;
-  } finally {
-    clients.forEach((c) => c.stop());
-    server.stop();
-  }
-});
+  }),
+);

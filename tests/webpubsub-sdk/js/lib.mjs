@@ -11,6 +11,8 @@ import net from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { createInterface } from "node:readline";
+import { WebPubSubClient } from "@azure/web-pubsub-client";
+import { WebPubSubServiceClient } from "@azure/web-pubsub";
 
 export const ACCESS_KEY = "statehub-sdk-test-key-0123456789abcdef";
 
@@ -54,6 +56,47 @@ export async function startStatehub(configToml = "") {
       child.kill("SIGKILL");
     },
   };
+}
+
+/**
+ * Runs `body({ server, proxy, svc, clients })` against a statehub started with `config`,
+ * a proxy in front of it when `proxied` (else null) and a service client for `hub`,
+ * then stops every client pushed to `clients`, the proxy and the server, whatever
+ * happened.
+ */
+export async function withStatehub({ hub, config = "", proxied = false }, body) {
+  const server = await startStatehub(config);
+  const proxy = proxied ? await startProxy(server.port) : null;
+  const svc = new WebPubSubServiceClient(server.connectionString, hub, { allowInsecureConnection: true });
+  const clients = [];
+  try {
+    return await body({ server, proxy, svc, clients });
+  } finally {
+    clients.forEach((c) => c.stop());
+    proxy?.close();
+    server.stop();
+  }
+}
+
+/** Starts a client of user "pub", allowed to send to groups, and adds it to `clients`. */
+export async function startPublisher(svc, clients) {
+  const token = await svc.getClientAccessToken({ userId: "pub", roles: ["webpubsub.sendToGroup"] });
+  const pub = new WebPubSubClient(token.url);
+  clients.push(pub);
+  await pub.start();
+  return pub;
+}
+
+/**
+ * Records what `client` reports, in arrival order: each group message's `i`, each
+ * connection id and, per disconnect, `onDisconnected(e)`.
+ */
+export function watch(client, onDisconnected = (e) => e.message?.message ?? "(no message)") {
+  const seen = { got: [], connected: [], disconnects: [] };
+  client.on("group-message", (e) => seen.got.push(e.message.data.i));
+  client.on("connected", (e) => seen.connected.push(e.connectionId));
+  client.on("disconnected", (e) => seen.disconnects.push(onDisconnected(e)));
+  return seen;
 }
 
 /**

@@ -6,33 +6,22 @@
 //     reports `disconnected`, opens a new connection and rejoins its groups.
 
 import { WebPubSubClient } from "@azure/web-pubsub-client";
-import { WebPubSubServiceClient } from "@azure/web-pubsub";
-import { deferred, scenario, sleep, startProxy, startStatehub, until, within } from "./lib.mjs";
+import { deferred, scenario, sleep, startPublisher, until, watch, withStatehub, within } from "./lib.mjs";
 
-scenario("recovery", async (t) => {
-  const server = await startStatehub("[webpubsub.limits]\nsession_retention_secs = 2\n");
-  const proxy = await startProxy(server.port);
-  const svc = new WebPubSubServiceClient(server.connectionString, "recovery", { allowInsecureConnection: true });
-  const clients = [];
-  try {
+const CONFIG = "[webpubsub.limits]\nsession_retention_secs = 2\n";
+
+scenario("recovery", (t) =>
+  withStatehub({ hub: "recovery", config: CONFIG, proxied: true }, async ({ proxy, svc, clients }) => {
     const subToken = await svc.getClientAccessToken({ userId: "sub", roles: ["webpubsub.joinLeaveGroup"] });
     const sub = new WebPubSubClient(proxy.url(subToken.url));
     clients.push(sub);
-    const got = [];
-    const connectedIds = [];
-    const disconnects = [];
-    sub.on("group-message", (e) => got.push(e.message.data.i));
-    sub.on("connected", (e) => connectedIds.push(e.connectionId));
-    sub.on("disconnected", (e) => disconnects.push(e));
+    const { got, connected: connectedIds, disconnects } = watch(sub, (e) => e);
     await sub.start();
     await sub.joinGroup("g");
     await until(5000, "connected event", () => connectedIds.length === 1);
     const firstId = connectedIds[0];
 
-    const pubToken = await svc.getClientAccessToken({ userId: "pub", roles: ["webpubsub.sendToGroup"] });
-    const pub = new WebPubSubClient(pubToken.url);
-    clients.push(pub);
-    await pub.start();
+    const pub = await startPublisher(svc, clients);
     let next = 1;
     const publish = async (n) => {
       for (let k = 0; k < n; k++, next++) await pub.sendToGroup("g", { i: next }, "json");
@@ -74,9 +63,5 @@ scenario("recovery", async (t) => {
     t.ok(got.slice(before).every((v) => v === -1), "only messages published after the rejoin");
     t.counts.delivered = got.length;
     t.counts.proxyDrops = proxy.drops;
-  } finally {
-    clients.forEach((c) => c.stop());
-    proxy.close();
-    server.stop();
-  }
-});
+  }),
+);

@@ -13,36 +13,21 @@ import threading
 import time
 
 from azure.messaging.webpubsubclient import WebPubSubClient
-from azure.messaging.webpubsubclient.models import CallbackType
-from azure.messaging.webpubsubservice import WebPubSubServiceClient
 
 from firehose import Publisher
-from harness import ACK_TIMEOUT, Proxy, Statehub, close_all, scenario, until
+from harness import ACK_TIMEOUT, running, scenario, until, watch
 
 TOTAL = 10000
 RESET_EVERY = 0.3
 
 
 def body(t):
-    server = Statehub()
-    proxy = Proxy(server.port)
-    svc = WebPubSubServiceClient.from_connection_string(server.connection_string, hub="pychaos")
-    clients = []
-    publisher = None
     stop = threading.Event()
-    try:
+    with running("pychaos", proxied=True) as (_, proxy, svc, clients):
         sub_token = svc.get_client_access_token(user_id="sub", groups=["g"])
         sub = WebPubSubClient(proxy.url(sub_token["url"]), ack_timeout=ACK_TIMEOUT)
         clients.append(sub)
-        got, connected, disconnected, lock = [], [], [], threading.Lock()
-
-        def on_group(e):
-            with lock:
-                got.append(e.data["i"])
-
-        sub.subscribe(CallbackType.GROUP_MESSAGE, on_group)
-        sub.subscribe(CallbackType.CONNECTED, lambda e: connected.append(e.connection_id))
-        sub.subscribe(CallbackType.DISCONNECTED, lambda e: disconnected.append(e.message))
+        got, connected, disconnected = watch(sub)
         sub.open()
         until(5, "connected", lambda: len(connected) == 1)
 
@@ -53,6 +38,7 @@ def body(t):
         threading.Thread(target=chaos, daemon=True).start()
         pub_token = svc.get_client_access_token(user_id="pub", roles=["webpubsub.sendToGroup"])
         publisher = Publisher(pub_token["url"])
+        clients.append(publisher)
         started = time.monotonic()
         publisher.publish("g", TOTAL, 64)
         publish_seconds = time.monotonic() - started
@@ -71,13 +57,6 @@ def body(t):
         t.counts["publishedPerSecond"] = round(TOTAL / publish_seconds)
         t.counts["proxyDrops"] = proxy.drops
         t.counts["seconds"] = round(time.monotonic() - started, 2)
-    finally:
-        stop.set()
-        if publisher:
-            publisher.close()
-        close_all(clients)
-        proxy.close()
-        server.stop()
 
 
 if __name__ == "__main__":

@@ -7,41 +7,27 @@ more arrive and a reset then needs evicted messages: the recovery is accepted, t
 and starts a new connection, which receives again. Nothing arrives twice or out of
 order."""
 
-import threading
 import time
 
 from azure.messaging.webpubsubclient import WebPubSubClient
-from azure.messaging.webpubsubclient.models import CallbackType
 from azure.messaging.webpubsubclient.models._models import SequenceAckMessage
-from azure.messaging.webpubsubservice import WebPubSubServiceClient
 
 from firehose import Publisher
-from harness import ACK_TIMEOUT, Proxy, Statehub, close_all, scenario, until
+from harness import ACK_TIMEOUT, running, scenario, until, watch
 
 BURST = 500
+CONFIG = "[webpubsub.limits]\nreplay_buffer_bytes = 16384\n"
 
 
 def body(t):
-    server = Statehub("[webpubsub.limits]\nreplay_buffer_bytes = 16384\n")
-    proxy = Proxy(server.port)
-    svc = WebPubSubServiceClient.from_connection_string(server.connection_string, hub="pyeviction")
-    clients = []
-    publisher = None
-    try:
+    with running("pyeviction", CONFIG, proxied=True) as (server, proxy, svc, clients):
         sub_token = svc.get_client_access_token(
             user_id="sub", groups=["g"], roles=["webpubsub.joinLeaveGroup"])
         sub = WebPubSubClient(proxy.url(sub_token["url"]), reconnect_retry_total=30,
                               reconnect_retry_backoff_factor=0.2, ack_timeout=ACK_TIMEOUT)
         clients.append(sub)
-        got, connected, disconnected, acks, lock = [], [], [], [], threading.Lock()
-
-        def on_group(e):
-            with lock:
-                got.append(e.data["i"])
-
-        sub.subscribe(CallbackType.GROUP_MESSAGE, on_group)
-        sub.subscribe(CallbackType.CONNECTED, lambda e: connected.append(e.connection_id))
-        sub.subscribe(CallbackType.DISCONNECTED, lambda e: disconnected.append(e.message))
+        got, connected, disconnected = watch(sub)
+        acks = []
         # Watch the client's sequenceAcks go out (the SDK has no event for them).
         send_message = sub._send_message
 
@@ -56,6 +42,7 @@ def body(t):
 
         pub_token = svc.get_client_access_token(user_id="pub", roles=["webpubsub.sendToGroup"])
         publisher = Publisher(pub_token["url"])
+        clients.append(publisher)
         sent = {"n": 0}
 
         def publish(n):
@@ -99,12 +86,6 @@ def body(t):
              "everything delivered before the reset")
         t.counts["delivered"] = len(got)
         t.counts["disconnectedMessage"] = disconnected[0]
-    finally:
-        if publisher:
-            publisher.close()
-        close_all(clients)
-        proxy.close()
-        server.stop()
 
 
 if __name__ == "__main__":

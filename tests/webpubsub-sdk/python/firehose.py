@@ -18,10 +18,8 @@ import time
 
 import websocket
 from azure.messaging.webpubsubclient import WebPubSubClient
-from azure.messaging.webpubsubclient.models import CallbackType
-from azure.messaging.webpubsubservice import WebPubSubServiceClient
 
-from harness import ACK_TIMEOUT, Statehub, close_all, scenario, until
+from harness import ACK_TIMEOUT, running, scenario, until, watch
 
 TOTAL = 20000
 WINDOW = 64
@@ -82,28 +80,17 @@ class Publisher:
 
 
 def body(t):
-    server = Statehub()
-    svc = WebPubSubServiceClient.from_connection_string(server.connection_string, hub="pyfirehose")
-    clients = []
-    publisher = None
-    try:
+    with running("pyfirehose") as (_, _, svc, clients):
         sub_token = svc.get_client_access_token(user_id="sub", groups=["g"])
         sub = WebPubSubClient(sub_token["url"], ack_timeout=ACK_TIMEOUT)
         clients.append(sub)
-        got, connected, disconnected, lock = [], [], [], threading.Lock()
-
-        def on_group(e):
-            with lock:
-                got.append(e.data["i"])
-
-        sub.subscribe(CallbackType.GROUP_MESSAGE, on_group)
-        sub.subscribe(CallbackType.CONNECTED, lambda e: connected.append(e.connection_id))
-        sub.subscribe(CallbackType.DISCONNECTED, lambda e: disconnected.append(e.message))
+        got, connected, disconnected = watch(sub)
         sub.open()
         until(5, "connected", lambda: len(connected) == 1)
 
         pub_token = svc.get_client_access_token(user_id="pub", roles=["webpubsub.sendToGroup"])
         publisher = Publisher(pub_token["url"])
+        clients.append(publisher)
         started = time.monotonic()
         publisher.publish("g", TOTAL, WINDOW)
         publish_seconds = time.monotonic() - started
@@ -120,11 +107,6 @@ def body(t):
         t.counts["messages"] = TOTAL
         t.counts["publishedPerSecond"] = round(TOTAL / publish_seconds)
         t.counts["seconds"] = round(time.monotonic() - started, 2)
-    finally:
-        if publisher:
-            publisher.close()
-        close_all(clients)
-        server.stop()
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ Each scenario is its own script so the Rust launcher
 only when every check passed.
 """
 
+import contextlib
 import faulthandler
 import json
 import os
@@ -175,6 +176,45 @@ def close_all(clients):
             client.close()
         except Exception:  # noqa: BLE001 - best effort on the way out
             pass
+
+
+@contextlib.contextmanager
+def running(hub, config_toml="", proxied=False):
+    """A scenario's statehub (with `config_toml`), a `Proxy` in front of it if `proxied`
+    (else None), a service client for `hub` and a list of what to close on the way out
+    (SDK clients, publishers): yields (server, proxy, svc, clients), then closes them,
+    the proxy and the server, whatever happened."""
+    from azure.messaging.webpubsubservice import WebPubSubServiceClient
+
+    server = Statehub(config_toml)
+    proxy = Proxy(server.port) if proxied else None
+    clients = []
+    try:
+        svc = WebPubSubServiceClient.from_connection_string(server.connection_string, hub=hub)
+        yield server, proxy, svc, clients
+    finally:
+        close_all(clients)
+        if proxy:
+            proxy.close()
+        server.stop()
+
+
+def watch(client, on_disconnected=lambda e: e.message):
+    """Records what `client` reports, in arrival order: each group message's `i`, each
+    connection id, and `on_disconnected` of each disconnect. Returns the three lists."""
+    from azure.messaging.webpubsubclient.models import CallbackType
+
+    got, connected, disconnected, lock = [], [], [], threading.Lock()
+
+    def on_group(e):
+        with lock:
+            got.append(e.data["i"])
+
+    client.subscribe(CallbackType.GROUP_MESSAGE, on_group)
+    client.subscribe(CallbackType.CONNECTED, lambda e: connected.append(e.connection_id))
+    client.subscribe(CallbackType.DISCONNECTED,
+                     lambda e: disconnected.append(on_disconnected(e)))
+    return got, connected, disconnected
 
 
 def until(seconds, what, cond):

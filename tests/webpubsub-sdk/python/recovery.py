@@ -5,22 +5,18 @@ refuses connections until the session's retention (2 s here) has passed, so the
 recovery attempt is accepted and closed with 1008, the client reports
 `disconnected`, opens a new connection and rejoins its group."""
 
-import threading
 import time
 
 from azure.messaging.webpubsubclient import WebPubSubClient
 from azure.messaging.webpubsubclient.models import CallbackType, WebPubSubDataType
-from azure.messaging.webpubsubservice import WebPubSubServiceClient
 
-from harness import ACK_TIMEOUT, Proxy, Statehub, close_all, scenario, until
+from harness import ACK_TIMEOUT, running, scenario, until, watch
+
+CONFIG = "[webpubsub.limits]\nsession_retention_secs = 2\n"
 
 
 def body(t):
-    server = Statehub("[webpubsub.limits]\nsession_retention_secs = 2\n")
-    proxy = Proxy(server.port)
-    svc = WebPubSubServiceClient.from_connection_string(server.connection_string, hub="pyrecovery")
-    clients = []
-    try:
+    with running("pyrecovery", CONFIG, proxied=True) as (_, proxy, svc, clients):
         sub_token = svc.get_client_access_token(user_id="sub", roles=["webpubsub.joinLeaveGroup"])
         # Reconnect attempts made while the proxy refuses count against the SDK's
         # reconnect budget (3 by default): allow enough to outlast the 2 s refusal.
@@ -28,15 +24,7 @@ def body(t):
                               reconnect_retry_backoff_max=1.0, reconnect_retry_total=30,
                               ack_timeout=ACK_TIMEOUT)
         clients.append(sub)
-        got, connected, disconnected, lock = [], [], [], threading.Lock()
-
-        def on_group(e):
-            with lock:
-                got.append(e.data["i"])
-
-        sub.subscribe(CallbackType.GROUP_MESSAGE, on_group)
-        sub.subscribe(CallbackType.CONNECTED, lambda e: connected.append(e.connection_id))
-        sub.subscribe(CallbackType.DISCONNECTED, lambda e: disconnected.append(e.connection_id))
+        got, connected, disconnected = watch(sub, lambda e: e.connection_id)
         sub.open()
         sub.join_group("g")
         until(5, "connected", lambda: len(connected) == 1)
@@ -86,10 +74,6 @@ def body(t):
         t.ok(all(v == -1 for v in got[before:]), "only messages published after the rejoin")
         t.counts["delivered"] = len(got)
         t.counts["proxyDrops"] = proxy.drops
-    finally:
-        close_all(clients)
-        proxy.close()
-        server.stop()
 
 
 scenario("py-recovery", body)

@@ -94,25 +94,8 @@ fn a_wildcard_filter_visits_only_the_branch_it_can_match() {
 
 mod property {
     use super::*;
+    use crate::topic::strategies::{filter, topic_name};
     use proptest::prelude::*;
-
-    fn level() -> impl Strategy<Value = String> {
-        prop_oneof![Just("a"), Just("b"), Just(""), Just("$s")].prop_map(str::to_owned)
-    }
-
-    fn filter() -> impl Strategy<Value = String> {
-        let lvl = prop_oneof![3 => level(), 1 => Just("+".to_owned())];
-        (prop::collection::vec(lvl, 1..5), any::<bool>()).prop_map(|(mut levels, hash)| {
-            if hash {
-                levels.push("#".into());
-            }
-            levels.join("/")
-        })
-    }
-
-    fn topic_name() -> impl Strategy<Value = String> {
-        prop::collection::vec(level(), 1..6).prop_map(|l| l.join("/"))
-    }
 
     proptest! {
         /// After any stores and clears, a filter finds exactly the topics

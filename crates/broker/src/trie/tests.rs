@@ -102,25 +102,8 @@ fn removing_the_last_subscription_of_a_path_prunes_it_and_keeps_the_rest() {
 
 mod property {
     use super::*;
+    use crate::topic::strategies::{filter, topic_name};
     use proptest::prelude::*;
-
-    fn level() -> impl Strategy<Value = String> {
-        prop_oneof![Just("a"), Just("b"), Just(""), Just("$s")].prop_map(str::to_owned)
-    }
-
-    fn filter() -> impl Strategy<Value = String> {
-        let lvl = prop_oneof![3 => level(), 1 => Just("+".to_owned())];
-        (prop::collection::vec(lvl, 1..5), any::<bool>()).prop_map(|(mut levels, hash)| {
-            if hash {
-                levels.push("#".into());
-            }
-            levels.join("/")
-        })
-    }
-
-    fn topic() -> impl Strategy<Value = String> {
-        prop::collection::vec(level(), 1..6).prop_map(|l| l.join("/"))
-    }
 
     proptest! {
         /// After any inserts and removals, a topic matches exactly the filters
@@ -128,7 +111,7 @@ mod property {
         #[test]
         fn matches_agree_with_the_filter_matcher(
             ops in prop::collection::vec((filter(), any::<bool>()), 1..40),
-            topics in prop::collection::vec(topic(), 1..10),
+            topics in prop::collection::vec(topic_name(), 1..10),
         ) {
             let s = Arc::new(Session::new("p".into(), 0));
             let mut trie = SubscriptionTrie::default();

@@ -11,8 +11,11 @@ use bytes::Bytes;
 use rumqttc::v5::mqttbytes::v5::{Packet, Publish, PublishProperties};
 use rumqttc::v5::mqttbytes::QoS;
 use rumqttc::v5::{AsyncClient, ConnectionError, Event, MqttOptions, StateError};
-use statehub_broker::{Broker, BrokerConfig, MqttListener};
+use statehub_broker::{Broker, BrokerConfig};
 use statehub_state_store_service::{Settings, StateStoreService, REQUEST_TOPIC};
+// Not every test file that includes this module uses every helper.
+#[allow(unused_imports)]
+pub use statehub_test_support::resp;
 use tokio::sync::mpsc;
 use tokio::time::timeout;
 
@@ -48,11 +51,7 @@ where
     let broker = Broker::new(BrokerConfig::default());
     broker.register_service(REQUEST_TOPIC, svc.clone());
     tokio::spawn(svc.run_expiry(broker.clone()));
-    let l = MqttListener::bind(broker.clone(), "127.0.0.1:0".parse().unwrap())
-        .await
-        .unwrap();
-    let addr = l.local_addr().unwrap();
-    tokio::spawn(l.serve(Duration::from_secs(1)));
+    let addr = statehub_test_support::listen(&broker).await;
     (broker, addr)
 }
 
@@ -248,17 +247,6 @@ pub fn now_ts() -> String {
         .unwrap()
         .as_millis();
     format!("{ms:015}:00000:client")
-}
-
-/// RESP array of bulk strings.
-pub fn resp(args: &[&[u8]]) -> Vec<u8> {
-    let mut out = format!("*{}\r\n", args.len()).into_bytes();
-    for a in args {
-        out.extend_from_slice(format!("${}\r\n", a.len()).as_bytes());
-        out.extend_from_slice(a);
-        out.extend_from_slice(b"\r\n");
-    }
-    out
 }
 
 /// All values of user property `name`.

@@ -3,11 +3,16 @@
 //! Every limit has a default that protects a default install (a few hundred megabytes
 //! at most in all) and is refused, when hit, with `the quota has been exceeded`: the one
 //! refusal the SDKs map to a quota error. Set a limit to its type's maximum to lift it.
+//!
+//! [`Config`] is also the core of statehub's `[state_store]` table (the service flattens it
+//! into its settings), so each field's name is its configuration key and a missing key
+//! takes the default below.
 
 use crate::hlc::{DEFAULT_MAX_SKEW_MS, DEFAULT_NODE_ID};
 
 /// Tunables of the store.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize)]
+#[serde(default)]
 pub struct Config {
     /// The node id of every version issued (`state-store` by default).
     pub node_id: String,

@@ -4,9 +4,14 @@
 
 use std::io::{BufRead, BufReader, Read};
 use std::net::{SocketAddr, TcpStream};
+use std::path::Path;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
+
+// Not every test file that includes this module uses every helper.
+#[allow(unused_imports)]
+pub use statehub_test_support::resp;
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_statehub");
 
@@ -27,6 +32,41 @@ impl Drop for Server {
             let _ = self.child.wait();
         }
     }
+}
+
+impl Server {
+    /// Kills the process (SIGKILL) and reaps it.
+    pub fn kill(mut self) {
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+    }
+
+    /// Resident set size of the process, in KiB.
+    pub fn rss_kib(&self) -> u64 {
+        rss_kib(self.child.id())
+    }
+}
+
+/// Resident set size of process `pid`, in KiB.
+pub fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("read /proc status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmRSS in /proc status")
+}
+
+/// The value of user property `name` (a state store response's `__stat`, `__ts`...).
+pub fn user_property(
+    props: &rumqttc::v5::mqttbytes::v5::PublishProperties,
+    name: &str,
+) -> Option<String> {
+    props
+        .user_properties
+        .iter()
+        .find(|(k, _)| k == name)
+        .map(|(_, v)| v.clone())
 }
 
 pub fn strip_ansi(s: &str) -> String {
@@ -67,6 +107,36 @@ pub fn command(args: &[&str], env: &[(&str, &str)]) -> Command {
 /// Starts the binary and waits (max 10 s) for both "listening on" lines.
 pub fn start(args: &[&str], env: &[(&str, &str)]) -> Server {
     attach(command(args, env).spawn().expect("spawn statehub"))
+}
+
+/// The listen flags every test server gets: loopback, port 0.
+pub const LOCAL: [&str; 4] = [
+    "--mqtt-listen",
+    "127.0.0.1:0",
+    "--http-listen",
+    "127.0.0.1:0",
+];
+
+/// Starts the binary on [`LOCAL`] with `args` besides.
+pub fn start_local(args: &[&str]) -> Server {
+    start(&[&LOCAL[..], args].concat(), &[])
+}
+
+/// Starts the binary on [`LOCAL`] with its data in `dir` and `args` besides.
+pub fn start_on(dir: &Path, args: &[&str]) -> Server {
+    start_local(&[&["--data-dir", path_str(dir)], args].concat())
+}
+
+/// Starts the binary on [`LOCAL`] with `toml` as its configuration file and `args`
+/// besides. The file is read at startup, so it is gone once the server listens.
+pub fn start_configured(toml: &str, args: &[&str]) -> Server {
+    let file = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(file.path(), toml).unwrap();
+    start_local(&[&["--config", path_str(file.path())], args].concat())
+}
+
+fn path_str(path: &Path) -> &str {
+    path.to_str().expect("a UTF-8 test path")
 }
 
 /// Waits (max 10 s) for a spawned binary's "listening on" lines.

@@ -12,45 +12,9 @@
 use std::process::Command;
 use std::sync::mpsc;
 
+use statehub_test_support::tmpfs::{fill_up, Tmpfs};
+
 use super::*;
-
-/// A tmpfs of `size` bytes mounted on a temporary directory, unmounted on drop.
-struct Tmpfs {
-    dir: tempfile::TempDir,
-}
-
-impl Tmpfs {
-    fn mount(size: u64) -> Option<Tmpfs> {
-        let dir = tempfile::tempdir().ok()?;
-        let status = Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
-            .arg(dir.path())
-            .stderr(std::process::Stdio::null())
-            .status()
-            .ok()?;
-        status.success().then_some(Tmpfs { dir })
-    }
-
-    fn path(&self) -> &Path {
-        self.dir.path()
-    }
-}
-
-impl Drop for Tmpfs {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg(self.dir.path()).status();
-    }
-}
-
-/// Fills the file system holding `dir` with a file of zeros until a write fails.
-fn fill_up(dir: &Path) -> PathBuf {
-    use std::io::Write;
-    let path = dir.join("filler");
-    let mut file = std::fs::File::create(&path).unwrap();
-    let block = vec![0u8; 64 << 10];
-    while file.write_all(&block).and_then(|()| file.flush()).is_ok() {}
-    path
-}
 
 /// The server's log lines that arrived so far, appended to `seen`.
 fn drain(log: &mpsc::Receiver<String>, seen: &mut Vec<String>) {
@@ -110,7 +74,7 @@ fn a_full_disk_refuses_writes_serves_reads_and_recovers_without_a_restart() {
     let spare = data.join("journal").join("spare");
     wait_for("a spare segment", || spare.exists());
     std::fs::remove_file(&spare).unwrap();
-    let filler = fill_up(fs.path());
+    let filler = fill_up(fs.path(), 64 << 10);
     let mut w = Raw::connect(server.mqtt, "writer");
     let stuck = write_until_stalled(&mut w, &server.log, &mut seen);
 

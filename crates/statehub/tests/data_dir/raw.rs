@@ -157,6 +157,16 @@ impl Raw {
 
     /// The next reply within `wait`, skipping other packets; `None` if none came.
     pub fn reply_within(&mut self, wait: Duration) -> Option<Reply> {
+        self.first_within(wait, Self::publish)
+    }
+
+    /// The first packet within `wait` that `pick` (given its type byte and body) turns
+    /// into a value, skipping the others; `None` if none did.
+    fn first_within<T>(
+        &mut self,
+        wait: Duration,
+        mut pick: impl FnMut(&mut Self, u8, Vec<u8>) -> Option<T>,
+    ) -> Option<T> {
         let deadline = std::time::Instant::now() + wait;
         loop {
             let left = deadline.saturating_duration_since(std::time::Instant::now());
@@ -169,8 +179,8 @@ impl Raw {
                 .set_read_timeout(Some(Duration::from_secs(20)))
                 .unwrap();
             let (kind, body) = packet?;
-            if let Some(reply) = self.publish(kind, body) {
-                return Some(reply);
+            if let Some(value) = pick(self, kind, body) {
+                return Some(value);
             }
         }
     }
@@ -262,24 +272,11 @@ impl Raw {
     /// The reason code of the next PUBACK within `wait`, skipping other packets; `None` if
     /// none came (a DISCONNECT panics).
     pub fn puback_within(&mut self, wait: Duration) -> Option<u8> {
-        let deadline = std::time::Instant::now() + wait;
-        loop {
-            let left = deadline.saturating_duration_since(std::time::Instant::now());
-            if left.is_zero() {
-                return None;
-            }
-            self.stream.set_read_timeout(Some(left)).unwrap();
-            let packet = self.try_read_packet();
-            self.stream
-                .set_read_timeout(Some(Duration::from_secs(20)))
-                .unwrap();
-            let (kind, body) = packet?;
-            match kind >> 4 {
-                4 => return Some(body.get(2).copied().unwrap_or(0)),
-                14 => panic!("DISCONNECT {:#04x} instead of a PUBACK", body[0]),
-                _ => {}
-            }
-        }
+        self.first_within(wait, |_, kind, body| match kind >> 4 {
+            4 => Some(body.get(2).copied().unwrap_or(0)),
+            14 => panic!("DISCONNECT {:#04x} instead of a PUBACK", body[0]),
+            _ => None,
+        })
     }
 
     /// SUBSCRIBEs to `filter` and returns the payload of the first (retained) message

@@ -16,6 +16,8 @@ use rumqttc::v5::{AsyncClient, Event, MqttOptions};
 use tokio::sync::mpsc;
 use tokio::time::timeout;
 
+use crate::common::{resp, user_property};
+
 use super::model::{Cond, Op, Ret, Token, Val, Version};
 use super::wgl::Operation;
 
@@ -34,16 +36,6 @@ pub fn value_bytes(v: Val) -> Vec<u8> {
 /// Fencing token `t` as an HLC: later ranks are later clocks, all a little in the past.
 pub fn token(base_ms: u64, t: Token) -> String {
     format!("{base_ms:015}:{t:05}:fence")
-}
-
-fn resp(args: &[&[u8]]) -> Vec<u8> {
-    let mut out = format!("*{}\r\n", args.len()).into_bytes();
-    for a in args {
-        out.extend_from_slice(format!("${}\r\n", a.len()).as_bytes());
-        out.extend_from_slice(a);
-        out.extend_from_slice(b"\r\n");
-    }
-    out
 }
 
 fn payload(key: usize, op: &Op) -> (Vec<u8>, Option<Token>) {
@@ -285,13 +277,7 @@ async fn request_once(
         if props.correlation_data.as_deref() != Some(&correlation.to_be_bytes()[..]) {
             continue;
         }
-        let prop = |name: &str| {
-            props
-                .user_properties
-                .iter()
-                .find(|(k, _)| k == name)
-                .map(|(_, v)| v.clone())
-        };
+        let prop = |name: &str| user_property(props, name);
         assert_eq!(prop("__stat").as_deref(), Some("200"), "{:?}", p.payload);
         return Some((p.payload.to_vec(), prop("__ts")));
     }

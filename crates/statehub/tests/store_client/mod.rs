@@ -22,24 +22,10 @@ pub const QUOTA: &[u8] = b"-ERR the quota has been exceeded\r\n";
 /// How long any one answer may take: generous, for a loaded machine.
 pub const PATIENCE: Duration = Duration::from_secs(30);
 
-/// The listen flags every test passes: loopback, port 0.
-pub const LOCAL: [&str; 4] = [
-    "--mqtt-listen",
-    "127.0.0.1:0",
-    "--http-listen",
-    "127.0.0.1:0",
-];
-
-/// A RESP array of bulk strings.
-pub fn resp(args: &[&[u8]]) -> Vec<u8> {
-    let mut out = format!("*{}\r\n", args.len()).into_bytes();
-    for a in args {
-        out.extend_from_slice(format!("${}\r\n", a.len()).as_bytes());
-        out.extend_from_slice(a);
-        out.extend_from_slice(b"\r\n");
-    }
-    out
-}
+use crate::common::user_property;
+// Not every test file that includes this module uses every helper.
+#[allow(unused_imports)]
+pub use crate::common::{resp, rss_kib, LOCAL};
 
 /// Milliseconds since the epoch now.
 pub fn now_ms() -> u64 {
@@ -52,16 +38,6 @@ pub fn now_ms() -> u64 {
 /// A client HLC at the current time.
 pub fn now_ts() -> String {
     format!("{:015}:00000:client", now_ms())
-}
-
-/// The resident memory of process `pid`, in KiB (`VmRSS` of `/proc/<pid>/status`).
-pub fn rss_kib(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("proc status");
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .expect("VmRSS line")
 }
 
 /// One request: its payload and the `__ts` and `__ft` to send (`__ts` defaults to now).
@@ -210,13 +186,7 @@ impl StoreClient {
                 continue;
             }
             let props = p.properties.expect("response properties");
-            let prop = |name: &str| {
-                props
-                    .user_properties
-                    .iter()
-                    .find(|(k, _)| k == name)
-                    .map(|(_, v)| v.clone())
-            };
+            let prop = |name: &str| user_property(&props, name);
             assert_eq!(prop("__stat").as_deref(), Some("200"), "{:?}", p.payload);
             let correlation = props.correlation_data.as_deref().expect("correlation");
             let correlation = u64::from_be_bytes(correlation.try_into().expect("8 bytes"));
