@@ -181,6 +181,19 @@ impl<E: Engine, A: Authorizer> Machine<E, A> {
         })
     }
 
+    /// A store over an engine shared with other nodes, which issues versions from its own
+    /// clock ([`Engine::set_checked`] and the other checked writes): nothing is read at
+    /// start, so the node starts even while the engine's storage is out of reach.
+    pub fn shared(engine: E, authorizer: A, config: Config) -> Self {
+        Self {
+            clock: HlcClock::new(config.node_id.clone()),
+            engine,
+            authorizer,
+            observers: Observers::default(),
+            config,
+        }
+    }
+
     /// The engine, for inspection.
     pub fn engine(&self) -> &E {
         &self.engine

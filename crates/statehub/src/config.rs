@@ -47,6 +47,8 @@ pub struct ServeArgs {
     /// the OS, fsync every <ms>: a power failure may lose the last <ms> of writes).
     #[arg(long, env = "STATEHUB_SYNC")]
     pub sync: Option<SyncPolicy>,
+    #[command(flatten)]
+    pub cluster: crate::cluster::ClusterArgs,
 }
 
 /// The TOML file's shape.
@@ -81,6 +83,8 @@ pub struct FileConfig {
     pub webpubsub: WebPubSubConfig,
     /// The `[http]` table: the HTTP listener's limits.
     pub http: HttpConfig,
+    /// The `[cluster]` table: the state store in Redis (see `cluster.rs`).
+    pub cluster: crate::cluster::ClusterConfig,
 }
 
 /// The `[http]` table: limits of the HTTP listener (health, the Web PubSub client
@@ -183,6 +187,8 @@ pub enum ConfigError {
     JournalWithoutDataDir(&'static str),
     #[error(transparent)]
     WebPubSub(#[from] statehub_webpubsub::ConfigError),
+    #[error(transparent)]
+    Cluster(#[from] crate::cluster::ClusterError),
     #[error("invalid [http] table: {0}")]
     Http(String),
     /// A Web PubSub access key is refused; `origin` says where the keys came from.
@@ -217,6 +223,8 @@ pub struct Settings {
     pub compact_after_bytes: u64,
     /// How far compaction may fall behind before writes wait, in bytes.
     pub max_journal_bytes: u64,
+    /// `Some`: the state store lives in Redis, shared with other nodes.
+    pub cluster: Option<statehub_state_store_redis::Options>,
 }
 
 impl Settings {
@@ -244,6 +252,12 @@ impl Settings {
         }
         let (compact_after_bytes, max_journal_bytes) =
             journal_sizes(&file, data_dir.is_some(), args.config.as_deref())?;
+        let cluster = crate::cluster::resolve(
+            &args.cluster,
+            file.cluster.clone(),
+            &file.state_store.node_id,
+            data_dir.is_some(),
+        )?;
         Ok(Settings {
             mqtt_listen: args
                 .mqtt_listen
@@ -271,6 +285,7 @@ impl Settings {
             sync: sync.unwrap_or_default(),
             compact_after_bytes,
             max_journal_bytes,
+            cluster,
         })
     }
 }
