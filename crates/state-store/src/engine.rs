@@ -1,8 +1,24 @@
 //! The storage engine beneath the state machine, and its contract.
 //!
-//! The [`crate::Machine`] owns one engine and calls it from a single thread of control:
-//! every command is one or two engine calls made back to back with nothing interleaved,
-//! so an engine needs no transactions across calls. What an engine must guarantee:
+//! The [`crate::Machine`] owns one engine and calls it from a single thread of control.
+//! Every command that checks and writes is one engine call ([`Engine::set_checked`],
+//! [`Engine::delete_checked`], [`Engine::remove_expired`]), which also issues the
+//! write's version. Their default implementations make the checks on the engine's own
+//! reads and then write, issuing versions from the machine's clock: right for an engine
+//! that this one thread owns (the memory and durable engines), which then needs no
+//! transactions across calls.
+//!
+//! An engine shared by several nodes (`statehub-state-store-redis`) overrides the three
+//! so that each is atomic where the data lives, with a clock that lives there too and
+//! that every node's writes advance: versions then strictly increase across the nodes
+//! under the one configured node id. Such an engine ignores the machine's clock, takes
+//! the requests' `__ts` through [`Engine::observe_request`] (it must merge them before
+//! its next version, in order, as [`HlcClock::observe_request`] would), may fail a call
+//! with [`EngineError::Unavailable`] (the request fails, the node goes on), and feeds
+//! every change of an observed key back to all nodes ([`Engine::publishes_changes`]), so
+//! that each node notifies its own observers of changes made anywhere, in one order.
+//!
+//! What every engine must guarantee:
 //!
 //! - **Atomic single-key writes.** After [`Engine::put`] or [`Engine::remove`] returns
 //!   `Ok`, the whole [`Entry`] (value, version, fencing token, expiry) and the expiry
@@ -277,8 +293,8 @@ pub trait Engine {
         false
     }
 
-    /// The first observer on this node of `key` arrived: the engine must feed changes of
-    /// `key` from now on. Returns the feed position from which changes are news to that
+    /// An observer on this node begins observing `key`: the engine must feed changes of
+    /// `key` from now on. Returns the feed position after which changes are news to that
     /// observer (changes at or before it happened before it observed). Default: `0`.
     fn observe_key(&mut self, _key: &[u8]) -> Result<u64, EngineError> {
         Ok(0)
