@@ -2,7 +2,8 @@
 # Install what the test suite and the benchmark scripts need, idempotently.
 #
 #   Debian packages : mosquitto, mosquitto-clients (reference broker + CLI
-#                     clients for interop tests and benchmarks)
+#                     clients for interop tests and benchmarks); redis-server
+#                     (the cluster state store's tests)
 #   Python          : paho-mqtt 2.x in a venv at <repo>/.venv, plus the Web PubSub
 #                     SDKs pinned in tests/webpubsub-sdk/python/requirements.txt
 #   Node.js         : the Web PubSub SDKs of tests/webpubsub-sdk/js and MQTT.js of
@@ -29,6 +30,8 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib/common.sh"
 # ---- Debian packages -------------------------------------------------------
 # pkg-config and libssl-dev: the Azure IoT Operations SDK dev-dependencies build openssl-sys.
 APT_PACKAGES=(mosquitto mosquitto-clients pkg-config libssl-dev)
+# redis-server: the cluster state store's tests start their own on a free port.
+APT_PACKAGES+=(redis-server)
 
 missing=()
 for pkg in "${APT_PACKAGES[@]}"; do

@@ -15,6 +15,11 @@
 # `statehub serve --mqtt-listen 127.0.0.1:1883` (the port those tests hardcode; it must be
 # free). Prints per-file pass/fail counts and exits non-zero if any test failed.
 #
+# Cluster mode (CLUSTER=N, N >= 2): a redis-server on a free port, N statehub nodes on it
+# (`--redis`), and a round-robin TCP balancer (scripts/lib/rr_balancer.py) on port 1883,
+# so each SDK client lands on the next node; only the state store, lease and lock tests
+# run (MQTT routing between nodes is not part of the cluster yet).
+#
 # Environment: STATEHUB_SERVE_ARGS adds arguments to `statehub serve` (e.g.
 # `--data-dir DIR` to run the tests against the durable engine); SDK_SERVICES_VERSION (default 1.5.0-beta1), SDK_MQTT_VERSION (1.2.3),
 # SDK_PROTOCOL_VERSION (1.1.0) pick the registry folders; CARGO_TARGET_DIR is honoured
@@ -79,10 +84,38 @@ export CARGO_TARGET_DIR="${SDK_TARGET_DIR:-$SCRATCH/target}"
 (cd "$SCRATCH" && cargo test --no-run -p azure_iot_operations_mqtt --test session_network_tests)
 
 LOG="$SCRATCH/statehub.log"
-# shellcheck disable=SC2086 # STATEHUB_SERVE_ARGS is a list of arguments
-"$BIN" serve --mqtt-listen 127.0.0.1:1883 --http-listen 127.0.0.1:0 ${STATEHUB_SERVE_ARGS:-} >"$LOG" 2>&1 &
-SERVER=$!
-trap 'kill "$SERVER" 2>/dev/null || true; wait "$SERVER" 2>/dev/null || true' EXIT
+CLUSTER="${CLUSTER:-0}"
+PIDS=()
+trap 'for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done' EXIT
+free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+if [[ "$CLUSTER" -ge 2 ]]; then
+    REDIS_PORT="$(free_port)"
+    mkdir -p "$SCRATCH/redis"
+    redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --dir "$SCRATCH/redis" --save '' \
+        --appendonly no >"$SCRATCH/redis.log" 2>&1 &
+    PIDS+=($!)
+    BACKENDS=()
+    for i in $(seq "$CLUSTER"); do
+        port="$(free_port)"
+        "$BIN" serve --mqtt-listen "127.0.0.1:$port" --http-listen 127.0.0.1:0 \
+            --redis "redis://127.0.0.1:$REDIS_PORT" --node-id "node$i" >"$SCRATCH/statehub$i.log" 2>&1 &
+        PIDS+=($!)
+        BACKENDS+=("127.0.0.1:$port")
+    done
+    for b in "${BACKENDS[@]}"; do
+        for _ in $(seq 100); do
+            (exec 3<>"/dev/tcp/${b%:*}/${b#*:}") 2>/dev/null && break
+            sleep 0.1
+        done
+    done
+    python3 "$ROOT/scripts/lib/rr_balancer.py" 127.0.0.1:1883 "${BACKENDS[@]}" 2>"$LOG" &
+    PIDS+=($!)
+    echo "== $CLUSTER statehub nodes on redis at $REDIS_PORT behind a balancer on 1883 (logs $SCRATCH/statehub*.log)"
+else
+    # shellcheck disable=SC2086 # STATEHUB_SERVE_ARGS is a list of arguments
+    "$BIN" serve --mqtt-listen 127.0.0.1:1883 --http-listen 127.0.0.1:0 ${STATEHUB_SERVE_ARGS:-} >"$LOG" 2>&1 &
+    PIDS+=($!)
+fi
 for _ in $(seq 100); do
     (exec 3<>/dev/tcp/127.0.0.1/1883) 2>/dev/null && break
     sleep 0.1
@@ -106,9 +139,11 @@ run() { # PACKAGE TEST [FEATURES]
 run azure_iot_operations_services state_store_client_test state_store,leased_lock
 run azure_iot_operations_services lease_client_tests state_store,leased_lock
 run azure_iot_operations_services lock_client_tests state_store,leased_lock
-run azure_iot_operations_protocol command_network_tests
-run azure_iot_operations_protocol telemetry_network_tests
-run azure_iot_operations_mqtt session_network_tests
+if [[ "$CLUSTER" -lt 2 ]]; then
+    run azure_iot_operations_protocol command_network_tests
+    run azure_iot_operations_protocol telemetry_network_tests
+    run azure_iot_operations_mqtt session_network_tests
+fi
 
 echo "== summary (statehub log: $LOG)"
 printf '%s\n' "${summary[@]}"

@@ -25,6 +25,8 @@
 mod record;
 mod stall;
 
+use std::borrow::Cow;
+
 use bytes::Bytes;
 use statehub_state_store::{
     Engine, EngineError, Entry, Hlc, HlcClock, MemoryEngine, ScanBatch, Stats, WriteSeq,
@@ -210,7 +212,7 @@ impl DurableEngine {
 }
 
 impl Engine for DurableEngine {
-    fn peek(&self, key: &[u8]) -> Result<Option<&Entry>, EngineError> {
+    fn peek(&self, key: &[u8]) -> Result<Option<Cow<'_, Entry>>, EngineError> {
         self.stall.read(key);
         self.memory.peek(key)
     }

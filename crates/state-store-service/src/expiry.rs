@@ -17,6 +17,11 @@ use crate::{Authorizer, Engine, StateStoreService};
 /// How long the expiry task sleeps when no key has an expiry (a wake-up comes with the first).
 const IDLE: Duration = Duration::from_secs(3600);
 
+/// Longest sleep of the expiry task over an engine shared by several nodes: keys that
+/// other nodes wrote arm no timer here, and must expire even if the node that wrote them
+/// is gone. Also how soon it tries again while the engine's storage is out of reach.
+const SHARED_POLL: Duration = Duration::from_secs(1);
+
 impl<E, A> StateStoreService<E, A>
 where
     E: Engine + Send + Debug + 'static,
@@ -32,10 +37,12 @@ where
     pub async fn run_expiry(self: Arc<Self>, broker: Broker) {
         let shutdown = broker.shutdown_token();
         loop {
-            let wait = match self.next_expiry() {
+            let (next, shared) = self.next_expiry();
+            let wait = match next {
                 Some(at) => Duration::from_millis(at.saturating_sub(unix_ms(SystemTime::now()))),
                 None => IDLE,
             };
+            let wait = if shared { wait.min(SHARED_POLL) } else { wait };
             let orphans = async {
                 match &self.durability {
                     Some(durability) => (durability.next_orphan().await, durability),
@@ -58,6 +65,10 @@ where
                 } else {
                     match state.machine.expire(unix_ms(SystemTime::now())) {
                         Ok(effects) => effects,
+                        Err(e) if e.is_unavailable() => {
+                            crate::log_unavailable(&e);
+                            Vec::new()
+                        }
                         Err(e) => {
                             state.fail(&e);
                             Vec::new()
@@ -73,16 +84,23 @@ where
         }
     }
 
-    fn next_expiry(&self) -> Option<u64> {
+    /// When the next key expires, and whether the engine is shared with other nodes
+    /// (it publishes its changes), so that the task polls it too.
+    fn next_expiry(&self) -> (Option<u64>, bool) {
         let mut state = self.state.lock();
+        let shared = state.machine.engine().publishes_changes();
         if state.failed {
-            return None;
+            return (None, shared);
         }
         match state.machine.next_expiry() {
-            Ok(next) => next,
+            Ok(next) => (next, shared),
+            Err(e) if e.is_unavailable() => {
+                crate::log_unavailable(&e);
+                (None, true)
+            }
             Err(e) => {
                 state.fail(&e);
-                None
+                (None, shared)
             }
         }
     }

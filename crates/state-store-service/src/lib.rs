@@ -58,7 +58,7 @@ use durable::{Durability, Next};
 pub use rpc::{is_forbidden_response_topic, CONTENT_TYPE, PROTOCOL_VERSION};
 pub use settings::Settings;
 pub use settings::SettingsError;
-pub use statehub_state_store::{Authorizer, Engine, Stats, REQUEST_TOPIC};
+pub use statehub_state_store::{Authorizer, Change, Engine, Stats, REQUEST_TOPIC};
 pub use statehub_state_store_durable::DurableEngine;
 
 /// The state store as a broker service. Register it on [`REQUEST_TOPIC`] and spawn
@@ -162,6 +162,14 @@ where
     /// How many keys and bytes the store holds.
     pub fn stats(&self) -> Stats {
         self.state.lock().machine.engine().stats()
+    }
+
+    /// Notifies this node's observers of a change that the engine fed (an engine shared
+    /// by several nodes, see [`Engine::publishes_changes`]). Call it from one task, in
+    /// the feed's order.
+    pub fn apply_change(&self, broker: &Broker, change: &Change) {
+        let effects = self.state.lock().machine.apply_change(change);
+        self.carry_out(broker, effects);
     }
 
     /// Marks the store failed (see [`State::fail`]).
@@ -325,6 +333,20 @@ where
     }
 }
 
+/// Logs that the engine's storage is out of reach (at most once every ten seconds).
+fn log_unavailable(error: &FatalError) {
+    static LOG: LogLimit = LogLimit::per_secs(10);
+    if let Some(left_out) = LOG.allow() {
+        let source = std::error::Error::source(error).and_then(std::error::Error::source);
+        tracing::warn!(
+            error = %error,
+            cause = source.map(ToString::to_string),
+            left_out,
+            "state store storage unavailable; requests are answered 503 until it is back"
+        );
+    }
+}
+
 /// A request as [`State::execute`] needs it besides its payload.
 #[derive(Clone, Copy)]
 struct Call<'a> {
@@ -429,6 +451,12 @@ impl<E: Engine, A: Authorizer> State<E, A> {
             // The engine refused a write for want of disk space before changing anything:
             // this request fails, the store goes on (`statehub_state_store_durable`).
             Err(e) if is_no_space(&e) => (fault(rpc::Fault::no_space()), expiry),
+            // A networked engine's server is out of reach: this request fails, the next
+            // may succeed (the node keeps no state that the failure could have torn).
+            Err(e) if e.is_unavailable() => {
+                log_unavailable(&e);
+                (fault(rpc::Fault::unavailable()), expiry)
+            }
             Err(e) => {
                 self.fail(&e);
                 (fault(rpc::Fault::unavailable()), Vec::new())
@@ -461,6 +489,8 @@ where
     }
 
     fn on_connection_closed(&self, _broker: &Broker, client_id: &str) {
-        self.state.lock().machine.client_disconnected(client_id);
+        if let Err(e) = self.state.lock().machine.client_disconnected(client_id) {
+            tracing::warn!(client = client_id, error = %e, "observations dropped, engine not told");
+        }
     }
 }

@@ -1,8 +1,24 @@
 //! The storage engine beneath the state machine, and its contract.
 //!
-//! The [`crate::Machine`] owns one engine and calls it from a single thread of control:
-//! every command is one or two engine calls made back to back with nothing interleaved,
-//! so an engine needs no transactions across calls. What an engine must guarantee:
+//! The [`crate::Machine`] owns one engine and calls it from a single thread of control.
+//! Every command that checks and writes is one engine call ([`Engine::set_checked`],
+//! [`Engine::delete_checked`], [`Engine::remove_expired`]), which also issues the
+//! write's version. Their default implementations make the checks on the engine's own
+//! reads and then write, issuing versions from the machine's clock: right for an engine
+//! that this one thread owns (the memory and durable engines), which then needs no
+//! transactions across calls.
+//!
+//! An engine shared by several nodes (`statehub-state-store-redis`) overrides the three
+//! so that each is atomic where the data lives, with a clock that lives there too and
+//! that every node's writes advance: versions then strictly increase across the nodes
+//! under the one configured node id. Such an engine ignores the machine's clock, takes
+//! the requests' `__ts` through [`Engine::observe_request`] (it must merge them before
+//! its next version, in order, as [`HlcClock::observe_request`] would), may fail a call
+//! with [`EngineError::Unavailable`] (the request fails, the node goes on), and feeds
+//! every change of an observed key back to all nodes ([`Engine::publishes_changes`]), so
+//! that each node notifies its own observers of changes made anywhere, in one order.
+//!
+//! What every engine must guarantee:
 //!
 //! - **Atomic single-key writes.** After [`Engine::put`] or [`Engine::remove`] returns
 //!   `Ok`, the whole [`Entry`] (value, version, fencing token, expiry) and the expiry
@@ -58,15 +74,21 @@
 //!   restarted node never issues a version it issued before, even if the wall clock went
 //!   back.
 
+mod checked;
+
+use std::borrow::Cow;
 use std::collections::{BTreeSet, HashMap};
 use std::ops::Bound;
 
 use bytes::Bytes;
 use smallvec::SmallVec;
 
-use crate::error::EngineError;
-use crate::hlc::{Hlc, HlcClock};
+use crate::command::SetCondition;
+use crate::error::{EngineError, Refusal};
+use crate::hlc::{Hlc, HlcClock, Stamp};
 use crate::value::Value;
+
+pub use checked::{check_quota, fence};
 
 /// A position in a persistent engine's stream of sealed writes (see [`Engine::seal`]).
 pub type WriteSeq = u64;
@@ -105,16 +127,91 @@ pub struct ScanBatch {
     pub cursor: Option<Bytes>,
 }
 
+/// A SET that passed the machine's generic checks, for [`Engine::set_checked`].
+#[derive(Debug, Clone, Copy)]
+pub struct SetRequest<'a> {
+    /// The key (a slice of the request: an engine that keeps it copies it).
+    pub key: &'a [u8],
+    /// The value.
+    pub value: &'a [u8],
+    /// `NX`, `NEX` or none.
+    pub condition: SetCondition,
+    /// `PX`, in milliseconds.
+    pub px_ms: Option<u64>,
+    /// The request's `__ft`.
+    pub fencing_token: Option<&'a Hlc>,
+    /// The time of the request, in milliseconds since the Unix epoch.
+    pub now_ms: u64,
+}
+
+impl SetRequest<'_> {
+    /// When the written key expires, if it has a `PX`.
+    pub fn expires_at_ms(&self) -> Option<u64> {
+        self.px_ms.map(|px| self.now_ms.saturating_add(px))
+    }
+}
+
+/// The size limits and quotas a SET is checked against (from the machine's config).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Most keys the store holds.
+    pub max_keys: u64,
+    /// Most bytes (keys and values) the store holds.
+    pub max_bytes: u64,
+    /// Longest key (the configured bound or the engine's, whichever is lower).
+    pub max_key_len: usize,
+    /// Longest value.
+    pub max_value_bytes: usize,
+}
+
+/// What a checked SET did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SetOutcome {
+    /// The entry was written with this version.
+    Written(Hlc),
+    /// `NX`/`NEX` kept the existing entry, which has this version.
+    Kept(Hlc),
+    /// Refused (fencing, quota); nothing changed.
+    Refused(Refusal),
+}
+
+/// What a checked DEL or VDEL did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DelOutcome {
+    /// There was no such key.
+    Absent,
+    /// Deleted; the deletion has this version.
+    Deleted(Hlc),
+    /// VDEL's value did not match; the entry, with this version, stays.
+    Kept(Hlc),
+    /// Refused (fencing); nothing changed.
+    Refused(Refusal),
+}
+
+/// One change of a key as an engine that publishes its changes reports it (see
+/// [`Engine::publishes_changes`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Change {
+    /// The change's position in the engine's feed: strictly increasing, one per change.
+    pub seq: u64,
+    /// The key.
+    pub key: Bytes,
+    /// The new value, or `None` for a deletion (an expiry's too).
+    pub value: Option<Bytes>,
+    /// The version of the write or deletion.
+    pub version: Hlc,
+}
+
 /// Key-value storage for the state store. See the module docs for the contract.
 pub trait Engine {
-    /// The entry of `key`, borrowed (expired entries included until removed): for reads
-    /// that only look at it (a SET's conditions, fencing and quota checks), which then
-    /// copy and count nothing.
-    fn peek(&self, key: &[u8]) -> Result<Option<&Entry>, EngineError>;
+    /// The entry of `key` (expired entries included until removed): borrowed from an
+    /// in-memory engine, for reads that only look at it (a GET, a SET's checks), which
+    /// then copy and count nothing; owned from an engine that must fetch it.
+    fn peek(&self, key: &[u8]) -> Result<Option<Cow<'_, Entry>>, EngineError>;
     /// The entry of `key`, if any (expired entries included until removed): the stored
     /// entry's fields shared, as [`Engine::peek`] finds them.
     fn get(&self, key: &[u8]) -> Result<Option<Entry>, EngineError> {
-        Ok(self.peek(key)?.cloned())
+        Ok(self.peek(key)?.map(Cow::into_owned))
     }
     /// Stores `entry` under `key`, replacing and returning any previous entry. `key` may
     /// be a slice of a larger buffer (the request's): an engine that keeps it copies it,
@@ -138,6 +235,75 @@ pub trait Engine {
     /// Ends one request's writes: hands them and `clock`'s high-water mark to durable
     /// storage and returns what the reply must wait for (see the module docs).
     fn seal(&mut self, clock: &HlcClock) -> Result<Option<WriteSeq>, EngineError>;
+
+    /// Merges a request's `__ts` (if any) read at `now_ms` into the clock that issues
+    /// versions (see [`HlcClock::observe_request`]). Called once per request, before its
+    /// command runs. The default merges into the machine's `clock`.
+    fn observe_request(&mut self, clock: &mut HlcClock, stamp: Option<Stamp>, now_ms: u64) {
+        if let Some(stamp) = stamp {
+            clock.observe_request(stamp, now_ms);
+        }
+    }
+
+    /// A SET: fencing, then `NX`/`NEX`, then the quotas in `limits`, then the write with
+    /// a new version, all as one atomic step. The default does it on this engine's own
+    /// reads and writes with the machine's `clock` (right for an engine that one thread
+    /// owns); an engine shared by several nodes does it in one operation of its own and
+    /// issues the version from a clock it shares.
+    fn set_checked(
+        &mut self,
+        clock: &mut HlcClock,
+        request: &SetRequest<'_>,
+        limits: &Limits,
+    ) -> Result<SetOutcome, EngineError> {
+        checked::set(self, clock, request, limits)
+    }
+
+    /// A DEL (`expected` is `None`) or VDEL: fencing, then VDEL's value match, then the
+    /// removal with a new version, as one atomic step (see [`Engine::set_checked`]).
+    fn delete_checked(
+        &mut self,
+        clock: &mut HlcClock,
+        key: &[u8],
+        expected: Option<&[u8]>,
+        fencing_token: Option<&Hlc>,
+        now_ms: u64,
+    ) -> Result<DelOutcome, EngineError> {
+        checked::delete(self, clock, key, expected, fencing_token, now_ms)
+    }
+
+    /// Removes `key` if it is still due (`expires_at_ms <= now_ms`), returning the
+    /// deletion's version; `None` if it is gone or no longer due (another node removed
+    /// it, or it was written again), so each expiry is removed, and notified, once.
+    fn remove_expired(
+        &mut self,
+        clock: &mut HlcClock,
+        key: &Bytes,
+        now_ms: u64,
+    ) -> Result<Option<Hlc>, EngineError> {
+        checked::remove_expired(self, clock, key, now_ms)
+    }
+
+    /// Whether the engine reports every change itself, as [`Change`]s fed to
+    /// [`crate::Machine::apply_change`], in one order shared by every node. The machine
+    /// then leaves notifying to that feed, so an observer learns of changes made through
+    /// any node exactly once and in the feed's order. Default: `false`, the machine
+    /// notifies as it writes.
+    fn publishes_changes(&self) -> bool {
+        false
+    }
+
+    /// An observer on this node begins observing `key`: the engine must feed changes of
+    /// `key` from now on. Returns the feed position after which changes are news to that
+    /// observer (changes at or before it happened before it observed). Default: `0`.
+    fn observe_key(&mut self, _key: &[u8]) -> Result<u64, EngineError> {
+        Ok(0)
+    }
+
+    /// The last observer on this node of `key` left.
+    fn forget_key(&mut self, _key: &[u8]) -> Result<(), EngineError> {
+        Ok(())
+    }
 }
 
 /// An in-memory engine: a hash map for point reads and writes, the keys again in an ordered
@@ -242,8 +408,8 @@ impl MemoryEngine {
 }
 
 impl Engine for MemoryEngine {
-    fn peek(&self, key: &[u8]) -> Result<Option<&Entry>, EngineError> {
-        Ok(self.entries.get(key))
+    fn peek(&self, key: &[u8]) -> Result<Option<Cow<'_, Entry>>, EngineError> {
+        Ok(self.entries.get(key).map(Cow::Borrowed))
     }
 
     fn put(&mut self, key: &[u8], entry: Entry) -> Result<Option<Entry>, EngineError> {

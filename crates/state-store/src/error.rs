@@ -53,9 +53,16 @@ pub enum EngineError {
     /// Reading or writing the storage failed.
     #[error("storage I/O failed")]
     Io(#[from] std::io::Error),
-    /// A backend-specific failure (a Redis error, a corrupt record...).
+    /// A backend-specific failure (a corrupt record...).
     #[error("storage backend failed")]
     Backend(#[source] Box<dyn std::error::Error + Send + Sync>),
+    /// The storage cannot be reached now (a networked engine's server is down or
+    /// refused the command): this call failed, and a write it made may or may not have
+    /// happened, as after any lost reply. Only an engine that keeps no state of its own
+    /// between calls returns it, so the node's state stays whole: the shell refuses this
+    /// request and goes on, and later calls succeed once the storage is back.
+    #[error("storage unavailable")]
+    Unavailable(#[source] Box<dyn std::error::Error + Send + Sync>),
 }
 
 /// The node cannot go on serving the state store.
@@ -64,4 +71,11 @@ pub enum FatalError {
     /// The storage engine failed; the store's state is unknown.
     #[error("the state store engine failed")]
     Engine(#[from] EngineError),
+}
+
+impl FatalError {
+    /// Whether this is [`EngineError::Unavailable`]: the request fails, the node goes on.
+    pub fn is_unavailable(&self) -> bool {
+        matches!(self, Self::Engine(EngineError::Unavailable(_)))
+    }
 }

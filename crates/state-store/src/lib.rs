@@ -36,9 +36,12 @@ pub mod value;
 
 pub use authz::{AllowAll, Authorizer, Operation};
 pub use command::{Command, SetCondition};
-pub use engine::{Engine, Entry, MemoryEngine, ScanBatch, Stats, WriteSeq};
+pub use engine::{
+    Change, DelOutcome, Engine, Entry, Limits, MemoryEngine, ScanBatch, SetOutcome, SetRequest,
+    Stats, WriteSeq,
+};
 pub use error::{EngineError, FatalError, Refusal};
-pub use hlc::{Hlc, HlcClock};
+pub use hlc::{Hlc, HlcClock, Stamp};
 pub use machine::{Config, Effect, Machine, Notification, Outcome, Reply, Request};
 pub use notify::{notify_topic, REQUEST_TOPIC};
 pub use value::Value;

@@ -23,7 +23,7 @@ use bytes::Bytes;
 
 use crate::authz::{AllowAll, Authorizer, Operation};
 use crate::command::Command;
-use crate::engine::{Engine, MemoryEngine, WriteSeq};
+use crate::engine::{Change, Engine, MemoryEngine, WriteSeq};
 use crate::error::{EngineError, FatalError, Refusal};
 use crate::hlc::{check_skew, Hlc, HlcClock, Stamp};
 use crate::notify;
@@ -181,6 +181,19 @@ impl<E: Engine, A: Authorizer> Machine<E, A> {
         })
     }
 
+    /// A store over an engine shared with other nodes, which issues versions from its own
+    /// clock ([`Engine::set_checked`] and the other checked writes): nothing is read at
+    /// start, so the node starts even while the engine's storage is out of reach.
+    pub fn shared(engine: E, authorizer: A, config: Config) -> Self {
+        Self {
+            clock: HlcClock::new(config.node_id.clone()),
+            engine,
+            authorizer,
+            observers: Observers::default(),
+            config,
+        }
+    }
+
     /// The engine, for inspection.
     pub fn engine(&self) -> &E {
         &self.engine
@@ -245,8 +258,7 @@ impl<E: Engine, A: Authorizer> Machine<E, A> {
         now_ms: u64,
         effects: &mut Vec<Effect>,
     ) -> Result<(), EngineError> {
-        if self.engine.remove(key)?.is_some() {
-            let version = self.clock.tick(now_ms);
+        if let Some(version) = self.engine.remove_expired(&mut self.clock, key, now_ms)? {
             self.notify(key, notify::delete_payload, &version, effects);
         }
         Ok(())
@@ -260,15 +272,7 @@ impl<E: Engine, A: Authorizer> Machine<E, A> {
         now_ms: u64,
         effects: &mut Vec<Effect>,
     ) -> Result<(), EngineError> {
-        let due = self
-            .engine
-            .peek(key)?
-            .and_then(|entry| entry.expires_at_ms)
-            .is_some_and(|at| at <= now_ms);
-        if due {
-            self.remove_expired_key(key, now_ms, effects)?;
-        }
-        Ok(())
+        self.remove_expired_key(key, now_ms, effects)
     }
 
     /// Ends the call's writes; a durability wait goes first.
@@ -284,9 +288,37 @@ impl<E: Engine, A: Authorizer> Machine<E, A> {
         Ok(self.engine.next_expiry()?)
     }
 
-    /// Drops every observation of `client_id` (its MQTT connection ended).
-    pub fn client_disconnected(&mut self, client_id: &str) {
-        self.observers.drop_client(client_id);
+    /// Drops every observation of `client_id` (its MQTT connection ended). The
+    /// observations are gone even on `Err` (the engine could not be told that a key
+    /// lost its last observer on this node; it then feeds that key's changes for
+    /// nothing).
+    pub fn client_disconnected(&mut self, client_id: &str) -> Result<(), FatalError> {
+        for key in self.observers.drop_client(client_id) {
+            self.engine.forget_key(&key)?;
+        }
+        Ok(())
+    }
+
+    /// The notifications of a change the engine fed (see
+    /// [`Engine::publishes_changes`]): one per observer on this node that began
+    /// observing the key before the change, in client id order.
+    pub fn apply_change(&self, change: &Change) -> Vec<Effect> {
+        let payload = match &change.value {
+            Some(value) => notify::set_payload(value),
+            None => notify::delete_payload(),
+        };
+        self.observers
+            .of(&change.key)
+            .filter(|(_, since)| *since < change.seq)
+            .map(|(client_id, _)| {
+                Effect::Notify(Notification {
+                    client_id: client_id.clone(),
+                    key: change.key.clone(),
+                    payload: payload.clone(),
+                    version: change.version.clone(),
+                })
+            })
+            .collect()
     }
 
     /// Runs one request; `backlog` says expired keys may remain (see [`EXPIRY_BATCH`]).
@@ -324,9 +356,8 @@ impl<E: Engine, A: Authorizer> Machine<E, A> {
         if let (true, Some(key)) = (backlog, command.key()) {
             self.expire_key_if_due(key, now_ms, effects)?;
         }
-        if let Some(ts) = timestamp {
-            self.clock.observe_request(ts, now_ms);
-        }
+        self.engine
+            .observe_request(&mut self.clock, timestamp, now_ms);
         let client = request.client_id;
         let skip_due = backlog.then_some(now_ms);
         match command {
@@ -357,7 +388,8 @@ impl<E: Engine, A: Authorizer> Machine<E, A> {
     }
 
     /// One effect per observer of `key`, in client id order. The payload is built only
-    /// when someone observes the key (a SET's copies its value).
+    /// when someone observes the key (a SET's copies its value). Nothing when the engine
+    /// feeds its changes: [`Machine::apply_change`] notifies then.
     fn notify(
         &self,
         key: &Bytes,
@@ -365,12 +397,15 @@ impl<E: Engine, A: Authorizer> Machine<E, A> {
         version: &Hlc,
         effects: &mut Vec<Effect>,
     ) {
+        if self.engine.publishes_changes() {
+            return;
+        }
         let mut observers = self.observers.of(key).peekable();
         if observers.peek().is_none() {
             return;
         }
         let payload = payload();
-        for client_id in observers {
+        for (client_id, _) in observers {
             effects.push(Effect::Notify(Notification {
                 client_id: client_id.clone(),
                 key: key.clone(),

@@ -68,7 +68,7 @@ fn observation_quotas_in_total() {
     assert_eq!(h.reply("a", &[b"KEYNOTIFY", b"k2", b"STOP"]).0, b"+OK\r\n");
     assert_eq!(h.reply("c", &[b"KEYNOTIFY", b"k1"]).0, b"+OK\r\n");
     assert_eq!(h.reply("d", &[b"KEYNOTIFY", b"k1"]).0, QUOTA);
-    h.machine.client_disconnected("a");
+    h.machine.client_disconnected("a").expect("memory engine");
     assert_eq!(h.reply("d", &[b"KEYNOTIFY", b"k1"]).0, b"+OK\r\n");
 }
 
@@ -81,7 +81,7 @@ fn observed_key_bytes_in_total() {
     assert_eq!(h.reply("a", &[b"KEYNOTIFY", b"12345"]).0, b"+OK\r\n");
     assert_eq!(h.reply("b", &[b"KEYNOTIFY", b"12345"]).0, b"+OK\r\n");
     assert_eq!(h.reply("c", &[b"KEYNOTIFY", b"1"]).0, QUOTA);
-    h.machine.client_disconnected("b");
+    h.machine.client_disconnected("b").expect("memory engine");
     assert_eq!(h.reply("c", &[b"KEYNOTIFY", b"1"]).0, b"+OK\r\n");
 }
 

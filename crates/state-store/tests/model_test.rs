@@ -163,7 +163,9 @@ impl Run {
             }
             Op::Disconnect { client } => {
                 let client = format!("c{client}");
-                self.machine.client_disconnected(&client);
+                self.machine
+                    .client_disconnected(&client)
+                    .expect("memory engine");
                 self.model.observers.retain(|(_, c)| *c != client);
                 return;
             }

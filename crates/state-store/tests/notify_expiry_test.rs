@@ -124,11 +124,13 @@ fn stop_and_disconnect_end_notifications() {
         notifies(&h.send("c", &[b"SET", b"k", b"1"]).effects).len(),
         1
     );
-    h.machine.client_disconnected("b");
+    h.machine.client_disconnected("b").expect("memory engine");
     assert!(h.send("c", &[b"SET", b"k", b"2"]).effects.is_empty());
     // A reconnecting client starts from nothing.
     assert_eq!(h.reply("b", &[b"KEYNOTIFY", b"k", b"STOP"]).0, b":0\r\n");
-    h.machine.client_disconnected("never-seen");
+    h.machine
+        .client_disconnected("never-seen")
+        .expect("memory engine");
 }
 
 #[test]

@@ -53,6 +53,8 @@ pub struct ServeArgs {
     /// `[admin] key`). Without one, both are off.
     #[arg(long, env = "STATEHUB_ADMIN_KEY")]
     pub admin_key: Option<String>,
+    #[command(flatten)]
+    pub cluster: crate::cluster::ClusterArgs,
 }
 
 /// The TOML file's shape.
@@ -89,6 +91,8 @@ pub struct FileConfig {
     pub http: HttpConfig,
     /// The `[admin]` table: the dashboard's key and limits.
     pub admin: AdminConfig,
+    /// The `[cluster]` table: the state store in Redis (see `cluster.rs`).
+    pub cluster: crate::cluster::ClusterConfig,
 }
 
 /// The `[http]` table: limits of the HTTP listener (health, the Web PubSub client
@@ -197,6 +201,8 @@ pub enum ConfigError {
     WebPubSub(#[from] statehub_webpubsub::ConfigError),
     #[error(transparent)]
     Admin(#[from] crate::admin::AdminConfigError),
+    #[error(transparent)]
+    Cluster(#[from] crate::cluster::ClusterError),
     #[error("invalid [http] table: {0}")]
     Http(String),
     /// A Web PubSub access key is refused; `origin` says where the keys came from.
@@ -233,6 +239,8 @@ pub struct Settings {
     pub max_journal_bytes: u64,
     /// The dashboard, with its key resolved (flag/env, then `[admin] key`).
     pub admin: AdminConfig,
+    /// `Some`: the state store lives in Redis, shared with other nodes.
+    pub cluster: Option<statehub_state_store_redis::Options>,
 }
 
 impl Settings {
@@ -260,6 +268,12 @@ impl Settings {
         }
         let (compact_after_bytes, max_journal_bytes) =
             journal_sizes(&file, data_dir.is_some(), args.config.as_deref())?;
+        let cluster = crate::cluster::resolve(
+            &args.cluster,
+            file.cluster.clone(),
+            &file.state_store.store.node_id,
+            data_dir.is_some(),
+        )?;
         Ok(Settings {
             mqtt_listen: args
                 .mqtt_listen
@@ -288,6 +302,7 @@ impl Settings {
             compact_after_bytes,
             max_journal_bytes,
             admin: file.admin.resolve(args.admin_key.clone())?,
+            cluster,
         })
     }
 }

@@ -2,6 +2,7 @@
 //! turns SIGINT/SIGTERM into one shutdown signal fanned out to every task.
 
 mod admin;
+mod cluster;
 mod config;
 mod fds;
 mod http;
@@ -215,6 +216,10 @@ fn start_state_store(
     broker: &Broker,
 ) -> std::io::Result<(JoinHandle<()>, Option<DataDir>)> {
     let invalid = |e: &dyn Error| std::io::Error::new(std::io::ErrorKind::InvalidInput, chain(e));
+    if let Some(cluster) = &settings.cluster {
+        let expiry = cluster::start_state_store(cluster, &settings.state_store, broker)?;
+        return Ok((expiry, None));
+    }
     let Some(dir) = &settings.data_dir else {
         let service =
             StateStoreService::in_memory(&settings.state_store).map_err(|e| invalid(&e))?;
@@ -259,7 +264,15 @@ where
     E: statehub_state_store_service::Engine + Send + Debug + 'static,
     A: statehub_state_store_service::Authorizer + Send + Debug + 'static,
 {
-    let service = Arc::new(service);
+    register_shared(broker, Arc::new(service))
+}
+
+/// [`register`] for a service the caller shares with other tasks.
+fn register_shared<E, A>(broker: &Broker, service: Arc<StateStoreService<E, A>>) -> JoinHandle<()>
+where
+    E: statehub_state_store_service::Engine + Send + Debug + 'static,
+    A: statehub_state_store_service::Authorizer + Send + Debug + 'static,
+{
     broker.register_service(REQUEST_TOPIC, service.clone());
     tokio::spawn(service.run_expiry(broker.clone()))
 }

@@ -9,25 +9,12 @@ use bytes::Bytes;
 use super::{Effect, Failure, Machine, Reply};
 use crate::authz::{Authorizer, Operation};
 use crate::command::SetCondition;
-use crate::engine::{Engine, Entry};
+use crate::engine::{DelOutcome, Engine, Limits, SetOutcome, SetRequest};
 use crate::error::{EngineError, Refusal};
 use crate::glob::Pattern;
 use crate::hlc::Hlc;
 use crate::notify;
 use crate::resp::Response;
-use crate::value::Value;
-
-/// The fencing rule: returns the token the key carries after an accepted write.
-fn fence(existing: Option<&Entry>, request: Option<Hlc>) -> Result<Option<Hlc>, Refusal> {
-    match (existing.and_then(|e| e.fencing_token.as_deref()), request) {
-        (None, request) => Ok(request),
-        (Some(_), None) => Err(Refusal::FencingTokenRequired),
-        (Some(current), Some(request)) if request < *current => {
-            Err(Refusal::FencingTokenLowerVersion)
-        }
-        (Some(_), Some(request)) => Ok(Some(request)),
-    }
-}
 
 impl<E: Engine, A: Authorizer> Machine<E, A> {
     #[allow(clippy::too_many_arguments)]
@@ -41,33 +28,27 @@ impl<E: Engine, A: Authorizer> Machine<E, A> {
         now_ms: u64,
         effects: &mut Vec<Effect>,
     ) -> Result<Reply, Failure> {
-        let existing = self.engine.peek(&key)?;
-        let fencing_token = fence(existing, fencing_token)?;
-        if let Some(current) = existing {
-            let blocked = match condition {
-                SetCondition::Always => false,
-                SetCondition::IfAbsent => true,
-                SetCondition::IfAbsentOrEqual => current.value.as_bytes() != value,
-            };
-            if blocked {
-                return Ok(Reply::versioned(
-                    &Response::Integer(-1),
-                    current.version.clone(),
-                ));
-            }
-        }
-        self.check_quota(&key, value, existing)?;
-        let version = self.clock.tick(now_ms);
-        let expires_at_ms = px_ms.map(|px| now_ms.saturating_add(px));
-        let entry = Entry {
-            value: Value::new(value),
-            version: version.clone(),
-            fencing_token: fencing_token.map(Box::new),
-            expires_at_ms,
+        let request = SetRequest {
+            key: &key,
+            value,
+            condition,
+            px_ms,
+            fencing_token: fencing_token.as_ref(),
+            now_ms,
         };
-        self.engine.put(&key, entry)?;
+        let limits = self.limits();
+        let version = match self
+            .engine
+            .set_checked(&mut self.clock, &request, &limits)?
+        {
+            SetOutcome::Written(version) => version,
+            SetOutcome::Kept(version) => {
+                return Ok(Reply::versioned(&Response::Integer(-1), version))
+            }
+            SetOutcome::Refused(refusal) => return Err(refusal.into()),
+        };
         // `key` is a slice of the request: fine for effects, which do not outlive it long.
-        if let Some(at_ms) = expires_at_ms {
+        if let Some(at_ms) = request.expires_at_ms() {
             effects.push(Effect::ArmExpiry {
                 key: key.clone(),
                 at_ms,
@@ -77,28 +58,14 @@ impl<E: Engine, A: Authorizer> Machine<E, A> {
         Ok(Reply::versioned(&Response::Ok, version))
     }
 
-    /// The size limits and the store's quotas, for a SET of `key` to `value` over
-    /// `existing`.
-    fn check_quota(
-        &self,
-        key: &[u8],
-        value: &[u8],
-        existing: Option<&Entry>,
-    ) -> Result<(), Refusal> {
-        let config = &self.config;
-        if key.len() > self.max_key_len() || value.len() > config.max_value_bytes {
-            return Err(Refusal::QuotaExceeded);
+    /// The size limits and the store's quotas, for the engine's checked SET.
+    fn limits(&self) -> Limits {
+        Limits {
+            max_keys: self.config.max_keys,
+            max_bytes: self.config.max_bytes,
+            max_key_len: self.max_key_len(),
+            max_value_bytes: self.config.max_value_bytes,
         }
-        let stats = self.engine.stats();
-        let new_size = (key.len() + value.len()) as u64;
-        let old_size = existing.map_or(0, |e| (key.len() + e.value.len()) as u64);
-        let too_many_keys = existing.is_none() && stats.keys.saturating_add(1) > config.max_keys;
-        let too_many_bytes = new_size > old_size
-            && (stats.bytes - old_size).saturating_add(new_size) > config.max_bytes;
-        if too_many_keys || too_many_bytes {
-            return Err(Refusal::QuotaExceeded);
-        }
-        Ok(())
     }
 
     /// Whether `key` has expired by `now_ms` (when given) and awaits its removal.
@@ -135,15 +102,21 @@ impl<E: Engine, A: Authorizer> Machine<E, A> {
         now_ms: u64,
         effects: &mut Vec<Effect>,
     ) -> Result<Reply, Failure> {
-        let Some(current) = self.engine.get(key)? else {
-            return Ok(Reply::plain(&Response::Integer(0)));
+        let outcome = self.engine.delete_checked(
+            &mut self.clock,
+            key,
+            expected,
+            fencing_token.as_ref(),
+            now_ms,
+        )?;
+        let version = match outcome {
+            DelOutcome::Absent => return Ok(Reply::plain(&Response::Integer(0))),
+            DelOutcome::Kept(version) => {
+                return Ok(Reply::versioned(&Response::Integer(-1), version))
+            }
+            DelOutcome::Refused(refusal) => return Err(refusal.into()),
+            DelOutcome::Deleted(version) => version,
         };
-        fence(Some(&current), fencing_token)?;
-        if expected.is_some_and(|expected| current.value.as_bytes() != expected) {
-            return Ok(Reply::versioned(&Response::Integer(-1), current.version));
-        }
-        self.engine.remove(key)?;
-        let version = self.clock.tick(now_ms);
         self.notify(key, notify::delete_payload, &version, effects);
         Ok(Reply::versioned(&Response::Integer(1), version))
     }
@@ -155,16 +128,20 @@ impl<E: Engine, A: Authorizer> Machine<E, A> {
         stop: bool,
     ) -> Result<Reply, Failure> {
         if stop {
-            let response = if self.observers.remove(client, key) {
-                Response::Ok
-            } else {
-                Response::Integer(0)
-            };
-            return Ok(Reply::plain(&response));
+            if !self.observers.remove(client, key) {
+                return Ok(Reply::plain(&Response::Integer(0)));
+            }
+            if !self.observers.is_observed(key) {
+                self.engine.forget_key(key)?;
+            }
+            return Ok(Reply::plain(&Response::Ok));
         }
         if !self.observers.contains(client, key) {
             self.check_observation_quota(client, key)?;
-            self.observers.add(client, Bytes::copy_from_slice(key));
+            // The engine first: if it fails, nothing is observed.
+            let since = self.engine.observe_key(key)?;
+            self.observers
+                .add(client, Bytes::copy_from_slice(key), since);
         }
         Ok(Reply::plain(&Response::Ok))
     }

@@ -2,15 +2,17 @@
 //!
 //! Observations are session state, not data: they are never persisted and vanish when
 //! the client disconnects. Observers of a key are kept sorted so notification effects
-//! come out in a deterministic order.
+//! come out in a deterministic order. Each observation remembers the engine's change
+//! feed position when it began (see [`crate::Engine::observe_key`]), so that a change fed
+//! later but made earlier is not news to it.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use bytes::Bytes;
 
 #[derive(Debug, Default)]
 pub(super) struct Observers {
-    by_key: HashMap<Bytes, BTreeSet<String>>,
+    by_key: HashMap<Bytes, BTreeMap<String, u64>>,
     by_client: HashMap<String, HashSet<Bytes>>,
     /// Observations in all (pairs of client and key), for the quotas.
     count: usize,
@@ -19,8 +21,8 @@ pub(super) struct Observers {
 }
 
 impl Observers {
-    /// Starts (or keeps) `client` observing `key`.
-    pub(super) fn add(&mut self, client: &str, key: Bytes) {
+    /// Starts (or keeps) `client` observing `key`, for changes fed after `since`.
+    pub(super) fn add(&mut self, client: &str, key: Bytes, since: u64) {
         let len = key.len() as u64;
         let added = self
             .by_client
@@ -33,7 +35,7 @@ impl Observers {
             self.by_key
                 .entry(key)
                 .or_default()
-                .insert(client.to_owned());
+                .insert(client.to_owned(), since);
         }
     }
 
@@ -52,6 +54,11 @@ impl Observers {
         self.by_client
             .get(client)
             .is_some_and(|keys| keys.contains(key))
+    }
+
+    /// Whether any client observes `key`.
+    pub(super) fn is_observed(&self, key: &[u8]) -> bool {
+        self.by_key.contains_key(key)
     }
 
     /// How many keys `client` observes.
@@ -81,8 +88,9 @@ impl Observers {
         true
     }
 
-    /// Drops every observation of `client`.
-    pub(super) fn drop_client(&mut self, client: &str) {
+    /// Drops every observation of `client`; returns the keys nobody observes any more.
+    pub(super) fn drop_client(&mut self, client: &str) -> Vec<Bytes> {
+        let mut unobserved = Vec::new();
         for key in self.by_client.remove(client).unwrap_or_default() {
             self.count -= 1;
             self.key_bytes -= key.len() as u64;
@@ -90,13 +98,19 @@ impl Observers {
                 clients.remove(client);
                 if clients.is_empty() {
                     self.by_key.remove(&key);
+                    unobserved.push(key);
                 }
             }
         }
+        unobserved
     }
 
-    /// The observers of `key`, sorted.
-    pub(super) fn of(&self, key: &[u8]) -> impl Iterator<Item = &String> {
-        self.by_key.get(key).into_iter().flatten()
+    /// The observers of `key`, sorted, each with the feed position it observes after.
+    pub(super) fn of(&self, key: &[u8]) -> impl Iterator<Item = (&String, u64)> {
+        self.by_key
+            .get(key)
+            .into_iter()
+            .flatten()
+            .map(|(client, since)| (client, *since))
     }
 }

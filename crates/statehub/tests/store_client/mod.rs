@@ -203,6 +203,31 @@ impl StoreClient {
             .collect()
     }
 
+    /// One request's response as it came, whatever its `__stat`: its status and payload.
+    pub async fn call_status(&mut self, args: &[&[u8]]) -> (Option<String>, Vec<u8>) {
+        let correlation = self.send(Call::new(args)).await;
+        loop {
+            let p = timeout(PATIENCE, self.rx.recv())
+                .await
+                .expect("an answer in time")
+                .expect("connection alive");
+            if p.topic.starts_with(NOTIFY_PREFIX.as_bytes()) {
+                self.notifications.push_back(p);
+                continue;
+            }
+            let props = p.properties.expect("response properties");
+            let matches = props.correlation_data.as_deref() == Some(&correlation.to_be_bytes()[..]);
+            if matches {
+                let stat = props
+                    .user_properties
+                    .iter()
+                    .find(|(k, _)| k == "__stat")
+                    .map(|(_, v)| v.clone());
+                return (stat, p.payload.to_vec());
+            }
+        }
+    }
+
     /// The next notification, waiting up to `within`.
     pub async fn notification(&mut self, within: Duration) -> Option<Publish> {
         if let Some(n) = self.notifications.pop_front() {

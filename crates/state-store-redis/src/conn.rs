@@ -1,0 +1,94 @@
+//! One blocking connection to Redis, made again after it breaks.
+//!
+//! The state store's machine runs a request start to end under its lock, so its engine
+//! talks to Redis synchronously, one command (most often one script) at a time, on the
+//! thread that handles the request. Every call is bounded by the configured timeout.
+//! After a failed attempt to connect, calls fail at once for [`RECONNECT_BACKOFF`], so
+//! that while Redis is down each request is refused quickly instead of each waiting for
+//! a connect timeout.
+
+use std::fmt;
+use std::time::{Duration, Instant};
+
+use redis::{Client, Connection, RedisResult};
+
+use crate::RedisEngineError;
+
+/// How long calls fail at once after an attempt to connect failed.
+pub const RECONNECT_BACKOFF: Duration = Duration::from_millis(250);
+
+/// A connection that reconnects.
+pub(crate) struct Link {
+    client: Client,
+    connection: Option<Connection>,
+    /// Set after a failed connect: no new attempt before then.
+    retry_at: Option<Instant>,
+    timeout: Duration,
+}
+
+impl fmt::Debug for Link {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Link")
+            .field("server", &self.client.get_connection_info().addr)
+            .field("connected", &self.connection.is_some())
+            .field("timeout", &self.timeout)
+            .finish()
+    }
+}
+
+impl Link {
+    pub(crate) fn new(client: Client, timeout: Duration) -> Self {
+        Self {
+            client,
+            connection: None,
+            retry_at: None,
+            timeout,
+        }
+    }
+
+    /// Runs `call` on the connection, connecting first if needed. A failure that may
+    /// have broken the connection (I/O, a timeout) drops it, so the next call connects
+    /// anew.
+    pub(crate) fn run<T>(
+        &mut self,
+        call: impl FnOnce(&mut Connection) -> RedisResult<T>,
+    ) -> Result<T, RedisEngineError> {
+        let connection = self.connect()?;
+        match call(connection) {
+            Ok(value) => Ok(value),
+            Err(error) => {
+                if error.is_io_error() || error.is_timeout() || error.is_unrecoverable_error() {
+                    self.connection = None;
+                }
+                Err(error.into())
+            }
+        }
+    }
+
+    fn connect(&mut self) -> Result<&mut Connection, RedisEngineError> {
+        if self.connection.is_none() {
+            if self.retry_at.is_some_and(|at| Instant::now() < at) {
+                return Err(RedisEngineError::Backoff);
+            }
+            match open(&self.client, self.timeout) {
+                Ok(connection) => {
+                    self.retry_at = None;
+                    self.connection = Some(connection);
+                }
+                Err(error) => {
+                    self.retry_at = Some(Instant::now() + RECONNECT_BACKOFF);
+                    return Err(error.into());
+                }
+            }
+        }
+        self.connection.as_mut().ok_or(RedisEngineError::Backoff)
+    }
+}
+
+/// A new connection whose every read and write is bounded by `timeout`.
+pub(crate) fn open(client: &Client, timeout: Duration) -> RedisResult<Connection> {
+    let connection = client.get_connection_with_timeout(timeout)?;
+    connection.set_read_timeout(Some(timeout))?;
+    connection.set_write_timeout(Some(timeout))?;
+    Ok(connection)
+}

@@ -1,0 +1,152 @@
+//! A real `redis-server` for tests (feature `test-server`): started on a free loopback
+//! port with its own temporary directory, killed when dropped. It can be killed and
+//! started again on the same port and directory, to test what happens while Redis is
+//! down and after it returns. Persistence is an append-only file written on every
+//! command, so what was acknowledged before a kill is there after the restart.
+
+use std::net::{TcpListener, TcpStream};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// How long a started server may take to accept connections (a loaded machine is slow).
+const READY: Duration = Duration::from_secs(30);
+
+/// A running `redis-server`.
+#[derive(Debug)]
+pub struct RedisServer {
+    child: Option<Child>,
+    port: u16,
+    dir: tempfile::TempDir,
+}
+
+impl RedisServer {
+    /// Starts one. Panics if `redis-server` is not installed (`scripts/install-test-deps.sh`
+    /// installs it) or does not come up.
+    pub fn start() -> Self {
+        let mut dir = tempfile::tempdir().expect("temporary directory for redis-server");
+        for _ in 0..5 {
+            let port = free_port();
+            let mut server = Self {
+                child: None,
+                port,
+                dir,
+            };
+            if server.spawn() {
+                return server;
+            }
+            // Another test took the port between our probe and the server's bind.
+            dir = server.take_dir();
+        }
+        panic!("redis-server did not start on a free port");
+    }
+
+    /// `redis://127.0.0.1:<port>`.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// The port it listens on.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// Kills it (SIGKILL) and waits until it is gone.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts it again on the same port and directory (after [`RedisServer::kill`]).
+    pub fn restart(&mut self) {
+        self.kill();
+        let deadline = Instant::now() + READY;
+        while !self.spawn() {
+            assert!(Instant::now() < deadline, "redis-server did not restart");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    fn take_dir(self) -> tempfile::TempDir {
+        let mut this = self;
+        this.kill();
+        std::mem::replace(
+            &mut this.dir,
+            tempfile::tempdir().expect("temporary directory"),
+        )
+    }
+
+    /// Starts the process and waits until it answers; `false` if it exited first.
+    fn spawn(&mut self) -> bool {
+        let child = Command::new("redis-server")
+            .args(args(self.port, self.dir.path()))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("cannot run redis-server: run scripts/install-test-deps.sh");
+        let child = self.child.insert(child);
+        let deadline = Instant::now() + READY;
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = child.try_wait() {
+                self.child = None;
+                return false;
+            }
+            if ping(self.port) {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        false
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+fn args(port: u16, dir: &Path) -> Vec<String> {
+    [
+        "--port",
+        &port.to_string(),
+        "--bind",
+        "127.0.0.1",
+        "--dir",
+        &dir.display().to_string(),
+        "--save",
+        "",
+        "--appendonly",
+        "yes",
+        "--appendfsync",
+        "always",
+        "--daemonize",
+        "no",
+        "--logfile",
+        "",
+    ]
+    .iter()
+    .map(|s| (*s).to_owned())
+    .collect()
+}
+
+fn free_port() -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind a free port");
+    listener.local_addr().expect("local address").port()
+}
+
+/// Whether a server on `port` answers `PING`.
+fn ping(port: u16) -> bool {
+    use std::io::{Read, Write};
+    let Ok(mut stream) = TcpStream::connect(("127.0.0.1", port)) else {
+        return false;
+    };
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(1)));
+    let mut reply = [0u8; 7];
+    stream.write_all(b"PING\r\n").is_ok()
+        && stream.read_exact(&mut reply).is_ok()
+        && &reply == b"+PONG\r\n"
+}

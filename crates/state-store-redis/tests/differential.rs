@@ -1,0 +1,156 @@
+//! The machine over the Redis engine answers exactly as over the memory engine: random
+//! command sequences (SET with NX/NEX/PX and fencing tokens, GET, DEL, VDEL, the clock
+//! moving, expiry) run against both, every reply compared byte for byte with its
+//! version. This checks the Lua scripts' fencing, conditions, quotas and clock against
+//! the machine's own rules.
+
+mod common;
+
+use common::{fresh_namespace, machine, request, ts, T0};
+use proptest::prelude::*;
+use statehub_state_store::{Config, Engine, Machine};
+use statehub_state_store_redis::test_server::RedisServer;
+
+#[derive(Debug, Clone)]
+enum Op {
+    Set {
+        key: u8,
+        value: u8,
+        len: u8,
+        cond: u8,
+        px: Option<u64>,
+        ft: Option<u8>,
+    },
+    Get {
+        key: u8,
+    },
+    Del {
+        key: u8,
+        ft: Option<u8>,
+    },
+    VDel {
+        key: u8,
+        value: u8,
+        len: u8,
+        ft: Option<u8>,
+    },
+    Advance(u64),
+    Expire,
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    let ft = prop::option::of(0..4u8);
+    prop_oneof![
+        5 => (0..4u8, 0..2u8, 0..6u8, 0..3u8, prop::option::of(1..3_000u64), ft.clone())
+            .prop_map(|(key, value, len, cond, px, ft)| Op::Set { key, value, len, cond, px, ft }),
+        2 => (0..4u8).prop_map(|key| Op::Get { key }),
+        1 => (0..4u8, ft.clone()).prop_map(|(key, ft)| Op::Del { key, ft }),
+        1 => (0..4u8, 0..2u8, 0..6u8, ft).prop_map(|(key, value, len, ft)| Op::VDel { key, value, len, ft }),
+        2 => (0..2_000u64).prop_map(Op::Advance),
+        1 => Just(Op::Expire),
+    ]
+}
+
+/// How the request is stamped: the client's clock behind, on, or ahead of the server's.
+fn stamp() -> impl Strategy<Value = (i64, u64)> {
+    (-3..3i64, 0..3u64)
+}
+
+fn config() -> Config {
+    Config {
+        max_keys: 3,
+        max_bytes: 14,
+        max_value_bytes: 4,
+        ..Config::default()
+    }
+}
+
+/// Fencing tokens: two holders' tokens around the start time, in order.
+fn token(i: u8) -> String {
+    format!("{:015}:{:05}:holder{}", T0 + u64::from(i / 2), i % 2, i % 2)
+}
+
+fn args(op: &Op) -> Option<(Vec<Vec<u8>>, Option<String>)> {
+    let value = |v: u8, len: u8| vec![b'a' + v; usize::from(len)];
+    let key = |k: u8| vec![b'k', b'0' + k];
+    Some(match op {
+        Op::Set {
+            key: k,
+            value: v,
+            len,
+            cond,
+            px,
+            ft,
+        } => {
+            let mut a = vec![b"SET".to_vec(), key(*k), value(*v, *len)];
+            match cond {
+                1 => a.push(b"NX".to_vec()),
+                2 => a.push(b"NEX".to_vec()),
+                _ => {}
+            }
+            if let Some(px) = px {
+                a.push(b"PX".to_vec());
+                a.push(px.to_string().into_bytes());
+            }
+            (a, ft.map(token))
+        }
+        Op::Get { key: k } => (vec![b"GET".to_vec(), key(*k)], None),
+        Op::Del { key: k, ft } => (vec![b"DEL".to_vec(), key(*k)], ft.map(token)),
+        Op::VDel {
+            key: k,
+            value: v,
+            len,
+            ft,
+        } => (
+            vec![b"VDEL".to_vec(), key(*k), value(*v, *len)],
+            ft.map(token),
+        ),
+        Op::Advance(_) | Op::Expire => return None,
+    })
+}
+
+fn reply<E: statehub_state_store::Engine>(
+    machine: &mut Machine<E>,
+    args: &[Vec<u8>],
+    stamp: &str,
+    ft: Option<&str>,
+    now: u64,
+) -> (Vec<u8>, Option<String>) {
+    let args: Vec<&[u8]> = args.iter().map(Vec::as_slice).collect();
+    let outcome = machine
+        .handle(request("client", &args, Some(stamp), ft), now)
+        .expect("handle");
+    (
+        outcome.reply.payload.to_vec(),
+        outcome.reply.version.map(|v| v.to_string()),
+    )
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    #[test]
+    fn redis_answers_as_memory(ops in prop::collection::vec((op(), stamp()), 1..40)) {
+        static SERVER: std::sync::OnceLock<RedisServer> = std::sync::OnceLock::new();
+        let server = SERVER.get_or_init(RedisServer::start);
+        let mut memory = Machine::in_memory(config());
+        let mut redis = machine(server, &fresh_namespace("differential"), "node-a", config());
+        let mut now = T0;
+        for (i, (op, (skew, counter))) in ops.iter().enumerate() {
+            match op {
+                Op::Advance(ms) => now += ms,
+                Op::Expire => {
+                    memory.expire(now).expect("expire");
+                    redis.expire(now).expect("expire");
+                }
+                _ => {}
+            }
+            let Some((args, ft)) = args(op) else { continue };
+            let stamp = ts(now.saturating_add_signed(*skew), *counter);
+            let expected = reply(&mut memory, &args, &stamp, ft.as_deref(), now);
+            let got = reply(&mut redis, &args, &stamp, ft.as_deref(), now);
+            prop_assert_eq!(&got, &expected, "op {} {:?}", i, op);
+        }
+        prop_assert_eq!(redis.engine().stats(), memory.engine().stats());
+    }
+}

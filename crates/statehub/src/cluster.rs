@@ -1,0 +1,154 @@
+//! Scale-out of the state store: with `--redis` / `[cluster] redis_url`, the state store
+//! lives in Redis ([`RedisEngine`]) and every statehub node on that Redis serves the same
+//! store. Each node runs its own machine over the engine (its own observers, its own
+//! expiry task) and one thread that reads the store's change feed and notifies the
+//! node's observers. The broker and Web PubSub stay local to each node.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::Deserialize;
+use statehub_broker::Broker;
+use statehub_state_store::{AllowAll, Machine};
+use statehub_state_store_redis::{defaults, Options, RedisEngine};
+use statehub_state_store_service::{Settings as StateStoreSettings, StateStoreService};
+use tokio::task::JoinHandle;
+
+/// `statehub serve` cluster flags.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct ClusterArgs {
+    /// Keep the state store in Redis at this URL (`redis://host:port[/db]`), shared by
+    /// every statehub node given the same URL (default: this node's own store).
+    #[arg(long = "redis", env = "STATEHUB_REDIS")]
+    pub redis_url: Option<String>,
+    /// This node's id in the cluster, unique among the nodes on one Redis (default:
+    /// `node-<pid>-<start time in ms>`).
+    #[arg(long, env = "STATEHUB_NODE_ID")]
+    pub node_id: Option<String>,
+}
+
+/// The `[cluster]` table.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ClusterConfig {
+    /// See [`ClusterArgs::redis_url`].
+    pub redis_url: Option<String>,
+    /// See [`ClusterArgs::node_id`].
+    pub node_id: Option<String>,
+    /// The namespace of the store's keys in Redis: nodes with the same one share a
+    /// store (`statehub`).
+    pub namespace: String,
+    /// Bound on every Redis call, in milliseconds (2000): past it the request is
+    /// answered 503.
+    pub timeout_ms: u64,
+    /// The change feed (a Redis stream) is trimmed to about this many entries (10000):
+    /// how far a node's reader may fall behind before notifications are lost.
+    pub feed_len: u64,
+}
+
+impl Default for ClusterConfig {
+    fn default() -> Self {
+        Self {
+            redis_url: None,
+            node_id: None,
+            namespace: defaults::NAMESPACE.to_owned(),
+            timeout_ms: u64::try_from(defaults::TIMEOUT.as_millis()).unwrap_or(u64::MAX),
+            feed_len: defaults::FEED_LEN,
+        }
+    }
+}
+
+/// The `[cluster]` settings cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum ClusterError {
+    #[error("[cluster] {0}")]
+    Invalid(&'static str),
+    #[error("a Redis state store and --data-dir exclude each other: the store lives in Redis")]
+    WithDataDir,
+}
+
+/// Resolves flags over the file's table: `None` without a Redis URL.
+pub fn resolve(
+    args: &ClusterArgs,
+    file: ClusterConfig,
+    version_node_id: &str,
+    data_dir: bool,
+) -> Result<Option<Options>, ClusterError> {
+    let Some(url) = args.redis_url.clone().or(file.redis_url) else {
+        return Ok(None);
+    };
+    if data_dir {
+        return Err(ClusterError::WithDataDir);
+    }
+    if file.timeout_ms == 0 {
+        return Err(ClusterError::Invalid("timeout_ms must be at least 1"));
+    }
+    if file.feed_len == 0 {
+        return Err(ClusterError::Invalid("feed_len must be at least 1"));
+    }
+    if file.namespace.is_empty() || file.namespace.contains(['{', '}']) {
+        return Err(ClusterError::Invalid(
+            "namespace must be non-empty, without braces",
+        ));
+    }
+    let node = args.node_id.clone().or(file.node_id).unwrap_or_else(|| {
+        let started = statehub_state_store::unix_ms(std::time::SystemTime::now());
+        format!("node-{}-{started}", std::process::id())
+    });
+    if node.is_empty() {
+        return Err(ClusterError::Invalid("node_id must be non-empty"));
+    }
+    Ok(Some(Options {
+        url,
+        namespace: file.namespace,
+        node,
+        version_node_id: version_node_id.to_owned(),
+        timeout: Duration::from_millis(file.timeout_ms),
+        feed_len: file.feed_len,
+    }))
+}
+
+/// The state store on Redis, registered on the broker, its expiry task and change feed
+/// running; returns the expiry task. Starts even while Redis is down (requests are then
+/// answered 503 until it is back).
+pub fn start_state_store(
+    options: &Options,
+    settings: &StateStoreSettings,
+    broker: &Broker,
+) -> std::io::Result<JoinHandle<()>> {
+    let invalid = |e: &dyn std::error::Error| {
+        std::io::Error::new(std::io::ErrorKind::InvalidInput, crate::chain(e))
+    };
+    let config = settings.machine_config().map_err(|e| invalid(&e))?;
+    let engine = RedisEngine::open(options).map_err(|e| invalid(&e))?;
+    let mut feed = RedisEngine::feed(options).map_err(|e| invalid(&e))?;
+    if let Err(e) = feed.start() {
+        tracing::warn!(
+            "redis at {} is unreachable ({}); state store requests are answered 503 until it is back",
+            options.url,
+            crate::chain(&e)
+        );
+    }
+    let machine = Machine::shared(engine, AllowAll, config);
+    let service = Arc::new(StateStoreService::with_machine(machine, settings));
+    let stop = Arc::new(AtomicBool::new(false));
+    std::thread::Builder::new()
+        .name("state-store-feed".into())
+        .spawn({
+            let (service, broker, stop) = (service.clone(), broker.clone(), stop.clone());
+            move || feed.run(&stop, |change| service.apply_change(&broker, &change))
+        })?;
+    let shutdown = broker.shutdown_token();
+    tokio::spawn(async move {
+        shutdown.cancelled().await;
+        stop.store(true, Ordering::Relaxed);
+    });
+    tracing::info!(
+        "state store in redis at {} (namespace {:?}), node {}",
+        options.url,
+        options.namespace,
+        options.node
+    );
+    Ok(crate::register_shared(broker, service))
+}

@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# The state store on Redis (`statehub --redis`, one node) against the embedded engine
+# and against Redis itself, SET and GET, one after the other on this machine.
+#
+#   scripts/bench-cluster-statestore.sh      (builds in release first unless SKIP_BUILD=1)
+#
+# statehub-bench statestore (CLIENTS MQTT 5 clients, SDK-style requests at QoS 1, one
+# outstanding request each) against: statehub with its in-memory engine; statehub with
+# --redis on a redis-server of its own (no persistence); and redis-benchmark straight
+# against that redis-server (-c CLIENTS -t set,get -d VALUE -r KEYS). No CPU pinning:
+# statehub on Redis needs both processes. Prints one line per run.
+#
+# Environment: CLIENTS (64), N (requests per command, 50000), KEYS (10000), VALUE (100).
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+TARGET="${CARGO_TARGET_DIR:-$ROOT/target}"
+BENCH_BIN="${BENCH_BIN:-$TARGET/release/statehub-bench}"
+STATEHUB_BIN="${STATEHUB_BIN:-$TARGET/release/statehub}"
+CLIENTS="${CLIENTS:-64}"
+N="${N:-50000}"
+KEYS="${KEYS:-10000}"
+VALUE="${VALUE:-100}"
+OUT_DIR="${OUT_DIR:-$(mktemp -d /tmp/statehub-bench-cluster.XXXXXX)}"
+PER_CLIENT=$(((N + CLIENTS - 1) / CLIENTS))
+
+log() { printf '[bench-cluster-statestore] %s\n' "$*" >&2; }
+source "$(dirname "${BASH_SOURCE[0]}")/lib/common.sh"
+kill_tracked_on_exit
+
+if [ "${SKIP_BUILD:-0}" != 1 ]; then
+    cargo build --release -j 2 -p statehub -p statehub-bench
+fi
+
+REDIS_PORT="$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
+mkdir -p "$OUT_DIR/redis"
+redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --dir "$OUT_DIR/redis" --save '' --appendonly no \
+    >"$OUT_DIR/redis.log" 2>&1 &
+PIDS+=($!)
+wait_port "$REDIS_PORT" "$!"
+
+bench() { # LABEL PORT
+    local label="$1" port="$2" ratio
+    for ratio in 0 1; do
+        local cmd=SET
+        [ "$ratio" = 1 ] && cmd=GET
+        "$BENCH_BIN" statestore --port "$port" --clients "$CLIENTS" --requests-per-client "$PER_CLIENT" \
+            --ratio-get "$ratio" --keys "$KEYS" --value-size "$VALUE" --json --quiet \
+            2>"$OUT_DIR/$label-$cmd.txt" >"$OUT_DIR/$label-$cmd.json"
+        echo "$label $cmd $(cat "$OUT_DIR/$label-$cmd.json")"
+    done
+}
+
+launch_statehub "$OUT_DIR/embedded.log"
+PIDS+=("$STATEHUB_PID")
+bench embedded "$STATEHUB_PORT"
+kill "$STATEHUB_PID"
+
+STATEHUB_BIN_REAL="$STATEHUB_BIN"
+STATEHUB_BIN="$OUT_DIR/statehub-redis"
+printf '#!/bin/sh\nexec "%s" "$@" --redis redis://127.0.0.1:%s --node-id bench\n' "$STATEHUB_BIN_REAL" "$REDIS_PORT" >"$STATEHUB_BIN"
+chmod +x "$STATEHUB_BIN"
+launch_statehub "$OUT_DIR/redis-node.log"
+PIDS+=("$STATEHUB_PID")
+bench on-redis "$STATEHUB_PORT"
+kill "$STATEHUB_PID"
+
+redis-cli -p "$REDIS_PORT" flushall >/dev/null
+echo "redis-benchmark $(redis-benchmark -p "$REDIS_PORT" -c "$CLIENTS" -n "$N" -t set,get -d "$VALUE" -r "$KEYS" --csv 2>/dev/null | tr '\n' ' ')"
+log "logs in $OUT_DIR"
