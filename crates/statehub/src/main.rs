@@ -1,5 +1,6 @@
 //! The `statehub` binary: parses settings, starts the MQTT and HTTP listeners, and
-//! turns SIGINT/SIGTERM into one shutdown signal fanned out to every task.
+//! turns SIGINT/SIGTERM into one shutdown signal fanned out to every task; or runs one
+//! of the client subcommands (`kv`, `pub`, `sub`, `token`: the `statehub-cli` crate).
 
 mod config;
 mod fds;
@@ -47,6 +48,8 @@ enum Command {
     /// and snapshot block, report every one that is lost, and move the files it replaces
     /// to DIR/damaged/repair-*/ (nothing is deleted). Run it with the server stopped.
     Repair(RepairArgs),
+    #[command(flatten)]
+    Client(statehub_cli::Command),
 }
 
 /// `statehub repair` flags.
@@ -70,6 +73,7 @@ fn main() -> ExitCode {
     let args = match Cli::parse().command {
         Command::Serve(args) => args,
         Command::Repair(args) => return repair(&args),
+        Command::Client(command) => return statehub_cli::run(command),
     };
     let settings = match Settings::resolve(&args) {
         Ok(s) => s,
