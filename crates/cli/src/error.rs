@@ -128,6 +128,9 @@ pub enum CliError {
     BadResponse(String),
     #[error("cannot write the output: {0}")]
     Output(std::io::Error),
+    /// A health URL answered, with a status that is not 2xx.
+    #[error("{url} answered {status}")]
+    Unhealthy { url: String, status: u16 },
 }
 
 impl CliError {
@@ -135,7 +138,7 @@ impl CliError {
         match self {
             Self::Usage(_) => Exit::Usage,
             Self::Client(e) => e.exit(),
-            Self::Store(_) => Exit::Refused,
+            Self::Store(_) | Self::Unhealthy { .. } => Exit::Refused,
             Self::BadResponse(_) | Self::Output(_) => Exit::Transport,
         }
     }

@@ -8,12 +8,13 @@
 //!   `STATEHUB_URL`); `client`: the MQTT connection.
 //! - `store`: the state store client; `store::proto`: its wire format (topics, RESP,
 //!   notifications, HLC), no I/O.
-//! - `kv` and `watch`, `pubsub`, `token`: the subcommands; `output`: text, JSON and
+//! - `kv` and `watch`, `pubsub`, `token`, `health`: the subcommands; `output`: text, JSON and
 //!   raw printing; `error`: failures and the documented exit codes.
 
 mod client;
 mod connect;
 mod error;
+mod health;
 mod kv;
 mod output;
 mod pubsub;
@@ -41,6 +42,8 @@ pub enum Command {
     Sub(pubsub::SubArgs),
     /// Mint a Web PubSub client access URL from a connection string
     Token(token::TokenArgs),
+    /// GET the server's /healthz (exit 0 if it answers 2xx): a container's HEALTHCHECK
+    Healthcheck(health::HealthArgs),
 }
 
 /// Runs a client subcommand; the exit code is one of [`Exit`]'s.
@@ -61,6 +64,7 @@ pub fn run(command: Command) -> ExitCode {
             Command::Pub(args) => pubsub::publish(args).await,
             Command::Sub(args) => pubsub::subscribe(args).await,
             Command::Token(args) => token::run(args),
+            Command::Healthcheck(args) => health::run(args).await,
         }
     });
     match result {
