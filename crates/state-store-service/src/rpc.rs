@@ -82,6 +82,12 @@ impl Fault {
         }
     }
 
+    /// A request sent at QoS 0: the protocol needs QoS 1 (the SDKs always use it; a
+    /// hand-made request, `mosquitto_rr` without `-q 1`, may not).
+    pub fn qos0() -> Self {
+        Self::bad_request(QOS0_MESSAGE, "QoS")
+    }
+
     /// The store failed (its engine broke): every request gets this from then on.
     pub fn unavailable() -> Self {
         Self {
@@ -92,6 +98,10 @@ impl Fault {
         }
     }
 }
+
+/// Why a QoS 0 request is refused, in `__stMsg` and in its `-ERR` payload.
+const QOS0_MESSAGE: &str =
+    "state store requests must be sent at QoS 1 (mosquitto_rr: -q 1); this one was QoS 0";
 
 /// Whether a Response Topic is one a client may never use: the request topic itself or
 /// the store's notification space. The protocol page says such clients are disconnected.
@@ -273,6 +283,15 @@ pub fn fault_response(
         user.push(pair(REQUEST_VERSION_PROPERTY, requested));
     }
     response(topic, correlation, Bytes::new(), user, deadline)
+}
+
+/// The answer to a QoS 0 request: the SDK executor's fault (`__stat` 400), and the same
+/// reason as a RESP error payload, which is all a raw client such as `mosquitto_rr`
+/// prints (the SDKs never send QoS 0, so only such clients see it).
+pub fn qos0_response(topic: ByteString, correlation: Option<Bytes>, deadline: Instant) -> Message {
+    let mut reply = fault_response(topic, correlation, &Fault::qos0(), deadline);
+    reply.payload = Bytes::from(format!("-ERR {QOS0_MESSAGE}\r\n"));
+    reply
 }
 
 #[cfg(test)]

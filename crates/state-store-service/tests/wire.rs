@@ -113,12 +113,18 @@ async fn rpc_faults() {
 }
 
 #[tokio::test]
-async fn qos0_and_missing_response_topic_are_ignored() {
+async fn qos0_is_refused_and_missing_response_topic_ignored() {
     let (_broker, addr) = start().await;
     let mut c = Client::connect(addr, "wire-qos0").await;
     c.send_qos(&resp(&[b"GET", b"k"]), c.props(1, None), QoS::AtMostOnce)
         .await;
-    c.expect_quiet().await;
+    let r = c.next_publish().await;
+    assert_eq!(user1(&r, "__stat").as_deref(), Some("400"));
+    assert_eq!(user1(&r, "__propName").as_deref(), Some("QoS"));
+    let message = user1(&r, "__stMsg").unwrap();
+    assert!(message.contains("QoS 1"), "{message}");
+    let payload = std::str::from_utf8(&r.payload).unwrap();
+    assert_eq!(payload, format!("-ERR {message}\r\n"));
     let mut props = c.props(2, None);
     props.response_topic = None;
     c.send(&resp(&[b"GET", b"k"]), props).await;

@@ -19,11 +19,13 @@ pub struct ServeArgs {
     /// TOML configuration file.
     #[arg(long, env = "STATEHUB_CONFIG")]
     pub config: Option<PathBuf>,
-    /// MQTT listener address (default 0.0.0.0:1883; port 0 picks a free port).
-    #[arg(long, env = "STATEHUB_MQTT_LISTEN")]
+    /// MQTT listener address, IP:PORT or HOST:PORT (default 0.0.0.0:1883; port 0 picks a
+    /// free port).
+    #[arg(long, env = "STATEHUB_MQTT_LISTEN", value_parser = crate::first_use::listen_addr)]
     pub mqtt_listen: Option<SocketAddr>,
-    /// HTTP listener address (default 0.0.0.0:8080; port 0 picks a free port).
-    #[arg(long, env = "STATEHUB_HTTP_LISTEN")]
+    /// HTTP listener address, IP:PORT or HOST:PORT (default 0.0.0.0:8080; port 0 picks a
+    /// free port).
+    #[arg(long, env = "STATEHUB_HTTP_LISTEN", value_parser = crate::first_use::listen_addr)]
     pub http_listen: Option<SocketAddr>,
     /// MQTT worker threads, each a single-threaded runtime (default: one per core).
     #[arg(long, env = "STATEHUB_MQTT_THREADS")]
@@ -61,7 +63,9 @@ pub struct ServeArgs {
 #[derive(Debug, Default, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct FileConfig {
+    #[serde(deserialize_with = "crate::first_use::de_listen_addr")]
     pub mqtt_listen: Option<SocketAddr>,
+    #[serde(deserialize_with = "crate::first_use::de_listen_addr")]
     pub http_listen: Option<SocketAddr>,
     pub shutdown_grace_secs: Option<u64>,
     pub mqtt_threads: Option<usize>,

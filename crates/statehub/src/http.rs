@@ -78,7 +78,7 @@ impl Limits {
 pub fn router(mut config: Config, local: SocketAddr) -> (Router, Option<WebPubSub>) {
     let health = Router::new().route("/healthz", get(|| async { "ok\n" }));
     if config.access_keys.is_empty() {
-        return (health, None);
+        return (health.merge(crate::first_use::webpubsub_off()), None);
     }
     config
         .webhook_origin

@@ -1,11 +1,14 @@
 //! The `statehub` binary: parses settings, starts the MQTT and HTTP listeners, and
-//! turns SIGINT/SIGTERM into one shutdown signal fanned out to every task.
+//! turns SIGINT/SIGTERM into one shutdown signal fanned out to every task; or runs one
+//! of the client subcommands (`kv`, `pub`, `sub`, `token`: the `statehub-cli` crate).
 
 mod admin;
 mod cluster;
 mod config;
 mod fds;
+mod first_use;
 mod http;
+mod logging;
 
 use std::error::Error;
 use std::fmt::Debug;
@@ -20,7 +23,6 @@ use statehub_state_store_service::{DurableEngine, StateStoreService, REQUEST_TOP
 use statehub_storage::{Options, Store};
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
-use tracing_subscriber::EnvFilter;
 
 use config::{ServeArgs, Settings};
 
@@ -37,6 +39,8 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
     about = "MQTT 5 broker with a built-in state store"
 )]
 struct Cli {
+    #[command(flatten)]
+    log: logging::LogArgs,
     #[command(subcommand)]
     command: Command,
 }
@@ -49,6 +53,8 @@ enum Command {
     /// and snapshot block, report every one that is lost, and move the files it replaces
     /// to DIR/damaged/repair-*/ (nothing is deleted). Run it with the server stopped.
     Repair(RepairArgs),
+    #[command(flatten)]
+    Client(statehub_cli::Command),
 }
 
 /// `statehub repair` flags.
@@ -63,15 +69,12 @@ struct RepairArgs {
 }
 
 fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
-    let args = match Cli::parse().command {
+    let cli: Cli = first_use::parse();
+    logging::init(&cli.log);
+    let args = match cli.command {
         Command::Serve(args) => args,
         Command::Repair(args) => return repair(&args),
+        Command::Client(command) => return statehub_cli::run(command),
     };
     let settings = match Settings::resolve(&args) {
         Ok(s) => s,
@@ -132,9 +135,12 @@ async fn serve(mut settings: Settings) -> std::io::Result<()> {
     let (expiry, storage) = start_state_store(&settings, &broker)?;
     let workers = Workers::start(settings.mqtt_threads)?;
     let mqtt = MqttListener::bind(broker.clone(), settings.mqtt_listen)
-        .await?
+        .await
+        .map_err(|e| first_use::bind_error("MQTT", settings.mqtt_listen, e))?
         .with_workers(workers.handles());
-    let http = TcpListener::bind(settings.http_listen).await?;
+    let http = TcpListener::bind(settings.http_listen)
+        .await
+        .map_err(|e| first_use::bind_error("HTTP", settings.http_listen, e))?;
     tracing::info!("mqtt listening on {}", mqtt.local_addr()?);
     tracing::info!("http listening on {}", http.local_addr()?);
 
@@ -232,6 +238,7 @@ fn start_state_store(
         max_journal_bytes: settings.max_journal_bytes,
         ..Options::default()
     };
+    first_use::check_data_dir(dir)?;
     let store = Store::open(dir, options).map_err(|e| std::io::Error::other(chain(&e)))?;
     let engine = DurableEngine::open(&store).map_err(|e| {
         std::io::Error::other(format!(

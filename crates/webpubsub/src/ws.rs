@@ -74,6 +74,16 @@ impl IntoResponse for HandshakeError {
         };
         match self {
             Self::NotWebSocket(rejection) => rejection.into_response(),
+            // As the REST API's: `{code, message}` in JSON, for a client to show.
+            Self::Token(e) => {
+                let body = serde_json::json!({"code": "Unauthorized", "message": e.to_string()});
+                (
+                    status,
+                    [(header::CONTENT_TYPE, "application/json")],
+                    body.to_string(),
+                )
+                    .into_response()
+            }
             other => (status, other.to_string()).into_response(),
         }
     }

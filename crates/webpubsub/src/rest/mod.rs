@@ -77,9 +77,16 @@ impl ApiError {
 /// Errors carry a JSON body `{code, message}` but, as the service sends them, a
 /// `text/plain` content type: the JS SDK then keeps the whole JSON text as the
 /// `RestError` message, which its tests parse (`JSON.parse(error.message).message`).
+/// A 401 is the exception, `application/json`: it is what a person with curl and a
+/// wrong key meets first, and the SDKs read no message out of it.
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let (status, code) = self.status_and_code();
+        let content_type = if status == StatusCode::UNAUTHORIZED {
+            "application/json"
+        } else {
+            "text/plain; charset=utf-8"
+        };
         let body = ErrorBody {
             code,
             message: self.to_string(),
@@ -91,7 +98,7 @@ impl IntoResponse for ApiError {
                 ("x-ms-error-code", HeaderValue::from_static(code)),
                 (
                     header::CONTENT_TYPE.as_str(),
-                    HeaderValue::from_static("text/plain; charset=utf-8"),
+                    HeaderValue::from_static(content_type),
                 ),
             ],
             text,

@@ -1,0 +1,257 @@
+//! Every fenced block of the README is run or checked, and a block that no test knows
+//! fails `every_readme_block_is_run`: the "Command-line client" section is
+//! cli_readme.rs's; the rest is here. The shell blocks run in order, in one directory,
+//! against a statehub on free ports (`-h localhost -p 1883` and `localhost:8080` become
+//! its addresses, 1884 and 8081 two more free ports), each ```text block compared with
+//! what the block before it printed (stdout and stderr together).
+
+mod cli_support;
+mod common;
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use cli_support::{run, server};
+
+const ACCESS_KEY: &str = "change-me-0123456789abcdef";
+
+#[derive(Debug)]
+struct Block {
+    section: String,
+    lang: String,
+    body: String,
+}
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn readme() -> String {
+    std::fs::read_to_string(root().join("README.md")).unwrap()
+}
+
+/// The README's fenced blocks, each with the `## ` section it is in.
+fn blocks() -> Vec<Block> {
+    let text = readme();
+    let mut blocks = Vec::new();
+    let mut section = String::new();
+    let mut lines = text.lines();
+    while let Some(line) = lines.next() {
+        if let Some(title) = line.strip_prefix("## ") {
+            section = title.to_owned();
+        }
+        let Some(lang) = line.strip_prefix("```") else {
+            continue;
+        };
+        let mut body = String::new();
+        for l in lines.by_ref() {
+            if l == "```" {
+                break;
+            }
+            body.push_str(l);
+            body.push('\n');
+        }
+        blocks.push(Block {
+            section: section.clone(),
+            lang: lang.to_owned(),
+            body,
+        });
+    }
+    blocks
+}
+
+fn section(name: &str) -> Vec<Block> {
+    blocks().into_iter().filter(|b| b.section == name).collect()
+}
+
+#[test]
+fn every_readme_block_is_run() {
+    let blocks = blocks();
+    for b in &blocks {
+        let known = matches!(
+            (b.section.as_str(), b.lang.as_str()),
+            ("Command-line client", "sh" | "text" | "console")
+                | ("Quick start", "sh" | "text" | "rust" | "js")
+                | ("Container", "sh")
+                | ("Configuration", "toml")
+        );
+        assert!(
+            known,
+            "a README block that no test runs ({} block in \"{}\"): run it in readme.rs\n{}",
+            b.lang, b.section, b.body
+        );
+    }
+    assert!(blocks.len() >= 20, "{} blocks", blocks.len());
+    // The two set-up commands.
+    let text = readme();
+    assert!(text.contains("\n    cargo run --release -p statehub -- serve\n"));
+    assert!(text.contains("\n    bash scripts/test.sh\n"));
+    assert!(root().join("scripts/test.sh").is_file());
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+#[test]
+fn quick_start_shell_blocks_print_what_the_readme_shows() {
+    let blocks = section("Quick start");
+    assert!(blocks.iter().filter(|b| b.lang == "sh").count() >= 4);
+    let s = server(&["--access-key", ACCESS_KEY]);
+    let (p1, p2) = (free_port().to_string(), free_port().to_string());
+    let dir = tempfile::tempdir().unwrap();
+    let bin_dir = Path::new(common::BIN).parent().unwrap();
+    let path = format!("{}:{}", bin_dir.display(), std::env::var("PATH").unwrap());
+    for (i, block) in blocks.iter().enumerate() {
+        if block.lang != "sh" {
+            continue;
+        }
+        let script = block
+            .body
+            .replace(
+                "-h localhost -p 1883",
+                &format!("-h 127.0.0.1 -p {}", s.mqtt.port()),
+            )
+            .replace("localhost:8080", &s.http.to_string())
+            .replace("localhost:1884", &format!("127.0.0.1:{p1}"))
+            .replace("-p 1884", &format!("-p {p1}"))
+            .replace("localhost:8081", &format!("127.0.0.1:{p2}"));
+        assert!(
+            !script.contains("1883") && !script.contains("8080"),
+            "a port the test does not replace:\n{script}"
+        );
+        let mut sh = Command::new("bash");
+        sh.args([
+            "-e",
+            "-o",
+            "pipefail",
+            "-c",
+            &format!("exec 2>&1\n{script}"),
+        ])
+        .current_dir(dir.path())
+        .env("PATH", &path)
+        .env_remove("STATEHUB_URL");
+        let out = run(sh, None);
+        assert_eq!(
+            out.code,
+            0,
+            "README block {i} failed:\n{script}\n{}",
+            out.text()
+        );
+        if let Some(next) = blocks.get(i + 1).filter(|b| b.lang == "text") {
+            assert_eq!(out.text(), next.body, "README block {i}:\n{script}");
+        }
+    }
+}
+
+/// The example binary, built by `cargo test` with the package's tests, or built now.
+fn example(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let path = exe
+        .parent()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .join("examples")
+        .join(name);
+    if !path.is_file() {
+        let built = Command::new(env!("CARGO"))
+            .args(["build", "-p", "statehub", "--example", name])
+            .current_dir(root())
+            .status()
+            .unwrap();
+        assert!(built.success());
+    }
+    path
+}
+
+#[test]
+fn the_rust_sdk_example_is_the_readme_block_and_runs() {
+    let rust: Vec<Block> = section("Quick start")
+        .into_iter()
+        .filter(|b| b.lang == "rust")
+        .collect();
+    assert_eq!(rust.len(), 1);
+    let file = std::fs::read_to_string(root().join("crates/statehub/examples/state_store.rs"));
+    assert_eq!(
+        rust[0].body,
+        file.unwrap(),
+        "README = examples/state_store.rs"
+    );
+    let s = server(&[]);
+    let mut cmd = Command::new(example("state_store"));
+    cmd.args(["127.0.0.1", &s.mqtt.port().to_string()]);
+    let out = run(cmd, None);
+    assert_eq!(out.code, 0, "{out:?}");
+    assert_eq!(out.text(), "set: true\nget: hello from the SDK\ndel: 1\n");
+}
+
+#[test]
+fn the_web_pubsub_js_block_runs_with_the_official_sdks() {
+    let js: Vec<Block> = section("Quick start")
+        .into_iter()
+        .filter(|b| b.lang == "js")
+        .collect();
+    assert_eq!(js.len(), 1);
+    let sdk = root().join("tests/webpubsub-sdk/js");
+    assert!(
+        sdk.join("node_modules/@azure/web-pubsub-client").is_dir(),
+        "the JS SDKs are not installed: run scripts/install-test-deps.sh"
+    );
+    let s = server(&["--access-key", ACCESS_KEY]);
+    let script = js[0].body.replace("localhost:8080", &s.http.to_string());
+    // Next to node_modules, so that the imports resolve.
+    let file = tempfile::Builder::new()
+        .prefix(".readme-")
+        .suffix(".mjs")
+        .tempfile_in(&sdk)
+        .unwrap();
+    std::fs::write(file.path(), script).unwrap();
+    let mut node = Command::new("node");
+    node.arg(file.path()).current_dir(&sdk);
+    let out = run(node, None);
+    assert_eq!(out.code, 0, "{out:?}");
+    assert_eq!(out.text(), "hello from alice\n");
+}
+
+#[test]
+fn the_configuration_examples_are_accepted() {
+    let toml: Vec<Block> = section("Configuration")
+        .into_iter()
+        .filter(|b| b.lang == "toml")
+        .collect();
+    assert!(toml.len() >= 2);
+    for (i, block) in toml.iter().enumerate() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("statehub.toml");
+        std::fs::write(&file, &block.body).unwrap();
+        let s = server(&["--config", file.to_str().unwrap()]);
+        assert!(s.http.port() != 0, "block {i}");
+    }
+}
+
+/// No container daemon here: the commands name what the Dockerfile and compose.yaml
+/// define (the image, its exposed ports, its volume); container.rs checks those files.
+#[test]
+fn the_container_commands_match_the_image() {
+    let sh: Vec<Block> = section("Container");
+    assert_eq!(sh.len(), 1);
+    let lines: Vec<&str> = sh[0].body.lines().collect();
+    assert_eq!(lines[0], "docker build -t statehub .");
+    assert_eq!(lines[2], "docker compose up -d");
+    let run_line = lines[1];
+    assert!(run_line.starts_with("docker run ") && run_line.ends_with(" statehub"));
+    let dockerfile = std::fs::read_to_string(root().join("Dockerfile")).unwrap();
+    assert!(dockerfile.contains("\nEXPOSE 1883 8883 8080\n"));
+    assert!(dockerfile.contains("\nVOLUME [\"/data\"]\n"));
+    for published in ["-p 1883:1883", "-p 8080:8080", "-v statehub-data:/data"] {
+        assert!(run_line.contains(published), "{run_line}");
+    }
+    let compose = std::fs::read_to_string(root().join("compose.yaml")).unwrap();
+    assert!(compose.contains("image: statehub\n") && compose.contains("statehub-data:/data"));
+}
