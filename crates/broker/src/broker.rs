@@ -21,6 +21,7 @@ use statehub_mqtt_codec::{ByteString, Publish, ReasonCode, SubscriptionOptions};
 use tokio_util::sync::CancellationToken;
 
 use crate::auth::{AllowAll, Authenticator};
+use crate::authz::Rules;
 use crate::clock::Clock;
 use crate::config::{BrokerConfig, Overlap};
 use crate::message::{Delivery, Message, SharedVia};
@@ -53,6 +54,7 @@ struct Inner {
     retain_store: RwLock<Option<Arc<dyn RetainStore>>>,
     services: RwLock<Vec<(String, Arc<dyn Service>)>>,
     authenticator: RwLock<Arc<dyn Authenticator>>,
+    rules: Rules,
     metrics: Metrics,
     generation: AtomicU64,
     connections: AtomicUsize,
@@ -93,6 +95,7 @@ impl Broker {
                 retain_store: RwLock::new(None),
                 services: RwLock::new(Vec::new()),
                 authenticator: RwLock::new(Arc::new(AllowAll)),
+                rules: Rules::default(),
                 metrics: Metrics::default(),
                 generation: AtomicU64::new(1),
                 connections: AtomicUsize::new(0),
@@ -158,6 +161,11 @@ impl Broker {
     /// The authentication hook installed now.
     pub(crate) fn authenticator(&self) -> Arc<dyn Authenticator> {
         self.inner.authenticator.read().clone()
+    }
+
+    /// The authorization rules (see `authz.rs`).
+    pub(crate) fn rules(&self) -> &Rules {
+        &self.inner.rules
     }
 
     /// Number of subscriptions in the index (a shared-group member counts as one).
@@ -307,8 +315,12 @@ impl Broker {
         let matches = trie.matches(&msg.topic);
         let mut targets: SmallVec<[(&SubEntry, Delivery); 4]> =
             SmallVec::with_capacity(matches.plain.len());
+        let recipient = msg.recipient.as_deref();
         for (client, entry) in &matches.plain {
             if entry.options.no_local && msg.publisher.as_deref() == Some(*client) {
+                continue;
+            }
+            if recipient.is_some_and(|r| r != *client) {
                 continue;
             }
             let qos = msg.qos.min(entry.options.qos);
@@ -330,7 +342,14 @@ impl Broker {
             };
             targets.push((entry, d));
         }
-        for group in &matches.shared {
+        // A message for one recipient never goes through a shared group: a member
+        // picked would as likely be another client.
+        let groups = if recipient.is_some() {
+            &[][..]
+        } else {
+            &matches.shared[..]
+        };
+        for group in groups {
             if let Some(entry) = group.pick(None) {
                 let qos = msg.qos.min(entry.options.qos);
                 let retain = entry.options.retain_as_published && msg.retain;

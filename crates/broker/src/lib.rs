@@ -13,11 +13,13 @@
 //! * [`MqttListener`] (`server.rs`): accept loop and graceful shutdown;
 //!   `pending.rs`: the bounds on connections that have not sent CONNECT yet.
 //! * [`Service`] (`service.rs`) and [`Authenticator`] (`auth.rs`): the hooks other
-//!   layers (the state store, security) plug into.
+//!   layers (the state store, security) plug into; `authz.rs`: the authorization rules
+//!   ([`Broker::set_policy`]) and each connection's grants.
 //!
 //! See ARCHITECTURE.md at the repository root for the journey of one PUBLISH.
 
 mod auth;
+mod authz;
 mod broker;
 mod clock;
 mod config;

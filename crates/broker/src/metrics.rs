@@ -34,4 +34,12 @@ pub struct Metrics {
     /// CONNECTs refused with 0x97 because they would make one persistent session more
     /// than `max_persistent_sessions`.
     pub persistent_sessions_refused: AtomicU64,
+    /// CONNECTs refused with 0x87 by the authorization rules (or a will topic they, or
+    /// the built-in protections, do not allow).
+    pub connects_denied: AtomicU64,
+    /// PUBLISHes refused by the authorization rules or the built-in protections
+    /// (PUBACK/PUBREC 0x87, or dropped: QoS 0, MQTT 3.1.1).
+    pub publishes_denied: AtomicU64,
+    /// SUBSCRIBE filters refused with 0x87 (0x80 for MQTT 3.1.1) likewise.
+    pub subscriptions_denied: AtomicU64,
 }

@@ -46,6 +46,9 @@ pub struct ClientInfo {
     pub client_id: ByteString,
     pub username: Option<ByteString>,
     pub protocol: ProtocolVersion,
+    /// What the authorization rules grant the client (the state store asks it about
+    /// each key); `None` when no rules are installed, and everything is allowed.
+    pub access: Option<std::sync::Arc<statehub_authz::Access>>,
 }
 
 /// A built-in service. Implementations must not block the thread; long work goes in

@@ -13,8 +13,12 @@
 //!   major) are answered the way the SDKs' command executor answers them (`rpc.rs`).
 //! * Otherwise the request runs in the [`Machine`] (behind a short mutex, never held
 //!   across an await) and the reply is published on the Response Topic through the
-//!   normal routing path, as a real MQTT responder would: the requester receives it
-//!   through its subscription, and so does any other subscriber of that topic.
+//!   normal routing path, as a real MQTT responder would, but addressed to the
+//!   requester ([`Message::recipient`]): it receives it through its subscription, and no
+//!   other client does, whatever it subscribed to (`#` included).
+//! * With authorization rules, each key is checked against the requester's grants
+//!   ([`ClientInfo::access`]); a denied key is `-ERR not authorized`, and SCAN leaves
+//!   out the keys it may not read.
 //! * A QoS 1 redelivery of a request is answered from a cache (`cache.rs`).
 //! * Notifications go straight into the observer's session with
 //!   [`Broker::deliver_to`], exactly once, whether or not it subscribed to the notify
@@ -206,12 +210,8 @@ where
                 .correlation_data
                 .as_deref()
                 .map(Bytes::copy_from_slice);
-            broker.publish(rpc::fault_response(
-                response_topic.into(),
-                correlation,
-                &fault,
-                deadline,
-            ));
+            let fault = rpc::fault_response(response_topic.into(), correlation, &fault, deadline);
+            broker.publish(fault.for_client(from.client_id.clone()));
             return None;
         }
         // Looked up with the request's own Correlation Data (a slice of the read buffer);
@@ -230,10 +230,10 @@ where
                 Lookup::Late => (None, Vec::new()),
                 Lookup::Miss(at) => {
                     let (answer, effects) =
-                        state.execute(client_id, publish.payload, &props, response_topic, deadline);
+                        state.execute(from, publish.payload, &props, response_topic, deadline);
                     let reply = match answer {
                         Answer::Ok(ok) => {
-                            let reply = Arc::new(ok.message());
+                            let reply = Arc::new(ok.message().for_client(from.client_id.clone()));
                             state
                                 .cache
                                 .insert(at, lookup.client_id, ok, &reply, received);
@@ -241,7 +241,7 @@ where
                         }
                         // Only a failed store answers so, and it keeps answering so: a
                         // resent request gets the same answer without the cache.
-                        Answer::Fault(fault) => Arc::new(fault),
+                        Answer::Fault(fault) => Arc::new(fault.for_client(from.client_id.clone())),
                     };
                     (Some(reply), effects)
                 }
@@ -334,7 +334,7 @@ impl<E: Engine, A: Authorizer> State<E, A> {
     /// Runs one request in the machine and builds its response.
     fn execute(
         &mut self,
-        client_id: &str,
+        from: &ClientInfo,
         payload: Bytes,
         props: &PublishProperties,
         topic: &str,
@@ -353,10 +353,11 @@ impl<E: Engine, A: Authorizer> State<E, A> {
             return (unavailable(), Vec::new());
         }
         let request = Request {
-            client_id,
+            client_id: &from.client_id,
             payload,
             timestamp: rpc::user_property(props, TIMESTAMP_PROPERTY),
             fencing_token: rpc::user_property(props, FENCING_TOKEN_PROPERTY),
+            access: from.access.as_deref().map(|a| a as &dyn Authorizer),
         };
         match self.machine.handle(request, unix_ms(SystemTime::now())) {
             Ok(outcome) => {

@@ -17,6 +17,7 @@ use tokio::time::Instant;
 
 use super::{barrier, Conn};
 use crate::auth::AuthDecision;
+use crate::authz::Grants;
 use crate::broker::OpenConnection;
 use crate::pending::Admission;
 use crate::service::ClientInfo;
@@ -29,6 +30,8 @@ use crate::Broker;
 #[derive(Debug)]
 pub(crate) struct Accepted {
     pub session: Arc<Session>,
+    /// What the authorization rules grant the client.
+    pub grants: Grants,
     pub generation: u64,
     pub signal: Arc<Signal>,
     pub connack: ConnAck,
@@ -125,6 +128,8 @@ pub(crate) fn accept(
         props.server_keep_alive = Some(keep_alive);
     }
 
+    // Before the session is taken over: a refused client must not end another's.
+    let grants = authorize(broker, connect)?;
     let generation = broker.next_generation();
     let signal = Arc::new(Signal::default());
     let taken = broker
@@ -157,6 +162,7 @@ pub(crate) fn accept(
     }
     Ok(Accepted {
         session: taken.session,
+        grants,
         generation,
         signal,
         connack: ConnAck {
@@ -168,6 +174,42 @@ pub(crate) fn accept(
         session_expiry,
         stored: taken.stored,
     })
+}
+
+/// The client's grants, or the refusal (0x87, return code 5 for 3.1.1) of a client the
+/// rules do not let connect or whose will topic neither they nor the built-in
+/// protections let it publish on.
+fn authorize(broker: &Broker, connect: &Connect) -> Result<Grants, Refused> {
+    let info = ClientInfo {
+        client_id: connect.client_id.clone(),
+        username: connect.username.clone(),
+        protocol: connect.protocol,
+        access: None,
+    };
+    let grants = Grants::derive(broker, &super::authorize::principal(&info));
+    let access = grants.access();
+    let will = connect.will.as_ref().map(|w| &*w.topic);
+    let reason = if access.is_some_and(|a| !a.may_connect()) {
+        Some("no rule grants Connect")
+    } else if will
+        .is_some_and(|t| statehub_authz::builtin::check_publish(&info.client_id, t).is_err())
+    {
+        Some("the will topic is protected")
+    } else if will.is_some_and(|t| access.is_some_and(|a| !a.may_publish(t))) {
+        Some("no rule grants Publish on the will topic")
+    } else {
+        None
+    };
+    if let Some(reason) = reason {
+        static LOG: crate::LogLimit = crate::LogLimit::per_secs(10);
+        let denied = &broker.metrics().connects_denied;
+        denied.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        if let Some(left_out) = LOG.allow() {
+            tracing::info!(client = %info.client_id, left_out, "CONNECT not authorized: {reason}");
+        }
+        return Err(Refused(ReasonCode::NOT_AUTHORIZED));
+    }
+    Ok(grants)
 }
 
 /// Reads CONNECT (and any AUTH rounds), answers CONNACK. `None` if refused. Until the
@@ -306,7 +348,9 @@ impl Conn {
                 client_id: connect.client_id.clone(),
                 username: connect.username.clone(),
                 protocol: connect.protocol,
+                access: accepted.grants.access().cloned(),
             },
+            grants: accepted.grants,
             version: connect.protocol,
             client_receive_max: p.receive_maximum.unwrap_or(u16::MAX).max(1),
             client_max_packet: p.maximum_packet_size.unwrap_or(u32::MAX),

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use statehub_mqtt_codec::{
-    validate, Auth, ByteString, Packet, PubResponse, Publish, QoS, ReasonCode,
+    validate, Auth, ByteString, Packet, ProtocolVersion, PubResponse, Publish, QoS, ReasonCode,
 };
 
 use super::{Close, Conn};
@@ -123,12 +123,16 @@ impl Conn {
             }
             return self.ack_publish(p.qos, pid, code, false).await;
         }
+        if let Some(reason) = self.publish_denied(&p.topic) {
+            return self.refuse_publish(p.qos, pid, reason).await;
+        }
         let qos = p.qos;
         // Opened once this publish is acknowledged (after its barrier) or failed.
         let gate =
             (qos == QoS::ExactlyOnce && self.broker.session_store().is_some()).then(Arc::default);
         let _open_when_done = gate.clone().map(OpenOnDrop);
         let (code, stored) = if let Some(service) = self.broker.service_for(&p.topic) {
+            self.refresh_service_access();
             service.on_publish(&self.broker, &self.info, p).await;
             let stored = qos == QoS::ExactlyOnce && self.session.receive_qos2(pid);
             (ReasonCode::SUCCESS, stored)
@@ -163,6 +167,22 @@ impl Conn {
             (code, routed.stored)
         };
         self.ack_publish(qos, pid, code, stored).await
+    }
+
+    /// Answers a PUBLISH the client may not make, which goes nowhere: PUBACK/PUBREC
+    /// 0x87 for MQTT 5 (nothing for QoS 0); for MQTT 3.1.1, which has no way to say so,
+    /// the normal acknowledgement [MQTT-3.3.5-2].
+    async fn refuse_publish(&mut self, qos: QoS, pid: u16, reason: &str) -> Result<(), Close> {
+        tracing::debug!(client = %self.info.client_id, reason, "PUBLISH dropped");
+        if self.version == ProtocolVersion::V5 {
+            return self
+                .ack_publish(qos, pid, ReasonCode::NOT_AUTHORIZED, false)
+                .await;
+        }
+        // A QoS 2 receipt is kept, so the client's PUBREL finds it.
+        let stored = qos == QoS::ExactlyOnce && self.session.receive_qos2(pid);
+        self.ack_publish(qos, pid, ReasonCode::SUCCESS, stored)
+            .await
     }
 
     /// Routes a client's message and, for QoS 2, records its receipt (so a resent

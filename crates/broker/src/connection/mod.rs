@@ -7,6 +7,7 @@
 //! draining the session queue while the write buffer is above its high-water mark;
 //! the queue then fills and the session's bounds decide (see `session/mod.rs`).
 
+mod authorize;
 mod buffers;
 mod handshake;
 mod inbound;
@@ -30,6 +31,7 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::tcp::ReadHalf;
 use tokio::net::TcpStream;
 
+use crate::authz::Grants;
 use crate::clock::Timer;
 use crate::pending::Admission;
 use crate::ratelimit::LogLimit;
@@ -68,6 +70,8 @@ pub(crate) struct Conn {
     session: Arc<Session>,
     generation: u64,
     info: ClientInfo,
+    /// What the authorization rules grant this client, kept current (`authz.rs`).
+    grants: Grants,
     version: ProtocolVersion,
     client_receive_max: u16,
     client_max_packet: u32,

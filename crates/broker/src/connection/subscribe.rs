@@ -120,7 +120,7 @@ impl Conn {
     /// The SUBACK code refusing `filter`, if it is refused; a protocol error closes
     /// the connection. 3.1.1 clients get every failure as 0x80 (the codec maps it).
     fn refuse_filter(
-        &self,
+        &mut self,
         filter: &ByteString,
         options: &SubscriptionOptions,
     ) -> Result<Option<ReasonCode>, Close> {
@@ -140,6 +140,9 @@ impl Conn {
         }
         if topic::too_deep(plain, cfg.max_topic_levels) {
             return Ok(Some(ReasonCode::TOPIC_FILTER_INVALID));
+        }
+        if self.subscribe_denied(filter).is_some() {
+            return Ok(Some(ReasonCode::NOT_AUTHORIZED));
         }
         Ok(None)
     }
