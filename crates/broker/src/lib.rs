@@ -37,7 +37,7 @@ mod signal;
 pub mod topic;
 mod trie;
 
-pub use auth::{AllowAll, AuthDecision, Authenticator};
+pub use auth::{AllowAll, AuthDecision, Authenticator, Identity, Peer, Principal};
 pub use broker::{Broker, DeliverError};
 pub use clock::{Clock, ManualClock};
 pub use config::{BrokerConfig, Overlap};

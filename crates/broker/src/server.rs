@@ -10,6 +10,7 @@ use statehub_mqtt_codec::ReasonCode;
 use tokio::net::TcpListener;
 use tokio::runtime::Handle;
 
+use crate::auth::Authenticator;
 use crate::connection;
 use crate::pending::Pending;
 use crate::Broker;
@@ -21,6 +22,9 @@ pub struct MqttListener {
     broker: Broker,
     workers: Vec<Handle>,
     pending: Arc<Pending>,
+    /// This listener's authentication; `None`: the broker's (see
+    /// [`Broker::set_authenticator`]).
+    authenticator: Option<Arc<dyn Authenticator>>,
 }
 
 impl MqttListener {
@@ -38,7 +42,16 @@ impl MqttListener {
             broker,
             workers: Vec::new(),
             pending,
+            authenticator: None,
         })
+    }
+
+    /// Authenticates this listener's clients with `authenticator` instead of the
+    /// broker's: each listener (plain on loopback, TLS on all interfaces) may ask
+    /// for different credentials.
+    pub fn with_authenticator(mut self, authenticator: Arc<dyn Authenticator>) -> Self {
+        self.authenticator = Some(authenticator);
+        self
     }
 
     /// Runs connection tasks on these runtimes, round-robin, instead of the
@@ -71,8 +84,12 @@ impl MqttListener {
                         let Some(admission) = self.pending.admit(peer.ip(), self.broker.metrics()) else {
                             continue;
                         };
+                        let auth = match &self.authenticator {
+                            Some(auth) => auth.clone(),
+                            None => self.broker.authenticator(),
+                        };
                         if self.workers.is_empty() {
-                            tokio::spawn(connection::serve(self.broker.clone(), stream, peer, admission));
+                            tokio::spawn(connection::serve(self.broker.clone(), stream, peer, admission, auth));
                             continue;
                         }
                         // A tokio stream belongs to the reactor it was accepted on; hand
@@ -83,7 +100,7 @@ impl MqttListener {
                         let broker = self.broker.clone();
                         worker.spawn(async move {
                             match tokio::net::TcpStream::from_std(std_stream) {
-                                Ok(stream) => connection::serve(broker, stream, peer, admission).await,
+                                Ok(stream) => connection::serve(broker, stream, peer, admission, auth).await,
                                 Err(e) => tracing::warn!(error = %e, "cannot register connection"),
                             }
                         });

@@ -3,11 +3,16 @@
 //! re-authentication (AUTH 0x19 → AUTH 0x00), refusals, and the default that
 //! refuses any method with 0x8C.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use statehub_broker::codec::{Auth, ByteString, Connect, Packet, ReasonCode};
-use statehub_broker::{AuthDecision, Authenticator, BrokerConfig};
+use parking_lot::Mutex;
+use statehub_broker::codec::{Auth, ByteString, Connect, Packet, Publish, QoS, ReasonCode};
+use statehub_broker::{
+    done, AuthDecision, Authenticator, BoxFuture, Broker, BrokerConfig, ClientInfo, Identity, Peer,
+    Principal, Service,
+};
 use statehub_test_support::*;
 
 /// Method "CHAL": the server challenges with "nonce", the client must answer with
@@ -18,29 +23,72 @@ struct Challenge;
 
 const METHOD: &str = "CHAL";
 
-impl Authenticator for Challenge {
-    fn connect(&self, connect: &Connect) -> AuthDecision {
-        if connect.properties.authentication_method.as_deref() != Some(METHOD) {
-            return AuthDecision::Deny(ReasonCode::BAD_AUTHENTICATION_METHOD);
-        }
-        match connect.properties.authentication_data.as_deref() {
+impl Challenge {
+    fn step(data: Option<&[u8]>, first: bool) -> AuthDecision {
+        match data {
             Some(b"ecnon") => AuthDecision::Success {
                 data: Some(Bytes::from_static(b"welcome")),
+                identity: Identity {
+                    username: Some(bs("chal-user")),
+                    attributes: BTreeMap::from([("round".to_owned(), "1".to_owned())]),
+                    expires_at: None,
+                },
             },
-            Some(b"deny") => AuthDecision::Deny(ReasonCode::NOT_AUTHORIZED),
-            _ => AuthDecision::Continue {
+            // A second credential that proves other attributes (re-authentication).
+            Some(b"ecnon2") => AuthDecision::Success {
+                data: None,
+                identity: Identity {
+                    username: Some(bs("chal-user")),
+                    attributes: BTreeMap::from([("round".to_owned(), "2".to_owned())]),
+                    expires_at: None,
+                },
+            },
+            Some(b"deny") if first => AuthDecision::Deny(ReasonCode::NOT_AUTHORIZED),
+            _ if first => AuthDecision::Continue {
                 data: Some(Bytes::from_static(b"nonce")),
-            },
-        }
-    }
-
-    fn auth(&self, _client_id: &ByteString, _method: &ByteString, auth: &Auth) -> AuthDecision {
-        match auth.authentication_data.as_deref() {
-            Some(b"ecnon") => AuthDecision::Success {
-                data: Some(Bytes::from_static(b"welcome")),
             },
             _ => AuthDecision::Deny(ReasonCode::NOT_AUTHORIZED),
         }
+    }
+}
+
+impl Authenticator for Challenge {
+    fn connect<'a>(&'a self, _peer: &'a Peer, connect: &'a Connect) -> BoxFuture<'a, AuthDecision> {
+        let decision = if connect.properties.authentication_method.as_deref() != Some(METHOD) {
+            AuthDecision::Deny(ReasonCode::BAD_AUTHENTICATION_METHOD)
+        } else {
+            Challenge::step(connect.properties.authentication_data.as_deref(), true)
+        };
+        Box::pin(std::future::ready(decision))
+    }
+
+    fn auth<'a>(
+        &'a self,
+        _peer: &'a Peer,
+        _client_id: &'a ByteString,
+        _method: &'a ByteString,
+        auth: &'a Auth,
+    ) -> BoxFuture<'a, AuthDecision> {
+        let decision = Challenge::step(auth.authentication_data.as_deref(), false);
+        Box::pin(std::future::ready(decision))
+    }
+}
+
+/// Records the principal of every PUBLISH on `who/#`.
+#[derive(Debug, Default)]
+struct WhoAmI {
+    seen: Mutex<Vec<Principal>>,
+}
+
+impl Service for WhoAmI {
+    fn on_publish<'a>(
+        &'a self,
+        _broker: &'a Broker,
+        from: &'a ClientInfo,
+        _publish: Publish,
+    ) -> BoxFuture<'a, ()> {
+        self.seen.lock().push((*from.principal).clone());
+        done()
     }
 }
 
@@ -167,4 +215,59 @@ async fn default_hook_refuses_any_method_with_0x8c() {
     let (mut c, ack) = RawClient::connect_with(addr, connect_with_method("auth-7", None)).await;
     assert_eq!(ack.reason_code, ReasonCode::BAD_AUTHENTICATION_METHOD);
     c.expect_closed().await;
+}
+
+#[tokio::test]
+async fn services_see_the_principal_and_re_authentication_replaces_it() {
+    let (broker, addr) = start_broker(BrokerConfig::default()).await;
+    broker.set_authenticator(Arc::new(Challenge));
+    let who = Arc::new(WhoAmI::default());
+    broker.register_service("who/#", who.clone());
+    let (mut c, ack) =
+        RawClient::connect_with(addr, connect_with_method("auth-8", Some(b"ecnon"))).await;
+    assert_eq!(ack.reason_code, ReasonCode::SUCCESS);
+    assert_eq!(
+        c.publish_simple("who/am/i", QoS::AtLeastOnce, b"").await,
+        ReasonCode::SUCCESS
+    );
+    c.send(&auth(ReasonCode::RE_AUTHENTICATE, b"ecnon2")).await;
+    match c.expect().await {
+        Packet::Auth(a) => assert_eq!(a.reason_code, ReasonCode::SUCCESS),
+        other => panic!("expected AUTH 0x00, got {other:?}"),
+    }
+    assert_eq!(
+        c.publish_simple("who/am/i", QoS::AtLeastOnce, b"").await,
+        ReasonCode::SUCCESS
+    );
+    let seen = who.seen.lock().clone();
+    let principal = |round: &str| Principal {
+        client_id: bs("auth-8"),
+        username: Some(bs("chal-user")),
+        attributes: BTreeMap::from([("round".to_owned(), round.to_owned())]),
+    };
+    assert_eq!(seen, vec![principal("1"), principal("2")]);
+}
+
+#[tokio::test]
+async fn the_principal_of_an_assigned_client_id_carries_that_id() {
+    let (broker, addr) = start_default().await;
+    let who = Arc::new(WhoAmI::default());
+    broker.register_service("who/#", who.clone());
+    let mut connect = connect_packet(V5, "");
+    connect.username = Some(bs("alice"));
+    let (mut c, ack) = RawClient::connect_with(addr, connect).await;
+    let assigned = ack.properties.assigned_client_identifier.expect("an id");
+    assert_eq!(
+        c.publish_simple("who/am/i", QoS::AtLeastOnce, b"").await,
+        ReasonCode::SUCCESS
+    );
+    let seen = who.seen.lock().clone();
+    assert_eq!(
+        seen,
+        vec![Principal {
+            client_id: assigned,
+            username: Some(bs("alice")),
+            attributes: BTreeMap::new(),
+        }]
+    );
 }

@@ -16,7 +16,7 @@ use tokio::net::TcpStream;
 use tokio::time::Instant;
 
 use super::{barrier, Conn};
-use crate::auth::AuthDecision;
+use crate::auth::{AuthDecision, Authenticator, Identity, Peer, Principal};
 use crate::broker::OpenConnection;
 use crate::pending::Admission;
 use crate::service::ClientInfo;
@@ -45,14 +45,22 @@ pub(crate) struct Refused(pub ReasonCode);
 /// What the first round of authentication asked for.
 #[derive(Debug)]
 pub(crate) enum AuthStep {
-    Done(Option<bytes::Bytes>),
+    Done(Option<bytes::Bytes>, Identity),
     Challenge(Packet),
 }
 
+/// Where a connection comes from and who vouches for it: the peer and its listener's
+/// authenticator (kept for re-authentication).
+#[derive(Debug, Clone)]
+pub(crate) struct Origin {
+    pub peer: Peer,
+    pub authenticator: Arc<dyn Authenticator>,
+}
+
 /// Runs the authenticator on CONNECT.
-pub(crate) fn authenticate(broker: &Broker, connect: &Connect) -> Result<AuthStep, Refused> {
-    match broker.authenticator().connect(connect) {
-        AuthDecision::Success { data } => Ok(AuthStep::Done(data)),
+pub(crate) async fn authenticate(origin: &Origin, connect: &Connect) -> Result<AuthStep, Refused> {
+    match origin.authenticator.connect(&origin.peer, connect).await {
+        AuthDecision::Success { data, identity } => Ok(AuthStep::Done(data, identity)),
         AuthDecision::Continue { data } if connect.protocol == ProtocolVersion::V5 => {
             Ok(AuthStep::Challenge(Packet::Auth(Auth {
                 reason_code: ReasonCode::CONTINUE_AUTHENTICATION,
@@ -178,6 +186,7 @@ pub(super) async fn connect(
     broker: &Broker,
     stream: &mut TcpStream,
     admission: Admission,
+    origin: Origin,
 ) -> Option<(Conn, BytesMut, OpenConnection)> {
     let cfg = broker.config();
     let deadline = Instant::now() + Duration::from_secs(cfg.connect_timeout_secs);
@@ -185,14 +194,18 @@ pub(super) async fn connect(
     let mut rbuf = BytesMut::new();
     let (mut connect, open) =
         read_connect(broker, stream, &mut codec, &mut rbuf, deadline, admission).await?;
-    let auth_data = match check(broker, &connect).and_then(|()| authenticate(broker, &connect)) {
-        Ok(AuthStep::Done(data)) => data,
+    let first = match check(broker, &connect) {
+        Ok(()) => authenticate(&origin, &connect).await,
+        Err(refused) => Err(refused),
+    };
+    let (auth_data, identity) = match first {
+        Ok(AuthStep::Done(data, identity)) => (data, identity),
         Ok(AuthStep::Challenge(challenge)) => {
             let rounds = auth_rounds(
-                broker, stream, &mut codec, &mut rbuf, &connect, challenge, deadline,
+                broker, &origin, stream, &mut codec, &mut rbuf, &connect, challenge, deadline,
             );
             match rounds.await {
-                Ok(data) => data,
+                Ok(done) => done,
                 Err(Some(Refused(code))) => {
                     refuse(stream, &codec, code).await;
                     return None;
@@ -220,7 +233,7 @@ pub(super) async fn connect(
             return None;
         }
     }
-    let conn = Conn::new(broker, codec, &mut connect, accepted)?;
+    let conn = Conn::new(broker, codec, &mut connect, accepted, origin, identity)?;
     Some((conn, rbuf, open))
 }
 
@@ -287,6 +300,8 @@ impl Conn {
         codec: Codec,
         connect: &mut Connect,
         accepted: Accepted,
+        origin: Origin,
+        identity: Identity,
     ) -> Option<Conn> {
         let cfg = broker.config();
         let mut wbuf = BytesMut::with_capacity(1024);
@@ -304,9 +319,10 @@ impl Conn {
             generation: accepted.generation,
             info: ClientInfo {
                 client_id: connect.client_id.clone(),
-                username: connect.username.clone(),
                 protocol: connect.protocol,
+                principal: Arc::new(Principal::new(connect.client_id.clone(), identity)),
             },
+            origin,
             version: connect.protocol,
             client_receive_max: p.receive_maximum.unwrap_or(u16::MAX).max(1),
             client_max_packet: p.maximum_packet_size.unwrap_or(u32::MAX),
@@ -362,21 +378,22 @@ async fn refuse(stream: &mut TcpStream, codec: &Codec, code: ReasonCode) {
 }
 
 /// Extra AUTH exchanges during connect (MQTT 5 enhanced authentication).
+#[allow(clippy::too_many_arguments)]
 async fn auth_rounds(
     broker: &Broker,
+    origin: &Origin,
     stream: &mut TcpStream,
     codec: &mut Codec,
     rbuf: &mut BytesMut,
     connect: &Connect,
     mut challenge: Packet,
     deadline: Instant,
-) -> Result<Option<bytes::Bytes>, Option<Refused>> {
+) -> Result<(Option<bytes::Bytes>, Identity), Option<Refused>> {
     let method = connect
         .properties
         .authentication_method
         .clone()
         .unwrap_or_default();
-    let authenticator = broker.authenticator();
     loop {
         let mut out = BytesMut::new();
         if let Err(e) = codec.encode(&challenge, &mut out) {
@@ -392,8 +409,11 @@ async fn auth_rounds(
         {
             return Err(Some(Refused(ReasonCode::PROTOCOL_ERROR)));
         }
-        match authenticator.auth(&connect.client_id, &method, &auth) {
-            AuthDecision::Success { data } => return Ok(data),
+        let step = origin
+            .authenticator
+            .auth(&origin.peer, &connect.client_id, &method, &auth);
+        match step.await {
+            AuthDecision::Success { data, identity } => return Ok((data, identity)),
             AuthDecision::Continue { data } => {
                 challenge = Packet::Auth(statehub_mqtt_codec::Auth {
                     reason_code: ReasonCode::CONTINUE_AUTHENTICATION,

@@ -7,7 +7,7 @@ use statehub_mqtt_codec::{
 };
 
 use super::{Close, Conn};
-use crate::auth::AuthDecision;
+use crate::auth::{AuthDecision, Principal};
 use crate::broker::Routed;
 use crate::message::Message;
 use crate::session::{IncomingQos2, PubRec, Stage};
@@ -61,7 +61,7 @@ impl Conn {
             Packet::Disconnect(d) => {
                 Err(self.on_disconnect(d.reason_code, d.session_expiry_interval))
             }
-            Packet::Auth(a) => self.on_auth(a),
+            Packet::Auth(a) => self.on_auth(a).await,
             Packet::Connect(_) => Err(Close::ByServer(
                 ReasonCode::PROTOCOL_ERROR,
                 "second CONNECT [MQTT-3.1.0-2]",
@@ -293,8 +293,9 @@ impl Conn {
         }
     }
 
-    /// AUTH after CONNECT: re-authentication (0x19) [MQTT-4.12.1].
-    fn on_auth(&mut self, a: Auth) -> Result<(), Close> {
+    /// AUTH after CONNECT: re-authentication (0x19) [MQTT-4.12.1]. Success replaces
+    /// the connection's principal with the identity the new credential proves.
+    async fn on_auth(&mut self, a: Auth) -> Result<(), Close> {
         let Some(method) = self.auth_method.clone() else {
             return Err(Close::ByServer(
                 ReasonCode::PROTOCOL_ERROR,
@@ -307,9 +308,16 @@ impl Conn {
                 "AUTH method differs from CONNECT's [MQTT-4.12.1-1]",
             ));
         }
-        let auth = self.broker.authenticator();
-        let (code, data) = match auth.auth(&self.info.client_id, &method, &a) {
-            AuthDecision::Success { data } => (ReasonCode::SUCCESS, data),
+        let origin = &self.origin;
+        let step = origin
+            .authenticator
+            .auth(&origin.peer, &self.info.client_id, &method, &a);
+        let (code, data) = match step.await {
+            AuthDecision::Success { data, identity } => {
+                let principal = Principal::new(self.info.client_id.clone(), identity);
+                self.info.principal = Arc::new(principal);
+                (ReasonCode::SUCCESS, data)
+            }
             AuthDecision::Continue { data } => (ReasonCode::CONTINUE_AUTHENTICATION, data),
             AuthDecision::Deny(code) => {
                 return Err(Close::ByServer(code, "re-authentication failed"))

@@ -30,6 +30,7 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::tcp::ReadHalf;
 use tokio::net::TcpStream;
 
+use crate::auth::{Authenticator, Peer};
 use crate::clock::Timer;
 use crate::pending::Admission;
 use crate::ratelimit::LogLimit;
@@ -68,6 +69,8 @@ pub(crate) struct Conn {
     session: Arc<Session>,
     generation: u64,
     info: ClientInfo,
+    /// The peer and the authenticator that admitted it (for re-authentication).
+    origin: handshake::Origin,
     version: ProtocolVersion,
     client_receive_max: u16,
     client_max_packet: u32,
@@ -92,11 +95,16 @@ pub(crate) async fn serve(
     mut stream: TcpStream,
     peer: SocketAddr,
     admission: Admission,
+    authenticator: Arc<dyn Authenticator>,
 ) {
     let _ = stream.set_nodelay(true);
+    let origin = handshake::Origin {
+        peer: Peer::plain(peer),
+        authenticator,
+    };
     // The handshake and the teardown are boxed: a task's future is as large as its
     // largest state, and an idle connection should not carry theirs.
-    let connected = Box::pin(handshake::connect(&broker, &mut stream, admission)).await;
+    let connected = Box::pin(handshake::connect(&broker, &mut stream, admission, origin)).await;
     if let Some((conn, rbuf, _open)) = connected {
         let client = conn.info.client_id.clone();
         tracing::debug!(%peer, client = %client, "client connected");
@@ -331,7 +339,8 @@ mod tests {
         let broker = crate::Broker::new(crate::BrokerConfig::default());
         let pending = crate::pending::Pending::new(1, 1, broker.clock().clone());
         let admission = pending.admit(peer.ip(), broker.metrics()).unwrap();
-        let task = super::serve(broker.clone(), stream, peer, admission);
+        let auth = std::sync::Arc::new(crate::AllowAll);
+        let task = super::serve(broker.clone(), stream, peer, admission, auth);
         let size = std::mem::size_of_val(&task);
         assert!(size < 6 * 1024, "a connection's future takes {size} bytes");
     }
