@@ -35,6 +35,7 @@ mod session_store;
 mod session_table;
 mod signal;
 pub mod topic;
+mod transport;
 mod trie;
 
 pub use auth::{AllowAll, AuthDecision, Authenticator, Identity, Peer, Principal};
@@ -53,3 +54,4 @@ pub use session_store::{
     StoredSession,
 };
 pub use statehub_mqtt_codec as codec;
+pub use transport::tls::TlsSource;

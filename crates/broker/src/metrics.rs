@@ -34,4 +34,12 @@ pub struct Metrics {
     /// CONNECTs refused with 0x97 because they would make one persistent session more
     /// than `max_persistent_sessions`.
     pub persistent_sessions_refused: AtomicU64,
+    /// TLS handshakes that failed or timed out (each logged, rate-limited).
+    pub tls_handshake_failures: AtomicU64,
+    /// CONNECTs and re-authentications refused by the authenticator (bad
+    /// credentials, an anonymous client where none may be).
+    pub auth_failures: AtomicU64,
+    /// Connections closed because their credential (token, certificate) expired
+    /// without a re-authentication.
+    pub credentials_expired: AtomicU64,
 }

@@ -4,7 +4,9 @@
 //! refuses any method with 0x8C.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
 
 use bytes::Bytes;
 use parking_lot::Mutex;
@@ -270,4 +272,126 @@ async fn the_principal_of_an_assigned_client_id_carries_that_id() {
             attributes: BTreeMap::new(),
         }]
     );
+}
+
+/// Method "TTL": the authentication data is the number of seconds the credential is
+/// valid for.
+#[derive(Debug)]
+struct Expiring;
+
+impl Expiring {
+    fn step(data: Option<&[u8]>) -> AuthDecision {
+        let secs = data
+            .and_then(|d| std::str::from_utf8(d).ok())
+            .and_then(|d| d.parse::<u64>().ok());
+        match secs {
+            Some(secs) => AuthDecision::Success {
+                data: None,
+                identity: Identity {
+                    expires_at: Some(SystemTime::now() + Duration::from_secs(secs)),
+                    ..Identity::default()
+                },
+            },
+            None => AuthDecision::Deny(ReasonCode::NOT_AUTHORIZED),
+        }
+    }
+}
+
+impl Authenticator for Expiring {
+    fn connect<'a>(&'a self, _peer: &'a Peer, connect: &'a Connect) -> BoxFuture<'a, AuthDecision> {
+        let data = connect.properties.authentication_data.as_deref();
+        Box::pin(std::future::ready(Expiring::step(data)))
+    }
+
+    fn auth<'a>(
+        &'a self,
+        _peer: &'a Peer,
+        _client_id: &'a ByteString,
+        _method: &'a ByteString,
+        auth: &'a Auth,
+    ) -> BoxFuture<'a, AuthDecision> {
+        let data = auth.authentication_data.as_deref();
+        Box::pin(std::future::ready(Expiring::step(data)))
+    }
+}
+
+fn ttl_connect(id: &str, secs: &'static [u8]) -> Connect {
+    let mut c = connect_packet(V5, id);
+    // No keep alive: the test moves the clock by hours.
+    c.keep_alive = 0;
+    c.properties.authentication_method = Some(bs("TTL"));
+    c.properties.authentication_data = Some(Bytes::from_static(secs));
+    c
+}
+
+fn ttl_auth(secs: &'static [u8]) -> Packet {
+    Packet::Auth(Auth {
+        reason_code: ReasonCode::RE_AUTHENTICATE,
+        authentication_method: Some(bs("TTL")),
+        authentication_data: Some(Bytes::from_static(secs)),
+        ..Default::default()
+    })
+}
+
+#[tokio::test]
+async fn a_connection_whose_credential_expires_is_closed_without_disconnect() {
+    let (broker, addr, clock) = start_with_clock(BrokerConfig::default()).await;
+    broker.set_authenticator(Arc::new(Expiring));
+    let (mut c, ack) = RawClient::connect_with(addr, ttl_connect("ttl-1", b"60")).await;
+    assert_eq!(ack.reason_code, ReasonCode::SUCCESS);
+    c.ping().await;
+    clock.advance(Duration::from_secs(61));
+    c.expect_closed().await;
+    assert_eq!(broker.metrics().credentials_expired.load(Relaxed), 1);
+}
+
+#[tokio::test]
+async fn re_authentication_moves_the_expiry() {
+    let (broker, addr, clock) = start_with_clock(BrokerConfig::default()).await;
+    broker.set_authenticator(Arc::new(Expiring));
+    let (mut c, _) = RawClient::connect_with(addr, ttl_connect("ttl-2", b"60")).await;
+    c.send(&ttl_auth(b"3600")).await;
+    match c.expect().await {
+        Packet::Auth(a) => assert_eq!(a.reason_code, ReasonCode::SUCCESS),
+        other => panic!("expected AUTH 0x00, got {other:?}"),
+    }
+    clock.advance(Duration::from_secs(120));
+    // Past the first credential's expiry, the connection still works.
+    c.ping().await;
+    clock.advance(Duration::from_secs(3600));
+    c.expect_closed().await;
+    assert_eq!(broker.metrics().credentials_expired.load(Relaxed), 1);
+}
+
+#[tokio::test]
+async fn a_refusal_waits_for_the_failure_delay_and_is_counted() {
+    let cfg = BrokerConfig {
+        auth_failure_delay_ms: 400,
+        ..BrokerConfig::default()
+    };
+    let (broker, addr) = start_broker(cfg).await;
+    broker.set_authenticator(Arc::new(Challenge));
+    let started = Instant::now();
+    let (mut c, ack) =
+        RawClient::connect_with(addr, connect_with_method("auth-9", Some(b"deny"))).await;
+    assert_eq!(ack.reason_code, ReasonCode::NOT_AUTHORIZED);
+    // The delay is a lower bound (less 10% jitter); the machine may add to it.
+    assert!(started.elapsed() >= Duration::from_millis(360));
+    c.expect_closed().await;
+    assert_eq!(broker.metrics().auth_failures.load(Relaxed), 1);
+    // Other clients are served meanwhile: the wait is a timer, not a blocked thread.
+    let mut waiting = RawClient::open(addr, V5).await;
+    waiting
+        .send(&Packet::Connect(Box::new(connect_with_method(
+            "auth-10",
+            Some(b"deny"),
+        ))))
+        .await;
+    let (_ok, ack) =
+        RawClient::connect_with(addr, connect_with_method("auth-11", Some(b"ecnon"))).await;
+    assert_eq!(ack.reason_code, ReasonCode::SUCCESS);
+    match waiting.expect().await {
+        Packet::ConnAck(ack) => assert_eq!(ack.reason_code, ReasonCode::NOT_AUTHORIZED),
+        other => panic!("expected CONNACK 0x87, got {other:?}"),
+    }
 }

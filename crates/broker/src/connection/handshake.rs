@@ -8,21 +8,21 @@ use std::time::Duration;
 
 use bytes::BytesMut;
 use statehub_mqtt_codec::{
-    validate, Auth, ByteString, Codec, ConnAck, ConnAckProperties, Connect, DecodeError, Packet,
+    validate, ByteString, Codec, ConnAck, ConnAckProperties, Connect, DecodeError, Packet,
     ProtocolVersion, ReasonCode,
 };
-use tokio::io::AsyncWriteExt;
-use tokio::net::TcpStream;
 use tokio::time::Instant;
 
+use super::authn::{self, Origin};
 use super::{barrier, Conn};
-use crate::auth::{AuthDecision, Authenticator, Identity, Peer, Principal};
+use crate::auth::{Identity, Principal};
 use crate::broker::OpenConnection;
 use crate::pending::Admission;
 use crate::service::ClientInfo;
 use crate::session::Session;
 use crate::signal::Signal;
 use crate::topic;
+use crate::transport::Transport;
 use crate::Broker;
 
 /// The negotiated parameters of an accepted connection.
@@ -41,38 +41,6 @@ pub(crate) struct Accepted {
 /// A CONNECT that cannot be accepted: answer with this CONNACK code and close.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Refused(pub ReasonCode);
-
-/// What the first round of authentication asked for.
-#[derive(Debug)]
-pub(crate) enum AuthStep {
-    Done(Option<bytes::Bytes>, Identity),
-    Challenge(Packet),
-}
-
-/// Where a connection comes from and who vouches for it: the peer and its listener's
-/// authenticator (kept for re-authentication).
-#[derive(Debug, Clone)]
-pub(crate) struct Origin {
-    pub peer: Peer,
-    pub authenticator: Arc<dyn Authenticator>,
-}
-
-/// Runs the authenticator on CONNECT.
-pub(crate) async fn authenticate(origin: &Origin, connect: &Connect) -> Result<AuthStep, Refused> {
-    match origin.authenticator.connect(&origin.peer, connect).await {
-        AuthDecision::Success { data, identity } => Ok(AuthStep::Done(data, identity)),
-        AuthDecision::Continue { data } if connect.protocol == ProtocolVersion::V5 => {
-            Ok(AuthStep::Challenge(Packet::Auth(Auth {
-                reason_code: ReasonCode::CONTINUE_AUTHENTICATION,
-                authentication_method: connect.properties.authentication_method.clone(),
-                authentication_data: data,
-                ..Default::default()
-            })))
-        }
-        AuthDecision::Continue { .. } => Err(Refused(ReasonCode::BAD_AUTHENTICATION_METHOD)),
-        AuthDecision::Deny(code) => Err(Refused(code)),
-    }
-}
 
 /// Checks the CONNECT's own fields.
 pub(crate) fn check(broker: &Broker, connect: &Connect) -> Result<(), Refused> {
@@ -182,9 +150,9 @@ pub(crate) fn accept(
 /// CONNECT is in, the connection holds its place among the pending ones (`admission`)
 /// and closes if evicted from it; from then on it counts against `max_connections`
 /// (for as long as the returned guard lives).
-pub(super) async fn connect(
+pub(super) async fn connect<S: Transport>(
     broker: &Broker,
-    stream: &mut TcpStream,
+    stream: &mut S,
     admission: Admission,
     origin: Origin,
 ) -> Option<(Conn, BytesMut, OpenConnection)> {
@@ -194,29 +162,20 @@ pub(super) async fn connect(
     let mut rbuf = BytesMut::new();
     let (mut connect, open) =
         read_connect(broker, stream, &mut codec, &mut rbuf, deadline, admission).await?;
-    let first = match check(broker, &connect) {
-        Ok(()) => authenticate(&origin, &connect).await,
-        Err(refused) => Err(refused),
-    };
-    let (auth_data, identity) = match first {
-        Ok(AuthStep::Done(data, identity)) => (data, identity),
-        Ok(AuthStep::Challenge(challenge)) => {
-            let rounds = auth_rounds(
-                broker, &origin, stream, &mut codec, &mut rbuf, &connect, challenge, deadline,
-            );
-            match rounds.await {
-                Ok(done) => done,
-                Err(Some(Refused(code))) => {
-                    refuse(stream, &codec, code).await;
-                    return None;
-                }
-                Err(None) => return None,
-            }
-        }
-        Err(Refused(code)) => {
+    if let Err(Refused(code)) = check(broker, &connect) {
+        refuse(stream, &codec, code).await;
+        return None;
+    }
+    let authenticated = authn::on_connect(
+        broker, &origin, stream, &mut codec, &mut rbuf, &connect, deadline,
+    );
+    let (auth_data, identity) = match authenticated.await {
+        Ok(authenticated) => authenticated,
+        Err(Some(code)) => {
             refuse(stream, &codec, code).await;
             return None;
         }
+        Err(None) => return None,
     };
     let accepted = match accept(broker, &mut connect, auth_data) {
         Ok(accepted) => accepted,
@@ -239,9 +198,9 @@ pub(super) async fn connect(
 
 /// Reads the first packet, which must be a CONNECT, and refuses it if the broker is
 /// shutting down or full. `None` if the connection is to close.
-async fn read_connect(
+async fn read_connect<S: Transport>(
     broker: &Broker,
-    stream: &mut TcpStream,
+    stream: &mut S,
     codec: &mut Codec,
     rbuf: &mut BytesMut,
     deadline: Instant,
@@ -317,6 +276,7 @@ impl Conn {
             wbuf_front_left: 0,
             session: accepted.session,
             generation: accepted.generation,
+            credential_at: authn::expiry_instant(broker, &identity),
             info: ClientInfo {
                 client_id: connect.client_id.clone(),
                 protocol: connect.protocol,
@@ -351,7 +311,7 @@ impl Conn {
 /// Answers a CONNECT that failed to decode with a refusing CONNACK where the
 /// protocol has a code for it (any for MQTT 5 [MQTT-3.2.2-7]; 3.1.1 only for the
 /// identifier case, return code 2 [MQTT-3.1.3-8]), then the caller closes.
-async fn refuse_bad_connect(stream: &mut TcpStream, codec: &Codec, e: &DecodeError) {
+async fn refuse_bad_connect<S: Transport>(stream: &mut S, codec: &Codec, e: &DecodeError) {
     let code = e.reason_code();
     let answer = match codec.version() {
         Some(ProtocolVersion::V5) => true,
@@ -365,7 +325,7 @@ async fn refuse_bad_connect(stream: &mut TcpStream, codec: &Codec, e: &DecodeErr
 
 /// Writes a CONNACK refusing the connection with `code` (the codec maps it to a
 /// 3.1.1 return code); the caller then closes.
-async fn refuse(stream: &mut TcpStream, codec: &Codec, code: ReasonCode) {
+async fn refuse<S: Transport>(stream: &mut S, codec: &Codec, code: ReasonCode) {
     let mut out = BytesMut::new();
     let ack = statehub_mqtt_codec::ConnAck {
         reason_code: code,
@@ -377,59 +337,9 @@ async fn refuse(stream: &mut TcpStream, codec: &Codec, code: ReasonCode) {
     }
 }
 
-/// Extra AUTH exchanges during connect (MQTT 5 enhanced authentication).
-#[allow(clippy::too_many_arguments)]
-async fn auth_rounds(
-    broker: &Broker,
-    origin: &Origin,
-    stream: &mut TcpStream,
-    codec: &mut Codec,
-    rbuf: &mut BytesMut,
-    connect: &Connect,
-    mut challenge: Packet,
-    deadline: Instant,
-) -> Result<(Option<bytes::Bytes>, Identity), Option<Refused>> {
-    let method = connect
-        .properties
-        .authentication_method
-        .clone()
-        .unwrap_or_default();
-    loop {
-        let mut out = BytesMut::new();
-        if let Err(e) = codec.encode(&challenge, &mut out) {
-            super::encode_failed(broker, &connect.client_id, "AUTH", &e);
-            return Err(None);
-        }
-        stream.write_all(&out).await.map_err(|_| None)?;
-        let Ok(Some(Packet::Auth(auth))) = read_packet(stream, codec, rbuf, deadline).await else {
-            return Err(None);
-        };
-        if auth.reason_code != ReasonCode::CONTINUE_AUTHENTICATION
-            || auth.authentication_method.as_ref() != Some(&method)
-        {
-            return Err(Some(Refused(ReasonCode::PROTOCOL_ERROR)));
-        }
-        let step = origin
-            .authenticator
-            .auth(&origin.peer, &connect.client_id, &method, &auth);
-        match step.await {
-            AuthDecision::Success { data, identity } => return Ok((data, identity)),
-            AuthDecision::Continue { data } => {
-                challenge = Packet::Auth(statehub_mqtt_codec::Auth {
-                    reason_code: ReasonCode::CONTINUE_AUTHENTICATION,
-                    authentication_method: Some(method.clone()),
-                    authentication_data: data,
-                    ..Default::default()
-                });
-            }
-            AuthDecision::Deny(code) => return Err(Some(Refused(code))),
-        }
-    }
-}
-
 /// Reads until one whole packet is decoded, the peer closes (Ok(None)), or the deadline.
-async fn read_packet(
-    stream: &mut TcpStream,
+pub(super) async fn read_packet<S: Transport>(
+    stream: &mut S,
     codec: &mut Codec,
     rbuf: &mut BytesMut,
     deadline: Instant,

@@ -2,12 +2,9 @@
 
 use std::sync::Arc;
 
-use statehub_mqtt_codec::{
-    validate, Auth, ByteString, Packet, PubResponse, Publish, QoS, ReasonCode,
-};
+use statehub_mqtt_codec::{validate, ByteString, Packet, PubResponse, Publish, QoS, ReasonCode};
 
 use super::{Close, Conn};
-use crate::auth::{AuthDecision, Principal};
 use crate::broker::Routed;
 use crate::message::Message;
 use crate::session::{IncomingQos2, PubRec, Stage};
@@ -291,43 +288,5 @@ impl Conn {
         Close::ByClient {
             will: code == ReasonCode::DISCONNECT_WITH_WILL,
         }
-    }
-
-    /// AUTH after CONNECT: re-authentication (0x19) [MQTT-4.12.1]. Success replaces
-    /// the connection's principal with the identity the new credential proves.
-    async fn on_auth(&mut self, a: Auth) -> Result<(), Close> {
-        let Some(method) = self.auth_method.clone() else {
-            return Err(Close::ByServer(
-                ReasonCode::PROTOCOL_ERROR,
-                "AUTH without an authentication method [MQTT-4.12.0-7]",
-            ));
-        };
-        if a.authentication_method.as_ref() != Some(&method) {
-            return Err(Close::ByServer(
-                ReasonCode::PROTOCOL_ERROR,
-                "AUTH method differs from CONNECT's [MQTT-4.12.1-1]",
-            ));
-        }
-        let origin = &self.origin;
-        let step = origin
-            .authenticator
-            .auth(&origin.peer, &self.info.client_id, &method, &a);
-        let (code, data) = match step.await {
-            AuthDecision::Success { data, identity } => {
-                let principal = Principal::new(self.info.client_id.clone(), identity);
-                self.info.principal = Arc::new(principal);
-                (ReasonCode::SUCCESS, data)
-            }
-            AuthDecision::Continue { data } => (ReasonCode::CONTINUE_AUTHENTICATION, data),
-            AuthDecision::Deny(code) => {
-                return Err(Close::ByServer(code, "re-authentication failed"))
-            }
-        };
-        self.send(&Packet::Auth(Auth {
-            reason_code: code,
-            authentication_method: Some(method),
-            authentication_data: data,
-            ..Default::default()
-        }))
     }
 }
