@@ -77,4 +77,9 @@ impl Grants {
     pub(crate) fn access(&self) -> Option<&Arc<Access>> {
         self.access.as_ref()
     }
+
+    /// Forgets the grants (the principal changed): the next use derives them again.
+    pub(crate) fn invalidate(&mut self) {
+        self.generation = u64::MAX;
+    }
 }

@@ -88,6 +88,10 @@ pub struct BrokerConfig {
     /// How a message matching several subscriptions of one client is delivered
     /// (MQTT 5 allows both [MQTT-3.3.4-2], [MQTT-3.3.4-3]).
     pub overlapping_subscriptions: Overlap,
+    /// Milliseconds from a CONNECT (or AUTH) with wrong credentials to its refusal
+    /// (±10%), whatever the check took: the timing tells nothing about which part
+    /// was wrong, and guessing is slow. 0 answers at once.
+    pub auth_failure_delay_ms: u64,
 }
 
 /// Delivery of a message that matches several subscriptions of one client.
@@ -128,6 +132,7 @@ impl Default for BrokerConfig {
             max_filters_per_subscribe: 256,
             max_subscriptions_per_client: 1000,
             overlapping_subscriptions: Overlap::Single,
+            auth_failure_delay_ms: 1000,
         }
     }
 }

@@ -37,9 +37,10 @@ mod session_store;
 mod session_table;
 mod signal;
 pub mod topic;
+mod transport;
 mod trie;
 
-pub use auth::{AllowAll, AuthDecision, Authenticator};
+pub use auth::{AllowAll, AuthDecision, Authenticator, Identity, Peer, Principal};
 pub use broker::{Broker, DeliverError};
 pub use clock::{Clock, ManualClock};
 pub use config::{BrokerConfig, Overlap};
@@ -55,3 +56,4 @@ pub use session_store::{
     StoredSession,
 };
 pub use statehub_mqtt_codec as codec;
+pub use transport::tls::TlsSource;

@@ -42,4 +42,12 @@ pub struct Metrics {
     pub publishes_denied: AtomicU64,
     /// SUBSCRIBE filters refused with 0x87 (0x80 for MQTT 3.1.1) likewise.
     pub subscriptions_denied: AtomicU64,
+    /// TLS handshakes that failed or timed out (each logged, rate-limited).
+    pub tls_handshake_failures: AtomicU64,
+    /// CONNECTs and re-authentications refused by the authenticator (bad
+    /// credentials, an anonymous client where none may be).
+    pub auth_failures: AtomicU64,
+    /// Connections closed because their credential (token, certificate) expired
+    /// without a re-authentication.
+    pub credentials_expired: AtomicU64,
 }

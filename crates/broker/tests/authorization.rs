@@ -271,3 +271,103 @@ async fn replaced_rules_apply_to_the_next_operation() {
     broker.set_policy(None);
     assert_eq!(connect(addr, V5, "anyone").await.1, ReasonCode::SUCCESS);
 }
+
+/// Attributes come from authentication ("floor=<password>" here) and are replaced
+/// when the client re-authenticates, and the grants with them.
+#[derive(Debug)]
+struct Floors;
+
+impl statehub_broker::Authenticator for Floors {
+    fn connect<'a>(
+        &'a self,
+        _peer: &'a statehub_broker::Peer,
+        connect: &'a statehub_broker::codec::Connect,
+    ) -> statehub_broker::BoxFuture<'a, statehub_broker::AuthDecision> {
+        let floor = connect
+            .properties
+            .authentication_data
+            .clone()
+            .unwrap_or_default();
+        Box::pin(std::future::ready(floor_identity(&floor)))
+    }
+
+    fn auth<'a>(
+        &'a self,
+        _peer: &'a statehub_broker::Peer,
+        _client_id: &'a statehub_broker::codec::ByteString,
+        _method: &'a statehub_broker::codec::ByteString,
+        auth: &'a statehub_broker::codec::Auth,
+    ) -> statehub_broker::BoxFuture<'a, statehub_broker::AuthDecision> {
+        let floor = auth.authentication_data.clone().unwrap_or_default();
+        Box::pin(std::future::ready(floor_identity(&floor)))
+    }
+}
+
+fn floor_identity(floor: &[u8]) -> statehub_broker::AuthDecision {
+    let mut identity = statehub_broker::Identity::default();
+    identity
+        .attributes
+        .insert("floor".into(), String::from_utf8_lossy(floor).into_owned());
+    statehub_broker::AuthDecision::Success {
+        data: None,
+        identity,
+    }
+}
+
+#[tokio::test]
+async fn attributes_from_authentication_select_the_grants() {
+    let (broker, addr) = start_broker(BrokerConfig::default()).await;
+    broker.set_authenticator(Arc::new(Floors));
+    broker.set_policy(Some(policy(
+        "
+- principals: {attributes: [{floor: '1'}, {floor: '2'}]}
+  brokerResources:
+    - {method: Connect}
+    - {method: Publish, topics: ['floors/{principal.attributes.floor}/#']}
+",
+    )));
+    let connect = |floor: &'static [u8]| {
+        let mut c = connect_packet(V5, "dev");
+        c.properties.authentication_method = Some(bs("FLOOR"));
+        c.properties.authentication_data = Some(bytes::Bytes::from_static(floor));
+        c
+    };
+    assert_eq!(
+        RawClient::connect_with(addr, connect(b"3"))
+            .await
+            .1
+            .reason_code,
+        ReasonCode::NOT_AUTHORIZED
+    );
+    let (mut dev, ack) = RawClient::connect_with(addr, connect(b"1")).await;
+    assert_eq!(ack.reason_code, ReasonCode::SUCCESS);
+    assert_eq!(
+        dev.publish_simple("floors/1/t", QoS::AtLeastOnce, b"")
+            .await,
+        ReasonCode::NO_MATCHING_SUBSCRIBERS
+    );
+    assert_eq!(
+        dev.publish_simple("floors/2/t", QoS::AtLeastOnce, b"")
+            .await,
+        ReasonCode::NOT_AUTHORIZED
+    );
+    dev.send(&Packet::Auth(statehub_broker::codec::Auth {
+        reason_code: ReasonCode::RE_AUTHENTICATE,
+        authentication_method: Some(bs("FLOOR")),
+        authentication_data: Some(bytes::Bytes::from_static(b"2")),
+        ..Default::default()
+    }))
+    .await;
+    dev.expect_reply("AUTH", |p| matches!(p, Packet::Auth(_)))
+        .await;
+    assert_eq!(
+        dev.publish_simple("floors/2/t", QoS::AtLeastOnce, b"")
+            .await,
+        ReasonCode::NO_MATCHING_SUBSCRIBERS
+    );
+    assert_eq!(
+        dev.publish_simple("floors/1/t", QoS::AtLeastOnce, b"")
+            .await,
+        ReasonCode::NOT_AUTHORIZED
+    );
+}

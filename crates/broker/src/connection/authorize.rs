@@ -2,7 +2,6 @@
 //! with or without rules), then the authorization rules through the connection's
 //! grants (see `crate::authz`). Every refusal is counted and logged, rate-limited.
 
-use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use statehub_authz::{builtin, Principal};
@@ -12,13 +11,13 @@ use crate::ratelimit::LogLimit;
 use crate::service::ClientInfo;
 use crate::topic;
 
-/// The principal rules see for a connection.
+/// The principal rules see for a connection: the one it authenticated as.
 pub(super) fn principal(info: &ClientInfo) -> Principal<'_> {
-    static NO_ATTRIBUTES: BTreeMap<String, String> = BTreeMap::new();
+    let p = &info.principal;
     Principal {
-        client_id: &info.client_id,
-        username: info.username.as_deref(),
-        attributes: &NO_ATTRIBUTES,
+        client_id: &p.client_id,
+        username: p.username.as_deref(),
+        attributes: &p.attributes,
     }
 }
 

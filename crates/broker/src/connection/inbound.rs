@@ -3,11 +3,10 @@
 use std::sync::Arc;
 
 use statehub_mqtt_codec::{
-    validate, Auth, ByteString, Packet, ProtocolVersion, PubResponse, Publish, QoS, ReasonCode,
+    validate, ByteString, Packet, ProtocolVersion, PubResponse, Publish, QoS, ReasonCode,
 };
 
 use super::{Close, Conn};
-use crate::auth::AuthDecision;
 use crate::broker::Routed;
 use crate::message::Message;
 use crate::session::{IncomingQos2, PubRec, Stage};
@@ -61,7 +60,7 @@ impl Conn {
             Packet::Disconnect(d) => {
                 Err(self.on_disconnect(d.reason_code, d.session_expiry_interval))
             }
-            Packet::Auth(a) => self.on_auth(a),
+            Packet::Auth(a) => self.on_auth(a).await,
             Packet::Connect(_) => Err(Close::ByServer(
                 ReasonCode::PROTOCOL_ERROR,
                 "second CONNECT [MQTT-3.1.0-2]",
@@ -311,35 +310,5 @@ impl Conn {
         Close::ByClient {
             will: code == ReasonCode::DISCONNECT_WITH_WILL,
         }
-    }
-
-    /// AUTH after CONNECT: re-authentication (0x19) [MQTT-4.12.1].
-    fn on_auth(&mut self, a: Auth) -> Result<(), Close> {
-        let Some(method) = self.auth_method.clone() else {
-            return Err(Close::ByServer(
-                ReasonCode::PROTOCOL_ERROR,
-                "AUTH without an authentication method [MQTT-4.12.0-7]",
-            ));
-        };
-        if a.authentication_method.as_ref() != Some(&method) {
-            return Err(Close::ByServer(
-                ReasonCode::PROTOCOL_ERROR,
-                "AUTH method differs from CONNECT's [MQTT-4.12.1-1]",
-            ));
-        }
-        let auth = self.broker.authenticator();
-        let (code, data) = match auth.auth(&self.info.client_id, &method, &a) {
-            AuthDecision::Success { data } => (ReasonCode::SUCCESS, data),
-            AuthDecision::Continue { data } => (ReasonCode::CONTINUE_AUTHENTICATION, data),
-            AuthDecision::Deny(code) => {
-                return Err(Close::ByServer(code, "re-authentication failed"))
-            }
-        };
-        self.send(&Packet::Auth(Auth {
-            reason_code: code,
-            authentication_method: Some(method),
-            authentication_data: data,
-            ..Default::default()
-        }))
     }
 }

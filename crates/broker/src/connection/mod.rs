@@ -1,12 +1,13 @@
 //! One task per client connection; the only place that touches its socket.
 //!
-//! The task reads and writes concurrently from one `select!` loop (borrowed halves
-//! of the `TcpStream`): decoded packets are handled in place and their answers
+//! The task reads and writes concurrently from one `select!` loop (on the readiness
+//! of its [`Transport`]: a `TcpStream`, or TLS over one): decoded packets are handled in place and their answers
 //! appended to one write buffer, and deliveries from the session queue are encoded
 //! into the same buffer, so many packets leave in one `write` call. The loop stops
 //! draining the session queue while the write buffer is above its high-water mark;
 //! the queue then fills and the session's bounds decide (see `session/mod.rs`).
 
+mod authn;
 mod authorize;
 mod buffers;
 mod handshake;
@@ -17,7 +18,6 @@ mod teardown;
 
 use std::collections::HashMap;
 use std::future::poll_fn;
-use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::task::Poll;
@@ -27,10 +27,8 @@ use bytes::BytesMut;
 use statehub_mqtt_codec::{
     ByteString, Codec, DecodeError, EncodeError, LastWill, Packet, ProtocolVersion, ReasonCode,
 };
-use tokio::io::AsyncWriteExt;
-use tokio::net::tcp::ReadHalf;
-use tokio::net::TcpStream;
 
+use crate::auth::{Authenticator, Peer};
 use crate::authz::Grants;
 use crate::clock::Timer;
 use crate::pending::Admission;
@@ -38,6 +36,7 @@ use crate::ratelimit::LogLimit;
 use crate::service::ClientInfo;
 use crate::session::Session;
 use crate::signal::Signal;
+use crate::transport::Transport;
 use crate::Broker;
 use buffers::Deadlines;
 
@@ -50,6 +49,10 @@ pub(crate) enum Close {
     ByServer(ReasonCode, &'static str),
     /// The socket closed or failed without a DISCONNECT.
     Lost,
+    /// The client's credential expired without a re-authentication: the network
+    /// connection is closed without a DISCONNECT, as the AIO broker does (the client
+    /// reconnects with its current credential).
+    Expired,
 }
 
 impl Close {
@@ -72,6 +75,11 @@ pub(crate) struct Conn {
     info: ClientInfo,
     /// What the authorization rules grant this client, kept current (`authz.rs`).
     grants: Grants,
+    /// The peer and the authenticator that admitted it (for re-authentication).
+    origin: authn::Origin,
+    /// When the credential the client authenticated with expires (broker clock): the
+    /// connection closes then unless a re-authentication moved it.
+    credential_at: Option<std::time::Instant>,
     version: ProtocolVersion,
     client_receive_max: u16,
     client_max_packet: u32,
@@ -90,19 +98,24 @@ pub(crate) struct Conn {
     keep_alive: Duration,
 }
 
-/// Serves one TCP connection until it closes. Never panics on peer input.
-pub(crate) async fn serve(
+/// Serves one connection until it closes. Never panics on peer input.
+pub(crate) async fn serve<S: Transport>(
     broker: Broker,
-    mut stream: TcpStream,
-    peer: SocketAddr,
+    mut stream: S,
+    peer: Peer,
     admission: Admission,
+    authenticator: Arc<dyn Authenticator>,
 ) {
-    let _ = stream.set_nodelay(true);
+    let origin = authn::Origin {
+        peer,
+        authenticator,
+    };
     // The handshake and the teardown are boxed: a task's future is as large as its
     // largest state, and an idle connection should not carry theirs.
-    let connected = Box::pin(handshake::connect(&broker, &mut stream, admission)).await;
+    let connected = Box::pin(handshake::connect(&broker, &mut stream, admission, origin)).await;
     if let Some((conn, rbuf, _open)) = connected {
         let client = conn.info.client_id.clone();
+        let peer = conn.origin.peer.addr;
         tracing::debug!(%peer, client = %client, "client connected");
         run(conn, stream, rbuf).await;
         tracing::debug!(%peer, client = %client, "client gone");
@@ -110,14 +123,14 @@ pub(crate) async fn serve(
 }
 
 /// The connected phase: the select loop, then teardown.
-async fn run(mut conn: Conn, mut stream: TcpStream, mut rbuf: BytesMut) {
+async fn run<S: Transport>(mut conn: Conn, mut stream: S, mut rbuf: BytesMut) {
     conn.resume();
     let close = conn.pump(&mut stream, &mut rbuf).await;
     Box::pin(conn.finish(&mut stream, close)).await;
 }
 
 impl Conn {
-    async fn pump(&mut self, stream: &mut TcpStream, rbuf: &mut BytesMut) -> Close {
+    async fn pump<S: Transport>(&mut self, stream: &mut S, rbuf: &mut BytesMut) -> Close {
         let signal = self.signal.clone();
         let cfg = self.broker.config();
         let high_water = cfg.socket_write_high_water;
@@ -125,6 +138,7 @@ impl Conn {
         let clock = self.broker.clock().clone();
         let mut deadlines =
             Deadlines::new(self.keep_alive.mul_f32(1.5), packet_timeout, clock.now());
+        deadlines.credential(self.credential_at);
         // Shutdown reaches connections through their signals (the listener asks every
         // attached one to close); one that attached after that sees the token here.
         if self.broker.is_shutting_down() {
@@ -135,7 +149,6 @@ impl Conn {
             Ok(n) => deadlines.read(clock.now(), n, !rbuf.is_empty()),
             Err(close) => return close,
         }
-        let (rd, mut wr) = stream.split();
         // One timer for the connection's life (keep alive and packet deadline), moved
         // only when it fires early or a packet deadline comes before it: a fresh
         // `sleep_until` per turn of the loop inserted into and removed from the timer
@@ -154,32 +167,30 @@ impl Conn {
             // common case (a request's PUBACK and reply) then needs no turn of the select
             // for its write. The select below waits when the socket is full.
             if !self.wbuf.is_empty() {
-                match wr.try_write(&self.wbuf) {
-                    Ok(n) if n > 0 => self.written(n),
-                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-                    _ => return Close::Lost,
+                if let Err(close) = self.write_some(stream) {
+                    return close;
                 }
             }
             self.release_idle(rbuf);
-            let writing = !self.wbuf.is_empty();
+            let writing = !self.wbuf.is_empty() || stream.wants_write();
             let reading = self.wbuf.len() < 4 * high_water;
             tokio::select! {
                 biased;
                 // Registers the task with the signal, so the deliveries branch below
                 // needs no registration of its own.
                 code = poll_fn(|cx| signal.poll_close(cx)) => return Close::ByServer(code, close_text(code)),
-                r = wr.write(&self.wbuf), if writing => {
-                    tracing::trace!(client = %self.info.client_id, written = ?r, left = self.wbuf.len(), "write");
-                    match r {
-                        Ok(n) if n > 0 => self.written(n),
-                        _ => return Close::Lost,
+                r = stream.writable(), if writing => {
+                    let written = r.map_err(|_| Close::Lost).and_then(|()| self.write_some(stream));
+                    tracing::trace!(client = %self.info.client_id, left = self.wbuf.len(), "write");
+                    if let Err(close) = written {
+                        return close;
                     }
                 }
-                r = rd.readable(), if reading => {
+                r = stream.readable(), if reading => {
                     if r.is_err() {
                         return Close::Lost;
                     }
-                    if let Err(close) = self.read_some(&rd, rbuf, &mut deadlines).await {
+                    if let Err(close) = self.read_some(stream, rbuf, &mut deadlines).await {
                         return close;
                     }
                     if let Some(at) = deadlines.next().filter(|at| *at < timer.deadline()) {
@@ -197,21 +208,37 @@ impl Conn {
         }
     }
 
+    /// Writes what the socket takes now of the write buffer (and of what the transport
+    /// holds).
+    fn write_some<S: Transport>(&mut self, stream: &mut S) -> Result<(), Close> {
+        if self.wbuf.is_empty() {
+            return stream.try_flush().map_err(|_| Close::Lost);
+        }
+        match stream.try_write(&self.wbuf) {
+            Ok(n) if n > 0 => self.written(n),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            _ => return Err(Close::Lost),
+        }
+        Ok(())
+    }
+
     /// Reads what the socket has and handles the whole packets in it.
-    async fn read_some(
+    async fn read_some<S: Transport>(
         &mut self,
-        rd: &ReadHalf<'_>,
+        stream: &mut S,
         rbuf: &mut BytesMut,
         deadlines: &mut Deadlines,
     ) -> Result<(), Close> {
         self.reserve_read(rbuf);
-        match rd.try_read_buf(rbuf) {
+        match stream.try_read_buf(rbuf) {
             Ok(n) if n > 0 => {}
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Ok(()),
             _ => return Err(Close::Lost),
         }
         let handled = self.handle_buffered(rbuf).await?;
         deadlines.read(self.broker.now(), handled, !rbuf.is_empty());
+        // A re-authentication among those packets moved it.
+        deadlines.credential(self.credential_at);
         Ok(())
     }
 
@@ -219,7 +246,15 @@ impl Conn {
     fn deadline_passed(&self, deadlines: &Deadlines) -> Option<Close> {
         let now = self.broker.now();
         let close = deadlines.expired(now)?;
-        if deadlines.packet_late(now) {
+        if close == Close::Expired {
+            let expired = &self.broker.metrics().credentials_expired;
+            expired.fetch_add(1, Ordering::Relaxed);
+            tracing::info!(
+                peer = %self.origin.peer.addr,
+                client = %self.info.client_id,
+                "credential expired without re-authentication; closing the connection"
+            );
+        } else if deadlines.packet_late(now) {
             let timeouts = &self.broker.metrics().packet_read_timeouts;
             timeouts.fetch_add(1, Ordering::Relaxed);
         }
@@ -335,7 +370,9 @@ mod tests {
         let broker = crate::Broker::new(crate::BrokerConfig::default());
         let pending = crate::pending::Pending::new(1, 1, broker.clock().clone());
         let admission = pending.admit(peer.ip(), broker.metrics()).unwrap();
-        let task = super::serve(broker.clone(), stream, peer, admission);
+        let auth = std::sync::Arc::new(crate::AllowAll);
+        let peer = crate::Peer::plain(peer);
+        let task = super::serve(broker.clone(), stream, peer, admission, auth);
         let size = std::mem::size_of_val(&task);
         assert!(size < 6 * 1024, "a connection's future takes {size} bytes");
     }

@@ -4,16 +4,17 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use bytes::BytesMut;
+
 use statehub_mqtt_codec::{
     ByteString, Disconnect, LastWill, Packet, ProtocolVersion, Publish, PublishProperties,
     ReasonCode,
 };
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 
 use super::{Close, Conn};
 use crate::message::Message;
 use crate::session::Session;
+use crate::transport::Transport;
 use crate::Broker;
 
 /// How long the socket of a slow consumer stays open after its DISCONNECT 0x97 for the
@@ -21,7 +22,7 @@ use crate::Broker;
 const SLOW_CONSUMER_FLUSH: Duration = Duration::from_secs(5);
 
 impl Conn {
-    pub(super) async fn finish(mut self, stream: &mut TcpStream, close: Close) {
+    pub(super) async fn finish<S: Transport>(mut self, stream: &mut S, close: Close) {
         let started = tokio::time::Instant::now();
         let mut flush = Duration::from_secs(1);
         if let Close::ByServer(code, text) = &close {
@@ -95,11 +96,15 @@ impl Conn {
 /// still sends until it closes or `deadline`, so closing does not reset the
 /// connection before the client has read our DISCONNECT [MQTT-4.13.2-1: the reason
 /// must reach it] (a reset makes the client's system drop what it had not read).
-async fn linger(stream: &mut TcpStream, deadline: tokio::time::Instant) {
-    let mut sink = [0u8; 4096];
-    while let Ok(Ok(n)) = tokio::time::timeout_at(deadline, stream.read(&mut sink)).await {
-        if n == 0 {
-            break;
+async fn linger<S: Transport>(stream: &mut S, deadline: tokio::time::Instant) {
+    let mut sink = BytesMut::with_capacity(4096);
+    while let Ok(Ok(())) = tokio::time::timeout_at(deadline, stream.readable()).await {
+        sink.clear();
+        match stream.try_read_buf(&mut sink) {
+            Ok(0) => break,
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(_) => break,
         }
     }
 }
