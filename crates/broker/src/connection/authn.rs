@@ -132,6 +132,8 @@ impl Conn {
                 self.credential_at = expiry_instant(&self.broker, &identity);
                 let principal = Principal::new(self.info.client_id.clone(), identity);
                 self.info.principal = Arc::new(principal);
+                let done = &self.broker.metrics().reauthentications;
+                done.fetch_add(1, Ordering::Relaxed);
                 (ReasonCode::SUCCESS, data)
             }
             AuthDecision::Continue { data } => (ReasonCode::CONTINUE_AUTHENTICATION, data),
