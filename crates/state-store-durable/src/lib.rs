@@ -14,8 +14,16 @@
 //! entry carries (a deletion's), so that the greatest stored version is at least every
 //! version ever issued, even for keys since deleted, and even if the wall clock goes back
 //! across a restart. [`DurableEngine::open`] reads both tables once.
+//!
+//! While the store waits for disk space, client writes are refused, expiry goes on and
+//! reads of durable data are answered at once (`stall.rs`).
+//!
+//! The shell waits for durability outside the engine's lock, through a [`Progress`]
+//! handle the engine gives it ([`DurableEngine::progress`]): it awaits the sequence
+//! numbers `seal` returned and asks for admission before work that will write.
 
 mod record;
+mod stall;
 
 use bytes::Bytes;
 use statehub_state_store::{
@@ -55,6 +63,20 @@ impl From<DurableError> for EngineError {
     }
 }
 
+/// Whether `error` (an engine's, or the machine's wrapping it) is a write refused because
+/// the store waits for disk space: not a failure of the engine, which goes on serving
+/// reads and takes writes again once there is room (see `stall.rs`).
+pub fn is_no_space(error: &(dyn std::error::Error + 'static)) -> bool {
+    let mut source = Some(error);
+    while let Some(e) = source {
+        if let Some(DurableError::Storage(StorageError::NoSpace { .. })) = e.downcast_ref() {
+            return true;
+        }
+        source = e.source();
+    }
+    false
+}
+
 fn storage(error: StorageError) -> EngineError {
     DurableError::Storage(error).into()
 }
@@ -73,6 +95,8 @@ pub struct DurableEngine {
     loaded_clock: Option<Hlc>,
     /// The sequence number of the last batch this engine submitted.
     submitted: WriteSeq,
+    /// What a stall of the store needs tracked per request (`stall.rs`).
+    stall: stall::StallWatch,
 }
 
 impl DurableEngine {
@@ -113,6 +137,7 @@ impl DurableEngine {
             staged_version: None,
             loaded_clock,
             submitted: 0,
+            stall: stall::StallWatch::default(),
         })
     }
 
@@ -120,14 +145,78 @@ impl DurableEngine {
     pub fn store(&self) -> &Store {
         &self.store
     }
+
+    /// The data directory of its store.
+    pub fn data_dir(&self) -> &std::path::Path {
+        self.store.dir()
+    }
+
+    /// A handle to wait on this engine's writes without holding the engine.
+    pub fn progress(&self) -> Progress {
+        Progress {
+            store: self.store.clone(),
+        }
+    }
+}
+
+/// How far a [`DurableEngine`]'s sealed writes have come, and admission to write more:
+/// what the shell awaits outside the lock that holds the engine. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct Progress {
+    store: Store,
+}
+
+impl Progress {
+    /// Resolves once the writes sealed up to `seq` are durable, or with the failure that
+    /// lost them.
+    pub async fn durable(&self, seq: WriteSeq) -> Result<(), DurableError> {
+        Ok(self.store.ticket(seq).durable().await?)
+    }
+
+    /// The highest sequence number whose writes, and every earlier one's, are durable.
+    pub fn durable_seq(&self) -> WriteSeq {
+        self.store.durable_seq()
+    }
+
+    /// Waits while the storage holds more unwritten bytes than it admits; await it before
+    /// work that may write. Returns at once while writes wait for disk space.
+    pub async fn admit(&self) {
+        self.store.admit().await;
+    }
+
+    /// Whether writes wait for disk space (client writes are refused meanwhile).
+    pub fn stalled(&self) -> bool {
+        self.store.stall_error().is_some()
+    }
+
+    /// Resolves once writes no longer wait for disk space.
+    pub async fn unstalled(&self) {
+        self.store.unstalled().await;
+    }
+}
+
+impl DurableEngine {
+    /// Refuses the first client write of a request while the store waits for disk space
+    /// (see `stall.rs`); later writes of the same request follow the first.
+    fn admit_client_write(&mut self) -> Result<(), EngineError> {
+        if self.stall.first_client_write() {
+            if let Some(e) = self.store.stall_error() {
+                return Err(storage(e));
+            }
+            self.stall.client_wrote();
+        }
+        Ok(())
+    }
 }
 
 impl Engine for DurableEngine {
     fn peek(&self, key: &[u8]) -> Result<Option<&Entry>, EngineError> {
+        self.stall.read(key);
         self.memory.peek(key)
     }
 
     fn put(&mut self, key: &[u8], entry: Entry) -> Result<Option<Entry>, EngineError> {
+        self.admit_client_write()?;
         self.staged
             .put_with(&self.entries, key, |out| {
                 record::encode_entry_into(&entry, out)
@@ -138,6 +227,13 @@ impl Engine for DurableEngine {
     }
 
     fn remove(&mut self, key: &[u8]) -> Result<Option<Entry>, EngineError> {
+        let expiry = self
+            .memory
+            .peek(key)?
+            .is_some_and(|e| self.stall.is_expiry(e.expires_at_ms));
+        if !expiry {
+            self.admit_client_write()?;
+        }
         let old = self.memory.remove(key)?;
         if old.is_some() {
             self.staged.delete(&self.entries, key).map_err(storage)?;
@@ -146,6 +242,7 @@ impl Engine for DurableEngine {
     }
 
     fn scan(&self, cursor: Option<&[u8]>, count: usize) -> Result<ScanBatch, EngineError> {
+        self.stall.scanned();
         self.memory.scan(cursor, count)
     }
 
@@ -154,6 +251,7 @@ impl Engine for DurableEngine {
     }
 
     fn expired(&self, now_ms: u64, limit: usize) -> Result<Vec<Bytes>, EngineError> {
+        self.stall.expiring_at(now_ms);
         self.memory.expired(now_ms, limit)
     }
 
@@ -183,6 +281,16 @@ impl Engine for DurableEngine {
             }
             self.submitted = self.store.submit(batch).map_err(storage)?.seq();
         }
-        Ok((self.submitted > self.store.durable_seq()).then_some(self.submitted))
+        if self.submitted <= self.store.durable_seq() {
+            self.stall.clear();
+            return Ok(None);
+        }
+        if self.store.stall_error().is_none() {
+            self.stall.clear();
+            return Ok(Some(self.submitted));
+        }
+        let (store, entries) = (&self.store, &self.entries);
+        let wait = self.stall.must_wait(|| store.pending_keys(entries));
+        Ok(wait.then_some(self.submitted))
     }
 }

@@ -20,6 +20,17 @@
 //! entry's reply becomes a 503, its notifications are dropped (logged), the response
 //! cache is emptied (it may hold answers to writes that are now lost) and the store
 //! answers 503 from then on, as for any engine failure.
+//!
+//! A full disk is not a failure. The store retries the write until there is room; held
+//! outcomes wait for it (a SET acknowledged once its write is durable, however late).
+//! Meanwhile the engine refuses new client writes (503 "disk is full", answered at
+//! once) and says which reads reveal a waiting write; the others are answered at once,
+//! ahead of the held outcomes ([`Durability::hold`]). A request whose write waits stops
+//! waiting at its deadline (its client has given up on the reply by then), so that its
+//! PUBACK goes and the client's later requests, which the broker handles in order, are
+//! served; its outcome stays held and the expiry task releases it once durable. When
+//! the disk has room again the held outcomes are released in order and writes are taken
+//! again, without a restart.
 
 use std::collections::VecDeque;
 use std::fmt::Debug;
@@ -28,9 +39,31 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 use statehub_broker::{Broker, Message};
 use statehub_state_store::{Authorizer, Effect, Engine, WriteSeq};
-use statehub_storage::{StorageError, Store};
+use statehub_state_store_durable::{DurableError, Progress};
+use tokio::sync::Notify;
 
 use crate::{rpc, StateStoreService};
+
+/// The effects of two machine calls made back to back, as one outcome: one wait first
+/// (for the later of the two), then the other effects in order.
+pub(crate) fn merge(first: Vec<Effect>, then: Vec<Effect>) -> Vec<Effect> {
+    if first.is_empty() {
+        return then;
+    }
+    let wait = |effects: &[Effect]| match effects.first() {
+        Some(Effect::AwaitDurable(seq)) => Some(*seq),
+        _ => None,
+    };
+    let seq = wait(&first).max(wait(&then));
+    let rest = first
+        .into_iter()
+        .chain(then)
+        .filter(|e| !matches!(e, Effect::AwaitDurable(_)));
+    seq.map(Effect::AwaitDurable)
+        .into_iter()
+        .chain(rest)
+        .collect()
+}
 
 /// An outcome waiting for its writes.
 #[derive(Debug)]
@@ -43,10 +76,14 @@ struct Held {
 /// The durability side of a service over a persistent engine.
 #[derive(Debug)]
 pub(crate) struct Durability {
-    store: Store,
+    progress: Progress,
     outbox: Mutex<VecDeque<Held>>,
     /// Held while publishing released entries, so two releasing tasks cannot interleave.
     release: Mutex<()>,
+    /// The highest sequence number a request stopped waiting for at its deadline (0:
+    /// none): the expiry task waits for it and releases the outbox then.
+    orphaned: Mutex<WriteSeq>,
+    orphan: Notify,
 }
 
 /// What to do with an outcome after the state lock is dropped.
@@ -58,25 +95,52 @@ pub(crate) enum Next {
 }
 
 impl Durability {
-    pub(crate) fn new(store: Store) -> Self {
+    pub(crate) fn new(progress: Progress) -> Self {
         Self {
-            store,
+            progress,
             outbox: Mutex::new(VecDeque::new()),
             release: Mutex::new(()),
+            orphaned: Mutex::new(0),
+            orphan: Notify::new(),
         }
     }
 
-    pub(crate) fn store(&self) -> &Store {
-        &self.store
+    pub(crate) fn progress(&self) -> &Progress {
+        &self.progress
+    }
+
+    /// A request stopped waiting for `seq`: someone else must release it.
+    fn orphan(&self, seq: WriteSeq) {
+        let mut orphaned = self.orphaned.lock();
+        *orphaned = (*orphaned).max(seq);
+        self.orphan.notify_one();
+    }
+
+    /// The next sequence number requests stopped waiting for.
+    pub(crate) async fn next_orphan(&self) -> WriteSeq {
+        loop {
+            let seq = std::mem::take(&mut *self.orphaned.lock());
+            if seq > 0 {
+                return seq;
+            }
+            self.orphan.notified().await;
+        }
     }
 
     /// Holds the outcome if it must wait, or if earlier ones are still held (so it cannot
-    /// overtake them). Call it under the state lock.
+    /// overtake them), but for one exception: while writes wait for disk space, an outcome
+    /// that need not wait and carries no notification (a read of durable data, a write
+    /// refused) goes out at once, ahead of the held ones, which may wait long.
+    /// Notifications always keep their order. Call it under the state lock.
     pub(crate) fn hold(&self, reply: Option<Arc<Message>>, effects: Vec<Effect>) -> Next {
         let own = match effects.first() {
             Some(Effect::AwaitDurable(seq)) => *seq,
             _ => 0,
         };
+        let notifies = || effects.iter().any(|e| matches!(e, Effect::Notify(_)));
+        if own == 0 && self.progress.stalled() && !notifies() {
+            return Next::Now(reply, effects);
+        }
         let mut outbox = self.outbox.lock();
         let seq = own.max(outbox.back().map_or(0, |h| h.seq));
         if seq == 0 {
@@ -97,17 +161,39 @@ where
     A: Authorizer + Send + Debug + 'static,
 {
     /// Awaits `seq`, then publishes everything released (or fails the held outcomes).
-    pub(crate) async fn finish(&self, broker: &Broker, durability: &Durability, seq: WriteSeq) {
-        match durability.store.ticket(seq).durable().await {
-            Ok(()) => self.release(broker, durability),
-            Err(error) => self.fail_held(broker, durability, &error),
+    /// Waits until `deadline` at most (the request's, after which nobody waits for its
+    /// reply): then the request's PUBACK goes, so a write that waits for disk space holds
+    /// up its client's later requests only that long, and the expiry task releases the
+    /// outcome once it is durable.
+    pub(crate) async fn finish(
+        &self,
+        broker: &Broker,
+        durability: &Durability,
+        seq: WriteSeq,
+        deadline: Option<std::time::Instant>,
+    ) {
+        let durable = durability.progress.durable(seq);
+        let outcome = match deadline {
+            None => Some(durable.await),
+            Some(at) => tokio::time::timeout_at(at.into(), durable).await.ok(),
+        };
+        match outcome {
+            Some(Ok(())) => self.release(broker, durability),
+            Some(Err(error)) => self.fail_held(broker, durability, &error),
+            None => {
+                tracing::debug!(
+                    seq,
+                    "a state store request's deadline passed while its write waits for disk space"
+                );
+                durability.orphan(seq);
+            }
         }
     }
 
     /// Publishes, in order, every held outcome whose writes are durable.
     fn release(&self, broker: &Broker, durability: &Durability) {
         let _order = durability.release.lock();
-        let durable = durability.store.durable_seq();
+        let durable = durability.progress.durable_seq();
         let ready: Vec<Held> = {
             let mut outbox = durability.outbox.lock();
             let n = outbox.iter().take_while(|h| h.seq <= durable).count();
@@ -122,8 +208,8 @@ where
     }
 
     /// The store failed: release what became durable, answer 503 to the rest.
-    fn fail_held(&self, broker: &Broker, durability: &Durability, error: &StorageError) {
-        self.fail(&format!("{error}"));
+    fn fail_held(&self, broker: &Broker, durability: &Durability, error: &DurableError) {
+        self.fail(error);
         self.release(broker, durability);
         let _order = durability.release.lock();
         let lost: Vec<Held> = durability.outbox.lock().drain(..).collect();

@@ -21,20 +21,24 @@
 //!   topic (the .NET SDK relies on that); they are never routed, so a client that did
 //!   subscribe does not get two copies.
 //! * Expiry is active: [`StateStoreService::run_expiry`] (`expiry.rs`) sleeps until the
-//!   next key expires and sends the `NOTIFY DELETE`s (see its docs for why).
+//!   next key expires and sends the `NOTIFY DELETE`s (see `expiry.rs` for why).
 //! * A client's observations end with its connection.
 //! * With a persistent engine ([`StateStoreService::open_durable`]), nothing is sent
 //!   (reply, notification, PUBACK) before the writes it reveals are durable
-//!   (`durable.rs`).
+//!   (`durable.rs`); the service waits for that through the engine's
+//!   [`statehub_state_store_durable::Progress`], never touching the storage itself. A
+//!   full disk is not a failure: writes are answered 503 ("disk is full") while reads go
+//!   on, and the store takes writes again by itself once there is room.
 
 mod cache;
 mod durable;
+mod expiry;
 mod rpc;
 mod settings;
 
 use std::fmt::Debug;
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Instant, SystemTime};
 
 use bytes::Bytes;
 use parking_lot::Mutex;
@@ -44,8 +48,7 @@ use statehub_state_store::{
     unix_ms, AllowAll, Effect, FatalError, Machine, MemoryEngine, Request, FENCING_TOKEN_PROPERTY,
     TIMESTAMP_PROPERTY,
 };
-use statehub_state_store_durable::DurableEngine;
-use statehub_storage::Store;
+use statehub_state_store_durable::{is_no_space, Progress};
 use tokio::sync::Notify;
 
 use cache::{CacheKey, CachedReply, Lookup, ResponseCache};
@@ -55,6 +58,7 @@ pub use rpc::{is_forbidden_response_topic, CONTENT_TYPE, PROTOCOL_VERSION};
 pub use settings::Settings;
 pub use settings::SettingsError;
 pub use statehub_state_store::{Authorizer, Engine, Stats, REQUEST_TOPIC};
+pub use statehub_state_store_durable::DurableEngine;
 
 /// The state store as a broker service. Register it on [`REQUEST_TOPIC`] and spawn
 /// [`StateStoreService::run_expiry`].
@@ -103,19 +107,20 @@ impl StateStoreService {
 }
 
 impl StateStoreService<DurableEngine> {
-    /// The store persisted in `store`: loads it, drops the keys that expired while it
-    /// was down (nobody observes yet, so without notifications), and from then on answers
-    /// only once writes are durable.
-    pub fn open_durable(settings: &Settings, store: &Store) -> Result<Self, OpenError> {
+    /// The store persisted by `engine` (loaded with [`DurableEngine::open`]): drops the
+    /// keys that expired while it was down (nobody observes yet, so without
+    /// notifications), and from then on answers only once writes are durable.
+    pub fn open_durable(settings: &Settings, engine: DurableEngine) -> Result<Self, OpenError> {
         let config = settings.machine_config()?;
+        let progress = engine.progress();
+        let dir = engine.data_dir().to_owned();
         let load = |source: FatalError| OpenError::Load {
-            dir: store.dir().to_owned(),
+            dir: dir.clone(),
             source,
         };
-        let engine = DurableEngine::open(store).map_err(|e| load(e.into()))?;
         let mut machine = Machine::new(engine, AllowAll, config).map_err(load)?;
         machine.expire(unix_ms(SystemTime::now())).map_err(load)?;
-        Ok(Self::with_storage(machine, settings, store.clone()))
+        Ok(Self::with_durability(machine, settings, progress))
     }
 }
 
@@ -140,10 +145,15 @@ where
         }
     }
 
-    /// A service over a persistent engine writing to `store`: replies wait for durability.
-    pub fn with_storage(machine: Machine<E, A>, settings: &Settings, store: Store) -> Self {
+    /// A service over a persistent engine whose writes `progress` follows: replies wait
+    /// for durability.
+    pub fn with_durability(
+        machine: Machine<E, A>,
+        settings: &Settings,
+        progress: Progress,
+    ) -> Self {
         Self {
-            durability: Some(Durability::new(store)),
+            durability: Some(Durability::new(progress)),
             ..Self::with_machine(machine, settings)
         }
     }
@@ -153,23 +163,19 @@ where
         self.state.lock().machine.engine().stats()
     }
 
-    /// Marks the store failed (it answers 503 from now on) and forgets cached answers.
-    fn fail(&self, reason: &str) {
-        let mut state = self.state.lock();
-        if !state.failed {
-            tracing::error!(reason, "state store failed; it now answers 503");
-            state.failed = true;
-            state.cache.clear();
-        }
+    /// Marks the store failed (see [`State::fail`]).
+    fn fail(&self, error: &dyn std::error::Error) {
+        self.state.lock().fail(error);
     }
 
-    /// Handles one request; `Some` when its answer is held until that write is durable.
+    /// Handles one request; `Some` when its answer is held until that write is durable:
+    /// what to wait for, and the request's deadline.
     fn handle(
         &self,
         broker: &Broker,
         from: &ClientInfo,
         publish: Publish,
-    ) -> Option<statehub_state_store::WriteSeq> {
+    ) -> Option<(statehub_state_store::WriteSeq, Instant)> {
         let client_id = &*from.client_id;
         if publish.qos == QoS::AtMostOnce {
             tracing::debug!(client = client_id, "state store request with QoS 0 ignored");
@@ -229,8 +235,14 @@ where
                 }
                 Lookup::Late => (None, Vec::new()),
                 Lookup::Miss(at) => {
-                    let (answer, effects) =
-                        state.execute(client_id, publish.payload, &props, response_topic, deadline);
+                    let call = Call {
+                        client_id,
+                        props: &props,
+                        topic: response_topic,
+                        deadline,
+                        stalled: self.stalled(),
+                    };
+                    let (answer, effects) = state.execute(&call, publish.payload);
                     let reply = match answer {
                         Answer::Ok(ok) => {
                             let reply = Arc::new(ok.message());
@@ -239,8 +251,8 @@ where
                                 .insert(at, lookup.client_id, ok, &reply, received);
                             reply
                         }
-                        // Only a failed store answers so, and it keeps answering so: a
-                        // resent request gets the same answer without the cache.
+                        // A failed store answers so for good, a full disk until there is
+                        // room: a resent request is answered anew, without the cache.
                         Answer::Fault(fault) => Arc::new(fault),
                     };
                     (Some(reply), effects)
@@ -248,7 +260,7 @@ where
             };
             self.next(reply, effects)
         };
-        self.dispatch(broker, next)
+        self.dispatch(broker, next).map(|seq| (seq, deadline))
     }
 
     /// Holds the outcome if a persistent engine says it must wait. Under the state lock.
@@ -257,6 +269,13 @@ where
             Some(durability) => durability.hold(reply, effects),
             None => Next::Now(reply, effects),
         }
+    }
+
+    /// Whether writes wait for disk space (a persistent engine's storage is full).
+    fn stalled(&self) -> bool {
+        self.durability
+            .as_ref()
+            .is_some_and(|d| d.progress().stalled())
     }
 
     /// Publishes an outcome that need not wait; returns what a held one waits for.
@@ -305,12 +324,36 @@ where
     }
 }
 
+/// A request as [`State::execute`] needs it besides its payload.
+#[derive(Clone, Copy)]
+struct Call<'a> {
+    client_id: &'a str,
+    props: &'a PublishProperties,
+    /// The Response Topic.
+    topic: &'a str,
+    deadline: Instant,
+    /// Whether writes wait for disk space.
+    stalled: bool,
+}
+
 /// A request's response, as [`State::execute`] builds it.
 enum Answer {
     /// `__stat=200`, with the store's reply: the cache keeps it.
     Ok(CachedReply),
     /// The store is unavailable.
     Fault(Message),
+}
+
+impl<E, A> State<E, A> {
+    /// The engine failed: the store's state is unknown, so it answers 503 from now on and
+    /// forgets every cached answer (they may answer writes that are now lost). Logged once.
+    fn fail(&mut self, error: &dyn std::error::Error) {
+        if !self.failed {
+            tracing::error!(error = %error, "state store engine failed; the store now answers 503");
+            self.failed = true;
+            self.cache.clear();
+        }
+    }
 }
 
 impl<E: Engine, A: Authorizer> State<E, A> {
@@ -323,58 +366,71 @@ impl<E: Engine, A: Authorizer> State<E, A> {
         match self.machine.pending_durability() {
             Ok(seq) => seq.map(Effect::AwaitDurable).into_iter().collect(),
             Err(e) => {
-                tracing::error!(error = %e, "state store engine failed; the store now answers 503");
-                self.failed = true;
-                self.cache.clear();
+                self.fail(&e);
                 Vec::new()
             }
         }
     }
 
     /// Runs one request in the machine and builds its response.
-    fn execute(
-        &mut self,
-        client_id: &str,
-        payload: Bytes,
-        props: &PublishProperties,
-        topic: &str,
-        deadline: Instant,
-    ) -> (Answer, Vec<Effect>) {
+    fn execute(&mut self, call: &Call<'_>, payload: Bytes) -> (Answer, Vec<Effect>) {
+        let Call {
+            client_id,
+            props,
+            topic,
+            deadline,
+            stalled,
+        } = *call;
         let correlation = props.correlation_data.as_deref();
-        let unavailable = || {
+        let fault = |fault: rpc::Fault| {
             Answer::Fault(rpc::fault_response(
                 topic.into(),
                 correlation.map(Bytes::copy_from_slice),
-                &rpc::Fault::unavailable(),
+                &fault,
                 deadline,
             ))
         };
         if self.failed {
-            return (unavailable(), Vec::new());
+            return (fault(rpc::Fault::unavailable()), Vec::new());
         }
+        let now = unix_ms(SystemTime::now());
+        // While writes wait for disk space, expired keys are removed first, on their own:
+        // a write refused below would otherwise take their notifications with it.
+        let expiry = match stalled.then(|| self.machine.expire(now)) {
+            None => Vec::new(),
+            // Only its notifications reveal anything: without, it need not wait.
+            Some(Ok(effects)) if !effects.iter().any(|e| matches!(e, Effect::Notify(_))) => effects
+                .into_iter()
+                .filter(|e| !matches!(e, Effect::AwaitDurable(_)))
+                .collect(),
+            Some(Ok(effects)) => effects,
+            Some(Err(e)) => {
+                self.fail(&e);
+                return (fault(rpc::Fault::unavailable()), Vec::new());
+            }
+        };
         let request = Request {
             client_id,
             payload,
             timestamp: rpc::user_property(props, TIMESTAMP_PROPERTY),
             fencing_token: rpc::user_property(props, FENCING_TOKEN_PROPERTY),
         };
-        match self.machine.handle(request, unix_ms(SystemTime::now())) {
+        match self.machine.handle(request, now) {
             Ok(outcome) => {
                 let parts = rpc::OkParts::new(topic, correlation, outcome.reply.version.as_ref());
-                (
-                    Answer::Ok(CachedReply {
-                        parts,
-                        payload: outcome.reply.payload,
-                        deadline,
-                    }),
-                    outcome.effects,
-                )
+                let reply = CachedReply {
+                    parts,
+                    payload: outcome.reply.payload,
+                    deadline,
+                };
+                (Answer::Ok(reply), durable::merge(expiry, outcome.effects))
             }
+            // The engine refused a write for want of disk space before changing anything:
+            // this request fails, the store goes on (`statehub_state_store_durable`).
+            Err(e) if is_no_space(&e) => (fault(rpc::Fault::no_space()), expiry),
             Err(e) => {
-                tracing::error!(error = %e, "state store engine failed; the store now answers 503");
-                self.failed = true;
-                self.cache.clear();
-                (unavailable(), Vec::new())
+                self.fail(&e);
+                (fault(rpc::Fault::unavailable()), Vec::new())
             }
         }
     }
@@ -396,80 +452,14 @@ where
             return statehub_broker::done();
         };
         Box::pin(async move {
-            durability.store().admit().await;
-            if let Some(seq) = self.handle(broker, from, publish) {
-                self.finish(broker, durability, seq).await;
+            durability.progress().admit().await;
+            if let Some((seq, deadline)) = self.handle(broker, from, publish) {
+                self.finish(broker, durability, seq, Some(deadline)).await;
             }
         })
     }
 
     fn on_connection_closed(&self, _broker: &Broker, client_id: &str) {
         self.state.lock().machine.client_disconnected(client_id);
-    }
-}
-
-/// How long the expiry task sleeps when no key has an expiry (a wake-up comes with the first).
-const IDLE: Duration = Duration::from_secs(3600);
-
-impl<E, A> StateStoreService<E, A>
-where
-    E: Engine + Send + Debug + 'static,
-    A: Authorizer + Send + Debug + 'static,
-{
-    /// Expires keys on time until the broker shuts down. Spawn it once per service.
-    ///
-    /// Active expiry: a task that sleeps until the next key expires, removes it and sends
-    /// the `NOTIFY DELETE`s. Expiry must be active because the SDKs take leases with
-    /// `SET ... PX` and wait for the deletion notification when a lease lapses; waiting for
-    /// the next request to notice would leave observers hanging.
-    ///
-    /// The task re-reads [`statehub_state_store::Machine::next_expiry`] whenever a request
-    /// arms a new expiry (through a `Notify`, which keeps a wake-up that arrives while the
-    /// task is busy), so it is never more than a timer tick late.
-    pub async fn run_expiry(self: Arc<Self>, broker: Broker) {
-        let shutdown = broker.shutdown_token();
-        loop {
-            let wait = match self.next_expiry() {
-                Some(at) => Duration::from_millis(at.saturating_sub(unix_ms(SystemTime::now()))),
-                None => IDLE,
-            };
-            tokio::select! {
-                () = shutdown.cancelled() => return,
-                () = self.rearm.notified() => continue,
-                () = tokio::time::sleep(wait) => {}
-            }
-            let next = {
-                let mut state = self.state.lock();
-                let effects = if state.failed {
-                    Vec::new()
-                } else {
-                    match state.machine.expire(unix_ms(SystemTime::now())) {
-                        Ok(effects) => effects,
-                        Err(e) => {
-                            tracing::error!(error = %e, "state store engine failed during expiry; the store now answers 503");
-                            state.failed = true;
-                            state.cache.clear();
-                            Vec::new()
-                        }
-                    }
-                };
-                self.next(None, effects)
-            };
-            if let (Some(seq), Some(durability)) = (self.dispatch(&broker, next), &self.durability)
-            {
-                self.finish(&broker, durability, seq).await;
-            }
-        }
-    }
-
-    fn next_expiry(&self) -> Option<u64> {
-        let state = self.state.lock();
-        if state.failed {
-            return None;
-        }
-        state.machine.next_expiry().unwrap_or_else(|e| {
-            tracing::error!(error = %e, "state store engine failed reading expiries");
-            None
-        })
     }
 }

@@ -69,6 +69,19 @@ impl Fault {
         }
     }
 
+    /// A write while the data directory's disk is full: refused before it changed
+    /// anything; reads are still answered, and writes are taken again once there is room.
+    pub fn no_space() -> Self {
+        Self {
+            status: 503,
+            message: "the state store cannot write: its disk is full; writes are refused until \
+                      there is room, reads are answered"
+                .to_owned(),
+            property_name: None,
+            request_version: None,
+        }
+    }
+
     /// The store failed (its engine broke): every request gets this from then on.
     pub fn unavailable() -> Self {
         Self {

@@ -1,7 +1,8 @@
 //! The state store over a data directory (`--data-dir`), end to end over MQTT: replies
 //! leave only once their write is on disk, everything acknowledged survives a restart,
 //! keys that expired while the server was down are gone, notifications keep version
-//! order through group commits, and a failed store answers 503.
+//! order through group commits, a failed store answers 503, and a full disk refuses
+//! writes, answers reads and recovers by itself.
 //!
 //! A restart is a fresh tokio runtime on the same directory: dropping the previous
 //! runtime drops every task, hence the service and its store (releasing the lock).
@@ -14,7 +15,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use bytes::Bytes;
-use common::{now_ts, resp, start_durable, user1, Client};
+use common::{now_ts, resp, start_durable, user1, Client, Seen};
 use statehub_state_store_durable::ENTRIES_TABLE;
 use statehub_state_store_service::Settings;
 use statehub_storage::{Options, Store};
@@ -167,5 +168,65 @@ fn a_failed_store_answers_503() {
             .call(&resp(&[b"SET", b"k", b"v"]), 1, Some(now_ts()))
             .await;
         assert_eq!(user1(&again, "__stat").as_deref(), Some("503"));
+    });
+}
+
+/// A full disk (injected: every commit fails as a write to a full disk does). The SET
+/// written as it filled waits for its write, and so does a read of it, until there is
+/// room again; its client's later requests (the broker handles a client's requests in
+/// order) wait until that SET's deadline at most. A write made during the stall is
+/// refused at once with the reason, a read of durable data answered at once. Once there
+/// is room, the waiting replies arrive, in order, and writes are taken again, without a
+/// restart.
+#[test]
+fn a_full_disk_refuses_writes_answers_reads_and_recovers_without_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    lifetime(dir.path(), |addr, store| async move {
+        let mut a = Client::connect(addr, "durable-full-a").await;
+        let mut b = Client::connect(addr, "durable-full-b").await;
+        let ok = a
+            .call(&resp(&[b"SET", b"before", b"v"]), 1, Some(now_ts()))
+            .await;
+        assert_eq!(ok.payload, Bytes::from_static(b"+OK\r\n"));
+        store.set_disk_full(true);
+        let mut props = a.props(2, Some(now_ts()));
+        props.message_expiry_interval = Some(1);
+        a.send(&resp(&[b"SET", b"during", b"w"]), props).await;
+        tokio::time::timeout(Duration::from_secs(10), async {
+            while store.stall_error().is_none() {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+        .await
+        .expect("no stall reported");
+        let refused = b
+            .call(&resp(&[b"SET", b"refused", b"x"]), 3, Some(now_ts()))
+            .await;
+        assert_eq!(user1(&refused, "__stat").as_deref(), Some("503"));
+        assert!(
+            user1(&refused, "__stMsg").is_some_and(|m| m.contains("disk is full")),
+            "{refused:?}"
+        );
+        let read = b.call(&resp(&[b"GET", b"before"]), 4, None).await;
+        assert_eq!(read.payload, Bytes::from_static(b"$1\r\nv\r\n"));
+        b.send(&resp(&[b"GET", b"during"]), b.props(5, None)).await;
+        b.expect_quiet().await;
+        // A's SET passed its deadline (1 s): A's next request is served.
+        a.send(&resp(&[b"GET", b"before"]), a.props(6, None)).await;
+        match a.next(Duration::from_secs(20)).await {
+            Some(Seen::Publish(p)) => {
+                assert_eq!(p.payload, Bytes::from_static(b"$1\r\nv\r\n"))
+            }
+            other => panic!("A's later request was not served: {other:?}"),
+        }
+        store.set_disk_full(false);
+        let get = b.next_publish().await;
+        assert_eq!(get.payload, Bytes::from_static(b"$1\r\nw\r\n"));
+        let again = b
+            .call(&resp(&[b"SET", b"refused", b"x"]), 7, Some(now_ts()))
+            .await;
+        assert_eq!(again.payload, Bytes::from_static(b"+OK\r\n"));
+        let during = a.call(&resp(&[b"GET", b"during"]), 8, None).await;
+        assert_eq!(during.payload, Bytes::from_static(b"$1\r\nw\r\n"));
     });
 }

@@ -8,7 +8,10 @@
 //!   `Ok`, the whole [`Entry`] (value, version, fencing token, expiry) and the expiry
 //!   index and [`Stats`] reflect the write; after `Err`, the key is either fully the old
 //!   entry or fully the new one (a persistent engine must not tear an entry), and the
-//!   machine treats the node as broken ([`crate::FatalError`]).
+//!   machine treats the node as broken ([`crate::FatalError`]). One exception, which the
+//!   machine passes on like any error and the shell tells apart: a persistent engine may
+//!   *refuse* a request's first write before changing anything (its storage is out of
+//!   disk space); the shell then answers that request with an error and carries on.
 //! - **Read your writes.** A read after a successful write sees it.
 //! - **No copies of values.** Values are [`Bytes`]; [`Engine::get`] returns the stored
 //!   `Bytes` (a reference-count bump), never a fresh copy, for in-memory engines. Engines
@@ -41,7 +44,11 @@
 //!   over so far is not yet durable, even when this request wrote nothing, because its
 //!   reply may reveal such a write (a GET of a key whose SET is still in flight waits for
 //!   that SET's commit, as Redis replies only after its AOF write); `None` once everything
-//!   is durable. Sequence numbers never decrease. The machine turns `Some` into
+//!   is durable. An engine that tracks which keys a call read may also return `None` for
+//!   a call that wrote nothing and read only keys whose writes are all durable (the
+//!   durable engine does so while its storage waits for disk space, so that reads of
+//!   durable data are answered); a call that read nothing through the engine is taken
+//!   to reveal everything. Sequence numbers never decrease. The machine turns `Some` into
 //!   [`crate::Effect::AwaitDurable`]. Engines that keep nothing (the memory engine)
 //!   always return `None`, so they cost nothing.
 //! - **Reopen.** Reopened after its storage closed, an engine holds exactly the entries

@@ -105,6 +105,11 @@ pub struct FileConfig {
     /// store's disk footprint smaller at the cost of compacting more often (see
     /// `statehub_storage::Options::compact_after_bytes`).
     pub compact_after_mib: Option<u64>,
+    /// With a data dir: how much closed journal compaction may fall behind before writes
+    /// wait for it, in MiB (1 to 1048576; default 256; twice the compaction threshold if
+    /// that is more). Bounds the disk used and the start-up time under a write flood
+    /// (see `statehub_storage::Options::max_journal_bytes`).
+    pub max_journal_mib: Option<u64>,
     /// The `[webpubsub]` table: access keys, limits, per-hub event handlers.
     pub webpubsub: WebPubSubConfig,
     /// The `[http]` table: the HTTP listener's limits.
@@ -157,6 +162,41 @@ impl Default for HttpConfig {
     }
 }
 
+/// The journal's sizes from the file (`compact_after_mib`, `max_journal_mib`), in bytes:
+/// each from 1 MiB to its maximum, and only with a data directory.
+fn journal_sizes(
+    file: &FileConfig,
+    data_dir: bool,
+    path: Option<&Path>,
+) -> Result<(u64, u64), ConfigError> {
+    let defaults = statehub_storage::Options::default();
+    let mib = |key, value: Option<u64>, max, default| match value {
+        Some(_) if !data_dir => Err(ConfigError::JournalWithoutDataDir(key)),
+        Some(mib) if !(1..=max).contains(&mib) => Err(ConfigError::Mib {
+            path: path.map(Path::to_owned).unwrap_or_default(),
+            key,
+            value: mib,
+            max,
+        }),
+        Some(mib) => Ok(mib << 20),
+        None => Ok(default),
+    };
+    Ok((
+        mib(
+            "compact_after_mib",
+            file.compact_after_mib,
+            4096,
+            defaults.compact_after_bytes,
+        )?,
+        mib(
+            "max_journal_mib",
+            file.max_journal_mib,
+            1 << 20,
+            defaults.max_journal_bytes,
+        )?,
+    ))
+}
+
 /// Why the configuration could not be loaded.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -177,12 +217,15 @@ pub enum ConfigError {
     },
     #[error("sync is set to {0} but there is no data_dir: an in-memory store has nothing to sync")]
     SyncWithoutDataDir(SyncPolicy),
-    #[error("invalid config file {path}: compact_after_mib is {value}; expected 1 to 4096")]
-    CompactAfter { path: PathBuf, value: u64 },
-    #[error(
-        "compact_after_mib is set but there is no data_dir: an in-memory store has no journal"
-    )]
-    CompactAfterWithoutDataDir,
+    #[error("invalid config file {path}: {key} is {value}; expected 1 to {max}")]
+    Mib {
+        path: PathBuf,
+        key: &'static str,
+        value: u64,
+        max: u64,
+    },
+    #[error("{0} is set but there is no data_dir: an in-memory store has no journal")]
+    JournalWithoutDataDir(&'static str),
     #[error(transparent)]
     WebPubSub(#[from] statehub_webpubsub::ConfigError),
     #[error("invalid [http] table: {0}")]
@@ -224,6 +267,8 @@ pub struct Settings {
     pub sync: SyncPolicy,
     /// How much closed journal compaction waits for, in bytes.
     pub compact_after_bytes: u64,
+    /// How far compaction may fall behind before writes wait, in bytes.
+    pub max_journal_bytes: u64,
 }
 
 impl Settings {
@@ -244,24 +289,13 @@ impl Settings {
             }
             _ => None,
         };
-        let data_dir = args.data_dir.clone().or(file.data_dir);
+        let data_dir = args.data_dir.clone().or(file.data_dir.clone());
         let sync = args.sync.or(file_sync);
         if let (None, Some(sync)) = (&data_dir, sync) {
             return Err(ConfigError::SyncWithoutDataDir(sync));
         }
-        let compact_after_bytes = match (file.compact_after_mib, &args.config) {
-            (Some(_), _) if data_dir.is_none() => {
-                return Err(ConfigError::CompactAfterWithoutDataDir)
-            }
-            (Some(mib), Some(path)) if !(1..=4096).contains(&mib) => {
-                return Err(ConfigError::CompactAfter {
-                    path: path.clone(),
-                    value: mib,
-                });
-            }
-            (Some(mib), _) => mib << 20,
-            (None, _) => statehub_storage::Options::default().compact_after_bytes,
-        };
+        let (compact_after_bytes, max_journal_bytes) =
+            journal_sizes(&file, data_dir.is_some(), args.config.as_deref())?;
         let flags = SecurityFlags {
             allow_anonymous: args.allow_anonymous,
             password_file: args.password_file.clone(),
@@ -302,6 +336,7 @@ impl Settings {
             data_dir,
             sync: sync.unwrap_or_default(),
             compact_after_bytes,
+            max_journal_bytes,
         })
     }
 }

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use clap::{Parser, Subcommand};
 use statehub_broker::{Broker, TlsSource};
 use statehub_broker_durable::SessionTable;
-use statehub_state_store_service::{StateStoreService, REQUEST_TOPIC};
+use statehub_state_store_service::{DurableEngine, StateStoreService, REQUEST_TOPIC};
 use statehub_storage::{Options, Store};
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
@@ -48,6 +48,21 @@ enum Command {
     Serve(ServeArgs),
     /// Add, change or delete a user in a Mosquitto-format password file.
     Passwd(passwd::PasswdArgs),
+    /// Repair a data directory that `serve` refuses as damaged: keep every intact batch
+    /// and snapshot block, report every one that is lost, and move the files it replaces
+    /// to DIR/damaged/repair-*/ (nothing is deleted). Run it with the server stopped.
+    Repair(RepairArgs),
+}
+
+/// `statehub repair` flags.
+#[derive(Debug, clap::Args)]
+struct RepairArgs {
+    /// The data directory to repair.
+    #[arg(long)]
+    data_dir: std::path::PathBuf,
+    /// Report what a repair would keep and lose, and change nothing.
+    #[arg(long)]
+    dry_run: bool,
 }
 
 fn main() -> ExitCode {
@@ -57,10 +72,10 @@ fn main() -> ExitCode {
         )
         .with_writer(std::io::stderr)
         .init();
-    let cli = Cli::parse();
-    let args = match cli.command {
+    let args = match Cli::parse().command {
         Command::Serve(args) => args,
         Command::Passwd(args) => return passwd::run(&args),
+        Command::Repair(args) => return repair(&args),
     };
     let settings = match Settings::resolve(&args) {
         Ok(s) => s,
@@ -83,6 +98,28 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!("{e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// `statehub repair`: the report on stdout; exit 0 once repaired (losses or not), 1 if
+/// the repair could not be made.
+fn repair(args: &RepairArgs) -> ExitCode {
+    match statehub_storage::repair(&args.data_dir, args.dry_run) {
+        Ok(report) => {
+            use std::io::Write;
+            // The report is the command's output, for a person or a script: stdout.
+            match write!(std::io::stdout().lock(), "{report}") {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    tracing::error!("cannot write the repair report: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+        Err(e) => {
+            tracing::error!("{}", chain(&e));
             ExitCode::FAILURE
         }
     }
@@ -190,13 +227,18 @@ async fn serve(mut settings: Settings) -> std::io::Result<()> {
     Ok(())
 }
 
-/// `error: source: source...`, the whole story in one line.
+/// `error: source: source...`, the whole story in one line. A source whose message the
+/// text already ends with (an error that prints its source and also returns it) is not
+/// repeated.
 fn chain(error: &dyn Error) -> String {
     let mut text = error.to_string();
     let mut source = error.source();
     while let Some(e) = source {
-        text.push_str(": ");
-        text.push_str(&e.to_string());
+        let next = e.to_string();
+        if !text.ends_with(&next) {
+            text.push_str(": ");
+            text.push_str(&next);
+        }
         source = e.source();
     }
     text
@@ -219,10 +261,18 @@ fn start_state_store(
     let options = Options {
         sync: settings.sync,
         compact_after_bytes: settings.compact_after_bytes,
+        max_journal_bytes: settings.max_journal_bytes,
         ..Options::default()
     };
     let store = Store::open(dir, options).map_err(|e| std::io::Error::other(chain(&e)))?;
-    let service = StateStoreService::open_durable(&settings.state_store, &store)
+    let engine = DurableEngine::open(&store).map_err(|e| {
+        std::io::Error::other(format!(
+            "cannot load the state store from {}: {}",
+            dir.display(),
+            chain(&e)
+        ))
+    })?;
+    let service = StateStoreService::open_durable(&settings.state_store, engine)
         .map_err(|e| std::io::Error::other(chain(&e)))?;
     let installed = statehub_broker_durable::install(broker, &store)
         .map_err(|e| std::io::Error::other(chain(&e)))?;

@@ -6,13 +6,20 @@
 //! log if any are missing. Never a gap, never a silent loss.
 
 mod common;
+#[path = "data_dir/full_disk.rs"]
+mod full_disk;
+#[path = "data_dir/raw.rs"]
+mod raw;
+#[path = "data_dir/repair.rs"]
+mod repair;
 
-use std::io::{Read, Write};
+use std::io::Read;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
-use common::{command, connect_tcp, start, wait_exit, Server};
+use common::{command, start, wait_exit, Server};
+use raw::{key, scan, Raw};
 
 /// Keys with 900 KiB values, enough to push a table file out of memory.
 const BIG: usize = 24;
@@ -36,199 +43,6 @@ fn args(dir: &Path) -> Vec<String> {
 fn launch(dir: &Path) -> Server {
     let args = args(dir);
     start(&args.iter().map(String::as_str).collect::<Vec<_>>(), &[])
-}
-
-/// A blocking MQTT 5 client: CONNECT, SUBSCRIBE to its response topic, request/response.
-struct Raw {
-    stream: std::net::TcpStream,
-    response_topic: String,
-    next_id: u16,
-}
-
-fn varint(mut n: usize, out: &mut Vec<u8>) {
-    loop {
-        let mut b = (n % 128) as u8;
-        n /= 128;
-        if n > 0 {
-            b |= 0x80;
-        }
-        out.push(b);
-        if n == 0 {
-            return;
-        }
-    }
-}
-
-fn string(s: &[u8], out: &mut Vec<u8>) {
-    out.extend_from_slice(&(s.len() as u16).to_be_bytes());
-    out.extend_from_slice(s);
-}
-
-fn packet(header: u8, body: &[u8]) -> Vec<u8> {
-    let mut out = vec![header];
-    varint(body.len(), &mut out);
-    out.extend_from_slice(body);
-    out
-}
-
-impl Raw {
-    fn connect(addr: SocketAddr, id: &str) -> Raw {
-        Raw::connect_with(addr, id, &[0x02, 0, 60, 0])
-    }
-
-    /// A persistent session (Clean Start 0, Session Expiry 3600).
-    fn connect_persistent(addr: SocketAddr, id: &str) -> Raw {
-        Raw::connect_with(addr, id, &[0x00, 0, 60, 5, 0x11, 0, 0, 0x0e, 0x10])
-    }
-
-    /// CONNECT with `flags_to_props` (flags, keep alive, properties), then SUBSCRIBE
-    /// to the response topic.
-    fn connect_with(addr: SocketAddr, id: &str, flags_to_props: &[u8]) -> Raw {
-        let mut stream = connect_tcp(addr);
-        stream
-            .set_read_timeout(Some(Duration::from_secs(20)))
-            .unwrap();
-        let mut body = vec![0, 4, b'M', b'Q', b'T', b'T', 5];
-        body.extend_from_slice(flags_to_props);
-        string(id.as_bytes(), &mut body);
-        stream.write_all(&packet(0x10, &body)).unwrap();
-        let mut raw = Raw {
-            stream,
-            response_topic: format!("clients/{id}/response"),
-            next_id: 1,
-        };
-        let (kind, _) = raw.read_packet();
-        assert_eq!(kind >> 4, 2, "expected CONNACK");
-        let mut body = vec![0, 1, 0];
-        string(raw.response_topic.as_bytes(), &mut body);
-        body.push(0x01);
-        raw.stream.write_all(&packet(0x82, &body)).unwrap();
-        let (kind, _) = raw.read_packet();
-        assert_eq!(kind >> 4, 9, "expected SUBACK");
-        raw
-    }
-
-    fn read_packet(&mut self) -> (u8, Vec<u8>) {
-        let mut head = [0u8; 1];
-        self.stream.read_exact(&mut head).expect("read packet");
-        let (mut len, mut shift) = (0usize, 0);
-        loop {
-            let mut b = [0u8; 1];
-            self.stream.read_exact(&mut b).unwrap();
-            len |= usize::from(b[0] & 0x7f) << shift;
-            shift += 7;
-            if b[0] & 0x80 == 0 {
-                break;
-            }
-        }
-        let mut body = vec![0u8; len];
-        self.stream.read_exact(&mut body).unwrap();
-        (head[0], body)
-    }
-
-    /// One request (QoS 1, as the SDKs send it); returns the response payload.
-    fn call(&mut self, args: &[&[u8]]) -> Vec<u8> {
-        let mut payload = format!("*{}\r\n", args.len()).into_bytes();
-        for a in args {
-            payload.extend_from_slice(format!("${}\r\n", a.len()).as_bytes());
-            payload.extend_from_slice(a);
-            payload.extend_from_slice(b"\r\n");
-        }
-        let ms = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .unwrap()
-            .as_millis();
-        let mut props = vec![0x08];
-        string(self.response_topic.as_bytes(), &mut props);
-        props.push(0x09);
-        string(&self.next_id.to_be_bytes(), &mut props);
-        props.extend_from_slice(&[0x02, 0, 0, 0, 10]);
-        props.push(0x26);
-        string(b"__ts", &mut props);
-        string(format!("{ms:015}:00000:client").as_bytes(), &mut props);
-        let mut body = Vec::new();
-        string(
-            b"statestore/v1/FA9AE35F-2F64-47CD-9BFF-08E2B32A0FE8/command/invoke",
-            &mut body,
-        );
-        body.extend_from_slice(&self.next_id.to_be_bytes());
-        varint(props.len(), &mut body);
-        body.extend_from_slice(&props);
-        body.extend_from_slice(&payload);
-        self.stream.write_all(&packet(0x32, &body)).unwrap();
-        self.next_id += 1;
-        loop {
-            let (kind, body) = self.read_packet();
-            if kind >> 4 != 3 {
-                continue;
-            }
-            // PUBLISH QoS 1: topic, packet id, properties, payload. Acknowledge it.
-            let topic_len = usize::from(u16::from_be_bytes([body[0], body[1]]));
-            let id = [body[2 + topic_len], body[3 + topic_len]];
-            self.stream.write_all(&[0x40, 2, id[0], id[1]]).unwrap();
-            let mut at = 4 + topic_len;
-            let (mut props_len, mut shift) = (0usize, 0);
-            loop {
-                let b = body[at];
-                at += 1;
-                props_len |= usize::from(b & 0x7f) << shift;
-                shift += 7;
-                if b & 0x80 == 0 {
-                    break;
-                }
-            }
-            return body[at + props_len..].to_vec();
-        }
-    }
-}
-
-impl Raw {
-    /// A QoS 1 PUBLISH, waiting for its PUBACK.
-    fn publish_to(&mut self, topic: &str, payload: &[u8]) {
-        let mut body = Vec::new();
-        string(topic.as_bytes(), &mut body);
-        body.extend_from_slice(&self.next_id.to_be_bytes());
-        body.push(0);
-        body.extend_from_slice(payload);
-        self.stream.write_all(&packet(0x32, &body)).unwrap();
-        self.next_id += 1;
-        loop {
-            let (kind, _) = self.read_packet();
-            if kind >> 4 == 4 {
-                return;
-            }
-        }
-    }
-}
-
-/// Every key, through SCAN (pages of keys without their values).
-fn scan(c: &mut Raw) -> std::collections::HashSet<Vec<u8>> {
-    let mut keys = std::collections::HashSet::new();
-    let mut token: Vec<u8> = Vec::new();
-    loop {
-        let page = c.call(&[b"SCAN", b"*", &token]);
-        let mut lines = page
-            .split(|&b| b == b'\n')
-            .map(|l| l.strip_suffix(b"\r").unwrap_or(l));
-        let parts = lines.next().expect("array header") == b"*2";
-        let count: usize = std::str::from_utf8(&lines.next().expect("keys header")[1..])
-            .unwrap()
-            .parse()
-            .unwrap();
-        for _ in 0..count {
-            lines.next();
-            keys.insert(lines.next().expect("key").to_vec());
-        }
-        if !parts {
-            return keys;
-        }
-        lines.next();
-        token = lines.next().expect("token").to_vec();
-    }
-}
-
-fn key(i: usize) -> Vec<u8> {
-    format!("k{i:04}").into_bytes()
 }
 
 /// Writes the keys one acknowledged SET at a time, then stops the server gracefully.
@@ -553,6 +367,10 @@ fn bad_sync_settings_exit_2_with_a_clear_error() {
         err.contains("compact_after_mib is 0") && err.contains(config.to_str().unwrap()),
         "{err}"
     );
+    std::fs::write(&config, "data_dir = \"/tmp/x\"\nmax_journal_mib = 0\n").unwrap();
+    let (status, err) = common::run_to_exit(&["--config", config.to_str().unwrap()]);
+    assert_eq!(status.code(), Some(2), "{err}");
+    assert!(err.contains("max_journal_mib is 0"), "{err}");
     std::fs::write(&config, "compact_after_mib = 8\n").unwrap();
     let (status, err) = common::run_to_exit(&["--config", config.to_str().unwrap()]);
     assert_eq!(status.code(), Some(2), "{err}");

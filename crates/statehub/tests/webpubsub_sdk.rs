@@ -18,13 +18,15 @@ fn sdk_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/webpubsub-sdk")
 }
 
-/// Runs `program args` in `dir` and checks its exit status and `RESULT` line.
-fn run(program: &Path, args: &[&str], dir: &Path, limit: Duration) {
+/// Runs `program args` in `dir` with `env` and checks its exit status and `RESULT`
+/// line.
+fn run(program: &Path, args: &[&str], env: &[(&str, &str)], dir: &Path, limit: Duration) {
     let mut child = Command::new(program)
         .args(args)
         .current_dir(dir)
         .env("STATEHUB_BIN", env!("CARGO_BIN_EXE_statehub"))
         .env_remove("STATEHUB_LOG")
+        .envs(env.iter().copied())
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -78,13 +80,17 @@ fn run(program: &Path, args: &[&str], dir: &Path, limit: Duration) {
 }
 
 fn node(script: &str, limit: Duration) {
+    node_with(script, &[], limit);
+}
+
+fn node_with(script: &str, env: &[(&str, &str)], limit: Duration) {
     let dir = sdk_dir().join("js");
     assert!(
         dir.join("node_modules/@azure/web-pubsub-client").is_dir(),
         "the JS SDKs are not installed in {}: run scripts/install-test-deps.sh",
         dir.display()
     );
-    run(Path::new("node"), &[script], &dir, limit);
+    run(Path::new("node"), &[script], env, &dir, limit);
 }
 
 fn python(script: &str, limit: Duration) {
@@ -95,7 +101,13 @@ fn python(script: &str, limit: Duration) {
         "{} is missing: run scripts/install-test-deps.sh",
         venv_python.display()
     );
-    run(&venv_python, &[script], &sdk_dir().join("python"), limit);
+    run(
+        &venv_python,
+        &[script],
+        &[],
+        &sdk_dir().join("python"),
+        limit,
+    );
 }
 
 const LIMIT: Duration = Duration::from_secs(150);
@@ -115,15 +127,50 @@ fn js_recovery_and_failed_recovery() {
     node("recovery.mjs", LIMIT);
 }
 
+/// 20,000 messages from an unpaced publisher to a reliable subscriber: all delivered,
+/// in order, on one connection.
 #[test]
-fn js_unacked_overflow_closes_with_1008() {
-    node("overflow.mjs", LIMIT);
+fn js_firehose_20000_messages_one_session() {
+    node("firehose.mjs", LIMIT);
 }
 
-/// 10,000 messages through a proxy that resets every connection every 300 ms.
+/// 20,000 unpaced messages through a proxy that resets every connection every 300 ms:
+/// exactly once, in order, no session lost.
 #[test]
-fn js_chaos_10000_messages_exactly_once_in_order() {
+fn js_chaos_20000_unpaced_messages_exactly_once_in_order() {
     node("chaos.mjs", Duration::from_secs(240));
+}
+
+/// The same at 2,000 msg/s with a replay buffer too small to cover a reset (4 KiB,
+/// about 17 messages, so that even a machine ten times slower loses sessions):
+/// sessions are lost, but only with a `disconnected` naming the evicted messages and
+/// close 1008, each followed by a new session, and every missing message falls in
+/// the gap of one.
+#[test]
+fn js_chaos_small_replay_buffer_loses_sessions_only_honestly() {
+    let env = [
+        ("CHAOS_MESSAGES", "10000"),
+        ("CHAOS_RATE", "2000"),
+        ("CHAOS_EXPECT_LOSS", "1"),
+        (
+            "CHAOS_CONFIG",
+            "[webpubsub.limits]\nreplay_buffer_bytes = 4096\n",
+        ),
+    ];
+    node_with("chaos.mjs", &env, Duration::from_secs(240));
+}
+
+/// A full replay buffer evicts instead of closing; a recovery the ack covers is
+/// served, one that needs evicted messages gets 1008 and the SDK starts over.
+#[test]
+fn js_replay_eviction_and_failed_recovery() {
+    node("eviction.mjs", LIMIT);
+}
+
+/// A subscriber that never reads is closed as a slow consumer; memory stays bounded.
+#[test]
+fn js_slow_consumer_is_closed_and_memory_stays_bounded() {
+    node("slow-consumer.mjs", LIMIT);
 }
 
 #[test]
@@ -134,4 +181,26 @@ fn python_messaging_and_rest_api() {
 #[test]
 fn python_recovery_and_failed_recovery() {
     python("recovery.py", LIMIT);
+}
+
+/// 20,000 messages from an unpaced publisher to the Python client: all delivered, in
+/// order, on one connection.
+#[test]
+fn python_firehose_20000_messages_one_session() {
+    python("firehose.py", LIMIT);
+}
+
+/// 10,000 unpaced messages to the Python client through a proxy that resets its
+/// connection every 300 ms: exactly once, in order, no session lost.
+#[test]
+fn python_chaos_10000_unpaced_messages_exactly_once_in_order() {
+    python("chaos.py", LIMIT);
+}
+
+/// The Python client with a small replay buffer: evictions never close it, a recovery
+/// its ack covers is served, one that needs evicted messages gets 1008 and it starts
+/// over.
+#[test]
+fn python_replay_eviction_and_failed_recovery() {
+    python("eviction.py", LIMIT);
 }

@@ -7,7 +7,7 @@
 
 use crate::error::StorageError;
 use crate::format::{put_op, put_op_with};
-use crate::store::Table;
+use crate::table::Table;
 
 /// Longest key a table takes, in bytes.
 pub const MAX_KEY_LEN: usize = u16::MAX as usize;

@@ -5,12 +5,22 @@
 use std::sync::mpsc;
 use std::thread::JoinHandle;
 
+use parking_lot::Mutex;
+
 use super::*;
-use crate::store::Table;
+use crate::error::StorageError;
+use crate::table::Table;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Event {
-    Commit { ops: usize, sync: bool },
+    Commit {
+        ops: usize,
+        sync: bool,
+    },
+    /// A commit attempt that found no room, and its operations.
+    NoSpace {
+        ops: usize,
+    },
     Sync,
 }
 
@@ -19,6 +29,8 @@ struct Script {
     /// Commit number (0-based) that fails.
     fail_commit: Option<usize>,
     fail_sync: bool,
+    /// While set, every commit fails as a write to a full disk does.
+    full: Arc<std::sync::atomic::AtomicBool>,
     /// When set, each commit announces itself and waits for a permit.
     gate: Option<(mpsc::Sender<()>, mpsc::Receiver<()>)>,
 }
@@ -30,17 +42,22 @@ struct Fake {
 }
 
 impl Backend for Fake {
-    fn commit(&mut self, batches: Vec<Batch>, sync: bool) -> Result<(), BackendError> {
+    fn commit(&mut self, batches: &[Batch], sync: bool) -> Result<(), BackendError> {
         if let Some((started, permits)) = &self.script.gate {
             let _ = started.send(());
             let _ = permits.recv();
+        }
+        let ops = batches.iter().map(Batch::len).sum();
+        if self.script.full.load(std::sync::atomic::Ordering::Acquire) {
+            self.log.lock().push(Event::NoSpace { ops });
+            let enospc = std::io::Error::from(std::io::ErrorKind::StorageFull);
+            return Err(BackendError::write(enospc));
         }
         let n = self.commits;
         self.commits += 1;
         if self.script.fail_commit == Some(n) {
             return Err("injected commit failure".into());
         }
-        let ops = batches.iter().map(Batch::len).sum();
         self.log.lock().push(Event::Commit { ops, sync });
         Ok(())
     }
@@ -373,4 +390,102 @@ fn on_own_runtime<T>(task: impl std::future::Future<Output = T>) -> T {
         .build()
         .unwrap()
         .block_on(task)
+}
+
+/// A write to a full disk: the store says it is stalled (and why), keeps accepting and
+/// queueing batches, admission no longer waits, and nothing completes; once there is
+/// room the same batches are written, everything completes in order and the stall ends.
+#[tokio::test]
+async fn a_full_disk_stalls_writes_until_there_is_room_again() {
+    let full = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let script = Script {
+        full: full.clone(),
+        ..Script::default()
+    };
+    let mut h = Harness::start(SyncPolicy::Always, script, 100);
+    let first = h.shared.submit(h.batch(3)).unwrap();
+    let stalled = h.shared.clone();
+    tokio::time::timeout(Duration::from_secs(5), async move {
+        while stalled.stall_error().is_none() {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await
+    .expect("no stall reported");
+    let err = h.shared.stall_error().unwrap();
+    assert!(matches!(err, StorageError::NoSpace { .. }), "{err}");
+    // Over the 100-byte bound, yet admission does not wait: callers refuse writes now.
+    let later: Vec<u64> = (0..20)
+        .map(|_| h.shared.submit(h.batch(1)).unwrap())
+        .collect();
+    tokio::time::timeout(Duration::from_secs(5), h.shared.admit())
+        .await
+        .expect("admission waited during a stall");
+    assert_eq!(h.shared.durable_seq(), 0);
+    let waiter = {
+        let shared = h.shared.clone();
+        let last = *later.last().unwrap();
+        tokio::spawn(async move { shared.wait(last).await })
+    };
+    full.store(false, std::sync::atomic::Ordering::Release);
+    tokio::time::timeout(Duration::from_secs(10), waiter)
+        .await
+        .expect("writes did not go on once there was room")
+        .unwrap()
+        .unwrap();
+    assert!(h.shared.stall_error().is_none());
+    tokio::time::timeout(Duration::from_secs(5), h.shared.unstalled())
+        .await
+        .unwrap();
+    let events = h.events();
+    let attempts: Vec<&Event> = events
+        .iter()
+        .filter(|e| matches!(e, Event::NoSpace { .. }))
+        .collect();
+    assert!(!attempts.is_empty());
+    assert!(
+        attempts.iter().all(|e| **e == Event::NoSpace { ops: 3 }),
+        "the same batch is tried again: {events:?}"
+    );
+    let commits: Vec<&Event> = events
+        .iter()
+        .filter(|e| matches!(e, Event::Commit { .. }))
+        .collect();
+    assert_eq!(commits[0], &Event::Commit { ops: 3, sync: true });
+    assert_eq!(first, 1);
+    h.close();
+}
+
+/// Closing while the disk is full gives up after one more attempt: the store fails
+/// with the cause (nothing it held was acknowledged) instead of hanging.
+#[test]
+fn closing_during_a_stall_fails_the_store_instead_of_hanging() {
+    let full = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let script = Script {
+        full,
+        ..Script::default()
+    };
+    let mut h = Harness::start(SyncPolicy::Always, script, usize::MAX);
+    let t = h.shared.submit(h.batch(1)).unwrap();
+    while h.shared.stall_error().is_none() {
+        std::thread::yield_now();
+    }
+    h.close();
+    let err = h.shared.wait_blocking(t).unwrap_err();
+    assert!(matches!(err, StorageError::Failed(_)), "{err}");
+}
+
+/// Any other failure is not retried: one attempt, then the store is failed.
+#[test]
+fn other_failures_are_not_retried() {
+    let script = Script {
+        fail_commit: Some(0),
+        ..Script::default()
+    };
+    let mut h = Harness::start(SyncPolicy::Always, script, usize::MAX);
+    let t = h.shared.submit(h.batch(1)).unwrap();
+    assert!(h.shared.wait_blocking(t).is_err());
+    assert!(h.shared.stall_error().is_none());
+    assert!(h.events().is_empty(), "{:?}", h.events());
+    h.close();
 }

@@ -32,8 +32,9 @@ pub enum OpenError {
         #[source]
         source: io::Error,
     },
-    /// Files in the directory are damaged beyond the torn last write recovery repairs.
-    #[error("data directory {dir} is damaged ({files}): {detail}; refusing to start rather than lose data (restore the directory from a backup, or move it away to start empty)")]
+    /// Files in the directory are damaged beyond the torn last write recovery sets aside;
+    /// nothing in the directory was changed.
+    #[error("data directory {dir} is damaged ({files}): {detail}; refusing to start rather than lose data (`statehub repair --data-dir {dir}` keeps every intact batch and reports what is lost; or restore the directory from a backup, or move it away to start empty)", dir = dir.display())]
     Corrupt {
         /// The data directory.
         dir: PathBuf,
@@ -62,6 +63,16 @@ pub enum StorageError {
     /// The store was closed.
     #[error("the store is closed")]
     Closed,
+    /// Writes wait for disk space: a commit found none (`ENOSPC`, `EDQUOT`) and is tried
+    /// again until there is room. Nothing submitted is lost; callers refuse new writes
+    /// meanwhile (see the crate docs).
+    #[error("no disk space (for {} s): {cause}; writes wait and are retried until there is room", waiting.as_secs())]
+    NoSpace {
+        /// How long writes have been waiting.
+        waiting: std::time::Duration,
+        /// The error of the write that found no room.
+        cause: Arc<io::Error>,
+    },
     /// A key over [`crate::MAX_KEY_LEN`] bytes; the batch is unchanged.
     #[error("a key of {len} bytes is over the storage limit of {max} bytes")]
     KeyTooLong {

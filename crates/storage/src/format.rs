@@ -9,7 +9,7 @@
 //! # Journal segment (`journal/{first_seq:020}.log`)
 //!
 //! ```text
-//! header  "SHJRNL01" | first_seq u64 | tables u16 | tables × (id u16, len u8, name) | crc u32
+//! header  "SHJRNL02" | first_seq u64 | tables u16 | tables × (id u16, len u8, name) | crc u32
 //! record  len u32 | seq u64 | payload (len bytes) | crc u32           (one batch each)
 //! payload ops, each: kind u8 (1 put, 2 delete) | table u16 | key_len u16 | key
 //!                    | (put only) value_len u32 | value
@@ -17,9 +17,21 @@
 //!
 //! A segment names its tables in its header, so a record's operations refer to a table
 //! by a small id; a store that opens a new table starts a new segment.
+//!
+//! A record's `seq` field holds the batch's sequence number in its low 63 bits and, in
+//! bit 63, [`SYNCED_BEFORE`]: set on the first record of a write when every byte of the
+//! segment before it had been synced (`fdatasync` returned) before that write was made.
+//! Recovery needs it to tell a torn last write from damage to data that was already on
+//! disk (see `recovery.rs`). Segments of the first format (`"SHJRNL01"`, written before
+//! the flag) are read too; their records never carry it.
 
 /// Magic of a journal segment.
-pub(crate) const SEGMENT_MAGIC: &[u8; 8] = b"SHJRNL01";
+pub(crate) const SEGMENT_MAGIC: &[u8; 8] = b"SHJRNL02";
+/// Magic of a segment of the first format, whose records carry no [`SYNCED_BEFORE`].
+const SEGMENT_MAGIC_V1: &[u8; 8] = b"SHJRNL01";
+/// The bit of a record's `seq` field that says every earlier byte of its segment was
+/// synced before the write that holds it began.
+pub(crate) const SYNCED_BEFORE: u64 = 1 << 63;
 /// Bytes a record adds around its payload: length, sequence number, checksum.
 pub(crate) const RECORD_OVERHEAD: usize = 4 + 8 + 4;
 /// An operation that sets a key.
@@ -146,6 +158,8 @@ pub(crate) fn segment_header(first_seq: u64, tables: &[(u16, String)]) -> Vec<u8
 /// records start.
 #[derive(Debug)]
 pub(crate) struct SegmentHeader {
+    /// Whether its records may carry [`SYNCED_BEFORE`] (not a segment of the first format).
+    pub(crate) flags_synced: bool,
     pub(crate) first_seq: u64,
     pub(crate) tables: TableNames,
     pub(crate) len: usize,
@@ -153,9 +167,11 @@ pub(crate) struct SegmentHeader {
 
 pub(crate) fn read_segment_header(bytes: &[u8]) -> Result<SegmentHeader, FormatError> {
     let mut r = Reader::new(bytes);
-    if r.take(8)? != SEGMENT_MAGIC {
-        return Err(FormatError::Magic("journal segment"));
-    }
+    let flags_synced = match r.take(8)? {
+        m if m == SEGMENT_MAGIC => true,
+        m if m == SEGMENT_MAGIC_V1 => false,
+        _ => return Err(FormatError::Magic("journal segment")),
+    };
     let first_seq = r.u64()?;
     let tables = read_tables(&mut r)?;
     let end = r.pos();
@@ -163,17 +179,24 @@ pub(crate) fn read_segment_header(bytes: &[u8]) -> Result<SegmentHeader, FormatE
         return Err(FormatError::Checksum);
     }
     Ok(SegmentHeader {
+        flags_synced,
         first_seq,
         tables,
         len: r.pos(),
     })
 }
 
-/// Appends one record: the batch `payload` under sequence number `seq`.
-pub(crate) fn put_record(out: &mut Vec<u8>, seq: u64, payload: &[u8]) {
+/// Appends one record: the batch `payload` under sequence number `seq`, flagged
+/// [`SYNCED_BEFORE`] if `synced_before`.
+pub(crate) fn put_record(out: &mut Vec<u8>, seq: u64, synced_before: bool, payload: &[u8]) {
     let start = out.len();
+    let field = if synced_before {
+        seq | SYNCED_BEFORE
+    } else {
+        seq
+    };
     out.extend_from_slice(&(payload.len() as u32).to_le_bytes());
-    out.extend_from_slice(&seq.to_le_bytes());
+    out.extend_from_slice(&field.to_le_bytes());
     out.extend_from_slice(payload);
     let sum = crc(&out[start..]);
     out.extend_from_slice(&sum.to_le_bytes());
@@ -183,6 +206,8 @@ pub(crate) fn put_record(out: &mut Vec<u8>, seq: u64, payload: &[u8]) {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct RecordRef<'a> {
     pub(crate) seq: u64,
+    /// [`SYNCED_BEFORE`] was set.
+    pub(crate) synced_before: bool,
     pub(crate) payload: &'a [u8],
 }
 
@@ -192,13 +217,18 @@ pub(crate) struct RecordRef<'a> {
 pub(crate) fn read_record(bytes: &[u8]) -> Result<(RecordRef<'_>, usize), FormatError> {
     let mut r = Reader::new(bytes);
     let len = r.u32()? as usize;
-    let seq = r.u64()?;
+    let field = r.u64()?;
     let payload = r.take(len)?;
     let end = r.pos();
     if r.u32()? != crc(&bytes[..end]) {
         return Err(FormatError::Checksum);
     }
-    Ok((RecordRef { seq, payload }, r.pos()))
+    let record = RecordRef {
+        seq: field & !SYNCED_BEFORE,
+        synced_before: field & SYNCED_BEFORE != 0,
+        payload,
+    };
+    Ok((record, r.pos()))
 }
 
 /// One operation of a batch.
@@ -284,10 +314,16 @@ mod tests {
         put_op(&mut payload, 3, b"key", Some(b"value"));
         put_op(&mut payload, 4, b"gone", None);
         let mut out = Vec::new();
-        put_record(&mut out, 42, &payload);
+        put_record(&mut out, 42, true, &payload);
         assert_eq!(out.len(), payload.len() + RECORD_OVERHEAD);
         let (record, len) = read_record(&out).unwrap();
-        assert_eq!((record.seq, len), (42, out.len()));
+        assert_eq!(
+            (record.seq, record.synced_before, len),
+            (42, true, out.len())
+        );
+        let mut unflagged = Vec::new();
+        put_record(&mut unflagged, 42, false, &payload);
+        assert!(!read_record(&unflagged).unwrap().0.synced_before);
         let ops: Vec<Op<'_>> = ops(record.payload).collect::<Result<_, _>>().unwrap();
         assert_eq!(
             ops,

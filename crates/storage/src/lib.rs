@@ -59,36 +59,59 @@
 //! * **Group commit.** One committer thread per store takes every batch submitted
 //!   while it was busy and commits them as one write and one sync. Concurrent writers
 //!   therefore share a sync; nobody waits for a timer.
-//! * **Failure is fatal.** If a commit or a sync fails, the store is *failed*: every
-//!   incomplete ticket and every later `submit` returns [`StorageError::Failed`] with
-//!   the cause, it is logged once, and nothing more is written. What was already
-//!   completed stays durable. A user must then stop acknowledging writes (the state store
-//!   answers 503). There is no retry: after a failed `fdatasync` the kernel may have
-//!   dropped the dirty pages, so "try again" could acknowledge lost data.
+//! * **A full disk stalls, then recovers.** A write that finds no room (`ENOSPC`,
+//!   `EDQUOT`) is retried with a backoff (10 ms doubling to 1 s) until it succeeds; no
+//!   restart is needed. Meanwhile [`Store::stall_error`] says so
+//!   ([`StorageError::NoSpace`]), `submit` still queues batches (written, in order, once
+//!   there is room), their tickets wait, [`Store::admit`] returns at once (callers are
+//!   to refuse new writes, not queue them), and [`Store::pending_keys`] tells readers
+//!   which keys wait, so they can answer reads of everything else. Entering and leaving
+//!   the stall are logged once each. Closing during a stall fails the store.
+//! * **Any other failure is fatal.** If a sync fails (whatever its error), or a write
+//!   fails for another reason than space, the store is *failed*: every incomplete ticket
+//!   and every later `submit` returns [`StorageError::Failed`] with the cause, it is
+//!   logged once, and nothing more is written. What was already completed stays
+//!   durable; a restart recovers from what is on disk. A failed sync is never retried:
+//!   after one, the kernel may have marked the dirty pages clean (or dropped them), so
+//!   "try again" could succeed and acknowledge lost data (`committer.rs` has the
+//!   reasoning).
 //! * **Bounded.** The bytes submitted but not yet committed are bounded by
 //!   [`Options::max_pending_bytes`]: callers `await` [`Store::admit`] before work that will
 //!   submit, which waits while the bound is exceeded. `submit` itself never blocks (it
 //!   runs under callers' locks), so the bound can be overshot by at most one batch per
-//!   concurrent caller.
+//!   concurrent caller. The journal the compactor has not folded yet is bounded by
+//!   [`Options::max_journal_bytes`] (or twice the compaction threshold): past it,
+//!   commits wait for the compactor, so a write flood slows down instead of growing the
+//!   journal without end however little CPU the compactor gets.
 //! * **Reads** ([`Table::get`], [`Table::iter`], [`Table::prefix`]) see every completed
 //!   ticket's batch and nothing of a batch whose ticket has not completed; they read
 //!   files and are for start-up and inspection.
-//! * **One process per directory.** [`Store::open`] takes an exclusive lock on
-//!   `DIR/LOCK`; a second open of the same directory (from any process) fails with
-//!   [`OpenError::Locked`] instead of corrupting it.
+//! * **One process per directory.** [`Store::open`] (and [`repair`]) take an exclusive
+//!   lock on `DIR/LOCK`; a second open of the same directory (from any process) fails
+//!   with [`OpenError::Locked`] instead of corrupting it.
 //! * **Closing.** [`Store::close`] (or dropping the last handle) commits what was
 //!   submitted, syncs, stops the committer and the compactor and releases the lock.
 //!
 //! # Recovery and damaged files
 //!
-//! On open, the newest snapshot is checked and the journal after it replayed: a torn last
-//! batch (a crash in the middle of a write) is discarded, which loses nothing that was
-//! acknowledged. Any other damage (a checksum mismatch in the journal with whole batches
-//! after it, a gap in the journal's batches, a damaged or missing snapshot, a snapshot
-//! block that fails its checksum when read) makes [`Store::open`] or the read of the
-//! damaged data fail with [`OpenError::Corrupt`] / [`StorageError::Corrupt`], naming the
-//! file; statehub then refuses to start. Whenever recovery discards written bytes at the
-//! end of the journal, [`Store::recovery`] reports it and a warning is logged.
+//! On open, the newest snapshot is checked and the journal after it replayed. A torn last
+//! write (a crash in the middle of it) is taken out of the journal, which loses nothing
+//! acknowledged; its bytes are first copied to a file of their own under `DIR/damaged/`,
+//! so nothing is ever overwritten that could be someone's only copy, and
+//! [`Store::recovery`] reports it with a warning in the log. Damage is told from a torn
+//! write by what the writer recorded: a checksum mismatch followed by a whole batch that
+//! was written after the damaged one had been synced is damage (under `--sync always`,
+//! any whole batch after it; `recovery.rs` has the rules for both policies). That, and
+//! any other damage (a gap in the journal's batches, a closed segment that is not whole,
+//! a damaged or missing snapshot, a snapshot block that fails its checksum when read)
+//! makes [`Store::open`] or the read of the damaged data fail with
+//! [`OpenError::Corrupt`] / [`StorageError::Corrupt`], naming the file and where in it,
+//! with the directory left as it was; statehub then refuses to start.
+//!
+//! [`repair`] is the explicit way out: it keeps every batch and snapshot block that
+//! passes its checksum, writes them as one new snapshot, moves the files it replaces to
+//! `DIR/damaged/repair-*/` (nothing is deleted), and reports every batch and byte range
+//! it could not keep ([`RepairReport`]).
 //!
 //! # Layout and why
 //!
@@ -100,7 +123,7 @@
 //! compactor thread folds closed journal segments into a new snapshot (`compactor.rs`),
 //! so start-up replays a bounded journal and the disk holds about the live data plus
 //! [`Options::compact_after_bytes`] to about twice that of journal (and a spare segment
-//! of zeros). `recovery.rs` has the rules of opening.
+//! of zeros). `files.rs` lists every file; `recovery.rs` has the rules of opening.
 //!
 //! Every user of this crate keeps its live state in memory and reads its tables only at
 //! start-up, so the store needs no index of its own: a commit is one append and one
@@ -113,19 +136,28 @@ mod batch;
 mod committer;
 mod compactor;
 mod error;
+mod files;
 mod format;
 mod journal;
 mod lock;
 mod manifest;
 mod merge;
+mod open;
 mod options;
 mod recovery;
 mod relay;
+mod repair;
+mod scan;
+mod shared;
 mod snapshot;
 mod store;
 mod syncer;
+mod table;
 
 pub use batch::{Batch, MAX_BATCH_BYTES, MAX_KEY_LEN, MAX_VALUE_LEN};
 pub use error::{OpenError, StorageError};
 pub use options::{Options, SyncPolicy, SyncPolicyParseError};
-pub use store::{Record, Recovery, Store, Table, Ticket, TruncatedJournal};
+pub use recovery::{Recovery, TruncatedJournal};
+pub use repair::{repair, Loss, RepairReport};
+pub use store::{Store, Ticket};
+pub use table::{Record, Table};

@@ -15,8 +15,8 @@ use std::fs::File;
 use std::io::Write;
 use std::path::Path;
 
+use crate::files::{sync_dir, WriteError};
 use crate::format::{crc, FormatError, Reader};
-use crate::journal::{sync_dir, FileSet};
 
 const MAGIC: &[u8; 8] = b"SHMANI01";
 const NAME: &str = "MANIFEST";
@@ -31,14 +31,6 @@ pub(crate) struct Manifest {
 }
 
 impl Manifest {
-    /// The manifest of a file set.
-    pub(crate) fn of(set: &FileSet) -> Self {
-        Self {
-            snapshot_seq: set.snapshot.as_ref().map_or(0, |s| s.seq),
-            newest_segment: set.segments.last().map_or(0, |s| s.first_seq),
-        }
-    }
-
     fn encode(self) -> Vec<u8> {
         let mut out = Vec::with_capacity(28);
         out.extend_from_slice(MAGIC);
@@ -67,13 +59,13 @@ impl Manifest {
     }
 
     /// Replaces `dir/MANIFEST` atomically and durably.
-    pub(crate) fn write(self, dir: &Path) -> std::io::Result<()> {
+    pub(crate) fn write(self, dir: &Path) -> Result<(), WriteError> {
         let tmp = dir.join("MANIFEST.tmp");
-        let mut file = File::create(&tmp)?;
-        file.write_all(&self.encode())?;
-        file.sync_all()?;
-        std::fs::rename(&tmp, dir.join(NAME))?;
-        sync_dir(dir)
+        let mut file = File::create(&tmp).map_err(WriteError::Write)?;
+        file.write_all(&self.encode()).map_err(WriteError::Write)?;
+        file.sync_all().map_err(WriteError::Sync)?;
+        std::fs::rename(&tmp, dir.join(NAME)).map_err(WriteError::Write)?;
+        sync_dir(dir).map_err(WriteError::Sync)
     }
 
     /// Reads `dir/MANIFEST`: `Ok(None)` if there is none, `Err` with what is wrong if it

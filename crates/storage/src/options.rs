@@ -71,6 +71,12 @@ pub struct Options {
     /// the requests when they share a core. The default, 64 MiB, is what Redis waits for
     /// before it first rewrites its append-only file.
     pub compact_after_bytes: u64,
+    /// Closed journal the compactor may leave unfolded before commits wait for it (or
+    /// twice the compaction threshold, if that is more): the bound that keeps the journal,
+    /// and so the disk used and the start-up time, finite under a write flood however
+    /// little CPU the compactor gets. Writes past it are acknowledged only as the
+    /// compactor catches up (and state store requests wait for admission meanwhile).
+    pub max_journal_bytes: u64,
 }
 
 impl Default for Options {
@@ -80,6 +86,7 @@ impl Default for Options {
             max_pending_bytes: 64 << 20,
             segment_bytes: 8 << 20,
             compact_after_bytes: 64 << 20,
+            max_journal_bytes: 256 << 20,
         }
     }
 }

@@ -26,7 +26,7 @@ use std::sync::{Arc, Weak};
 
 use tokio::sync::Notify;
 
-use crate::committer::Shared;
+use crate::shared::Shared;
 
 thread_local! {
     /// This thread's relays, by store.

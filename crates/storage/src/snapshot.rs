@@ -123,6 +123,16 @@ impl Snapshot {
     /// opened now (so a compaction may remove it meanwhile); an error opening it is the
     /// first item.
     pub(crate) fn records(&self, name: &str) -> SnapshotRecords {
+        self.read(name, false)
+    }
+
+    /// [`Snapshot::records`] for a repair: a block that fails its checksum (but whose
+    /// length is in range) is an `Err` item, and the records of the next block follow.
+    pub(crate) fn salvage(&self, name: &str) -> SnapshotRecords {
+        self.read(name, true)
+    }
+
+    fn read(&self, name: &str, salvage: bool) -> SnapshotRecords {
         let table = self.table(name).cloned();
         let first_block = table.as_ref().map_or(0, |t| t.first_block);
         let blocks_left = table.as_ref().map_or(0, |t| t.blocks);
@@ -137,6 +147,8 @@ impl Snapshot {
             blocks_left,
             block: Bytes::new(),
             failed: false,
+            salvage,
+            offset: first_block,
         }
     }
 }
@@ -178,6 +190,10 @@ pub(crate) struct SnapshotRecords {
     /// What is left of the current block's records.
     block: Bytes,
     failed: bool,
+    /// Whether a damaged block is skipped instead of ending the records.
+    salvage: bool,
+    /// Where the next block starts in the file.
+    offset: u64,
 }
 
 impl SnapshotRecords {
@@ -212,8 +228,15 @@ impl SnapshotRecords {
         }
         let sum_at = 4 + body_len;
         let stored = u32::from_le_bytes(block[sum_at..].try_into().unwrap_or_default());
+        let at = self.offset;
+        self.offset += block.len() as u64;
         if crc(&block[..sum_at]) != stored {
-            return Err(self.damage(FormatError::Checksum));
+            let detail = format!("block at byte {at}: {}", FormatError::Checksum);
+            if self.salvage {
+                self.blocks_left -= 1;
+                return Err(SnapshotDamage::new(&self.path, detail));
+            }
+            return Err(self.damage(detail));
         }
         block.truncate(sum_at);
         self.blocks_left -= 1;

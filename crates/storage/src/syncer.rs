@@ -10,7 +10,10 @@
 //! itself when it closes a segment (a closed segment must be whole on disk before the
 //! next one gets anything) finds little left to write.
 //!
-//! A failed sync fails the store, as a failed commit does.
+//! It tells the committer how far its syncs got ([`Syncer::synced`]), so that the
+//! committer can flag a write made after every earlier byte of the segment was synced
+//! (`format::SYNCED_BEFORE`). A failed sync fails the store (see `committer.rs` for why
+//! a sync is never retried).
 
 use std::fs::File;
 use std::sync::Arc;
@@ -18,7 +21,7 @@ use std::thread::JoinHandle;
 
 use parking_lot::{Condvar, Mutex};
 
-use crate::committer::Shared;
+use crate::shared::Shared;
 
 /// Bytes written since the last sync past which the committer asks for one.
 pub(crate) const SYNC_EVERY_BYTES: u64 = 1 << 20;
@@ -27,7 +30,12 @@ pub(crate) const SYNC_EVERY_BYTES: u64 = 1 << 20;
 struct State {
     /// The segment being written (a second handle on it).
     file: Option<Arc<File>>,
-    requested: bool,
+    /// Changes with the file, so a sync of the previous one reports nothing.
+    generation: u64,
+    /// Sync everything written to the file up to this offset (`None`: nothing asked).
+    requested: Option<u64>,
+    /// Through which offset the file is known synced.
+    synced: u64,
     stop: bool,
 }
 
@@ -54,18 +62,29 @@ impl Syncer {
         Ok((syncer, handle))
     }
 
-    /// From now on, syncs go to `file` (the segment the committer started).
-    pub(crate) fn set_file(&self, file: File) {
-        self.state.lock().file = Some(Arc::new(file));
+    /// From now on, syncs go to `file` (the segment the committer started), whose first
+    /// `synced` bytes are synced already.
+    pub(crate) fn set_file(&self, file: File, synced: u64) {
+        let mut state = self.state.lock();
+        state.file = Some(Arc::new(file));
+        state.generation += 1;
+        state.requested = None;
+        state.synced = synced;
     }
 
-    /// Asks for a sync of the current segment (coalesced with one already asked for).
-    pub(crate) fn request(&self) {
+    /// Asks for a sync of the current segment's bytes up to `upto`, all of them written
+    /// already (coalesced with one already asked for).
+    pub(crate) fn request(&self, upto: u64) {
         let mut state = self.state.lock();
-        if !state.requested {
-            state.requested = true;
+        if state.requested.is_none() {
             self.wake.notify_one();
         }
+        state.requested = Some(state.requested.map_or(upto, |r| r.max(upto)));
+    }
+
+    /// Through which offset the current segment is known synced.
+    pub(crate) fn synced(&self) -> u64 {
+        self.state.lock().synced
     }
 
     /// Ends the thread once a requested sync is done.
@@ -76,21 +95,24 @@ impl Syncer {
 
     fn run(&self, shared: &Shared) {
         loop {
-            let file = {
+            let (file, generation, upto) = {
                 let mut state = self.state.lock();
-                while !state.requested && !state.stop {
+                while state.requested.is_none() && !state.stop {
                     self.wake.wait(&mut state);
                 }
-                if !state.requested {
+                let Some(upto) = state.requested.take() else {
                     return;
-                }
-                state.requested = false;
-                state.file.clone()
+                };
+                (state.file.clone(), state.generation, upto)
             };
             if let Some(file) = file {
                 if let Err(e) = file.sync_data() {
-                    shared.fail(Box::new(e));
+                    shared.fail(Box::new(crate::files::WriteError::Sync(e)));
                     return;
+                }
+                let mut state = self.state.lock();
+                if state.generation == generation {
+                    state.synced = state.synced.max(upto);
                 }
             }
         }

@@ -1,13 +1,18 @@
 //! Damaged data directories: every outcome must be one the crate docs list. Either the
 //! store refuses to open (or to read) with an error that says "damaged" and names the
-//! file, or it recovers to the last good batch: what it holds is exactly the first `m`
-//! batches written, each whole, and the cut journal is reported. Never a gap, never half
-//! a batch, never a silent loss of older batches.
+//! file, leaving the directory as it was, or it recovers to the last good batch: what it
+//! holds is exactly the first `m` batches written, each whole, the cut journal is
+//! reported and its cut bytes kept in a file of their own. Never a gap, never half a
+//! batch, never a silent loss of older batches. A refused directory can be repaired
+//! (`repair`), which keeps every whole batch and lists every one it lost.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use statehub_storage::{Batch, OpenError, Options, StorageError, Store, SyncPolicy};
+use statehub_storage::{repair, Batch, OpenError, Options, StorageError, Store, SyncPolicy};
+
+#[path = "damage_test/repair.rs"]
+mod repair_tests;
 
 const PER_BATCH: usize = 4;
 
@@ -17,7 +22,7 @@ fn key(batch: usize, i: usize) -> Vec<u8> {
 
 fn options() -> Options {
     Options {
-        sync: SyncPolicy::Interval(Duration::from_secs(1)),
+        sync: SyncPolicy::Interval(Duration::from_secs(3600)),
         ..Options::default()
     }
 }
@@ -25,9 +30,14 @@ fn options() -> Options {
 /// Writes `batches` batches of `PER_BATCH` keys with `value_len`-byte values, each
 /// awaited before the next is submitted (so each is its own record), then closes.
 fn fill(dir: &Path, batches: usize, value_len: usize) {
-    let store = Store::open(dir, options()).unwrap();
+    fill_with(dir, 0..batches, value_len, options());
+}
+
+/// [`fill`] of the batches numbered `range`, with `options`.
+fn fill_with(dir: &Path, range: std::ops::Range<usize>, value_len: usize, options: Options) {
+    let store = Store::open(dir, options).unwrap();
     let t = store.table("t").unwrap();
-    for b in 0..batches {
+    for b in range {
         let mut batch = Batch::new();
         for i in 0..PER_BATCH {
             batch
@@ -198,6 +208,16 @@ fn a_torn_tail_is_cut_and_reported_without_losing_a_batch() {
         Outcome::Refused(e) => panic!("a torn tail must be repaired, not refused: {e}"),
     }
     assert_eq!(written(&segment), end, "the torn bytes are zeroed");
+    let kept = dir.path().join("damaged").join(format!(
+        "{}.torn-at-{end}",
+        segment.file_name().unwrap().to_string_lossy()
+    ));
+    // Up to their last byte that is not zero (zeros are what an unwritten segment holds).
+    assert_eq!(
+        std::fs::read(&kept).unwrap(),
+        torn[..torn.len() - 1],
+        "the torn bytes are kept"
+    );
     // Cut for good: the next open has nothing to report.
     match outcome(dir.path(), 50) {
         Outcome::Recovered { batches, truncated } => assert_eq!((batches, truncated), (50, false)),
@@ -251,9 +271,10 @@ fn a_journal_cut_between_batches_recovers_the_batches_before_the_cut() {
     }
 }
 
-/// Flipped bytes in the last segment: in its header, refused; in a record, the
-/// segment ends before that record (whole records after it included: a power cut can
-/// persist a later page of the last write and not an earlier one), and it is reported.
+/// Flipped bytes in the last segment written with `--sync interval` and no sync since
+/// its first batch: in its header, refused; in a record, the segment ends before that
+/// record (whole records after it included: a power cut can persist a later page of
+/// what was written since the last sync and not an earlier one), and it is reported.
 #[test]
 fn flipped_journal_bytes_are_refused_or_recovered_to_a_prefix_and_reported() {
     let source = tempfile::tempdir().unwrap();

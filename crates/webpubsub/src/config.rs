@@ -123,17 +123,24 @@ pub struct Limits {
     /// Largest WebSocket frame or message accepted from a client, and largest REST
     /// message body and upstream response (1 MiB).
     pub max_frame_bytes: usize,
-    /// Unacknowledged messages a reliable session may hold before it is closed with
-    /// 1008 and deleted (1000).
-    pub max_unacked_messages: usize,
-    /// Bytes of unacknowledged messages, same consequence (16 MiB).
-    pub max_unacked_bytes: usize,
+    /// Bytes of a reliable session's replay buffer: the messages the client has not
+    /// acknowledged, kept for a recovery, each counted with a small per-message
+    /// overhead (16 MiB). Past it the oldest are evicted; the connection goes on, but
+    /// a recovery that needs an evicted message fails with 1008 (see `reliable`).
+    pub replay_buffer_bytes: usize,
+    /// Messages already written to the socket are evicted from the replay buffer after
+    /// this long unacknowledged (120 s; 0: no age bound). Keep it above
+    /// `idle_timeout_secs`, the longest a dead connection can go unnoticed.
+    #[serde(rename = "replay_max_age_secs", with = "secs")]
+    pub replay_max_age: Duration,
     /// How long a dropped reliable session is kept for recovery (60 s).
     #[serde(rename = "session_retention_secs", with = "secs")]
     pub session_retention: Duration,
     /// Processed `ackId`s remembered per session for `Duplicate` (1000).
     pub processed_ack_ids: usize,
-    /// Frames queued for one socket's writer before it counts as a slow consumer (4096).
+    /// Frames queued for one socket's writer before it counts as a slow consumer and
+    /// is closed: 1013 on reliable subprotocols (the client may recover), 1008 and the
+    /// session deleted on the others (4096).
     pub outbound_queue_messages: usize,
     /// Bytes queued for one socket's writer, same consequence (16 MiB).
     pub outbound_queue_bytes: usize,
@@ -162,8 +169,8 @@ impl Default for Limits {
     fn default() -> Self {
         Self {
             max_frame_bytes: 1 << 20,
-            max_unacked_messages: 1000,
-            max_unacked_bytes: 16 << 20,
+            replay_buffer_bytes: 16 << 20,
+            replay_max_age: Duration::from_secs(120),
             session_retention: Duration::from_secs(60),
             processed_ack_ids: 1000,
             outbound_queue_messages: 4096,
@@ -183,6 +190,11 @@ impl Limits {
     /// answers every ping is never taken for dead.
     pub fn effective_idle_timeout(&self) -> Duration {
         self.idle_timeout.max(self.ping_interval * 2)
+    }
+
+    /// The replay buffer's age bound, if any.
+    pub(crate) fn replay_age_bound(&self) -> Option<Duration> {
+        (!self.replay_max_age.is_zero()).then_some(self.replay_max_age)
     }
 }
 

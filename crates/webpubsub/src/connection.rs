@@ -4,11 +4,14 @@
 //! Only the writer touches the socket's sending half: replies, published messages,
 //! ping frames and the closing `disconnected` + close frame all go through it, in
 //! queue order, so a reliable client sees the replayed messages before anything new.
-//! A close request (protocol error, unacked overflow, slow consumer, replaced by a
-//! recovered socket, REST close, shutdown, idle timeout) stops both halves; when the
-//! socket ends the hub decides whether the session is kept for recovery. Every close
-//! the server starts is preceded by a `disconnected` message on the JSON and protobuf
-//! subprotocols.
+//! After each flush the writer raises the outbox's written watermark to the last
+//! sequence id it wrote, which the session's replay buffer reads (see `reliable`).
+//!
+//! A close request (protocol error, slow consumer, replaced by a recovered socket, a
+//! replay buffer that can no longer serve a recovery, REST close, shutdown, idle
+//! timeout) stops both halves; when the socket ends the hub decides whether the
+//! session is kept for recovery. Every close the server starts is preceded by a
+//! `disconnected` message on the JSON and protobuf subprotocols.
 //!
 //! A user event with an upstream handler blocks this connection's reader until the
 //! upstream answers (events are handled in order, as the service does); the writer,
@@ -27,7 +30,7 @@ use crate::dispatch::{handle_binary, handle_raw, handle_text};
 use crate::effects::{Effects, UserEvent};
 use crate::hub::admin::{Selection, Target};
 use crate::hub::{Hub, Session, CLOSE_GOING_AWAY, CLOSE_POLICY};
-use crate::outbox::{outbox, CloseRequest, Next, Outbox, OutboxReceiver, PushError};
+use crate::outbox::{outbox, CloseRequest, Frame, Next, Outbox, OutboxReceiver, PushError};
 use crate::protocol::codec::encode_reply;
 use crate::protocol::json::{Downstream, SystemEvent};
 use crate::protocol::Payload;
@@ -65,8 +68,12 @@ pub(crate) async fn refuse(mut socket: WebSocket, protocol: Subprotocol, code: u
 pub(crate) async fn serve(socket: WebSocket, hub: Arc<Hub>, session: Arc<Session>, limits: Limits) {
     let protocol = session.protocol();
     let (out, outrx) = outbox(limits.outbound_queue_messages, limits.outbound_queue_bytes);
-    let Ok((generation, replay)) = session.attach(out.clone()) else {
-        return refuse(socket, protocol, CLOSE_POLICY, "Session is gone").await;
+    let (generation, replay) = match session.attach(out.clone()) {
+        Ok(attached) => attached,
+        Err(e) => {
+            hub.remove(session.id());
+            return refuse(socket, protocol, CLOSE_POLICY, &e.to_string()).await;
+        }
     };
     let mut first = Vec::with_capacity(replay.len() + 1);
     if protocol != Subprotocol::Raw {
@@ -75,9 +82,12 @@ pub(crate) async fn serve(socket: WebSocket, hub: Arc<Hub>, session: Arc<Session
             user_id: session.user_id().map(str::to_owned),
             reconnection_token: session.reconnection_token().map(str::to_owned),
         });
-        first.extend(encode_reply(protocol, &connected));
+        first.extend(encode_reply(protocol, &connected).map(|msg| Frame { msg, seq: None }));
     }
-    first.extend(replay);
+    first.extend(replay.into_iter().map(|(seq, msg)| Frame {
+        msg,
+        seq: Some(seq),
+    }));
 
     let (sink, stream) = socket.split();
     let mut writer = tokio::spawn(write_loop(
@@ -190,12 +200,14 @@ fn is_json(session: &Session) -> bool {
     )
 }
 
-fn reply(session: &Session, out: &Outbox, msg: &Downstream) {
+fn reply(hub: &Hub, session: &Session, out: &Outbox, msg: &Downstream) {
     let Some(frame) = encode_reply(session.protocol(), msg) else {
         return;
     };
     if let Err(PushError::Full) = out.push(frame) {
-        out.close(CLOSE_POLICY, "Slow consumer");
+        if session.slow_consumer(out) {
+            hub.remove(session.id());
+        }
     }
 }
 
@@ -208,7 +220,7 @@ async fn apply(
     close_watch: &mut watch::Receiver<Option<CloseRequest>>,
 ) {
     for msg in &fx.replies {
-        reply(session, out, msg);
+        reply(hub, session, out, msg);
     }
     if let Some(timer) = fx.stream_timer {
         crate::hub::stream::spawn_idle_timer(Arc::clone(hub), Arc::clone(session), timer);
@@ -254,7 +266,7 @@ async fn user_event(
                 Downstream::invoke_err(invocation_id, e.name(), e.to_string())
             }
         };
-        reply(session, out, &response);
+        reply(hub, session, out, &response);
         return;
     }
     match (result, event.ack_id) {
@@ -265,12 +277,13 @@ async fn user_event(
             }
             if let Some(id) = ack_id {
                 session.processed(id);
-                reply(session, out, &Downstream::ack_ok(id));
+                reply(hub, session, out, &Downstream::ack_ok(id));
             }
         }
         (Err(e), Some(id)) => {
             tracing::warn!("user event {:?} of {}: {e}", event.event, session.id());
             reply(
+                hub,
                 session,
                 out,
                 &Downstream::ack_err(id, e.name(), e.to_string()),
@@ -295,14 +308,22 @@ const WRITE_BATCH: usize = 256;
 async fn write_loop(
     mut sink: SplitSink<WebSocket, Message>,
     mut rx: OutboxReceiver,
-    first: Vec<Message>,
+    first: Vec<Frame>,
     protocol: Subprotocol,
     ping_interval: Duration,
 ) {
-    for msg in first {
-        if sink.send(msg).await.is_err() {
+    let mut written = None;
+    for frame in first {
+        written = frame.seq.or(written);
+        if sink.feed(frame.msg).await.is_err() {
             return;
         }
+    }
+    if sink.flush().await.is_err() {
+        return;
+    }
+    if let Some(seq) = written {
+        rx.mark_written(seq);
     }
     let mut ping =
         tokio::time::interval_at(tokio::time::Instant::now() + ping_interval, ping_interval);
@@ -311,18 +332,8 @@ async fn write_loop(
             biased;
             next = rx.next() => match next {
                 Next::Close(req) => return send_close(&mut sink, protocol, req).await,
-                Next::Frame(msg) => {
-                    // Everything already queued goes out in one write (one flush).
-                    if sink.feed(msg).await.is_err() {
-                        return;
-                    }
-                    for _ in 1..WRITE_BATCH {
-                        let Some(msg) = rx.try_frame() else { break };
-                        if sink.feed(msg).await.is_err() {
-                            return;
-                        }
-                    }
-                    if sink.flush().await.is_err() {
+                Next::Frame(frame) => {
+                    if write_batch(&mut sink, &mut rx, frame).await.is_err() {
                         return;
                     }
                 }
@@ -335,6 +346,27 @@ async fn write_loop(
             }
         }
     }
+}
+
+/// Writes `frame` and everything queued behind it (up to [`WRITE_BATCH`]) in one
+/// flush, then raises the written watermark to the batch's last sequence id.
+async fn write_batch(
+    sink: &mut SplitSink<WebSocket, Message>,
+    rx: &mut OutboxReceiver,
+    frame: Frame,
+) -> Result<(), axum::Error> {
+    let mut written = frame.seq;
+    sink.feed(frame.msg).await?;
+    for _ in 1..WRITE_BATCH {
+        let Some(frame) = rx.try_frame() else { break };
+        written = frame.seq.or(written);
+        sink.feed(frame.msg).await?;
+    }
+    sink.flush().await?;
+    if let Some(seq) = written {
+        rx.mark_written(seq);
+    }
+    Ok(())
 }
 
 async fn send_close(

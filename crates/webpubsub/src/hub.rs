@@ -3,8 +3,10 @@
 //! A [`Session`] is what a client's connection id names. On reliable subprotocols it
 //! outlives its socket: when the socket drops the session is kept for the retention
 //! window with its groups, processed ackIds and unacknowledged messages, and a socket
-//! presenting the connection id and reconnection token takes it over. On the other
-//! subprotocols the session ends with its socket.
+//! presenting the connection id and reconnection token takes it over, unless its
+//! replay buffer no longer holds every message the client has not acknowledged (see
+//! `reliable`): then the session ends at once, and the recovery is told why. On the
+//! other subprotocols the session ends with its socket.
 //!
 //! The hub also indexes sessions by user id, keeps group members ordered (so listing a
 //! group pages stably), and reports sessions' starts and ends to its upstream (the
@@ -16,8 +18,14 @@
 //! inside (an async mutex would only add cost). Order is hub, then session, then a
 //! session's permissions; a session lock is never held while taking the hub lock, and
 //! the lifecycle hook is called with no lock held.
+//!
+//! Slow consumers: nothing here ever waits for a socket. A socket whose outbound
+//! queue is full is closed (1013 on reliable subprotocols, whose session stays
+//! recoverable from its replay buffer; 1008 and the session deleted on the others),
+//! counted in the service's `stats` and logged.
 
 pub(crate) mod admin;
+mod ended;
 mod events;
 mod session;
 pub(crate) mod stream;
@@ -34,6 +42,7 @@ use tokio_util::sync::CancellationToken;
 use crate::config::Limits;
 use crate::protocol::frames::DataFrames;
 use crate::protocol::json::DataMessageRef;
+use crate::stats::Stats;
 pub(crate) use events::{EventError, Events, UserEventFuture};
 pub(crate) use session::{Gone, NewSession, Session};
 
@@ -46,6 +55,17 @@ pub(crate) const CLOSE_NORMAL: u16 = 1000;
 /// Close code: the server is going away (shutdown, non-reliable clients).
 pub(crate) const CLOSE_GOING_AWAY: u16 = 1001;
 
+/// Why a recovery is refused: the client is told with 1008 and this text.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum Unrecoverable {
+    /// No such session (or a wrong token or subprotocol), and nothing known of it.
+    #[error("the session is gone")]
+    Gone,
+    /// It ended recently, for this reason.
+    #[error("the session ended: {0}")]
+    Ended(String),
+}
+
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
@@ -53,11 +73,12 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 /// A hub: its sessions and groups.
 #[derive(Debug)]
 pub(crate) struct Hub {
-    name: String,
+    name: Arc<str>,
     limits: Limits,
     state: Mutex<HubState>,
     events: Option<Arc<dyn Events>>,
     shutdown: CancellationToken,
+    stats: Arc<Stats>,
 }
 
 #[derive(Debug, Default)]
@@ -67,6 +88,8 @@ struct HubState {
     groups: HashMap<String, BTreeSet<String>>,
     /// Connection ids by user id.
     users: HashMap<String, HashSet<String>>,
+    /// Reliable sessions deleted recently, so a recovery is told why.
+    ended: ended::Ended,
 }
 
 impl HubState {
@@ -100,12 +123,25 @@ impl Hub {
     /// An empty hub.
     pub(crate) fn new(name: &str, limits: Limits) -> Self {
         Self {
-            name: name.to_owned(),
+            name: Arc::from(name),
             limits,
             state: Mutex::new(HubState::default()),
             events: None,
             shutdown: CancellationToken::new(),
+            stats: Arc::default(),
         }
+    }
+
+    /// The same hub, counting into the service's `stats`.
+    pub(crate) fn with_stats(mut self, stats: Arc<Stats>) -> Self {
+        self.stats = stats;
+        self
+    }
+
+    #[cfg(test)]
+    /// The counters this hub counts into.
+    pub(crate) fn stats(&self) -> &Stats {
+        &self.stats
     }
 
     /// The same hub, with an upstream.
@@ -163,7 +199,8 @@ impl Hub {
     pub(crate) fn open(&self, new: NewSession) -> Arc<Session> {
         let id = new.connection_id.clone().unwrap_or_else(new_connection_id);
         let groups = new.claims.groups.clone();
-        let session = Arc::new(Session::new(id, new, &self.limits));
+        let env = (Arc::clone(&self.name), Arc::clone(&self.stats));
+        let session = Arc::new(Session::new(id, new, &self.limits, env));
         {
             let mut hub = lock(&self.state);
             hub.sessions
@@ -181,16 +218,25 @@ impl Hub {
         session
     }
 
-    /// The session a recovering socket names, if it exists and the token matches.
-    pub(crate) fn recover(&self, connection_id: &str, token: &str) -> Result<Arc<Session>, Gone> {
-        let session = lock(&self.state)
-            .sessions
-            .get(connection_id)
-            .cloned()
-            .ok_or(Gone)?;
+    /// The session a recovering socket names, if it exists and the token matches;
+    /// else why not, to tell the client (with 1008).
+    pub(crate) fn recover(
+        &self,
+        connection_id: &str,
+        token: &str,
+    ) -> Result<Arc<Session>, Unrecoverable> {
+        let hub = lock(&self.state);
+        let retention = self.limits.session_retention;
+        let gone = || match hub.ended.reason(connection_id, token, retention) {
+            Some(reason) => Unrecoverable::Ended(reason.to_owned()),
+            None => Unrecoverable::Gone,
+        };
+        let Some(session) = hub.sessions.get(connection_id) else {
+            return Err(gone());
+        };
         match session.reconnection_token() {
-            Some(expected) if constant_time_eq(expected, token) => Ok(session),
-            _ => Err(Gone),
+            Some(expected) if constant_time_eq(expected, token) => Ok(Arc::clone(session)),
+            _ => Err(gone()),
         }
     }
 
@@ -215,7 +261,7 @@ impl Hub {
     }
 
     /// Publishes to every member of `group` but `exclude`. Returns how many sessions it
-    /// reached. Sessions that overflow or cannot keep up are disconnected, never waited on.
+    /// reached. Sessions that cannot keep up are disconnected, never waited on.
     pub(crate) fn send_to_group(
         &self,
         group: &str,
@@ -229,7 +275,8 @@ impl Hub {
 
     /// Delivers one message to each of `sessions`, encoded once per subprotocol and
     /// queued without waiting (dropped unsent after `deadline`, if any). Sessions that
-    /// overflow or cannot keep up are deleted. Returns how many it reached.
+    /// end (a slow non-reliable consumer, a reliable session without a socket whose
+    /// replay buffer overflowed) are deleted. Returns how many it reached.
     fn fan_out(
         &self,
         sessions: &[Arc<Session>],
@@ -258,6 +305,10 @@ impl Hub {
             let (groups, reason) = session.end();
             for group in groups {
                 hub.leave_group(&group, id);
+            }
+            if let (Some(token), Some(why)) = (session.reconnection_token(), &reason) {
+                let retention = self.limits.session_retention;
+                hub.ended.record(id, token, why, retention);
             }
             if let Some(user) = session.user_id() {
                 if let Some(ids) = hub.users.get_mut(user) {

@@ -15,8 +15,9 @@
 //! - `config`: keys, limits and hub settings (statehub's `[webpubsub]` table).
 //! - `hub`: hubs, groups, users, sessions, client streams to groups (`streamStart`,
 //!   `streamData`, `streamEnd`), and (in `hub::admin`) what the REST API does to
-//!   them; `reliable`: the reliable-session bookkeeping; `outbox`: the bounded
-//!   per-socket send queue.
+//!   them; `reliable`: the reliable-session bookkeeping (sequence ids, the replay
+//!   buffer, processed ackIds); `outbox`: the bounded per-socket send queue;
+//!   `stats`: counters of what the limits did.
 //!
 //! Modules are private; what the binary and clients need is re-exported here.
 //!
@@ -37,6 +38,7 @@ mod permissions;
 mod protocol;
 mod reliable;
 mod rest;
+mod stats;
 mod token;
 mod upstream;
 mod ws;
@@ -53,6 +55,7 @@ pub use config::{Config, ConfigError, Limits, MIN_ACCESS_KEY_BYTES};
 use hub::Hub;
 /// The protobuf subprotocols' messages (`webpubsub.client.proto`), for clients.
 pub use protocol::proto;
+pub use stats::Counters;
 pub use token::{issue_client_token, issue_token, ClientClaims};
 use upstream::events::HubEvents;
 use upstream::Upstream;
@@ -71,6 +74,7 @@ struct Inner {
     upstream: Option<Upstream>,
     shutdown: CancellationToken,
     connections: TaskTracker,
+    stats: Arc<stats::Stats>,
 }
 
 impl WebPubSub {
@@ -88,6 +92,7 @@ impl WebPubSub {
                 upstream,
                 shutdown: CancellationToken::new(),
                 connections: TaskTracker::new(),
+                stats: Arc::default(),
             }),
         }
     }
@@ -109,7 +114,8 @@ impl WebPubSub {
         hubs.entry(key.clone())
             .or_insert_with(|| {
                 let mut hub = Hub::new(&key, self.inner.config.limits.clone())
-                    .with_shutdown(self.inner.shutdown.clone());
+                    .with_shutdown(self.inner.shutdown.clone())
+                    .with_stats(Arc::clone(&self.inner.stats));
                 if let Some(events) = self.hub_events(&key) {
                     hub = hub.with_events(Arc::new(events));
                 }
@@ -142,6 +148,12 @@ impl WebPubSub {
         }
         let upstream = self.inner.upstream.clone()?;
         Some(HubEvents::new(upstream, settings))
+    }
+
+    /// What the per-connection limits did since the service started: slow consumers
+    /// closed, replay-buffer evictions, sessions that could not be recovered in full.
+    pub fn counters(&self) -> Counters {
+        self.inner.stats.counters()
     }
 
     /// Whether shutdown has begun (new clients are refused).

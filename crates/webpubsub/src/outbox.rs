@@ -6,9 +6,14 @@
 //! slow consumer. A close request travels beside the queue on a `watch` channel so it
 //! overtakes queued frames. A frame may carry a deadline (the REST API's
 //! `messageTtlSeconds`): the writer drops it unsent once the deadline has passed.
+//!
+//! A reliable session's data frames carry their sequence id; once the writer has
+//! flushed them to the socket it raises the queue's written watermark, which the
+//! session's replay buffer reads to tell frames already written from those still on
+//! their way (see `reliable`).
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use axum::extract::ws::Message;
@@ -47,13 +52,23 @@ struct Queue {
     ready: Notify,
     /// Live `Outbox` handles: the receiver ends once the last is dropped.
     senders: AtomicUsize,
+    /// The highest sequence id flushed to the socket.
+    written: AtomicU64,
     max_messages: usize,
     max_bytes: usize,
 }
 
+/// A queued frame: its deadline, and its sequence id on a reliable session.
+#[derive(Debug)]
+struct Queued {
+    msg: Message,
+    deadline: Option<Instant>,
+    seq: Option<u64>,
+}
+
 #[derive(Debug, Default)]
 struct QueueState {
-    frames: VecDeque<(Message, Option<Instant>)>,
+    frames: VecDeque<Queued>,
     bytes: usize,
     receiver_gone: bool,
 }
@@ -112,6 +127,7 @@ pub(crate) fn outbox(max_messages: usize, max_bytes: usize) -> (Outbox, OutboxRe
         state: Mutex::new(QueueState::default()),
         ready: Notify::new(),
         senders: AtomicUsize::new(1),
+        written: AtomicU64::new(0),
         max_messages: max_messages.max(1),
         max_bytes,
     });
@@ -148,7 +164,34 @@ impl Outbox {
         msg: Message,
         deadline: Option<Instant>,
     ) -> Result<(), PushError> {
-        let len = frame_len(&msg);
+        self.push_queued(Queued {
+            msg,
+            deadline,
+            seq: None,
+        })
+    }
+
+    /// Queues a reliable session's data frame with its sequence id.
+    pub(crate) fn push_sequenced(
+        &self,
+        msg: Message,
+        deadline: Option<Instant>,
+        seq: u64,
+    ) -> Result<(), PushError> {
+        self.push_queued(Queued {
+            msg,
+            deadline,
+            seq: Some(seq),
+        })
+    }
+
+    /// The highest sequence id written to the socket so far (0: none).
+    pub(crate) fn written(&self) -> u64 {
+        self.queue.written.load(Ordering::Acquire)
+    }
+
+    fn push_queued(&self, queued: Queued) -> Result<(), PushError> {
+        let len = frame_len(&queued.msg);
         let was_empty = {
             let mut st = self.queue.lock();
             if st.receiver_gone {
@@ -158,7 +201,7 @@ impl Outbox {
                 return Err(PushError::Full);
             }
             st.bytes += len;
-            st.frames.push_back((msg, deadline));
+            st.frames.push_back(queued);
             st.frames.len() == 1
         };
         if was_empty {
@@ -167,8 +210,9 @@ impl Outbox {
         Ok(())
     }
 
-    /// Asks the writer to close the socket; the first request wins.
-    pub(crate) fn close(&self, code: u16, reason: impl Into<String>) {
+    /// Asks the writer to close the socket; the first request wins. Returns whether
+    /// this one was the first.
+    pub(crate) fn close(&self, code: u16, reason: impl Into<String>) -> bool {
         let reason = reason.into();
         self.close.send_if_modified(|current| {
             if current.is_some() {
@@ -176,7 +220,7 @@ impl Outbox {
             }
             *current = Some(CloseRequest { code, reason });
             true
-        });
+        })
     }
 
     /// A receiver of close requests, for the reader to stop too.
@@ -187,19 +231,34 @@ impl Outbox {
 
 impl OutboxReceiver {
     /// The next frame whose deadline has not passed, if one is queued now.
-    fn pop(&mut self) -> Option<Message> {
+    fn pop(&mut self) -> Option<Frame> {
         let mut st = self.queue.lock();
         loop {
-            let (msg, deadline) = st.frames.pop_front()?;
-            st.bytes -= frame_len(&msg);
-            if deadline.is_none_or(|d| Instant::now() < d) {
-                return Some(msg);
+            let q = st.frames.pop_front()?;
+            st.bytes -= frame_len(&q.msg);
+            if q.deadline.is_none_or(|d| Instant::now() < d) {
+                return Some(Frame {
+                    msg: q.msg,
+                    seq: q.seq,
+                });
             }
         }
     }
 
-    /// The next frame whose deadline has not passed; `None` once every producer is gone.
+    /// Records that every frame up to sequence id `seq` was flushed to the socket.
+    pub(crate) fn mark_written(&self, seq: u64) {
+        self.queue.written.fetch_max(seq, Ordering::AcqRel);
+    }
+
+    #[cfg(test)]
+    /// The next frame's message whose deadline has not passed; `None` once every
+    /// producer is gone.
     pub(crate) async fn recv(&mut self) -> Option<Message> {
+        self.recv_frame().await.map(|f| f.msg)
+    }
+
+    /// The next frame whose deadline has not passed; `None` once every producer is gone.
+    async fn recv_frame(&mut self) -> Option<Frame> {
         loop {
             if let Some(msg) = self.pop() {
                 return Some(msg);
@@ -236,19 +295,28 @@ impl OutboxReceiver {
         tokio::select! {
             biased;
             req = wait_close(&mut close) => Next::Close(req),
-            next = self.recv() => next.map_or(Next::Ended, Next::Frame),
+            next = self.recv_frame() => next.map_or(Next::Ended, Next::Frame),
         }
     }
 
     /// The next queued frame if there is one now, without waiting: lets the writer
     /// put every frame already queued into one socket write. `None` when nothing is
     /// queued or a close request is pending (the writer's `next` then returns it).
-    pub(crate) fn try_frame(&mut self) -> Option<Message> {
+    pub(crate) fn try_frame(&mut self) -> Option<Frame> {
         if self.close.borrow().is_some() {
             return None;
         }
         self.pop()
     }
+}
+
+/// A frame for the writer, with its sequence id on a reliable session.
+#[derive(Debug, PartialEq)]
+pub(crate) struct Frame {
+    /// The frame.
+    pub msg: Message,
+    /// Its sequence id, for [`OutboxReceiver::mark_written`].
+    pub seq: Option<u64>,
 }
 
 /// What [`OutboxReceiver::next`] yields.
@@ -257,7 +325,7 @@ pub(crate) enum Next {
     /// Close the socket.
     Close(CloseRequest),
     /// Send this frame.
-    Frame(Message),
+    Frame(Frame),
     /// Every producer is gone.
     Ended,
 }
@@ -309,8 +377,10 @@ mod tests {
         )
         .unwrap();
         tokio::time::advance(std::time::Duration::from_secs(2)).await;
-        assert!(matches!(rx.next().await, Next::Frame(m) if m == Message::Text("keep".into())));
-        assert!(matches!(rx.next().await, Next::Frame(m) if m == Message::Text("fresh".into())));
+        assert!(matches!(rx.next().await, Next::Frame(f) if f.msg == Message::Text("keep".into())));
+        assert!(
+            matches!(rx.next().await, Next::Frame(f) if f.msg == Message::Text("fresh".into()))
+        );
         assert_eq!(rx.queued_bytes(), 0, "dropped frames free their bytes");
     }
 
@@ -320,8 +390,11 @@ mod tests {
         assert_eq!(rx.try_frame(), None);
         out.push(Message::Text("a".into())).unwrap();
         out.push(Message::Text("b".into())).unwrap();
-        assert!(matches!(rx.next().await, Next::Frame(m) if m == Message::Text("a".into())));
-        assert_eq!(rx.try_frame(), Some(Message::Text("b".into())));
+        assert!(matches!(rx.next().await, Next::Frame(f) if f.msg == Message::Text("a".into())));
+        assert_eq!(
+            rx.try_frame().map(|f| f.msg),
+            Some(Message::Text("b".into()))
+        );
         assert_eq!(rx.try_frame(), None);
         out.push(Message::Text("c".into())).unwrap();
         out.close(1000, "bye");
@@ -356,10 +429,27 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn sequence_ids_travel_with_frames_to_the_written_watermark() {
+        let (out, mut rx) = outbox(8, 100);
+        out.push_sequenced(Message::Text("a".into()), None, 7)
+            .unwrap();
+        out.push(Message::Text("reply".into())).unwrap();
+        assert!(matches!(
+            rx.next().await,
+            Next::Frame(Frame { seq: Some(7), .. })
+        ));
+        assert_eq!(rx.try_frame().map(|f| f.seq), Some(None));
+        assert_eq!(out.written(), 0, "nothing written until the writer says so");
+        rx.mark_written(7);
+        rx.mark_written(3);
+        assert_eq!(out.written(), 7, "the watermark never goes back");
+    }
+
+    #[tokio::test]
     async fn first_close_wins() {
         let (out, mut rx) = outbox(1, 10);
-        out.close(1008, "a");
-        out.close(1000, "b");
+        assert!(out.close(1008, "a"));
+        assert!(!out.close(1000, "b"));
         assert_eq!(
             rx.closed().await,
             CloseRequest {

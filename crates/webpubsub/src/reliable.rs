@@ -1,131 +1,234 @@
-//! The bookkeeping of a reliable session, pure and synchronous: the sequenced,
-//! unacknowledged messages and the processed `ackId`s. The hub holds one of each per
-//! session under the session's lock; nothing here does I/O, so the limits are tested
-//! directly.
+//! The bookkeeping of a reliable session, pure and synchronous: the sequence ids and
+//! the replay buffer of sequenced messages the client has not acknowledged, and the
+//! processed `ackId`s. The hub holds one of each per session under the session's lock;
+//! nothing here does I/O or reads the clock, so the limits are tested directly.
+//!
+//! # The replay buffer
+//!
+//! The buffer exists for recovery only: on a live connection every frame also goes to
+//! the socket's outbox, so evicting a frame from the buffer never keeps it from a
+//! client that stays connected. The official clients acknowledge about once a second,
+//! so a subscriber reading thousands of messages a second always has thousands
+//! unacknowledged; the buffer must not be what ends its session.
+//!
+//! The buffer is bounded in bytes (each frame's payload plus [`ENTRY_OVERHEAD`]) and,
+//! for frames already written to the socket, in age. Past a bound the oldest frames
+//! are evicted; frames go to the socket in sequence order, so the oldest are the ones
+//! written first (and, on a draining connection, usually received). Eviction records
+//! the highest sequence id evicted before the client acknowledged it. A frame written
+//! to the socket is not a frame received (a reset loses what is in flight), so a
+//! recovery is served only when every frame above the client's last `sequenceAck` is
+//! still here: then it is replayed in full; otherwise the recovery fails with 1008
+//! and the client starts a new session. Nothing is lost silently either way.
+//!
+//! A frame with a deadline (`messageTtlSeconds`) is not replayed after it; dropping
+//! such a frame does not make a replay incomplete.
 
 use std::collections::{HashSet, VecDeque};
+use std::time::Duration;
 
 use axum::extract::ws::Message;
 use tokio::time::Instant;
 
 use crate::outbox::frame_len;
 
-/// The unacknowledged buffer went past a limit: the session must be deleted and the
-/// client told with close code 1008.
+/// Bytes a buffered frame costs beyond its payload (its slot in the buffer, the shared
+/// payload's header); counted so that the byte bound bounds memory even for tiny frames.
+pub(crate) const ENTRY_OVERHEAD: usize = std::mem::size_of::<Entry>() + 32;
+
+/// A recovery cannot be served: frames the client has not acknowledged were evicted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-#[error("more than {max_messages} unacknowledged messages or {max_bytes} bytes")]
-pub(crate) struct Overflow {
-    /// The message limit.
-    pub max_messages: usize,
-    /// The byte limit.
-    pub max_bytes: usize,
+#[error(
+    "messages {first} to {last} were dropped from the replay buffer before the client \
+     acknowledged them, so the session cannot be recovered"
+)]
+pub(crate) struct ReplayLost {
+    /// The first sequence id the client lacks and the buffer no longer holds.
+    pub first: u64,
+    /// The last sequence id evicted unacknowledged.
+    pub last: u64,
 }
 
-/// Sequence ids (from 1) and the frames the client has not acknowledged yet, in order.
-/// A frame with a deadline (`messageTtlSeconds`) is not replayed after it; expired
-/// frames are pruned when the buffer would otherwise overflow.
+/// What one [`Sequencer::trim`] evicted.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Evicted {
+    /// Frames evicted that had been written to the socket.
+    pub written: usize,
+    /// Frames evicted that had not been written yet (the socket is not draining, or
+    /// there is none).
+    pub unwritten: usize,
+}
+
+#[derive(Debug)]
+struct Entry {
+    id: u64,
+    frame: Message,
+    /// Not replayed after this (`messageTtlSeconds`).
+    deadline: Option<Instant>,
+    /// When it was buffered.
+    at: Instant,
+}
+
+impl Entry {
+    fn cost(&self) -> usize {
+        frame_len(&self.frame) + ENTRY_OVERHEAD
+    }
+
+    fn expired(&self, now: Instant) -> bool {
+        self.deadline.is_some_and(|d| now >= d)
+    }
+}
+
+/// Sequence ids (from 1) and the replay buffer, oldest first.
 #[derive(Debug)]
 pub(crate) struct Sequencer {
     next: u64,
-    unacked: VecDeque<(u64, Message, Option<Instant>)>,
+    /// The client's highest `sequenceAck`.
+    acked: u64,
+    /// The highest id evicted while unacknowledged and unexpired (0: none).
+    evicted_through: u64,
+    frames: VecDeque<Entry>,
     bytes: usize,
-    max_messages: usize,
     max_bytes: usize,
+    max_age: Option<Duration>,
 }
 
 impl Sequencer {
-    /// An empty sequencer with its limits.
-    pub(crate) fn new(max_messages: usize, max_bytes: usize) -> Self {
+    /// An empty sequencer holding at most `max_bytes`, and written frames for at most
+    /// `max_age` (`None`: no age bound).
+    pub(crate) fn new(max_bytes: usize, max_age: Option<Duration>) -> Self {
         Self {
             next: 1,
-            unacked: VecDeque::new(),
+            acked: 0,
+            evicted_through: 0,
+            frames: VecDeque::new(),
             bytes: 0,
-            max_messages,
             max_bytes,
+            max_age,
         }
     }
 
-    #[cfg(test)]
-    /// Gives the next message its sequence id, encodes it with `encode` and keeps the
-    /// frame until acknowledged. Past a limit nothing is kept and `Overflow` returned.
+    /// Gives the next message its sequence id, encodes it with `encode` and buffers
+    /// the frame (not to be replayed after `deadline`). Call [`Sequencer::trim`] after.
     pub(crate) fn push(
         &mut self,
         encode: impl FnOnce(u64) -> Message,
-    ) -> Result<Message, Overflow> {
-        self.push_until(encode, None)
-    }
-
-    /// Same, for a frame not to be replayed after `deadline`.
-    pub(crate) fn push_until(
-        &mut self,
-        encode: impl FnOnce(u64) -> Message,
         deadline: Option<Instant>,
-    ) -> Result<Message, Overflow> {
+        now: Instant,
+    ) -> (u64, Message) {
         let id = self.next;
-        let frame = encode(id);
-        let len = frame_len(&frame);
-        if self.full(len) {
-            self.prune_expired();
-        }
-        if self.full(len) {
-            return Err(Overflow {
-                max_messages: self.max_messages,
-                max_bytes: self.max_bytes,
-            });
-        }
         self.next += 1;
-        self.bytes += len;
-        self.unacked.push_back((id, frame.clone(), deadline));
-        Ok(frame)
+        let entry = Entry {
+            id,
+            frame: encode(id),
+            deadline,
+            at: now,
+        };
+        let frame = entry.frame.clone();
+        self.bytes += entry.cost();
+        self.frames.push_back(entry);
+        (id, frame)
     }
 
-    fn full(&self, len: usize) -> bool {
-        self.unacked.len() >= self.max_messages || self.bytes + len > self.max_bytes
+    /// Enforces the bounds, given that the socket has been written every frame up to
+    /// `written` (0 when there is no socket): written frames older than the age bound
+    /// go, then the oldest frames until the bytes fit (frames past their deadline
+    /// first).
+    pub(crate) fn trim(&mut self, written: u64, now: Instant) -> Evicted {
+        let mut evicted = Evicted::default();
+        if let Some(max_age) = self.max_age {
+            while let Some(e) = self.frames.front() {
+                if e.id > written || now.saturating_duration_since(e.at) < max_age {
+                    break;
+                }
+                self.evict_front(now);
+                evicted.written += 1;
+            }
+        }
+        if self.bytes > self.max_bytes {
+            self.drop_expired(now);
+        }
+        while self.bytes > self.max_bytes {
+            let Some(id) = self.evict_front(now) else {
+                break;
+            };
+            if id <= written {
+                evicted.written += 1;
+            } else {
+                evicted.unwritten += 1;
+            }
+        }
+        evicted
     }
 
-    fn prune_expired(&mut self) {
-        let now = Instant::now();
+    fn evict_front(&mut self, now: Instant) -> Option<u64> {
+        let e = self.frames.pop_front()?;
+        self.bytes -= e.cost();
+        if !e.expired(now) {
+            self.evicted_through = self.evicted_through.max(e.id);
+        }
+        Some(e.id)
+    }
+
+    fn drop_expired(&mut self, now: Instant) {
         let bytes = &mut self.bytes;
-        self.unacked.retain(|(_, frame, deadline)| {
-            let keep = deadline.is_none_or(|d| now < d);
+        self.frames.retain(|e| {
+            let keep = !e.expired(now);
             if !keep {
-                *bytes -= frame_len(frame);
+                *bytes -= e.cost();
             }
             keep
         });
     }
 
-    /// The client has every message up to `sequence_id`: forget them.
+    /// The client has every message up to `sequence_id`: forget them. An id never
+    /// sent counts as the last one sent.
     pub(crate) fn ack(&mut self, sequence_id: u64) {
-        while let Some((id, frame, _)) = self.unacked.front() {
-            if *id > sequence_id {
+        let sequence_id = sequence_id.min(self.next - 1);
+        self.acked = self.acked.max(sequence_id);
+        while let Some(e) = self.frames.front() {
+            if e.id > self.acked {
                 break;
             }
-            self.bytes -= frame_len(frame);
-            self.unacked.pop_front();
+            self.bytes -= e.cost();
+            self.frames.pop_front();
         }
     }
 
-    /// The unacknowledged frames still within their deadline, oldest first, for replay
-    /// after a recovery.
-    pub(crate) fn pending(&self) -> impl Iterator<Item = &Message> {
-        let now = Instant::now();
-        self.unacked
+    /// Whether a recovery now would be served: every frame above the client's last
+    /// acknowledgement is still buffered (or past its deadline).
+    pub(crate) fn replayable(&self) -> Result<(), ReplayLost> {
+        if self.evicted_through > self.acked {
+            return Err(ReplayLost {
+                first: self.acked + 1,
+                last: self.evicted_through,
+            });
+        }
+        Ok(())
+    }
+
+    /// For a recovery: every unacknowledged frame still within its deadline, oldest
+    /// first, with its sequence id; or why the replay would be incomplete.
+    pub(crate) fn replay(&self, now: Instant) -> Result<Vec<(u64, Message)>, ReplayLost> {
+        self.replayable()?;
+        Ok(self
+            .frames
             .iter()
-            .filter(move |(_, _, d)| d.is_none_or(|d| now < d))
-            .map(|(_, f, _)| f)
+            .filter(|e| !e.expired(now))
+            .map(|e| (e.id, e.frame.clone()))
+            .collect())
     }
 
     #[cfg(test)]
-    /// How many messages wait for an ack.
-    pub(crate) fn len(&self) -> usize {
-        self.unacked.len()
+    /// The buffered ids, oldest first.
+    pub(crate) fn buffered(&self) -> Vec<u64> {
+        self.frames.iter().map(|e| e.id).collect()
     }
 
     #[cfg(test)]
-    /// Whether nothing waits for an ack.
-    pub(crate) fn is_empty(&self) -> bool {
-        self.unacked.is_empty()
+    /// Bytes accounted to the buffer.
+    pub(crate) fn bytes(&self) -> usize {
+        self.bytes
     }
 }
 
@@ -167,91 +270,5 @@ impl ProcessedAcks {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn frames(s: &Sequencer) -> Vec<String> {
-        s.pending()
-            .map(|f| f.to_text().unwrap().to_owned())
-            .collect()
-    }
-
-    #[test]
-    fn ids_start_at_one_and_acks_trim() {
-        let mut s = Sequencer::new(10, 1000);
-        for _ in 0..4 {
-            s.push(|id| Message::from(format!("m{id}"))).unwrap();
-        }
-        assert_eq!(frames(&s), ["m1", "m2", "m3", "m4"]);
-        s.ack(2);
-        assert_eq!(frames(&s), ["m3", "m4"]);
-        s.ack(1);
-        assert_eq!(s.len(), 2);
-        s.ack(u64::MAX);
-        assert!(s.is_empty());
-        assert_eq!(s.bytes, 0);
-        assert_eq!(
-            s.push(|id| Message::from(format!("m{id}")))
-                .unwrap()
-                .to_text()
-                .unwrap(),
-            "m5"
-        );
-    }
-
-    #[test]
-    fn count_limit() {
-        let mut s = Sequencer::new(2, 1000);
-        s.push(|_| Message::from("a")).unwrap();
-        s.push(|_| Message::from("b")).unwrap();
-        assert_eq!(
-            s.push(|_| Message::from("c")),
-            Err(Overflow {
-                max_messages: 2,
-                max_bytes: 1000
-            })
-        );
-        s.ack(1);
-        assert_eq!(
-            s.push(|id| Message::from(format!("{id}")))
-                .unwrap()
-                .to_text()
-                .unwrap(),
-            "3"
-        );
-    }
-
-    #[test]
-    fn byte_limit() {
-        let mut s = Sequencer::new(100, 10);
-        s.push(|_| Message::from("12345")).unwrap();
-        s.push(|_| Message::from("12345")).unwrap();
-        assert!(s.push(|_| Message::from("1")).is_err());
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn expired_frames_are_not_replayed_and_free_room() {
-        let mut s = Sequencer::new(2, 1000);
-        let soon = Some(Instant::now() + std::time::Duration::from_secs(5));
-        s.push_until(|_| Message::from("ttl"), soon).unwrap();
-        s.push(|_| Message::from("keep")).unwrap();
-        assert_eq!(frames(&s), ["ttl", "keep"]);
-        tokio::time::advance(std::time::Duration::from_secs(6)).await;
-        assert_eq!(frames(&s), ["keep"]);
-        s.push(|_| Message::from("new")).unwrap();
-        assert_eq!(frames(&s), ["keep", "new"], "the expired frame made room");
-        assert!(s.push(|_| Message::from("x")).is_err());
-    }
-
-    #[test]
-    fn processed_acks_forget_the_oldest() {
-        let mut a = ProcessedAcks::new(3);
-        for id in [1, 2, 3, 2] {
-            a.insert(id);
-        }
-        assert!(a.contains(1) && a.contains(2) && a.contains(3));
-        a.insert(4);
-        assert!(!a.contains(1));
-        assert!(a.contains(2) && a.contains(4));
-    }
-}
+#[path = "reliable_test.rs"]
+mod tests;

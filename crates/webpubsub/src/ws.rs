@@ -25,7 +25,7 @@ use axum::routing::any;
 use axum::Router;
 
 use crate::connection::{refuse, serve};
-use crate::hub::{new_connection_id, Gone, NewSession, CLOSE_POLICY};
+use crate::hub::{new_connection_id, NewSession, Unrecoverable, CLOSE_POLICY};
 use crate::protocol::Subprotocol;
 use crate::token::{claims_map, validate_client_token, ClientClaims, TokenError};
 use crate::upstream::cloudevents::{ConnectRequest, UpstreamError};
@@ -290,13 +290,13 @@ fn recover(
 ) -> Response {
     let found = state
         .existing_hub(hub_name)
-        .ok_or(Gone)
+        .ok_or(Unrecoverable::Gone)
         .and_then(|hub| Ok((hub.recover(id, token)?, hub)))
         .and_then(|(s, hub)| {
             if s.protocol() == protocol {
                 Ok((s, hub))
             } else {
-                Err(Gone)
+                Err(Unrecoverable::Gone)
             }
         });
     let limits = state.config().limits.clone();
@@ -309,7 +309,7 @@ fn recover(
         tracked.track(async move {
             match found {
                 Ok((session, hub)) => serve(socket, hub, session, limits).await,
-                Err(gone) => refuse(socket, protocol, CLOSE_POLICY, &gone.to_string()).await,
+                Err(why) => refuse(socket, protocol, CLOSE_POLICY, &why.to_string()).await,
             }
         })
     })

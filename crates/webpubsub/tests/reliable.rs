@@ -140,47 +140,95 @@ async fn non_reliable_sessions_cannot_be_recovered() {
     assert_eq!(close_code(&mut ws).await, Some(1008));
 }
 
-#[tokio::test]
-async fn too_many_unacked_messages_close_with_1008_and_delete_the_session() {
-    let addr = start(Limits {
-        max_unacked_messages: 3,
-        ..Limits::default()
-    })
-    .await;
-    let t = token(addr, "chat", None, ALL, &["g"]);
-    let (mut sub, connected) = connect(addr, "chat", &t, Some(RELIABLE)).await;
-    let (mut publ, _) = connect(addr, "chat", &t, Some(JSON)).await;
-    for i in 0..4 {
-        send(
-            &mut publ,
-            json!({"type":"sendToGroup","group":"g","noEcho":true,"data":i}),
-        )
-        .await;
-    }
-    sync(&mut publ).await;
+/// Reads frames until the server's close frame: the frames before it and its code.
+async fn until_close(ws: &mut Ws) -> (Vec<Value>, Option<u16>) {
     let mut seen = Vec::new();
-    let code = loop {
-        match next_frame(&mut sub).await {
+    loop {
+        match next_frame(ws).await {
             Some(tokio_tungstenite::tungstenite::Message::Text(t)) => {
                 seen.push(serde_json::from_str::<Value>(t.as_str()).unwrap())
             }
             Some(tokio_tungstenite::tungstenite::Message::Close(f)) => {
-                break f.map(|f| u16::from(f.code))
+                return (seen, f.map(|f| u16::from(f.code)))
             }
             other => panic!("{other:?}"),
         }
-    };
-    assert_eq!(code, Some(1008));
-    assert_eq!(seen.last().unwrap()["event"], "disconnected");
+    }
+}
+
+/// Publishes the numbers `from..from + n` to group `g` and waits until they were handled.
+async fn flood(publ: &mut Ws, from: u64, n: u64) {
+    for i in from..from + n {
+        send(
+            publ,
+            json!({"type":"sendToGroup","group":"g","noEcho":true,"data":i}),
+        )
+        .await;
+    }
+    sync(publ).await;
+}
+
+fn recovery_url(addr: std::net::SocketAddr, connected: &Value) -> String {
     let id = connected["connectionId"].as_str().unwrap();
     let rt = connected["reconnectionToken"].as_str().unwrap();
-    let url = format!(
-        "ws://{addr}/client/hubs/chat?awps_connection_id={id}&awps_reconnection_token={rt}"
-    );
-    let mut ws = try_connect(&url, Some(RELIABLE)).await.unwrap();
+    format!("ws://{addr}/client/hubs/chat?awps_connection_id={id}&awps_reconnection_token={rt}")
+}
+
+/// A replay buffer far smaller than what flows: the subscriber that reads is never
+/// closed; a recovery that needs an evicted message is accepted, told `disconnected`
+/// and closed with 1008 (the session is gone); one whose ack covers every eviction
+/// is served.
+#[tokio::test]
+async fn the_replay_bound_evicts_instead_of_closing_and_fails_only_recoveries_it_must() {
+    let addr = start(Limits {
+        replay_buffer_bytes: 2048,
+        ..Limits::default()
+    })
+    .await;
+    let t = token(addr, "chat", None, ALL, &["g"]);
+    let (mut publ, _) = connect(addr, "chat", &t, Some(JSON)).await;
+    let (mut sub, connected) = connect(addr, "chat", &t, Some(RELIABLE)).await;
+    flood(&mut publ, 1, 100).await;
+    let got: Vec<u64> = sync(&mut sub)
+        .await
+        .iter()
+        .map(|v| v["sequenceId"].as_u64().unwrap())
+        .collect();
     assert_eq!(
-        close_code(&mut ws).await,
-        Some(1008),
-        "the session was deleted"
+        got,
+        (1..=100).collect::<Vec<_>>(),
+        "all delivered, none closed"
     );
+    drop(sub);
+    let mut ws = try_connect(&recovery_url(addr, &connected), Some(RELIABLE))
+        .await
+        .expect("the recovery is accepted");
+    let (seen, code) = until_close(&mut ws).await;
+    assert_eq!(code, Some(1008));
+    assert_eq!(seen.last().unwrap()["event"], "disconnected");
+    let why = seen.last().unwrap()["message"].as_str().unwrap().to_owned();
+    assert!(why.contains("cannot be recovered"), "{why}");
+
+    let (mut sub, connected) = connect(addr, "chat", &t, Some(RELIABLE)).await;
+    flood(&mut publ, 101, 100).await;
+    assert_eq!(sync(&mut sub).await.len(), 100);
+    send(&mut sub, json!({"type":"sequenceAck","sequenceId":100})).await;
+    sync(&mut sub).await;
+    drop(sub);
+    flood(&mut publ, 201, 2).await;
+    let mut sub = try_connect(&recovery_url(addr, &connected), Some(RELIABLE))
+        .await
+        .unwrap();
+    assert_eq!(recv(&mut sub).await["event"], "connected");
+    let replay: Vec<(u64, u64)> = sync(&mut sub)
+        .await
+        .iter()
+        .map(|v| {
+            (
+                v["sequenceId"].as_u64().unwrap(),
+                v["data"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(replay, [(101, 201), (102, 202)], "recovered in full");
 }

@@ -6,7 +6,7 @@
 // check passed, and prints `RESULT <json>` with what it counted.
 
 import { spawn } from "node:child_process";
-import { mkdtempSync, writeFileSync } from "node:fs";
+import { mkdtempSync, readFileSync, writeFileSync } from "node:fs";
 import net from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -46,6 +46,7 @@ export async function startStatehub(configToml = "") {
   return {
     endpoint,
     port: Number(http.split(":").pop()),
+    pid: child.pid,
     connectionString: `Endpoint=${endpoint};AccessKey=${ACCESS_KEY};Version=1.0;`,
     log,
     stop() {
@@ -57,12 +58,14 @@ export async function startStatehub(configToml = "") {
 
 /**
  * A TCP proxy to 127.0.0.1:`targetPort` that can break every connection it carries:
- * `dropAll()` resets them, `refuse(true)` resets new ones on arrival, and
- * `dropEvery(ms)` resets each connection `ms` after it was made.
+ * `dropAll()` resets them, `refuse(true)` resets new ones on arrival,
+ * `dropEvery(ms)` resets each connection `ms` after it was made, and `hold(true)`
+ * stops forwarding what clients send (the server's side still flows).
  */
 export async function startProxy(targetPort) {
   const pairs = new Set();
   let refusing = false;
+  let holding = false;
   let lifetimeMs = 0;
   let drops = 0;
   const server = net.createServer((client) => {
@@ -81,7 +84,8 @@ export async function startProxy(targetPort) {
     };
     client.on("error", close).on("close", close);
     upstream.on("error", close).on("close", close);
-    client.pipe(upstream);
+    if (holding) client.pause();
+    else client.pipe(upstream);
     upstream.pipe(client);
     if (lifetimeMs > 0) {
       pair.timer = setTimeout(() => {
@@ -119,6 +123,17 @@ export async function startProxy(targetPort) {
     refuse(on) {
       refusing = on;
     },
+    hold(on) {
+      holding = on;
+      for (const p of pairs) {
+        if (on) {
+          p.client.unpipe(p.upstream);
+          p.client.pause();
+        } else {
+          p.client.pipe(p.upstream);
+        }
+      }
+    },
     dropEvery(ms) {
       lifetimeMs = ms;
     },
@@ -130,6 +145,12 @@ export async function startProxy(targetPort) {
 }
 
 export const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+
+/** The resident memory of process `pid`, in KiB (Linux). */
+export function rssKiB(pid) {
+  const status = readFileSync(`/proc/${pid}/status`, "utf8");
+  return Number(status.match(/^VmRSS:\s+(\d+) kB/m)[1]);
+}
 
 /** Resolves with `promise` or rejects after `ms` with `what` in the message. */
 export async function within(ms, what, promise) {
@@ -144,11 +165,15 @@ export async function within(ms, what, promise) {
   }
 }
 
-/** Polls `cond` every 20 ms until true; rejects after `ms`. */
+/** Polls `cond` every 20 ms until true; rejects after `ms`. `what` may be a function
+ * giving the state at the time of the failure. */
 export async function until(ms, what, cond) {
   const deadline = Date.now() + ms;
   while (!(await cond())) {
-    if (Date.now() > deadline) throw new Error(`timed out after ${ms} ms waiting for: ${what}`);
+    if (Date.now() > deadline) {
+      const state = typeof what === "function" ? what() : what;
+      throw new Error(`timed out after ${ms} ms waiting for: ${state}`);
+    }
     await sleep(20);
   }
 }

@@ -75,11 +75,13 @@ class Statehub:
 
 
 class Proxy:
-    """A TCP proxy to 127.0.0.1:target that can reset every connection it carries."""
+    """A TCP proxy to 127.0.0.1:target that can reset every connection it carries, and
+    hold what clients send (`holding = True`: the server's side still flows)."""
 
     def __init__(self, target):
         self.target = target
         self.refusing = False
+        self.holding = False
         self.drops = 0
         self._pairs = set()
         self._lock = threading.Lock()
@@ -109,12 +111,17 @@ class Proxy:
             pair = (client, upstream)
             with self._lock:
                 self._pairs.add(pair)
-            threading.Thread(target=self._pump, args=(client, upstream, pair), daemon=True).start()
+            threading.Thread(target=self._pump, args=(client, upstream, pair, True), daemon=True).start()
             threading.Thread(target=self._pump, args=(upstream, client, pair), daemon=True).start()
 
-    def _pump(self, src, dst, pair):
+    def _pump(self, src, dst, pair, from_client=False):
         try:
             while True:
+                while from_client and self.holding:
+                    with self._lock:
+                        if pair not in self._pairs:
+                            return
+                    time.sleep(0.01)
                 data = src.recv(65536)
                 if not data:
                     break

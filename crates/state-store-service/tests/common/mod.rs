@@ -35,7 +35,8 @@ pub async fn start_durable(
     settings: Settings,
     store: &statehub_storage::Store,
 ) -> (Broker, SocketAddr) {
-    let svc = Arc::new(StateStoreService::open_durable(&settings, store).unwrap());
+    let engine = statehub_state_store_service::DurableEngine::open(store).unwrap();
+    let svc = Arc::new(StateStoreService::open_durable(&settings, engine).unwrap());
     serve(svc).await
 }
 

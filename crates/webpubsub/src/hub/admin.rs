@@ -107,8 +107,8 @@ impl Hub {
     /// Sends a message from the application server. Group members see it as a message
     /// from that group, everyone else as a message from the server. A `ttl` drops it for
     /// any connection that has not been sent it in time (and keeps it from being
-    /// replayed later). Returns how many sessions it reached; sessions that overflow are
-    /// disconnected, never waited on.
+    /// replayed later). Returns how many sessions it reached; sessions that cannot keep
+    /// up are disconnected, never waited on.
     pub(crate) fn send(
         &self,
         target: Target<'_>,

@@ -279,5 +279,5 @@ async fn ttl_messages_expire_for_absent_clients() {
     let (out, _rx) = outbox(16, 1 << 20);
     let (_, replay) = s.attach(out).unwrap();
     assert_eq!(replay.len(), 1);
-    assert!(replay[0].to_text().unwrap().contains("forever"));
+    assert!(replay[0].1.to_text().unwrap().contains("forever"));
 }

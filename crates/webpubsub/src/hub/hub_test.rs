@@ -87,7 +87,7 @@ async fn reliable_frames_are_sequenced_and_replayed_on_attach() {
     let ids: Vec<bool> = replay
         .iter()
         .enumerate()
-        .map(|(i, f)| {
+        .map(|(i, (_, f))| {
             f.to_text()
                 .unwrap()
                 .contains(&format!(r#""sequenceId":{}"#, i + 2))
@@ -101,34 +101,118 @@ async fn reliable_frames_are_sequenced_and_replayed_on_attach() {
 async fn recovery_needs_the_right_token() {
     let h = hub(Limits::default());
     let (s, _, _rx) = connect(&h, Subprotocol::JsonReliable, &[]);
-    assert_eq!(h.recover(s.id(), "forged").unwrap_err(), Gone);
+    assert_eq!(
+        h.recover(s.id(), "forged").unwrap_err(),
+        Unrecoverable::Gone
+    );
     assert_eq!(
         h.recover("nope", s.reconnection_token().unwrap())
             .unwrap_err(),
-        Gone
+        Unrecoverable::Gone
     );
     let (plain, _, _rx2) = connect(&h, Subprotocol::Json, &[]);
     assert!(plain.reconnection_token().is_none());
-    assert_eq!(h.recover(plain.id(), "").unwrap_err(), Gone);
+    assert_eq!(h.recover(plain.id(), "").unwrap_err(), Unrecoverable::Gone);
+}
+
+/// Publishes `n` messages of about 100 bytes to group `g`.
+fn flood(h: &Hub, n: usize) {
+    for i in 0..n {
+        publish(h, "g", &text(&format!("{i:0>100}")), None);
+    }
+}
+
+fn small_replay_buffer() -> Limits {
+    Limits {
+        replay_buffer_bytes: 4 * (200 + crate::reliable::ENTRY_OVERHEAD),
+        ..Limits::default()
+    }
 }
 
 #[tokio::test]
-async fn unacked_overflow_deletes_the_session_with_1008() {
-    let h = hub(Limits {
-        max_unacked_messages: 2,
-        ..Limits::default()
-    });
-    let (s, _, mut rx) = connect(&h, Subprotocol::JsonReliable, &["g"]);
-    publish(&h, "g", &text("1"), None);
-    publish(&h, "g", &text("2"), None);
-    assert_eq!(publish(&h, "g", &text("3"), None), 0);
-    assert_eq!(h.session_count(), 0);
-    assert_eq!(rx.closed().await.code, CLOSE_POLICY);
+async fn a_full_replay_buffer_never_closes_a_live_socket() {
+    let h = hub(small_replay_buffer());
+    let s = h.create_session(&claims(&["g"]), Subprotocol::JsonReliable);
+    let (out, mut rx) = outbox(64, 1 << 20);
+    s.attach(out).unwrap();
+    flood(&h, 20);
+    assert_eq!(h.session_count(), 1, "the session lives on");
+    for i in 1..=20 {
+        let frame = next_text(&mut rx).await;
+        assert!(
+            frame.ends_with(&format!(r#""sequenceId":{i}}}"#)),
+            "{frame}"
+        );
+    }
+    let c = h.stats().counters();
+    assert!(c.replay_evictions >= 16, "{c:?}");
+    assert_eq!(c.slow_consumers, 0);
+}
+
+#[tokio::test]
+async fn recovery_needing_an_evicted_frame_fails_and_deletes_the_session() {
+    let h = hub(small_replay_buffer());
+    let (s, generation, _rx) = connect(&h, Subprotocol::JsonReliable, &["g"]);
+    flood(&h, 10);
+    let (out, _rx2) = outbox(64, 1 << 20);
+    let err = s.attach(out).unwrap_err();
     assert_eq!(
-        h.recover(s.id(), s.reconnection_token().unwrap())
-            .unwrap_err(),
-        Gone
+        err,
+        session::AttachError::ReplayLost(crate::reliable::ReplayLost { first: 1, last: 6 })
     );
+    h.socket_closed(&s, generation);
+    assert_eq!(h.session_count(), 0);
+    assert_eq!(h.stats().counters().replay_lost_sessions, 1);
+}
+
+#[tokio::test]
+async fn recovery_succeeds_when_the_ack_covers_the_evicted_frames() {
+    let h = hub(small_replay_buffer());
+    let (s, generation, _rx) = connect(&h, Subprotocol::JsonReliable, &["g"]);
+    flood(&h, 10);
+    s.sequence_ack(7);
+    h.socket_closed(&s, generation);
+    assert_eq!(
+        h.session_count(),
+        1,
+        "kept: every unacked frame is buffered"
+    );
+    let (out, _rx2) = outbox(64, 1 << 20);
+    let (_, replay) = s.attach(out).unwrap();
+    let ids: Vec<u64> = replay.iter().map(|(id, _)| *id).collect();
+    assert_eq!(ids, [8, 9, 10]);
+}
+
+#[tokio::test]
+async fn a_detached_session_whose_buffer_overflows_is_deleted_at_once() {
+    let h = hub(small_replay_buffer());
+    let (s, generation, _rx) = connect(&h, Subprotocol::JsonReliable, &["g"]);
+    flood(&h, 2);
+    h.socket_closed(&s, generation);
+    flood(&h, 2);
+    assert_eq!(h.session_count(), 1, "4 frames fit");
+    assert_eq!(publish(&h, "g", &text(&"x".repeat(100)), None), 0);
+    assert_eq!(h.session_count(), 0, "the 5th could not be kept for replay");
+    let why = h
+        .recover(s.id(), s.reconnection_token().unwrap())
+        .unwrap_err()
+        .to_string();
+    assert!(why.contains("cannot be recovered"), "{why}");
+}
+
+#[tokio::test]
+async fn slow_reliable_consumer_is_closed_with_1013_and_stays_recoverable() {
+    let h = hub(Limits::default());
+    let s = h.create_session(&claims(&["g"]), Subprotocol::JsonReliable);
+    let (out, mut rx) = outbox(2, 1 << 20);
+    let (generation, _) = s.attach(out).unwrap();
+    flood(&h, 5);
+    assert_eq!(rx.closed().await.code, CLOSE_TRY_AGAIN);
+    assert_eq!(h.stats().counters().slow_consumers, 1, "counted once");
+    h.socket_closed(&s, generation);
+    let (out, _rx2) = outbox(64, 1 << 20);
+    let (_, replay) = s.attach(out).unwrap();
+    assert_eq!(replay.len(), 5, "nothing lost");
 }
 
 #[tokio::test]
@@ -141,6 +225,7 @@ async fn slow_non_reliable_consumer_is_disconnected() {
     publish(&h, "g", &text("2"), None);
     assert_eq!(h.session_count(), 0);
     assert_eq!(rx.closed().await.code, CLOSE_POLICY);
+    assert_eq!(h.stats().counters().slow_consumers, 1);
 }
 
 #[tokio::test(start_paused = true)]

@@ -4,7 +4,7 @@
 //! where group membership must change with the hub's index.
 
 use std::collections::HashSet;
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use axum::extract::ws::Message;
@@ -19,13 +19,31 @@ use crate::protocol::codec::encode_reply;
 use crate::protocol::frames::DataFrames;
 use crate::protocol::json::Downstream;
 use crate::protocol::Subprotocol;
-use crate::reliable::{ProcessedAcks, Sequencer};
+use crate::reliable::{ProcessedAcks, ReplayLost, Sequencer};
+use crate::stats::Stats;
 use crate::token::ClientClaims;
 
 /// The session was deleted: recovery must fail with 1008.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error("the session is gone")]
 pub(crate) struct Gone;
+
+/// Why a socket could not be attached to a session; either way the client is told
+/// with 1008 and the session is deleted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum AttachError {
+    /// The session was deleted.
+    #[error(transparent)]
+    Gone(#[from] Gone),
+    /// The replay buffer no longer holds every message the client has not
+    /// acknowledged.
+    #[error(transparent)]
+    ReplayLost(#[from] ReplayLost),
+}
+
+/// The close reason of a slow consumer, also its `disconnected` message.
+pub(crate) const SLOW_CONSUMER: &str =
+    "Slow consumer: the client did not read the messages sent to it";
 
 /// What a new session is made of: the validated token's claims (with any overrides from
 /// the upstream `connect` event already applied) and the negotiated subprotocol.
@@ -57,6 +75,9 @@ pub(crate) struct Session {
     state: Mutex<SessionState>,
     /// Open client streams; locked alone (see [`super::stream`]).
     streams: Mutex<Streams>,
+    /// The hub's name, for logs.
+    hub: Arc<str>,
+    stats: Arc<Stats>,
 }
 
 #[derive(Debug)]
@@ -87,9 +108,14 @@ impl SessionState {
 }
 
 impl Session {
-    /// A session for `new` with no socket yet. Reliable sessions get an unguessable
-    /// 256-bit reconnection token.
-    pub(super) fn new(id: String, new: NewSession, limits: &Limits) -> Self {
+    /// A session for `new` with no socket yet, in hub `hub`. Reliable sessions get an
+    /// unguessable 256-bit reconnection token.
+    pub(super) fn new(
+        id: String,
+        new: NewSession,
+        limits: &Limits,
+        (hub, stats): (Arc<str>, Arc<Stats>),
+    ) -> Self {
         let protocol = new.protocol;
         Self {
             id,
@@ -100,7 +126,7 @@ impl Session {
             reconnection_token: protocol.is_reliable().then(|| random_id(32)),
             state: Mutex::new(SessionState {
                 groups: HashSet::new(),
-                sequencer: Sequencer::new(limits.max_unacked_messages, limits.max_unacked_bytes),
+                sequencer: Sequencer::new(limits.replay_buffer_bytes, limits.replay_age_bound()),
                 acks: ProcessedAcks::new(limits.processed_ack_ids),
                 link: None,
                 generation: 0,
@@ -109,6 +135,8 @@ impl Session {
                 connection_state: new.connection_state,
             }),
             streams: Mutex::new(Streams::default()),
+            hub,
+            stats,
         }
     }
 
@@ -141,14 +169,21 @@ impl Session {
     }
 
     /// The socket of `generation` ended: detaches it. `None` when a newer socket is
-    /// attached (nothing to do); else whether the session is kept for recovery.
+    /// attached (nothing to do); else whether the session is kept for recovery: a
+    /// reliable session whose replay buffer still holds every unacknowledged message.
     pub(super) fn detach(&self, generation: u64) -> Option<bool> {
         let mut st = lock(&self.state);
         if st.link.as_ref().map(|(g, _)| *g) != Some(generation) {
             return None;
         }
         st.link = None;
-        let keep = self.protocol.is_reliable() && !st.closed;
+        let mut keep = self.protocol.is_reliable() && !st.closed;
+        if keep {
+            if let Err(lost) = st.sequencer.replayable() {
+                self.lose_replay(&mut st, lost);
+                keep = false;
+            }
+        }
         if !keep && st.close_reason.is_none() {
             st.close_reason = Some("The client closed the connection".into());
         }
@@ -221,19 +256,61 @@ impl Session {
     }
 
     /// Attaches a socket's outbox, replacing (and closing) any socket still attached.
-    /// Returns the socket's generation and the unacknowledged frames to replay first,
-    /// taken under the same lock as the attach so no new frame slips in between.
-    pub(crate) fn attach(&self, outbox: Outbox) -> Result<(u64, Vec<Message>), Gone> {
+    /// Returns the socket's generation and the unacknowledged frames to replay first
+    /// with their sequence ids, taken under the same lock as the attach so no new frame
+    /// slips in between. A replay that would miss frames the client has not
+    /// acknowledged ends the session instead: the caller deletes it and tells the
+    /// client with 1008.
+    pub(crate) fn attach(&self, outbox: Outbox) -> Result<(u64, Vec<(u64, Message)>), AttachError> {
         let mut st = lock(&self.state);
         if st.closed {
-            return Err(Gone);
+            return Err(Gone.into());
         }
+        let replay = match st.sequencer.replay(Instant::now()) {
+            Ok(replay) => replay,
+            Err(lost) => {
+                self.lose_replay(&mut st, lost);
+                return Err(lost.into());
+            }
+        };
         st.generation += 1;
         let generation = st.generation;
         if let Some((_, old)) = st.link.replace((generation, outbox)) {
             old.close(1000, "Connection replaced by a recovered connection");
         }
-        Ok((generation, st.sequencer.pending().cloned().collect()))
+        Ok((generation, replay))
+    }
+
+    /// The replay buffer can no longer serve a recovery: the session ends (its socket,
+    /// if any, is closed with 1008), counted and logged.
+    fn lose_replay(&self, st: &mut SessionState, lost: ReplayLost) {
+        let reason = lost.to_string();
+        st.shut(CLOSE_POLICY, &reason);
+        self.stats.replay_lost(&self.hub, &self.id, &reason);
+    }
+
+    /// `out`, this session's socket, did not read what was sent to it: closes it as a
+    /// slow consumer (counted once per socket). A reliable session stays recoverable
+    /// from its replay buffer (1013); any other ends (1008). Returns whether the
+    /// session ended, for the hub to delete it.
+    pub(crate) fn slow_consumer(&self, out: &Outbox) -> bool {
+        self.close_slow(&mut lock(&self.state), out)
+    }
+
+    fn close_slow(&self, st: &mut SessionState, out: &Outbox) -> bool {
+        let reliable = self.protocol.is_reliable();
+        let code = if reliable {
+            CLOSE_TRY_AGAIN
+        } else {
+            CLOSE_POLICY
+        };
+        if out.close(code, SLOW_CONSUMER) {
+            self.stats.slow_consumer(&self.hub, &self.id, code);
+        }
+        if !reliable {
+            st.shut(CLOSE_POLICY, SLOW_CONSUMER);
+        }
+        !reliable
     }
 
     /// The client has received everything up to `sequence_id`.
@@ -257,16 +334,22 @@ impl Session {
     }
 
     /// Queues a reply (e.g. a `streamClosed` from an idle timer) on the attached
-    /// socket, if any; a full queue closes it as a slow consumer.
-    pub(crate) fn send_reply(&self, msg: &Downstream) {
+    /// socket, if any; a full queue closes it as a slow consumer. Returns whether the
+    /// session ended, for the hub to delete it.
+    pub(crate) fn send_reply(&self, msg: &Downstream) -> bool {
         let Some(frame) = encode_reply(self.protocol, msg) else {
-            return;
+            return false;
         };
-        let st = lock(&self.state);
-        if let Some((_, out)) = &st.link {
-            if let Err(PushError::Full) = out.push(frame) {
-                out.close(CLOSE_POLICY, "Slow consumer");
+        let mut st = lock(&self.state);
+        let Some((_, out)) = &st.link else {
+            return false;
+        };
+        match out.push(frame) {
+            Err(PushError::Full) => {
+                let out = out.clone();
+                self.close_slow(&mut st, &out)
             }
+            Ok(()) | Err(PushError::Closed) => false,
         }
     }
 
@@ -276,8 +359,9 @@ impl Session {
     }
 
     /// Encodes and queues one data message, dropped unsent (and not replayed) after
-    /// `deadline` if it has one. `Err(Gone)` means the session must be deleted
-    /// (unacknowledged limit, or a slow non-reliable consumer).
+    /// `deadline` if it has one. `Err(Gone)` means the session must be deleted (a slow
+    /// non-reliable consumer, or a reliable session without a socket whose replay
+    /// buffer overflowed).
     pub(super) fn deliver(
         &self,
         frames: &mut DataFrames<'_>,
@@ -290,35 +374,56 @@ impl Session {
         if st.closed {
             return Ok(());
         }
-        let protocol = self.protocol;
-        let frame = if protocol.is_reliable() {
-            match st
-                .sequencer
-                .push_until(|id| frames.frame(protocol, Some(id)), deadline)
-            {
-                Ok(frame) => frame,
-                Err(overflow) => {
-                    st.shut(CLOSE_POLICY, &overflow.to_string());
-                    return Err(Gone);
-                }
-            }
-        } else {
-            frames.frame(protocol, None)
-        };
+        if self.protocol.is_reliable() {
+            return self.deliver_reliable(&mut st, frames, deadline);
+        }
+        let frame = frames.frame(self.protocol, None);
         let Some((_, out)) = &st.link else {
             return Ok(());
         };
         match out.push_until(frame, deadline) {
             Ok(()) | Err(PushError::Closed) => Ok(()),
-            Err(PushError::Full) if self.protocol.is_reliable() => {
-                // The frame is kept unacknowledged: the client recovers and gets it.
-                out.close(CLOSE_TRY_AGAIN, "Slow consumer");
-                Ok(())
-            }
             Err(PushError::Full) => {
-                st.shut(CLOSE_POLICY, "Slow consumer");
+                let out = out.clone();
+                self.close_slow(&mut st, &out);
                 Err(Gone)
             }
         }
+    }
+
+    /// Sequences a frame into the replay buffer and queues it on the socket, if any,
+    /// then bounds the buffer. Without a socket, a buffer that can no longer replay in
+    /// full ends the session at once: the recovery would fail anyway.
+    fn deliver_reliable(
+        &self,
+        st: &mut SessionState,
+        frames: &mut DataFrames<'_>,
+        deadline: Option<Instant>,
+    ) -> Result<(), Gone> {
+        let now = Instant::now();
+        let protocol = self.protocol;
+        let (id, frame) = st
+            .sequencer
+            .push(|id| frames.frame(protocol, Some(id)), deadline, now);
+        let written = match &st.link {
+            Some((_, out)) => {
+                if let Err(PushError::Full) = out.push_sequenced(frame, deadline, id) {
+                    let out = out.clone();
+                    self.close_slow(st, &out);
+                }
+                st.link.as_ref().map_or(0, |(_, out)| out.written())
+            }
+            None => 0,
+        };
+        let evicted = st.sequencer.trim(written, now);
+        self.stats
+            .replay_evicted(evicted.written, evicted.unwritten);
+        if st.link.is_none() {
+            if let Err(lost) = st.sequencer.replayable() {
+                self.lose_replay(st, lost);
+                return Err(Gone);
+            }
+        }
+        Ok(())
     }
 }

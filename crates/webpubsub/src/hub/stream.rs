@@ -354,7 +354,9 @@ pub(crate) fn spawn_idle_timer(hub: Arc<Hub>, session: Arc<Session>, timer: Stre
                     user_error_code: None,
                 };
                 publish_end(&hub, &session, &stream_id, &s, Some(error));
-                session.send_reply(&closed(stream_id, "IdleTimeout", message));
+                if session.send_reply(&closed(stream_id, "IdleTimeout", message)) {
+                    hub.remove(session.id());
+                }
             }
             return;
         }

@@ -46,7 +46,7 @@ fn send(hub: &Arc<Hub>, s: &Arc<Session>, frame: Value) -> Vec<Value> {
 }
 
 fn next(rx: &mut OutboxReceiver) -> Option<Value> {
-    match rx.try_frame() {
+    match rx.try_frame().map(|f| f.msg) {
         Some(Message::Text(t)) => Some(serde_json::from_str(t.as_str()).unwrap()),
         None => None,
         other => panic!("{other:?}"),
