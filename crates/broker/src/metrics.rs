@@ -47,6 +47,8 @@ pub struct Metrics {
     /// CONNECTs and re-authentications refused by the authenticator (bad
     /// credentials, an anonymous client where none may be).
     pub auth_failures: AtomicU64,
+    /// Successful re-authentications (AUTH 0x19 answered with AUTH 0x00).
+    pub reauthentications: AtomicU64,
     /// Connections closed because their credential (token, certificate) expired
     /// without a re-authentication.
     pub credentials_expired: AtomicU64,

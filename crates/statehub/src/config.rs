@@ -6,10 +6,15 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
+use statehub_auth::tls::TlsFiles;
 use statehub_broker::BrokerConfig;
 use statehub_state_store_service::Settings as StateStoreSettings;
 use statehub_storage::{SyncPolicy, SyncPolicyParseError};
 use statehub_webpubsub::Config as WebPubSubConfig;
+
+use crate::auth_config::{
+    self, AuthConfig, ListenerConfig, ListenerError, ListenerSettings, SecurityFlags,
+};
 
 /// `statehub serve` flags. Each has an environment variable of the same name.
 #[derive(Debug, Clone, clap::Args)]
@@ -17,9 +22,35 @@ pub struct ServeArgs {
     /// TOML configuration file.
     #[arg(long, env = "STATEHUB_CONFIG")]
     pub config: Option<PathBuf>,
-    /// MQTT listener address (default 0.0.0.0:1883; port 0 picks a free port).
+    /// MQTT listener address (default 0.0.0.0:1883; port 0 picks a free port). Not
+    /// with `[[mqtt.listeners]]` in the config file.
     #[arg(long, env = "STATEHUB_MQTT_LISTEN")]
     pub mqtt_listen: Option<SocketAddr>,
+    /// An MQTT listener with TLS (conventionally 0.0.0.0:8883), with --tls-cert and
+    /// --tls-key, besides the plain one.
+    #[arg(long, env = "STATEHUB_MQTTS_LISTEN")]
+    pub mqtts_listen: Option<SocketAddr>,
+    /// The server's TLS certificate chain (PEM) for --mqtts-listen and --http-tls.
+    #[arg(long, env = "STATEHUB_TLS_CERT")]
+    pub tls_cert: Option<PathBuf>,
+    /// Its private key (PEM).
+    #[arg(long, env = "STATEHUB_TLS_KEY")]
+    pub tls_key: Option<PathBuf>,
+    /// CA certificates (PEM) that client certificates of --mqtts-listen are verified
+    /// against (mutual TLS; their subject becomes the user name).
+    #[arg(long, env = "STATEHUB_TLS_CLIENT_CA")]
+    pub tls_client_ca: Option<PathBuf>,
+    /// Serve HTTP (Web PubSub, REST, health) over TLS with --tls-cert and --tls-key.
+    #[arg(long, env = "STATEHUB_HTTP_TLS")]
+    pub http_tls: bool,
+    /// Mosquitto password file (`statehub passwd` writes one); clients must then
+    /// authenticate.
+    #[arg(long, env = "STATEHUB_PASSWORD_FILE")]
+    pub password_file: Option<PathBuf>,
+    /// Accept clients without credentials from any address. Without it (and without
+    /// authentication configured) they are accepted from loopback addresses only.
+    #[arg(long, env = "STATEHUB_ALLOW_ANONYMOUS")]
+    pub allow_anonymous: bool,
     /// HTTP listener address (default 0.0.0.0:8080; port 0 picks a free port).
     #[arg(long, env = "STATEHUB_HTTP_LISTEN")]
     pub http_listen: Option<SocketAddr>,
@@ -57,7 +88,9 @@ pub struct FileConfig {
     pub http_listen: Option<SocketAddr>,
     pub shutdown_grace_secs: Option<u64>,
     pub mqtt_threads: Option<usize>,
-    pub mqtt: BrokerConfig,
+    pub mqtt: MqttTable,
+    /// The `[authentication]` table: password file, tokens, X.509, anonymous access.
+    pub authentication: AuthConfig,
     /// The `[state_store]` table: quotas, node id, duplicate-request cache.
     pub state_store: StateStoreSettings,
     /// Web PubSub access keys (see `ServeArgs::access_keys`); kept for files written
@@ -83,6 +116,15 @@ pub struct FileConfig {
     pub http: HttpConfig,
 }
 
+/// The `[mqtt]` table: the broker's settings and the `[[mqtt.listeners]]`.
+#[derive(Debug, Default, Deserialize)]
+pub struct MqttTable {
+    #[serde(flatten)]
+    pub broker: BrokerConfig,
+    #[serde(default)]
+    pub listeners: Vec<ListenerConfig>,
+}
+
 /// The `[http]` table: limits of the HTTP listener (health, the Web PubSub client
 /// endpoint and REST API). They bound what a client that opens connections and sends
 /// nothing, or one byte at a time, can hold.
@@ -104,6 +146,8 @@ pub struct HttpConfig {
     /// A connection (before any WebSocket upgrade) that moves no byte either way for
     /// this many seconds is closed (30): a client that stops reading its responses.
     pub idle_timeout_secs: u64,
+    /// HTTPS and WSS: the `[http.tls]` table (`cert`, `key`).
+    pub tls: Option<TlsFiles>,
 }
 
 impl Default for HttpConfig {
@@ -113,6 +157,7 @@ impl Default for HttpConfig {
             header_timeout_secs: 10,
             request_timeout_secs: 30,
             idle_timeout_secs: 30,
+            tls: None,
         }
     }
 }
@@ -185,6 +230,10 @@ pub enum ConfigError {
     WebPubSub(#[from] statehub_webpubsub::ConfigError),
     #[error("invalid [http] table: {0}")]
     Http(String),
+    #[error(transparent)]
+    Listeners(#[from] ListenerError),
+    #[error("--http-tls needs --tls-cert and --tls-key")]
+    HttpTlsFlags,
     /// A Web PubSub access key is refused; `origin` says where the keys came from.
     #[error("web pubsub access keys from {origin}: {source}")]
     AccessKey {
@@ -196,7 +245,10 @@ pub enum ConfigError {
 /// Everything `serve` needs, resolved.
 #[derive(Debug, Clone)]
 pub struct Settings {
-    pub mqtt_listen: SocketAddr,
+    /// The MQTT listeners, with their TLS and authentication.
+    pub mqtt_listeners: Vec<ListenerSettings>,
+    /// The authentication methods listeners refer to.
+    pub authentication: AuthConfig,
     pub http_listen: SocketAddr,
     pub shutdown_grace_secs: u64,
     pub mqtt_threads: usize,
@@ -244,11 +296,25 @@ impl Settings {
         }
         let (compact_after_bytes, max_journal_bytes) =
             journal_sizes(&file, data_dir.is_some(), args.config.as_deref())?;
+        let flags = SecurityFlags {
+            allow_anonymous: args.allow_anonymous,
+            password_file: args.password_file.clone(),
+            mqtts_listen: args.mqtts_listen,
+            tls_cert: args.tls_cert.clone(),
+            tls_key: args.tls_key.clone(),
+            tls_client_ca: args.tls_client_ca.clone(),
+        };
+        let authentication = auth_config::authentication(&flags, file.authentication);
+        let plain = args.mqtt_listen.or(file.mqtt_listen);
+        let mqtt_listeners =
+            auth_config::listeners(&flags, &authentication, file.mqtt.listeners, plain)?;
+        let mut http_config = file.http;
+        if args.http_tls {
+            http_config.tls = Some(flags.tls_files().ok_or(ConfigError::HttpTlsFlags)?);
+        }
         Ok(Settings {
-            mqtt_listen: args
-                .mqtt_listen
-                .or(file.mqtt_listen)
-                .unwrap_or(([0, 0, 0, 0], 1883).into()),
+            mqtt_listeners,
+            authentication,
             http_listen: args
                 .http_listen
                 .or(file.http_listen)
@@ -262,10 +328,10 @@ impl Settings {
                 .or(file.mqtt_threads)
                 .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()))
                 .max(1),
-            broker: file.mqtt,
+            broker: file.mqtt.broker,
             mqtt_max_connections_set,
             state_store: file.state_store,
-            http: http(file.http, &file.webpubsub)?,
+            http: http(http_config, &file.webpubsub)?,
             webpubsub: webpubsub(args, file.webpubsub, file.access_keys)?,
             data_dir,
             sync: sync.unwrap_or_default(),
@@ -345,6 +411,15 @@ fn load(path: &Path) -> Result<(FileConfig, bool), ConfigError> {
     };
     let file: FileConfig = toml::from_str(&text).map_err(parse_error)?;
     let table: toml::Table = toml::from_str(&text).map_err(parse_error)?;
+    // `[mqtt]` is read with its listeners flattened beside the broker's settings,
+    // which lets unknown keys through: check them against the broker's own table.
+    if let Some(toml::Value::Table(mqtt)) = table.get("mqtt") {
+        let mut broker = mqtt.clone();
+        broker.remove("listeners");
+        toml::Value::Table(broker)
+            .try_into::<BrokerConfig>()
+            .map_err(parse_error)?;
+    }
     let max_connections_set = table
         .get("mqtt")
         .and_then(|mqtt| mqtt.get("max_connections"))

@@ -1,9 +1,12 @@
 //! The `statehub` binary: parses settings, starts the MQTT and HTTP listeners, and
 //! turns SIGINT/SIGTERM into one shutdown signal fanned out to every task.
 
+mod auth_config;
 mod config;
 mod fds;
 mod http;
+mod listeners;
+mod passwd;
 
 use std::error::Error;
 use std::fmt::Debug;
@@ -12,7 +15,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::{Parser, Subcommand};
-use statehub_broker::{Broker, MqttListener};
+use statehub_broker::{Broker, TlsSource};
 use statehub_broker_durable::SessionTable;
 use statehub_state_store_service::{DurableEngine, StateStoreService, REQUEST_TOPIC};
 use statehub_storage::{Options, Store};
@@ -43,6 +46,8 @@ struct Cli {
 enum Command {
     /// Run the server.
     Serve(ServeArgs),
+    /// Add, change or delete a user in a Mosquitto-format password file.
+    Passwd(passwd::PasswdArgs),
     /// Repair a data directory that `serve` refuses as damaged: keep every intact batch
     /// and snapshot block, report every one that is lost, and move the files it replaces
     /// to DIR/damaged/repair-*/ (nothing is deleted). Run it with the server stopped.
@@ -69,6 +74,7 @@ fn main() -> ExitCode {
         .init();
     let args = match Cli::parse().command {
         Command::Serve(args) => args,
+        Command::Passwd(args) => return passwd::run(&args),
         Command::Repair(args) => return repair(&args),
     };
     let settings = match Settings::resolve(&args) {
@@ -125,16 +131,38 @@ async fn serve(mut settings: Settings) -> std::io::Result<()> {
     let mut signals = Signals::install()?;
     let descriptors = fds::Descriptors::raise();
     descriptors.size_connections(&mut settings);
+    // These errors say their cause (the file and what is wrong with it) themselves.
+    let invalid =
+        |e: &dyn Error| std::io::Error::new(std::io::ErrorKind::InvalidInput, e.to_string());
+    let mut security =
+        listeners::Security::load(&settings.authentication).map_err(|e| invalid(&e))?;
     let broker = Broker::new(settings.broker.clone());
     let shutdown = broker.shutdown_token();
     let (expiry, storage) = start_state_store(&settings, &broker)?;
     let workers = Workers::start(settings.mqtt_threads)?;
-    let mqtt = MqttListener::bind(broker.clone(), settings.mqtt_listen)
-        .await?
-        .with_workers(workers.handles());
+    let mqtt = listeners::bind(
+        &broker,
+        &settings.mqtt_listeners,
+        &mut security,
+        &workers.handles(),
+    )
+    .await
+    .map_err(|e| invalid(&e))?;
     let http = TcpListener::bind(settings.http_listen).await?;
-    tracing::info!("mqtt listening on {}", mqtt.local_addr()?);
-    tracing::info!("http listening on {}", http.local_addr()?);
+    let http_tls: Option<Arc<dyn TlsSource>> = match &settings.http.tls {
+        Some(files) => {
+            let what = format!(
+                "TLS certificate of the HTTP listener ({})",
+                files.cert.display()
+            );
+            let alpn: &'static [&'static [u8]] = &[b"http/1.1"];
+            Some(security.tls(what, files, alpn).map_err(|e| invalid(&e))?)
+        }
+        None => None,
+    };
+    let with_tls = if http_tls.is_some() { " with TLS" } else { "" };
+    tracing::info!("http listening on {}{with_tls}", http.local_addr()?);
+    let reloader = security.spawn_reloader(shutdown.clone());
 
     let signals = tokio::spawn({
         let shutdown = shutdown.clone();
@@ -163,8 +191,23 @@ async fn serve(mut settings: Settings) -> std::io::Result<()> {
         }
     };
     let http_limits = http::Limits::new(&settings.http, descriptors.per_listener());
-    let http_task = tokio::spawn(http::serve(http, router, http_limits, shutdown.clone()));
-    mqtt.serve(grace).await;
+    let http_task = tokio::spawn(http::serve(
+        http,
+        router,
+        http_limits,
+        http_tls,
+        shutdown.clone(),
+    ));
+    let serving: Vec<_> = mqtt
+        .into_iter()
+        .map(|l| tokio::spawn(l.serve(grace)))
+        .collect();
+    for listener in serving {
+        if let Err(e) = listener.await {
+            tracing::error!("mqtt listener failed: {e}");
+        }
+    }
+    reloader.abort();
     if let Some(task) = wps_task {
         if let Err(e) = task.await {
             tracing::error!("web pubsub shutdown failed: {e}");

@@ -134,6 +134,8 @@ impl Conn {
                 self.info.principal = Arc::new(principal);
                 // The new identity may match other rules.
                 self.grants.invalidate();
+                let done = &self.broker.metrics().reauthentications;
+                done.fetch_add(1, Ordering::Relaxed);
                 (ReasonCode::SUCCESS, data)
             }
             AuthDecision::Continue { data } => (ReasonCode::CONTINUE_AUTHENTICATION, data),
