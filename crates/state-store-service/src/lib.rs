@@ -209,7 +209,8 @@ where
             broker.disconnect_client(client_id, ReasonCode::PROTOCOL_ERROR);
             return None;
         }
-        let received = Instant::now();
+        // The broker's clock, which its outboxes expire messages by.
+        let received = broker.now();
         let deadline = rpc::deadline(&props, received);
         if let Err(fault) = rpc::check(&props) {
             let correlation = props

@@ -549,3 +549,48 @@ fn the_rest_api_is_never_open_without_a_key() {
         "a token is required"
     );
 }
+
+#[test]
+fn a_password_file_written_by_mosquitto_passwd_is_read_as_is() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("passwd");
+    let made = Command::new("mosquitto_passwd")
+        .args(["-c", "-b", file.to_str().unwrap(), "bob", "builder"])
+        .output()
+        .expect("mosquitto_passwd (Debian package mosquitto)");
+    assert!(made.status.success(), "{}", stderr(&made));
+    let server = common::start(
+        &[
+            "--mqtt-listen",
+            "127.0.0.1:0",
+            "--http-listen",
+            "127.0.0.1:0",
+            "--password-file",
+            file.to_str().unwrap(),
+        ],
+        &[],
+    );
+    let ok = mosquitto(
+        "mosquitto_pub",
+        server.mqtt,
+        &["-u", "bob", "-P", "builder", "-t", "t", "-m", "m"],
+    );
+    assert!(ok.status.success(), "{}", stderr(&ok));
+    let bad = mosquitto(
+        "mosquitto_pub",
+        server.mqtt,
+        &["-u", "bob", "-P", "build", "-t", "t", "-m", "m"],
+    );
+    assert!(
+        stderr(&bad).contains("bad user name or password"),
+        "{}",
+        stderr(&bad)
+    );
+    // With a password file, the plain listener takes no anonymous client, local or not.
+    let anonymous = mosquitto("mosquitto_pub", server.mqtt, &["-t", "t", "-m", "m"]);
+    assert!(
+        stderr(&anonymous).contains("not authori"),
+        "{}",
+        stderr(&anonymous)
+    );
+}
