@@ -4,6 +4,7 @@
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use serde::Deserialize;
 use statehub_auth::tls::TlsFiles;
@@ -15,6 +16,7 @@ use statehub_webpubsub::Config as WebPubSubConfig;
 use crate::auth_config::{
     self, AuthConfig, ListenerConfig, ListenerError, ListenerSettings, SecurityFlags,
 };
+use crate::authz::{AuthorizationConfig, Loaded};
 
 /// `statehub serve` flags. Each has an environment variable of the same name.
 #[derive(Debug, Clone, clap::Args)]
@@ -114,6 +116,8 @@ pub struct FileConfig {
     pub webpubsub: WebPubSubConfig,
     /// The `[http]` table: the HTTP listener's limits.
     pub http: HttpConfig,
+    /// The `[authorization]` table: rules, inline or in a file (see `authz.rs`).
+    pub authorization: AuthorizationConfig,
 }
 
 /// The `[mqtt]` table: the broker's settings and the `[[mqtt.listeners]]`.
@@ -234,6 +238,8 @@ pub enum ConfigError {
     Listeners(#[from] ListenerError),
     #[error("--http-tls needs --tls-cert and --tls-key")]
     HttpTlsFlags,
+    #[error(transparent)]
+    Authorization(#[from] crate::authz::AuthzError),
     /// A Web PubSub access key is refused; `origin` says where the keys came from.
     #[error("web pubsub access keys from {origin}: {source}")]
     AccessKey {
@@ -269,6 +275,10 @@ pub struct Settings {
     pub compact_after_bytes: u64,
     /// How far compaction may fall behind before writes wait, in bytes.
     pub max_journal_bytes: u64,
+    /// The authorization rules, loaded (`None` inside: no rules).
+    pub authorization: Arc<Loaded>,
+    /// The config file, if any (SIGHUP reloads its rules).
+    pub config: Option<PathBuf>,
 }
 
 impl Settings {
@@ -337,6 +347,11 @@ impl Settings {
             sync: sync.unwrap_or_default(),
             compact_after_bytes,
             max_journal_bytes,
+            authorization: Arc::new(
+                file.authorization
+                    .load(args.config.as_deref().and_then(Path::parent))?,
+            ),
+            config: args.config.clone(),
         })
     }
 }
@@ -397,6 +412,11 @@ fn http(http: HttpConfig, wps: &WebPubSubConfig) -> Result<HttpConfig, ConfigErr
         )));
     }
     Ok(http)
+}
+
+/// The `[authorization]` table of the config file at `path`, the whole file checked.
+pub fn authorization_table(path: &Path) -> Result<AuthorizationConfig, ConfigError> {
+    Ok(load(path)?.0.authorization)
 }
 
 /// The file, and whether it sets `[mqtt] max_connections`.

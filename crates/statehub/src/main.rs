@@ -2,6 +2,8 @@
 //! turns SIGINT/SIGTERM into one shutdown signal fanned out to every task.
 
 mod auth_config;
+mod authz;
+mod check;
 mod config;
 mod fds;
 mod http;
@@ -52,6 +54,10 @@ enum Command {
     /// and snapshot block, report every one that is lost, and move the files it replaces
     /// to DIR/damaged/repair-*/ (nothing is deleted). Run it with the server stopped.
     Repair(RepairArgs),
+    /// Check a configuration as `serve` would load it (exit 2 if invalid), and print
+    /// what a client may do under its authorization rules (--client-id, --username,
+    /// --attribute name=value).
+    CheckConfig(check::CheckArgs),
 }
 
 /// `statehub repair` flags.
@@ -76,6 +82,7 @@ fn main() -> ExitCode {
         Command::Serve(args) => args,
         Command::Passwd(args) => return passwd::run(&args),
         Command::Repair(args) => return repair(&args),
+        Command::CheckConfig(args) => return check::run(&args),
     };
     let settings = match Settings::resolve(&args) {
         Ok(s) => s,
@@ -129,6 +136,7 @@ async fn serve(mut settings: Settings) -> std::io::Result<()> {
     // Installed before anything is bound, so a signal sent as soon as the
     // "listening" lines appear is always a graceful shutdown.
     let mut signals = Signals::install()?;
+    let rules = authz::Reloader::install(settings.config.clone())?;
     let descriptors = fds::Descriptors::raise();
     descriptors.size_connections(&mut settings);
     // These errors say their cause (the file and what is wrong with it) themselves.
@@ -138,6 +146,9 @@ async fn serve(mut settings: Settings) -> std::io::Result<()> {
         listeners::Security::load(&settings.authentication).map_err(|e| invalid(&e))?;
     let broker = Broker::new(settings.broker.clone());
     let shutdown = broker.shutdown_token();
+    broker.set_policy(settings.authorization.policy.clone());
+    tracing::info!("{}", settings.authorization.summary());
+    tokio::spawn(rules.run(broker.clone(), shutdown.clone()));
     let (expiry, storage) = start_state_store(&settings, &broker)?;
     let workers = Workers::start(settings.mqtt_threads)?;
     let mqtt = listeners::bind(
