@@ -6,10 +6,15 @@
 //! * the subscription trie sits behind a `RwLock`: publishes take it shared, only
 //!   (un)subscribes and session ends take it exclusively;
 //! * retained messages sit behind their own `RwLock`;
-//! * each session's queue has its own short mutex (see `session.rs`).
+//! * each session's queue has its own short mutex (see `session/mod.rs`).
 //!
-//! No lock is held across an `.await`, and the lock order is always
-//! trie → session, so the publish path cannot deadlock.
+//! No lock is held across an `.await`. The lock order is the client id's stripe
+//! (`session_table.rs`), then the table's shard or the trie (never both), then a
+//! session, then the session store: the publish path takes the trie, then each
+//! session, so it cannot deadlock (ARCHITECTURE.md has the whole order). A PUBLISH
+//! that may be refused (`queue_full_policy = "refuse"`) takes the retained lock
+//! inside the trie's, once no session could refuse it; nothing takes the trie's
+//! inside the retained lock.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -26,16 +31,17 @@ use crate::clock::Clock;
 use crate::config::{BrokerConfig, Overlap};
 use crate::message::{Delivery, Message, SharedVia};
 use crate::metrics::Metrics;
-use crate::ratelimit::LogLimit;
 use crate::retain_store::{RetainStore, RetainStoreError};
 use crate::retained::RetainedIndex;
 use crate::service::BoxFuture;
 use crate::service::Service;
-use crate::session::{Bound, Enqueued, QueueLimits, Session};
+use crate::session::{Enqueued, QueueLimits, Session, Ticket};
 use crate::session_store::Gate;
 use crate::session_table::Sessions;
 use crate::topic;
-use crate::trie::{SubEntry, SubscriptionTrie};
+use crate::trie::{Matches, SubEntry, SubscriptionTrie};
+
+mod queue_full;
 
 /// Handle to the broker. Clone freely.
 #[derive(Debug, Clone)]
@@ -83,6 +89,7 @@ impl Broker {
             max_messages: config.max_queued_messages,
             max_bytes: config.max_queued_bytes,
             queue_qos0_offline: config.queue_qos0_offline,
+            policy: config.queue_full_policy,
         };
         Broker {
             inner: Arc::new(Inner {
@@ -222,9 +229,11 @@ impl Broker {
         let outcome = session.enqueue(d, &self.inner.limits, self.now());
         self.count(&session, outcome);
         match outcome {
-            Enqueued::Queued { .. } | Enqueued::SlowConsumer { .. } => Ok(()),
+            Enqueued::Queued { .. }
+            | Enqueued::EvictedOldest { .. }
+            | Enqueued::SlowConsumer { .. } => Ok(()),
             Enqueued::SkippedOffline
-            | Enqueued::DroppedOffline(_)
+            | Enqueued::DroppedNewest(_)
             | Enqueued::DroppedQoS0(_)
             | Enqueued::Ended => Err(DeliverError::QueueFull(client_id.to_owned())),
         }
@@ -309,12 +318,70 @@ impl Broker {
     /// With a `gate`, the QoS 2 copies that persistent sessions store wait behind it
     /// (the caller opens it once the message is durable).
     pub(crate) fn route(&self, msg: &Arc<Message>, gate: Option<&Arc<Gate>>) -> Routed {
+        self.route_with(msg, gate, false, || {})
+    }
+
+    /// [`Broker::route`] for a client's PUBLISH. With `all_or_nothing` (the refuse
+    /// policy, for a publisher that can be told), a message that some offline
+    /// session's full queue would have to take goes to nobody (`Routed::refused`).
+    /// `accepted` runs once the message is not refused, before any session gets it
+    /// (to make it the retained message: a concurrent subscriber then gets it either
+    /// live or retained).
+    pub(crate) fn route_with(
+        &self,
+        msg: &Arc<Message>,
+        gate: Option<&Arc<Gate>>,
+        all_or_nothing: bool,
+        accepted: impl FnOnce(),
+    ) -> Routed {
+        let accepted = if all_or_nothing {
+            Some(accepted)
+        } else {
+            accepted();
+            None
+        };
         let metrics = &self.inner.metrics;
         metrics.messages_in.fetch_add(1, Ordering::Relaxed);
         let trie = self.inner.trie.read();
         let matches = trie.matches(&msg.topic);
-        let mut targets: SmallVec<[(&SubEntry, Delivery); 4]> =
-            SmallVec::with_capacity(matches.plain.len());
+        let targets = self.targets(&matches, msg, gate);
+        let sessions = targets.len();
+        let mut tickets = SmallVec::<[Option<Ticket>; 4]>::new();
+        if all_or_nothing {
+            if !self.reserve_all(&targets, &mut tickets) {
+                return Routed {
+                    sessions,
+                    stored: false,
+                    refused: true,
+                };
+            }
+            if let Some(accepted) = accepted {
+                accepted();
+            }
+        }
+        let mut tickets = tickets.into_iter();
+        let mut stored = false;
+        for (entry, d) in targets {
+            stored |= match tickets.next().flatten() {
+                Some(ticket) => self.offer_reserved(&entry.session, d, ticket),
+                None => self.offer(&entry.session, d),
+            };
+        }
+        Routed {
+            sessions,
+            stored,
+            refused: false,
+        }
+    }
+
+    /// The copy of `msg` each matching subscription gets (see [`Broker::route`]).
+    fn targets<'t>(
+        &self,
+        matches: &Matches<'t>,
+        msg: &Arc<Message>,
+        gate: Option<&Arc<Gate>>,
+    ) -> Targets<'t> {
+        let mut targets: Targets<'t> = SmallVec::with_capacity(matches.plain.len());
         let recipient = msg.recipient.as_deref();
         for (client, entry) in &matches.plain {
             if entry.options.no_local && msg.publisher.as_deref() == Some(*client) {
@@ -365,12 +432,7 @@ impl Broker {
                 targets.push((entry, d));
             }
         }
-        let sessions = targets.len();
-        let mut stored = false;
-        for (entry, d) in targets {
-            stored |= self.offer(&entry.session, d);
-        }
-        Routed { sessions, stored }
+        targets
     }
 
     /// Enqueues one delivery and counts what the queue bounds did to it. True if it
@@ -379,49 +441,6 @@ impl Broker {
         let outcome = session.enqueue(d, &self.inner.limits, self.now());
         self.count(session, outcome);
         outcome.stored()
-    }
-
-    /// Counts (and logs) what the queue bounds did to a delivery.
-    fn count(&self, session: &Session, outcome: Enqueued) {
-        let m = &self.inner.metrics;
-        let bound = match outcome {
-            Enqueued::Queued { .. } => {
-                m.messages_out.fetch_add(1, Ordering::Relaxed);
-                return;
-            }
-            Enqueued::SkippedOffline | Enqueued::Ended => return,
-            Enqueued::DroppedQoS0(bound) | Enqueued::DroppedOffline(bound) => {
-                tracing::debug!(
-                    client = session.client_id(),
-                    ?bound,
-                    "queue full; message dropped"
-                );
-                m.dropped.fetch_add(1, Ordering::Relaxed);
-                bound
-            }
-            Enqueued::SlowConsumer { bound, .. } => {
-                tracing::info!(
-                    client = session.client_id(),
-                    ?bound,
-                    "slow consumer; disconnecting with 0x97"
-                );
-                m.slow_consumers.fetch_add(1, Ordering::Relaxed);
-                bound
-            }
-        };
-        if bound == Bound::Broker {
-            static LOG: LogLimit = LogLimit::per_secs(10);
-            m.total_queue_full.fetch_add(1, Ordering::Relaxed);
-            if let Some(left_out) = LOG.allow() {
-                let (messages, bytes) = self.queued_total();
-                tracing::warn!(
-                    messages,
-                    bytes,
-                    left_out,
-                    "sessions together hold max_total_queued_messages/bytes: messages for offline sessions are dropped and slow connected ones disconnected with 0x97"
-                );
-            }
-        }
     }
 
     /// Hands a delivery that came through a shared group to another member, if any
@@ -489,6 +508,9 @@ impl Drop for OpenConnection {
     }
 }
 
+/// Each session a message goes to, with its copy.
+type Targets<'t> = SmallVec<[(&'t SubEntry, Delivery); 4]>;
+
 /// Where a routed message went.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Routed {
@@ -496,6 +518,8 @@ pub(crate) struct Routed {
     /// Some persistent session stored it: await the session store's barrier before
     /// acknowledging the PUBLISH.
     pub stored: bool,
+    /// Refused (all or nothing, see [`Broker::route_with`]): no session got it.
+    pub refused: bool,
 }
 
 /// Splits `$share/{group}/{filter}` into its group and filter.

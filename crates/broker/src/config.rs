@@ -47,6 +47,9 @@ pub struct BrokerConfig {
     /// Bytes of payload and topic queued across every session (as above). A message
     /// shared by several sessions counts once per session.
     pub max_total_queued_bytes: usize,
+    /// What a QoS 1/2 message meets at an offline session whose queue (or every
+    /// session's together) is full; see [`QueueFull`].
+    pub queue_full_policy: QueueFull,
     /// Queue QoS 0 messages for offline sessions (Mosquitto's `queue_qos0_messages`).
     pub queue_qos0_offline: bool,
     /// Topic filters whose subscription is refused with 0x80 (Not authorized is
@@ -94,6 +97,32 @@ pub struct BrokerConfig {
     pub auth_failure_delay_ms: u64,
 }
 
+/// What a QoS 1/2 message for an offline session meets when the session's queue
+/// (`max_queued_messages`, `max_queued_bytes`) or what all sessions queue together
+/// (`max_total_queued_*`) is full. QoS 0 copies are dropped whatever the policy, and a
+/// connected session that falls that far behind is a slow consumer (DISCONNECT 0x97)
+/// whatever the policy. Every message dropped or refused is counted in
+/// [`Metrics`](crate::Metrics) and logged (rate-limited, naming the session).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum QueueFull {
+    /// The session's oldest queued messages make room for the new one. Messages in
+    /// flight, and QoS 2 messages that may have reached the client before a restart,
+    /// are never dropped; if only those fill the queue, the new message is dropped
+    /// for that session instead. The publisher's acknowledgement is unchanged.
+    #[default]
+    DropOldest,
+    /// The new message is not queued for that session (Mosquitto's behaviour); the
+    /// other subscribers get it and the publisher's acknowledgement is unchanged.
+    DropNewest,
+    /// A client's QoS 1/2 PUBLISH that a full queue would have to take is delivered
+    /// to nobody and not retained: an MQTT 5 publisher gets PUBACK/PUBREC 0x97 (Quota
+    /// exceeded); an MQTT 3.1.1 one, which cannot be told, has its connection closed
+    /// without the acknowledgement (it resends the message when it reconnects).
+    /// Messages the broker makes (wills, service replies) fall back to drop-newest.
+    Refuse,
+}
+
 /// Delivery of a message that matches several subscriptions of one client.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -120,6 +149,7 @@ impl Default for BrokerConfig {
             max_queued_bytes: 64 * 1024 * 1024,
             max_total_queued_messages: 1_000_000,
             max_total_queued_bytes: 1024 * 1024 * 1024,
+            queue_full_policy: QueueFull::DropOldest,
             queue_qos0_offline: false,
             refused_filters: Vec::new(),
             socket_write_high_water: 1024 * 1024,

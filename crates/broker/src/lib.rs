@@ -14,7 +14,10 @@
 //!   `pending.rs`: the bounds on connections that have not sent CONNECT yet.
 //! * [`Service`] (`service.rs`) and [`Authenticator`] (`auth.rs`): the hooks other
 //!   layers (the state store, security) plug into; `authz.rs`: the authorization rules
-//!   ([`Broker::set_policy`]) and each connection's grants.
+//!   ([`Broker::set_policy`]) and each connection's grants; [`RetainStore`]
+//!   (`retain_store.rs`) and [`SessionStore`] (`session_store.rs`): the durability hooks
+//!   `statehub-broker-durable` implements; [`Clock`] (`clock.rs`): the time the broker
+//!   reads, which tests move by hand.
 //!
 //! See ARCHITECTURE.md at the repository root for the journey of one PUBLISH.
 
@@ -43,7 +46,7 @@ mod trie;
 pub use auth::{AllowAll, AuthDecision, Authenticator, Identity, Peer, Principal};
 pub use broker::{Broker, DeliverError};
 pub use clock::{Clock, ManualClock};
-pub use config::{BrokerConfig, Overlap};
+pub use config::{BrokerConfig, Overlap, QueueFull};
 pub use message::{Message, SharedVia};
 pub use metrics::Metrics;
 pub use ratelimit::LogLimit;

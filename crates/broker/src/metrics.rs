@@ -1,4 +1,4 @@
-//! Broker counters (atomics; read by the HTTP metrics endpoint in a later issue).
+//! Broker counters (atomics), read through `Broker::metrics`; no endpoint serves them yet.
 
 use std::sync::atomic::AtomicU64;
 
@@ -8,9 +8,28 @@ pub struct Metrics {
     pub connections_total: AtomicU64,
     pub messages_in: AtomicU64,
     pub messages_out: AtomicU64,
-    /// Messages not delivered because a session queue was full (QoS 0) or the
-    /// session was offline and full (QoS 1/2).
+    /// Messages not delivered because a session queue was full: the sum of
+    /// `dropped_qos0_queue_full`, `dropped_queue_full_newest` and
+    /// `dropped_queue_full_oldest`.
     pub dropped: AtomicU64,
+    /// QoS 0 copies not queued because the session's queue (or every session's
+    /// together) was full.
+    pub dropped_qos0_queue_full: AtomicU64,
+    /// QoS 1/2 copies not queued for a full offline session: `queue_full_policy =
+    /// "drop-newest"`, drop-oldest with nothing it may drop, and messages the broker
+    /// makes under `refuse`.
+    pub dropped_queue_full_newest: AtomicU64,
+    /// Queued messages dropped from a full offline session to make room for a newer
+    /// one (`queue_full_policy = "drop-oldest"`).
+    pub dropped_queue_full_oldest: AtomicU64,
+    /// Client PUBLISHes (QoS 1/2) delivered to nobody because a full offline
+    /// session's queue would have had to take them (`queue_full_policy = "refuse"`):
+    /// answered 0x97 (MQTT 5), or the connection closed (3.1.1, see
+    /// `refused_quota_closed`).
+    pub refused_quota: AtomicU64,
+    /// Of `refused_quota`, the MQTT 3.1.1 publishers' connections closed without the
+    /// acknowledgement (3.1.1 has no way to say Quota exceeded).
+    pub refused_quota_closed: AtomicU64,
     /// Messages over a client's Maximum Packet Size, discarded as the spec says.
     pub oversize_dropped: AtomicU64,
     /// Connections closed with 0x97 because they did not keep up.
@@ -28,8 +47,8 @@ pub struct Metrics {
     pub packet_read_timeouts: AtomicU64,
     /// Topic filters refused with 0x97 for the per-SUBSCRIBE or per-client limit.
     pub subscriptions_refused: AtomicU64,
-    /// Messages not queued because every session together held the broker-wide
-    /// bound (`max_total_queued_*`); also counted in `dropped` or `slow_consumers`.
+    /// Messages that met the broker-wide bound (`max_total_queued_*`); also counted
+    /// in one of `dropped_*`, `refused_quota` or `slow_consumers`.
     pub total_queue_full: AtomicU64,
     /// CONNECTs refused with 0x97 because they would make one persistent session more
     /// than `max_persistent_sessions`.

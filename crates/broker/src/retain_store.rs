@@ -1,7 +1,7 @@
 //! Retained messages beyond the process.
 //!
-//! The broker keeps retained messages in memory; a [`RetainStore`] (the binary's, on
-//! the data directory) is told of every change so it can make it durable, and the
+//! The broker keeps retained messages in memory; a [`RetainStore`] (`statehub-broker-durable`'s,
+//! on the data directory) is told of every change so it can make it durable, and the
 //! broker acknowledges the PUBLISH (PUBACK, PUBREC) only once it is. Without one,
 //! nothing changes: the in-memory default pays nothing.
 

@@ -1,11 +1,12 @@
 //! Persistent sessions beyond the process.
 //!
-//! The broker keeps sessions in memory; a [`SessionStore`] (the binary's, on the data
-//! directory) is told of every change to a session that must survive a restart (one
+//! The broker keeps sessions in memory; a [`SessionStore`] (`statehub-broker-durable`'s, on
+//! the data directory) is told of every change to a session that must survive a restart (one
 //! whose Session Expiry Interval is above 0), and the broker acknowledges only once
 //! what it acknowledges is durable: CONNACK once the session exists on disk, SUBACK and
 //! UNSUBACK once the subscriptions do, PUBACK/PUBREC once the message sits in every
-//! persistent subscriber's stored queue, PUBREL once the stored message says so.
+//! persistent subscriber's stored queue, PUBREL once the stored message says so, PUBCOMP
+//! once the receipt is gone.
 //! Without a store, nothing changes: the in-memory default pays nothing.
 //!
 //! Packet ids need no writes of their own: a stored message's id is derived from its

@@ -212,6 +212,12 @@ pub(crate) fn check_body(
             clause: "MQTT-3.2.1",
             detail: "3.1.1 CONNACK must be 2 bytes",
         }),
+        // Return codes 6-255 are reserved (3.1.1 table 3.1): nothing to map them to
+        // that would encode back to the same byte.
+        CONNACK if v311 && body[1] > 5 => Err(DecodeError::Malformed {
+            clause: "MQTT-3.2.2.3",
+            detail: "3.1.1 CONNACK return code is reserved",
+        }),
         SUBSCRIBE if v311 => check_v311_subscribe_options(body),
         _ => Ok(()),
     }

@@ -114,16 +114,7 @@ fn decode_properties(body: &mut Bytes) -> Result<PublishProperties, DecodeError>
                     return Err(duplicate("Payload Format Indicator included twice"));
                 }
                 seen_format = true;
-                p.payload_format_utf8 = match read_u8(&mut src, CLAUSE)? {
-                    0 => false,
-                    1 => true,
-                    _ => {
-                        return Err(DecodeError::Protocol {
-                            clause: "MQTT-3.3.2.3.2",
-                            detail: "Payload Format Indicator other than 0 or 1",
-                        })
-                    }
-                };
+                p.payload_format_utf8 = read_payload_format(&mut src)?;
             }
             id::MESSAGE_EXPIRY => {
                 let v = read_u32(&mut src, CLAUSE)?;
@@ -150,21 +141,11 @@ fn decode_properties(body: &mut Bytes) -> Result<PublishProperties, DecodeError>
                 )?;
             }
             id::SUBSCRIPTION_ID => match read_varint(&mut src, CLAUSE)? {
-                0 => {
-                    return Err(DecodeError::Protocol {
-                        clause: "MQTT-3.3.2.3.8",
-                        detail: "Subscription Identifier 0",
-                    })
-                }
+                0 => return Err(zero("MQTT-3.3.2.3.8", "Subscription Identifier 0")),
                 v => p.subscription_identifiers.push(v),
             },
             id::TOPIC_ALIAS => match read_u16(&mut src, CLAUSE)? {
-                0 => {
-                    return Err(DecodeError::Protocol {
-                        clause: "MQTT-3.3.2-8",
-                        detail: "Topic Alias 0",
-                    })
-                }
+                0 => return Err(zero("MQTT-3.3.2-8", "Topic Alias 0")),
                 v => set_once(&mut p.topic_alias, v, "Topic Alias included twice")?,
             },
             id::USER_PROPERTY => {
@@ -181,6 +162,22 @@ fn decode_properties(body: &mut Bytes) -> Result<PublishProperties, DecodeError>
         }
     }
     Ok(p)
+}
+
+fn read_payload_format(src: &mut Bytes) -> Result<bool, DecodeError> {
+    match read_u8(src, CLAUSE)? {
+        0 => Ok(false),
+        1 => Ok(true),
+        _ => Err(DecodeError::Protocol {
+            clause: "MQTT-3.3.2.3.2",
+            detail: "Payload Format Indicator other than 0 or 1",
+        }),
+    }
+}
+
+/// A property whose value may not be 0.
+fn zero(clause: &'static str, detail: &'static str) -> DecodeError {
+    DecodeError::Protocol { clause, detail }
 }
 
 fn set_once<T>(slot: &mut Option<T>, value: T, detail: &'static str) -> Result<(), DecodeError> {

@@ -275,6 +275,20 @@ fn connack_v311() {
     exact(V311, &[0x20, 0x02, 0x00, 0x04], Packet::ConnAck(refused));
 }
 
+/// Found by the `mqtt_codec` fuzz target: a reserved return code decoded as
+/// Unspecified error, which encodes as return code 3 (Server unavailable).
+#[test]
+fn connack_v311_reserved_return_code() {
+    for ret in [6, 0x80, 0xFF] {
+        rejects_with(
+            &mut Codec::with_version(V311, 0),
+            &[0x20, 0x02, 0x00, ret],
+            malformed("MQTT-3.2.2.3"),
+            ReasonCode::MALFORMED_PACKET,
+        );
+    }
+}
+
 #[test]
 fn connack_v311_return_code_mapping() {
     let cases = [

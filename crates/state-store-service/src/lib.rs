@@ -33,6 +33,7 @@
 //!   [`statehub_state_store_durable::Progress`], never touching the storage itself. A
 //!   full disk is not a failure: writes are answered 503 ("disk is full") while reads go
 //!   on, and the store takes writes again by itself once there is room.
+//! * [`Settings`] (`settings.rs`) is the `[state_store]` table of the configuration file.
 
 mod cache;
 mod durable;

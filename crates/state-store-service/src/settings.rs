@@ -3,8 +3,8 @@
 //! Kept apart from the core's [`Config`] because it also holds what only the MQTT shell
 //! needs (the duplicate-request cache) and because it is read from TOML, so every field
 //! has a default and unknown fields are an error rather than silently ignored. Bad
-//! settings are the only error of this crate: a request the store cannot answer gets an
-//! RPC fault (see `rpc.rs`), never an `Err`.
+//! settings and a store that cannot be loaded (`OpenError`) are this crate's only errors:
+//! a request the store cannot answer gets an RPC fault (see `rpc.rs`), never an `Err`.
 
 use serde::Deserialize;
 use statehub_state_store::Config;

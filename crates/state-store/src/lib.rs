@@ -1,12 +1,12 @@
 //! The state store of statehub: the Azure IoT Operations state store protocol as pure logic.
 //!
-//! Nothing here performs I/O or reads a clock. The MQTT shell (in the broker) takes each
-//! request PUBLISH on [`REQUEST_TOPIC`], builds a [`Request`] from its payload and user
-//! properties, calls [`Machine::handle`] with the current time, publishes the returned
-//! [`Reply`] on the request's Response Topic and carries out the returned [`Effect`]s
-//! (notifications, expiry timers). Keeping the core pure lets the tests assert the exact
-//! bytes and effects of every command, and lets one model-based test drive it with a
-//! simulated clock.
+//! Nothing here performs I/O or reads a clock. The MQTT shell (`statehub-state-store-service`,
+//! a built-in service of the broker) takes each request PUBLISH on [`REQUEST_TOPIC`], builds
+//! a [`Request`] from its payload and user properties, calls [`Machine::handle`] with the
+//! current time, publishes the returned [`Reply`] on the request's Response Topic and
+//! carries out the returned [`Effect`]s (notifications, expiry timers). Keeping the core
+//! pure lets the tests assert the exact bytes and effects of every command, and lets one
+//! model-based test drive it with a simulated clock.
 //!
 //! What lives where:
 //! - [`resp`]: the RESP3-like framing of requests and responses.
@@ -15,6 +15,7 @@
 //! - [`glob`]: the SCAN pattern language.
 //! - [`machine`]: the state machine: commands, fencing, quotas, expiry, observers.
 //! - [`notify`]: notification topics and payloads.
+//! - [`value`]: a stored value, kept framed as the GET reply carries it.
 //! - [`engine`]: the storage engine trait (its contract) and [`MemoryEngine`].
 //! - [`authz`]: the per-key authorization hook.
 //! - [`error`]: refusals (sent to the client as `-ERR`) apart from fatal errors.

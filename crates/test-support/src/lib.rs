@@ -466,4 +466,4 @@ pub async fn wait_until(within: Duration, mut cond: impl FnMut() -> bool) -> boo
 }
 
 mod rumqtt;
-pub use rumqtt::{v4c, v5c};
+pub use rumqtt::{v4c, v5c, v5pub};

@@ -68,6 +68,55 @@ pub mod v5c {
     }
 }
 
+pub mod v5pub {
+    //! A publisher on rumqttc's MQTT 5 client that sees every PUBACK's reason code.
+    use crate::*;
+    use rumqttc::v5::mqttbytes::v5::Packet as In;
+    pub use rumqttc::v5::mqttbytes::v5::PubAckReason;
+    use rumqttc::v5::mqttbytes::QoS;
+    use rumqttc::v5::{AsyncClient, ConnectionError, Event, EventLoop, MqttOptions, StateError};
+
+    /// Publishes each of `payloads` on `topic` at QoS 1 as client `id`, one at a time,
+    /// and returns each PUBACK's reason.
+    pub async fn publish_each(
+        addr: SocketAddr,
+        id: &str,
+        topic: &str,
+        payloads: &[String],
+    ) -> Vec<PubAckReason> {
+        let mut o = MqttOptions::new(id, addr.ip().to_string(), addr.port());
+        o.set_keep_alive(Duration::from_secs(30));
+        let (client, mut el) = AsyncClient::new(o, 10);
+        let mut reasons = Vec::new();
+        for p in payloads {
+            client
+                .publish(topic, QoS::AtLeastOnce, false, p.clone())
+                .await
+                .expect("rumqttc request channel");
+            reasons.push(next_puback(&mut el).await);
+        }
+        reasons
+    }
+
+    /// The reason of the next PUBACK. rumqttc reports an error reason as an event-loop
+    /// error (and reconnects on the next poll).
+    async fn next_puback(el: &mut EventLoop) -> PubAckReason {
+        let wait = async {
+            loop {
+                match el.poll().await {
+                    Ok(Event::Incoming(In::PubAck(a))) => return a.reason,
+                    Ok(_) => {}
+                    Err(ConnectionError::MqttState(StateError::PubAckFail { reason })) => {
+                        return reason
+                    }
+                    Err(e) => panic!("rumqttc v5 publisher: {e:?}"),
+                }
+            }
+        };
+        timeout(WAIT, wait).await.expect("PUBACK within WAIT")
+    }
+}
+
 pub mod v4c {
     //! rumqttc's MQTT 3.1.1 client, same shape as [`super::v5c`].
     use crate::*;

@@ -31,6 +31,9 @@ mod connection;
 mod dispatch;
 mod effects;
 mod filter;
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub mod fuzzing;
 mod hub;
 mod jwt;
 mod outbox;

@@ -1,5 +1,5 @@
 //! The reliable subprotocol on a real socket: sequence ids, sequenceAck, recovery after
-//! a dropped TCP connection, refused recoveries and the unacknowledged limit.
+//! a dropped TCP connection, refused recoveries and the replay buffer's bounds.
 
 mod common;
 

@@ -1,5 +1,6 @@
 //! Packets from the client, once connected.
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use statehub_mqtt_codec::{
@@ -8,6 +9,7 @@ use statehub_mqtt_codec::{
 
 use super::{Close, Conn};
 use crate::broker::Routed;
+use crate::config::QueueFull;
 use crate::message::Message;
 use crate::session::{IncomingQos2, PubRec, Stage};
 use crate::session_store::{Gate, Group};
@@ -123,7 +125,7 @@ impl Conn {
             return self.ack_publish(p.qos, pid, code, false).await;
         }
         if let Some(reason) = self.publish_denied(&p.topic) {
-            return self.refuse_publish(p.qos, pid, reason).await;
+            return self.deny_publish(p.qos, pid, reason).await;
         }
         let qos = p.qos;
         // Opened once this publish is acknowledged (after its barrier) or failed.
@@ -141,12 +143,15 @@ impl Conn {
                 Some(self.info.client_id.clone()),
                 self.broker.now(),
             ));
-            let durable = if msg.retain {
-                self.broker.store_retained(&msg)
-            } else {
-                None
-            };
-            let routed = self.route_and_receive(&msg, pid, gate.as_ref());
+            let mut durable = None;
+            let routed = self.route_and_receive(&msg, pid, gate.as_ref(), || {
+                if msg.retain {
+                    durable = self.broker.store_retained(&msg);
+                }
+            });
+            if routed.refused {
+                return self.refuse_publish(qos, pid).await;
+            }
             // With a retain store, the ack waits until the retained change is durable. If
             // it never will be, no ack: the connection closes and the client resends.
             if let Some(durable) = durable.filter(|_| qos != QoS::AtMostOnce) {
@@ -171,7 +176,7 @@ impl Conn {
     /// Answers a PUBLISH the client may not make, which goes nowhere: PUBACK/PUBREC
     /// 0x87 for MQTT 5 (nothing for QoS 0); for MQTT 3.1.1, which has no way to say so,
     /// the normal acknowledgement [MQTT-3.3.5-2].
-    async fn refuse_publish(&mut self, qos: QoS, pid: u16, reason: &str) -> Result<(), Close> {
+    async fn deny_publish(&mut self, qos: QoS, pid: u16, reason: &str) -> Result<(), Close> {
         tracing::debug!(client = %self.info.client_id, reason, "PUBLISH dropped");
         if self.version == ProtocolVersion::V5 {
             return self
@@ -184,25 +189,48 @@ impl Conn {
             .await
     }
 
-    /// Routes a client's message and, for QoS 2, records its receipt (so a resent
+    /// Routes a client's message (`accepted` runs unless it is refused, see
+    /// [`Broker::route_with`]) and, for QoS 2, records its receipt (so a resent
     /// PUBLISH is known for a duplicate), the two atomically in the session store.
     fn route_and_receive(
-        &mut self,
+        &self,
         msg: &Arc<Message>,
         pid: u16,
         gate: Option<&Arc<Gate>>,
+        accepted: impl FnOnce(),
     ) -> Routed {
+        let all_or_nothing =
+            msg.qos != QoS::AtMostOnce && self.broker.queue_limits().policy == QueueFull::Refuse;
         if msg.qos != QoS::ExactlyOnce {
-            return self.broker.route(msg, None);
+            return self.broker.route_with(msg, None, all_or_nothing, accepted);
         }
         let store = self
             .broker
             .session_store()
             .filter(|_| self.session.is_persistent());
         let _group = store.map(Group::open);
-        let mut routed = self.broker.route(msg, gate);
-        routed.stored |= self.session.receive_qos2(pid);
+        let mut routed = self.broker.route_with(msg, gate, all_or_nothing, accepted);
+        if !routed.refused {
+            routed.stored |= self.session.receive_qos2(pid);
+        }
         routed
+    }
+
+    /// Answers a PUBLISH that a full queue refused: 0x97 to an MQTT 5 client. An MQTT
+    /// 3.1.1 one cannot be told: its connection closes without the acknowledgement,
+    /// and it resends the message when it reconnects.
+    async fn refuse_publish(&mut self, qos: QoS, pid: u16) -> Result<(), Close> {
+        if self.version == ProtocolVersion::V5 {
+            return self
+                .ack_publish(qos, pid, ReasonCode::QUOTA_EXCEEDED, false)
+                .await;
+        }
+        let m = self.broker.metrics();
+        m.refused_quota_closed.fetch_add(1, Ordering::Relaxed);
+        Err(Close::ByServer(
+            ReasonCode::IMPLEMENTATION_SPECIFIC_ERROR,
+            "a subscriber's queue is full (MQTT 3.1.1 cannot say Quota exceeded)",
+        ))
     }
 
     /// Acknowledges a PUBLISH once what the acknowledgement promises is durable
@@ -255,7 +283,7 @@ impl Conn {
                 None => {
                     return Err(Close::ByServer(
                         ReasonCode::PROTOCOL_ERROR,
-                        "unknown topic alias [MQTT-3.3.4-?]",
+                        "unknown topic alias (MQTT 5.0 section 3.3.4)",
                     ))
                 }
             }

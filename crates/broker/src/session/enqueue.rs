@@ -1,13 +1,16 @@
 //! Offering a delivery to a session: the queue bounds (the session's own, and what
-//! every session holds together), the session store record of a persistent session's
-//! copy, and the wake-up of its connection.
+//! every session holds together) and what a full queue does to a message (the
+//! configured [`QueueFull`] policy), the session store record of a persistent
+//! session's copy, and the wake-up of its connection.
 
 use std::sync::Arc;
 use std::time::Instant;
 
+use parking_lot::MutexGuard;
 use statehub_mqtt_codec::{QoS, ReasonCode};
 
 use super::{Session, SessionState};
+use crate::config::QueueFull;
 use crate::message::Delivery;
 use crate::session_store::{Gate, SessionChange};
 
@@ -26,12 +29,20 @@ pub(crate) enum Enqueued {
     /// Queued; `stored`: also recorded in the session store (a persistent session's
     /// QoS 1/2 message), so whoever acknowledges it must await the store's barrier.
     Queued { stored: bool },
+    /// Queued in a full offline session after its `evicted` oldest queued messages
+    /// were dropped to make room (drop-oldest; counted and logged).
+    EvictedOldest {
+        stored: bool,
+        evicted: usize,
+        bound: Bound,
+    },
     /// QoS 0 while offline, not queued per configuration (not an error: MQTT 5 allows it).
     SkippedOffline,
     /// A bound is reached: QoS 0 dropped (counted) ...
     DroppedQoS0(Bound),
-    /// ... or a QoS 1/2 message for an offline session dropped (counted and logged).
-    DroppedOffline(Bound),
+    /// ... or a QoS 1/2 message for a full offline session not queued (drop-newest,
+    /// or drop-oldest with nothing it may drop; counted and logged).
+    DroppedNewest(Bound),
     /// A bound is reached while connected: the consumer is too slow (or the broker
     /// full) and is being disconnected with 0x97 (Quota exceeded); the message stays
     /// queued for the session.
@@ -45,22 +56,40 @@ impl Enqueued {
     pub fn stored(self) -> bool {
         matches!(
             self,
-            Enqueued::Queued { stored: true } | Enqueued::SlowConsumer { stored: true, .. }
+            Enqueued::Queued { stored: true }
+                | Enqueued::EvictedOldest { stored: true, .. }
+                | Enqueued::SlowConsumer { stored: true, .. }
         )
     }
 }
 
 /// Queue bounds, copied from the broker config (the offline bounds; a connected
-/// session gets 1.5x, see [`Session::enqueue`]).
+/// session gets 1.5x, see [`Session::enqueue`]), and what a full queue does.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct QueueLimits {
     pub max_messages: usize,
     pub max_bytes: usize,
     pub queue_qos0_offline: bool,
+    pub policy: QueueFull,
+}
+
+/// Room a session took for one QoS 1/2 delivery before it is queued, so that a
+/// message is queued for all its subscribers or for none (the refuse policy):
+/// [`Session::reserve`] takes it, [`Session::enqueue_reserved`] or
+/// [`Session::cancel`] gives it back, exactly once.
+#[derive(Debug)]
+#[must_use = "a ticket holds room in the session until it is used or cancelled"]
+pub(crate) struct Ticket {
+    weight: usize,
+    /// The session is connected and over its bound: it keeps the message and is
+    /// disconnected as a slow consumer (see [`Session::enqueue`]).
+    over: Option<Bound>,
 }
 
 impl Session {
-    /// Offers one delivery at `now`, applying the queue bounds (see [`Enqueued`]).
+    /// Offers one delivery at `now`, applying the queue bounds and, at a full offline
+    /// session, the drop policy (see [`Enqueued`]; the refuse policy is the caller's,
+    /// with [`Session::reserve`]: here it drops the newest).
     pub fn enqueue(
         self: &Arc<Self>,
         mut d: Delivery,
@@ -79,22 +108,93 @@ impl Session {
         if !connected && d.qos == QoS::AtMostOnce && !limits.queue_qos0_offline {
             return Enqueued::SkippedOffline;
         }
-        let bound = self.bound(&st, &d, limits, connected);
-        if let Some(bound) = bound {
+        let mut evicted = None;
+        if let Some(bound) = self.bound(&st, &d, limits, connected) {
             if d.qos == QoS::AtMostOnce {
                 st.dropped_qos0 += 1;
                 return Enqueued::DroppedQoS0(bound);
             }
-            if !connected {
-                st.dropped_offline += 1;
-                return Enqueued::DroppedOffline(bound);
+            if connected {
+                // Kept for the session although a bound is reached (see `queue`).
+                self.usage.take(d.msg.weight());
+                return self.queue(st, d, gate, now, Some(bound));
             }
-            // Kept for the session although a bound is reached (see below).
-            self.usage.take(d.msg.weight());
+            let room = (limits.policy == QueueFull::DropOldest)
+                .then(|| self.make_room(&mut st, &d, limits))
+                .flatten();
+            let Some(n) = room else {
+                st.dropped_offline += 1;
+                return Enqueued::DroppedNewest(bound);
+            };
+            // None at all if another session gave the room back meanwhile.
+            evicted = (n > 0).then_some((n, bound));
         }
+        match (self.queue(st, d, gate, now, None), evicted) {
+            (Enqueued::Queued { stored }, Some((evicted, bound))) => Enqueued::EvictedOldest {
+                stored,
+                evicted,
+                bound,
+            },
+            (outcome, _) => outcome,
+        }
+    }
+
+    /// Takes room for QoS 1/2 delivery `d` ahead of [`Session::enqueue_reserved`];
+    /// the bound it would pass if the session is offline and full. A connected
+    /// session always has room: past its bound it is a slow consumer.
+    pub fn reserve(&self, d: &Delivery, limits: &QueueLimits) -> Result<Ticket, Bound> {
+        let connected = self.is_connected();
+        let mut st = self.state.lock();
+        let weight = d.msg.weight();
+        let over = self.bound(&st, d, limits, connected);
+        match over {
+            Some(bound) if !connected => return Err(bound),
+            Some(_) => self.usage.take(weight),
+            None => {}
+        }
+        st.reserved.0 += 1;
+        st.reserved.1 += weight;
+        Ok(Ticket { weight, over })
+    }
+
+    /// Queues `d` in the room `ticket` took (no bound applies any more).
+    pub fn enqueue_reserved(
+        self: &Arc<Self>,
+        mut d: Delivery,
+        ticket: Ticket,
+        now: Instant,
+    ) -> Enqueued {
+        d.seq = 0;
+        d.dup = false;
+        let gate = d.gate.take();
+        let mut st = self.state.lock();
+        st.unreserve(&ticket);
+        if st.ended {
+            self.usage.give(1, ticket.weight);
+            return Enqueued::Ended;
+        }
+        self.queue(st, d, gate, now, ticket.over)
+    }
+
+    /// Gives back the room `ticket` took: its delivery is not coming.
+    pub fn cancel(&self, ticket: Ticket) {
+        self.state.lock().unreserve(&ticket);
+        self.usage.give(1, ticket.weight);
+    }
+
+    /// Queues `d`, whose room is taken, and wakes the connection; `over`: the session
+    /// is connected but past a bound.
+    fn queue(
+        self: &Arc<Self>,
+        mut st: MutexGuard<'_, SessionState>,
+        mut d: Delivery,
+        gate: Option<Arc<Gate>>,
+        now: Instant,
+        over: Option<Bound>,
+    ) -> Enqueued {
         let stored = st.store_copy(self, &mut d, gate, now);
         st.push_queue(d);
-        if let Some(bound) = bound {
+        if let Some(bound) = over {
             // The consumer is not keeping up: from now on the session is treated as
             // offline (further messages follow the offline bounds), and its
             // connection is closed with 0x97. Reported once per connection.
@@ -105,7 +205,7 @@ impl Session {
             }
             return Enqueued::SlowConsumer { stored, bound };
         }
-        if let Some(a) = st.attached.as_ref().filter(|_| connected) {
+        if let Some(a) = st.attached.as_ref().filter(|_| self.is_connected()) {
             a.signal.deliveries();
         }
         Enqueued::Queued { stored }
@@ -131,9 +231,8 @@ impl Session {
             (limits.max_messages, limits.max_bytes)
         };
         let weight = d.msg.weight();
-        if st.queue.len() + st.inflight.len() >= max_messages
-            || st.queued_bytes + weight > max_bytes
-        {
+        let (messages, bytes) = st.counted();
+        if messages >= max_messages || bytes + weight > max_bytes {
             Some(Bound::Session)
         } else if !self.usage.try_take(weight) {
             Some(Bound::Broker)
@@ -158,6 +257,20 @@ impl Session {
 }
 
 impl SessionState {
+    /// (messages, bytes) the session's bounds apply to: its queue and what is in
+    /// flight count as messages, its queue as bytes, and so does the room reserved.
+    pub(super) fn counted(&self) -> (usize, usize) {
+        (
+            self.queue.len() + self.inflight.len() + self.reserved.0,
+            self.queued_bytes + self.reserved.1,
+        )
+    }
+
+    fn unreserve(&mut self, ticket: &Ticket) {
+        self.reserved.0 -= 1;
+        self.reserved.1 -= ticket.weight;
+    }
+
     /// Records a persistent session's QoS 1/2 copy in the session store (true if it
     /// did). Only a stored QoS 2 copy needs to wait until the message is durable: it
     /// keeps the `gate`, which wakes `session` when it opens.

@@ -16,6 +16,7 @@
 //! connection's side (drain, resume, hand-over).
 
 mod enqueue;
+mod evict;
 mod exchange;
 mod outbox;
 mod usage;
@@ -32,7 +33,7 @@ use crate::message::{Delivery, Message};
 use crate::session_store::{packet_id_for, Persist, SessionChange, SessionStore, StoredSession};
 use crate::signal::Signal;
 
-pub(crate) use enqueue::{Bound, Enqueued, QueueLimits};
+pub(crate) use enqueue::{Bound, Enqueued, QueueLimits, Ticket};
 pub(crate) use exchange::{IncomingQos2, PubRec};
 pub(crate) use usage::Usage;
 
@@ -78,6 +79,8 @@ struct SessionState {
     /// Deliveries not yet written to the client.
     queue: VecDeque<Delivery>,
     queued_bytes: usize,
+    /// Room taken for deliveries on their way in (see [`Ticket`]): messages, bytes.
+    reserved: (usize, usize),
     /// QoS 1/2 deliveries written and not yet completed, in send order.
     inflight: VecDeque<Inflight>,
     next_packet_id: u16,
@@ -106,7 +109,8 @@ impl SessionState {
         self.queue.push_back(d);
     }
 
-    /// (messages, bytes) the session holds, queued and in flight.
+    /// (messages, bytes) the session holds, queued and in flight (not the room
+    /// reserved for deliveries on their way in, which their tickets give back).
     fn holding(&self) -> (usize, usize) {
         let inflight: usize = self.inflight.iter().map(|i| i.delivery.msg.weight()).sum();
         (

@@ -180,37 +180,16 @@ fn data(
             expected_sequence_id: expected,
         });
     };
-    let allowed = session.permissions().can_send(&group);
-    let failure = match (&payload, allowed) {
-        (Err(e), _) => Some(("BadRequest", "Cancelled", e.to_string())),
-        (Ok(_), false) => Some((
-            "Forbidden",
-            "Forbidden",
-            format!("The connection has no permission to send to group '{group}'"),
-        )),
-        (Ok(_), true) => None,
-    };
+    let failure = data_failure(&payload, session.permissions().can_send(&group), &group);
     let mut streams = session.streams();
     let Some(s) = streams.active.get_mut(&stream_id) else {
         drop(streams);
         return fx.replies.push(not_found(stream_id));
     };
-    let expected = s.expected;
-    if seq < expected {
+    if seq != s.expected {
+        let expected = s.expected;
         drop(streams);
-        return fx.replies.push(Downstream::StreamAck {
-            stream_id,
-            expected_sequence_id: expected,
-        });
-    }
-    if seq > expected {
-        drop(streams);
-        return fx.replies.push(Downstream::StreamNack {
-            stream_id,
-            expected_sequence_id: expected,
-            name: "InvalidSequenceId".into(),
-            message: format!("Expected streamSequenceId {expected}, got {seq}"),
-        });
+        return fx.replies.push(out_of_order(stream_id, seq, expected));
     }
     if let Some((name, group_error, message)) = failure {
         let s = streams.active.remove(&stream_id);
@@ -241,6 +220,42 @@ fn data(
         stream_id,
         expected_sequence_id: seq + 1,
     });
+}
+
+/// Why a fragment ends its stream: (the reply's error name, the group's error name, the
+/// message), or `None` when it is delivered.
+fn data_failure(
+    payload: &Result<Payload, ProtocolError>,
+    allowed: bool,
+    group: &str,
+) -> Option<(&'static str, &'static str, String)> {
+    match (payload, allowed) {
+        (Err(e), _) => Some(("BadRequest", "Cancelled", e.to_string())),
+        (Ok(_), false) => Some((
+            "Forbidden",
+            "Forbidden",
+            format!("The connection has no permission to send to group '{group}'"),
+        )),
+        (Ok(_), true) => None,
+    }
+}
+
+/// The reply to a fragment that is not the one expected: an ack of what was already
+/// received for a repeat, a nack for one that skips ahead.
+fn out_of_order(stream_id: String, seq: u64, expected: u64) -> Downstream {
+    if seq < expected {
+        Downstream::StreamAck {
+            stream_id,
+            expected_sequence_id: expected,
+        }
+    } else {
+        Downstream::StreamNack {
+            stream_id,
+            expected_sequence_id: expected,
+            name: "InvalidSequenceId".into(),
+            message: format!("Expected streamSequenceId {expected}, got {seq}"),
+        }
+    }
 }
 
 fn end(

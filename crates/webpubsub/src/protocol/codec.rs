@@ -149,45 +149,54 @@ impl From<Upstream> for Request {
                 event,
                 payload: checked(Payload::from_json(data_type, data)),
             },
-            Upstream::StreamStart {
-                stream_id,
-                target,
-                group,
-                idle_timeout_ms,
-                no_echo,
-            } if target.is_empty() || target == "group" => Self::StreamStart {
-                stream_id,
-                group,
-                idle_timeout_ms,
-                no_echo,
-            },
-            // A stream to another target: refused as a stream to no group.
-            Upstream::StreamStart {
-                stream_id, no_echo, ..
-            } => Self::StreamStart {
-                stream_id,
-                group: String::new(),
-                idle_timeout_ms: None,
-                no_echo,
-            },
-            Upstream::StreamData {
-                stream_id,
-                stream_sequence_id,
-                data_type,
-                data,
-            } => Self::StreamData {
-                stream_id,
-                fragment: match (stream_sequence_id, data) {
-                    (Some(seq), Some(data)) => Some((
-                        seq,
-                        checked(Payload::from_json(data_type.unwrap_or_default(), data)),
-                    )),
-                    _ => None,
-                },
-            },
+            m @ (Upstream::StreamStart { .. } | Upstream::StreamData { .. }) => stream_request(m),
             Upstream::StreamEnd { stream_id, error } => Self::StreamEnd { stream_id, error },
             Upstream::Unknown => Self::Unknown,
         }
+    }
+}
+
+/// The JSON `streamStart` and `streamData` frames. Only `StreamStart` and `StreamData`
+/// reach this function.
+fn stream_request(m: Upstream) -> Request {
+    match m {
+        Upstream::StreamStart {
+            stream_id,
+            target,
+            group,
+            idle_timeout_ms,
+            no_echo,
+        } if target.is_empty() || target == "group" => Request::StreamStart {
+            stream_id,
+            group,
+            idle_timeout_ms,
+            no_echo,
+        },
+        // A stream to another target: refused as a stream to no group.
+        Upstream::StreamStart {
+            stream_id, no_echo, ..
+        } => Request::StreamStart {
+            stream_id,
+            group: String::new(),
+            idle_timeout_ms: None,
+            no_echo,
+        },
+        Upstream::StreamData {
+            stream_id,
+            stream_sequence_id,
+            data_type,
+            data,
+        } => Request::StreamData {
+            stream_id,
+            fragment: match (stream_sequence_id, data) {
+                (Some(seq), Some(data)) => Some((
+                    seq,
+                    checked(Payload::from_json(data_type.unwrap_or_default(), data)),
+                )),
+                _ => None,
+            },
+        },
+        _ => Request::Unknown,
     }
 }
 

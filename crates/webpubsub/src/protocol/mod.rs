@@ -4,6 +4,7 @@
 //! - [`json`]: the JSON subprotocols (text frames).
 //! - [`proto`]: the protobuf subprotocols' messages (binary frames).
 //! - [`codec`]: frames in and out per subprotocol, and the protocol-neutral request.
+//! - `frames`: one data message's frames, encoded once per subprotocol for a fan-out.
 //! - [`Subprotocol`]: which of them a connection negotiated.
 
 pub(crate) mod codec;

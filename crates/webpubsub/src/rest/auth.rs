@@ -54,7 +54,7 @@ pub(super) async fn require_token(
 }
 
 /// Checks a token for a request to `path?query`.
-pub(super) fn validate(
+pub(crate) fn validate(
     keys: &[String],
     token: &str,
     path: &str,

@@ -13,7 +13,7 @@
 //! axum refuses route segments that start with `:`, so the `:action` segments are
 //! captured as `{action}` and matched by each resource's handler.
 
-mod auth;
+pub(crate) mod auth;
 mod connections;
 mod groups;
 mod hubs;
