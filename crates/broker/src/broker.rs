@@ -31,6 +31,7 @@ use crate::clock::Clock;
 use crate::config::{BrokerConfig, Overlap};
 use crate::message::{Delivery, Message, SharedVia};
 use crate::metrics::Metrics;
+use crate::rate::ConnectRate;
 use crate::retain_store::{RetainStore, RetainStoreError};
 use crate::retained::RetainedIndex;
 use crate::service::BoxFuture;
@@ -61,6 +62,7 @@ struct Inner {
     services: RwLock<Vec<(String, Arc<dyn Service>)>>,
     authenticator: RwLock<Arc<dyn Authenticator>>,
     rules: Rules,
+    connect_rate: ConnectRate,
     metrics: Metrics,
     generation: AtomicU64,
     connections: AtomicUsize,
@@ -85,6 +87,10 @@ impl Broker {
     /// the system's.
     pub fn with_clock(config: BrokerConfig, clock: Clock) -> Broker {
         let sessions = Sessions::new(&config);
+        let connect_rate = ConnectRate::new(
+            config.connect_rate_per_address,
+            config.connect_burst_per_address,
+        );
         let limits = QueueLimits {
             max_messages: config.max_queued_messages,
             max_bytes: config.max_queued_bytes,
@@ -103,12 +109,18 @@ impl Broker {
                 services: RwLock::new(Vec::new()),
                 authenticator: RwLock::new(Arc::new(AllowAll)),
                 rules: Rules::default(),
+                connect_rate,
                 metrics: Metrics::default(),
                 generation: AtomicU64::new(1),
                 connections: AtomicUsize::new(0),
                 shutdown: CancellationToken::new(),
             }),
         }
+    }
+
+    /// Whether one more connection from `ip` is within `connect_rate_per_address`.
+    pub(crate) fn connect_rate_admits(&self, ip: std::net::IpAddr) -> bool {
+        self.inner.connect_rate.admit(ip, self.now())
     }
 
     pub fn config(&self) -> &BrokerConfig {

@@ -30,6 +30,7 @@ mod connection;
 mod message;
 mod metrics;
 mod pending;
+mod rate;
 mod ratelimit;
 mod retain_store;
 mod retained;

@@ -61,6 +61,11 @@ pub struct Metrics {
     pub publishes_denied: AtomicU64,
     /// SUBSCRIBE filters refused with 0x87 (0x80 for MQTT 3.1.1) likewise.
     pub subscriptions_denied: AtomicU64,
+    /// CONNECTs refused with 0x9F: their source address opened connections faster
+    /// than `connect_rate_per_address` allows.
+    pub connects_rate_limited: AtomicU64,
+    /// Connections closed with 0x96: they sent PUBLISH faster than `max_publish_rate`.
+    pub publish_rate_exceeded: AtomicU64,
     /// TLS handshakes that failed or timed out (each logged, rate-limited).
     pub tls_handshake_failures: AtomicU64,
     /// CONNECTs and re-authentications refused by the authenticator (bad

@@ -19,6 +19,8 @@ use crate::auth::{Identity, Principal};
 use crate::authz::Grants;
 use crate::broker::OpenConnection;
 use crate::pending::Admission;
+use crate::rate::Bucket;
+use crate::ratelimit::LogLimit;
 use crate::service::ClientInfo;
 use crate::session::Session;
 use crate::signal::Signal;
@@ -207,6 +209,11 @@ pub(super) async fn connect<S: Transport>(
     let mut rbuf = BytesMut::new();
     let (mut connect, open) =
         read_connect(broker, stream, &mut codec, &mut rbuf, deadline, admission).await?;
+    if !broker.connect_rate_admits(origin.peer.addr.ip()) {
+        rate_limited(broker, &origin, &connect.client_id);
+        refuse(stream, &codec, ReasonCode::CONNECTION_RATE_EXCEEDED).await;
+        return None;
+    }
     if let Err(Refused(code)) = check(broker, &connect) {
         refuse(stream, &codec, code).await;
         return None;
@@ -239,6 +246,21 @@ pub(super) async fn connect<S: Transport>(
     }
     let conn = Conn::new(broker, codec, &mut connect, accepted, origin, identity)?;
     Some((conn, rbuf, open))
+}
+
+/// Counts and logs (rate-limited) a CONNECT refused by `connect_rate_per_address`.
+fn rate_limited(broker: &Broker, origin: &Origin, client_id: &str) {
+    static LOG: LogLimit = LogLimit::per_secs(10);
+    let refused = &broker.metrics().connects_rate_limited;
+    refused.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    if let Some(left_out) = LOG.allow() {
+        tracing::warn!(
+            peer = %origin.peer.addr,
+            client = client_id,
+            left_out,
+            "connection rate per address exceeded (connect_rate_per_address); CONNACK 0x9F"
+        );
+    }
 }
 
 /// Reads the first packet, which must be a CONNECT, and refuses it if the broker is
@@ -351,6 +373,8 @@ impl Conn {
             connect_expiry_zero: accepted.session_expiry == 0,
             signal: accepted.signal,
             keep_alive: accepted.keep_alive,
+            publish_rate: (cfg.max_publish_rate > 0)
+                .then(|| Bucket::full(cfg.max_publish_rate, broker.now())),
         })
     }
 }

@@ -11,6 +11,7 @@ use super::{Close, Conn};
 use crate::broker::Routed;
 use crate::config::QueueFull;
 use crate::message::Message;
+use crate::ratelimit::LogLimit;
 use crate::session::{IncomingQos2, PubRec, Stage};
 use crate::session_store::{Gate, Group};
 use crate::topic;
@@ -77,6 +78,7 @@ impl Conn {
     }
 
     async fn on_publish(&mut self, mut p: Publish) -> Result<(), Close> {
+        self.within_publish_rate()?;
         // The topic is valid: the codec checked every non-empty one [MQTT-3.3.2-2], and
         // an alias stands for a topic checked when the alias was set.
         self.resolve_alias(&mut p)?;
@@ -171,6 +173,32 @@ impl Conn {
             (code, routed.stored)
         };
         self.ack_publish(qos, pid, code, stored).await
+    }
+
+    /// Takes a token from `max_publish_rate`'s bucket; with none left the connection
+    /// closes with 0x96 Message rate too high (counted, logged rate-limited).
+    fn within_publish_rate(&mut self) -> Result<(), Close> {
+        let Some(bucket) = &mut self.publish_rate else {
+            return Ok(());
+        };
+        let rate = self.broker.config().max_publish_rate;
+        if bucket.take(self.broker.now(), rate, rate) {
+            return Ok(());
+        }
+        static LOG: LogLimit = LogLimit::per_secs(10);
+        let m = self.broker.metrics();
+        m.publish_rate_exceeded.fetch_add(1, Ordering::Relaxed);
+        if let Some(left_out) = LOG.allow() {
+            tracing::warn!(
+                client = %self.info.client_id,
+                left_out,
+                "PUBLISH rate above max_publish_rate; DISCONNECT 0x96"
+            );
+        }
+        Err(Close::ByServer(
+            ReasonCode::MESSAGE_RATE_TOO_HIGH,
+            "PUBLISH rate above max_publish_rate",
+        ))
     }
 
     /// Answers a PUBLISH the client may not make, which goes nowhere: PUBACK/PUBREC

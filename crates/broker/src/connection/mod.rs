@@ -96,6 +96,8 @@ pub(crate) struct Conn {
     connect_expiry_zero: bool,
     signal: Arc<Signal>,
     keep_alive: Duration,
+    /// `max_publish_rate`'s bucket (`None`: no limit).
+    publish_rate: Option<crate::rate::Bucket>,
 }
 
 /// Serves one connection until it closes. Never panics on peer input.
