@@ -429,10 +429,10 @@ fn load(path: &Path) -> Result<(FileConfig, bool), ConfigError> {
         path: path.into(),
         source: Box::new(source),
     };
-    let file: FileConfig = toml::from_str(&text).map_err(parse_error)?;
     let table: toml::Table = toml::from_str(&text).map_err(parse_error)?;
     // `[mqtt]` is read with its listeners flattened beside the broker's settings,
-    // which lets unknown keys through: check them against the broker's own table.
+    // which lets unknown keys through and loses the key's name from a type error:
+    // check them against the broker's own table first.
     if let Some(toml::Value::Table(mqtt)) = table.get("mqtt") {
         let mut broker = mqtt.clone();
         broker.remove("listeners");
@@ -440,6 +440,7 @@ fn load(path: &Path) -> Result<(FileConfig, bool), ConfigError> {
             .try_into::<BrokerConfig>()
             .map_err(parse_error)?;
     }
+    let file: FileConfig = toml::from_str(&text).map_err(parse_error)?;
     let max_connections_set = table
         .get("mqtt")
         .and_then(|mqtt| mqtt.get("max_connections"))
