@@ -30,7 +30,8 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib/common.sh"
 
 # ---- Debian packages -------------------------------------------------------
 # pkg-config and libssl-dev: the Azure IoT Operations SDK dev-dependencies build openssl-sys.
-APT_PACKAGES=(mosquitto mosquitto-clients pkg-config libssl-dev)
+# openssl: the RS256 token test makes its RSA key with it (ring cannot).
+APT_PACKAGES=(mosquitto mosquitto-clients pkg-config libssl-dev openssl)
 # redis-server: the cluster state store's tests start their own on a free port.
 APT_PACKAGES+=(redis-server)
 

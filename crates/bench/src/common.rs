@@ -6,11 +6,12 @@
 //! and reports setup failures with the same wording.
 
 use std::net::SocketAddr;
-use std::sync::OnceLock;
+use std::path::Path;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use bytes::{Buf, BytesMut};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::task::JoinHandle;
 use tokio::time::timeout_at;
@@ -53,18 +54,63 @@ pub(crate) fn progress(quiet: bool, msg: String) {
     }
 }
 
+/// A connection to the broker, plain or TLS.
+pub(crate) trait Io: AsyncRead + AsyncWrite + Unpin + Send + 'static {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send + 'static> Io for T {}
+pub(crate) type Stream = Box<dyn Io>;
+pub(crate) type ReadHalf = tokio::io::ReadHalf<Stream>;
+pub(crate) type WriteHalf = tokio::io::WriteHalf<Stream>;
+
+/// The TLS client settings every connection of this run uses, when set.
+static TLS: OnceLock<(
+    tokio_rustls::TlsConnector,
+    rustls::pki_types::ServerName<'static>,
+)> = OnceLock::new();
+
+/// Connects over TLS from now on, verifying the broker against the PEM CA file and
+/// the name `server_name`.
+pub(crate) fn use_tls(ca_file: &Path, server_name: &str) -> Result<(), String> {
+    let pem = std::fs::read(ca_file).map_err(|e| format!("{}: {e}", ca_file.display()))?;
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in rustls_pemfile::certs(&mut pem.as_slice()) {
+        let cert = cert.map_err(|e| format!("{}: {e}", ca_file.display()))?;
+        roots
+            .add(cert)
+            .map_err(|e| format!("{}: {e}", ca_file.display()))?;
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let name = rustls::pki_types::ServerName::try_from(server_name.to_owned())
+        .map_err(|e| format!("--tls-name {server_name}: {e}"))?;
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+    TLS.set((connector, name))
+        .map_err(|_| "TLS is set once".to_owned())
+}
+
 /// A connected MQTT client: its stream, what was read past the CONNACK, and the
 /// CONNACK itself.
-#[derive(Debug)]
 pub(crate) struct Conn {
-    pub stream: TcpStream,
+    pub stream: Stream,
     pub buf: BytesMut,
     pub ack: ConnAck,
 }
 
+impl std::fmt::Debug for Conn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Conn")
+            .field("buf", &self.buf.len())
+            .field("ack", &self.ack)
+            .finish_non_exhaustive()
+    }
+}
+
 /// Reads one whole packet during setup; returns its first byte and body.
 pub(crate) async fn read_packet(
-    stream: &mut TcpStream,
+    stream: &mut Stream,
     buf: &mut BytesMut,
 ) -> Result<(u8, Vec<u8>), String> {
     loop {
@@ -101,12 +147,20 @@ pub(crate) fn for_each_packet(
 /// Opens a TCP connection, sends the encoded CONNECT `connect` and waits for a
 /// successful CONNACK.
 pub(crate) async fn connect(addr: SocketAddr, v: Version, connect: &[u8]) -> Result<Conn, String> {
-    let mut stream = TcpStream::connect(addr)
+    let tcp = TcpStream::connect(addr)
         .await
         .map_err(|e| err_str("connect", e))?;
-    stream
-        .set_nodelay(true)
+    tcp.set_nodelay(true)
         .map_err(|e| err_str("set_nodelay", e))?;
+    let mut stream: Stream = match TLS.get() {
+        Some((connector, name)) => Box::new(
+            connector
+                .connect(name.clone(), tcp)
+                .await
+                .map_err(|e| err_str("TLS handshake", e))?,
+        ),
+        None => Box::new(tcp),
+    };
     stream
         .write_all(connect)
         .await

@@ -4,7 +4,7 @@ use bytes::Bytes;
 use statehub_mqtt_codec::{ProtocolVersion, PublishProperties, QoS, SubscriptionOptions};
 
 use super::Tapped;
-use crate::session::Peer;
+use crate::session::PeerInfo;
 use crate::signal::Signal;
 use crate::{Broker, BrokerConfig, Message};
 
@@ -17,6 +17,7 @@ fn message(topic: &str) -> Message {
         properties: PublishProperties::default(),
         expires_at: None,
         publisher: None,
+        recipient: None,
     }
 }
 
@@ -31,7 +32,7 @@ fn connect(broker: &Broker, id: &str, expiry: u32) -> Arc<crate::session::Sessio
             Arc::new(Signal::default()),
         )
         .unwrap();
-    let peer = Peer {
+    let peer = PeerInfo {
         addr: "127.0.0.1:4000".parse().unwrap(),
         protocol: ProtocolVersion::V5,
     };

@@ -27,10 +27,12 @@ use tokio_util::sync::CancellationToken;
 
 use crate::admin::Taps;
 use crate::auth::{AllowAll, Authenticator};
+use crate::authz::Rules;
 use crate::clock::Clock;
 use crate::config::{BrokerConfig, Overlap};
 use crate::message::{Delivery, Message, SharedVia};
 use crate::metrics::Metrics;
+use crate::rate::ConnectRate;
 use crate::retain_store::{RetainStore, RetainStoreError};
 use crate::retained::RetainedIndex;
 use crate::service::BoxFuture;
@@ -60,6 +62,8 @@ struct Inner {
     retain_store: RwLock<Option<Arc<dyn RetainStore>>>,
     services: RwLock<Vec<(String, Arc<dyn Service>)>>,
     authenticator: RwLock<Arc<dyn Authenticator>>,
+    rules: Rules,
+    connect_rate: ConnectRate,
     metrics: Metrics,
     generation: AtomicU64,
     connections: AtomicUsize,
@@ -85,6 +89,10 @@ impl Broker {
     /// the system's.
     pub fn with_clock(config: BrokerConfig, clock: Clock) -> Broker {
         let sessions = Sessions::new(&config);
+        let connect_rate = ConnectRate::new(
+            config.connect_rate_per_address,
+            config.connect_burst_per_address,
+        );
         let limits = QueueLimits {
             max_messages: config.max_queued_messages,
             max_bytes: config.max_queued_bytes,
@@ -102,6 +110,8 @@ impl Broker {
                 retain_store: RwLock::new(None),
                 services: RwLock::new(Vec::new()),
                 authenticator: RwLock::new(Arc::new(AllowAll)),
+                rules: Rules::default(),
+                connect_rate,
                 metrics: Metrics::default(),
                 generation: AtomicU64::new(1),
                 connections: AtomicUsize::new(0),
@@ -109,6 +119,11 @@ impl Broker {
                 taps: Taps::default(),
             }),
         }
+    }
+
+    /// Whether one more connection from `ip` is within `connect_rate_per_address`.
+    pub(crate) fn connect_rate_admits(&self, ip: std::net::IpAddr) -> bool {
+        self.inner.connect_rate.admit(ip, self.now())
     }
 
     pub fn config(&self) -> &BrokerConfig {
@@ -173,6 +188,11 @@ impl Broker {
     /// The authentication hook installed now.
     pub(crate) fn authenticator(&self) -> Arc<dyn Authenticator> {
         self.inner.authenticator.read().clone()
+    }
+
+    /// The authorization rules (see `authz.rs`).
+    pub(crate) fn rules(&self) -> &Rules {
+        &self.inner.rules
     }
 
     /// Number of subscriptions in the index (a shared-group member counts as one).
@@ -383,8 +403,12 @@ impl Broker {
         gate: Option<&Arc<Gate>>,
     ) -> Targets<'t> {
         let mut targets: Targets<'t> = SmallVec::with_capacity(matches.plain.len());
+        let recipient = msg.recipient.as_deref();
         for (client, entry) in &matches.plain {
             if entry.options.no_local && msg.publisher.as_deref() == Some(*client) {
+                continue;
+            }
+            if recipient.is_some_and(|r| r != *client) {
                 continue;
             }
             let qos = msg.qos.min(entry.options.qos);
@@ -406,7 +430,14 @@ impl Broker {
             };
             targets.push((entry, d));
         }
-        for group in &matches.shared {
+        // A message for one recipient never goes through a shared group: a member
+        // picked would as likely be another client.
+        let groups = if recipient.is_some() {
+            &[][..]
+        } else {
+            &matches.shared[..]
+        };
+        for group in groups {
             if let Some(entry) = group.pick(None) {
                 let qos = msg.qos.min(entry.options.qos);
                 let retain = entry.options.retain_as_published && msg.retain;

@@ -91,6 +91,20 @@ pub struct BrokerConfig {
     /// How a message matching several subscriptions of one client is delivered
     /// (MQTT 5 allows both [MQTT-3.3.4-2], [MQTT-3.3.4-3]).
     pub overlapping_subscriptions: Overlap,
+    /// Milliseconds from a CONNECT (or AUTH) with wrong credentials to its refusal
+    /// (±10%), whatever the check took: the timing tells nothing about which part
+    /// was wrong, and guessing is slow. 0 answers at once.
+    pub auth_failure_delay_ms: u64,
+    /// New connections per second one source address (IPv4 address, IPv6 /64) may
+    /// open once its burst (`connect_burst_per_address`) is spent; past it a CONNECT
+    /// gets CONNACK 0x9F Connection rate exceeded (3.1.1: return code 3). 0: no limit.
+    pub connect_rate_per_address: u32,
+    /// Connections one source address may open at once before the rate applies.
+    pub connect_burst_per_address: u32,
+    /// PUBLISH packets per second one connection may send, with a burst of one
+    /// second's worth; past it the connection is closed with DISCONNECT 0x96 Message
+    /// rate too high (3.1.1: closed). 0: no limit.
+    pub max_publish_rate: u32,
 }
 
 /// What a QoS 1/2 message for an offline session meets when the session's queue
@@ -158,6 +172,10 @@ impl Default for BrokerConfig {
             max_filters_per_subscribe: 256,
             max_subscriptions_per_client: 1000,
             overlapping_subscriptions: Overlap::Single,
+            auth_failure_delay_ms: 1000,
+            connect_rate_per_address: 100,
+            connect_burst_per_address: 5000,
+            max_publish_rate: 0,
         }
     }
 }

@@ -15,8 +15,9 @@
 //!   [`WebSocketEndpoint`] (`websocket.rs`): MQTT over WebSocket on a socket the
 //!   binary's HTTP server upgraded; `transport/`: what a connection reads and writes.
 //! * [`Service`] (`service.rs`) and [`Authenticator`] (`auth.rs`): the hooks other
-//!   layers (the state store, security) plug into; [`RetainStore`] (`retain_store.rs`)
-//!   and [`SessionStore`] (`session_store.rs`): the durability hooks
+//!   layers (the state store, security) plug into; `authz.rs`: the authorization rules
+//!   ([`Broker::set_policy`]) and each connection's grants; [`RetainStore`]
+//!   (`retain_store.rs`) and [`SessionStore`] (`session_store.rs`): the durability hooks
 //!   `statehub-broker-durable` implements; [`Clock`] (`clock.rs`): the time the broker
 //!   reads, which tests move by hand.
 //!
@@ -24,6 +25,7 @@
 
 mod admin;
 mod auth;
+mod authz;
 mod broker;
 mod clock;
 mod config;
@@ -32,6 +34,7 @@ mod levels;
 mod message;
 mod metrics;
 mod pending;
+mod rate;
 mod ratelimit;
 mod retain_store;
 mod retained;
@@ -47,7 +50,7 @@ mod trie;
 mod websocket;
 
 pub use admin::{SessionPage, Tap, TapError, Tapped};
-pub use auth::{AllowAll, AuthDecision, Authenticator};
+pub use auth::{AllowAll, AuthDecision, Authenticator, Identity, Peer, Principal};
 pub use broker::{Broker, DeliverError};
 pub use clock::{Clock, ManualClock};
 pub use config::{BrokerConfig, Overlap, QueueFull};
@@ -57,10 +60,11 @@ pub use ratelimit::LogLimit;
 pub use retain_store::{RetainStore, RetainStoreError};
 pub use server::MqttListener;
 pub use service::{done, BoxFuture, ClientInfo, Service};
-pub use session::{Peer, SessionSnapshot, Subscription};
+pub use session::{PeerInfo, SessionSnapshot, Subscription};
 pub use session_store::{
     packet_id_for, Gate, QueuedRef, SessionChange, SessionStore, SessionStoreError, StoredMessage,
     StoredSession,
 };
 pub use statehub_mqtt_codec as codec;
+pub use transport::tls::TlsSource;
 pub use websocket::{WebSocketEndpoint, WebSocketRefusals};

@@ -22,6 +22,10 @@ pub struct Message {
     pub expires_at: Option<Instant>,
     /// Client id of the publisher (for No Local); `None` for broker-made messages.
     pub publisher: Option<ByteString>,
+    /// Set on a broker-made answer to one client (a state store response): it goes to
+    /// that client's matching subscriptions only, never to another client's, whatever
+    /// they subscribed to (`#` included).
+    pub recipient: Option<ByteString>,
 }
 
 impl Message {
@@ -43,7 +47,14 @@ impl Message {
             properties,
             expires_at,
             publisher,
+            recipient: None,
         }
+    }
+
+    /// This message, for `client_id` alone (see [`Message::recipient`]).
+    pub fn for_client(mut self, client_id: ByteString) -> Message {
+        self.recipient = Some(client_id);
+        self
     }
 
     pub fn is_expired(&self, now: Instant) -> bool {
@@ -82,6 +93,7 @@ impl Message {
                 ..p.clone()
             },
             publisher: self.publisher.as_ref().map(text),
+            recipient: self.recipient.as_ref().map(text),
             ..self.clone()
         }
     }

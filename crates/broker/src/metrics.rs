@@ -53,4 +53,27 @@ pub struct Metrics {
     /// CONNECTs refused with 0x97 because they would make one persistent session more
     /// than `max_persistent_sessions`.
     pub persistent_sessions_refused: AtomicU64,
+    /// CONNECTs refused with 0x87 by the authorization rules (or a will topic they, or
+    /// the built-in protections, do not allow).
+    pub connects_denied: AtomicU64,
+    /// PUBLISHes refused by the authorization rules or the built-in protections
+    /// (PUBACK/PUBREC 0x87, or dropped: QoS 0, MQTT 3.1.1).
+    pub publishes_denied: AtomicU64,
+    /// SUBSCRIBE filters refused with 0x87 (0x80 for MQTT 3.1.1) likewise.
+    pub subscriptions_denied: AtomicU64,
+    /// CONNECTs refused with 0x9F: their source address opened connections faster
+    /// than `connect_rate_per_address` allows.
+    pub connects_rate_limited: AtomicU64,
+    /// Connections closed with 0x96: they sent PUBLISH faster than `max_publish_rate`.
+    pub publish_rate_exceeded: AtomicU64,
+    /// TLS handshakes that failed or timed out (each logged, rate-limited).
+    pub tls_handshake_failures: AtomicU64,
+    /// CONNECTs and re-authentications refused by the authenticator (bad
+    /// credentials, an anonymous client where none may be).
+    pub auth_failures: AtomicU64,
+    /// Successful re-authentications (AUTH 0x19 answered with AUTH 0x00).
+    pub reauthentications: AtomicU64,
+    /// Connections closed because their credential (token, certificate) expired
+    /// without a re-authentication.
+    pub credentials_expired: AtomicU64,
 }

@@ -24,13 +24,13 @@ use crate::ratelimit::LogLimit;
 
 /// The unit the per-address limit counts: an IPv4 address, or an IPv6 /64 prefix.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-enum Source {
+pub(crate) enum Source {
     V4([u8; 4]),
     V6([u8; 8]),
 }
 
 impl Source {
-    fn of(ip: IpAddr) -> Source {
+    pub(crate) fn of(ip: IpAddr) -> Source {
         match ip {
             IpAddr::V4(v4) => Source::V4(v4.octets()),
             IpAddr::V6(v6) => match v6.to_ipv4_mapped() {

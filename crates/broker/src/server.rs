@@ -1,4 +1,5 @@
-//! The MQTT listener: accepts TCP connections and spawns one task per connection.
+//! The MQTT listener: accepts TCP connections (running the TLS handshake on a TLS
+//! listener) and spawns one task per connection.
 //! On shutdown it stops accepting, every connection sends DISCONNECT 0x8B, and the
 //! listener waits (bounded) for the connections to finish.
 
@@ -7,11 +8,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use statehub_mqtt_codec::ReasonCode;
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
 use tokio::runtime::Handle;
 
+use crate::auth::{Authenticator, Peer};
 use crate::connection;
-use crate::pending::Pending;
+use crate::pending::{Admission, Pending};
+use crate::ratelimit::LogLimit;
+use crate::transport::tls::{TlsSource, TlsStream};
 use crate::Broker;
 
 /// A bound MQTT listener.
@@ -21,6 +25,10 @@ pub struct MqttListener {
     broker: Broker,
     workers: Vec<Handle>,
     pending: Arc<Pending>,
+    /// This listener's authentication; `None`: the broker's (see
+    /// [`Broker::set_authenticator`]).
+    authenticator: Option<Arc<dyn Authenticator>>,
+    tls: Option<Arc<dyn TlsSource>>,
 }
 
 impl MqttListener {
@@ -38,7 +46,17 @@ impl MqttListener {
             broker,
             workers: Vec::new(),
             pending,
+            authenticator: None,
+            tls: None,
         })
+    }
+
+    /// Authenticates this listener's clients with `authenticator` instead of the
+    /// broker's: each listener (plain on loopback, TLS on all interfaces) may ask
+    /// for different credentials.
+    pub fn with_authenticator(mut self, authenticator: Arc<dyn Authenticator>) -> Self {
+        self.authenticator = Some(authenticator);
+        self
     }
 
     /// Runs connection tasks on these runtimes, round-robin, instead of the
@@ -57,6 +75,14 @@ impl MqttListener {
         self.listener.local_addr()
     }
 
+    /// Serves this listener's connections over TLS, with the configuration `tls`
+    /// gives at each handshake (so a reloaded certificate takes effect for new
+    /// connections while open ones keep theirs).
+    pub fn with_tls(mut self, tls: Arc<dyn TlsSource>) -> Self {
+        self.tls = Some(tls);
+        self
+    }
+
     /// Accepts connections until the broker's shutdown token is cancelled, then
     /// waits up to `drain` for open connections to close.
     pub async fn serve(self, drain: Duration) {
@@ -72,22 +98,14 @@ impl MqttListener {
                             continue;
                         };
                         let _ = stream.set_nodelay(true);
-                        if self.workers.is_empty() {
-                            tokio::spawn(connection::serve(self.broker.clone(), stream, peer, admission));
-                            continue;
-                        }
-                        // A tokio stream belongs to the reactor it was accepted on; hand
-                        // it over as a std stream so the worker's own reactor drives it.
-                        let Ok(std_stream) = stream.into_std() else { continue };
-                        let worker = &self.workers[next % self.workers.len()];
-                        next = next.wrapping_add(1);
-                        let broker = self.broker.clone();
-                        worker.spawn(async move {
-                            match tokio::net::TcpStream::from_std(std_stream) {
-                                Ok(stream) => connection::serve(broker, stream, peer, admission).await,
-                                Err(e) => tracing::warn!(error = %e, "cannot register connection"),
+                        let worker = match self.workers.is_empty() {
+                            true => None,
+                            false => {
+                                next = next.wrapping_add(1);
+                                Some(&self.workers[next % self.workers.len()])
                             }
-                        });
+                        };
+                        self.spawn(stream, peer, admission, worker);
                     }
                     Err(e) => {
                         // EMFILE and friends: back off instead of spinning.
@@ -105,5 +123,82 @@ impl MqttListener {
         while self.broker.connection_count() > 0 && tokio::time::Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
+    }
+}
+
+impl MqttListener {
+    /// Starts the task of an accepted connection, on `worker` if given.
+    fn spawn(
+        &self,
+        stream: TcpStream,
+        peer: SocketAddr,
+        admission: Admission,
+        worker: Option<&Handle>,
+    ) {
+        let auth = match &self.authenticator {
+            Some(auth) => auth.clone(),
+            None => self.broker.authenticator(),
+        };
+        let broker = self.broker.clone();
+        let tls = self.tls.as_ref().map(|source| source.server_config());
+        let Some(worker) = worker else {
+            tokio::spawn(start(broker, stream, peer, admission, auth, tls));
+            return;
+        };
+        // A tokio stream belongs to the reactor it was accepted on; hand it over as a
+        // std stream so the worker's own reactor drives it.
+        let Ok(std_stream) = stream.into_std() else {
+            return;
+        };
+        worker.spawn(async move {
+            match TcpStream::from_std(std_stream) {
+                Ok(stream) => start(broker, stream, peer, admission, auth, tls).await,
+                Err(e) => tracing::warn!(error = %e, "cannot register connection"),
+            }
+        });
+    }
+}
+
+/// Runs the TLS handshake if the listener has TLS, then serves the connection. The
+/// handshake counts as the connection's pending time: it must finish within the
+/// CONNECT timeout, and the connection can still be evicted meanwhile.
+async fn start(
+    broker: Broker,
+    stream: TcpStream,
+    addr: SocketAddr,
+    admission: Admission,
+    auth: Arc<dyn Authenticator>,
+    tls: Option<Arc<rustls::ServerConfig>>,
+) {
+    let Some(config) = tls else {
+        let peer = Peer::plain(addr);
+        return connection::serve(broker, stream, peer, admission, auth).await;
+    };
+    let limit = Duration::from_secs(broker.config().connect_timeout_secs);
+    let handshake = tokio::select! {
+        r = tokio::time::timeout(limit, TlsStream::accept(stream, config)) => r,
+        () = admission.closed.cancelled() => return,
+    };
+    let stream = match handshake {
+        Ok(Ok(stream)) => stream,
+        Ok(Err(e)) => return tls_failed(&broker, addr, &e.to_string()),
+        Err(_) => return tls_failed(&broker, addr, "timed out"),
+    };
+    let peer = Peer {
+        addr,
+        tls: true,
+        certificates: stream.peer_certificates(),
+    };
+    Box::pin(connection::serve(broker, stream, peer, admission, auth)).await;
+}
+
+/// Counts and logs (rate-limited) a TLS handshake that failed: a client that does not
+/// trust our certificate, one whose certificate we refuse, a port scanner.
+fn tls_failed(broker: &Broker, peer: SocketAddr, error: &str) {
+    static LOG: LogLimit = LogLimit::per_secs(10);
+    let failures = &broker.metrics().tls_handshake_failures;
+    failures.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    if let Some(left_out) = LOG.allow() {
+        tracing::info!(%peer, left_out, "TLS handshake failed: {error}");
     }
 }

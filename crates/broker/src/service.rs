@@ -14,9 +14,11 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 
 use statehub_mqtt_codec::{ByteString, ProtocolVersion, Publish};
 
+use crate::auth::Principal;
 use crate::Broker;
 
 /// A boxed future, as returned by [`Service::on_publish`].
@@ -44,8 +46,13 @@ impl Future for Done {
 #[derive(Debug, Clone)]
 pub struct ClientInfo {
     pub client_id: ByteString,
-    pub username: Option<ByteString>,
     pub protocol: ProtocolVersion,
+    /// What the authorization rules grant the client (the state store asks it about
+    /// each key); `None` when no rules are installed, and everything is allowed.
+    pub access: Option<Arc<statehub_authz::Access>>,
+    /// Who the client authenticated as (its user name and authorization attributes);
+    /// the current one, replaced when the client re-authenticates.
+    pub principal: Arc<Principal>,
 }
 
 /// A built-in service. Implementations must not block the thread; long work goes in

@@ -12,6 +12,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use tokio::net::TcpStream;
 
+use crate::auth::Authenticator;
 use crate::connection;
 use crate::pending::Pending;
 use crate::transport::ws::{Hold, Limits, WsStream};
@@ -26,6 +27,8 @@ pub struct WebSocketEndpoint {
     pending: Arc<Pending>,
     limits: Limits,
     refusals: Arc<WebSocketRefusals>,
+    /// Who may connect (`None`: the broker's authenticator).
+    authenticator: Option<Arc<dyn Authenticator>>,
 }
 
 impl WebSocketEndpoint {
@@ -42,7 +45,15 @@ impl WebSocketEndpoint {
             pending,
             limits,
             refusals: Arc::default(),
+            authenticator: None,
         }
+    }
+
+    /// Authenticates this endpoint's clients with `authenticator` instead of the
+    /// broker's.
+    pub fn with_authenticator(mut self, authenticator: Arc<dyn Authenticator>) -> Self {
+        self.authenticator = Some(authenticator);
+        self
     }
 
     /// The largest WebSocket message (and frame) a client may send, in payload bytes.
@@ -71,8 +82,11 @@ impl WebSocketEndpoint {
         Box::pin(connection::serve(
             self.broker.clone(),
             stream,
-            peer,
+            crate::auth::Peer::plain(peer),
             admission,
+            self.authenticator
+                .clone()
+                .unwrap_or_else(|| self.broker.authenticator()),
         ))
         .await;
     }

@@ -70,6 +70,7 @@ pub fn state_store(data: &[u8]) {
                     payload,
                     timestamp: ts.as_deref(),
                     fencing_token: ft.as_deref(),
+                    access: None,
                 },
                 now,
             )

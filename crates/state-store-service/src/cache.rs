@@ -199,7 +199,9 @@ impl ResponseCache {
         } else if slot.reply.deadline <= now {
             Lookup::Late
         } else {
-            Lookup::Hit(Arc::new(slot.reply.message()))
+            Lookup::Hit(Arc::new(
+                slot.reply.message().for_client(key.client_id.clone()),
+            ))
         }
     }
 

@@ -232,7 +232,10 @@ where
                     &rpc::Fault::unavailable(),
                     reply.expires_at.unwrap_or_else(std::time::Instant::now),
                 );
-                broker.publish(unavailable);
+                broker.publish(Message {
+                    recipient: reply.recipient.clone(),
+                    ..unavailable
+                });
             }
         }
     }

@@ -14,8 +14,12 @@
 //!   major) are answered the way the SDKs' command executor answers them (`rpc.rs`).
 //! * Otherwise the request runs in the [`Machine`] (behind a short mutex, never held
 //!   across an await) and the reply is published on the Response Topic through the
-//!   normal routing path, as a real MQTT responder would: the requester receives it
-//!   through its subscription, and so does any other subscriber of that topic.
+//!   normal routing path, as a real MQTT responder would, but addressed to the
+//!   requester ([`Message::recipient`]): it receives it through its subscription, and no
+//!   other client does, whatever it subscribed to (`#` included).
+//! * With authorization rules, each key is checked against the requester's grants
+//!   ([`ClientInfo::access`]); a denied key is `-ERR not authorized`, and SCAN leaves
+//!   out the keys it may not read.
 //! * A QoS 1 redelivery of a request is answered from a cache (`cache.rs`).
 //! * Notifications go straight into the observer's session with
 //!   [`Broker::deliver_to`], exactly once, whether or not it subscribed to the notify
@@ -230,19 +234,16 @@ where
             broker.disconnect_client(client_id, ReasonCode::PROTOCOL_ERROR);
             return None;
         }
-        let received = Instant::now();
+        // The broker's clock, which its outboxes expire messages by.
+        let received = broker.now();
         let deadline = rpc::deadline(&props, received);
         if let Err(fault) = rpc::check(&props) {
             let correlation = props
                 .correlation_data
                 .as_deref()
                 .map(Bytes::copy_from_slice);
-            broker.publish(rpc::fault_response(
-                response_topic.into(),
-                correlation,
-                &fault,
-                deadline,
-            ));
+            let fault = rpc::fault_response(response_topic.into(), correlation, &fault, deadline);
+            broker.publish(fault.for_client(from.client_id.clone()));
             return None;
         }
         // Looked up with the request's own Correlation Data (a slice of the read buffer);
@@ -266,11 +267,12 @@ where
                         topic: response_topic,
                         deadline,
                         stalled: self.stalled(),
+                        access: from.access.as_deref().map(|a| a as &dyn Authorizer),
                     };
                     let (answer, effects) = state.execute(&call, publish.payload);
                     let reply = match answer {
                         Answer::Ok(ok) => {
-                            let reply = Arc::new(ok.message());
+                            let reply = Arc::new(ok.message().for_client(from.client_id.clone()));
                             state
                                 .cache
                                 .insert(at, lookup.client_id, ok, &reply, received);
@@ -278,7 +280,7 @@ where
                         }
                         // A failed store answers so for good, a full disk until there is
                         // room: a resent request is answered anew, without the cache.
-                        Answer::Fault(fault) => Arc::new(fault),
+                        Answer::Fault(fault) => Arc::new(fault.for_client(from.client_id.clone())),
                     };
                     (Some(reply), effects)
                 }
@@ -373,6 +375,8 @@ struct Call<'a> {
     deadline: Instant,
     /// Whether writes wait for disk space.
     stalled: bool,
+    /// The requester's grants ([`ClientInfo::access`]).
+    access: Option<&'a dyn Authorizer>,
 }
 
 /// A request's response, as [`State::execute`] builds it.
@@ -419,6 +423,7 @@ impl<E: Engine, A: Authorizer> State<E, A> {
             topic,
             deadline,
             stalled,
+            access,
         } = *call;
         let correlation = props.correlation_data.as_deref();
         let fault = |fault: rpc::Fault| {
@@ -453,6 +458,7 @@ impl<E: Engine, A: Authorizer> State<E, A> {
             payload,
             timestamp: rpc::user_property(props, TIMESTAMP_PROPERTY),
             fencing_token: rpc::user_property(props, FENCING_TOKEN_PROPERTY),
+            access,
         };
         match self.machine.handle(request, now) {
             Ok(outcome) => {

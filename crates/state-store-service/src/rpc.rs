@@ -188,6 +188,8 @@ fn response(
         },
         expires_at: Some(deadline),
         publisher: None,
+        // The caller addresses it to the requester.
+        recipient: None,
     }
 }
 

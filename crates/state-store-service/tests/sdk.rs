@@ -356,3 +356,80 @@ async fn lock_waits_for_the_holder_to_expire() {
     a.close().await;
     b.close().await;
 }
+
+/// The SDK's own recipe under rules: Connect, Publish on the request topic, Subscribe
+/// to its response and notification topics, and keys under its client id.
+const SDK_RULES: &str = "
+- principals: {clientIds: ['sdk-*']}
+  brokerResources:
+    - {method: Connect}
+    - {method: Publish, topics: ['statestore/v1/FA9AE35F-2F64-47CD-9BFF-08E2B32A0FE8/command/invoke']}
+    - method: Subscribe
+      topics:
+        - 'clients/{principal.clientId}/#'
+        - 'clients/statestore/v1/FA9AE35F-2F64-47CD-9BFF-08E2B32A0FE8/#'
+  stateStoreResources:
+    - {method: ReadWrite, keys: ['{principal.clientId}/*']}
+    - {method: Read, keyType: String, keys: [shared]}
+";
+
+fn not_authorized<T>(result: Result<T, state_store::Error>) -> bool {
+    matches!(
+        result.as_ref().map_err(state_store::Error::kind),
+        Err(state_store::ErrorKind::ServiceError(
+            state_store::ServiceError::NotAuthorized
+        ))
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_denied_key_is_the_sdk_not_authorized_error() {
+    let (broker, addr) = common::start().await;
+    let rules = statehub_authz::rules::parse(SDK_RULES, statehub_authz::Format::Yaml).unwrap();
+    broker.set_policy(Some(Arc::new(
+        statehub_authz::Policy::compile(&rules).unwrap(),
+    )));
+    let sdk = Sdk::connect(addr, "sdk-a");
+    let s = &sdk.store;
+    let set = |key: &str| {
+        s.set(
+            key.as_bytes().to_vec(),
+            b"v".to_vec(),
+            TIMEOUT,
+            None,
+            SetOptions::default(),
+        )
+    };
+    assert!(set("sdk-a/k").await.unwrap().response);
+    let get = s.get(b"sdk-a/k".to_vec(), TIMEOUT).await.unwrap();
+    assert_eq!(get.response, Some(b"v".to_vec()));
+    assert_eq!(
+        s.get(b"shared".to_vec(), TIMEOUT).await.unwrap().response,
+        None
+    );
+    assert!(
+        not_authorized(set("shared").await),
+        "write on a read-only key"
+    );
+    assert!(not_authorized(set("sdk-b/k").await), "another client's key");
+    assert!(not_authorized(s.get(b"sdk-b/k".to_vec(), TIMEOUT).await));
+    assert!(not_authorized(
+        s.del(b"sdk-b/k".to_vec(), None, TIMEOUT).await
+    ));
+    assert!(not_authorized(
+        s.observe(b"sdk-b/k".to_vec(), TIMEOUT).await
+    ));
+    // The observation of an allowed key works, notification included.
+    let mut observed = s
+        .observe(b"sdk-a/k".to_vec(), TIMEOUT)
+        .await
+        .unwrap()
+        .response;
+    set("sdk-a/k").await.unwrap();
+    let (notification, _) = timeout(TIMEOUT, observed.recv_notification())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(notification.key, b"sdk-a/k".to_vec());
+    sdk.close().await;
+}

@@ -37,7 +37,7 @@ pub const EXPIRY_BATCH: usize = 1_000;
 
 /// One request, as read from the MQTT PUBLISH. The strings are borrowed from the PUBLISH:
 /// the machine copies what it keeps (an observer's client id, a fencing token).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Clone)]
 pub struct Request<'a> {
     /// The requesting MQTT client id: observations belong to it and notifications go to it.
     pub client_id: &'a str,
@@ -47,6 +47,33 @@ pub struct Request<'a> {
     pub timestamp: Option<&'a str>,
     /// The `__ft` user property, if present.
     pub fencing_token: Option<&'a str>,
+    /// What the requester itself may do (the authorization rules' grants for its
+    /// principal), asked about the key after the machine's own [`Authorizer`]; `None`
+    /// when the shell has no such rules.
+    pub access: Option<&'a dyn Authorizer>,
+}
+
+impl std::fmt::Debug for Request<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Request")
+            .field("client_id", &self.client_id)
+            .field("payload", &self.payload)
+            .field("timestamp", &self.timestamp)
+            .field("fencing_token", &self.fencing_token)
+            .field("access", &self.access.map(|_| ".."))
+            .finish()
+    }
+}
+
+impl Request<'_> {
+    /// Whether the machine's authorizer and the requester's own grants both allow `op`
+    /// on `key`.
+    pub(crate) fn allowed(&self, authorizer: &impl Authorizer, key: &[u8], op: Operation) -> bool {
+        authorizer.authorize(self.client_id, key, op)
+            && self
+                .access
+                .is_none_or(|a| a.authorize(self.client_id, key, op))
+    }
 }
 
 /// What to send back on the request's Response Topic.
@@ -346,10 +373,7 @@ impl<E: Engine, A: Authorizer> Machine<E, A> {
             return Err(Refusal::MissingTimestamp.into());
         }
         if let Some(key) = command.key() {
-            if !self
-                .authorizer
-                .authorize(request.client_id, key, operation(&command))
-            {
+            if !request.allowed(&self.authorizer, key, operation(&command)) {
                 return Err(Refusal::NotAuthorized.into());
             }
         }
@@ -382,7 +406,7 @@ impl<E: Engine, A: Authorizer> Machine<E, A> {
             }
             Command::KeyNotify { key, stop } => self.key_notify(client, &key, stop),
             Command::Scan { pattern, token } => {
-                self.scan(client, &pattern, token.as_deref(), skip_due)
+                self.scan(request, &pattern, token.as_deref(), skip_due)
             }
         }
     }

@@ -48,6 +48,7 @@ proptest! {
             payload: Bytes::from(payload),
             timestamp: ts.as_deref(),
             fencing_token: ft.as_deref(),
+            access: None,
         }, T0).expect("memory");
         prop_assert!(well_formed(&outcome.reply.payload));
     }

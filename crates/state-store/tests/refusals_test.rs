@@ -366,3 +366,30 @@ fn allow_all_allows() {
         .expect("memory");
     assert_eq!(&outcome.reply.payload[..], b"+OK\r\n");
 }
+
+/// A request's own grants are asked as well as the machine's authorizer: a denied key
+/// is `not authorized`, and SCAN leaves out the keys they deny.
+#[test]
+fn the_requester_access_is_asked_too() {
+    let mut machine =
+        Machine::new(MemoryEngine::new(), AllowAll, Config::default()).expect("memory");
+    let ts = client_ts(T0);
+    for key in [&b"mine/a"[..], b"theirs/b"] {
+        let set = request("w", &resp(&[b"SET", key, b"v"]), Some(&ts), None);
+        machine.handle(set, T0).expect("memory");
+    }
+    let grants = |_: &str, key: &[u8], op: Operation| {
+        key.starts_with(b"mine/") && (op == Operation::Get || op == Operation::Scan)
+    };
+    for (args, expected) in [
+        (&[&b"GET"[..], b"mine/a"][..], b"$1\r\nv\r\n".to_vec()),
+        (&[b"GET", b"theirs/b"], err("not authorized")),
+        (&[b"SET", b"mine/a", b"w"], err("not authorized")),
+        (&[b"SCAN", b"*"], b"*1\r\n*1\r\n$6\r\nmine/a\r\n".to_vec()),
+    ] {
+        let mut req = request("c", &resp(args), Some(&ts), None);
+        req.access = Some(&grants);
+        let outcome = machine.handle(req, T0).expect("memory");
+        assert_eq!(outcome.reply.payload.to_vec(), expected, "{args:?}");
+    }
+}

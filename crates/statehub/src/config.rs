@@ -4,14 +4,20 @@
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use serde::Deserialize;
+use statehub_auth::tls::TlsFiles;
 use statehub_broker::BrokerConfig;
 use statehub_state_store_service::Settings as StateStoreSettings;
 use statehub_storage::{SyncPolicy, SyncPolicyParseError};
 use statehub_webpubsub::Config as WebPubSubConfig;
 
 use crate::admin::AdminConfig;
+use crate::auth_config::{
+    self, AuthConfig, ListenerConfig, ListenerError, ListenerSettings, SecurityFlags,
+};
+use crate::authz::{AuthorizationConfig, Loaded};
 
 /// `statehub serve` flags. Each has an environment variable of the same name.
 #[derive(Debug, Clone, clap::Args)]
@@ -19,12 +25,36 @@ pub struct ServeArgs {
     /// TOML configuration file.
     #[arg(long, env = "STATEHUB_CONFIG")]
     pub config: Option<PathBuf>,
-    /// MQTT listener address, IP:PORT or HOST:PORT (default 0.0.0.0:1883; port 0 picks a
-    /// free port).
+    /// MQTT listener address, IP:PORT or HOST:PORT (default 0.0.0.0:1883; port 0 picks a free port). Not
+    /// with `[[mqtt.listeners]]` in the config file.
     #[arg(long, env = "STATEHUB_MQTT_LISTEN", value_parser = crate::first_use::listen_addr)]
     pub mqtt_listen: Option<SocketAddr>,
-    /// HTTP listener address, IP:PORT or HOST:PORT (default 0.0.0.0:8080; port 0 picks a
-    /// free port).
+    /// An MQTT listener with TLS (conventionally 0.0.0.0:8883), with --tls-cert and
+    /// --tls-key, besides the plain one.
+    #[arg(long, env = "STATEHUB_MQTTS_LISTEN", value_parser = crate::first_use::listen_addr)]
+    pub mqtts_listen: Option<SocketAddr>,
+    /// The server's TLS certificate chain (PEM) for --mqtts-listen and --http-tls.
+    #[arg(long, env = "STATEHUB_TLS_CERT")]
+    pub tls_cert: Option<PathBuf>,
+    /// Its private key (PEM).
+    #[arg(long, env = "STATEHUB_TLS_KEY")]
+    pub tls_key: Option<PathBuf>,
+    /// CA certificates (PEM) that client certificates of --mqtts-listen are verified
+    /// against (mutual TLS; their subject becomes the user name).
+    #[arg(long, env = "STATEHUB_TLS_CLIENT_CA")]
+    pub tls_client_ca: Option<PathBuf>,
+    /// Serve HTTP (Web PubSub, REST, health) over TLS with --tls-cert and --tls-key.
+    #[arg(long, env = "STATEHUB_HTTP_TLS")]
+    pub http_tls: bool,
+    /// Mosquitto password file (`statehub passwd` writes one); clients must then
+    /// authenticate.
+    #[arg(long, env = "STATEHUB_PASSWORD_FILE")]
+    pub password_file: Option<PathBuf>,
+    /// Accept clients without credentials from any address. Without it (and without
+    /// authentication configured) they are accepted from loopback addresses only.
+    #[arg(long, env = "STATEHUB_ALLOW_ANONYMOUS")]
+    pub allow_anonymous: bool,
+    /// HTTP listener address, IP:PORT or HOST:PORT (default 0.0.0.0:8080; port 0 picks a free port).
     #[arg(long, env = "STATEHUB_HTTP_LISTEN", value_parser = crate::first_use::listen_addr)]
     pub http_listen: Option<SocketAddr>,
     /// MQTT worker threads, each a single-threaded runtime (default: one per core).
@@ -69,7 +99,9 @@ pub struct FileConfig {
     pub http_listen: Option<SocketAddr>,
     pub shutdown_grace_secs: Option<u64>,
     pub mqtt_threads: Option<usize>,
-    pub mqtt: BrokerConfig,
+    pub mqtt: MqttTable,
+    /// The `[authentication]` table: password file, tokens, X.509, anonymous access.
+    pub authentication: AuthConfig,
     /// The `[state_store]` table: quotas, node id, duplicate-request cache.
     pub state_store: StateStoreSettings,
     /// Web PubSub access keys (see `ServeArgs::access_keys`); kept for files written
@@ -97,6 +129,17 @@ pub struct FileConfig {
     pub admin: AdminConfig,
     /// The `[cluster]` table: the state store in Redis (see `cluster.rs`).
     pub cluster: crate::cluster::ClusterConfig,
+    /// The `[authorization]` table: rules, inline or in a file (see `authz.rs`).
+    pub authorization: AuthorizationConfig,
+}
+
+/// The `[mqtt]` table: the broker's settings and the `[[mqtt.listeners]]`.
+#[derive(Debug, Default, Deserialize)]
+pub struct MqttTable {
+    #[serde(flatten)]
+    pub broker: BrokerConfig,
+    #[serde(default)]
+    pub listeners: Vec<ListenerConfig>,
 }
 
 /// The `[http]` table: limits of the HTTP listener (health, the Web PubSub client
@@ -123,6 +166,8 @@ pub struct HttpConfig {
     /// MQTT over WebSocket on `/mqtt` (true): the broker's clients, sessions and
     /// limits, on this listener.
     pub mqtt_websocket: bool,
+    /// HTTPS and WSS: the `[http.tls]` table (`cert`, `key`).
+    pub tls: Option<TlsFiles>,
 }
 
 impl Default for HttpConfig {
@@ -133,6 +178,7 @@ impl Default for HttpConfig {
             request_timeout_secs: 30,
             idle_timeout_secs: 30,
             mqtt_websocket: true,
+            tls: None,
         }
     }
 }
@@ -209,6 +255,12 @@ pub enum ConfigError {
     Cluster(#[from] crate::cluster::ClusterError),
     #[error("invalid [http] table: {0}")]
     Http(String),
+    #[error(transparent)]
+    Listeners(#[from] ListenerError),
+    #[error("--http-tls needs --tls-cert and --tls-key")]
+    HttpTlsFlags,
+    #[error(transparent)]
+    Authorization(#[from] crate::authz::AuthzError),
     /// A Web PubSub access key is refused; `origin` says where the keys came from.
     #[error("web pubsub access keys from {origin}: {source}")]
     AccessKey {
@@ -220,7 +272,10 @@ pub enum ConfigError {
 /// Everything `serve` needs, resolved.
 #[derive(Debug, Clone)]
 pub struct Settings {
-    pub mqtt_listen: SocketAddr,
+    /// The MQTT listeners, with their TLS and authentication.
+    pub mqtt_listeners: Vec<ListenerSettings>,
+    /// The authentication methods listeners refer to.
+    pub authentication: AuthConfig,
     pub http_listen: SocketAddr,
     pub shutdown_grace_secs: u64,
     pub mqtt_threads: usize,
@@ -245,6 +300,10 @@ pub struct Settings {
     pub admin: AdminConfig,
     /// `Some`: the state store lives in Redis, shared with other nodes.
     pub cluster: Option<statehub_state_store_redis::Options>,
+    /// The authorization rules, loaded (`None` inside: no rules).
+    pub authorization: Arc<Loaded>,
+    /// The config file, if any (SIGHUP reloads its rules).
+    pub config: Option<PathBuf>,
 }
 
 impl Settings {
@@ -278,11 +337,25 @@ impl Settings {
             &file.state_store.store.node_id,
             data_dir.is_some(),
         )?;
+        let flags = SecurityFlags {
+            allow_anonymous: args.allow_anonymous,
+            password_file: args.password_file.clone(),
+            mqtts_listen: args.mqtts_listen,
+            tls_cert: args.tls_cert.clone(),
+            tls_key: args.tls_key.clone(),
+            tls_client_ca: args.tls_client_ca.clone(),
+        };
+        let authentication = auth_config::authentication(&flags, file.authentication);
+        let plain = args.mqtt_listen.or(file.mqtt_listen);
+        let mqtt_listeners =
+            auth_config::listeners(&flags, &authentication, file.mqtt.listeners, plain)?;
+        let mut http_config = file.http;
+        if args.http_tls {
+            http_config.tls = Some(flags.tls_files().ok_or(ConfigError::HttpTlsFlags)?);
+        }
         Ok(Settings {
-            mqtt_listen: args
-                .mqtt_listen
-                .or(file.mqtt_listen)
-                .unwrap_or(([0, 0, 0, 0], 1883).into()),
+            mqtt_listeners,
+            authentication,
             http_listen: args
                 .http_listen
                 .or(file.http_listen)
@@ -296,10 +369,10 @@ impl Settings {
                 .or(file.mqtt_threads)
                 .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()))
                 .max(1),
-            broker: file.mqtt,
+            broker: file.mqtt.broker,
             mqtt_max_connections_set,
             state_store: file.state_store,
-            http: http(file.http, &file.webpubsub)?,
+            http: http(http_config, &file.webpubsub)?,
             webpubsub: webpubsub(args, file.webpubsub, file.access_keys)?,
             data_dir,
             sync: sync.unwrap_or_default(),
@@ -307,6 +380,11 @@ impl Settings {
             max_journal_bytes,
             admin: file.admin.resolve(args.admin_key.clone())?,
             cluster,
+            authorization: Arc::new(
+                file.authorization
+                    .load(args.config.as_deref().and_then(Path::parent))?,
+            ),
+            config: args.config.clone(),
         })
     }
 }
@@ -369,6 +447,11 @@ fn http(http: HttpConfig, wps: &WebPubSubConfig) -> Result<HttpConfig, ConfigErr
     Ok(http)
 }
 
+/// The `[authorization]` table of the config file at `path`, the whole file checked.
+pub fn authorization_table(path: &Path) -> Result<AuthorizationConfig, ConfigError> {
+    Ok(load(path)?.0.authorization)
+}
+
 /// The file, and whether it sets `[mqtt] max_connections`.
 fn load(path: &Path) -> Result<(FileConfig, bool), ConfigError> {
     let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
@@ -379,8 +462,18 @@ fn load(path: &Path) -> Result<(FileConfig, bool), ConfigError> {
         path: path.into(),
         source: Box::new(source),
     };
-    let file: FileConfig = toml::from_str(&text).map_err(parse_error)?;
     let table: toml::Table = toml::from_str(&text).map_err(parse_error)?;
+    // `[mqtt]` is read with its listeners flattened beside the broker's settings,
+    // which lets unknown keys through and loses the key's name from a type error:
+    // check them against the broker's own table first.
+    if let Some(toml::Value::Table(mqtt)) = table.get("mqtt") {
+        let mut broker = mqtt.clone();
+        broker.remove("listeners");
+        toml::Value::Table(broker)
+            .try_into::<BrokerConfig>()
+            .map_err(parse_error)?;
+    }
+    let file: FileConfig = toml::from_str(&text).map_err(parse_error)?;
     let max_connections_set = table
         .get("mqtt")
         .and_then(|mqtt| mqtt.get("max_connections"))

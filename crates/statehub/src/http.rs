@@ -13,7 +13,9 @@
 //! - a connection that moves no byte for `idle_timeout` before any upgrade is closed;
 //! - request heads are bounded by [`MAX_HEAD_BYTES`] (hyper answers 431 past it).
 //!
-//! Every connection ends with a lingering close (see [`conn`]).
+//! Every connection ends with a lingering close (see [`conn`]). With TLS (HTTPS and
+//! WSS), the handshake must finish within the header timeout, and uses the
+//! certificate in force when it starts (a reload affects new connections only).
 
 mod conn;
 pub mod mqtt_ws;
@@ -32,6 +34,7 @@ use axum::routing::get;
 use axum::Router;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
+use statehub_broker::TlsSource;
 use statehub_webpubsub::{Config, WebPubSub};
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
@@ -97,6 +100,7 @@ pub async fn serve(
     listener: TcpListener,
     router: Router,
     limits: Limits,
+    tls: Option<Arc<dyn TlsSource>>,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
     let slots = Arc::new(Semaphore::new(limits.max_connections));
@@ -133,14 +137,27 @@ pub async fn serve(
             continue;
         };
         let conn = Conn::new(stream, slot);
-        let task = serve_connection(
-            conn,
-            router.clone(),
-            limits,
-            Arc::clone(&closes),
-            shutdown.clone(),
-        );
-        connections.spawn(task);
+        let activity = conn.activity();
+        let (router, closes, shutdown) = (router.clone(), Arc::clone(&closes), shutdown.clone());
+        let Some(tls) = &tls else {
+            connections.spawn(serve_connection(
+                conn, activity, router, limits, closes, shutdown,
+            ));
+            continue;
+        };
+        let acceptor = tokio_rustls::TlsAcceptor::from(tls.server_config());
+        connections.spawn(async move {
+            // The handshake is part of the request head's time.
+            match tokio::time::timeout(limits.header_timeout, acceptor.accept(conn)).await {
+                Ok(Ok(stream)) => {
+                    serve_connection(stream, activity, router, limits, closes, shutdown).await
+                }
+                Ok(Err(e)) => tracing::debug!("https handshake failed: {e}"),
+                Err(_) => closes
+                    .header
+                    .note(|n| tracing::info!("{n} http connections closed by the header timeout")),
+            }
+        });
     }
     connections.close();
     connections.wait().await;
@@ -155,14 +172,16 @@ struct Closes {
     idle: RateLimitedLog,
 }
 
-async fn serve_connection(
-    conn: Conn,
+async fn serve_connection<I>(
+    io: I,
+    activity: Arc<AtomicU64>,
     router: Router,
     limits: Limits,
     closes: Arc<Closes>,
     shutdown: CancellationToken,
-) {
-    let activity = conn.activity();
+) where
+    I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
     let timeouts = Arc::clone(&closes);
     let service = hyper::service::service_fn(move |req: Request<Incoming>| {
         let router = router.clone();
@@ -189,7 +208,7 @@ async fn serve_connection(
         .header_read_timeout(limits.header_timeout)
         .max_buf_size(MAX_HEAD_BYTES);
     let mut connection = pin!(builder
-        .serve_connection(TokioIo::new(conn), service)
+        .serve_connection(TokioIo::new(io), service)
         .with_upgrades());
     let mut watch = IdleWatch::new(activity, limits.idle_timeout);
     let mut draining = false;

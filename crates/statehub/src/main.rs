@@ -3,12 +3,17 @@
 //! of the client subcommands (`kv`, `pub`, `sub`, `token`: the `statehub-cli` crate).
 
 mod admin;
+mod auth_config;
+mod authz;
+mod check;
 mod cluster;
 mod config;
 mod fds;
 mod first_use;
 mod http;
+mod listeners;
 mod logging;
+mod passwd;
 
 use std::error::Error;
 use std::fmt::Debug;
@@ -17,7 +22,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::{Parser, Subcommand};
-use statehub_broker::{Broker, MqttListener};
+use statehub_broker::{Broker, TlsSource};
 use statehub_broker_durable::SessionTable;
 use statehub_state_store_service::{DurableEngine, StateStoreService, REQUEST_TOPIC};
 use statehub_storage::{Options, Store};
@@ -49,10 +54,16 @@ struct Cli {
 enum Command {
     /// Run the server.
     Serve(ServeArgs),
+    /// Add, change or delete a user in a Mosquitto-format password file.
+    Passwd(passwd::PasswdArgs),
     /// Repair a data directory that `serve` refuses as damaged: keep every intact batch
     /// and snapshot block, report every one that is lost, and move the files it replaces
     /// to DIR/damaged/repair-*/ (nothing is deleted). Run it with the server stopped.
     Repair(RepairArgs),
+    /// Check a configuration as `serve` would load it (exit 2 if invalid), and print
+    /// what a client may do under its authorization rules (--client-id, --username,
+    /// --attribute name=value).
+    CheckConfig(check::CheckArgs),
     #[command(flatten)]
     Client(statehub_cli::Command),
 }
@@ -73,7 +84,9 @@ fn main() -> ExitCode {
     logging::init(&cli.log);
     let args = match cli.command {
         Command::Serve(args) => args,
+        Command::Passwd(args) => return passwd::run(&args),
         Command::Repair(args) => return repair(&args),
+        Command::CheckConfig(args) => return check::run(&args),
         Command::Client(command) => return statehub_cli::run(command),
     };
     let settings = match Settings::resolve(&args) {
@@ -128,21 +141,55 @@ async fn serve(mut settings: Settings) -> std::io::Result<()> {
     // Installed before anything is bound, so a signal sent as soon as the
     // "listening" lines appear is always a graceful shutdown.
     let mut signals = Signals::install()?;
+    let rules = authz::Reloader::install(settings.config.clone())?;
     let descriptors = fds::Descriptors::raise();
     descriptors.size_connections(&mut settings);
+    // These errors say their cause (the file and what is wrong with it) themselves.
+    let invalid =
+        |e: &dyn Error| std::io::Error::new(std::io::ErrorKind::InvalidInput, e.to_string());
+    let mut security =
+        listeners::Security::load(&settings.authentication).map_err(|e| invalid(&e))?;
     let broker = Broker::new(settings.broker.clone());
     let shutdown = broker.shutdown_token();
+    broker.set_policy(settings.authorization.policy.clone());
+    tracing::info!("{}", settings.authorization.summary());
+    tokio::spawn(rules.run(broker.clone(), shutdown.clone()));
     let (expiry, storage) = start_state_store(&settings, &broker)?;
     let workers = Workers::start(settings.mqtt_threads)?;
-    let mqtt = MqttListener::bind(broker.clone(), settings.mqtt_listen)
-        .await
-        .map_err(|e| first_use::bind_error("MQTT", settings.mqtt_listen, e))?
-        .with_workers(workers.handles());
+    let mqtt = listeners::bind(
+        &broker,
+        &settings.mqtt_listeners,
+        &mut security,
+        &workers.handles(),
+    )
+    .await
+    .map_err(|e| invalid(&e))?;
     let http = TcpListener::bind(settings.http_listen)
         .await
         .map_err(|e| first_use::bind_error("HTTP", settings.http_listen, e))?;
-    tracing::info!("mqtt listening on {}", mqtt.local_addr()?);
-    tracing::info!("http listening on {}", http.local_addr()?);
+    let http_tls: Option<Arc<dyn TlsSource>> = match &settings.http.tls {
+        Some(files) => {
+            let what = format!(
+                "TLS certificate of the HTTP listener ({})",
+                files.cert.display()
+            );
+            let alpn: &'static [&'static [u8]] = &[b"http/1.1"];
+            Some(security.tls(what, files, alpn).map_err(|e| invalid(&e))?)
+        }
+        None => None,
+    };
+    let with_tls = if http_tls.is_some() { " with TLS" } else { "" };
+    tracing::info!("http listening on {}{with_tls}", http.local_addr()?);
+    // MQTT over WebSocket authenticates as the first MQTT listener does, but without
+    // client certificates: the HTTP listener asks for none.
+    let ws_auth = settings.mqtt_listeners.first().map(|l| {
+        let settings = auth_config::ListenerSettings {
+            x509: false,
+            ..l.clone()
+        };
+        Arc::new(security.listener_auth(&settings)) as Arc<dyn statehub_broker::Authenticator>
+    });
+    let reloader = security.spawn_reloader(shutdown.clone());
 
     let signals = tokio::spawn({
         let shutdown = shutdown.clone();
@@ -172,12 +219,27 @@ async fn serve(mut settings: Settings) -> std::io::Result<()> {
         }
     };
     let router = match settings.http.mqtt_websocket {
-        true => http::mqtt_ws::mount(router, &broker, workers.handles()),
+        true => http::mqtt_ws::mount(router, &broker, workers.handles(), ws_auth),
         false => router,
     };
     let http_limits = http::Limits::new(&settings.http, descriptors.per_listener());
-    let http_task = tokio::spawn(http::serve(http, router, http_limits, shutdown.clone()));
-    mqtt.serve(grace).await;
+    let http_task = tokio::spawn(http::serve(
+        http,
+        router,
+        http_limits,
+        http_tls,
+        shutdown.clone(),
+    ));
+    let serving: Vec<_> = mqtt
+        .into_iter()
+        .map(|l| tokio::spawn(l.serve(grace)))
+        .collect();
+    for listener in serving {
+        if let Err(e) = listener.await {
+            tracing::error!("mqtt listener failed: {e}");
+        }
+    }
+    reloader.abort();
     if let Some(task) = wps_task {
         if let Err(e) = task.await {
             tracing::error!("web pubsub shutdown failed: {e}");

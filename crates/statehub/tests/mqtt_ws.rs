@@ -282,3 +282,48 @@ async fn off_in_the_config_file() {
         other => panic!("expected 404, got {:?}", other.map(|(_, p)| p)),
     }
 }
+
+/// A client over WebSocket is authenticated as on the MQTT listener: with a password
+/// file, no credentials get return code 5 (not authorized) and the right ones connect.
+#[tokio::test]
+async fn websocket_clients_are_authenticated_like_the_mqtt_listener() {
+    use std::io::Write;
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("passwd");
+    let mut child = std::process::Command::new(common::BIN)
+        .args(["passwd", "-I", "1000", "-c"])
+        .arg(&file)
+        .arg("alice")
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    writeln!(child.stdin.take().unwrap(), "wonderland").unwrap();
+    assert!(child.wait().unwrap().success());
+    let server = start(
+        &[
+            "--mqtt-listen",
+            "127.0.0.1:0",
+            "--http-listen",
+            "127.0.0.1:0",
+            "--password-file",
+            file.to_str().unwrap(),
+        ],
+        &[],
+    );
+    let (mut anonymous, _) = open(server.http, "mqtt").await.unwrap();
+    anonymous
+        .send(Message::binary(CONNECT.to_vec()))
+        .await
+        .unwrap();
+    expect_bytes(&mut anonymous, &[0x20, 2, 0, 5]).await;
+
+    // MQTT 3.1.1 CONNECT with user name "alice" and password "wonderland".
+    let mut connect = vec![0x10, 33, 0, 4, b'M', b'Q', b'T', b'T', 4, 0xC2, 0, 60];
+    connect.extend_from_slice(&[0, 2, b'c', b'2', 0, 5]);
+    connect.extend_from_slice(b"alice");
+    connect.extend_from_slice(&[0, 10]);
+    connect.extend_from_slice(b"wonderland");
+    let (mut alice, _) = open(server.http, "mqtt").await.unwrap();
+    alice.send(Message::binary(connect)).await.unwrap();
+    expect_bytes(&mut alice, &CONNACK).await;
+}

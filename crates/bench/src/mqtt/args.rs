@@ -25,6 +25,12 @@ pub struct MqttArgs {
     /// Broker MQTT port.
     #[arg(long, default_value_t = 1883)]
     pub port: u16,
+    /// Connect over TLS, verifying the broker with this PEM CA file.
+    #[arg(long)]
+    pub tls_ca: Option<std::path::PathBuf>,
+    /// The name the broker's certificate must carry (with --tls-ca).
+    #[arg(long, default_value = "localhost")]
+    pub tls_name: String,
     /// Number of publishing connections.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub publishers: u32,

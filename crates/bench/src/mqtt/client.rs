@@ -12,9 +12,8 @@ use std::time::Duration;
 
 use bytes::BytesMut;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 
-use crate::common::{self, check_granted, err_str, Conn};
+use crate::common::{self, check_granted, err_str, Conn, ReadHalf, WriteHalf};
 use crate::proto::{self, Version};
 
 pub(super) async fn connect(
@@ -47,7 +46,7 @@ pub(super) async fn subscribe(
     Ok(codes.iter().copied().min().unwrap_or(qos))
 }
 
-pub(super) async fn disconnect(mut wr: OwnedWriteHalf) {
+pub(super) async fn disconnect(mut wr: WriteHalf) {
     let mut out = Vec::with_capacity(2);
     proto::encode_disconnect(&mut out);
     let _ = tokio::time::timeout(Duration::from_secs(1), async {
@@ -71,11 +70,7 @@ pub(super) enum Read {
 }
 
 /// Reads more bytes into `buf`, unless `stop` completes first.
-pub(super) async fn read_or_stop(
-    rd: &mut OwnedReadHalf,
-    buf: &mut BytesMut,
-    stop: impl Future,
-) -> Read {
+pub(super) async fn read_or_stop(rd: &mut ReadHalf, buf: &mut BytesMut, stop: impl Future) -> Read {
     tokio::select! {
         r = rd.read_buf(buf) => match r {
             Ok(0) => Read::Closed,

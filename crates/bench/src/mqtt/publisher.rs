@@ -8,13 +8,12 @@ use std::time::{Duration, Instant};
 use bytes::{Buf, BytesMut};
 use hdrhistogram::Histogram;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::time::timeout_at;
 
 use super::client::disconnect;
 use super::publisher_qos1::publish_qos1;
 use super::{HEADER_LEN, MAX_BATCH_BYTES, MAX_BATCH_MSGS};
-use crate::common::{err_str, now_ns, Conn};
+use crate::common::{err_str, now_ns, Conn, ReadHalf, WriteHalf};
 use crate::proto::{self, Version};
 use crate::report::new_histogram;
 
@@ -110,7 +109,7 @@ impl PubPlan {
 }
 
 pub(super) async fn run_publisher(conn: Conn, plan: PubPlan) -> PubStats {
-    let (rd, wr) = conn.stream.into_split();
+    let (rd, wr) = tokio::io::split(conn.stream);
     if plan.qos == 0 {
         publish_qos0(rd, wr, conn.buf, plan).await
     } else {
@@ -119,7 +118,7 @@ pub(super) async fn run_publisher(conn: Conn, plan: PubPlan) -> PubStats {
 }
 
 /// Watches the read side of a QoS 0 publisher, only to notice a broker disconnect.
-async fn watch_qos0(mut rd: OwnedReadHalf, mut buf: BytesMut, v: Version) -> String {
+async fn watch_qos0(mut rd: ReadHalf, mut buf: BytesMut, v: Version) -> String {
     loop {
         while let Ok(Some((first, hl, rl))) = proto::frame(&buf) {
             if first & 0xF0 == proto::DISCONNECT {
@@ -135,12 +134,7 @@ async fn watch_qos0(mut rd: OwnedReadHalf, mut buf: BytesMut, v: Version) -> Str
     }
 }
 
-async fn publish_qos0(
-    rd: OwnedReadHalf,
-    mut wr: OwnedWriteHalf,
-    buf: BytesMut,
-    plan: PubPlan,
-) -> PubStats {
+async fn publish_qos0(rd: ReadHalf, mut wr: WriteHalf, buf: BytesMut, plan: PubPlan) -> PubStats {
     let mut watcher = tokio::spawn(watch_qos0(rd, buf, plan.version));
     let mut st = PubStats::new(0, 0, None);
     let mut out = Vec::with_capacity(MAX_BATCH_BYTES + plan.payload_size + 256);

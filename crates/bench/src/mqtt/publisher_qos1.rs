@@ -10,7 +10,6 @@ use std::time::{Duration, Instant};
 use bytes::BytesMut;
 use hdrhistogram::Histogram;
 use tokio::io::AsyncWriteExt;
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 use tokio::time::timeout_at;
@@ -18,7 +17,7 @@ use tokio::time::timeout_at;
 use super::client::{disconnect, read_or_stop, Read};
 use super::publisher::{PubPlan, PubStats};
 use super::MAX_BATCH_BYTES;
-use crate::common::{err_str, for_each_packet, now_ns};
+use crate::common::{err_str, for_each_packet, now_ns, ReadHalf, WriteHalf};
 use crate::proto::{self, Version};
 use crate::report::new_histogram;
 
@@ -31,7 +30,7 @@ struct AckStats {
 }
 
 async fn read_acks(
-    mut rd: OwnedReadHalf,
+    mut rd: ReadHalf,
     mut buf: BytesMut,
     v: Version,
     sent_at: Arc<Vec<AtomicU64>>,
@@ -92,8 +91,8 @@ async fn read_acks(
 }
 
 pub(super) async fn publish_qos1(
-    rd: OwnedReadHalf,
-    mut wr: OwnedWriteHalf,
+    rd: ReadHalf,
+    mut wr: WriteHalf,
     buf: BytesMut,
     plan: PubPlan,
 ) -> PubStats {

@@ -50,6 +50,9 @@ pub async fn run(args: MqttArgs) -> Result<Report, String> {
     }
 
     let addr = resolve(&args.host, args.port).await?;
+    if let Some(ca) = &args.tls_ca {
+        crate::common::use_tls(ca, &args.tls_name)?;
+    }
 
     let run_id = format!(
         "{:x}-{:x}",

@@ -34,7 +34,7 @@ pub(super) async fn run_subscriber(
     received_total: Arc<AtomicU64>,
     mut stop: watch::Receiver<bool>,
 ) -> SubStats {
-    let (mut rd, mut wr) = conn.stream.into_split();
+    let (mut rd, mut wr) = tokio::io::split(conn.stream);
     let mut buf = conn.buf;
     let mut st = SubStats {
         received: 0,

@@ -13,6 +13,12 @@ pub struct StateStoreArgs {
     /// Broker MQTT port.
     #[arg(long, default_value_t = 1883)]
     pub port: u16,
+    /// Connect over TLS, verifying the broker with this PEM CA file.
+    #[arg(long)]
+    pub tls_ca: Option<std::path::PathBuf>,
+    /// The name the broker's certificate must carry (with --tls-ca).
+    #[arg(long, default_value = "localhost")]
+    pub tls_name: String,
     /// Number of client connections.
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub clients: u32,

@@ -7,7 +7,6 @@ use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 use tokio::time::timeout_at;
 
 use super::client::Client;
@@ -54,7 +53,7 @@ pub(super) struct Phase {
 
 /// Runs one phase on a connection (a connection failure ends it with `error` set).
 pub(super) async fn run_phase(
-    stream: &mut TcpStream,
+    stream: &mut crate::common::Stream,
     buf: &mut BytesMut,
     c: &mut Client,
     rng: &mut Rng,

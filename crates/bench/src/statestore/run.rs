@@ -50,6 +50,9 @@ pub async fn run(args: StateStoreArgs) -> Result<Report, String> {
     let response_timeout = Duration::from_secs(u64::from(args.message_expiry) + 5);
 
     let addr = resolve(&args.host, args.port).await?;
+    if let Some(ca) = &args.tls_ca {
+        crate::common::use_tls(ca, &args.tls_name)?;
+    }
     let nanos = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.subsec_nanos())

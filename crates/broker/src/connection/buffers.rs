@@ -23,14 +23,16 @@ use statehub_mqtt_codec::ReasonCode;
 /// Bytes reserved for a read when no packet is under way.
 const READ_CHUNK: usize = 4096;
 
-/// The keep alive (1.5 times the negotiated one; zero for none) and the deadline of
-/// the packet being read. One timer serves both.
+/// The keep alive (1.5 times the negotiated one; zero for none), the deadline of
+/// the packet being read, and the expiry of the client's credential. One timer
+/// serves them all.
 #[derive(Debug)]
 pub(super) struct Deadlines {
     keep_alive: Duration,
     packet_timeout: Duration,
     idle_at: Option<Instant>,
     packet_at: Option<Instant>,
+    credential_at: Option<Instant>,
 }
 
 impl Deadlines {
@@ -40,15 +42,22 @@ impl Deadlines {
             packet_timeout,
             idle_at: (!keep_alive.is_zero()).then(|| now + keep_alive),
             packet_at: None,
+            credential_at: None,
         }
     }
 
-    /// The earlier of the two, if any.
+    /// The earliest, if any.
     pub fn next(&self) -> Option<Instant> {
-        match (self.idle_at, self.packet_at) {
+        let earlier = |a: Option<Instant>, b: Option<Instant>| match (a, b) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
-        }
+        };
+        earlier(earlier(self.idle_at, self.packet_at), self.credential_at)
+    }
+
+    /// The client's credential expires at `at` (`None`: never).
+    pub fn credential(&mut self, at: Option<Instant>) {
+        self.credential_at = at;
     }
 
     /// Bytes were read and `decoded` packets handled; `partial`: a packet is still
@@ -71,6 +80,9 @@ impl Deadlines {
 
     /// The close a deadline that passed asks for.
     pub fn expired(&self, now: Instant) -> Option<Close> {
+        if self.credential_at.is_some_and(|at| now >= at) {
+            return Some(Close::Expired);
+        }
         if self.packet_late(now) {
             return Some(Close::ByServer(
                 ReasonCode::KEEP_ALIVE_TIMEOUT,

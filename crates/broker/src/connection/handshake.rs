@@ -8,15 +8,19 @@ use std::time::Duration;
 
 use bytes::BytesMut;
 use statehub_mqtt_codec::{
-    validate, Auth, ByteString, Codec, ConnAck, ConnAckProperties, Connect, DecodeError, Packet,
+    validate, ByteString, Codec, ConnAck, ConnAckProperties, Connect, DecodeError, Packet,
     ProtocolVersion, ReasonCode,
 };
 use tokio::time::Instant;
 
+use super::authn::{self, Origin};
 use super::{barrier, Conn};
-use crate::auth::AuthDecision;
+use crate::auth::{Identity, Principal};
+use crate::authz::Grants;
 use crate::broker::OpenConnection;
 use crate::pending::Admission;
+use crate::rate::Bucket;
+use crate::ratelimit::LogLimit;
 use crate::service::ClientInfo;
 use crate::session::Session;
 use crate::signal::Signal;
@@ -28,6 +32,8 @@ use crate::Broker;
 #[derive(Debug)]
 pub(crate) struct Accepted {
     pub session: Arc<Session>,
+    /// What the authorization rules grant the client.
+    pub grants: Grants,
     pub generation: u64,
     pub signal: Arc<Signal>,
     pub connack: ConnAck,
@@ -40,30 +46,6 @@ pub(crate) struct Accepted {
 /// A CONNECT that cannot be accepted: answer with this CONNACK code and close.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Refused(pub ReasonCode);
-
-/// What the first round of authentication asked for.
-#[derive(Debug)]
-pub(crate) enum AuthStep {
-    Done(Option<bytes::Bytes>),
-    Challenge(Packet),
-}
-
-/// Runs the authenticator on CONNECT.
-pub(crate) fn authenticate(broker: &Broker, connect: &Connect) -> Result<AuthStep, Refused> {
-    match broker.authenticator().connect(connect) {
-        AuthDecision::Success { data } => Ok(AuthStep::Done(data)),
-        AuthDecision::Continue { data } if connect.protocol == ProtocolVersion::V5 => {
-            Ok(AuthStep::Challenge(Packet::Auth(Auth {
-                reason_code: ReasonCode::CONTINUE_AUTHENTICATION,
-                authentication_method: connect.properties.authentication_method.clone(),
-                authentication_data: data,
-                ..Default::default()
-            })))
-        }
-        AuthDecision::Continue { .. } => Err(Refused(ReasonCode::BAD_AUTHENTICATION_METHOD)),
-        AuthDecision::Deny(code) => Err(Refused(code)),
-    }
-}
 
 /// Checks the CONNECT's own fields.
 pub(crate) fn check(broker: &Broker, connect: &Connect) -> Result<(), Refused> {
@@ -98,6 +80,7 @@ pub(crate) fn accept(
     broker: &Broker,
     connect: &mut Connect,
     auth_data: Option<bytes::Bytes>,
+    identity: &Identity,
 ) -> Result<Accepted, Refused> {
     let cfg = broker.config();
     let mut props = ConnAckProperties::default();
@@ -124,6 +107,8 @@ pub(crate) fn accept(
         props.server_keep_alive = Some(keep_alive);
     }
 
+    // Before the session is taken over: a refused client must not end another's.
+    let grants = authorize(broker, connect, identity)?;
     let generation = broker.next_generation();
     let signal = Arc::new(Signal::default());
     let taken = broker
@@ -156,6 +141,7 @@ pub(crate) fn accept(
     }
     Ok(Accepted {
         session: taken.session,
+        grants,
         generation,
         signal,
         connack: ConnAck {
@@ -169,6 +155,44 @@ pub(crate) fn accept(
     })
 }
 
+/// The client's grants, or the refusal (0x87, return code 5 for 3.1.1) of a client the
+/// rules do not let connect or whose will topic neither they nor the built-in
+/// protections let it publish on.
+fn authorize(broker: &Broker, connect: &Connect, identity: &Identity) -> Result<Grants, Refused> {
+    let client_id = &*connect.client_id;
+    let who = statehub_authz::Principal {
+        client_id,
+        username: identity.username.as_deref(),
+        attributes: &identity.attributes,
+    };
+    let grants = Grants::derive(broker, &who);
+    let access = grants.access();
+    let will = connect.will.as_ref().map(|w| &*w.topic);
+    let reason = if access.is_some_and(|a| !a.may_connect()) {
+        Some("no rule grants Connect")
+    } else if will.is_some_and(|t| statehub_authz::builtin::check_publish(client_id, t).is_err()) {
+        Some("the will topic is protected")
+    } else if will.is_some_and(|t| access.is_some_and(|a| !a.may_publish(t))) {
+        Some("no rule grants Publish on the will topic")
+    } else {
+        None
+    };
+    if let Some(reason) = reason {
+        static LOG: crate::LogLimit = crate::LogLimit::per_secs(10);
+        let denied = &broker.metrics().connects_denied;
+        denied.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        if let Some(left_out) = LOG.allow() {
+            tracing::info!(
+                client = client_id,
+                left_out,
+                "CONNECT not authorized: {reason}"
+            );
+        }
+        return Err(Refused(ReasonCode::NOT_AUTHORIZED));
+    }
+    Ok(grants)
+}
+
 /// Reads CONNECT (and any AUTH rounds), answers CONNACK. `None` if refused. Until the
 /// CONNECT is in, the connection holds its place among the pending ones (`admission`)
 /// and closes if evicted from it; from then on it counts against `max_connections`
@@ -177,6 +201,7 @@ pub(super) async fn connect<S: Transport>(
     broker: &Broker,
     stream: &mut S,
     admission: Admission,
+    origin: Origin,
 ) -> Option<(Conn, BytesMut, OpenConnection)> {
     let cfg = broker.config();
     let deadline = Instant::now() + Duration::from_secs(cfg.connect_timeout_secs);
@@ -184,27 +209,27 @@ pub(super) async fn connect<S: Transport>(
     let mut rbuf = BytesMut::new();
     let (mut connect, open) =
         read_connect(broker, stream, &mut codec, &mut rbuf, deadline, admission).await?;
-    let auth_data = match check(broker, &connect).and_then(|()| authenticate(broker, &connect)) {
-        Ok(AuthStep::Done(data)) => data,
-        Ok(AuthStep::Challenge(challenge)) => {
-            let rounds = auth_rounds(
-                broker, stream, &mut codec, &mut rbuf, &connect, challenge, deadline,
-            );
-            match rounds.await {
-                Ok(data) => data,
-                Err(Some(Refused(code))) => {
-                    refuse(stream, &codec, code).await;
-                    return None;
-                }
-                Err(None) => return None,
-            }
-        }
-        Err(Refused(code)) => {
+    if !broker.connect_rate_admits(origin.peer.addr.ip()) {
+        rate_limited(broker, &origin, &connect.client_id);
+        refuse(stream, &codec, ReasonCode::CONNECTION_RATE_EXCEEDED).await;
+        return None;
+    }
+    if let Err(Refused(code)) = check(broker, &connect) {
+        refuse(stream, &codec, code).await;
+        return None;
+    }
+    let authenticated = authn::on_connect(
+        broker, &origin, stream, &mut codec, &mut rbuf, &connect, deadline,
+    );
+    let (auth_data, identity) = match authenticated.await {
+        Ok(authenticated) => authenticated,
+        Err(Some(code)) => {
             refuse(stream, &codec, code).await;
             return None;
         }
+        Err(None) => return None,
     };
-    let accepted = match accept(broker, &mut connect, auth_data) {
+    let accepted = match accept(broker, &mut connect, auth_data, &identity) {
         Ok(accepted) => accepted,
         Err(Refused(code)) => {
             refuse(stream, &codec, code).await;
@@ -219,8 +244,23 @@ pub(super) async fn connect<S: Transport>(
             return None;
         }
     }
-    let conn = Conn::new(broker, codec, &mut connect, accepted)?;
+    let conn = Conn::new(broker, codec, &mut connect, accepted, origin, identity)?;
     Some((conn, rbuf, open))
+}
+
+/// Counts and logs (rate-limited) a CONNECT refused by `connect_rate_per_address`.
+fn rate_limited(broker: &Broker, origin: &Origin, client_id: &str) {
+    static LOG: LogLimit = LogLimit::per_secs(10);
+    let refused = &broker.metrics().connects_rate_limited;
+    refused.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    if let Some(left_out) = LOG.allow() {
+        tracing::warn!(
+            peer = %origin.peer.addr,
+            client = client_id,
+            left_out,
+            "connection rate per address exceeded (connect_rate_per_address); CONNACK 0x9F"
+        );
+    }
 }
 
 /// Reads the first packet, which must be a CONNECT, and refuses it if the broker is
@@ -286,6 +326,8 @@ impl Conn {
         codec: Codec,
         connect: &mut Connect,
         accepted: Accepted,
+        origin: Origin,
+        identity: Identity,
     ) -> Option<Conn> {
         let cfg = broker.config();
         let mut wbuf = BytesMut::with_capacity(1024);
@@ -301,11 +343,15 @@ impl Conn {
             wbuf_front_left: 0,
             session: accepted.session,
             generation: accepted.generation,
+            credential_at: authn::expiry_instant(broker, &identity),
             info: ClientInfo {
                 client_id: connect.client_id.clone(),
-                username: connect.username.clone(),
                 protocol: connect.protocol,
+                principal: Arc::new(Principal::new(connect.client_id.clone(), identity)),
+                access: accepted.grants.access().cloned(),
             },
+            grants: accepted.grants,
+            origin,
             version: connect.protocol,
             client_receive_max: p.receive_maximum.unwrap_or(u16::MAX).max(1),
             client_max_packet: p.maximum_packet_size.unwrap_or(u32::MAX),
@@ -327,6 +373,8 @@ impl Conn {
             connect_expiry_zero: accepted.session_expiry == 0,
             signal: accepted.signal,
             keep_alive: accepted.keep_alive,
+            publish_rate: (cfg.max_publish_rate > 0)
+                .then(|| Bucket::full(cfg.max_publish_rate, broker.now())),
         })
     }
 }
@@ -360,54 +408,8 @@ async fn refuse<S: Transport>(stream: &mut S, codec: &Codec, code: ReasonCode) {
     }
 }
 
-/// Extra AUTH exchanges during connect (MQTT 5 enhanced authentication).
-async fn auth_rounds<S: Transport>(
-    broker: &Broker,
-    stream: &mut S,
-    codec: &mut Codec,
-    rbuf: &mut BytesMut,
-    connect: &Connect,
-    mut challenge: Packet,
-    deadline: Instant,
-) -> Result<Option<bytes::Bytes>, Option<Refused>> {
-    let method = connect
-        .properties
-        .authentication_method
-        .clone()
-        .unwrap_or_default();
-    let authenticator = broker.authenticator();
-    loop {
-        let mut out = BytesMut::new();
-        if let Err(e) = codec.encode(&challenge, &mut out) {
-            super::encode_failed(broker, &connect.client_id, "AUTH", &e);
-            return Err(None);
-        }
-        stream.write_all(&out).await.map_err(|_| None)?;
-        let Ok(Some(Packet::Auth(auth))) = read_packet(stream, codec, rbuf, deadline).await else {
-            return Err(None);
-        };
-        if auth.reason_code != ReasonCode::CONTINUE_AUTHENTICATION
-            || auth.authentication_method.as_ref() != Some(&method)
-        {
-            return Err(Some(Refused(ReasonCode::PROTOCOL_ERROR)));
-        }
-        match authenticator.auth(&connect.client_id, &method, &auth) {
-            AuthDecision::Success { data } => return Ok(data),
-            AuthDecision::Continue { data } => {
-                challenge = Packet::Auth(statehub_mqtt_codec::Auth {
-                    reason_code: ReasonCode::CONTINUE_AUTHENTICATION,
-                    authentication_method: Some(method.clone()),
-                    authentication_data: data,
-                    ..Default::default()
-                });
-            }
-            AuthDecision::Deny(code) => return Err(Some(Refused(code))),
-        }
-    }
-}
-
 /// Reads until one whole packet is decoded, the peer closes (Ok(None)), or the deadline.
-async fn read_packet<S: Transport>(
+pub(super) async fn read_packet<S: Transport>(
     stream: &mut S,
     codec: &mut Codec,
     rbuf: &mut BytesMut,

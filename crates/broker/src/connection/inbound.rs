@@ -4,14 +4,14 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use statehub_mqtt_codec::{
-    validate, Auth, ByteString, Packet, ProtocolVersion, PubResponse, Publish, QoS, ReasonCode,
+    validate, ByteString, Packet, ProtocolVersion, PubResponse, Publish, QoS, ReasonCode,
 };
 
 use super::{Close, Conn};
-use crate::auth::AuthDecision;
 use crate::broker::Routed;
 use crate::config::QueueFull;
 use crate::message::Message;
+use crate::ratelimit::LogLimit;
 use crate::session::{IncomingQos2, PubRec, Stage};
 use crate::session_store::{Gate, Group};
 use crate::topic;
@@ -63,7 +63,7 @@ impl Conn {
             Packet::Disconnect(d) => {
                 Err(self.on_disconnect(d.reason_code, d.session_expiry_interval))
             }
-            Packet::Auth(a) => self.on_auth(a),
+            Packet::Auth(a) => self.on_auth(a).await,
             Packet::Connect(_) => Err(Close::ByServer(
                 ReasonCode::PROTOCOL_ERROR,
                 "second CONNECT [MQTT-3.1.0-2]",
@@ -78,6 +78,7 @@ impl Conn {
     }
 
     async fn on_publish(&mut self, mut p: Publish) -> Result<(), Close> {
+        self.within_publish_rate()?;
         // The topic is valid: the codec checked every non-empty one [MQTT-3.3.2-2], and
         // an alias stands for a topic checked when the alias was set.
         self.resolve_alias(&mut p)?;
@@ -125,12 +126,16 @@ impl Conn {
             }
             return self.ack_publish(p.qos, pid, code, false).await;
         }
+        if let Some(reason) = self.publish_denied(&p.topic) {
+            return self.deny_publish(p.qos, pid, reason).await;
+        }
         let qos = p.qos;
         // Opened once this publish is acknowledged (after its barrier) or failed.
         let gate =
             (qos == QoS::ExactlyOnce && self.broker.session_store().is_some()).then(Arc::default);
         let _open_when_done = gate.clone().map(OpenOnDrop);
         let (code, stored) = if let Some(service) = self.broker.service_for(&p.topic) {
+            self.refresh_service_access();
             service.on_publish(&self.broker, &self.info, p).await;
             let stored = qos == QoS::ExactlyOnce && self.session.receive_qos2(pid);
             (ReasonCode::SUCCESS, stored)
@@ -168,6 +173,48 @@ impl Conn {
             (code, routed.stored)
         };
         self.ack_publish(qos, pid, code, stored).await
+    }
+
+    /// Takes a token from `max_publish_rate`'s bucket; with none left the connection
+    /// closes with 0x96 Message rate too high (counted, logged rate-limited).
+    fn within_publish_rate(&mut self) -> Result<(), Close> {
+        let Some(bucket) = &mut self.publish_rate else {
+            return Ok(());
+        };
+        let rate = self.broker.config().max_publish_rate;
+        if bucket.take(self.broker.now(), rate, rate) {
+            return Ok(());
+        }
+        static LOG: LogLimit = LogLimit::per_secs(10);
+        let m = self.broker.metrics();
+        m.publish_rate_exceeded.fetch_add(1, Ordering::Relaxed);
+        if let Some(left_out) = LOG.allow() {
+            tracing::warn!(
+                client = %self.info.client_id,
+                left_out,
+                "PUBLISH rate above max_publish_rate; DISCONNECT 0x96"
+            );
+        }
+        Err(Close::ByServer(
+            ReasonCode::MESSAGE_RATE_TOO_HIGH,
+            "PUBLISH rate above max_publish_rate",
+        ))
+    }
+
+    /// Answers a PUBLISH the client may not make, which goes nowhere: PUBACK/PUBREC
+    /// 0x87 for MQTT 5 (nothing for QoS 0); for MQTT 3.1.1, which has no way to say so,
+    /// the normal acknowledgement [MQTT-3.3.5-2].
+    async fn deny_publish(&mut self, qos: QoS, pid: u16, reason: &str) -> Result<(), Close> {
+        tracing::debug!(client = %self.info.client_id, reason, "PUBLISH dropped");
+        if self.version == ProtocolVersion::V5 {
+            return self
+                .ack_publish(qos, pid, ReasonCode::NOT_AUTHORIZED, false)
+                .await;
+        }
+        // A QoS 2 receipt is kept, so the client's PUBREL finds it.
+        let stored = qos == QoS::ExactlyOnce && self.session.receive_qos2(pid);
+        self.ack_publish(qos, pid, ReasonCode::SUCCESS, stored)
+            .await
     }
 
     /// Routes a client's message (`accepted` runs unless it is refused, see
@@ -319,35 +366,5 @@ impl Conn {
         Close::ByClient {
             will: code == ReasonCode::DISCONNECT_WITH_WILL,
         }
-    }
-
-    /// AUTH after CONNECT: re-authentication (0x19) [MQTT-4.12.1].
-    fn on_auth(&mut self, a: Auth) -> Result<(), Close> {
-        let Some(method) = self.auth_method.clone() else {
-            return Err(Close::ByServer(
-                ReasonCode::PROTOCOL_ERROR,
-                "AUTH without an authentication method [MQTT-4.12.0-7]",
-            ));
-        };
-        if a.authentication_method.as_ref() != Some(&method) {
-            return Err(Close::ByServer(
-                ReasonCode::PROTOCOL_ERROR,
-                "AUTH method differs from CONNECT's [MQTT-4.12.1-1]",
-            ));
-        }
-        let auth = self.broker.authenticator();
-        let (code, data) = match auth.auth(&self.info.client_id, &method, &a) {
-            AuthDecision::Success { data } => (ReasonCode::SUCCESS, data),
-            AuthDecision::Continue { data } => (ReasonCode::CONTINUE_AUTHENTICATION, data),
-            AuthDecision::Deny(code) => {
-                return Err(Close::ByServer(code, "re-authentication failed"))
-            }
-        };
-        self.send(&Packet::Auth(Auth {
-            reason_code: code,
-            authentication_method: Some(method),
-            authentication_data: data,
-            ..Default::default()
-        }))
     }
 }

@@ -1,12 +1,14 @@
 //! One task per client connection; the only place that touches its socket.
 //!
 //! The task reads and writes concurrently from one `select!` loop (on the readiness
-//! of its [`Transport`]: a `TcpStream`, or a WebSocket on one): decoded packets are handled in place and their answers
+//! of its [`Transport`]: a `TcpStream`, TLS over one, or a WebSocket on one): decoded packets are handled in place and their answers
 //! appended to one write buffer, and deliveries from the session queue are encoded
 //! into the same buffer, so many packets leave in one `write` call. The loop stops
 //! draining the session queue while the write buffer is above its high-water mark;
 //! the queue then fills and the session's bounds decide (see `session/mod.rs`).
 
+mod authn;
+mod authorize;
 mod buffers;
 mod handshake;
 mod inbound;
@@ -16,7 +18,6 @@ mod teardown;
 
 use std::collections::HashMap;
 use std::future::poll_fn;
-use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::task::Poll;
@@ -27,6 +28,8 @@ use statehub_mqtt_codec::{
     ByteString, Codec, DecodeError, EncodeError, LastWill, Packet, ProtocolVersion, ReasonCode,
 };
 
+use crate::auth::{Authenticator, Peer};
+use crate::authz::Grants;
 use crate::clock::Timer;
 use crate::pending::Admission;
 use crate::ratelimit::LogLimit;
@@ -46,6 +49,10 @@ pub(crate) enum Close {
     ByServer(ReasonCode, &'static str),
     /// The socket closed or failed without a DISCONNECT.
     Lost,
+    /// The client's credential expired without a re-authentication: the network
+    /// connection is closed without a DISCONNECT, as the AIO broker does (the client
+    /// reconnects with its current credential).
+    Expired,
 }
 
 impl Close {
@@ -66,6 +73,13 @@ pub(crate) struct Conn {
     session: Arc<Session>,
     generation: u64,
     info: ClientInfo,
+    /// What the authorization rules grant this client, kept current (`authz.rs`).
+    grants: Grants,
+    /// The peer and the authenticator that admitted it (for re-authentication).
+    origin: authn::Origin,
+    /// When the credential the client authenticated with expires (broker clock): the
+    /// connection closes then unless a re-authentication moved it.
+    credential_at: Option<std::time::Instant>,
     version: ProtocolVersion,
     client_receive_max: u16,
     client_max_packet: u32,
@@ -82,21 +96,29 @@ pub(crate) struct Conn {
     connect_expiry_zero: bool,
     signal: Arc<Signal>,
     keep_alive: Duration,
+    /// `max_publish_rate`'s bucket (`None`: no limit).
+    publish_rate: Option<crate::rate::Bucket>,
 }
 
 /// Serves one connection until it closes. Never panics on peer input.
 pub(crate) async fn serve<S: Transport>(
     broker: Broker,
     mut stream: S,
-    peer: SocketAddr,
+    peer: Peer,
     admission: Admission,
+    authenticator: Arc<dyn Authenticator>,
 ) {
+    let origin = authn::Origin {
+        peer,
+        authenticator,
+    };
     // The handshake and the teardown are boxed: a task's future is as large as its
     // largest state, and an idle connection should not carry theirs.
-    let connected = Box::pin(handshake::connect(&broker, &mut stream, admission)).await;
+    let connected = Box::pin(handshake::connect(&broker, &mut stream, admission, origin)).await;
     if let Some((conn, rbuf, _open)) = connected {
         let client = conn.info.client_id.clone();
-        let about = crate::session::Peer {
+        let peer = conn.origin.peer.addr;
+        let about = crate::session::PeerInfo {
             addr: peer,
             protocol: conn.version,
         };
@@ -123,6 +145,7 @@ impl Conn {
         let clock = self.broker.clock().clone();
         let mut deadlines =
             Deadlines::new(self.keep_alive.mul_f32(1.5), packet_timeout, clock.now());
+        deadlines.credential(self.credential_at);
         // Shutdown reaches connections through their signals (the listener asks every
         // attached one to close); one that attached after that sees the token here.
         if self.broker.is_shutting_down() {
@@ -221,6 +244,8 @@ impl Conn {
         }
         let handled = self.handle_buffered(rbuf).await?;
         deadlines.read(self.broker.now(), handled, !rbuf.is_empty());
+        // A re-authentication among those packets moved it.
+        deadlines.credential(self.credential_at);
         Ok(())
     }
 
@@ -228,7 +253,15 @@ impl Conn {
     fn deadline_passed(&self, deadlines: &Deadlines) -> Option<Close> {
         let now = self.broker.now();
         let close = deadlines.expired(now)?;
-        if deadlines.packet_late(now) {
+        if close == Close::Expired {
+            let expired = &self.broker.metrics().credentials_expired;
+            expired.fetch_add(1, Ordering::Relaxed);
+            tracing::info!(
+                peer = %self.origin.peer.addr,
+                client = %self.info.client_id,
+                "credential expired without re-authentication; closing the connection"
+            );
+        } else if deadlines.packet_late(now) {
             let timeouts = &self.broker.metrics().packet_read_timeouts;
             timeouts.fetch_add(1, Ordering::Relaxed);
         }
@@ -344,7 +377,9 @@ mod tests {
         let broker = crate::Broker::new(crate::BrokerConfig::default());
         let pending = crate::pending::Pending::new(1, 1, broker.clock().clone());
         let admission = pending.admit(peer.ip(), broker.metrics()).unwrap();
-        let task = super::serve(broker.clone(), stream, peer, admission);
+        let auth = std::sync::Arc::new(crate::AllowAll);
+        let peer = crate::Peer::plain(peer);
+        let task = super::serve(broker.clone(), stream, peer, admission, auth);
         let size = std::mem::size_of_val(&task);
         assert!(size < 6 * 1024, "a connection's future takes {size} bytes");
     }

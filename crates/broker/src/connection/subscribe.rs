@@ -120,7 +120,7 @@ impl Conn {
     /// The SUBACK code refusing `filter`, if it is refused; a protocol error closes
     /// the connection. 3.1.1 clients get every failure as 0x80 (the codec maps it).
     fn refuse_filter(
-        &self,
+        &mut self,
         filter: &ByteString,
         options: &SubscriptionOptions,
     ) -> Result<Option<ReasonCode>, Close> {
@@ -141,7 +141,7 @@ impl Conn {
         if topic::too_deep(plain, cfg.max_topic_levels) {
             return Ok(Some(ReasonCode::TOPIC_FILTER_INVALID));
         }
-        if topic::is_reserved_filter(plain) {
+        if topic::is_reserved_filter(plain) || self.subscribe_denied(filter).is_some() {
             return Ok(Some(ReasonCode::NOT_AUTHORIZED));
         }
         Ok(None)

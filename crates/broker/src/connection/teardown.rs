@@ -53,7 +53,12 @@ impl Conn {
                 .release_session(&self.session, self.generation, self.session_expiry);
         let shutting_down = self.broker.is_shutting_down();
         let send_will = !shutting_down && !matches!(close, Close::ByClient { will: false });
-        if let (true, Some(will)) = (send_will, self.will.take()) {
+        // Rules replaced since CONNECT judge the will as it goes.
+        let will = self
+            .will
+            .take()
+            .filter(|w| send_will && self.publish_denied(&w.topic).is_none());
+        if let Some(will) = will {
             schedule_will(
                 &self.broker,
                 &self.session,

@@ -107,6 +107,7 @@ mod tests {
             properties: Default::default(),
             expires_at: None,
             publisher: None,
+            recipient: None,
         };
         Delivery::new(Arc::new(msg), qos, false, Vec::new())
     }

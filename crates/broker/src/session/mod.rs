@@ -76,7 +76,7 @@ struct Attachment {
 
 /// The network side of the connection attached last: its address and protocol.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Peer {
+pub struct PeerInfo {
     pub addr: std::net::SocketAddr,
     pub protocol: statehub_mqtt_codec::ProtocolVersion,
 }
@@ -101,7 +101,7 @@ struct SessionState {
     /// Generation of the last connection attached (see [`Attachment`]).
     last_generation: u64,
     /// Where the last connection came from and what it spoke (for the admin view).
-    peer: Option<Peer>,
+    peer: Option<PeerInfo>,
     /// Counters for what was not delivered.
     dropped_qos0: u64,
     dropped_offline: u64,

@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use super::{Peer, Session};
+use super::{PeerInfo, Session};
 
 /// What the admin view shows of one session. Subscriptions are cut at the caller's
 /// bound; `subscription_count` tells how many there are in all.
@@ -12,7 +12,7 @@ pub struct SessionSnapshot {
     pub connected: bool,
     /// The last connection's address and protocol (`None` for a session restored from
     /// a data directory and not yet resumed).
-    pub peer: Option<Peer>,
+    pub peer: Option<PeerInfo>,
     /// Session Expiry Interval in seconds (`u32::MAX`: never).
     pub expiry_interval: u32,
     pub persistent: bool,
@@ -27,7 +27,7 @@ pub struct SessionSnapshot {
 impl Session {
     /// Records where the connection `generation` came from, if it still owns the
     /// session.
-    pub(crate) fn set_peer(&self, generation: u64, peer: Peer) {
+    pub(crate) fn set_peer(&self, generation: u64, peer: PeerInfo) {
         let mut st = self.state.lock();
         if st.last_generation == generation {
             st.peer = Some(peer);

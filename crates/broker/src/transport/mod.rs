@@ -1,12 +1,13 @@
-//! What a connection task reads and writes: a plain `TcpStream`, or MQTT over a
-//! WebSocket on one ([`ws::WsStream`]).
+//! What a connection task reads and writes: a plain `TcpStream`, a TLS session over
+//! one ([`tls::TlsStream`]), or MQTT over a WebSocket on one ([`ws::WsStream`]).
 //!
 //! The connection loop is readiness-based (wait until readable, then read what is
 //! there without blocking; likewise for writes) so that an idle connection holds no
 //! buffer. [`Transport`] is that interface. The connection code is generic over it,
-//! so the plain-TCP path is the same machine code as with a bare `TcpStream`: the
-//! WebSocket endpoint costs nothing to the connections of a plain one.
+//! so the plain-TCP path is the same machine code as with a bare `TcpStream`: a TLS
+//! listener or the WebSocket endpoint costs nothing to the connections of a plain one.
 
+pub mod tls;
 pub mod ws;
 
 use std::future::Future;
@@ -45,7 +46,7 @@ pub(crate) trait Transport: Send + Sync + 'static {
         buf: &'a [u8],
     ) -> impl Future<Output = io::Result<()>> + Send + 'a;
 
-    /// Ends our side of the stream (a WebSocket close frame, then FIN).
+    /// Ends our side of the stream (a WebSocket close frame or TLS close_notify, then FIN).
     fn shutdown(&mut self) -> impl Future<Output = io::Result<()>> + Send + '_;
 }
 

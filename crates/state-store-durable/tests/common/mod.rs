@@ -18,5 +18,6 @@ pub fn request(args: &[&[u8]], ts_ms: Option<u64>) -> Request<'static> {
         payload: Bytes::from(payload),
         timestamp: ts_ms.map(|ms| &*format!("{ms:015}:00000:client").leak()),
         fencing_token: None,
+        access: None,
     }
 }

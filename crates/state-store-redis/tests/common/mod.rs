@@ -61,6 +61,7 @@ pub fn request<'a>(
         payload: resp(args),
         timestamp: ts,
         fencing_token: ft,
+        access: None,
     }
 }
 

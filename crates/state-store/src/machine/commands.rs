@@ -6,7 +6,7 @@
 
 use bytes::Bytes;
 
-use super::{Effect, Failure, Machine, Reply};
+use super::{Effect, Failure, Machine, Reply, Request};
 use crate::authz::{Authorizer, Operation};
 use crate::command::SetCondition;
 use crate::engine::{DelOutcome, Engine, Limits, SetOutcome, SetRequest};
@@ -173,7 +173,7 @@ impl<E: Engine, A: Authorizer> Machine<E, A> {
     /// waiting for their removal, see [`super::EXPIRY_BATCH`]).
     pub(super) fn scan(
         &self,
-        client: &str,
+        request: &Request<'_>,
         pattern: &[u8],
         token: Option<&[u8]>,
         skip_due: Option<u64>,
@@ -195,7 +195,7 @@ impl<E: Engine, A: Authorizer> Machine<E, A> {
                 work = work.saturating_add((key.len() as u64 + 1).saturating_mul(words));
                 let visible = pattern.is_match(&key)
                     && !self.is_due(&key, skip_due)?
-                    && self.authorizer.authorize(client, &key, Operation::Scan);
+                    && request.allowed(&self.authorizer, &key, Operation::Scan);
                 if visible {
                     page_bytes += key.len();
                     keys.push(key);

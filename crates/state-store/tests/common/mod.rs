@@ -40,6 +40,7 @@ pub fn request<'a>(
         payload: Bytes::copy_from_slice(payload),
         timestamp: ts,
         fencing_token: ft,
+        access: None,
     }
 }
 

@@ -83,10 +83,15 @@ pub(super) async fn call(admin: &Admin, args: &[&[u8]]) -> Result<Answer, ApiErr
             ..PublishProperties::default()
         },
     };
+    // The dashboard acts with the admin key, which grants every key: no access list.
     let from = ClientInfo {
         client_id: ADMIN_CLIENT_ID.into(),
-        username: None,
         protocol: ProtocolVersion::V5,
+        access: None,
+        principal: std::sync::Arc::new(statehub_broker::Principal {
+            client_id: ADMIN_CLIENT_ID.into(),
+            ..Default::default()
+        }),
     };
     let wait = Duration::from_secs(u64::from(REQUEST_SECS));
     let answer = async {

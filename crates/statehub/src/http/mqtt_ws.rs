@@ -20,7 +20,7 @@ use axum::routing::get;
 use axum::Router;
 use hyper::upgrade::OnUpgrade;
 use hyper_util::rt::TokioIo;
-use statehub_broker::{Broker, WebSocketEndpoint};
+use statehub_broker::{Authenticator, Broker, WebSocketEndpoint};
 use tokio::runtime::Handle;
 
 use super::conn::Conn;
@@ -38,10 +38,20 @@ struct Endpoint {
 }
 
 /// `router` with MQTT over WebSocket on [`PATH`], served on `workers` (the caller's
-/// runtime if empty).
-pub fn mount(router: Router, broker: &Broker, workers: Vec<Handle>) -> Router {
+/// runtime if empty); clients authenticate with `auth` (the broker's authenticator if
+/// `None`).
+pub fn mount(
+    router: Router,
+    broker: &Broker,
+    workers: Vec<Handle>,
+    auth: Option<Arc<dyn Authenticator>>,
+) -> Router {
+    let mut ws = WebSocketEndpoint::new(broker.clone());
+    if let Some(auth) = auth {
+        ws = ws.with_authenticator(auth);
+    }
     let endpoint = Arc::new(Endpoint {
-        broker: WebSocketEndpoint::new(broker.clone()),
+        broker: ws,
         workers,
         next: AtomicUsize::new(0),
     });
