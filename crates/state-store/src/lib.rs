@@ -39,7 +39,9 @@ pub use command::{Command, SetCondition};
 pub use engine::{Engine, Entry, MemoryEngine, ScanBatch, Stats, WriteSeq};
 pub use error::{EngineError, FatalError, Refusal};
 pub use hlc::{Hlc, HlcClock};
-pub use machine::{Config, Effect, Machine, Notification, Outcome, Reply, Request};
+pub use machine::{
+    Config, Counts, Effect, Machine, Notification, Outcome, Reply, Request, COMMANDS, RESULTS,
+};
 pub use notify::{notify_topic, REQUEST_TOPIC};
 pub use value::Value;
 

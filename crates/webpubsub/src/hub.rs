@@ -138,10 +138,15 @@ impl Hub {
         self
     }
 
-    #[cfg(test)]
     /// The counters this hub counts into.
     pub(crate) fn stats(&self) -> &Stats {
         &self.stats
+    }
+
+    /// (sessions, groups) now.
+    pub(crate) fn sizes(&self) -> (usize, usize) {
+        let hub = lock(&self.state);
+        (hub.sessions.len(), hub.groups.len())
     }
 
     /// The same hub, with an upstream.
@@ -291,6 +296,7 @@ impl Hub {
                 Err(Gone) => self.remove(session.id()),
             }
         }
+        self.stats.messages_out(delivered);
         delivered
     }
 
