@@ -104,6 +104,9 @@ pub struct HttpConfig {
     /// A connection (before any WebSocket upgrade) that moves no byte either way for
     /// this many seconds is closed (30): a client that stops reading its responses.
     pub idle_timeout_secs: u64,
+    /// Bearer token that lets a scraper from another host read `/metrics` (loopback
+    /// peers need none). Unset: `/metrics` answers 403 to non-loopback peers.
+    pub metrics_token: Option<String>,
 }
 
 impl Default for HttpConfig {
@@ -113,6 +116,7 @@ impl Default for HttpConfig {
             header_timeout_secs: 10,
             request_timeout_secs: 30,
             idle_timeout_secs: 30,
+            metrics_token: None,
         }
     }
 }

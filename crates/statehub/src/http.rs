@@ -1,5 +1,5 @@
-//! The HTTP listener: `GET /healthz`, and the Web PubSub client endpoint and REST API
-//! when access keys are configured.
+//! The HTTP listener: the Web PubSub client endpoint and REST API when access keys are
+//! configured (and, merged in by `main`, the metrics and health routes).
 //!
 //! Served by hyper's HTTP/1 connection with our own accept loop rather than
 //! `axum::serve`, which has no timeouts nor connection cap: a client that opens
@@ -25,9 +25,9 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use axum::body::Body;
+use axum::extract::ConnectInfo;
 use axum::http::{header, Request, Response, StatusCode};
 use axum::response::IntoResponse;
-use axum::routing::get;
 use axum::Router;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -75,7 +75,7 @@ impl Limits {
 /// is mounted when access keys are configured (without keys no token can be valid).
 /// Upstream requests name us `localhost:<port>` unless `webhook_origin` is set.
 pub fn router(mut config: Config, local: SocketAddr) -> (Router, Option<WebPubSub>) {
-    let health = Router::new().route("/healthz", get(|| async { "ok\n" }));
+    let health = Router::new();
     if config.access_keys.is_empty() {
         return (health, None);
     }
@@ -105,7 +105,7 @@ pub async fn serve(
     let refusals = RateLimitedLog::default();
     let accept_errors = RateLimitedLog::default();
     loop {
-        let (stream, _peer) = tokio::select! {
+        let (stream, peer) = tokio::select! {
             () = shutdown.cancelled() => break,
             accepted = listener.accept() => match accepted {
                 Ok(accepted) => accepted,
@@ -134,7 +134,7 @@ pub async fn serve(
         let conn = Conn::new(stream, slot);
         let task = serve_connection(
             conn,
-            router.clone(),
+            router.clone().layer(axum::Extension(ConnectInfo(peer))),
             limits,
             Arc::clone(&closes),
             shutdown.clone(),

@@ -4,6 +4,7 @@
 mod config;
 mod fds;
 mod http;
+mod metrics;
 
 use std::error::Error;
 use std::fmt::Debug;
@@ -127,7 +128,7 @@ async fn serve(mut settings: Settings) -> std::io::Result<()> {
     descriptors.size_connections(&mut settings);
     let broker = Broker::new(settings.broker.clone());
     let shutdown = broker.shutdown_token();
-    let (expiry, storage) = start_state_store(&settings, &broker)?;
+    let (expiry, storage, state_store) = start_state_store(&settings, &broker)?;
     let workers = Workers::start(settings.mqtt_threads)?;
     let mqtt = MqttListener::bind(broker.clone(), settings.mqtt_listen)
         .await?
@@ -146,6 +147,14 @@ async fn serve(mut settings: Settings) -> std::io::Result<()> {
     });
     let grace = Duration::from_secs(settings.shutdown_grace_secs);
     let (router, wps) = http::router(settings.webpubsub.clone(), http.local_addr()?);
+    let telemetry = metrics::Telemetry::new(
+        broker.clone(),
+        state_store,
+        storage.as_ref().map(|d| d.store.clone()),
+        wps.clone(),
+        settings.http.metrics_token.clone(),
+    );
+    let router = router.merge(telemetry.routes());
     let wps_task = match wps {
         Some(wps) => {
             tracing::info!(
@@ -164,7 +173,16 @@ async fn serve(mut settings: Settings) -> std::io::Result<()> {
     };
     let http_limits = http::Limits::new(&settings.http, descriptors.per_listener());
     let http_task = tokio::spawn(http::serve(http, router, http_limits, shutdown.clone()));
+    telemetry.set_ready(true);
+    let unready = tokio::spawn({
+        let shutdown = shutdown.clone();
+        async move {
+            shutdown.cancelled().await;
+            telemetry.set_ready(false);
+        }
+    });
     mqtt.serve(grace).await;
+    unready.abort();
     if let Some(task) = wps_task {
         if let Err(e) = task.await {
             tracing::error!("web pubsub shutdown failed: {e}");
@@ -203,16 +221,18 @@ fn chain(error: &dyn Error) -> String {
 
 /// The state store, in memory or loaded from `--data-dir`, registered on the broker with
 /// its expiry task running; with a data directory, the broker's retained messages are
-/// loaded from it and kept there too. Returns the task and the open data directory.
+/// loaded from it and kept there too. Returns the task, the open data directory and the
+/// service (for the metrics).
 fn start_state_store(
     settings: &Settings,
     broker: &Broker,
-) -> std::io::Result<(JoinHandle<()>, Option<DataDir>)> {
+) -> std::io::Result<(JoinHandle<()>, Option<DataDir>, StateStoreRef)> {
     let invalid = |e: &dyn Error| std::io::Error::new(std::io::ErrorKind::InvalidInput, chain(e));
     let Some(dir) = &settings.data_dir else {
         let service =
             StateStoreService::in_memory(&settings.state_store).map_err(|e| invalid(&e))?;
-        return Ok((register(broker, service), None));
+        let (expiry, service) = register(broker, service);
+        return Ok((expiry, None, service));
     };
     let started = Instant::now();
     let options = Options {
@@ -242,20 +262,26 @@ fn start_state_store(
         started.elapsed().as_millis(),
         settings.sync
     );
-    Ok((
-        register(broker, service),
-        Some(DataDir::start(store, installed.sessions)),
-    ))
+    let (expiry, service) = register(broker, service);
+    let data_dir = DataDir::start(store, installed.sessions);
+    Ok((expiry, Some(data_dir), service))
 }
 
-fn register<E, A>(broker: &Broker, service: StateStoreService<E, A>) -> JoinHandle<()>
+/// The state store service, whatever its engine, as the metrics read it.
+type StateStoreRef = Arc<dyn metrics::StateStoreSource>;
+
+fn register<E, A>(
+    broker: &Broker,
+    service: StateStoreService<E, A>,
+) -> (JoinHandle<()>, StateStoreRef)
 where
     E: statehub_state_store_service::Engine + Send + Debug + 'static,
     A: statehub_state_store_service::Authorizer + Send + Debug + 'static,
 {
     let service = Arc::new(service);
     broker.register_service(REQUEST_TOPIC, service.clone());
-    tokio::spawn(service.run_expiry(broker.clone()))
+    let expiry = tokio::spawn(service.clone().run_expiry(broker.clone()));
+    (expiry, service)
 }
 
 /// The open data directory: its store, and the session table whose write-behind
