@@ -188,6 +188,37 @@ mod tests {
         h
     }
 
+    async fn status(router: &Router, path: &str) -> StatusCode {
+        use tower::ServiceExt as _;
+        let req = axum::http::Request::get(path)
+            .body(axum::body::Body::empty())
+            .unwrap();
+        router.clone().oneshot(req).await.unwrap().status()
+    }
+
+    #[tokio::test]
+    async fn readyz_is_503_until_ready_and_again_once_unready() {
+        let broker = Broker::new(statehub_broker::BrokerConfig::default());
+        let settings = statehub_state_store_service::Settings::default();
+        let service = StateStoreService::in_memory(&settings).unwrap();
+        let t = Telemetry::new(broker, Arc::new(service), None, None, None);
+        let routes = t.routes();
+        assert_eq!(
+            status(&routes, "/readyz").await,
+            StatusCode::SERVICE_UNAVAILABLE
+        );
+        assert_eq!(status(&routes, "/healthz").await, StatusCode::OK);
+        t.set_ready(true);
+        assert_eq!(status(&routes, "/readyz").await, StatusCode::OK);
+        t.set_ready(false);
+        assert_eq!(
+            status(&routes, "/readyz").await,
+            StatusCode::SERVICE_UNAVAILABLE
+        );
+        // No peer address known (not served from the listener): treated as remote.
+        assert_eq!(status(&routes, "/metrics").await, StatusCode::FORBIDDEN);
+    }
+
     #[test]
     fn a_remote_scrape_needs_the_configured_token() {
         let none = HeaderMap::new();
