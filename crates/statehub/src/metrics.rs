@@ -11,6 +11,7 @@
 //! docs/security.md); from elsewhere it needs `Authorization: Bearer <[http]
 //! metrics_token>`, and without a configured token it is refused (403).
 
+mod enc;
 mod encode;
 
 use std::fmt::Debug;

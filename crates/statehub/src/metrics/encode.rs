@@ -7,15 +7,16 @@ use std::fmt::{Debug, Error};
 use std::sync::Arc;
 
 use prometheus_client::collector::Collector;
-use prometheus_client::encoding::{DescriptorEncoder, NoLabelSet};
-use prometheus_client::metrics::MetricType;
+use prometheus_client::encoding::DescriptorEncoder;
 use prometheus_client::registry::Unit;
-use statehub_broker::{Broker, PACKET_TYPES};
-use statehub_state_store_service::{COMMANDS, RESULTS};
-use statehub_stats::HistogramSnapshot;
-use statehub_storage::Store;
-use statehub_webpubsub::WebPubSub;
+use std::sync::atomic::Ordering::Relaxed;
 
+use statehub_broker::{Broker, Gauges, Metrics, PACKET_TYPES};
+use statehub_state_store_service::{COMMANDS, RESULTS};
+use statehub_storage::Store;
+use statehub_webpubsub::{Counters, WebPubSub};
+
+use super::enc::Enc;
 use super::StateStoreSource;
 
 #[derive(Debug)]
@@ -42,9 +43,15 @@ impl Collector for Collect {
 }
 
 fn mqtt(e: &mut Enc<'_>, broker: &Broker) -> Result<(), Error> {
-    use std::sync::atomic::Ordering::Relaxed;
     let m = broker.metrics();
     let g = broker.gauges();
+    mqtt_connections(e, m, &g)?;
+    mqtt_traffic(e, m)?;
+    mqtt_deliveries(e, m)?;
+    mqtt_sessions(e, &g)
+}
+
+fn mqtt_connections(e: &mut Enc<'_>, m: &Metrics, g: &Gauges) -> Result<(), Error> {
     e.gauge(
         "statehub_mqtt_connections",
         "Open MQTT connections (CONNECT received)",
@@ -74,6 +81,10 @@ fn mqtt(e: &mut Enc<'_>, broker: &Broker) -> Result<(), Error> {
         None,
         m.pending_evicted.load(Relaxed),
     )?;
+    Ok(())
+}
+
+fn mqtt_traffic(e: &mut Enc<'_>, m: &Metrics) -> Result<(), Error> {
     let packet = |counts: [(u64, u64); 16], bytes: bool| -> Vec<([&str; 1], u64)> {
         (1..16)
             .map(|i| {
@@ -125,6 +136,10 @@ fn mqtt(e: &mut Enc<'_>, broker: &Broker) -> Result<(), Error> {
         None,
         m.messages_out.load(Relaxed),
     )?;
+    Ok(())
+}
+
+fn mqtt_deliveries(e: &mut Enc<'_>, m: &Metrics) -> Result<(), Error> {
     let dropped = [
         (["qos0_queue_full"], m.dropped_qos0_queue_full.load(Relaxed)),
         (
@@ -183,6 +198,10 @@ fn mqtt(e: &mut Enc<'_>, broker: &Broker) -> Result<(), Error> {
         None,
         m.persistent_sessions_refused.load(Relaxed),
     )?;
+    Ok(())
+}
+
+fn mqtt_sessions(e: &mut Enc<'_>, g: &Gauges) -> Result<(), Error> {
     let sessions = [
         (["online"], g.sessions_online),
         (["offline"], g.sessions_offline),
@@ -317,6 +336,10 @@ fn webpubsub(e: &mut Enc<'_>, wps: &WebPubSub) -> Result<(), Error> {
         c.groups,
     )?;
     e.gauge("statehub_webpubsub_hubs", "Hubs in use", None, c.hubs)?;
+    webpubsub_traffic(e, &c)
+}
+
+fn webpubsub_traffic(e: &mut Enc<'_>, c: &Counters) -> Result<(), Error> {
     e.counter(
         "statehub_webpubsub_messages_received",
         "Frames received from clients",
@@ -387,65 +410,4 @@ fn webpubsub(e: &mut Enc<'_>, wps: &WebPubSub) -> Result<(), Error> {
         "Upstream event handler call latency",
         &c.upstream_latency,
     )
-}
-
-/// The encoder, with one call per metric family.
-struct Enc<'a>(DescriptorEncoder<'a>);
-
-impl Enc<'_> {
-    fn counter(&mut self, name: &str, help: &str, unit: Option<Unit>, v: u64) -> Result<(), Error> {
-        self.0
-            .encode_descriptor(name, help, unit.as_ref(), MetricType::Counter)?
-            .encode_counter::<NoLabelSet, _, u64>(&v, None)
-    }
-
-    fn gauge(&mut self, name: &str, help: &str, unit: Option<Unit>, v: u64) -> Result<(), Error> {
-        self.0
-            .encode_descriptor(name, help, unit.as_ref(), MetricType::Gauge)?
-            .encode_gauge(&v)
-    }
-
-    fn counters<const N: usize>(
-        &mut self,
-        name: &str,
-        help: &str,
-        unit: Option<Unit>,
-        keys: &[&str; N],
-        values: &[([&str; N], u64)],
-    ) -> Result<(), Error> {
-        let mut family =
-            self.0
-                .encode_descriptor(name, help, unit.as_ref(), MetricType::Counter)?;
-        for (labels, v) in values {
-            let set: Vec<(&str, &str)> = keys.iter().copied().zip(labels.iter().copied()).collect();
-            family
-                .encode_family(&set)?
-                .encode_counter::<NoLabelSet, _, u64>(v, None)?;
-        }
-        Ok(())
-    }
-
-    fn gauges<const N: usize>(
-        &mut self,
-        name: &str,
-        help: &str,
-        unit: Option<Unit>,
-        keys: &[&str; N],
-        values: &[([&str; N], u64)],
-    ) -> Result<(), Error> {
-        let mut family = self
-            .0
-            .encode_descriptor(name, help, unit.as_ref(), MetricType::Gauge)?;
-        for (labels, v) in values {
-            let set: Vec<(&str, &str)> = keys.iter().copied().zip(labels.iter().copied()).collect();
-            family.encode_family(&set)?.encode_gauge(v)?;
-        }
-        Ok(())
-    }
-
-    fn histogram(&mut self, name: &str, help: &str, h: &HistogramSnapshot) -> Result<(), Error> {
-        self.0
-            .encode_descriptor(name, help, Some(&Unit::Seconds), MetricType::Histogram)?
-            .encode_histogram::<NoLabelSet>(h.sum_secs, h.count, &h.buckets, None)
-    }
 }
