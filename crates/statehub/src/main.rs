@@ -172,8 +172,10 @@ async fn serve(mut settings: Settings) -> std::io::Result<()> {
         }
     };
     let http_limits = http::Limits::new(&settings.http, descriptors.per_listener());
-    let http_task = tokio::spawn(http::serve(http, router, http_limits, shutdown.clone()));
+    // Both listeners are bound and the data directory is loaded: ready before the first
+    // HTTP request can be served.
     telemetry.set_ready(true);
+    let http_task = tokio::spawn(http::serve(http, router, http_limits, shutdown.clone()));
     let unready = tokio::spawn({
         let shutdown = shutdown.clone();
         async move {
