@@ -55,7 +55,7 @@ pub use broker::{Broker, DeliverError};
 pub use clock::{Clock, ManualClock};
 pub use config::{BrokerConfig, Overlap, QueueFull};
 pub use message::{Message, SharedVia};
-pub use metrics::Metrics;
+pub use metrics::{packet_type, Gauges, Metrics, PacketCounts, Refusals, PACKET_TYPES};
 pub use ratelimit::LogLimit;
 pub use retain_store::{RetainStore, RetainStoreError};
 pub use server::MqttListener;

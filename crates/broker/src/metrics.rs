@@ -1,11 +1,24 @@
-//! Broker counters (atomics), read through `Broker::metrics`; no endpoint serves them yet.
+//! Broker counters (atomics), read through `Broker::metrics` and `Broker::gauges`; the
+//! binary serves them. Relaxed ordering throughout: they are statistics, not
+//! synchronization, and each costs one uncontended atomic add where it is counted.
 
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicU64, Ordering};
 
-/// Monotonic counters. Relaxed ordering: they are statistics, not synchronization.
+use statehub_mqtt_codec::{Packet, ReasonCode};
+
+/// Monotonic counters.
 #[derive(Debug, Default)]
 pub struct Metrics {
+    /// Connections that sent a CONNECT (accepted or not).
     pub connections_total: AtomicU64,
+    /// Connections answered with a successful CONNACK.
+    pub connections_accepted: AtomicU64,
+    /// CONNECTs refused with a CONNACK, by reason code (see [`Refusals`]).
+    pub connections_refused: Refusals,
+    /// Control packets read from clients, by type.
+    pub packets_in: PacketCounts,
+    /// Control packets written to clients, by type.
+    pub packets_out: PacketCounts,
     pub messages_in: AtomicU64,
     pub messages_out: AtomicU64,
     /// Messages not delivered because a session queue was full: the sum of
@@ -76,4 +89,198 @@ pub struct Metrics {
     /// Connections closed because their credential (token, certificate) expired
     /// without a re-authentication.
     pub credentials_expired: AtomicU64,
+}
+
+/// The names of the MQTT control packet types, indexed by their number on the wire
+/// (0 is reserved and never counted).
+pub const PACKET_TYPES: [&str; 16] = [
+    "reserved",
+    "connect",
+    "connack",
+    "publish",
+    "puback",
+    "pubrec",
+    "pubrel",
+    "pubcomp",
+    "subscribe",
+    "suback",
+    "unsubscribe",
+    "unsuback",
+    "pingreq",
+    "pingresp",
+    "disconnect",
+    "auth",
+];
+
+/// The wire number of `p`'s packet type: its index in [`PACKET_TYPES`].
+pub fn packet_type(p: &Packet) -> usize {
+    match p {
+        Packet::Connect(_) => 1,
+        Packet::ConnAck(_) => 2,
+        Packet::Publish(_) => 3,
+        Packet::PubAck(_) => 4,
+        Packet::PubRec(_) => 5,
+        Packet::PubRel(_) => 6,
+        Packet::PubComp(_) => 7,
+        Packet::Subscribe(_) => 8,
+        Packet::SubAck(_) => 9,
+        Packet::Unsubscribe(_) => 10,
+        Packet::UnsubAck(_) => 11,
+        Packet::PingReq => 12,
+        Packet::PingResp => 13,
+        Packet::Disconnect(_) => 14,
+        Packet::Auth(_) => 15,
+    }
+}
+
+/// Packets and their bytes (fixed header included), per packet type.
+#[derive(Debug, Default)]
+pub struct PacketCounts {
+    packets: [AtomicU64; 16],
+    bytes: [AtomicU64; 16],
+}
+
+impl PacketCounts {
+    /// Counts `n` packets of type `kind` (see [`packet_type`]) taking `bytes` in all.
+    pub(crate) fn add(&self, kind: usize, n: u64, bytes: usize) {
+        let kind = kind & 15;
+        self.packets[kind].fetch_add(n, Ordering::Relaxed);
+        self.bytes[kind].fetch_add(bytes as u64, Ordering::Relaxed);
+    }
+
+    /// (packets, bytes) per packet type, indexed as [`PACKET_TYPES`].
+    pub fn snapshot(&self) -> [(u64, u64); 16] {
+        std::array::from_fn(|i| {
+            (
+                self.packets[i].load(Ordering::Relaxed),
+                self.bytes[i].load(Ordering::Relaxed),
+            )
+        })
+    }
+}
+
+/// The first CONNACK reason code that refuses a connection; [`Refusals`] counts
+/// 0x80..=0xA2 (every MQTT 5 error code) in one slot each.
+const FIRST_REFUSAL: u8 = 0x80;
+
+/// CONNECTs refused, per CONNACK reason code (3.1.1 return codes are counted under the
+/// MQTT 5 code the broker chose before mapping).
+#[derive(Debug)]
+pub struct Refusals([AtomicU64; 35]);
+
+impl Default for Refusals {
+    fn default() -> Self {
+        Refusals(std::array::from_fn(|_| AtomicU64::new(0)))
+    }
+}
+
+impl Refusals {
+    pub(crate) fn add(&self, code: ReasonCode) {
+        let slot = usize::from(code.0.saturating_sub(FIRST_REFUSAL)).min(self.0.len() - 1);
+        self.0[slot].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// (reason, count) for every reason counted at least once; the reason is the
+    /// code's name in snake case (`bad_user_name_or_password`).
+    pub fn snapshot(&self) -> Vec<(&'static str, u64)> {
+        self.0
+            .iter()
+            .enumerate()
+            .map(|(i, n)| (refusal_name(i), n.load(Ordering::Relaxed)))
+            .filter(|(_, n)| *n > 0)
+            .collect()
+    }
+}
+
+fn refusal_name(slot: usize) -> &'static str {
+    const NAMES: [&str; 35] = [
+        "unspecified_error",
+        "malformed_packet",
+        "protocol_error",
+        "implementation_specific_error",
+        "unsupported_protocol_version",
+        "client_identifier_not_valid",
+        "bad_user_name_or_password",
+        "not_authorized",
+        "server_unavailable",
+        "server_busy",
+        "banned",
+        "server_shutting_down",
+        "bad_authentication_method",
+        "keep_alive_timeout",
+        "session_taken_over",
+        "topic_filter_invalid",
+        "topic_name_invalid",
+        "packet_identifier_in_use",
+        "packet_identifier_not_found",
+        "receive_maximum_exceeded",
+        "topic_alias_invalid",
+        "packet_too_large",
+        "message_rate_too_high",
+        "quota_exceeded",
+        "administrative_action",
+        "payload_format_invalid",
+        "retain_not_supported",
+        "qos_not_supported",
+        "use_another_server",
+        "server_moved",
+        "shared_subscriptions_not_supported",
+        "connection_rate_exceeded",
+        "maximum_connect_time",
+        "subscription_identifiers_not_supported",
+        "wildcard_subscriptions_not_supported",
+    ];
+    NAMES.get(slot).copied().unwrap_or("other")
+}
+
+/// What the broker holds now, read at scrape time.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Gauges {
+    /// Open client connections (CONNECT received, not yet closed).
+    pub connections: u64,
+    /// Sessions with a connection attached.
+    pub sessions_online: u64,
+    /// Sessions kept without a connection (waiting for their client or their expiry).
+    pub sessions_offline: u64,
+    /// Sessions kept beyond their connection (Session Expiry above 0), online or not.
+    pub sessions_persistent: u64,
+    /// Messages queued in every session together, pending and in flight.
+    pub queued_messages: u64,
+    /// Their bytes.
+    pub queued_bytes: u64,
+    /// Retained messages.
+    pub retained_messages: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refusals_are_named_by_reason_code() {
+        let r = Refusals::default();
+        r.add(ReasonCode::BAD_USER_NAME_OR_PASSWORD);
+        r.add(ReasonCode::BAD_USER_NAME_OR_PASSWORD);
+        r.add(ReasonCode::WILDCARD_SUBSCRIPTIONS_NOT_SUPPORTED);
+        r.add(ReasonCode::QUOTA_EXCEEDED);
+        assert_eq!(
+            r.snapshot(),
+            vec![
+                ("bad_user_name_or_password", 2),
+                ("quota_exceeded", 1),
+                ("wildcard_subscriptions_not_supported", 1)
+            ]
+        );
+    }
+
+    #[test]
+    fn packet_counts_add_up_per_type() {
+        let c = PacketCounts::default();
+        c.add(packet_type(&Packet::PingReq), 1, 2);
+        c.add(3, 5, 100);
+        let s = c.snapshot();
+        assert_eq!(s[12], (1, 2));
+        assert_eq!(s[3], (5, 100));
+        assert_eq!(PACKET_TYPES[12], "pingreq");
+    }
 }

@@ -24,6 +24,7 @@ use parking_lot::{Mutex, MutexGuard, RwLock};
 use statehub_mqtt_codec::{ByteString, ReasonCode};
 
 use crate::config::BrokerConfig;
+use crate::metrics::Gauges;
 use crate::ratelimit::LogLimit;
 use crate::session::{Session, Usage};
 use crate::session_store::{SessionStore, StoredSession};
@@ -234,6 +235,26 @@ impl Broker {
     /// (messages, bytes) queued across every session, pending and in flight.
     pub fn queued_total(&self) -> (usize, usize) {
         self.sessions().usage()
+    }
+
+    /// What the broker holds now: connections, sessions, queued and retained messages.
+    /// Visits every session (a scrape, not a hot path).
+    pub fn gauges(&self) -> Gauges {
+        let (mut online, mut offline) = (0, 0);
+        self.sessions().for_each(|s| match s.is_connected() {
+            true => online += 1,
+            false => offline += 1,
+        });
+        let (queued_messages, queued_bytes) = self.queued_total();
+        Gauges {
+            connections: self.connection_count() as u64,
+            sessions_online: online,
+            sessions_offline: offline,
+            sessions_persistent: self.persistent_session_count() as u64,
+            queued_messages: queued_messages as u64,
+            queued_bytes: queued_bytes as u64,
+            retained_messages: self.retained_count() as u64,
+        }
     }
 
     /// The session store, if one is configured.

@@ -55,6 +55,7 @@ use statehub_state_store::{
     TIMESTAMP_PROPERTY,
 };
 use statehub_state_store_durable::{is_no_space, Progress};
+use statehub_stats::{Histogram, HistogramSnapshot};
 use tokio::sync::Notify;
 
 use cache::{CacheKey, CachedReply, Lookup, ResponseCache};
@@ -63,7 +64,9 @@ use durable::{Durability, Next};
 pub use rpc::{is_forbidden_response_topic, CONTENT_TYPE, PROTOCOL_VERSION};
 pub use settings::Settings;
 pub use settings::SettingsError;
-pub use statehub_state_store::{Authorizer, Change, Engine, Stats, REQUEST_TOPIC};
+pub use statehub_state_store::{
+    Authorizer, Change, Counts, Engine, Stats, COMMANDS, REQUEST_TOPIC, RESULTS,
+};
 pub use statehub_state_store_durable::DurableEngine;
 
 /// The state store as a broker service. Register it on [`REQUEST_TOPIC`] and spawn
@@ -75,6 +78,23 @@ pub struct StateStoreService<E = MemoryEngine, A = AllowAll> {
     rearm: Notify,
     /// Set for a persistent engine: replies wait for durability.
     durability: Option<Durability>,
+    /// From a request's arrival to its reply published (durable, with a persistent
+    /// engine).
+    latency: Histogram,
+}
+
+/// What the metrics endpoint reads: the store's size, what its machine counted, and
+/// the request latency.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Snapshot {
+    /// Keys and bytes held.
+    pub stats: Stats,
+    /// Requests by command and result, notifications.
+    pub counts: Counts,
+    /// KEYNOTIFY observations now.
+    pub observations: u64,
+    /// Request latency.
+    pub latency: HistogramSnapshot,
 }
 
 /// The durable store cannot be opened.
@@ -148,6 +168,7 @@ where
             }),
             rearm: Notify::new(),
             durability: None,
+            latency: Histogram::default(),
         }
     }
 
@@ -175,6 +196,25 @@ where
     pub fn apply_change(&self, broker: &Broker, change: &Change) {
         let effects = self.state.lock().machine.apply_change(change);
         self.carry_out(broker, effects);
+    }
+
+    /// Everything the metrics endpoint shows, read at once.
+    pub fn snapshot(&self) -> Snapshot {
+        let (stats, counts, observations) = {
+            let state = self.state.lock();
+            let machine = &state.machine;
+            (
+                machine.engine().stats(),
+                machine.counts(),
+                machine.observations() as u64,
+            )
+        };
+        Snapshot {
+            stats,
+            counts,
+            observations,
+            latency: self.latency.snapshot(),
+        }
     }
 
     /// Marks the store failed (see [`State::fail`]).
@@ -498,8 +538,10 @@ where
         from: &'a ClientInfo,
         publish: Publish,
     ) -> BoxFuture<'a, ()> {
+        let received = Instant::now();
         let Some(durability) = &self.durability else {
             self.handle(broker, from, publish);
+            self.latency.record(received.elapsed());
             return statehub_broker::done();
         };
         Box::pin(async move {
@@ -507,6 +549,7 @@ where
             if let Some((seq, deadline)) = self.handle(broker, from, publish) {
                 self.finish(broker, durability, seq, Some(deadline)).await;
             }
+            self.latency.record(received.elapsed());
         })
     }
 

@@ -42,7 +42,9 @@ pub use engine::{
 };
 pub use error::{EngineError, FatalError, Refusal};
 pub use hlc::{Hlc, HlcClock, Stamp};
-pub use machine::{Config, Effect, Machine, Notification, Outcome, Reply, Request};
+pub use machine::{
+    Config, Counts, Effect, Machine, Notification, Outcome, Reply, Request, COMMANDS, RESULTS,
+};
 pub use notify::{notify_topic, REQUEST_TOPIC};
 pub use value::Value;
 

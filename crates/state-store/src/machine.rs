@@ -17,6 +17,7 @@
 
 mod commands;
 mod config;
+mod counts;
 mod observers;
 
 use bytes::Bytes;
@@ -29,6 +30,7 @@ use crate::hlc::{check_skew, Hlc, HlcClock, Stamp};
 use crate::notify;
 use crate::resp::Response;
 pub use config::{defaults, Config};
+pub use counts::{Counts, COMMANDS, RESULTS};
 use observers::Observers;
 
 /// Most expired keys one call removes (a request or [`Machine::expire`]), so that a
@@ -177,6 +179,7 @@ pub struct Machine<E, A = AllowAll> {
     clock: HlcClock,
     observers: Observers,
     config: Config,
+    counts: Counts,
 }
 
 impl Machine<MemoryEngine, AllowAll> {
@@ -188,6 +191,7 @@ impl Machine<MemoryEngine, AllowAll> {
             clock: HlcClock::new(config.node_id.clone()),
             observers: Observers::default(),
             config,
+            counts: Counts::default(),
         }
     }
 }
@@ -205,6 +209,7 @@ impl<E: Engine, A: Authorizer> Machine<E, A> {
             clock,
             observers: Observers::default(),
             config,
+            counts: Counts::default(),
         })
     }
 
@@ -218,6 +223,7 @@ impl<E: Engine, A: Authorizer> Machine<E, A> {
             authorizer,
             observers: Observers::default(),
             config,
+            counts: Counts::default(),
         }
     }
 
@@ -231,6 +237,16 @@ impl<E: Engine, A: Authorizer> Machine<E, A> {
         &self.config
     }
 
+    /// Requests and notifications so far.
+    pub fn counts(&self) -> Counts {
+        self.counts
+    }
+
+    /// Observations (KEYNOTIFY pairs of client and key) now.
+    pub fn observations(&self) -> usize {
+        self.observers.total()
+    }
+
     /// Processes one request at `now_ms` (milliseconds since the Unix epoch).
     ///
     /// Refusals are replies (`-ERR ...`); `Err` means the engine failed and the node must
@@ -238,12 +254,20 @@ impl<E: Engine, A: Authorizer> Machine<E, A> {
     pub fn handle(&mut self, request: Request<'_>, now_ms: u64) -> Result<Outcome, FatalError> {
         let mut effects = Vec::new();
         let backlog = self.remove_expired(now_ms, &mut effects)?;
-        let reply = match self.execute(&request, now_ms, backlog, &mut effects) {
-            Ok(reply) => reply,
-            Err(Failure::Refused(refusal)) => Reply::plain(&Response::Error(refusal)),
+        let mut command = counts::INVALID;
+        let reply = match self.execute(&request, now_ms, backlog, &mut effects, &mut command) {
+            Ok(reply) => {
+                self.counts.request(command, true);
+                reply
+            }
+            Err(Failure::Refused(refusal)) => {
+                self.counts.request(command, false);
+                Reply::plain(&Response::Error(refusal))
+            }
             Err(Failure::Fatal(error)) => return Err(error),
         };
         self.seal(&mut effects)?;
+        self.count_notifications(&effects);
         Ok(Outcome { reply, effects })
     }
 
@@ -255,6 +279,7 @@ impl<E: Engine, A: Authorizer> Machine<E, A> {
         let mut effects = Vec::new();
         self.remove_expired(now_ms, &mut effects)?;
         self.seal(&mut effects)?;
+        self.count_notifications(&effects);
         Ok(effects)
     }
 
@@ -355,8 +380,10 @@ impl<E: Engine, A: Authorizer> Machine<E, A> {
         now_ms: u64,
         backlog: bool,
         effects: &mut Vec<Effect>,
+        counted_as: &mut usize,
     ) -> Result<Reply, Failure> {
         let command = Command::parse(&request.payload)?;
+        *counted_as = counts::index(&command);
         let timestamp = parse_hlc::<Stamp>(request.timestamp, |ts| *ts)?;
         let fencing_token = parse_hlc::<Hlc>(request.fencing_token, |ft| ft.into())?;
         let skew = self.config.max_skew_ms;
@@ -409,6 +436,14 @@ impl<E: Engine, A: Authorizer> Machine<E, A> {
                 self.scan(request, &pattern, token.as_deref(), skip_due)
             }
         }
+    }
+
+    fn count_notifications(&mut self, effects: &[Effect]) {
+        let n = effects
+            .iter()
+            .filter(|e| matches!(e, Effect::Notify(_)))
+            .count();
+        self.counts.notifications += n as u64;
     }
 
     /// One effect per observer of `key`, in client id order. The payload is built only

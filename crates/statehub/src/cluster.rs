@@ -116,7 +116,7 @@ pub fn start_state_store(
     options: &Options,
     settings: &StateStoreSettings,
     broker: &Broker,
-) -> std::io::Result<JoinHandle<()>> {
+) -> std::io::Result<(JoinHandle<()>, crate::StateStoreRef)> {
     let invalid = |e: &dyn std::error::Error| {
         std::io::Error::new(std::io::ErrorKind::InvalidInput, crate::chain(e))
     };

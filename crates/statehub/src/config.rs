@@ -168,6 +168,9 @@ pub struct HttpConfig {
     pub mqtt_websocket: bool,
     /// HTTPS and WSS: the `[http.tls]` table (`cert`, `key`).
     pub tls: Option<TlsFiles>,
+    /// Bearer token that lets a scraper from another host read `/metrics` (loopback
+    /// peers need none). Unset: `/metrics` answers 403 to non-loopback peers.
+    pub metrics_token: Option<String>,
 }
 
 impl Default for HttpConfig {
@@ -179,6 +182,7 @@ impl Default for HttpConfig {
             idle_timeout_secs: 30,
             mqtt_websocket: true,
             tls: None,
+            metrics_token: None,
         }
     }
 }

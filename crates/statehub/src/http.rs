@@ -1,5 +1,6 @@
-//! The HTTP listener: `GET /healthz`, MQTT over WebSocket on `/mqtt` ([`mqtt_ws`]),
-//! and the Web PubSub client endpoint and REST API when access keys are configured.
+//! The HTTP listener: MQTT over WebSocket on `/mqtt` ([`mqtt_ws`]), the Web PubSub
+//! client endpoint and REST API when access keys are configured (and, merged in by
+//! `main`, the metrics, health and dashboard routes).
 //!
 //! Served by hyper's HTTP/1 connection with our own accept loop rather than
 //! `axum::serve`, which has no timeouts nor connection cap: a client that opens
@@ -28,9 +29,9 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use axum::body::Body;
+use axum::extract::ConnectInfo;
 use axum::http::{header, Request, Response, StatusCode};
 use axum::response::IntoResponse;
-use axum::routing::get;
 use axum::Router;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -79,7 +80,7 @@ impl Limits {
 /// is mounted when access keys are configured (without keys no token can be valid).
 /// Upstream requests name us `localhost:<port>` unless `webhook_origin` is set.
 pub fn router(mut config: Config, local: SocketAddr) -> (Router, Option<WebPubSub>) {
-    let health = Router::new().route("/healthz", get(|| async { "ok\n" }));
+    let health = Router::new();
     if config.access_keys.is_empty() {
         return (health.merge(crate::first_use::webpubsub_off()), None);
     }
@@ -110,7 +111,7 @@ pub async fn serve(
     let refusals = RateLimitedLog::default();
     let accept_errors = RateLimitedLog::default();
     loop {
-        let (stream, _peer) = tokio::select! {
+        let (stream, peer) = tokio::select! {
             () = shutdown.cancelled() => break,
             accepted = listener.accept() => match accepted {
                 Ok(accepted) => accepted,
@@ -138,7 +139,8 @@ pub async fn serve(
         };
         let conn = Conn::new(stream, slot);
         let activity = conn.activity();
-        let (router, closes, shutdown) = (router.clone(), Arc::clone(&closes), shutdown.clone());
+        let router = router.clone().layer(axum::Extension(ConnectInfo(peer)));
+        let (closes, shutdown) = (Arc::clone(&closes), shutdown.clone());
         let Some(tls) = &tls else {
             connections.spawn(serve_connection(
                 conn, activity, router, limits, closes, shutdown,

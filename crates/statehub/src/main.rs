@@ -13,6 +13,7 @@ mod first_use;
 mod http;
 mod listeners;
 mod logging;
+mod metrics;
 mod passwd;
 
 use std::error::Error;
@@ -154,7 +155,7 @@ async fn serve(mut settings: Settings) -> std::io::Result<()> {
     broker.set_policy(settings.authorization.policy.clone());
     tracing::info!("{}", settings.authorization.summary());
     tokio::spawn(rules.run(broker.clone(), shutdown.clone()));
-    let (expiry, storage) = start_state_store(&settings, &broker)?;
+    let (expiry, storage, state_store) = start_state_store(&settings, &broker)?;
     let workers = Workers::start(settings.mqtt_threads)?;
     let mqtt = listeners::bind(
         &broker,
@@ -201,6 +202,14 @@ async fn serve(mut settings: Settings) -> std::io::Result<()> {
     });
     let grace = Duration::from_secs(settings.shutdown_grace_secs);
     let (router, wps) = http::router(settings.webpubsub.clone(), http.local_addr()?);
+    let telemetry = metrics::Telemetry::new(
+        broker.clone(),
+        state_store,
+        storage.as_ref().map(|d| d.store.clone()),
+        wps.clone(),
+        settings.http.metrics_token.clone(),
+    );
+    let router = router.merge(telemetry.routes());
     let router = router.merge(admin::router(&settings.admin, broker.clone(), wps.clone()));
     let wps_task = match wps {
         Some(wps) => {
@@ -223,6 +232,9 @@ async fn serve(mut settings: Settings) -> std::io::Result<()> {
         false => router,
     };
     let http_limits = http::Limits::new(&settings.http, descriptors.per_listener());
+    // Every listener is bound and the data directory is loaded: ready before the first
+    // HTTP request can be served.
+    telemetry.set_ready(true);
     let http_task = tokio::spawn(http::serve(
         http,
         router,
@@ -230,6 +242,13 @@ async fn serve(mut settings: Settings) -> std::io::Result<()> {
         http_tls,
         shutdown.clone(),
     ));
+    let unready = tokio::spawn({
+        let shutdown = shutdown.clone();
+        async move {
+            shutdown.cancelled().await;
+            telemetry.set_ready(false);
+        }
+    });
     let serving: Vec<_> = mqtt
         .into_iter()
         .map(|l| tokio::spawn(l.serve(grace)))
@@ -239,6 +258,7 @@ async fn serve(mut settings: Settings) -> std::io::Result<()> {
             tracing::error!("mqtt listener failed: {e}");
         }
     }
+    unready.abort();
     reloader.abort();
     if let Some(task) = wps_task {
         if let Err(e) = task.await {
@@ -278,20 +298,22 @@ fn chain(error: &dyn Error) -> String {
 
 /// The state store, in memory or loaded from `--data-dir`, registered on the broker with
 /// its expiry task running; with a data directory, the broker's retained messages are
-/// loaded from it and kept there too. Returns the task and the open data directory.
+/// loaded from it and kept there too. Returns the task, the open data directory and the
+/// service (for the metrics).
 fn start_state_store(
     settings: &Settings,
     broker: &Broker,
-) -> std::io::Result<(JoinHandle<()>, Option<DataDir>)> {
+) -> std::io::Result<(JoinHandle<()>, Option<DataDir>, StateStoreRef)> {
     let invalid = |e: &dyn Error| std::io::Error::new(std::io::ErrorKind::InvalidInput, chain(e));
     if let Some(cluster) = &settings.cluster {
-        let expiry = cluster::start_state_store(cluster, &settings.state_store, broker)?;
-        return Ok((expiry, None));
+        let (expiry, service) = cluster::start_state_store(cluster, &settings.state_store, broker)?;
+        return Ok((expiry, None, service));
     }
     let Some(dir) = &settings.data_dir else {
         let service =
             StateStoreService::in_memory(&settings.state_store).map_err(|e| invalid(&e))?;
-        return Ok((register(broker, service), None));
+        let (expiry, service) = register(broker, service);
+        return Ok((expiry, None, service));
     };
     let started = Instant::now();
     let options = Options {
@@ -322,13 +344,18 @@ fn start_state_store(
         started.elapsed().as_millis(),
         settings.sync
     );
-    Ok((
-        register(broker, service),
-        Some(DataDir::start(store, installed.sessions)),
-    ))
+    let (expiry, service) = register(broker, service);
+    let data_dir = DataDir::start(store, installed.sessions);
+    Ok((expiry, Some(data_dir), service))
 }
 
-fn register<E, A>(broker: &Broker, service: StateStoreService<E, A>) -> JoinHandle<()>
+/// The state store service, whatever its engine, as the metrics read it.
+type StateStoreRef = Arc<dyn metrics::StateStoreSource>;
+
+fn register<E, A>(
+    broker: &Broker,
+    service: StateStoreService<E, A>,
+) -> (JoinHandle<()>, StateStoreRef)
 where
     E: statehub_state_store_service::Engine + Send + Debug + 'static,
     A: statehub_state_store_service::Authorizer + Send + Debug + 'static,
@@ -337,13 +364,17 @@ where
 }
 
 /// [`register`] for a service the caller shares with other tasks.
-fn register_shared<E, A>(broker: &Broker, service: Arc<StateStoreService<E, A>>) -> JoinHandle<()>
+fn register_shared<E, A>(
+    broker: &Broker,
+    service: Arc<StateStoreService<E, A>>,
+) -> (JoinHandle<()>, StateStoreRef)
 where
     E: statehub_state_store_service::Engine + Send + Debug + 'static,
     A: statehub_state_store_service::Authorizer + Send + Debug + 'static,
 {
     broker.register_service(REQUEST_TOPIC, service.clone());
-    tokio::spawn(service.run_expiry(broker.clone()))
+    let expiry = tokio::spawn(service.clone().run_expiry(broker.clone()));
+    (expiry, service)
 }
 
 /// The open data directory: its store, and the session table whose write-behind

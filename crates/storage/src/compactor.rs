@@ -145,7 +145,9 @@ pub(crate) fn run(files: Arc<Files>, stop: Arc<AtomicBool>) {
                 continue;
             }
         }
-        match compact(&files, &stop) {
+        let outcome = compact(&files, &stop);
+        files.io.compacted(outcome.is_ok());
+        match outcome {
             Ok(()) => compaction_failing.succeeded("compaction"),
             Err(e) => {
                 let delay = compaction_failing.failed(

@@ -20,6 +20,7 @@ use std::sync::Arc;
 
 use parking_lot::{Condvar, Mutex, RwLock};
 
+use crate::io_stats::IoStats;
 use crate::snapshot::Snapshot;
 
 /// Where a journal segment lives: `DIR/journal/{first_seq:020}.log`.
@@ -94,6 +95,8 @@ pub(crate) struct Files {
     pub(crate) compacted: (Mutex<()>, Condvar),
     /// Held through a compaction: one at a time (the compactor's, or a forced one).
     pub(crate) compacting: Mutex<()>,
+    /// fsync latency and compactions, for the metrics endpoint.
+    pub(crate) io: Arc<IoStats>,
     /// Commits fail as on a full disk while set (`Store::set_disk_full`).
     #[cfg(feature = "fault-injection")]
     pub(crate) full: std::sync::atomic::AtomicBool,
@@ -109,6 +112,7 @@ impl Files {
             rolled: (Mutex::new(()), Condvar::new()),
             compacted: (Mutex::new(()), Condvar::new()),
             compacting: Mutex::new(()),
+            io: Arc::default(),
             #[cfg(feature = "fault-injection")]
             full: std::sync::atomic::AtomicBool::new(false),
         }

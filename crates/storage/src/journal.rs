@@ -37,6 +37,7 @@ use crate::batch::Batch;
 use crate::committer::{Backend, BackendError};
 use crate::files::{segment_path, spare_path, sync_dir, Files, Segment};
 use crate::format::{self, segment_header, TableNames};
+use crate::io_stats::IoStats;
 use crate::manifest::Manifest;
 use crate::syncer::{Syncer, SYNC_EVERY_BYTES};
 
@@ -130,8 +131,9 @@ impl Current {
     }
 
     /// Syncs what was written; the syncer owes nothing for it any more.
-    fn sync(&mut self) -> Result<(), BackendError> {
-        self.file.sync_data().map_err(BackendError::sync)?;
+    fn sync(&mut self, io: &IoStats) -> Result<(), BackendError> {
+        io.timed(|| self.file.sync_data())
+            .map_err(BackendError::sync)?;
         self.synced = self.bytes;
         self.unsynced = 0;
         Ok(())
@@ -226,7 +228,7 @@ impl Log {
         // interval policy the syncer has left little to write; with `always` every
         // commit was synced already).
         if let Some(done) = self.current.as_mut().filter(|d| d.dirty()) {
-            done.sync()?;
+            done.sync(&self.files.io)?;
         }
         let version = self.registry.version();
         let path = segment_path(&self.files.dir, self.next_seq);
@@ -329,8 +331,9 @@ impl Backend for Log {
         self.retrying = false;
         self.next_seq = seq;
         current.bytes += self.buf.len() as u64;
+        self.files.io.set_current_segment(current.bytes);
         if sync {
-            current.sync()?;
+            current.sync(&self.files.io)?;
         } else {
             current.unsynced += self.buf.len() as u64;
             if let Some(syncer) = self
@@ -348,7 +351,7 @@ impl Backend for Log {
 
     fn sync(&mut self) -> Result<(), BackendError> {
         match self.current.as_mut() {
-            Some(current) => current.sync(),
+            Some(current) => current.sync(&self.files.io),
             None => Ok(()),
         }
     }

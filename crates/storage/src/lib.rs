@@ -137,6 +137,7 @@ mod compactor;
 mod error;
 mod files;
 mod format;
+mod io_stats;
 mod journal;
 mod lock;
 mod manifest;
@@ -155,6 +156,7 @@ mod table;
 
 pub use batch::{Batch, MAX_BATCH_BYTES, MAX_KEY_LEN, MAX_VALUE_LEN};
 pub use error::{OpenError, StorageError};
+pub use io_stats::StorageStats;
 pub use options::{Options, SyncPolicy, SyncPolicyParseError};
 pub use recovery::{Recovery, TruncatedJournal};
 pub use repair::{repair, Loss, RepairReport};

@@ -15,6 +15,7 @@ use crate::committer;
 use crate::compactor;
 use crate::error::{OpenError, StorageError};
 use crate::files::{prepare_spare, spare_path, FileSet, Files};
+use crate::io_stats::StorageStats;
 use crate::journal::{Log, Registry};
 use crate::lock::DirLock;
 use crate::open::Opened;
@@ -34,6 +35,7 @@ pub struct Store {
 
 struct Inner {
     dir: std::path::PathBuf,
+    files: Arc<Files>,
     disk: Arc<Disk>,
     registry: Arc<Registry>,
     committer: Mutex<Option<JoinHandle<()>>>,
@@ -118,7 +120,9 @@ impl Store {
             overlay,
         ));
         let syncer = match options.sync {
-            SyncPolicy::Interval(_) => Some(Syncer::start(shared.clone()).map_err(io(&dir))?),
+            SyncPolicy::Interval(_) => {
+                Some(Syncer::start(shared.clone(), files.io.clone()).map_err(io(&dir))?)
+            }
             SyncPolicy::Always => None,
         };
         let backend = Log::new(
@@ -139,6 +143,7 @@ impl Store {
         Ok(Store {
             inner: Arc::new(Inner {
                 dir,
+                files,
                 disk,
                 registry,
                 committer: Mutex::new(Some(committer)),
@@ -154,6 +159,12 @@ impl Store {
     /// The data directory.
     pub fn dir(&self) -> &Path {
         &self.inner.dir
+    }
+
+    /// Its files and what the store's threads did with the disk so far.
+    pub fn io_stats(&self) -> StorageStats {
+        let files = &self.inner.files;
+        StorageStats::read(&files.io, &files.set.read())
     }
 
     #[cfg(test)]

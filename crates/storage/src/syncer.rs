@@ -21,6 +21,7 @@ use std::thread::JoinHandle;
 
 use parking_lot::{Condvar, Mutex};
 
+use crate::io_stats::IoStats;
 use crate::shared::Shared;
 
 /// Bytes written since the last sync past which the committer asks for one.
@@ -48,7 +49,10 @@ pub(crate) struct Syncer {
 
 impl Syncer {
     /// Starts the thread.
-    pub(crate) fn start(shared: Arc<Shared>) -> std::io::Result<(Arc<Syncer>, JoinHandle<()>)> {
+    pub(crate) fn start(
+        shared: Arc<Shared>,
+        io: Arc<IoStats>,
+    ) -> std::io::Result<(Arc<Syncer>, JoinHandle<()>)> {
         let syncer = Arc::new(Syncer {
             state: Mutex::default(),
             wake: Condvar::new(),
@@ -57,7 +61,7 @@ impl Syncer {
             .name("storage-syncer".to_owned())
             .spawn({
                 let syncer = syncer.clone();
-                move || syncer.run(&shared)
+                move || syncer.run(&shared, &io)
             })?;
         Ok((syncer, handle))
     }
@@ -93,7 +97,7 @@ impl Syncer {
         self.wake.notify_one();
     }
 
-    fn run(&self, shared: &Shared) {
+    fn run(&self, shared: &Shared, io: &IoStats) {
         loop {
             let (file, generation, upto) = {
                 let mut state = self.state.lock();
@@ -106,7 +110,7 @@ impl Syncer {
                 (state.file.clone(), state.generation, upto)
             };
             if let Some(file) = file {
-                if let Err(e) = file.sync_data() {
+                if let Err(e) = io.timed(|| file.sync_data()) {
                     shared.fail(Box::new(crate::files::WriteError::Sync(e)));
                     return;
                 }

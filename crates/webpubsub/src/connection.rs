@@ -201,6 +201,9 @@ fn is_json(session: &Session) -> bool {
 }
 
 fn reply(hub: &Hub, session: &Session, out: &Outbox, msg: &Downstream) {
+    if let Downstream::Ack { success, .. } = msg {
+        hub.stats().ack(*success);
+    }
     let Some(frame) = encode_reply(session.protocol(), msg) else {
         return;
     };
@@ -219,6 +222,7 @@ async fn apply(
     fx: Effects,
     close_watch: &mut watch::Receiver<Option<CloseRequest>>,
 ) {
+    hub.stats().message_in();
     for msg in &fx.replies {
         reply(hub, session, out, msg);
     }

@@ -124,6 +124,7 @@ fn perform(
             return user_event(hub, fx, event, payload, ack_id)
         }
         Request::SequenceAck { sequence_id } => {
+            hub.stats().sequence_ack();
             session.sequence_ack(sequence_id);
             Ok(())
         }

@@ -139,10 +139,15 @@ impl Hub {
         self
     }
 
-    #[cfg(test)]
     /// The counters this hub counts into.
     pub(crate) fn stats(&self) -> &Stats {
         &self.stats
+    }
+
+    /// (sessions, groups) now.
+    pub(crate) fn sizes(&self) -> (usize, usize) {
+        let hub = lock(&self.state);
+        (hub.sessions.len(), hub.groups.len())
     }
 
     /// The same hub, with an upstream.
@@ -292,6 +297,7 @@ impl Hub {
                 Err(Gone) => self.remove(session.id()),
             }
         }
+        self.stats.messages_out(delivered);
         delivered
     }
 

@@ -155,10 +155,29 @@ impl WebPubSub {
         Some(HubEvents::new(upstream, settings))
     }
 
-    /// What the per-connection limits did since the service started: slow consumers
-    /// closed, replay-buffer evictions, sessions that could not be recovered in full.
+    /// What the service did since it started (traffic, acks, recoveries, upstream
+    /// calls, what the per-connection limits did) and what it holds now.
     pub fn counters(&self) -> Counters {
-        self.inner.stats.counters()
+        let mut c = self.inner.stats.counters();
+        c.connections = self.inner.connections.len() as u64;
+        let hubs: Vec<Arc<Hub>> = self
+            .inner
+            .hubs
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .values()
+            .cloned()
+            .collect();
+        c.hubs = hubs.len() as u64;
+        for hub in hubs {
+            let (sessions, groups) = hub.sizes();
+            c.sessions += sessions as u64;
+            c.groups += groups as u64;
+        }
+        if let Some(upstream) = &self.inner.upstream {
+            upstream.count_into(&mut c);
+        }
+        c
     }
 
     /// Whether shutdown has begun (new clients are refused).

@@ -1,6 +1,7 @@
-//! Counters of what the per-connection limits did, shared by every hub of the service,
-//! each with a log line at most every [`LOG_EVERY`] that says how many happened since
-//! the last one.
+//! The service's counters, shared by every hub: traffic (messages in and out, acks,
+//! recoveries), and what the per-connection limits did, each of those with a log line at
+//! most every [`LOG_EVERY`] that says how many happened since the last one. Relaxed
+//! atomic adds: statistics, read at scrape time.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
@@ -9,9 +10,42 @@ use std::time::{Duration, Instant};
 /// Shortest interval between two log lines of one counter.
 const LOG_EVERY: Duration = Duration::from_secs(10);
 
-/// What the limits did since the service started.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+/// What the service and its limits did since it started, and (read at the same time)
+/// what it holds now.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct Counters {
+    /// Open client sockets now.
+    pub connections: u64,
+    /// Sessions now (reliable ones waiting for their client included).
+    pub sessions: u64,
+    /// Groups with at least one member now, over every hub.
+    pub groups: u64,
+    /// Hubs in use.
+    pub hubs: u64,
+    /// Frames received from clients (every request, data or not).
+    pub messages_in: u64,
+    /// Data messages queued to clients (one per recipient).
+    pub messages_out: u64,
+    /// Acks answered with success.
+    pub acks_ok: u64,
+    /// Acks answered with an error (`Duplicate`, `Forbidden`, `BadRequest`...).
+    pub acks_error: u64,
+    /// `sequenceAck`s received.
+    pub sequence_acks: u64,
+    /// Reliable sessions recovered by a new socket.
+    pub recoveries_ok: u64,
+    /// Recoveries refused: the session was gone or the token did not match.
+    pub recoveries_failed: u64,
+    /// Upstream event calls answered 2xx.
+    pub upstream_ok: u64,
+    /// Upstream event calls answered with another status.
+    pub upstream_rejected: u64,
+    /// Upstream event calls that failed (connection, timeout, oversized answer).
+    pub upstream_failed: u64,
+    /// Fire-and-forget upstream events dropped because their queue was full.
+    pub upstream_dropped: u64,
+    /// Upstream call latency.
+    pub upstream_latency: statehub_stats::HistogramSnapshot,
     /// Connections closed because they did not read what was sent to them (their
     /// outbound queue was full).
     pub slow_consumers: u64,
@@ -26,6 +60,13 @@ pub struct Counters {
 /// The service's counters.
 #[derive(Debug, Default)]
 pub(crate) struct Stats {
+    messages_in: AtomicU64,
+    messages_out: AtomicU64,
+    acks_ok: AtomicU64,
+    acks_error: AtomicU64,
+    sequence_acks: AtomicU64,
+    recoveries_ok: AtomicU64,
+    recoveries_failed: AtomicU64,
     slow_consumers: Counter,
     replay_evictions: AtomicU64,
     replay_evictions_unwritten: AtomicU64,
@@ -33,6 +74,36 @@ pub(crate) struct Stats {
 }
 
 impl Stats {
+    /// A frame came in from a client.
+    pub(crate) fn message_in(&self) {
+        self.messages_in.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A data message was queued to `n` clients.
+    pub(crate) fn messages_out(&self, n: usize) {
+        self.messages_out.fetch_add(n as u64, Ordering::Relaxed);
+    }
+
+    /// An ack was answered.
+    pub(crate) fn ack(&self, ok: bool) {
+        let counter = if ok { &self.acks_ok } else { &self.acks_error };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A `sequenceAck` came in.
+    pub(crate) fn sequence_ack(&self) {
+        self.sequence_acks.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A recovery was served or refused.
+    pub(crate) fn recovery(&self, ok: bool) {
+        let counter = match ok {
+            true => &self.recoveries_ok,
+            false => &self.recoveries_failed,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
     /// A connection was closed as a slow consumer.
     pub(crate) fn slow_consumer(&self, hub: &str, connection_id: &str, code: u16) {
         self.slow_consumers.note(|n| {
@@ -68,11 +139,20 @@ impl Stats {
 
     /// The counts so far.
     pub(crate) fn counters(&self) -> Counters {
+        let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
         Counters {
+            messages_in: load(&self.messages_in),
+            messages_out: load(&self.messages_out),
+            acks_ok: load(&self.acks_ok),
+            acks_error: load(&self.acks_error),
+            sequence_acks: load(&self.sequence_acks),
+            recoveries_ok: load(&self.recoveries_ok),
+            recoveries_failed: load(&self.recoveries_failed),
             slow_consumers: self.slow_consumers.total(),
-            replay_evictions: self.replay_evictions.load(Ordering::Relaxed),
-            replay_evictions_unwritten: self.replay_evictions_unwritten.load(Ordering::Relaxed),
+            replay_evictions: load(&self.replay_evictions),
+            replay_evictions_unwritten: load(&self.replay_evictions_unwritten),
             replay_lost_sessions: self.replay_lost_sessions.total(),
+            ..Counters::default()
         }
     }
 }
@@ -120,6 +200,7 @@ mod tests {
                 replay_evictions: 4,
                 replay_evictions_unwritten: 1,
                 replay_lost_sessions: 1,
+                ..Counters::default()
             }
         );
         assert_eq!(

@@ -309,6 +309,7 @@ fn recover(
                 Err(Unrecoverable::Gone)
             }
         });
+    state.inner.stats.recovery(found.is_ok());
     let limits = state.config().limits.clone();
     let mut ws = upgrade(ws, &limits);
     if let Some(name) = protocol.name() {

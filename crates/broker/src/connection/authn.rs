@@ -88,8 +88,10 @@ pub(super) async fn on_connect<S: Transport>(
             super::encode_failed(broker, &connect.client_id, "AUTH", &e);
             return Err(None);
         }
+        broker.metrics().packets_out.add(15, 1, out.len());
         stream.write_all(&out).await.map_err(|_| None)?;
-        let Ok(Some(Packet::Auth(auth))) = read_packet(stream, codec, rbuf, deadline).await else {
+        let Ok(Some(Packet::Auth(auth))) = read_packet(broker, stream, codec, rbuf, deadline).await
+        else {
             return Err(None);
         };
         if auth.reason_code != ReasonCode::CONTINUE_AUTHENTICATION

@@ -3,6 +3,7 @@
 //! if need be), and answer with the CONNACK, refusing ones encoded by the codec.
 
 use std::collections::HashMap;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -18,6 +19,7 @@ use super::{barrier, Conn};
 use crate::auth::{Identity, Principal};
 use crate::authz::Grants;
 use crate::broker::OpenConnection;
+use crate::metrics::packet_type;
 use crate::pending::Admission;
 use crate::rate::Bucket;
 use crate::ratelimit::LogLimit;
@@ -211,11 +213,11 @@ pub(super) async fn connect<S: Transport>(
         read_connect(broker, stream, &mut codec, &mut rbuf, deadline, admission).await?;
     if !broker.connect_rate_admits(origin.peer.addr.ip()) {
         rate_limited(broker, &origin, &connect.client_id);
-        refuse(stream, &codec, ReasonCode::CONNECTION_RATE_EXCEEDED).await;
+        refuse(broker, stream, &codec, ReasonCode::CONNECTION_RATE_EXCEEDED).await;
         return None;
     }
     if let Err(Refused(code)) = check(broker, &connect) {
-        refuse(stream, &codec, code).await;
+        refuse(broker, stream, &codec, code).await;
         return None;
     }
     let authenticated = authn::on_connect(
@@ -224,7 +226,7 @@ pub(super) async fn connect<S: Transport>(
     let (auth_data, identity) = match authenticated.await {
         Ok(authenticated) => authenticated,
         Err(Some(code)) => {
-            refuse(stream, &codec, code).await;
+            refuse(broker, stream, &codec, code).await;
             return None;
         }
         Err(None) => return None,
@@ -232,7 +234,7 @@ pub(super) async fn connect<S: Transport>(
     let accepted = match accept(broker, &mut connect, auth_data, &identity) {
         Ok(accepted) => accepted,
         Err(Refused(code)) => {
-            refuse(stream, &codec, code).await;
+            refuse(broker, stream, &codec, code).await;
             return None;
         }
     };
@@ -240,7 +242,7 @@ pub(super) async fn connect<S: Transport>(
         if let Err(e) = barrier(broker).await {
             // Session Present could not be promised: refuse, and the client retries.
             tracing::error!("{e}; refusing the connection of {}", connect.client_id);
-            refuse(stream, &codec, ReasonCode::UNSPECIFIED_ERROR).await;
+            refuse(broker, stream, &codec, ReasonCode::UNSPECIFIED_ERROR).await;
             return None;
         }
     }
@@ -275,7 +277,7 @@ async fn read_connect<S: Transport>(
 ) -> Option<(Box<Connect>, OpenConnection)> {
     let cfg = broker.config();
     let first = tokio::select! {
-        r = read_packet(stream, codec, rbuf, deadline) => r,
+        r = read_packet(broker, stream, codec, rbuf, deadline) => r,
         () = admission.closed.cancelled() => return None,
     };
     drop(admission);
@@ -291,12 +293,18 @@ async fn read_connect<S: Transport>(
                 ProtocolVersion::V311
             };
             let codec = Codec::with_version(version, cfg.max_packet_size);
-            refuse(stream, &codec, ReasonCode::UNSUPPORTED_PROTOCOL_VERSION).await;
+            refuse(
+                broker,
+                stream,
+                &codec,
+                ReasonCode::UNSUPPORTED_PROTOCOL_VERSION,
+            )
+            .await;
             return None;
         }
         Err(e) => {
             tracing::debug!(error = %e, "bad first packet");
-            refuse_bad_connect(stream, codec, &e).await;
+            refuse_bad_connect(broker, stream, codec, &e).await;
             return None;
         }
     };
@@ -313,7 +321,7 @@ async fn read_connect<S: Transport>(
         None
     };
     if let Some(code) = unavailable {
-        refuse(stream, codec, code).await;
+        refuse(broker, stream, codec, code).await;
         return None;
     }
     Some((connect, open))
@@ -335,6 +343,9 @@ impl Conn {
             super::encode_failed(broker, &connect.client_id, "CONNACK", &e);
             return None;
         }
+        let m = broker.metrics();
+        m.connections_accepted.fetch_add(1, Ordering::Relaxed);
+        m.packets_out.add(2, 1, wbuf.len());
         let p = &connect.properties;
         Some(Conn {
             broker: broker.clone(),
@@ -382,7 +393,12 @@ impl Conn {
 /// Answers a CONNECT that failed to decode with a refusing CONNACK where the
 /// protocol has a code for it (any for MQTT 5 [MQTT-3.2.2-7]; 3.1.1 only for the
 /// identifier case, return code 2 [MQTT-3.1.3-8]), then the caller closes.
-async fn refuse_bad_connect<S: Transport>(stream: &mut S, codec: &Codec, e: &DecodeError) {
+async fn refuse_bad_connect<S: Transport>(
+    broker: &Broker,
+    stream: &mut S,
+    codec: &Codec,
+    e: &DecodeError,
+) {
     let code = e.reason_code();
     let answer = match codec.version() {
         Some(ProtocolVersion::V5) => true,
@@ -390,33 +406,41 @@ async fn refuse_bad_connect<S: Transport>(stream: &mut S, codec: &Codec, e: &Dec
         None => false,
     };
     if answer {
-        refuse(stream, codec, code).await;
+        refuse(broker, stream, codec, code).await;
     }
 }
 
 /// Writes a CONNACK refusing the connection with `code` (the codec maps it to a
 /// 3.1.1 return code); the caller then closes.
-async fn refuse<S: Transport>(stream: &mut S, codec: &Codec, code: ReasonCode) {
+async fn refuse<S: Transport>(broker: &Broker, stream: &mut S, codec: &Codec, code: ReasonCode) {
+    broker.metrics().connections_refused.add(code);
     let mut out = BytesMut::new();
     let ack = statehub_mqtt_codec::ConnAck {
         reason_code: code,
         ..Default::default()
     };
     match codec.encode(&Packet::ConnAck(ack), &mut out) {
-        Ok(()) => drop(stream.write_all(&out).await),
+        Ok(()) => {
+            broker.metrics().packets_out.add(2, 1, out.len());
+            drop(stream.write_all(&out).await)
+        }
         Err(e) => tracing::warn!(error = %e, "refusing CONNACK not sent: it cannot be encoded"),
     }
 }
 
 /// Reads until one whole packet is decoded, the peer closes (Ok(None)), or the deadline.
 pub(super) async fn read_packet<S: Transport>(
+    broker: &Broker,
     stream: &mut S,
     codec: &mut Codec,
     rbuf: &mut BytesMut,
     deadline: Instant,
 ) -> Result<Option<Packet>, DecodeError> {
     loop {
+        let before = rbuf.len();
         if let Some(p) = codec.decode(rbuf)? {
+            let m = broker.metrics();
+            m.packets_in.add(packet_type(&p), 1, before - rbuf.len());
             return Ok(Some(p));
         }
         // The buffer is reserved once bytes are there to read: a socket that stays

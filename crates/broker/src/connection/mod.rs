@@ -31,6 +31,7 @@ use statehub_mqtt_codec::{
 use crate::auth::{Authenticator, Peer};
 use crate::authz::Grants;
 use crate::clock::Timer;
+use crate::metrics::packet_type;
 use crate::pending::Admission;
 use crate::ratelimit::LogLimit;
 use crate::service::ClientInfo;
@@ -272,8 +273,11 @@ impl Conn {
     async fn handle_buffered(&mut self, rbuf: &mut BytesMut) -> Result<usize, Close> {
         let mut handled = 0;
         loop {
+            let before = rbuf.len();
             match self.codec.decode(rbuf) {
                 Ok(Some(p)) => {
+                    let m = self.broker.metrics();
+                    m.packets_in.add(packet_type(&p), 1, before - rbuf.len());
                     self.handle(p).await?;
                     handled += 1;
                 }
@@ -302,10 +306,15 @@ impl Conn {
                 stripped.as_ref().unwrap_or(p)
             }
         };
+        let start = self.wbuf.len();
         self.codec.encode(p, &mut self.wbuf).map_err(|e| {
             encode_failed(&self.broker, &self.info.client_id, "packet", &e);
             Close::ByServer(ReasonCode::IMPLEMENTATION_SPECIFIC_ERROR, "encode failed")
-        })
+        })?;
+        let m = self.broker.metrics();
+        m.packets_out
+            .add(packet_type(p), 1, self.wbuf.len() - start);
+        Ok(())
     }
 }
 

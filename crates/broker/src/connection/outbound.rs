@@ -38,6 +38,8 @@ impl Conn {
             // Taken over: the queue belongs to the new connection now.
             return;
         };
+        // Counted once per batch: one atomic add per drain, not per message.
+        let (mut published, mut published_bytes) = (0, 0);
         while self.wbuf.len() < high_water {
             let Some((d, packet_id)) = outbox.next(self.client_receive_max, now) else {
                 break;
@@ -78,7 +80,13 @@ impl Conn {
                 outbox.discard(&d);
                 continue;
             }
+            published += 1;
+            published_bytes += self.wbuf.len() - start;
             outbox.sent(d, packet_id);
+        }
+        if published > 0 {
+            let m = self.broker.metrics();
+            m.packets_out.add(3, published, published_bytes);
         }
         let expired = outbox.expired();
         drop(outbox);

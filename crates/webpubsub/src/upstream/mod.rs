@@ -27,11 +27,12 @@ pub(crate) mod events;
 use std::collections::hash_map::DefaultHasher;
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
 use axum::http::{header, HeaderName, HeaderValue};
+use statehub_stats::Histogram;
 use tokio::sync::{mpsc, Notify};
 
 use crate::config::Config;
@@ -90,6 +91,17 @@ struct Inner {
     queues: OnceLock<Vec<mpsc::Sender<Job>>>,
     pending: AtomicUsize,
     idle: Notify,
+    stats: UpstreamStats,
+}
+
+/// Upstream calls by result, and their latency.
+#[derive(Debug, Default)]
+struct UpstreamStats {
+    ok: AtomicU64,
+    rejected: AtomicU64,
+    failed: AtomicU64,
+    dropped: AtomicU64,
+    latency: Histogram,
 }
 
 fn random_hex(bytes: usize) -> String {
@@ -128,6 +140,7 @@ impl Upstream {
                 queues: OnceLock::new(),
                 pending: AtomicUsize::new(0),
                 idle: Notify::new(),
+                stats: UpstreamStats::default(),
             }),
         }
     }
@@ -213,8 +226,39 @@ impl Upstream {
         }
     }
 
-    /// Posts one event and reads its answer.
+    /// Adds the upstream's counts to `c`.
+    pub(crate) fn count_into(&self, c: &mut crate::Counters) {
+        let s = &self.inner.stats;
+        let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        c.upstream_ok = load(&s.ok);
+        c.upstream_rejected = load(&s.rejected);
+        c.upstream_failed = load(&s.failed);
+        c.upstream_dropped = load(&s.dropped);
+        c.upstream_latency = s.latency.snapshot();
+    }
+
+    /// Posts one event and reads its answer; counted by result and timed.
     pub(crate) async fn post(
+        &self,
+        url: &str,
+        headers: Vec<(HeaderName, HeaderValue)>,
+        content_type: &str,
+        body: Vec<u8>,
+    ) -> Result<Answer, UpstreamError> {
+        let start = Instant::now();
+        let answer = self.post_once(url, headers, content_type, body).await;
+        let s = &self.inner.stats;
+        s.latency.record(start.elapsed());
+        let counter = match &answer {
+            Ok(a) if (200..300).contains(&a.status) => &s.ok,
+            Ok(_) => &s.rejected,
+            Err(_) => &s.failed,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+        answer
+    }
+
+    async fn post_once(
         &self,
         url: &str,
         headers: Vec<(HeaderName, HeaderValue)>,
@@ -284,6 +328,7 @@ impl Upstream {
         self.inner.pending.fetch_add(1, Ordering::SeqCst);
         if let Err(e) = queue.try_send(Job { url, headers, body }) {
             self.done();
+            self.inner.stats.dropped.fetch_add(1, Ordering::Relaxed);
             let (job, why) = match e {
                 mpsc::error::TrySendError::Full(j) => (j, "the queue is full"),
                 mpsc::error::TrySendError::Closed(j) => (j, "its worker stopped"),
