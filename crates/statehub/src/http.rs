@@ -307,3 +307,23 @@ impl RateLimitedLog {
         }
     }
 }
+
+/// Logs where Web PubSub is served (or why it is off) and closes its sessions, within
+/// `grace`, once `shutdown` is cancelled.
+pub fn shut_down_with(
+    wps: Option<WebPubSub>,
+    shutdown: CancellationToken,
+    grace: Duration,
+) -> Option<tokio::task::JoinHandle<()>> {
+    let Some(wps) = wps else {
+        tracing::info!("web pubsub is off: no access key configured (--access-key, STATEHUB_ACCESS_KEYS or [webpubsub] access_keys); without a key no token can be valid");
+        return None;
+    };
+    tracing::info!(
+        "web pubsub client endpoint on /client/hubs/{{hub}}, REST API on /api/hubs/{{hub}}"
+    );
+    Some(tokio::spawn(async move {
+        shutdown.cancelled().await;
+        wps.shutdown(grace).await;
+    }))
+}

@@ -11,7 +11,7 @@ use statehub_auth::passwd::PasswordFile;
 use statehub_auth::tls::{server_config, watched_files, TlsFiles};
 use statehub_auth::x509::X509Mapping;
 use statehub_auth::{Anonymous, ListenerAuth, LoadError, Reload, Watched};
-use statehub_broker::{Broker, MqttListener};
+use statehub_broker::{Authenticator, Broker, MqttListener, TlsSource};
 use tokio::runtime::Handle;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -88,6 +88,32 @@ impl Security {
             x509: self.x509.clone().filter(|_| l.x509),
             anonymous: l.anonymous,
         }
+    }
+
+    /// The HTTP listener's TLS configuration, if `[http.tls]` (or `--http-tls`) asks
+    /// for one.
+    pub fn http_tls(
+        &mut self,
+        files: Option<&TlsFiles>,
+    ) -> Result<Option<Arc<dyn TlsSource>>, SecurityError> {
+        let Some(files) = files else { return Ok(None) };
+        let what = format!(
+            "TLS certificate of the HTTP listener ({})",
+            files.cert.display()
+        );
+        let alpn: &'static [&'static [u8]] = &[b"http/1.1"];
+        Ok(Some(self.tls(what, files, alpn)?))
+    }
+
+    /// How MQTT over WebSocket authenticates: as the first MQTT listener does, but
+    /// without client certificates, which the HTTP listener asks for none of.
+    pub fn websocket_auth(&self, listeners: &[ListenerSettings]) -> Option<Arc<dyn Authenticator>> {
+        let first = listeners.first()?;
+        let settings = ListenerSettings {
+            x509: false,
+            ..first.clone()
+        };
+        Some(Arc::new(self.listener_auth(&settings)))
     }
 
     /// A TLS configuration from `files`, reloaded with the rest.

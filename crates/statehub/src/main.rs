@@ -23,7 +23,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::{Parser, Subcommand};
-use statehub_broker::{Broker, TlsSource};
+use statehub_broker::Broker;
 use statehub_broker_durable::SessionTable;
 use statehub_state_store_service::{DurableEngine, StateStoreService, REQUEST_TOPIC};
 use statehub_storage::{Options, Store};
@@ -168,28 +168,12 @@ async fn serve(mut settings: Settings) -> std::io::Result<()> {
     let http = TcpListener::bind(settings.http_listen)
         .await
         .map_err(|e| first_use::bind_error("HTTP", settings.http_listen, e))?;
-    let http_tls: Option<Arc<dyn TlsSource>> = match &settings.http.tls {
-        Some(files) => {
-            let what = format!(
-                "TLS certificate of the HTTP listener ({})",
-                files.cert.display()
-            );
-            let alpn: &'static [&'static [u8]] = &[b"http/1.1"];
-            Some(security.tls(what, files, alpn).map_err(|e| invalid(&e))?)
-        }
-        None => None,
-    };
+    let http_tls = security
+        .http_tls(settings.http.tls.as_ref())
+        .map_err(|e| invalid(&e))?;
     let with_tls = if http_tls.is_some() { " with TLS" } else { "" };
     tracing::info!("http listening on {}{with_tls}", http.local_addr()?);
-    // MQTT over WebSocket authenticates as the first MQTT listener does, but without
-    // client certificates: the HTTP listener asks for none.
-    let ws_auth = settings.mqtt_listeners.first().map(|l| {
-        let settings = auth_config::ListenerSettings {
-            x509: false,
-            ..l.clone()
-        };
-        Arc::new(security.listener_auth(&settings)) as Arc<dyn statehub_broker::Authenticator>
-    });
+    let ws_auth = security.websocket_auth(&settings.mqtt_listeners);
     let reloader = security.spawn_reloader(shutdown.clone());
 
     let signals = tokio::spawn({
@@ -211,22 +195,7 @@ async fn serve(mut settings: Settings) -> std::io::Result<()> {
     );
     let router = router.merge(telemetry.routes());
     let router = router.merge(admin::router(&settings.admin, broker.clone(), wps.clone()));
-    let wps_task = match wps {
-        Some(wps) => {
-            tracing::info!(
-                "web pubsub client endpoint on /client/hubs/{{hub}}, REST API on /api/hubs/{{hub}}"
-            );
-            let shutdown = shutdown.clone();
-            Some(tokio::spawn(async move {
-                shutdown.cancelled().await;
-                wps.shutdown(grace).await;
-            }))
-        }
-        None => {
-            tracing::info!("web pubsub is off: no access key configured (--access-key, STATEHUB_ACCESS_KEYS or [webpubsub] access_keys); without a key no token can be valid");
-            None
-        }
-    };
+    let wps_task = http::shut_down_with(wps, shutdown.clone(), grace);
     let router = match settings.http.mqtt_websocket {
         true => http::mqtt_ws::mount(router, &broker, workers.handles(), ws_auth),
         false => router,

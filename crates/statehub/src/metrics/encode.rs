@@ -48,6 +48,7 @@ fn mqtt(e: &mut Enc<'_>, broker: &Broker) -> Result<(), Error> {
     mqtt_connections(e, m, &g)?;
     mqtt_traffic(e, m)?;
     mqtt_deliveries(e, m)?;
+    mqtt_security(e, m)?;
     mqtt_sessions(e, &g)
 }
 
@@ -197,6 +198,65 @@ fn mqtt_deliveries(e: &mut Enc<'_>, m: &Metrics) -> Result<(), Error> {
         "CONNECTs refused because max_persistent_sessions was reached",
         None,
         m.persistent_sessions_refused.load(Relaxed),
+    )?;
+    Ok(())
+}
+
+/// Authentication, authorization and abuse-rate refusals.
+fn mqtt_security(e: &mut Enc<'_>, m: &Metrics) -> Result<(), Error> {
+    e.counter(
+        "statehub_mqtt_auth_failures",
+        "Authentications refused (wrong or missing credentials, expired or forged tokens), after the constant delay",
+        None,
+        m.auth_failures.load(Relaxed),
+    )?;
+    e.counter(
+        "statehub_mqtt_reauthentications",
+        "Re-authentications (AUTH 0x19) that replaced a connection's credential",
+        None,
+        m.reauthentications.load(Relaxed),
+    )?;
+    e.counter(
+        "statehub_mqtt_credentials_expired",
+        "Connections closed because their token or certificate expired",
+        None,
+        m.credentials_expired.load(Relaxed),
+    )?;
+    e.counter(
+        "statehub_mqtt_tls_handshake_failures",
+        "TLS handshakes that failed or timed out on an MQTT listener",
+        None,
+        m.tls_handshake_failures.load(Relaxed),
+    )?;
+    e.counter(
+        "statehub_mqtt_connects_denied",
+        "CONNECTs and wills refused by the authorization rules (0x87)",
+        None,
+        m.connects_denied.load(Relaxed),
+    )?;
+    e.counter(
+        "statehub_mqtt_publishes_denied",
+        "PUBLISHes refused by the authorization rules or the built-in protections (0x87)",
+        None,
+        m.publishes_denied.load(Relaxed),
+    )?;
+    e.counter(
+        "statehub_mqtt_subscriptions_denied",
+        "Topic filters refused by the authorization rules or the built-in protections (0x87)",
+        None,
+        m.subscriptions_denied.load(Relaxed),
+    )?;
+    e.counter(
+        "statehub_mqtt_connects_rate_limited",
+        "CONNECTs refused with 0x9F for the connection rate per source address",
+        None,
+        m.connects_rate_limited.load(Relaxed),
+    )?;
+    e.counter(
+        "statehub_mqtt_publish_rate_exceeded",
+        "Connections closed with 0x96 for max_publish_rate",
+        None,
+        m.publish_rate_exceeded.load(Relaxed),
     )?;
     Ok(())
 }
