@@ -4,9 +4,11 @@
 //! the client disconnects. Observers of a key are kept sorted so notification effects
 //! come out in a deterministic order.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::BTreeSet;
 
 use bytes::Bytes;
+// Keys and client ids are chosen by clients: a hasher seeded per process and per map.
+use foldhash::{HashMap, HashSet};
 
 #[derive(Debug, Default)]
 pub(super) struct Observers {
