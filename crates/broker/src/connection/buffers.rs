@@ -23,6 +23,11 @@ use statehub_mqtt_codec::ReasonCode;
 /// Bytes reserved for a read when no packet is under way.
 const READ_CHUNK: usize = 4096;
 
+/// Room an empty write buffer gets before the first packet goes in: a drain's packets
+/// (a burst of replies and PUBACKs) then fit without the buffer growing, and copying
+/// itself, several times on the way.
+const WRITE_CHUNK: usize = 4096;
+
 /// The keep alive (1.5 times the negotiated one; zero for none) and the deadline of
 /// the packet being read. One timer serves both.
 #[derive(Debug)]
@@ -96,6 +101,14 @@ impl Conn {
     }
 
     /// `n` bytes of the write buffer reached the socket.
+    /// Gives an empty write buffer its [`WRITE_CHUNK`] (idle connections keep none, see
+    /// [`Conn::release_idle`]).
+    pub(super) fn reserve_write(&mut self) {
+        if self.wbuf.capacity() == 0 {
+            self.wbuf.reserve(WRITE_CHUNK);
+        }
+    }
+
     pub(super) fn written(&mut self, mut n: usize) {
         while n > 0 && !self.wbuf.is_empty() {
             if self.wbuf_front_left == 0 {

@@ -256,6 +256,7 @@ impl Conn {
                 stripped.as_ref().unwrap_or(p)
             }
         };
+        self.reserve_write();
         self.codec.encode(p, &mut self.wbuf).map_err(|e| {
             encode_failed(&self.broker, &self.info.client_id, "packet", &e);
             Close::ByServer(ReasonCode::IMPLEMENTATION_SPECIFIC_ERROR, "encode failed")
