@@ -228,8 +228,17 @@ impl SubscriptionTrie {
     /// Everything that matches `topic`.
     pub fn matches<'a>(&'a self, topic: &str) -> Matches<'a> {
         let mut out = Matches::default();
+        let exact = self.exact.get(topic);
+        if self.root.children.is_empty() {
+            // No wildcard filter anywhere (the root holds no subscription itself): the
+            // exact ones are all there is, without splitting the topic into levels.
+            if let Some(exact) = exact {
+                push_leaf(exact, &mut out);
+            }
+            return out;
+        }
         let walk = Walk {
-            exact: self.exact.get(topic),
+            exact,
             dollar: topic.starts_with('$'),
         };
         collect(&self.root, topic, &walk, &mut out);
