@@ -100,7 +100,6 @@ impl Conn {
         rbuf.reserve(want);
     }
 
-    /// `n` bytes of the write buffer reached the socket.
     /// Gives an empty write buffer its [`WRITE_CHUNK`] (idle connections keep none, see
     /// [`Conn::release_idle`]).
     pub(super) fn reserve_write(&mut self) {
@@ -109,6 +108,7 @@ impl Conn {
         }
     }
 
+    /// `n` bytes of the write buffer reached the socket.
     pub(super) fn written(&mut self, mut n: usize) {
         while n > 0 && !self.wbuf.is_empty() {
             if self.wbuf_front_left == 0 {
