@@ -77,7 +77,7 @@
 mod checked;
 
 use std::borrow::Cow;
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 use std::ops::Bound;
 
 use bytes::Bytes;
@@ -335,6 +335,10 @@ pub const INLINE_KEY: usize = 24;
 /// A key as the hash map holds it: inline up to [`INLINE_KEY`] bytes. Hashes and compares
 /// as the byte slice, so lookups by `&[u8]` find it.
 type Key = SmallVec<[u8; INLINE_KEY]>;
+
+/// The hash map of keys. Clients choose the keys, so its hasher is seeded per process and
+/// per map (foldhash: a few instructions per key where SipHash took a few hundred).
+type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
 const _: () = assert!(std::mem::size_of::<Key>() == std::mem::size_of::<Bytes>());
 #[cfg(target_pointer_width = "64")]
 const _: () = assert!(std::mem::size_of::<Key>() + std::mem::size_of::<Entry>() == 128);
@@ -363,7 +367,8 @@ impl MemoryEngine {
         entries: impl IntoIterator<Item = (Bytes, Entry)>,
         capacity: usize,
     ) -> Self {
-        let mut map: HashMap<Key, Entry> = HashMap::with_capacity(capacity);
+        let mut map: HashMap<Key, Entry> =
+            HashMap::with_capacity_and_hasher(capacity, Default::default());
         let mut order: Vec<Bytes> = Vec::with_capacity(capacity);
         let mut sorted = true;
         for (key, entry) in entries {

@@ -23,6 +23,11 @@ use statehub_mqtt_codec::ReasonCode;
 /// Bytes reserved for a read when no packet is under way.
 const READ_CHUNK: usize = 4096;
 
+/// Room an empty write buffer gets before the first packet goes in: a drain's packets
+/// (a burst of replies and PUBACKs) then fit without the buffer growing, and copying
+/// itself, several times on the way.
+const WRITE_CHUNK: usize = 4096;
+
 /// The keep alive (1.5 times the negotiated one; zero for none), the deadline of
 /// the packet being read, and the expiry of the client's credential. One timer
 /// serves them all.
@@ -105,6 +110,14 @@ impl Conn {
     pub(super) fn reserve_read(&self, rbuf: &mut BytesMut) {
         let want = self.codec.missing(rbuf).unwrap_or(READ_CHUNK);
         rbuf.reserve(want);
+    }
+
+    /// Gives an empty write buffer its [`WRITE_CHUNK`] (idle connections keep none, see
+    /// [`Conn::release_idle`]).
+    pub(super) fn reserve_write(&mut self) {
+        if self.wbuf.capacity() == 0 {
+            self.wbuf.reserve(WRITE_CHUNK);
+        }
     }
 
     /// `n` bytes of the write buffer reached the socket.

@@ -306,6 +306,7 @@ impl Conn {
                 stripped.as_ref().unwrap_or(p)
             }
         };
+        self.reserve_write();
         let start = self.wbuf.len();
         self.codec.encode(p, &mut self.wbuf).map_err(|e| {
             encode_failed(&self.broker, &self.info.client_id, "packet", &e);

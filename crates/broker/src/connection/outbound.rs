@@ -44,6 +44,7 @@ impl Conn {
             let Some((d, packet_id)) = outbox.next(self.client_receive_max, now) else {
                 break;
             };
+            self.reserve_write();
             let (alias, alias_only, new_alias) = self.alias_for(&d.msg.topic);
             // The shared message is written as it is, with this delivery's per-hop
             // fields: no copy of its properties per subscriber.

@@ -43,6 +43,26 @@ fn exact_filters_keep_their_place_among_wildcards() {
     assert_eq!(ids(&trie, "$sys/x"), [6]);
 }
 
+#[test]
+fn exact_filters_match_alone_once_no_wildcard_is_left() {
+    let mut trie = SubscriptionTrie::default();
+    let sessions: Vec<Arc<Session>> = (0..3)
+        .map(|i| Arc::new(Session::new(format!("c{i}").into(), 0)))
+        .collect();
+    trie.insert("a/b", None, entry(&sessions[0], 1));
+    trie.insert("a/b", Some("g"), entry(&sessions[1], 2));
+    trie.insert("a/#", None, entry(&sessions[2], 3));
+    assert_eq!(ids(&trie, "a/b"), [3, 1]);
+    assert!(trie.remove("a/#", None, "c2"));
+    assert!(trie.root.children.is_empty());
+    let only = trie.matches("a/b");
+    assert_eq!(only.plain.len(), 1);
+    assert_eq!(only.plain[0].0, "c0");
+    assert_eq!(only.shared.len(), 1);
+    assert!(trie.matches("a/c").plain.is_empty());
+    assert!(trie.matches("a").shared.is_empty());
+}
+
 /// Runs `f` on a thread with a small stack, as a deep recursion would overflow it.
 fn on_small_stack(f: impl FnOnce() + Send + 'static) {
     std::thread::Builder::new()

@@ -6,9 +6,11 @@
 //! feed position when it began (see [`crate::Engine::observe_key`]), so that a change fed
 //! later but made earlier is not news to it.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::BTreeMap;
 
 use bytes::Bytes;
+// Keys and client ids are chosen by clients: a hasher seeded per process and per map.
+use foldhash::{HashMap, HashSet};
 
 #[derive(Debug, Default)]
 pub(super) struct Observers {
