@@ -239,39 +239,7 @@ where
             );
             return None;
         };
-        if publish.qos == QoS::AtMostOnce && !rpc::is_forbidden_response_topic(response_topic) {
-            // Any client can send this as often as it likes: one line a minute.
-            static LOG: LogLimit = LogLimit::per_secs(60);
-            if let Some(left_out) = LOG.allow() {
-                tracing::info!(
-                    client = client_id,
-                    left_out,
-                    "state store request at QoS 0 refused: QoS 1 is required"
-                );
-            }
-            let correlation = props.correlation_data.clone();
-            let deadline = rpc::deadline(&props, Instant::now());
-            broker.publish(rpc::qos0_response(
-                response_topic.into(),
-                correlation,
-                deadline,
-            ));
-            return None;
-        }
-        if rpc::is_forbidden_response_topic(response_topic) {
-            // Any client can send this as often as it likes: one line a minute.
-            static LOG: LogLimit = LogLimit::per_secs(60);
-            match LOG.allow() {
-                Some(left_out) => tracing::info!(
-                    client = client_id,
-                    left_out,
-                    "reserved Response Topic; disconnecting"
-                ),
-                None => {
-                    tracing::debug!(client = client_id, "reserved Response Topic; disconnecting")
-                }
-            }
-            broker.disconnect_client(client_id, ReasonCode::PROTOCOL_ERROR);
+        if refused_up_front(broker, client_id, publish.qos, &props, response_topic) {
             return None;
         }
         // The broker's clock, which its outboxes expire messages by.
@@ -558,4 +526,52 @@ where
             tracing::warn!(client = client_id, error = %e, "observations dropped, engine not told");
         }
     }
+}
+
+/// Answers what is refused before the store sees it: a request at QoS 0 (an error reply
+/// saying QoS 1 is required) and a reserved Response Topic (the client is
+/// disconnected). `true` when the request was refused so.
+fn refused_up_front(
+    broker: &Broker,
+    client_id: &str,
+    qos: QoS,
+    props: &PublishProperties,
+    response_topic: &str,
+) -> bool {
+    if qos == QoS::AtMostOnce && !rpc::is_forbidden_response_topic(response_topic) {
+        // Any client can send this as often as it likes: one line a minute.
+        static LOG: LogLimit = LogLimit::per_secs(60);
+        if let Some(left_out) = LOG.allow() {
+            tracing::info!(
+                client = client_id,
+                left_out,
+                "state store request at QoS 0 refused: QoS 1 is required"
+            );
+        }
+        let correlation = props.correlation_data.clone();
+        let deadline = rpc::deadline(props, Instant::now());
+        broker.publish(rpc::qos0_response(
+            response_topic.into(),
+            correlation,
+            deadline,
+        ));
+        return true;
+    }
+    if rpc::is_forbidden_response_topic(response_topic) {
+        // Any client can send this as often as it likes: one line a minute.
+        static LOG: LogLimit = LogLimit::per_secs(60);
+        match LOG.allow() {
+            Some(left_out) => tracing::info!(
+                client = client_id,
+                left_out,
+                "reserved Response Topic; disconnecting"
+            ),
+            None => {
+                tracing::debug!(client = client_id, "reserved Response Topic; disconnecting")
+            }
+        }
+        broker.disconnect_client(client_id, ReasonCode::PROTOCOL_ERROR);
+        return true;
+    }
+    false
 }

@@ -29,6 +29,7 @@ use statehub_state_store_service::{DurableEngine, StateStoreService, REQUEST_TOP
 use statehub_storage::{Options, Store};
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
 
 use config::{ServeArgs, Settings};
 
@@ -141,7 +142,7 @@ fn repair(args: &RepairArgs) -> ExitCode {
 async fn serve(mut settings: Settings) -> std::io::Result<()> {
     // Installed before anything is bound, so a signal sent as soon as the
     // "listening" lines appear is always a graceful shutdown.
-    let mut signals = Signals::install()?;
+    let signals = Signals::install()?;
     let rules = authz::Reloader::install(settings.config.clone())?;
     let descriptors = fds::Descriptors::raise();
     descriptors.size_connections(&mut settings);
@@ -150,11 +151,8 @@ async fn serve(mut settings: Settings) -> std::io::Result<()> {
         |e: &dyn Error| std::io::Error::new(std::io::ErrorKind::InvalidInput, e.to_string());
     let mut security =
         listeners::Security::load(&settings.authentication).map_err(|e| invalid(&e))?;
-    let broker = Broker::new(settings.broker.clone());
+    let broker = start_broker(&settings, rules);
     let shutdown = broker.shutdown_token();
-    broker.set_policy(settings.authorization.policy.clone());
-    tracing::info!("{}", settings.authorization.summary());
-    tokio::spawn(rules.run(broker.clone(), shutdown.clone()));
     let (expiry, storage, state_store) = start_state_store(&settings, &broker)?;
     let workers = Workers::start(settings.mqtt_threads)?;
     let mqtt = listeners::bind(
@@ -165,25 +163,11 @@ async fn serve(mut settings: Settings) -> std::io::Result<()> {
     )
     .await
     .map_err(|e| invalid(&e))?;
-    let http = TcpListener::bind(settings.http_listen)
-        .await
-        .map_err(|e| first_use::bind_error("HTTP", settings.http_listen, e))?;
-    let http_tls = security
-        .http_tls(settings.http.tls.as_ref())
-        .map_err(|e| invalid(&e))?;
-    let with_tls = if http_tls.is_some() { " with TLS" } else { "" };
-    tracing::info!("http listening on {}{with_tls}", http.local_addr()?);
+    let (http, http_tls) = bind_http(&settings, &mut security).await?;
     let ws_auth = security.websocket_auth(&settings.mqtt_listeners);
     let reloader = security.spawn_reloader(shutdown.clone());
 
-    let signals = tokio::spawn({
-        let shutdown = shutdown.clone();
-        async move {
-            signals.recv().await;
-            tracing::info!("shutdown requested");
-            shutdown.cancel();
-        }
-    });
+    let signals = tokio::spawn(signals.cancel_on_signal(shutdown.clone()));
     let grace = Duration::from_secs(settings.shutdown_grace_secs);
     let (router, wps) = http::router(settings.webpubsub.clone(), http.local_addr()?);
     let telemetry = metrics::Telemetry::new(
@@ -193,8 +177,11 @@ async fn serve(mut settings: Settings) -> std::io::Result<()> {
         wps.clone(),
         settings.http.metrics_token.clone(),
     );
-    let router = router.merge(telemetry.routes());
-    let router = router.merge(admin::router(&settings.admin, broker.clone(), wps.clone()));
+    let router = router.merge(telemetry.routes()).merge(admin::router(
+        &settings.admin,
+        broker.clone(),
+        wps.clone(),
+    ));
     let wps_task = http::shut_down_with(wps, shutdown.clone(), grace);
     let router = match settings.http.mqtt_websocket {
         true => http::mqtt_ws::mount(router, &broker, workers.handles(), ws_auth),
@@ -211,32 +198,17 @@ async fn serve(mut settings: Settings) -> std::io::Result<()> {
         http_tls,
         shutdown.clone(),
     ));
-    let unready = tokio::spawn({
-        let shutdown = shutdown.clone();
-        async move {
-            shutdown.cancelled().await;
-            telemetry.set_ready(false);
-        }
-    });
-    let serving: Vec<_> = mqtt
-        .into_iter()
-        .map(|l| tokio::spawn(l.serve(grace)))
-        .collect();
-    for listener in serving {
-        if let Err(e) = listener.await {
-            tracing::error!("mqtt listener failed: {e}");
-        }
+    let unready = on_shutdown(&shutdown, move || telemetry.set_ready(false));
+    serve_mqtt(mqtt, grace).await;
+    for task in [unready, reloader, signals, expiry] {
+        task.abort();
     }
-    unready.abort();
-    reloader.abort();
     if let Some(task) = wps_task {
         if let Err(e) = task.await {
             tracing::error!("web pubsub shutdown failed: {e}");
         }
     }
-    signals.abort();
     workers.stop();
-    expiry.abort();
     if let Some(data_dir) = storage {
         data_dir.close();
     }
@@ -246,6 +218,54 @@ async fn serve(mut settings: Settings) -> std::io::Result<()> {
     }
     tracing::info!("stopped");
     Ok(())
+}
+
+/// The broker, with the authorization rules installed and reloaded by `rules`.
+fn start_broker(settings: &Settings, rules: authz::Reloader) -> Broker {
+    let broker = Broker::new(settings.broker.clone());
+    broker.set_policy(settings.authorization.policy.clone());
+    tracing::info!("{}", settings.authorization.summary());
+    tokio::spawn(rules.run(broker.clone(), broker.shutdown_token()));
+    broker
+}
+
+/// Binds the HTTP listener, with its TLS configuration if it has one.
+async fn bind_http(
+    settings: &Settings,
+    security: &mut listeners::Security,
+) -> std::io::Result<(TcpListener, Option<Arc<dyn statehub_broker::TlsSource>>)> {
+    let http = TcpListener::bind(settings.http_listen)
+        .await
+        .map_err(|e| first_use::bind_error("HTTP", settings.http_listen, e))?;
+    let tls = security
+        .http_tls(settings.http.tls.as_ref())
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e.to_string()))?;
+    let with_tls = if tls.is_some() { " with TLS" } else { "" };
+    tracing::info!("http listening on {}{with_tls}", http.local_addr()?);
+    Ok((http, tls))
+}
+
+/// Runs `f` once `shutdown` is cancelled.
+fn on_shutdown(shutdown: &CancellationToken, f: impl FnOnce() + Send + 'static) -> JoinHandle<()> {
+    let shutdown = shutdown.clone();
+    tokio::spawn(async move {
+        shutdown.cancelled().await;
+        f();
+    })
+}
+
+/// Serves every MQTT listener until shutdown, each waiting up to `grace` for its
+/// connections to close.
+async fn serve_mqtt(listeners: Vec<statehub_broker::MqttListener>, grace: Duration) {
+    let serving: Vec<_> = listeners
+        .into_iter()
+        .map(|l| tokio::spawn(l.serve(grace)))
+        .collect();
+    for listener in serving {
+        if let Err(e) = listener.await {
+            tracing::error!("mqtt listener failed: {e}");
+        }
+    }
 }
 
 /// `error: source: source...`, the whole story in one line. A source whose message the
@@ -425,6 +445,13 @@ struct Signals {
 }
 
 impl Signals {
+    /// Cancels `shutdown` at the first SIGINT or SIGTERM.
+    async fn cancel_on_signal(mut self, shutdown: CancellationToken) {
+        self.recv().await;
+        tracing::info!("shutdown requested");
+        shutdown.cancel();
+    }
+
     fn install() -> std::io::Result<Signals> {
         use tokio::signal::unix::{signal, SignalKind};
         Ok(Signals {

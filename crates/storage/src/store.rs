@@ -14,9 +14,10 @@ use crate::batch::Batch;
 use crate::committer;
 use crate::compactor;
 use crate::error::{OpenError, StorageError};
-use crate::files::{prepare_spare, spare_path, FileSet, Files};
+use crate::files::{prepare_spare, spare_path, FileSet, Files, Segment};
+use crate::format::TableNames;
 use crate::io_stats::StorageStats;
-use crate::journal::{Log, Registry};
+use crate::journal::{Continue, Log, Registry};
 use crate::lock::DirLock;
 use crate::open::Opened;
 use crate::options::{Options, SyncPolicy};
@@ -87,17 +88,7 @@ impl Store {
             let path = path.to_owned();
             move |source| OpenError::Io { path, source }
         };
-        // Go on writing the last segment, if its tables can keep their ids.
-        let (registry, resume) =
-            match resume.and_then(|(at, tables)| Some((Registry::continuing(&tables)?, at))) {
-                Some((registry, at)) => {
-                    if let Some(last) = segments.last_mut() {
-                        last.closed = false;
-                    }
-                    (registry, Some(at))
-                }
-                None => (Registry::default(), None),
-            };
+        let (registry, resume) = resume_point(resume, &mut segments);
         let registry = Arc::new(registry);
         let files = Arc::new(Files::new(
             dir.clone(),
@@ -384,6 +375,23 @@ impl Ticket {
     /// Blocks the thread until [`Ticket::durable`] would resolve. Not for async code.
     pub fn wait(&self) -> Result<(), StorageError> {
         self.shared.wait_blocking(self.seq)
+    }
+}
+
+/// The tables' registry, and where the journal goes on: in the last segment, reopened,
+/// if its tables can keep their ids; else in a new segment with a fresh registry.
+fn resume_point(
+    resume: Option<(Continue, TableNames)>,
+    segments: &mut [Segment],
+) -> (Registry, Option<Continue>) {
+    match resume.and_then(|(at, tables)| Some((Registry::continuing(&tables)?, at))) {
+        Some((registry, at)) => {
+            if let Some(last) = segments.last_mut() {
+                last.closed = false;
+            }
+            (registry, Some(at))
+        }
+        None => (Registry::default(), None),
     }
 }
 

@@ -93,22 +93,8 @@ impl Conn {
             ));
         }
         let pid = p.packet_id.unwrap_or(0);
-        if p.qos == QoS::ExactlyOnce {
-            match self
-                .session
-                .incoming_qos2(pid, self.broker.config().receive_maximum)
-            {
-                IncomingQos2::Duplicate => {
-                    return self.send(&Packet::PubRec(PubResponse::ok(pid)));
-                }
-                IncomingQos2::OverMaximum => {
-                    return Err(Close::ByServer(
-                        ReasonCode::RECEIVE_MAXIMUM_EXCEEDED,
-                        "receive maximum exceeded [MQTT-3.3.4-9]",
-                    ));
-                }
-                IncomingQos2::New => {}
-            }
+        if p.qos == QoS::ExactlyOnce && self.qos2_duplicate(pid)? {
+            return Ok(());
         }
         if topic::too_deep(&p.topic, self.broker.config().max_topic_levels) {
             let text = "topic has more levels than max_topic_levels";
@@ -140,39 +126,73 @@ impl Conn {
             let stored = qos == QoS::ExactlyOnce && self.session.receive_qos2(pid);
             (ReasonCode::SUCCESS, stored)
         } else {
-            let msg = Arc::new(Message::from_publish(
-                p,
-                Some(self.info.client_id.clone()),
-                self.broker.now(),
-            ));
-            let mut durable = None;
-            let routed = self.route_and_receive(&msg, pid, gate.as_ref(), || {
-                if msg.retain {
-                    durable = self.broker.store_retained(&msg);
-                }
-            });
-            if routed.refused {
-                return self.refuse_publish(qos, pid).await;
+            match self.route_publish(p, pid, gate.as_ref()).await? {
+                Some(routed) => routed,
+                None => return Ok(()),
             }
-            // With a retain store, the ack waits until the retained change is durable. If
-            // it never will be, no ack: the connection closes and the client resends.
-            if let Some(durable) = durable.filter(|_| qos != QoS::AtMostOnce) {
-                if let Err(e) = durable.await {
-                    tracing::error!("{e}; closing the connection of {}", self.info.client_id);
-                    return Err(Close::ByServer(
-                        ReasonCode::UNSPECIFIED_ERROR,
-                        "retained message not stored",
-                    ));
-                }
-            }
-            let code = if routed.sessions == 0 {
-                ReasonCode::NO_MATCHING_SUBSCRIBERS
-            } else {
-                ReasonCode::SUCCESS
-            };
-            (code, routed.stored)
         };
         self.ack_publish(qos, pid, code, stored).await
+    }
+
+    /// A QoS 2 PUBLISH whose packet id is still held is a duplicate: answered PUBREC
+    /// again and not delivered twice (`Ok(true)`); one past Receive Maximum closes the
+    /// connection.
+    fn qos2_duplicate(&mut self, pid: u16) -> Result<bool, Close> {
+        let maximum = self.broker.config().receive_maximum;
+        match self.session.incoming_qos2(pid, maximum) {
+            IncomingQos2::Duplicate => {
+                self.send(&Packet::PubRec(PubResponse::ok(pid)))?;
+                Ok(true)
+            }
+            IncomingQos2::OverMaximum => Err(Close::ByServer(
+                ReasonCode::RECEIVE_MAXIMUM_EXCEEDED,
+                "receive maximum exceeded [MQTT-3.3.4-9]",
+            )),
+            IncomingQos2::New => Ok(false),
+        }
+    }
+
+    /// Routes a client's PUBLISH to the sessions it matches (and keeps it if retained):
+    /// the acknowledgement's code and whether a persistent session stored it, or `None`
+    /// when `queue_full_policy = "refuse"` refused it (already answered).
+    async fn route_publish(
+        &mut self,
+        p: Publish,
+        pid: u16,
+        gate: Option<&Arc<Gate>>,
+    ) -> Result<Option<(ReasonCode, bool)>, Close> {
+        let qos = p.qos;
+        let msg = Arc::new(Message::from_publish(
+            p,
+            Some(self.info.client_id.clone()),
+            self.broker.now(),
+        ));
+        let mut durable = None;
+        let routed = self.route_and_receive(&msg, pid, gate, || {
+            if msg.retain {
+                durable = self.broker.store_retained(&msg);
+            }
+        });
+        if routed.refused {
+            self.refuse_publish(qos, pid).await?;
+            return Ok(None);
+        }
+        // With a retain store, the ack waits until the retained change is durable. If it
+        // never will be, no ack: the connection closes and the client resends.
+        if let Some(durable) = durable.filter(|_| qos != QoS::AtMostOnce) {
+            if let Err(e) = durable.await {
+                tracing::error!("{e}; closing the connection of {}", self.info.client_id);
+                return Err(Close::ByServer(
+                    ReasonCode::UNSPECIFIED_ERROR,
+                    "retained message not stored",
+                ));
+            }
+        }
+        let code = match routed.sessions {
+            0 => ReasonCode::NO_MATCHING_SUBSCRIBERS,
+            _ => ReasonCode::SUCCESS,
+        };
+        Ok(Some((code, routed.stored)))
     }
 
     /// Takes a token from `max_publish_rate`'s bucket; with none left the connection
