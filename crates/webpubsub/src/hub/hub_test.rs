@@ -160,6 +160,10 @@ async fn recovery_needing_an_evicted_frame_fails_and_deletes_the_session() {
         err,
         session::AttachError::ReplayLost(crate::reliable::ReplayLost { first: 1, last: 6 })
     );
+    // A second recovery before the session is deleted is told why it ended.
+    let (out, _rx3) = outbox(64, 1 << 20);
+    let again = s.attach(out).unwrap_err().to_string();
+    assert!(again.contains("cannot be recovered"), "{again}");
     h.socket_closed(&s, generation);
     assert_eq!(h.session_count(), 0);
     assert_eq!(h.stats().counters().replay_lost_sessions, 1);

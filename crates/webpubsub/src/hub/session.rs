@@ -30,11 +30,15 @@ pub(crate) struct Gone;
 
 /// Why a socket could not be attached to a session; either way the client is told
 /// with 1008 and the session is deleted.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub(crate) enum AttachError {
     /// The session was deleted.
     #[error(transparent)]
     Gone(#[from] Gone),
+    /// The session ended, for this reason, but is not deleted yet (a recovery that
+    /// races the deletion is told why, not just that it is gone).
+    #[error("the session ended: {0}")]
+    Ended(String),
     /// The replay buffer no longer holds every message the client has not
     /// acknowledged.
     #[error(transparent)]
@@ -264,7 +268,10 @@ impl Session {
     pub(crate) fn attach(&self, outbox: Outbox) -> Result<(u64, Vec<(u64, Message)>), AttachError> {
         let mut st = lock(&self.state);
         if st.closed {
-            return Err(Gone.into());
+            return Err(match &st.close_reason {
+                Some(reason) => AttachError::Ended(reason.clone()),
+                None => Gone.into(),
+            });
         }
         let replay = match st.sequencer.replay(Instant::now()) {
             Ok(replay) => replay,
