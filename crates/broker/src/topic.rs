@@ -1,23 +1,9 @@
 //! Topic name and filter matching (MQTT 5 section 4.7).
 
-/// Whether `filter` matches `topic`. Topics starting with `$` are not matched by a
-/// filter starting with a wildcard [MQTT-4.7.2-1].
-pub fn matches(filter: &str, topic: &str) -> bool {
-    if topic.starts_with('$') && (filter.starts_with('+') || filter.starts_with('#')) {
-        return false;
-    }
-    let mut f = filter.split('/');
-    let mut t = topic.split('/');
-    loop {
-        match (f.next(), t.next()) {
-            (Some("#"), _) => return true,
-            (Some("+"), Some(_)) => {}
-            (Some(a), Some(b)) if a == b => {}
-            (None, None) => return true,
-            _ => return false,
-        }
-    }
-}
+/// Whether `filter` matches `topic`; topics starting with `$` are not matched by a
+/// filter starting with a wildcard [MQTT-4.7.2-1]. The authorization rules match with
+/// the same function.
+pub use statehub_authz::topic::matches;
 
 /// Number of levels of a topic name or filter.
 pub fn levels(topic: &str) -> usize {

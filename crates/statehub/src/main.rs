@@ -183,9 +183,10 @@ async fn serve(mut settings: Settings) -> std::io::Result<()> {
         wps.clone(),
     ));
     let wps_task = http::shut_down_with(wps, shutdown.clone(), grace);
-    let router = match settings.http.mqtt_websocket {
-        true => http::mqtt_ws::mount(router, &broker, workers.handles(), ws_auth),
-        false => router,
+    let router = match (settings.http.mqtt_websocket, http_tls.is_some()) {
+        (true, false) => http::mqtt_ws::mount(router, &broker, workers.handles(), ws_auth),
+        (true, true) => http::mqtt_ws::mount_unavailable_over_tls(router),
+        (false, _) => router,
     };
     let http_limits = http::Limits::new(&settings.http, descriptors.per_listener());
     // Every listener is bound and the data directory is loaded: ready before the first

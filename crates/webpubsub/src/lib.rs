@@ -160,14 +160,7 @@ impl WebPubSub {
     pub fn counters(&self) -> Counters {
         let mut c = self.inner.stats.counters();
         c.connections = self.inner.connections.len() as u64;
-        let hubs: Vec<Arc<Hub>> = self
-            .inner
-            .hubs
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .values()
-            .cloned()
-            .collect();
+        let hubs = self.hubs_now();
         c.hubs = hubs.len() as u64;
         for hub in hubs {
             let (sessions, groups) = hub.sizes();
@@ -178,6 +171,17 @@ impl WebPubSub {
             upstream.count_into(&mut c);
         }
         c
+    }
+
+    /// The hubs as they are now (the lock is released before the caller walks them).
+    fn hubs_now(&self) -> Vec<Arc<Hub>> {
+        self.inner
+            .hubs
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .values()
+            .cloned()
+            .collect()
     }
 
     /// Whether shutdown has begun (new clients are refused).
@@ -200,14 +204,7 @@ impl WebPubSub {
     pub async fn shutdown(&self, grace: Duration) {
         let deadline = tokio::time::Instant::now() + grace;
         self.inner.shutdown.cancel();
-        let hubs: Vec<Arc<Hub>> = self
-            .inner
-            .hubs
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .values()
-            .cloned()
-            .collect();
+        let hubs = self.hubs_now();
         for hub in hubs {
             hub.shutdown("The server is shutting down");
         }

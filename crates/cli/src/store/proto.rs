@@ -4,10 +4,10 @@
 
 use std::fmt;
 
-use bytes::{BufMut, Bytes, BytesMut};
+use bytes::Bytes;
 
 /// Where requests go.
-pub const REQUEST_TOPIC: &str = "statestore/v1/FA9AE35F-2F64-47CD-9BFF-08E2B32A0FE8/command/invoke";
+pub use statehub_state_store::REQUEST_TOPIC;
 /// Notification topics: this, HEX(client id), `/command/notify/`, HEX(key).
 const NOTIFY_PREFIX: &str = "clients/statestore/v1/FA9AE35F-2F64-47CD-9BFF-08E2B32A0FE8/";
 const NOTIFY_MIDDLE: &str = "/command/notify/";
@@ -144,25 +144,9 @@ impl Request<'_> {
                 args
             }
         };
-        let mut out = BytesMut::with_capacity(args.iter().map(|a| a.len() + 16).sum());
-        put_len(&mut out, b'*', args.len());
-        for arg in args {
-            put_bulk(&mut out, arg);
-        }
-        out.freeze()
+        // The same encoder the store uses for requests and notifications.
+        statehub_state_store::resp::encode_array(&args)
     }
-}
-
-fn put_len(out: &mut BytesMut, prefix: u8, n: usize) {
-    out.put_u8(prefix);
-    out.put_slice(n.to_string().as_bytes());
-    out.put_slice(b"\r\n");
-}
-
-fn put_bulk(out: &mut BytesMut, bytes: &[u8]) {
-    put_len(out, b'$', bytes.len());
-    out.put_slice(bytes);
-    out.put_slice(b"\r\n");
 }
 
 /// One response payload.

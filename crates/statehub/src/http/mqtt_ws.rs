@@ -62,6 +62,23 @@ pub fn mount(
     router.merge(Router::new().route(PATH, get(upgrade).with_state(endpoint)))
 }
 
+/// `router` with [`PATH`] answering that MQTT over WebSocket is not served on this
+/// listener: it speaks TLS, and the upgraded socket would reach the broker as a TLS
+/// stream the WebSocket layer does not drive yet.
+pub fn mount_unavailable_over_tls(router: Router) -> Router {
+    tracing::warn!(
+        "mqtt over websocket is not served over TLS (wss) yet: {PATH} answers 501; remote MQTT \
+         clients use an MQTT listener with TLS (--mqtts-listen)"
+    );
+    let unavailable = || async {
+        refuse(
+            StatusCode::NOT_IMPLEMENTED,
+            "MQTT over WebSocket is not served over TLS (wss) yet: use an MQTT listener with TLS (--mqtts-listen)\n",
+        )
+    };
+    router.merge(Router::new().route(PATH, get(unavailable)))
+}
+
 async fn upgrade(State(endpoint): State<Arc<Endpoint>>, mut req: Request) -> Response<Body> {
     let headers = req.headers();
     if !has_token(headers, header::UPGRADE, "websocket")
