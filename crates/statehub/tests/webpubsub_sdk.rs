@@ -173,6 +173,13 @@ fn js_slow_consumer_is_closed_and_memory_stays_bounded() {
     node("slow-consumer.mjs", LIMIT);
 }
 
+/// A full hub fails the client's `start()` (429), a join past the group limit rejects
+/// with the ack's `BadRequest`.
+#[test]
+fn js_hub_and_group_limits() {
+    node("limits.mjs", LIMIT);
+}
+
 #[test]
 fn python_messaging_and_rest_api() {
     python("messaging.py", LIMIT);

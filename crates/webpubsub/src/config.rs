@@ -75,6 +75,11 @@ impl Config {
                 "frame and queue limits must be positive",
             ));
         }
+        if self.limits.max_connections_per_hub == 0 {
+            return Err(ConfigError::Limits(
+                "max_connections_per_hub must be positive",
+            ));
+        }
         if self.limits.read_buffer_bytes < 1024 || self.limits.write_buffer_bytes < 1024 {
             return Err(ConfigError::Limits(
                 "read_buffer_bytes and write_buffer_bytes must be at least 1024",
@@ -163,6 +168,12 @@ pub struct Limits {
     /// Bytes a socket's writer gathers before writing them out (8 KiB); the buffer keeps
     /// its largest size while the connection lives.
     pub write_buffer_bytes: usize,
+    /// Sessions a hub holds at once (live ones and reliable ones kept for recovery);
+    /// a new connection past it is refused at the handshake with 429 (100 000).
+    pub max_connections_per_hub: usize,
+    /// Groups one connection may be in (1000): a join past it is refused, and so is a
+    /// connection whose token or `connect` answer lists more.
+    pub max_groups_per_connection: usize,
 }
 
 impl Default for Limits {
@@ -181,6 +192,8 @@ impl Default for Limits {
             upstream_queue: 10_000,
             read_buffer_bytes: 8 * 1024,
             write_buffer_bytes: 8 * 1024,
+            max_connections_per_hub: 100_000,
+            max_groups_per_connection: 1000,
         }
     }
 }

@@ -105,8 +105,12 @@ fn perform(
     let ack_id = msg.ack_id();
     Some(match msg {
         Request::JoinGroup { group, .. } => {
-            check_group(&group, session.permissions().can_join_leave(&group), "join")
-                .map(|()| hub.join(session, &group))
+            check_group(&group, session.permissions().can_join_leave(&group), "join").and_then(
+                |()| {
+                    hub.join(session, &group)
+                        .map_err(|e| AckFailure::BadRequest(e.to_string()))
+                },
+            )
         }
         Request::LeaveGroup { group, .. } => check_group(
             &group,

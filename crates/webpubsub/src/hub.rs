@@ -32,6 +32,7 @@ pub(crate) mod stream;
 pub(crate) mod view;
 
 use std::collections::{BTreeSet, HashMap, HashSet};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
@@ -67,6 +68,27 @@ pub(crate) enum Unrecoverable {
     Ended(String),
 }
 
+/// A join refused: the connection is already in `max_groups_per_connection` groups.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("the connection is already in {0} groups, the most a connection may be in")]
+pub(crate) struct TooManyGroups(pub(crate) usize);
+
+/// A new connection refused: the hub holds `max_connections_per_hub` sessions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("the hub has {0} connections, the most it accepts")]
+pub(crate) struct HubFull(pub(crate) usize);
+
+/// A place for one new session, counted against `max_connections_per_hub` from the
+/// handshake until the session exists (drop it after [`Hub::open`]).
+#[derive(Debug)]
+pub(crate) struct Slot(Arc<Hub>);
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.0.reserved.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
@@ -77,6 +99,8 @@ pub(crate) struct Hub {
     name: Arc<str>,
     limits: Limits,
     state: Mutex<HubState>,
+    /// Handshakes between their [`Hub::reserve`] and their session's creation.
+    reserved: AtomicUsize,
     events: Option<Arc<dyn Events>>,
     shutdown: CancellationToken,
     stats: Arc<Stats>,
@@ -127,6 +151,7 @@ impl Hub {
             name: Arc::from(name),
             limits,
             state: Mutex::new(HubState::default()),
+            reserved: AtomicUsize::new(0),
             events: None,
             shutdown: CancellationToken::new(),
             stats: Arc::default(),
@@ -179,6 +204,11 @@ impl Hub {
         }
     }
 
+    /// The limits it enforces.
+    pub(crate) fn limits(&self) -> &Limits {
+        &self.limits
+    }
+
     /// The hub's name.
     pub(crate) fn name(&self) -> &str {
         &self.name
@@ -219,9 +249,26 @@ impl Hub {
             }
         }
         for group in &groups {
-            self.join(&session, group);
+            if self.join(&session, group).is_err() {
+                break;
+            }
         }
         session
+    }
+
+    /// Reserves a place for a new connection, unless the hub already holds (or has
+    /// promised) `max_connections_per_hub` sessions. Reliable sessions kept for their
+    /// recovery count: they hold their memory until they expire.
+    pub(crate) fn reserve(self: &Arc<Self>) -> Result<Slot, HubFull> {
+        let max = self.limits.max_connections_per_hub;
+        let hub = lock(&self.state);
+        if hub.sessions.len() + self.reserved.load(Ordering::Relaxed) >= max {
+            drop(hub);
+            self.stats.hub_full(&self.name, max);
+            return Err(HubFull(max));
+        }
+        self.reserved.fetch_add(1, Ordering::Relaxed);
+        Ok(Slot(Arc::clone(self)))
     }
 
     /// The session a recovering socket names, if it exists and the token matches;
@@ -246,17 +293,54 @@ impl Hub {
         }
     }
 
-    /// Adds the session to a group (idempotent).
-    pub(crate) fn join(&self, session: &Session, group: &str) {
+    /// Adds the session to a group (idempotent), unless it is already in
+    /// `max_groups_per_connection` others.
+    pub(crate) fn join(&self, session: &Session, group: &str) -> Result<(), TooManyGroups> {
         let mut hub = lock(&self.state);
         if !hub.sessions.contains_key(session.id()) {
-            return;
+            return Ok(());
+        }
+        self.join_locked(&mut hub, session, group)
+    }
+
+    /// Adds every one of `sessions` to a group, or none if any of them is already in
+    /// `max_groups_per_connection` others. Every join holds the hub lock, so no
+    /// session can fill up between the check and the joins.
+    pub(crate) fn join_all(
+        &self,
+        sessions: &[Arc<Session>],
+        group: &str,
+    ) -> Result<(), TooManyGroups> {
+        let max = self.limits.max_groups_per_connection;
+        let mut hub = lock(&self.state);
+        if let Some(full) = sessions.iter().find(|s| !s.may_join(group, max)) {
+            self.stats.group_limit(&self.name, full.id(), max);
+            return Err(TooManyGroups(max));
+        }
+        for s in sessions {
+            if hub.sessions.contains_key(s.id()) {
+                self.join_locked(&mut hub, s, group)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn join_locked(
+        &self,
+        hub: &mut HubState,
+        session: &Session,
+        group: &str,
+    ) -> Result<(), TooManyGroups> {
+        let max = self.limits.max_groups_per_connection;
+        if !session.joined(group, max) {
+            self.stats.group_limit(&self.name, session.id(), max);
+            return Err(TooManyGroups(max));
         }
         hub.groups
             .entry(group.to_owned())
             .or_default()
             .insert(session.id().to_owned());
-        session.joined(group);
+        Ok(())
     }
 
     /// Removes the session from a group (idempotent).

@@ -55,6 +55,12 @@ pub struct Counters {
     pub replay_evictions_unwritten: u64,
     /// Reliable sessions ended because a recovery could no longer be served in full.
     pub replay_lost_sessions: u64,
+    /// Connections refused at the handshake because their hub held
+    /// `max_connections_per_hub` sessions.
+    pub hub_full_refusals: u64,
+    /// Group joins refused (a client's `joinGroup`, a REST add, a token's or `connect`
+    /// answer's groups) because the connection was in `max_groups_per_connection` groups.
+    pub group_limit_refusals: u64,
 }
 
 /// The service's counters.
@@ -71,6 +77,8 @@ pub(crate) struct Stats {
     replay_evictions: AtomicU64,
     replay_evictions_unwritten: AtomicU64,
     replay_lost_sessions: Counter,
+    hub_full_refusals: Counter,
+    group_limit_refusals: Counter,
 }
 
 impl Stats {
@@ -137,6 +145,27 @@ impl Stats {
         });
     }
 
+    /// A connection was refused because its hub is full.
+    pub(crate) fn hub_full(&self, hub: &str, max: usize) {
+        self.hub_full_refusals.note(|n| {
+            tracing::warn!(
+                "web pubsub: refused {n} connection(s) with 429 since the last report \
+                 (latest: hub {hub}, which holds max_connections_per_hub = {max} sessions)"
+            );
+        });
+    }
+
+    /// A join was refused because the connection is in too many groups.
+    pub(crate) fn group_limit(&self, hub: &str, connection_id: &str, max: usize) {
+        self.group_limit_refusals.note(|n| {
+            tracing::warn!(
+                "web pubsub: refused {n} group join(s) since the last report (latest: \
+                 connection {connection_id} of hub {hub}, already in \
+                 max_groups_per_connection = {max} groups)"
+            );
+        });
+    }
+
     /// The counts so far.
     pub(crate) fn counters(&self) -> Counters {
         let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
@@ -152,6 +181,8 @@ impl Stats {
             replay_evictions: load(&self.replay_evictions),
             replay_evictions_unwritten: load(&self.replay_evictions_unwritten),
             replay_lost_sessions: self.replay_lost_sessions.total(),
+            hub_full_refusals: self.hub_full_refusals.total(),
+            group_limit_refusals: self.group_limit_refusals.total(),
             ..Counters::default()
         }
     }
@@ -193,6 +224,9 @@ mod tests {
         s.replay_evicted(3, 1);
         s.replay_evicted(0, 0);
         s.replay_lost("h", "c3", "why");
+        s.hub_full("h", 1);
+        s.group_limit("h", "c4", 1);
+        s.group_limit("h", "c4", 1);
         assert_eq!(
             s.counters(),
             Counters {
@@ -200,6 +234,8 @@ mod tests {
                 replay_evictions: 4,
                 replay_evictions_unwritten: 1,
                 replay_lost_sessions: 1,
+                hub_full_refusals: 1,
+                group_limit_refusals: 2,
                 ..Counters::default()
             }
         );

@@ -14,7 +14,7 @@
 //! speak, served as raw), or refuse the handshake with its status. A hub that allows
 //! anonymous clients accepts a handshake without a token.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use axum::extract::ws::rejection::WebSocketUpgradeRejection;
 use axum::extract::ws::WebSocketUpgrade;
@@ -25,7 +25,7 @@ use axum::routing::any;
 use axum::Router;
 
 use crate::connection::{refuse, serve};
-use crate::hub::{new_connection_id, NewSession, Unrecoverable, CLOSE_POLICY};
+use crate::hub::{new_connection_id, HubFull, NewSession, Unrecoverable, CLOSE_POLICY};
 use crate::protocol::Subprotocol;
 use crate::token::{claims_map, validate_client_token, ClientClaims, TokenError};
 use crate::upstream::cloudevents::{ConnectRequest, UpstreamError};
@@ -59,6 +59,13 @@ pub(crate) enum HandshakeError {
     /// The server is shutting down.
     #[error("the server is shutting down")]
     ShuttingDown,
+    /// The hub holds `max_connections_per_hub` sessions.
+    #[error(transparent)]
+    HubFull(#[from] HubFull),
+    /// The token (with the `connect` handler's answer) lists more groups than a
+    /// connection may be in.
+    #[error("the connection would be in {0} groups, more than the {1} a connection may be in")]
+    TooManyGroups(usize, usize),
 }
 
 impl IntoResponse for HandshakeError {
@@ -70,22 +77,26 @@ impl IntoResponse for HandshakeError {
                 .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
             Self::UpstreamSubprotocol(_) => StatusCode::INTERNAL_SERVER_ERROR,
             Self::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
-            Self::BadHub(_) | Self::MissingHub | Self::Subprotocol(_) => StatusCode::BAD_REQUEST,
-        };
-        match self {
-            Self::NotWebSocket(rejection) => rejection.into_response(),
-            // As the REST API's: `{code, message}` in JSON, for a client to show.
-            Self::Token(e) => {
-                let body = serde_json::json!({"code": "Unauthorized", "message": e.to_string()});
-                (
-                    status,
-                    [(header::CONTENT_TYPE, "application/json")],
-                    body.to_string(),
-                )
-                    .into_response()
+            Self::HubFull(_) => StatusCode::TOO_MANY_REQUESTS,
+            Self::BadHub(_) | Self::MissingHub | Self::Subprotocol(_) | Self::TooManyGroups(..) => {
+                StatusCode::BAD_REQUEST
             }
-            other => (status, other.to_string()).into_response(),
-        }
+        };
+        // As the REST API's: `{code, message}` in JSON, for a client to show.
+        let code = match self {
+            Self::NotWebSocket(rejection) => return rejection.into_response(),
+            Self::Token(_) => "Unauthorized",
+            Self::HubFull(_) => "TooManyConnections",
+            Self::TooManyGroups(..) => "BadRequest",
+            other => return (status, other.to_string()).into_response(),
+        };
+        let body = serde_json::json!({"code": code, "message": self.to_string()});
+        (
+            status,
+            [(header::CONTENT_TYPE, "application/json")],
+            body.to_string(),
+        )
+            .into_response()
     }
 }
 
@@ -258,6 +269,7 @@ async fn handshake(
     };
     let ws = ws?;
     let hub = state.hub(hub_name);
+    let slot = hub.reserve()?;
     let mut new = NewSession {
         connection_id: Some(new_connection_id()),
         claims,
@@ -269,6 +281,7 @@ async fn handshake(
         let request = connect_request(req, token, &offered);
         connect_event(&events, hub.name(), &request, &offered, &mut new).await?;
     }
+    check_groups(&hub, &new)?;
     if new.subprotocol.is_none() && !offered.is_empty() {
         // A client that offered subprotocols fails an upgrade that echoes none.
         return Err(HandshakeError::Subprotocol(offered.join(",")));
@@ -282,9 +295,23 @@ async fn handshake(
     Ok(ws.on_upgrade(move |socket| {
         tracked.track(async move {
             let session = hub.open(new);
+            drop(slot);
             serve(socket, hub, session, limits).await;
         })
     }))
+}
+
+/// Refuses a connection whose initial groups (the token's and the `connect` answer's,
+/// each counted once) exceed `max_groups_per_connection`.
+fn check_groups(hub: &crate::hub::Hub, new: &NewSession) -> Result<(), HandshakeError> {
+    let max = hub.limits().max_groups_per_connection;
+    let n = new.claims.groups.iter().collect::<HashSet<_>>().len();
+    if n > max {
+        let id = new.connection_id.as_deref().unwrap_or_default();
+        hub.stats().group_limit(hub.name(), id, max);
+        return Err(HandshakeError::TooManyGroups(n, max));
+    }
+    Ok(())
 }
 
 /// A recovering socket is accepted either way: a missing session, a wrong token or

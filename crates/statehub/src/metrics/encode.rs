@@ -439,6 +439,16 @@ fn webpubsub_traffic(e: &mut Enc<'_>, c: &Counters) -> Result<(), Error> {
         None,
         c.slow_consumers,
     )?;
+    e.counters(
+        "statehub_webpubsub_limit_refusals",
+        "Refusals by a [webpubsub.limits] bound: connections_per_hub (handshake 429), groups_per_connection (join or handshake refused)",
+        None,
+        &["limit"],
+        &[
+            (["connections_per_hub"], c.hub_full_refusals),
+            (["groups_per_connection"], c.group_limit_refusals),
+        ],
+    )?;
     let written = c
         .replay_evictions
         .saturating_sub(c.replay_evictions_unwritten);

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::{lock, Hub, Session, CLOSE_GOING_AWAY, CLOSE_NORMAL};
+use super::{lock, Hub, Session, TooManyGroups, CLOSE_GOING_AWAY, CLOSE_NORMAL};
 use crate::filter::{Conn, Filter};
 pub(crate) use crate::permissions::Permission;
 use crate::protocol::json::{DataMessageRef, MessageSource};
@@ -21,6 +21,17 @@ use crate::protocol::Payload;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error("not found")]
 pub(crate) struct NotFound;
+
+/// Why a REST join was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum JoinError {
+    /// No such connection, or the user has none.
+    #[error(transparent)]
+    NotFound(#[from] NotFound),
+    /// A connection would be in more than `max_groups_per_connection` groups.
+    #[error(transparent)]
+    TooManyGroups(#[from] TooManyGroups),
+}
 
 /// Whom an operation applies to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -158,10 +169,9 @@ impl Hub {
     }
 
     /// Adds a connection to a group.
-    pub(crate) fn add_connection_to_group(&self, id: &str, group: &str) -> Result<(), NotFound> {
+    pub(crate) fn add_connection_to_group(&self, id: &str, group: &str) -> Result<(), JoinError> {
         let session = self.session(id).ok_or(NotFound)?;
-        self.join(&session, group);
-        Ok(())
+        Ok(self.join(&session, group)?)
     }
 
     /// Removes a connection from a group (nothing to do is not an error).
@@ -181,16 +191,14 @@ impl Hub {
     }
 
     /// Adds the user's current connections to a group; later connections of the user are
-    /// not added, as in the service. A user with no connection is `NotFound`.
-    pub(crate) fn add_user_to_group(&self, user: &str, group: &str) -> Result<(), NotFound> {
+    /// not added, as in the service. A user with no connection is `NotFound`; if one of
+    /// them is in `max_groups_per_connection` groups already, none joins.
+    pub(crate) fn add_user_to_group(&self, user: &str, group: &str) -> Result<(), JoinError> {
         let sessions = self.targets(Target::User(user));
         if sessions.is_empty() {
-            return Err(NotFound);
+            return Err(NotFound.into());
         }
-        for s in &sessions {
-            self.join(s, group);
-        }
-        Ok(())
+        Ok(self.join_all(&sessions, group)?)
     }
 
     /// Removes the user's connections from a group.
@@ -227,7 +235,8 @@ impl Hub {
         for s in self.selected(Target::All, &sel) {
             for g in groups {
                 if join {
-                    self.join(&s, g);
+                    // A connection at its group limit stays out (counted and logged).
+                    let _ = self.join(&s, g);
                 } else {
                     self.leave(&s, g);
                 }

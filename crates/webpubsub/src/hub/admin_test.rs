@@ -121,7 +121,7 @@ async fn users_and_groups() {
     let (a1, _r1) = connect(&h, Some("alice"), Subprotocol::Json, &[]);
     let (a2, _r2) = connect(&h, Some("alice"), Subprotocol::Json, &["x"]);
     assert!(h.has_user("alice") && !h.has_user("bob"));
-    assert_eq!(h.add_user_to_group("bob", "g"), Err(NotFound));
+    assert_eq!(h.add_user_to_group("bob", "g"), Err(NotFound.into()));
     h.add_user_to_group("alice", "g").unwrap();
     assert_eq!(h.list_group("g", None, 10).0.len(), 2);
     h.remove_user_from_group("alice", "g");
@@ -129,7 +129,7 @@ async fn users_and_groups() {
     h.remove_user_from_all_groups("alice");
     assert!(!h.has_group("x") && a2.groups().is_empty());
 
-    assert_eq!(h.add_connection_to_group("nope", "g"), Err(NotFound));
+    assert_eq!(h.add_connection_to_group("nope", "g"), Err(NotFound.into()));
     h.add_connection_to_group(a1.id(), "g").unwrap();
     h.add_connection_to_group(a1.id(), "h").unwrap();
     assert!(h.has_group("g"));

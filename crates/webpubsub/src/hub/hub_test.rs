@@ -59,7 +59,7 @@ async fn groups_fan_out_and_exclude() {
     let h = hub(Limits::default());
     let (a, _, mut ra) = connect(&h, Subprotocol::Json, &["g"]);
     let (b, _, mut rb) = connect(&h, Subprotocol::Raw, &[]);
-    h.join(&b, "g");
+    h.join(&b, "g").unwrap();
     assert_eq!(publish(&h, "g", &text("hi"), Some(a.id())), 1);
     assert_eq!(next_text(&mut rb).await, "hi");
     assert_eq!(publish(&h, "g", &text("all"), None), 2);

@@ -144,9 +144,24 @@ impl Session {
         }
     }
 
-    /// Records that the session joined `group` (the hub indexes it under its lock).
-    pub(super) fn joined(&self, group: &str) {
-        lock(&self.state).groups.insert(group.to_owned());
+    /// Records that the session joined `group` (the hub indexes it under its lock),
+    /// unless that would put it in more than `max` groups: then `false`, nothing joined.
+    pub(super) fn joined(&self, group: &str, max: usize) -> bool {
+        let mut st = lock(&self.state);
+        if st.groups.contains(group) {
+            return true;
+        }
+        if st.groups.len() >= max {
+            return false;
+        }
+        st.groups.insert(group.to_owned());
+        true
+    }
+
+    /// Whether joining `group` keeps the session within `max` groups.
+    pub(super) fn may_join(&self, group: &str, max: usize) -> bool {
+        let st = lock(&self.state);
+        st.groups.contains(group) || st.groups.len() < max
     }
 
     /// Records that the session left `group`.

@@ -19,7 +19,7 @@ use serde::Serialize;
 
 use super::targets::{close, send};
 use super::{check_group, check_id, found, hub_params, origin, ApiError, ApiResult, Params};
-use crate::hub::admin::Target;
+use crate::hub::admin::{JoinError, Target};
 use crate::WebPubSub;
 
 /// Page size when the caller gives none, and the most it may ask for.
@@ -68,7 +68,12 @@ pub(super) async fn add_connection(
     state
         .hub(&hub)
         .add_connection_to_group(&connection, &group)
-        .map_err(|_| ApiError::NotFound(format!("Connection '{connection}' does not exist")))?;
+        .map_err(|e| match e {
+            JoinError::NotFound(_) => {
+                ApiError::NotFound(format!("Connection '{connection}' does not exist"))
+            }
+            JoinError::TooManyGroups(e) => ApiError::BadRequest(e.to_string()),
+        })?;
     Ok(StatusCode::OK)
 }
 

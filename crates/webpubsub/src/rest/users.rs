@@ -9,7 +9,7 @@ use axum::http::{HeaderMap, StatusCode};
 
 use super::targets::{close, send};
 use super::{check_group, check_id, found, hub_params, ApiError, ApiResult, Params};
-use crate::hub::admin::Target;
+use crate::hub::admin::{JoinError, Target};
 use crate::WebPubSub;
 
 fn checked(hub: &str, user: &str, query: Option<&str>) -> ApiResult<Params> {
@@ -66,7 +66,14 @@ pub(super) async fn add_to_group(
     state
         .hub(&hub)
         .add_user_to_group(&user, &group)
-        .map_err(|_| ApiError::NotFound(format!("User '{user}' has no connection")))?;
+        .map_err(|e| match e {
+            JoinError::NotFound(_) => {
+                ApiError::NotFound(format!("User '{user}' has no connection"))
+            }
+            JoinError::TooManyGroups(e) => {
+                ApiError::BadRequest(format!("A connection of user '{user}': {e}"))
+            }
+        })?;
     Ok(StatusCode::OK)
 }
 
