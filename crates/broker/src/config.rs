@@ -14,10 +14,6 @@ pub struct BrokerConfig {
     /// Receive Maximum advertised to clients: QoS 2 messages a client may have
     /// un-released at once. Exceeding it is DISCONNECT 0x93.
     pub receive_maximum: u16,
-    /// QoS 1/2 messages sent to one client and not yet acknowledged, at most; the
-    /// client's own Receive Maximum lowers it. It bounds the in-flight window a client
-    /// can make the server track (and scan per packet id) by advertising 65,535.
-    pub max_inflight_messages: u16,
     /// Topic Alias Maximum advertised to clients (aliases they may use towards us);
     /// also the most aliases we assign to one client (each is a topic kept for the
     /// connection's life).
@@ -153,7 +149,6 @@ impl Default for BrokerConfig {
         BrokerConfig {
             max_packet_size: 1024 * 1024,
             receive_maximum: 1024,
-            max_inflight_messages: 1024,
             topic_alias_maximum: 64,
             server_topic_aliases: false,
             max_keep_alive: 0,

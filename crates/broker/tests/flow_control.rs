@@ -41,34 +41,6 @@ async fn client_receive_maximum_bounds_unacknowledged_qos1() {
     assert_eq!(order, vec![0, 1, 2, 3, 4]);
 }
 
-/// A client advertising a large Receive Maximum still has at most
-/// `max_inflight_messages` unacknowledged messages sent to it.
-#[tokio::test]
-async fn max_inflight_messages_bounds_what_a_client_with_a_large_window_is_sent() {
-    let cfg = BrokerConfig {
-        max_inflight_messages: 2,
-        ..Default::default()
-    };
-    let (_b, addr) = start_broker(cfg).await;
-    let props = ConnectProperties {
-        receive_maximum: Some(u16::MAX),
-        ..Default::default()
-    };
-    let (mut s, _) = RawClient::connect_with(addr, with_props("big", props)).await;
-    s.subscribe("big/t", opts(QoS::AtLeastOnce)).await;
-    let mut publ = RawClient::connect(addr, V5, "bigpub").await;
-    for i in 0..4u8 {
-        publ.publish_simple("big/t", QoS::AtLeastOnce, &[i]).await;
-    }
-    let a = s.expect_publish().await;
-    let _b = s.expect_publish().await;
-    s.expect_nothing(QUIET).await; // the server's window is full
-    s.ack(&a).await;
-    let c = s.expect_publish().await;
-    assert_eq!(c.payload[0], 2);
-    s.expect_nothing(QUIET).await;
-}
-
 #[tokio::test]
 async fn server_receive_maximum_exceeded_with_qos2_is_0x93() {
     let cfg = BrokerConfig {

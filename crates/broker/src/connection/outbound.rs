@@ -31,11 +31,7 @@ impl Conn {
     /// Moves queued deliveries into the write buffer while the client's receive
     /// window and our high-water mark allow.
     pub(super) fn drain(&mut self) {
-        let cfg = self.broker.config();
-        let high_water = cfg.socket_write_high_water;
-        let window = self
-            .client_receive_max
-            .min(cfg.max_inflight_messages.max(1));
+        let high_water = self.broker.config().socket_write_high_water;
         let now = self.broker.now();
         let session = self.session.clone();
         let Some(mut outbox) = session.outbox(self.generation) else {
@@ -45,7 +41,7 @@ impl Conn {
         // Counted once per batch: one atomic add per drain, not per message.
         let (mut published, mut published_bytes) = (0, 0);
         while self.wbuf.len() < high_water {
-            let Some((d, packet_id)) = outbox.next(window, now) else {
+            let Some((d, packet_id)) = outbox.next(self.client_receive_max, now) else {
                 break;
             };
             self.reserve_write();
