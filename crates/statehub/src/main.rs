@@ -166,7 +166,6 @@ async fn serve(mut settings: Settings) -> std::io::Result<()> {
     let (http, http_tls) = bind_http(&settings, &mut security).await?;
     let ws_auth = security.websocket_auth(&settings.mqtt_listeners);
     let reloader = security.spawn_reloader(shutdown.clone());
-
     let signals = tokio::spawn(signals.cancel_on_signal(shutdown.clone()));
     let grace = Duration::from_secs(settings.shutdown_grace_secs);
     let (router, wps) = http::router(settings.webpubsub.clone(), http.local_addr()?);

@@ -457,6 +457,11 @@ fn webpubsub_traffic(e: &mut Enc<'_>, c: &Counters) -> Result<(), Error> {
         (["false"], c.replay_evictions_unwritten),
     ];
     e.counters("statehub_webpubsub_buffer_evictions", "Messages evicted from replay buffers unacknowledged, by whether they had been written to the socket", None, &["written"], &evictions)?;
+    webpubsub_upstream(e, c)
+}
+
+/// Upstream CloudEvents calls.
+fn webpubsub_upstream(e: &mut Enc<'_>, c: &Counters) -> Result<(), Error> {
     let calls = [
         (["ok"], c.upstream_ok),
         (["rejected"], c.upstream_rejected),
