@@ -2,68 +2,31 @@
 //! in-process statehub: what users run must work, not only what the protocol page says.
 
 mod common;
+mod sdk_client;
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use azure_iot_operations_mqtt::aio::connection_settings::MqttConnectionSettingsBuilder;
-use azure_iot_operations_mqtt::session::{Session, SessionExitHandle, SessionOptionsBuilder};
-use azure_iot_operations_protocol::application::ApplicationContextBuilder;
 use azure_iot_operations_protocol::common::hybrid_logical_clock::HybridLogicalClock;
 use azure_iot_operations_services::leased_lock::{lease, lock};
 use azure_iot_operations_services::state_store::{self, Operation, SetCondition, SetOptions};
-use tokio::task::JoinHandle;
+use sdk_client::Sdk;
 use tokio::time::timeout;
 
 const TIMEOUT: Duration = Duration::from_secs(5);
 
-/// One SDK session with a state store client, its session task running.
-struct Sdk {
-    store: Arc<state_store::Client>,
-    exit: SessionExitHandle,
-    run: JoinHandle<()>,
-}
-
-impl Sdk {
-    fn connect(addr: std::net::SocketAddr, client_id: &str) -> Sdk {
-        let settings = MqttConnectionSettingsBuilder::default()
-            .client_id(client_id)
-            .hostname(addr.ip().to_string())
-            .tcp_port(addr.port())
-            .keep_alive(Duration::from_secs(5))
-            .use_tls(false)
-            .build()
-            .unwrap();
-        let options = SessionOptionsBuilder::default()
-            .connection_settings(settings)
-            .build()
-            .unwrap();
-        let session = Session::new(options).unwrap();
-        let store = state_store::Client::new(
-            ApplicationContextBuilder::default().build().unwrap(),
-            session.create_managed_client(),
-            session.create_session_monitor(),
-            state_store::ClientOptionsBuilder::default()
-                .build()
-                .unwrap(),
-        )
+/// An SDK session connected to `addr` without TLS.
+fn connect(addr: std::net::SocketAddr, client_id: &str) -> Sdk {
+    let settings = MqttConnectionSettingsBuilder::default()
+        .client_id(client_id)
+        .hostname(addr.ip().to_string())
+        .tcp_port(addr.port())
+        .keep_alive(Duration::from_secs(5))
+        .use_tls(false)
+        .build()
         .unwrap();
-        let exit = session.create_exit_handle();
-        let run = tokio::spawn(async move {
-            session.run().await.unwrap();
-        });
-        Sdk {
-            store: Arc::new(store),
-            exit,
-            run,
-        }
-    }
-
-    async fn close(self) {
-        self.store.shutdown().await.unwrap();
-        self.exit.try_exit().unwrap();
-        timeout(TIMEOUT, self.run).await.unwrap().unwrap();
-    }
+    Sdk::start(settings)
 }
 
 /// HLC order: wall clock, then counter (node ids are all the store's).
@@ -82,7 +45,7 @@ fn opts(condition: SetCondition, expires: Option<Duration>) -> SetOptions {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn set_get_del_vdel_with_fencing() {
     let (_broker, addr) = common::start().await;
-    let sdk = Sdk::connect(addr, "sdk-basic");
+    let sdk = connect(addr, "sdk-basic");
     let s = &sdk.store;
 
     let set = s
@@ -188,13 +151,13 @@ async fn set_get_del_vdel_with_fencing() {
             .response,
         0
     );
-    sdk.close().await;
+    sdk.close(TIMEOUT).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn observe_set_delete_and_expiry() {
     let (_broker, addr) = common::start().await;
-    let sdk = Sdk::connect(addr, "sdk-observe");
+    let sdk = connect(addr, "sdk-observe");
     let s = &sdk.store;
     let mut obs = s
         .observe(b"watched".to_vec(), TIMEOUT)
@@ -239,7 +202,7 @@ async fn observe_set_delete_and_expiry() {
             .unwrap()
             .response
     );
-    sdk.close().await;
+    sdk.close(TIMEOUT).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -247,7 +210,7 @@ async fn scan_pages_through_matching_keys() {
     let mut settings = statehub_state_store_service::Settings::default();
     settings.store.scan_count = 7;
     let (_broker, addr) = common::start_with(settings).await;
-    let sdk = Sdk::connect(addr, "sdk-scan");
+    let sdk = connect(addr, "sdk-scan");
     let s = &sdk.store;
     for i in 0..20 {
         s.set(
@@ -281,14 +244,14 @@ async fn scan_pages_through_matching_keys() {
     let expected: Vec<Vec<u8>> = (10..15).map(|i| format!("scan{i}").into_bytes()).collect();
     assert_eq!(keys, expected);
     assert!(pages > 1, "scan_count 7 over 40 keys needs several pages");
-    sdk.close().await;
+    sdk.close(TIMEOUT).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lease_is_exclusive_and_renewable() {
     let (_broker, addr) = common::start().await;
-    let a = Sdk::connect(addr, "sdk-lease-a");
-    let b = Sdk::connect(addr, "sdk-lease-b");
+    let a = connect(addr, "sdk-lease-a");
+    let b = connect(addr, "sdk-lease-b");
     let la =
         lease::Client::new(a.store.clone(), b"lease".to_vec(), b"sdk-lease-a".to_vec()).unwrap();
     let lb =
@@ -318,15 +281,15 @@ async fn lease_is_exclusive_and_renewable() {
         .unwrap();
     assert!(newer(&t3, &t2));
     assert_eq!(t3.node_id, "state-store");
-    a.close().await;
-    b.close().await;
+    a.close(TIMEOUT).await;
+    b.close(TIMEOUT).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lock_waits_for_the_holder_to_expire() {
     let (_broker, addr) = common::start().await;
-    let a = Sdk::connect(addr, "sdk-lock-a");
-    let b = Sdk::connect(addr, "sdk-lock-b");
+    let a = connect(addr, "sdk-lock-a");
+    let b = connect(addr, "sdk-lock-b");
     let la = lock::Client::new(a.store.clone(), b"lock".to_vec(), b"sdk-lock-a".to_vec()).unwrap();
     let lb = lock::Client::new(b.store.clone(), b"lock".to_vec(), b"sdk-lock-b".to_vec()).unwrap();
     la.lock(Duration::from_secs(1), TIMEOUT, None)
@@ -353,8 +316,8 @@ async fn lock_waits_for_the_holder_to_expire() {
         .unwrap();
     assert!(set.response);
     lb.unlock(TIMEOUT).await.unwrap();
-    a.close().await;
-    b.close().await;
+    a.close(TIMEOUT).await;
+    b.close(TIMEOUT).await;
 }
 
 /// The SDK's own recipe under rules: Connect, Publish on the request topic, Subscribe
@@ -389,7 +352,7 @@ async fn a_denied_key_is_the_sdk_not_authorized_error() {
     broker.set_policy(Some(Arc::new(
         statehub_authz::Policy::compile(&rules).unwrap(),
     )));
-    let sdk = Sdk::connect(addr, "sdk-a");
+    let sdk = connect(addr, "sdk-a");
     let s = &sdk.store;
     let set = |key: &str| {
         s.set(
@@ -431,5 +394,5 @@ async fn a_denied_key_is_the_sdk_not_authorized_error() {
         .unwrap()
         .unwrap();
     assert_eq!(notification.key, b"sdk-a/k".to_vec());
-    sdk.close().await;
+    sdk.close(TIMEOUT).await;
 }

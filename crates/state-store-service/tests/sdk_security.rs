@@ -4,22 +4,22 @@
 //! file is re-authenticated on the live connection (AUTH 0x19), which keeps the
 //! session past the first token's expiry.
 
+mod sdk_client;
+
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::Duration;
 
 use azure_iot_operations_mqtt::aio::connection_settings::MqttConnectionSettingsBuilder;
-use azure_iot_operations_mqtt::session::{Session, SessionExitHandle, SessionOptionsBuilder};
-use azure_iot_operations_protocol::application::ApplicationContextBuilder;
-use azure_iot_operations_services::state_store::{self, SetOptions};
+use azure_iot_operations_services::state_store::SetOptions;
+use sdk_client::Sdk;
 use statehub_auth::jwt::{TokenConfig, TokenValidator};
 use statehub_auth::testing::{sat_claims, TestCa, TokenKey};
 use statehub_auth::tls::{server_config, TlsFiles};
 use statehub_auth::{Anonymous, ListenerAuth, Watched};
 use statehub_broker::{Broker, BrokerConfig, ManualClock, MqttListener};
 use statehub_state_store_service::{Settings, StateStoreService, REQUEST_TOPIC};
-use tokio::task::JoinHandle;
 use tokio::time::timeout;
 
 const TIMEOUT: Duration = Duration::from_secs(10);
@@ -94,13 +94,9 @@ async fn secured() -> Secured {
     }
 }
 
-struct Sdk {
-    store: Arc<state_store::Client>,
-    exit: SessionExitHandle,
-    run: JoinHandle<()>,
-}
-
 impl Sdk {
+    /// An SDK session over TLS (verified against the test CA) sending the token in
+    /// `sat_file` as K8S-SAT, as the SDK does in a cluster.
     fn connect(s: &Secured, client_id: &str, sat_file: &Path) -> Sdk {
         let settings = MqttConnectionSettingsBuilder::default()
             .client_id(client_id)
@@ -112,29 +108,7 @@ impl Sdk {
             .sat_file(Some(sat_file.display().to_string()))
             .build()
             .unwrap();
-        let options = SessionOptionsBuilder::default()
-            .connection_settings(settings)
-            .build()
-            .unwrap();
-        let session = Session::new(options).unwrap();
-        let store = state_store::Client::new(
-            ApplicationContextBuilder::default().build().unwrap(),
-            session.create_managed_client(),
-            session.create_session_monitor(),
-            state_store::ClientOptionsBuilder::default()
-                .build()
-                .unwrap(),
-        )
-        .unwrap();
-        let exit = session.create_exit_handle();
-        let run = tokio::spawn(async move {
-            session.run().await.unwrap();
-        });
-        Sdk {
-            store: Arc::new(store),
-            exit,
-            run,
-        }
+        Sdk::start(settings)
     }
 
     async fn set_get(&self, key: &str, value: &str) {
@@ -149,12 +123,6 @@ impl Sdk {
         let get = self.store.get(key.as_bytes().to_vec(), TIMEOUT);
         let got = timeout(TIMEOUT, get).await.unwrap().unwrap().response;
         assert_eq!(got.as_deref(), Some(value.as_bytes()));
-    }
-
-    async fn close(self) {
-        self.store.shutdown().await.unwrap();
-        self.exit.try_exit().unwrap();
-        timeout(TIMEOUT, self.run).await.unwrap().unwrap();
     }
 }
 
@@ -178,7 +146,7 @@ async fn the_sdk_runs_state_store_operations_over_tls_with_a_sat_file() {
     let sdk = Sdk::connect(&s, "sdk-sat-1", &sat);
     sdk.set_get("sat-key", "v1").await;
     assert_eq!(s.broker.metrics().auth_failures.load(Relaxed), 0);
-    sdk.close().await;
+    sdk.close(TIMEOUT).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -212,7 +180,7 @@ async fn a_token_replaced_mid_session_is_re_authenticated_without_a_reconnect() 
         "no reconnect"
     );
     assert_eq!(m.auth_failures.load(Relaxed), 0);
-    sdk.close().await;
+    sdk.close(TIMEOUT).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -236,5 +204,5 @@ async fn without_a_renewed_token_the_connection_ends_at_its_expiry() {
     })
     .await;
     assert_eq!(s.broker.metrics().auth_failures.load(Relaxed), 0);
-    sdk.close().await;
+    sdk.close(TIMEOUT).await;
 }
