@@ -7,53 +7,24 @@
 
 mod cli_support;
 mod common;
+mod readme_blocks;
 
 use std::path::Path;
-use std::process::Command;
 
 use cli_support::{command, run, server, spawn};
+use readme_blocks::{section, shell, Block};
 
 const ACCESS_KEY: &str = "change-me-0123456789abcdef";
 
-struct Block {
-    lang: String,
-    body: String,
-}
-
-/// The fenced blocks of the section, in order.
+/// The blocks of the "Command-line client" section, whose commands use this test's
+/// access key.
 fn section_blocks() -> Vec<Block> {
-    let readme =
-        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../README.md"))
-            .unwrap();
-    let start = readme
-        .find("\n## Command-line client\n")
-        .expect("README has the section");
-    let rest = &readme[start + 1..];
-    let end = rest[3..].find("\n## ").map_or(rest.len(), |i| i + 3);
-    let section = &rest[..end];
+    let blocks = section("Command-line client");
+    assert!(!blocks.is_empty(), "README has the section");
     assert!(
-        section.contains(ACCESS_KEY),
+        blocks.iter().any(|b| b.body.contains(ACCESS_KEY)),
         "the README's key is this test's"
     );
-    let mut blocks = Vec::new();
-    let mut lines = section.lines();
-    while let Some(line) = lines.next() {
-        let Some(lang) = line.strip_prefix("```") else {
-            continue;
-        };
-        let mut body = String::new();
-        for l in lines.by_ref() {
-            if l == "```" {
-                break;
-            }
-            body.push_str(l);
-            body.push('\n');
-        }
-        blocks.push(Block {
-            lang: lang.to_owned(),
-            body,
-        });
-    }
     blocks
 }
 
@@ -71,18 +42,9 @@ fn the_readme_snippets_print_what_the_readme_shows() {
             continue;
         }
         let script = block.body.replace("localhost:8080", &s.http.to_string());
-        let mut sh = Command::new("bash");
-        sh.args([
-            "-e",
-            "-o",
-            "pipefail",
-            "-c",
-            &format!("exec 2>&1\n{script}"),
-        ])
-        .current_dir(dir.path())
-        .env("PATH", &path)
-        .env("STATEHUB_URL", &url)
-        .env_remove("STATEHUB_CONNECTION_STRING");
+        let mut sh = shell(&script, dir.path(), &path);
+        sh.env("STATEHUB_URL", &url)
+            .env_remove("STATEHUB_CONNECTION_STRING");
         let out = run(sh, None);
         assert_eq!(
             out.code,

@@ -7,63 +7,16 @@
 
 mod cli_support;
 mod common;
+mod readme_blocks;
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use cli_support::{run, server};
+use readme_blocks::{blocks, readme, root, section, shell, Block};
 
 const ACCESS_KEY: &str = "change-me-0123456789abcdef";
-
-#[derive(Debug)]
-struct Block {
-    section: String,
-    lang: String,
-    body: String,
-}
-
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-fn readme() -> String {
-    std::fs::read_to_string(root().join("README.md")).unwrap()
-}
-
-/// The README's fenced blocks, each with the `## ` section it is in.
-fn blocks() -> Vec<Block> {
-    let text = readme();
-    let mut blocks = Vec::new();
-    let mut section = String::new();
-    let mut lines = text.lines();
-    while let Some(line) = lines.next() {
-        if let Some(title) = line.strip_prefix("## ") {
-            section = title.to_owned();
-        }
-        let Some(lang) = line.strip_prefix("```") else {
-            continue;
-        };
-        let mut body = String::new();
-        for l in lines.by_ref() {
-            if l == "```" {
-                break;
-            }
-            body.push_str(l);
-            body.push('\n');
-        }
-        blocks.push(Block {
-            section: section.clone(),
-            lang: lang.to_owned(),
-            body,
-        });
-    }
-    blocks
-}
-
-fn section(name: &str) -> Vec<Block> {
-    blocks().into_iter().filter(|b| b.section == name).collect()
-}
 
 #[test]
 fn every_readme_block_is_run() {
@@ -125,17 +78,8 @@ fn quick_start_shell_blocks_print_what_the_readme_shows() {
             !script.contains("1883") && !script.contains("8080"),
             "a port the test does not replace:\n{script}"
         );
-        let mut sh = Command::new("bash");
-        sh.args([
-            "-e",
-            "-o",
-            "pipefail",
-            "-c",
-            &format!("exec 2>&1\n{script}"),
-        ])
-        .current_dir(dir.path())
-        .env("PATH", &path)
-        .env_remove("STATEHUB_URL");
+        let mut sh = shell(&script, dir.path(), &path);
+        sh.env_remove("STATEHUB_URL");
         let out = run(sh, None);
         assert_eq!(
             out.code,
