@@ -319,11 +319,19 @@ fn rumqttc_tls(addr: SocketAddr, id: &str, ca: &str) -> (AsyncClient, rumqttc::E
     AsyncClient::new(opts, 10)
 }
 
-/// Polls until a PUBLISH arrives (true) or the event loop fails (false).
-async fn next_publish(events: &mut rumqttc::EventLoop) -> Result<rumqttc::Publish, String> {
+/// Polls the event loop until `pick` accepts an incoming packet, the loop fails or
+/// nothing arrives for 30 s (generous: a full parallel run slows TLS handshakes).
+async fn until<T>(
+    events: &mut rumqttc::EventLoop,
+    pick: impl Fn(Packet) -> Option<T>,
+) -> Result<T, String> {
     loop {
-        match tokio::time::timeout(Duration::from_secs(10), events.poll()).await {
-            Ok(Ok(Event::Incoming(Packet::Publish(p)))) => return Ok(p),
+        match tokio::time::timeout(Duration::from_secs(30), events.poll()).await {
+            Ok(Ok(Event::Incoming(p))) => {
+                if let Some(t) = pick(p) {
+                    return Ok(t);
+                }
+            }
             Ok(Ok(_)) => {}
             Ok(Err(e)) => return Err(e.to_string()),
             Err(_) => return Err("timed out".into()),
@@ -331,15 +339,22 @@ async fn next_publish(events: &mut rumqttc::EventLoop) -> Result<rumqttc::Publis
     }
 }
 
+async fn next_publish(events: &mut rumqttc::EventLoop) -> Result<rumqttc::Publish, String> {
+    until(events, |p| match p {
+        Packet::Publish(p) => Some(p),
+        _ => None,
+    })
+    .await
+}
+
 async fn connected(events: &mut rumqttc::EventLoop) -> Result<(), String> {
-    loop {
-        match tokio::time::timeout(Duration::from_secs(10), events.poll()).await {
-            Ok(Ok(Event::Incoming(Packet::ConnAck(_)))) => return Ok(()),
-            Ok(Ok(_)) => {}
-            Ok(Err(e)) => return Err(e.to_string()),
-            Err(_) => return Err("timed out".into()),
-        }
-    }
+    until(events, |p| matches!(p, Packet::ConnAck(_)).then_some(())).await
+}
+
+/// rumqttc only sends a queued SUBSCRIBE while its event loop is polled, so a test
+/// that publishes next must first see the SUBACK.
+async fn subscribed(events: &mut rumqttc::EventLoop) -> Result<(), String> {
+    until(events, |p| matches!(p, Packet::SubAck(_)).then_some(())).await
 }
 
 #[tokio::test]
@@ -352,6 +367,7 @@ async fn a_certificate_is_reloaded_on_sighup_without_dropping_connections() {
         .subscribe("reload/#", QoS::AtLeastOnce)
         .await
         .unwrap();
+    subscribed(&mut events).await.unwrap();
 
     // A new certificate from another CA replaces the files; SIGHUP reloads it.
     let next_ca = TestCa::new("next CA");
