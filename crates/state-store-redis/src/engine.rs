@@ -170,9 +170,12 @@ impl Engine for RedisEngine {
     }
 
     /// Every write is done when its script returns (what Redis then keeps through a
-    /// crash is its own persistence's business): nothing to wait for.
+    /// crash is its own persistence's business). What a reply waits for instead is this
+    /// node's change feed: the number of the last change the call fed, if it fed one, so
+    /// that the node's own observers are notified before the writer hears back (see
+    /// [`RedisEngine::written`]).
     fn seal(&mut self, _clock: &HlcClock) -> Result<Option<WriteSeq>, EngineError> {
-        Ok(None)
+        Ok(self.fed.take())
     }
 
     fn observe_request(&mut self, _clock: &mut HlcClock, stamp: Option<Stamp>, now_ms: u64) {
@@ -226,7 +229,7 @@ impl Engine for RedisEngine {
             ],
         )?;
         match reply.first().map(Vec::as_slice) {
-            Some(b"W") => Ok(SetOutcome::Written(self.versioned(&reply)?)),
+            Some(b"W") => Ok(SetOutcome::Written(self.written(&reply)?)),
             Some(b"K") => Ok(SetOutcome::Kept(self.versioned(&reply)?)),
             Some(b"R") if reply.len() == 2 => Ok(SetOutcome::Refused(refusal(&reply[1])?)),
             _ => Err(corrupt("SET script reply")),
@@ -259,7 +262,7 @@ impl Engine for RedisEngine {
         )?;
         match reply.first().map(Vec::as_slice) {
             Some(b"A") => Ok(DelOutcome::Absent),
-            Some(b"D") => Ok(DelOutcome::Deleted(self.versioned(&reply)?)),
+            Some(b"D") => Ok(DelOutcome::Deleted(self.written(&reply)?)),
             Some(b"K") => Ok(DelOutcome::Kept(self.versioned(&reply)?)),
             Some(b"R") if reply.len() == 2 => Ok(DelOutcome::Refused(refusal(&reply[1])?)),
             _ => Err(corrupt("DEL script reply")),
@@ -280,7 +283,10 @@ impl Engine for RedisEngine {
         )?;
         match reply.as_slice() {
             [] => Ok(None),
-            [wall, counter] => Ok(Some(self.hlc(wall, counter, None)?)),
+            [wall, counter, fed] => {
+                self.note_fed(fed)?;
+                Ok(Some(self.hlc(wall, counter, None)?))
+            }
             _ => Err(corrupt("expiry script reply")),
         }
     }

@@ -164,6 +164,9 @@ pub struct RedisEngine {
     pending: Vec<Observation>,
     /// The last stats read, answered when Redis is out of reach ([`Engine::stats`] cannot fail).
     stats: Cell<Stats>,
+    /// The feed number of the last change this call fed, until [`Engine::seal`] hands it
+    /// on.
+    fed: Option<WriteSeq>,
 }
 
 impl RedisEngine {
@@ -179,6 +182,7 @@ impl RedisEngine {
             feed_len: options.feed_len,
             pending: Vec::new(),
             stats: Cell::new(Stats::default()),
+            fed: None,
         })
     }
 
@@ -283,6 +287,30 @@ impl RedisEngine {
             fencing_token,
             expires_at_ms: x.as_deref().map(number).transpose()?,
         }))
+    }
+
+    /// A write's `{tag, wall, counter, fed}` reply: its version; remembers `fed`, the
+    /// change's number in the feed (`0`: not fed), for [`Engine::seal`].
+    ///
+    /// Why a reply waits for the feed: this node notifies its own observers of its own
+    /// writes through the feed too (one path, so one order for every node), and the
+    /// feed's thread may read the change after the writer's reply has gone. A client
+    /// that observes a key, writes it and stops observing on seeing the reply would then
+    /// miss the notification that one node always sends first.
+    fn written(&mut self, reply: &[Vec<u8>]) -> Result<Hlc, EngineError> {
+        let [_, wall, counter, fed] = reply else {
+            return Err(corrupt("write script reply"));
+        };
+        self.note_fed(fed)?;
+        self.hlc(wall, counter, None)
+    }
+
+    fn note_fed(&mut self, fed: &[u8]) -> Result<(), EngineError> {
+        let fed = number(fed)?;
+        if fed > 0 {
+            self.fed = Some(self.fed.map_or(fed, |last| last.max(fed)));
+        }
+        Ok(())
     }
 
     /// A script's `{tag, wall, counter, node?}` reply, as a version.

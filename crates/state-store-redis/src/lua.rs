@@ -93,15 +93,17 @@ local function tick(meta, now, first)
   redis.call('HSET', meta, 'cw', fmt(w), 'cc', c, 'cs', '0')
   return w, c
 end
--- Feeds a change of an observed key: one stream entry, numbered by `seq`.
+-- Feeds a change of an observed key: one stream entry, numbered by `seq`. Returns that
+-- number as a string, '0' when the key is not observed (nothing fed).
 local function feed(obs, events, meta, maxlen, key, value, w, c)
-  if redis.call('EXISTS', obs) == 0 then return end
+  if redis.call('EXISTS', obs) == 0 then return '0' end
   local seq = redis.call('HINCRBY', meta, 'seq', 1)
   if value then
     redis.call('XADD', events, 'MAXLEN', '~', maxlen, '*', 's', seq, 'k', key, 'w', fmt(w), 'c', c, 'v', value)
   else
     redis.call('XADD', events, 'MAXLEN', '~', maxlen, '*', 's', seq, 'k', key, 'w', fmt(w), 'c', c)
   end
+  return tostring(seq)
 end
 -- Forgets an entry whose fields `cur` (v, ...) were read: index, expiry, quota counts.
 local function forget(e, idx, exp, meta, key, cur)
@@ -124,7 +126,8 @@ end
 /// expiry (`''` for none), fencing token wall/counter/node (`''` for none), now, max
 /// keys, max bytes, max key length, max value length, version node, feed length, then
 /// the stamps to merge (see `observed`).
-/// Returns `{'W', wall, counter}`, `{'K', wall, counter, node}` or `{'R', refusal}`.
+/// Returns `{'W', wall, counter, fed}` (`fed`: the change's number in the feed, `0` if not
+/// fed), `{'K', wall, counter, node}` or `{'R', refusal}`.
 const SET: &str = r#"
 local e, idx, exp, meta, obs, events = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local key, value, cond, x = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
@@ -167,14 +170,15 @@ if not exists then
   redis.call('HINCRBY', meta, 'keys', 1)
 end
 redis.call('HINCRBY', meta, 'bytes', new - old)
-feed(obs, events, meta, ARGV[14], key, value, w, c)
-return {'W', fmt(w), c}
+local fed = feed(obs, events, meta, ARGV[14], key, value, w, c)
+return {'W', fmt(w), c, fed}
 "#;
 
 /// KEYS: e, idx, exp, meta, obs, events. ARGV: key, whether a value must match (`1`/`0`),
 /// that value, fencing token wall/counter/node, now, feed length, then the stamps to
 /// merge.
-/// Returns `{'A'}`, `{'D', wall, counter}`, `{'K', wall, counter, node}` or `{'R', refusal}`.
+/// Returns `{'A'}`, `{'D', wall, counter, fed}` (as SET's `W`), `{'K', wall, counter, node}`
+/// or `{'R', refusal}`.
 const DELETE: &str = r#"
 local e, idx, exp, meta, obs, events = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local key = ARGV[1]
@@ -188,12 +192,13 @@ if ARGV[2] == '1' and cur[1] ~= ARGV[3] then
 end
 forget(e, idx, exp, meta, key, cur)
 local w, c = tick(meta, tonumber(ARGV[7]), 9)
-feed(obs, events, meta, ARGV[8], key, nil, w, c)
-return {'D', fmt(w), c}
+local fed = feed(obs, events, meta, ARGV[8], key, nil, w, c)
+return {'D', fmt(w), c, fed}
 "#;
 
 /// KEYS: e, idx, exp, meta, obs, events. ARGV: key, now, feed length, then the stamps to
-/// merge. Removes the key if it is still due. Returns `{}` or `{wall, counter}`.
+/// merge. Removes the key if it is still due. Returns `{}` or `{wall, counter, fed}` (as
+/// SET's `W`).
 const EXPIRE: &str = r#"
 local e, idx, exp, meta, obs, events = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local key, now = ARGV[1], tonumber(ARGV[2])
@@ -201,8 +206,8 @@ local cur = redis.call('HMGET', e, 'v', 'x')
 if not cur[2] or tonumber(cur[2]) > now then observe(meta, 4); return {} end
 forget(e, idx, exp, meta, key, cur)
 local w, c = tick(meta, now, 4)
-feed(obs, events, meta, ARGV[3], key, nil, w, c)
-return {fmt(w), c}
+local fed = feed(obs, events, meta, ARGV[3], key, nil, w, c)
+return {fmt(w), c, fed}
 "#;
 
 /// KEYS: e, idx, exp, meta. ARGV: key, value, version wall/counter/node, fencing token

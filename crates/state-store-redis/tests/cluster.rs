@@ -212,15 +212,22 @@ fn an_expiry_is_removed_and_fed_once_whichever_nodes_race() {
     set(&mut nodes[0], "lease", "holder", T0, &[b"PX", b"100"]);
     let written = changes.recv_timeout(WAIT).expect("the SET");
     assert_eq!(written.value.as_deref(), Some(&b"holder"[..]));
-    let mut removed = 0;
+    let (mut notified, mut awaiting) = (0, 0);
     for node in &mut nodes {
-        removed += node.expire(T0 + 100).expect("expire").len();
+        for effect in node.expire(T0 + 100).expect("expire") {
+            match effect {
+                Effect::Notify(_) => notified += 1,
+                Effect::AwaitDurable(_) => awaiting += 1,
+                Effect::ArmExpiry { .. } => {}
+            }
+        }
         assert!(node.next_expiry().expect("next expiry").is_none());
     }
     assert_eq!(
-        removed, 0,
+        notified, 0,
         "notifications come from the feed, not from expire"
     );
+    assert_eq!(awaiting, 1, "the node that removed it waits for its feed");
     let change = changes.recv_timeout(WAIT).expect("the deletion");
     assert_eq!(change.value, None);
     assert_eq!(nodes[1].apply_change(&change).len(), 1);

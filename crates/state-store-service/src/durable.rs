@@ -31,16 +31,23 @@
 //! served; its outcome stays held and the expiry task releases it once durable. When
 //! the disk has room again the held outcomes are released in order and writes are taken
 //! again, without a restart.
+//!
+//! An engine shared by several nodes ([`Engine::publishes_changes`]) uses the same
+//! hold, with the node's change feed in place of the disk ([`FeedApplied`]): a write that
+//! fed a change is answered once this node's feed has applied it, so its own
+//! notifications reach this node's observers before the writer's reply.
 
 use std::collections::VecDeque;
 use std::fmt::Debug;
 use std::sync::Arc;
 
+use std::time::Duration;
+
 use parking_lot::Mutex;
 use statehub_broker::{Broker, Message};
 use statehub_state_store::{Authorizer, Effect, Engine, WriteSeq};
 use statehub_state_store_durable::{DurableError, Progress};
-use tokio::sync::Notify;
+use tokio::sync::{watch, Notify};
 
 use crate::{rpc, StateStoreService};
 
@@ -73,10 +80,88 @@ struct Held {
     effects: Vec<Effect>,
 }
 
+/// How far the change feed of an engine shared by several nodes has been applied on
+/// this node: the sequence numbers are the feed's ([`statehub_state_store::Change::seq`]).
+#[derive(Debug)]
+pub(crate) struct FeedApplied {
+    applied: watch::Sender<WriteSeq>,
+    /// Longest a reply waits for the feed (which may be out of reach with Redis): then
+    /// it goes, and its notifications follow whenever the feed brings them.
+    bound: Duration,
+}
+
+impl FeedApplied {
+    pub(crate) fn new(bound: Duration) -> Self {
+        Self {
+            applied: watch::Sender::new(0),
+            bound,
+        }
+    }
+
+    /// The feed applied the change numbered `seq` (in feed order: a lower number after a
+    /// higher one means the feed's numbering restarted).
+    pub(crate) fn applied(&self, seq: WriteSeq) {
+        self.applied.send_replace(seq);
+    }
+
+    async fn reached(&self, seq: WriteSeq) {
+        let mut applied = self.applied.subscribe();
+        let reached = applied.wait_for(|&applied| applied >= seq);
+        if tokio::time::timeout(self.bound, reached).await.is_err() {
+            tracing::debug!(
+                seq,
+                "the change feed did not bring this write in time; replying without waiting"
+            );
+            self.applied
+                .send_modify(|applied| *applied = (*applied).max(seq));
+        }
+    }
+}
+
+/// What held outcomes wait for: the disk, or the change feed.
+#[derive(Debug)]
+pub(crate) enum Tracker {
+    /// A persistent engine's writes becoming durable.
+    Storage(Progress),
+    /// An engine shared by several nodes: this node applying its change feed.
+    Feed(FeedApplied),
+}
+
+impl Tracker {
+    async fn durable(&self, seq: WriteSeq) -> Result<(), DurableError> {
+        match self {
+            Tracker::Storage(progress) => progress.durable(seq).await,
+            Tracker::Feed(feed) => {
+                feed.reached(seq).await;
+                Ok(())
+            }
+        }
+    }
+
+    fn durable_seq(&self) -> WriteSeq {
+        match self {
+            Tracker::Storage(progress) => progress.durable_seq(),
+            Tracker::Feed(feed) => *feed.applied.borrow(),
+        }
+    }
+
+    /// See [`Progress::admit`].
+    pub(crate) async fn admit(&self) {
+        if let Tracker::Storage(progress) = self {
+            progress.admit().await;
+        }
+    }
+
+    /// See [`Progress::stalled`].
+    pub(crate) fn stalled(&self) -> bool {
+        matches!(self, Tracker::Storage(progress) if progress.stalled())
+    }
+}
+
 /// The durability side of a service over a persistent engine.
 #[derive(Debug)]
 pub(crate) struct Durability {
-    progress: Progress,
+    progress: Tracker,
     outbox: Mutex<VecDeque<Held>>,
     /// Held while publishing released entries, so two releasing tasks cannot interleave.
     release: Mutex<()>,
@@ -95,7 +180,7 @@ pub(crate) enum Next {
 }
 
 impl Durability {
-    pub(crate) fn new(progress: Progress) -> Self {
+    pub(crate) fn new(progress: Tracker) -> Self {
         Self {
             progress,
             outbox: Mutex::new(VecDeque::new()),
@@ -105,7 +190,7 @@ impl Durability {
         }
     }
 
-    pub(crate) fn progress(&self) -> &Progress {
+    pub(crate) fn progress(&self) -> &Tracker {
         &self.progress
     }
 

@@ -44,7 +44,7 @@ mod settings;
 
 use std::fmt::Debug;
 use std::sync::Arc;
-use std::time::{Instant, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use bytes::Bytes;
 use parking_lot::Mutex;
@@ -59,7 +59,7 @@ use statehub_stats::{Histogram, HistogramSnapshot};
 use tokio::sync::Notify;
 
 use cache::{CacheKey, CachedReply, Lookup, ResponseCache};
-use durable::{Durability, Next};
+use durable::{Durability, FeedApplied, Next, Tracker};
 
 pub use rpc::{is_forbidden_response_topic, CONTENT_TYPE, PROTOCOL_VERSION};
 pub use settings::Settings;
@@ -180,7 +180,18 @@ where
         progress: Progress,
     ) -> Self {
         Self {
-            durability: Some(Durability::new(progress)),
+            durability: Some(Durability::new(Tracker::Storage(progress))),
+            ..Self::with_machine(machine, settings)
+        }
+    }
+
+    /// A service over an engine shared by several nodes, whose changes this node applies
+    /// with [`StateStoreService::apply_change`]: a reply to a write that fed a change
+    /// waits (up to `bound`) until this node applied it, so that this node's observers
+    /// are notified first (`durable.rs`).
+    pub fn with_change_feed(machine: Machine<E, A>, settings: &Settings, bound: Duration) -> Self {
+        Self {
+            durability: Some(Durability::new(Tracker::Feed(FeedApplied::new(bound)))),
             ..Self::with_machine(machine, settings)
         }
     }
@@ -196,6 +207,11 @@ where
     pub fn apply_change(&self, broker: &Broker, change: &Change) {
         let effects = self.state.lock().machine.apply_change(change);
         self.carry_out(broker, effects);
+        if let Some(durability) = &self.durability {
+            if let Tracker::Feed(feed) = durability.progress() {
+                feed.applied(change.seq);
+            }
+        }
     }
 
     /// Everything the metrics endpoint shows, read at once.

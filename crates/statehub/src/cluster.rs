@@ -131,7 +131,11 @@ pub fn start_state_store(
         );
     }
     let machine = Machine::shared(engine, AllowAll, config);
-    let service = Arc::new(StateStoreService::with_machine(machine, settings));
+    let service = Arc::new(StateStoreService::with_change_feed(
+        machine,
+        settings,
+        options.timeout,
+    ));
     let stop = Arc::new(AtomicBool::new(false));
     std::thread::Builder::new()
         .name("state-store-feed".into())

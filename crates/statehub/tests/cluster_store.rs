@@ -1,7 +1,8 @@
 //! Two statehub nodes on one redis-server (`--redis`): one state store. A SET through
 //! node A is read and notified through node B, NX contention across nodes has one
-//! winner, and a killed redis-server makes state store requests fail with 503 until it
-//! is back, with every acknowledged write kept.
+//! winner, a writer observing its own key is notified before it is answered, and a
+//! killed redis-server makes state store requests fail with 503 until it is back, with
+//! every acknowledged write kept.
 
 mod common;
 mod store_client;
@@ -74,6 +75,32 @@ async fn a_set_through_one_node_is_read_and_notified_through_another() {
             .is_none(),
         "each change notified once"
     );
+}
+
+/// The SDK's `state_store_complicated_recv_key_notifications` stops observing as soon as
+/// a write is answered: the node must have notified it by then, although it learns of
+/// its own writes through the feed that every node reads.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_writer_observing_its_key_is_notified_before_it_is_answered() {
+    let redis = RedisServer::start();
+    let a = node(&redis, "a", "order");
+    let mut client = StoreClient::connect(a.mqtt, "order").await;
+    assert_eq!(client.call(&[b"KEYNOTIFY", b"k"]).await.payload, b"+OK\r\n");
+    for i in 0..200 {
+        let value = format!("v{i}");
+        let (write, answered): (&[&[u8]], &[u8]) = if i % 4 == 3 {
+            (&[b"DEL", b"k"], b":1\r\n")
+        } else {
+            (&[b"SET", b"k", value.as_bytes()], b"+OK\r\n")
+        };
+        assert_eq!(client.call(write).await.payload, answered, "write {i}");
+        assert_eq!(
+            client.notifications.len(),
+            1,
+            "write {i}: its notification came before its reply"
+        );
+        client.notifications.clear();
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
