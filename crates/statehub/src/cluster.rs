@@ -2,7 +2,8 @@
 //! lives in Redis ([`RedisEngine`]) and every statehub node on that Redis serves the same
 //! store. Each node runs its own machine over the engine (its own observers, its own
 //! expiry task) and one thread that reads the store's change feed and notifies the
-//! node's observers. The broker and Web PubSub stay local to each node.
+//! node's observers. Web PubSub spans the nodes on the same Redis
+//! (`statehub-webpubsub-redis`); the broker stays local to each node.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -13,7 +14,10 @@ use statehub_broker::Broker;
 use statehub_state_store::{AllowAll, Machine};
 use statehub_state_store_redis::{defaults, Options, RedisEngine};
 use statehub_state_store_service::{Settings as StateStoreSettings, StateStoreService};
+use statehub_webpubsub::WebPubSub;
+use statehub_webpubsub_redis::RedisCluster;
 use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
 
 /// `statehub serve` cluster flags.
 #[derive(Debug, Clone, Default, clap::Args)]
@@ -45,6 +49,21 @@ pub struct ClusterConfig {
     /// The change feed (a Redis stream) is trimmed to about this many entries (10000):
     /// how far a node's reader may fall behind before notifications are lost.
     pub feed_len: u64,
+    /// Web PubSub's stream of operations between nodes is trimmed to about this many
+    /// entries (10000): how far a node may fall behind before it misses sends.
+    pub webpubsub_stream_len: u64,
+    /// Most Web PubSub operations waiting to be written to Redis (10000); past it a
+    /// send to other nodes is refused (REST 503, ack `InternalServerError`).
+    pub webpubsub_queue: usize,
+}
+
+/// A node's cluster settings: its state store and its Web PubSub on Redis.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Cluster {
+    /// The state store's.
+    pub store: Options,
+    /// Web PubSub's.
+    pub webpubsub: statehub_webpubsub_redis::Options,
 }
 
 impl Default for ClusterConfig {
@@ -55,6 +74,8 @@ impl Default for ClusterConfig {
             namespace: defaults::NAMESPACE.to_owned(),
             timeout_ms: u64::try_from(defaults::TIMEOUT.as_millis()).unwrap_or(u64::MAX),
             feed_len: defaults::FEED_LEN,
+            webpubsub_stream_len: statehub_webpubsub_redis::defaults::STREAM_LEN,
+            webpubsub_queue: statehub_webpubsub_redis::defaults::QUEUE,
         }
     }
 }
@@ -74,7 +95,7 @@ pub fn resolve(
     file: ClusterConfig,
     version_node_id: &str,
     data_dir: bool,
-) -> Result<Option<Options>, ClusterError> {
+) -> Result<Option<Cluster>, ClusterError> {
     let Some(url) = args.redis_url.clone().or(file.redis_url) else {
         return Ok(None);
     };
@@ -84,8 +105,13 @@ pub fn resolve(
     if file.timeout_ms == 0 {
         return Err(ClusterError::Invalid("timeout_ms must be at least 1"));
     }
-    if file.feed_len == 0 {
-        return Err(ClusterError::Invalid("feed_len must be at least 1"));
+    if file.feed_len == 0 || file.webpubsub_stream_len == 0 {
+        return Err(ClusterError::Invalid(
+            "feed_len and webpubsub_stream_len must be at least 1",
+        ));
+    }
+    if file.webpubsub_queue == 0 {
+        return Err(ClusterError::Invalid("webpubsub_queue must be at least 1"));
     }
     if file.namespace.is_empty() || file.namespace.contains(['{', '}']) {
         return Err(ClusterError::Invalid(
@@ -99,14 +125,49 @@ pub fn resolve(
     if node.is_empty() {
         return Err(ClusterError::Invalid("node_id must be non-empty"));
     }
-    Ok(Some(Options {
+    let timeout = Duration::from_millis(file.timeout_ms);
+    let webpubsub = statehub_webpubsub_redis::Options {
+        url: url.clone(),
+        namespace: file.namespace.clone(),
+        node: node.clone(),
+        timeout,
+        stream_len: file.webpubsub_stream_len,
+        queue: file.webpubsub_queue,
+    };
+    let store = Options {
         url,
         namespace: file.namespace,
         node,
         version_node_id: version_node_id.to_owned(),
-        timeout: Duration::from_millis(file.timeout_ms),
+        timeout,
         feed_len: file.feed_len,
-    }))
+    };
+    Ok(Some(Cluster { store, webpubsub }))
+}
+
+/// Spans Web PubSub over the nodes on the cluster's Redis (nothing without a cluster or
+/// without Web PubSub); its threads stop at shutdown.
+pub fn start_webpubsub(
+    cluster: Option<&Cluster>,
+    service: Option<&WebPubSub>,
+    shutdown: &CancellationToken,
+) -> std::io::Result<()> {
+    let (Some(cluster), Some(service)) = (cluster, service) else {
+        return Ok(());
+    };
+    let joined = RedisCluster::start(&cluster.webpubsub, service)
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, crate::chain(&e)))?;
+    let shutdown = shutdown.clone();
+    tokio::spawn(async move {
+        shutdown.cancelled().await;
+        joined.stop();
+    });
+    tracing::info!(
+        "web pubsub spans the nodes on redis at {} (node {})",
+        cluster.webpubsub.url,
+        cluster.webpubsub.node
+    );
+    Ok(())
 }
 
 /// The state store on Redis, registered on the broker, its expiry task and change feed

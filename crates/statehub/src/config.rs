@@ -303,7 +303,7 @@ pub struct Settings {
     /// The dashboard, with its key resolved (flag/env, then `[admin] key`).
     pub admin: AdminConfig,
     /// `Some`: the state store lives in Redis, shared with other nodes.
-    pub cluster: Option<statehub_state_store_redis::Options>,
+    pub cluster: Option<crate::cluster::Cluster>,
     /// The authorization rules, loaded (`None` inside: no rules).
     pub authorization: Arc<Loaded>,
     /// The config file, if any (SIGHUP reloads its rules).

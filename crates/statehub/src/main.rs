@@ -169,6 +169,7 @@ async fn serve(mut settings: Settings) -> std::io::Result<()> {
     let signals = tokio::spawn(signals.cancel_on_signal(shutdown.clone()));
     let grace = Duration::from_secs(settings.shutdown_grace_secs);
     let (router, wps) = http::router(settings.webpubsub.clone(), http.local_addr()?);
+    cluster::start_webpubsub(settings.cluster.as_ref(), wps.as_ref(), &shutdown)?;
     let telemetry = metrics::Telemetry::new(
         broker.clone(),
         state_store,
@@ -295,7 +296,8 @@ fn start_state_store(
 ) -> std::io::Result<(JoinHandle<()>, Option<DataDir>, StateStoreRef)> {
     let invalid = |e: &dyn Error| std::io::Error::new(std::io::ErrorKind::InvalidInput, chain(e));
     if let Some(cluster) = &settings.cluster {
-        let (expiry, service) = cluster::start_state_store(cluster, &settings.state_store, broker)?;
+        let (expiry, service) =
+            cluster::start_state_store(&cluster.store, &settings.state_store, broker)?;
         return Ok((expiry, None, service));
     }
     let Some(dir) = &settings.data_dir else {

@@ -112,6 +112,14 @@ fn python(script: &str, limit: Duration) {
 
 const LIMIT: Duration = Duration::from_secs(150);
 
+/// Two nodes on one redis-server: groups, users, connections and the REST API across
+/// nodes, exactly once and in order; a killed redis-server refuses sends to other nodes
+/// clearly, and they flow again when it is back (`cluster.mjs`).
+#[test]
+fn js_two_nodes_on_redis_groups_rest_and_a_redis_outage() {
+    node("cluster.mjs", LIMIT);
+}
+
 #[test]
 fn js_messaging_and_rest_api() {
     node("messaging.mjs", LIMIT);

@@ -10,7 +10,9 @@
 //! resends with the same id after a recovery). Failures are not remembered, so a
 //! message refused as `Forbidden` may be retried with the same id.
 
+use crate::cluster::{Operation, SentSelection};
 use crate::effects::{check_group, AckFailure, Close, Effects, UserEvent};
+use crate::hub::admin::Target;
 use crate::hub::{Hub, Session, CLOSE_POLICY};
 use crate::protocol::codec::{decode_binary, decode_text, Request};
 use crate::protocol::json::{DataMessageRef, Downstream, MessageSource};
@@ -164,6 +166,18 @@ fn send_to_group(
 ) -> Result<(), AckFailure> {
     check_group(group, session.permissions().can_send(group), "send to")?;
     let payload = payload.map_err(|e| AckFailure::BadRequest(e.to_string()))?;
+    if hub.cluster().is_some() {
+        let sent = Operation::send(
+            hub,
+            Target::Group(group),
+            &SentSelection::default(),
+            &payload,
+            None,
+            session.user_id(),
+        );
+        hub.broadcast(&sent)
+            .map_err(|e| AckFailure::Unavailable(e.to_string()))?;
+    }
     let msg = DataMessageRef {
         from: MessageSource::Group,
         group: Some(group),

@@ -17,6 +17,10 @@ pub(crate) enum AckFailure {
     /// The message is malformed.
     #[error("{0}")]
     BadRequest(String),
+    /// The other nodes cannot be reached; nothing was sent (a transient failure: the
+    /// client may send again).
+    #[error("{0}")]
+    Unavailable(String),
 }
 
 impl AckFailure {
@@ -25,6 +29,7 @@ impl AckFailure {
         match self {
             Self::Forbidden(_) => "Forbidden",
             Self::BadRequest(_) => "BadRequest",
+            Self::Unavailable(_) => "InternalServerError",
         }
     }
 }

@@ -41,6 +41,7 @@ use subtle::ConstantTimeEq as _;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::cluster::{Cluster, Item};
 use crate::config::Limits;
 use crate::protocol::frames::DataFrames;
 use crate::protocol::json::DataMessageRef;
@@ -102,6 +103,8 @@ pub(crate) struct Hub {
     /// Handshakes between their [`Hub::reserve`] and their session's creation.
     reserved: AtomicUsize,
     events: Option<Arc<dyn Events>>,
+    /// The other nodes, when there are (see `cluster.rs`).
+    cluster: Option<Arc<dyn Cluster>>,
     shutdown: CancellationToken,
     stats: Arc<Stats>,
 }
@@ -118,13 +121,16 @@ struct HubState {
 }
 
 impl HubState {
-    fn leave_group(&mut self, group: &str, id: &str) {
+    /// Removes `id` from the group; `true` if that emptied it.
+    fn leave_group(&mut self, group: &str, id: &str) -> bool {
         if let Some(members) = self.groups.get_mut(group) {
             members.remove(id);
             if members.is_empty() {
                 self.groups.remove(group);
+                return true;
             }
         }
+        false
     }
 }
 
@@ -153,6 +159,7 @@ impl Hub {
             state: Mutex::new(HubState::default()),
             reserved: AtomicUsize::new(0),
             events: None,
+            cluster: None,
             shutdown: CancellationToken::new(),
             stats: Arc::default(),
         }
@@ -179,6 +186,24 @@ impl Hub {
     pub(crate) fn with_events(mut self, events: Arc<dyn Events>) -> Self {
         self.events = Some(events);
         self
+    }
+
+    /// The same hub, spanning the nodes of `cluster`.
+    pub(crate) fn with_cluster(mut self, cluster: Arc<dyn Cluster>) -> Self {
+        self.cluster = Some(cluster);
+        self
+    }
+
+    /// The other nodes, if any.
+    pub(crate) fn cluster(&self) -> Option<&Arc<dyn Cluster>> {
+        self.cluster.as_ref()
+    }
+
+    /// Tells the index that this node now holds, or no longer holds, `item`.
+    fn indexed(&self, item: Item<'_>, present: bool) {
+        if let Some(cluster) = &self.cluster {
+            cluster.index(&self.name, item, present);
+        }
     }
 
     /// The same hub, closing its connections when `shutdown` is cancelled.
@@ -241,11 +266,13 @@ impl Hub {
             let mut hub = lock(&self.state);
             hub.sessions
                 .insert(session.id().to_owned(), session.clone());
+            self.indexed(Item::Connection(session.id()), true);
             if let Some(user) = session.user_id() {
-                hub.users
-                    .entry(user.to_owned())
-                    .or_default()
-                    .insert(session.id().to_owned());
+                let ids = hub.users.entry(user.to_owned()).or_default();
+                if ids.is_empty() {
+                    self.indexed(Item::User(user), true);
+                }
+                ids.insert(session.id().to_owned());
             }
         }
         for group in &groups {
@@ -336,17 +363,20 @@ impl Hub {
             self.stats.group_limit(&self.name, session.id(), max);
             return Err(TooManyGroups(max));
         }
-        hub.groups
-            .entry(group.to_owned())
-            .or_default()
-            .insert(session.id().to_owned());
+        let members = hub.groups.entry(group.to_owned()).or_default();
+        if members.is_empty() {
+            self.indexed(Item::Group(group), true);
+        }
+        members.insert(session.id().to_owned());
         Ok(())
     }
 
     /// Removes the session from a group (idempotent).
     pub(crate) fn leave(&self, session: &Session, group: &str) {
         let mut hub = lock(&self.state);
-        hub.leave_group(group, session.id());
+        if hub.leave_group(group, session.id()) {
+            self.indexed(Item::Group(group), false);
+        }
         session.left(group);
     }
 
@@ -393,9 +423,12 @@ impl Hub {
             let Some(session) = hub.sessions.remove(id) else {
                 return;
             };
+            self.indexed(Item::Connection(id), false);
             let (groups, reason) = session.end();
             for group in groups {
-                hub.leave_group(&group, id);
+                if hub.leave_group(&group, id) {
+                    self.indexed(Item::Group(&group), false);
+                }
             }
             if let (Some(token), Some(why)) = (session.reconnection_token(), &reason) {
                 let retention = self.limits.session_retention;
@@ -406,6 +439,7 @@ impl Hub {
                     ids.remove(id);
                     if ids.is_empty() {
                         hub.users.remove(user);
+                        self.indexed(Item::User(user), false);
                     }
                 }
             }
@@ -444,6 +478,16 @@ impl Hub {
                 hub.remove(session.id());
             }
         });
+    }
+
+    /// What this hub holds, for the cluster's index.
+    pub(crate) fn held(&self) -> crate::cluster::Held {
+        let hub = lock(&self.state);
+        crate::cluster::Held {
+            connections: hub.sessions.keys().cloned().collect(),
+            users: hub.users.keys().cloned().collect(),
+            groups: hub.groups.keys().cloned().collect(),
+        }
     }
 
     /// Number of live or retained sessions.

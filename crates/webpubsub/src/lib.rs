@@ -27,6 +27,7 @@
 #![warn(unreachable_pub)]
 
 mod admin;
+mod cluster;
 mod config;
 mod connection;
 mod dispatch;
@@ -55,6 +56,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 pub use admin::{ConnectionSummary, GroupSummary, HubSummary, HubView, ViewFrom};
+pub use cluster::{Cluster, ClusterError, Held, Item};
 pub use config::hubs::{EventHandler, HubSettings, SystemEvent};
 pub use config::{Config, ConfigError, Limits, MIN_ACCESS_KEY_BYTES};
 use hub::Hub;
@@ -80,6 +82,8 @@ struct Inner {
     shutdown: CancellationToken,
     connections: TaskTracker,
     stats: Arc<stats::Stats>,
+    /// The other nodes, once [`WebPubSub::join_cluster`] was called.
+    cluster: std::sync::OnceLock<Arc<dyn Cluster>>,
 }
 
 impl WebPubSub {
@@ -98,8 +102,24 @@ impl WebPubSub {
                 shutdown: CancellationToken::new(),
                 connections: TaskTracker::new(),
                 stats: Arc::default(),
+                cluster: std::sync::OnceLock::new(),
             }),
         }
+    }
+
+    /// Spans the service over the nodes of `cluster` (see `cluster.rs`). Call it once,
+    /// before any hub is used; a second cluster is refused (`false`).
+    pub fn join_cluster(&self, cluster: Arc<dyn Cluster>) -> bool {
+        self.inner.cluster.set(cluster).is_ok()
+    }
+
+    /// What this node holds, for the cluster's index: every hub's connections, users and
+    /// groups (to write the index again after it may have lost entries).
+    pub fn held(&self) -> Vec<(String, Held)> {
+        self.hubs_now()
+            .iter()
+            .map(|hub| (hub.name().to_owned(), hub.held()))
+            .collect()
     }
 
     /// The configuration.
@@ -123,6 +143,9 @@ impl WebPubSub {
                     .with_stats(Arc::clone(&self.inner.stats));
                 if let Some(events) = self.hub_events(&key) {
                     hub = hub.with_events(Arc::new(events));
+                }
+                if let Some(cluster) = self.inner.cluster.get() {
+                    hub = hub.with_cluster(Arc::clone(cluster));
                 }
                 Arc::new(hub)
             })

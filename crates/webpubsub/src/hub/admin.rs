@@ -141,7 +141,45 @@ impl Hub {
             payload,
             stream: None,
         };
-        self.fan_out(&self.selected(target, sel), &msg, deadline)
+        self.deliver_local(target, sel, &msg, deadline)
+    }
+
+    /// Delivers `msg` to the selected sessions of this node (see [`Hub::send`]).
+    pub(crate) fn deliver_local(
+        &self,
+        target: Target<'_>,
+        sel: &Selection<'_>,
+        msg: &DataMessageRef<'_>,
+        deadline: Option<Instant>,
+    ) -> usize {
+        self.fan_out(&self.selected(target, sel), msg, deadline)
+    }
+
+    /// Adds this node's connections of a target (a connection or a user) to a group,
+    /// as far as their group limits allow (for another node's REST call).
+    pub(crate) fn join_local(&self, target: Target<'_>, group: &str) {
+        let sessions = match target {
+            Target::Connection(_) | Target::User(_) => self.targets(target),
+            Target::All | Target::Group(_) => return,
+        };
+        for s in sessions {
+            // A connection at its group limit stays out (counted and logged).
+            let _ = self.join(&s, group);
+        }
+    }
+
+    /// Removes this node's connections of a target from a group, or from every group.
+    pub(crate) fn leave_local(&self, target: Target<'_>, group: Option<&str>) {
+        for s in self.targets(target) {
+            match group {
+                Some(g) => self.leave(&s, g),
+                None => {
+                    for g in s.groups() {
+                        self.leave(&s, &g);
+                    }
+                }
+            }
+        }
     }
 
     /// Closes the selected connections: each gets a `disconnected` message with

@@ -13,6 +13,7 @@ use axum::http::{HeaderMap, StatusCode};
 
 use super::targets::{self, send};
 use super::{check_group, check_id, found, hub_params, ApiError, ApiResult, Params};
+use crate::cluster::{Item, Operation, To};
 use crate::hub::admin::{Permission, Target};
 use crate::WebPubSub;
 
@@ -29,7 +30,12 @@ pub(super) async fn exists(
     RawQuery(query): RawQuery,
 ) -> ApiResult {
     checked(&hub, &connection, query.as_deref())?;
-    Ok(found(state.hub(&hub).has_connection(&connection)))
+    let hub = state.hub(&hub);
+    let here = hub.has_connection(&connection);
+    Ok(found(
+        hub.exists_anywhere(Item::Connection(&connection), here)
+            .await?,
+    ))
 }
 
 /// `DELETE …/connections/{connection}?reason=`: 204.
@@ -39,12 +45,7 @@ pub(super) async fn close(
     RawQuery(query): RawQuery,
 ) -> ApiResult {
     let params = checked(&hub, &connection, query.as_deref())?;
-    Ok(targets::close(
-        &state,
-        &hub,
-        Target::Connection(&connection),
-        &params,
-    ))
+    targets::close(&state, &hub, Target::Connection(&connection), &params)
 }
 
 /// `POST …/connections/{connection}/:send`: 202.
@@ -81,9 +82,15 @@ pub(super) async fn remove_from_all_groups(
     RawQuery(query): RawQuery,
 ) -> ApiResult {
     checked(&hub, &connection, query.as_deref())?;
-    state
-        .hub(&hub)
-        .remove_connection_from_all_groups(&connection);
+    let hub = state.hub(&hub);
+    if !hub.has_connection(&connection) {
+        hub.broadcast(&Operation::Leave {
+            hub: hub.name().to_owned(),
+            to: To::Connection(connection.clone()),
+            group: None,
+        })?;
+    }
+    hub.remove_connection_from_all_groups(&connection);
     Ok(StatusCode::NO_CONTENT)
 }
 

@@ -19,6 +19,7 @@ use serde::Serialize;
 
 use super::targets::{close, send};
 use super::{check_group, check_id, found, hub_params, origin, ApiError, ApiResult, Params};
+use crate::cluster::{Item, Operation, To};
 use crate::hub::admin::{JoinError, Target};
 use crate::WebPubSub;
 
@@ -38,7 +39,9 @@ pub(super) async fn exists(
     RawQuery(query): RawQuery,
 ) -> ApiResult {
     checked(&hub, &group, query.as_deref())?;
-    Ok(found(state.hub(&hub).has_group(&group)))
+    let hub = state.hub(&hub);
+    let here = hub.has_group(&group);
+    Ok(found(hub.exists_anywhere(Item::Group(&group), here).await?))
 }
 
 /// `POST …/groups/{group}/:send` and `…/:closeConnections`.
@@ -52,7 +55,7 @@ pub(super) async fn action(
     let params = checked(&hub, &group, query.as_deref())?;
     match action.as_str() {
         ":send" => send(&state, &hub, Target::Group(&group), &params, &headers, body).await,
-        ":closeConnections" => Ok(close(&state, &hub, Target::Group(&group), &params)),
+        ":closeConnections" => close(&state, &hub, Target::Group(&group), &params),
         _ => Err(ApiError::NotFound(format!("No group action {action:?}"))),
     }
 }
@@ -65,16 +68,26 @@ pub(super) async fn add_connection(
 ) -> ApiResult {
     checked(&hub, &group, query.as_deref())?;
     check_id("connection id", &connection)?;
-    state
-        .hub(&hub)
-        .add_connection_to_group(&connection, &group)
-        .map_err(|e| match e {
-            JoinError::NotFound(_) => {
-                ApiError::NotFound(format!("Connection '{connection}' does not exist"))
+    let hub = state.hub(&hub);
+    let not_found = || ApiError::NotFound(format!("Connection '{connection}' does not exist"));
+    match hub.add_connection_to_group(&connection, &group) {
+        Ok(()) => Ok(StatusCode::OK),
+        Err(JoinError::TooManyGroups(e)) => Err(ApiError::BadRequest(e.to_string())),
+        Err(JoinError::NotFound(_)) => {
+            if !hub
+                .exists_anywhere(Item::Connection(&connection), false)
+                .await?
+            {
+                return Err(not_found());
             }
-            JoinError::TooManyGroups(e) => ApiError::BadRequest(e.to_string()),
-        })?;
-    Ok(StatusCode::OK)
+            hub.broadcast(&Operation::Join {
+                hub: hub.name().to_owned(),
+                to: To::Connection(connection.clone()),
+                group,
+            })?;
+            Ok(StatusCode::OK)
+        }
+    }
 }
 
 /// `DELETE …/groups/{group}/connections/{connection}`: 204.
@@ -85,9 +98,15 @@ pub(super) async fn remove_connection(
 ) -> ApiResult {
     checked(&hub, &group, query.as_deref())?;
     check_id("connection id", &connection)?;
-    state
-        .hub(&hub)
-        .remove_connection_from_group(&connection, &group);
+    let hub = state.hub(&hub);
+    if !hub.has_connection(&connection) {
+        hub.broadcast(&Operation::Leave {
+            hub: hub.name().to_owned(),
+            to: To::Connection(connection.clone()),
+            group: Some(group.clone()),
+        })?;
+    }
+    hub.remove_connection_from_group(&connection, &group);
     Ok(StatusCode::NO_CONTENT)
 }
 

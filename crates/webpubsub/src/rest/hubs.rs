@@ -9,6 +9,7 @@ use serde::Deserialize;
 
 use super::targets::{close, read_body, send};
 use super::{check_group, hub_params, optional_filter, token, ApiError, ApiResult};
+use crate::cluster::Operation;
 use crate::hub::admin::Target;
 use crate::WebPubSub;
 
@@ -35,7 +36,7 @@ pub(super) async fn action(
         ":send" => Ok(send(&state, &hub, Target::All, &params, &headers, body)
             .await?
             .into_response()),
-        ":closeConnections" => Ok(close(&state, &hub, Target::All, &params).into_response()),
+        ":closeConnections" => Ok(close(&state, &hub, Target::All, &params)?.into_response()),
         ":generateToken" => token::generate(&state, &hub, &params, &headers),
         ":addToGroups" | ":removeFromGroups" => {
             let limit = state.config().limits.max_frame_bytes;
@@ -48,6 +49,12 @@ pub(super) async fn action(
             }
             let filter = optional_filter(req.filter.as_deref())?;
             let hub = state.hub(&hub);
+            hub.broadcast(&Operation::Groups {
+                hub: hub.name().to_owned(),
+                groups: req.groups.clone(),
+                filter: filter.is_some().then(|| req.filter.clone()).flatten(),
+                join: action == ":addToGroups",
+            })?;
             if action == ":addToGroups" {
                 hub.add_filtered_to_groups(&req.groups, filter.as_ref());
             } else {

@@ -28,6 +28,7 @@ use axum::routing::{get, head, post};
 use axum::Router;
 use serde::Serialize;
 
+use crate::cluster::ClusterError;
 use crate::filter::{Filter, FilterError};
 use crate::WebPubSub;
 
@@ -52,6 +53,9 @@ pub(crate) enum ApiError {
     /// 415: a send with a content type other than JSON, text or bytes.
     #[error("Unsupported content type {0:?}; use application/json, text/plain or application/octet-stream")]
     UnsupportedMediaType(String),
+    /// 503: the other nodes cannot be reached (nothing was done).
+    #[error(transparent)]
+    Unavailable(#[from] ClusterError),
 }
 
 #[derive(Serialize)]
@@ -70,6 +74,7 @@ impl ApiError {
             Self::UnsupportedMediaType(_) => {
                 (StatusCode::UNSUPPORTED_MEDIA_TYPE, "UnsupportedMediaType")
             }
+            Self::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "ServiceUnavailable"),
         }
     }
 }

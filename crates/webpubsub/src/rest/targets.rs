@@ -14,6 +14,7 @@ use axum::body::Body;
 use axum::http::{header, HeaderMap, StatusCode};
 
 use super::{ApiError, ApiResult, Params};
+use crate::cluster::{Operation, SentSelection, To};
 use crate::hub::admin::{Selection, Target};
 use crate::protocol::Payload;
 use crate::WebPubSub;
@@ -61,21 +62,35 @@ pub(super) fn payload(headers: &HeaderMap, body: axum::body::Bytes) -> ApiResult
 }
 
 /// `:closeConnections` of a target: `excluded` ids are spared, `reason` goes to the
-/// clients' `disconnected` message. 204.
+/// clients' `disconnected` message. 204; 503 when other nodes cannot be told.
 pub(super) fn close(
     state: &WebPubSub,
     hub: &str,
     target: Target<'_>,
     params: &Params,
-) -> StatusCode {
+) -> ApiResult {
     let excluded = params.all("excluded");
     let sel = Selection {
         excluded: &excluded,
         filter: None,
     };
     let reason = params.get("reason").unwrap_or_default();
-    state.hub(hub).close_connections(target, &sel, reason);
-    StatusCode::NO_CONTENT
+    let hub = state.hub(hub);
+    if !is_local(&hub, target) {
+        hub.broadcast(&Operation::Close {
+            hub: hub.name().to_owned(),
+            to: To::from(target),
+            excluded: excluded.clone(),
+            reason: reason.to_owned(),
+        })?;
+    }
+    hub.close_connections(target, &sel, reason);
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// Whether the target is one connection of this node (no other node need hear of it).
+pub(super) fn is_local(hub: &crate::hub::Hub, target: Target<'_>) -> bool {
+    matches!(target, Target::Connection(id) if hub.has_connection(id))
 }
 
 /// One send: validates the parameters that target allows, then delivers.
@@ -105,6 +120,14 @@ pub(super) async fn send(
         excluded: &excluded,
         filter: filter.as_ref(),
     };
-    state.hub(hub).send(target, &sel, &payload, ttl);
+    let hub = state.hub(hub);
+    if !is_local(&hub, target) {
+        let sent = SentSelection {
+            excluded: &excluded,
+            filter: filter.is_some().then(|| params.get("filter")).flatten(),
+        };
+        hub.broadcast(&Operation::send(&hub, target, &sent, &payload, ttl, None))?;
+    }
+    hub.send(target, &sel, &payload, ttl);
     Ok(StatusCode::ACCEPTED)
 }

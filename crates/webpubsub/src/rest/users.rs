@@ -9,6 +9,7 @@ use axum::http::{HeaderMap, StatusCode};
 
 use super::targets::{close, send};
 use super::{check_group, check_id, found, hub_params, ApiError, ApiResult, Params};
+use crate::cluster::{Item, Operation, To};
 use crate::hub::admin::{JoinError, Target};
 use crate::WebPubSub;
 
@@ -25,7 +26,9 @@ pub(super) async fn exists(
     RawQuery(query): RawQuery,
 ) -> ApiResult {
     checked(&hub, &user, query.as_deref())?;
-    Ok(found(state.hub(&hub).has_user(&user)))
+    let hub = state.hub(&hub);
+    let here = hub.has_user(&user);
+    Ok(found(hub.exists_anywhere(Item::User(&user), here).await?))
 }
 
 /// `POST …/users/{user}/:send` and `…/:closeConnections`.
@@ -39,7 +42,7 @@ pub(super) async fn action(
     let params = checked(&hub, &user, query.as_deref())?;
     match action.as_str() {
         ":send" => send(&state, &hub, Target::User(&user), &params, &headers, body).await,
-        ":closeConnections" => Ok(close(&state, &hub, Target::User(&user), &params)),
+        ":closeConnections" => close(&state, &hub, Target::User(&user), &params),
         _ => Err(ApiError::NotFound(format!("No user action {action:?}"))),
     }
 }
@@ -51,7 +54,9 @@ pub(super) async fn remove_from_all_groups(
     RawQuery(query): RawQuery,
 ) -> ApiResult {
     checked(&hub, &user, query.as_deref())?;
-    state.hub(&hub).remove_user_from_all_groups(&user);
+    let hub = state.hub(&hub);
+    hub.broadcast(&leave(&hub, &user, None))?;
+    hub.remove_user_from_all_groups(&user);
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -63,17 +68,28 @@ pub(super) async fn add_to_group(
 ) -> ApiResult {
     checked(&hub, &user, query.as_deref())?;
     check_group(&group)?;
-    state
-        .hub(&hub)
-        .add_user_to_group(&user, &group)
-        .map_err(|e| match e {
-            JoinError::NotFound(_) => {
-                ApiError::NotFound(format!("User '{user}' has no connection"))
+    let hub = state.hub(&hub);
+    match hub.add_user_to_group(&user, &group) {
+        Ok(()) => {}
+        Err(JoinError::TooManyGroups(e)) => {
+            return Err(ApiError::BadRequest(format!(
+                "A connection of user '{user}': {e}"
+            )))
+        }
+        Err(JoinError::NotFound(_)) => {
+            if !hub.exists_anywhere(Item::User(&user), false).await? {
+                return Err(ApiError::NotFound(format!(
+                    "User '{user}' has no connection"
+                )));
             }
-            JoinError::TooManyGroups(e) => {
-                ApiError::BadRequest(format!("A connection of user '{user}': {e}"))
-            }
-        })?;
+        }
+    }
+    // The user's connections on other nodes join there (as far as their limits allow).
+    hub.broadcast(&Operation::Join {
+        hub: hub.name().to_owned(),
+        to: To::User(user.clone()),
+        group,
+    })?;
     Ok(StatusCode::OK)
 }
 
@@ -85,6 +101,16 @@ pub(super) async fn remove_from_group(
 ) -> ApiResult {
     checked(&hub, &user, query.as_deref())?;
     check_group(&group)?;
-    state.hub(&hub).remove_user_from_group(&user, &group);
+    let hub = state.hub(&hub);
+    hub.broadcast(&leave(&hub, &user, Some(group.clone())))?;
+    hub.remove_user_from_group(&user, &group);
     Ok(StatusCode::NO_CONTENT)
+}
+
+fn leave(hub: &crate::hub::Hub, user: &str, group: Option<String>) -> Operation {
+    Operation::Leave {
+        hub: hub.name().to_owned(),
+        to: To::User(user.to_owned()),
+        group,
+    }
 }

@@ -1,0 +1,281 @@
+//! Web PubSub across statehub nodes on one Redis: the [`Cluster`] of
+//! `statehub-webpubsub` (its `cluster.rs` says what travels and why).
+//!
+//! - **Operations** (sends, joins, leaves, closes) go into one Redis stream,
+//!   `{namespace}:wps:ops`, appended by one writer thread per node in the order the node
+//!   handed them over, and read by one reader thread per node, in stream order, which
+//!   applies every other node's operations to its own sessions. A stream rather than
+//!   PUB/SUB: a reader that lost its connection reads on from the last entry it applied,
+//!   so nothing is lost or repeated across a reconnect (as long as the stream, trimmed
+//!   near [`Options::stream_len`] entries, still holds it). Each entry carries its node,
+//!   the node's incarnation and a sequence number, so an entry written twice (a write
+//!   retried after a lost reply) is applied once, and a gap (trimmed before it was read)
+//!   is logged and counted.
+//! - **The index**: for every connection, user and group a node holds, a set
+//!   `{namespace}:wps:i:{hub}:{c|u|g}:{name}` of the nodes holding it, changed by the
+//!   same writer thread when a hub's item appears or goes; each node lists what it wrote
+//!   in `{namespace}:wps:reg:{node}` and writes it all again after any failure (so an
+//!   entry lost while Redis was down, or left by an earlier process with the same node
+//!   id, is put right). A node is alive while its key `{namespace}:wps:alive:{node}`
+//!   (refreshed every [`HEARTBEAT`], kept three times that) exists: the index of a node
+//!   that died answers nothing.
+//! - **Redis unreachable**: operations that must reach other nodes are refused at once
+//!   ([`ClusterError::Unavailable`]: the REST API answers 503, a client's `sendToGroup`
+//!   gets an `InternalServerError` ack) and nothing is delivered, not even locally, so
+//!   no node sees what another missed; what only touches this node's sessions goes on.
+//!   Operations accepted before the writer noticed are kept, in order, and written when
+//!   Redis is back.
+
+mod reader;
+mod writer;
+
+use std::fmt;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::{sync_channel, SyncSender, TrySendError};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use redis::{Client, Connection, RedisResult};
+use statehub_webpubsub::{Cluster, ClusterError, Item, WebPubSub};
+
+/// How often a node refreshes its liveness key.
+pub const HEARTBEAT: Duration = Duration::from_secs(2);
+/// Wait between attempts to reach Redis again.
+const BACKOFF: Duration = Duration::from_millis(250);
+
+/// How to reach the other nodes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Options {
+    /// `redis://host:port[/db]`.
+    pub url: String,
+    /// The namespace of the keys (wrapped in a hash tag: `{namespace}`); nodes with the
+    /// same one form one service.
+    pub namespace: String,
+    /// This node's id, unique among the nodes.
+    pub node: String,
+    /// Bound on every Redis call.
+    pub timeout: Duration,
+    /// The operations stream is trimmed to about this many entries.
+    pub stream_len: u64,
+    /// Most operations and index changes waiting for the writer.
+    pub queue: usize,
+}
+
+/// Defaults of [`Options`].
+pub mod defaults {
+    /// [`super::Options::stream_len`].
+    pub const STREAM_LEN: u64 = 10_000;
+    /// [`super::Options::queue`].
+    pub const QUEUE: usize = 10_000;
+}
+
+/// Redis failed us.
+#[derive(Debug, thiserror::Error)]
+pub enum WpsRedisError {
+    /// Redis refused a command, or could not be reached.
+    #[error(transparent)]
+    Redis(#[from] redis::RedisError),
+    /// An entry of the stream is not what a node writes.
+    #[error("unexpected data in redis: {0}")]
+    Corrupt(&'static str),
+    /// The writer or reader thread could not start.
+    #[error("cannot start a thread: {0}")]
+    Thread(#[from] std::io::Error),
+}
+
+/// The names of the keys.
+#[derive(Debug, Clone)]
+pub(crate) struct Names {
+    prefix: String,
+    pub(crate) ops: String,
+}
+
+impl Names {
+    fn new(namespace: &str) -> Self {
+        let prefix = format!("{{{namespace}}}:wps:");
+        Self {
+            ops: format!("{prefix}ops"),
+            prefix,
+        }
+    }
+
+    pub(crate) fn item(&self, hub: &str, item: Item<'_>) -> String {
+        let (kind, name) = match item {
+            Item::Connection(c) => ('c', c),
+            Item::User(u) => ('u', u),
+            Item::Group(g) => ('g', g),
+        };
+        format!("{}i:{hub}:{kind}:{name}", self.prefix)
+    }
+
+    pub(crate) fn alive(&self, node: &str) -> String {
+        format!("{}alive:{node}", self.prefix)
+    }
+
+    pub(crate) fn registry(&self, node: &str) -> String {
+        format!("{}reg:{node}", self.prefix)
+    }
+}
+
+/// What the writer thread does, in order.
+#[derive(Debug)]
+pub(crate) enum Job {
+    /// Append an operation to the stream.
+    Broadcast(Vec<u8>),
+    /// This node now holds (`true`) or no longer holds the item whose index key this is.
+    Index(String, bool),
+}
+
+/// What the writer and the nodes' handles share.
+#[derive(Debug, Default)]
+pub(crate) struct Shared {
+    /// The writer's last attempt reached Redis.
+    pub(crate) up: AtomicBool,
+    /// An index change was dropped (the queue was full): write the index again.
+    pub(crate) dirty: AtomicBool,
+    /// Set to stop both threads.
+    pub(crate) stop: AtomicBool,
+    /// Operations of other nodes trimmed from the stream before this node read them.
+    pub(crate) lost: AtomicU64,
+}
+
+/// Web PubSub's [`Cluster`] over Redis. See the crate docs.
+pub struct RedisCluster {
+    jobs: SyncSender<Job>,
+    shared: Arc<Shared>,
+    names: Names,
+    node: String,
+    queue: usize,
+    query: Mutex<Option<Connection>>,
+    client: Client,
+    timeout: Duration,
+}
+
+impl fmt::Debug for RedisCluster {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisCluster")
+            .field("node", &self.node)
+            .field("up", &self.shared.up.load(Ordering::Relaxed))
+            .finish_non_exhaustive()
+    }
+}
+
+impl RedisCluster {
+    /// Joins `service` to the nodes on the Redis `options` names: starts this node's
+    /// writer and reader threads (which run until [`RedisCluster::stop`]) and hands the
+    /// cluster to the service. Starts even while Redis is down (operations for other
+    /// nodes are refused until it is back). Call it inside the Tokio runtime, before
+    /// any client connects.
+    pub fn start(options: &Options, service: &WebPubSub) -> Result<Arc<Self>, WpsRedisError> {
+        let client = Client::open(options.url.as_str())?;
+        let names = Names::new(&options.namespace);
+        let (jobs, queue) = sync_channel(options.queue.max(1));
+        let shared = Arc::new(Shared::default());
+        let cluster = Arc::new(Self {
+            jobs,
+            shared: Arc::clone(&shared),
+            names: names.clone(),
+            node: options.node.clone(),
+            queue: options.queue,
+            query: Mutex::new(None),
+            client: client.clone(),
+            timeout: options.timeout,
+        });
+        let held = {
+            let service = service.clone();
+            move || service.held()
+        };
+        writer::Writer::new(options, client.clone(), names.clone(), shared.clone())
+            .spawn(queue, held)?;
+        reader::Reader::new(options, client, names, shared)
+            .spawn(service.clone(), tokio::runtime::Handle::current())?;
+        service.join_cluster(cluster.clone());
+        Ok(cluster)
+    }
+
+    /// Stops the writer and reader threads (at their next wake-up).
+    pub fn stop(&self) {
+        self.shared.stop.store(true, Ordering::Relaxed);
+    }
+
+    /// How many operations of other nodes were trimmed before this node read them.
+    pub fn lost(&self) -> u64 {
+        self.shared.lost.load(Ordering::Relaxed)
+    }
+
+    fn query<T>(
+        &self,
+        call: impl FnOnce(&mut Connection) -> RedisResult<T>,
+    ) -> Result<T, WpsRedisError> {
+        let mut slot = self.query.lock().unwrap_or_else(PoisonError::into_inner);
+        if slot.is_none() {
+            *slot = Some(open(&self.client, self.timeout)?);
+        }
+        let Some(con) = slot.as_mut() else {
+            return Err(WpsRedisError::Corrupt("no connection"));
+        };
+        call(con).map_err(|e| {
+            *slot = None;
+            e.into()
+        })
+    }
+}
+
+fn unavailable(error: impl std::error::Error + Send + Sync + 'static) -> ClusterError {
+    ClusterError::Unavailable(Box::new(error))
+}
+
+/// Redis is not answering the writer (its last attempt failed).
+#[derive(Debug, thiserror::Error)]
+#[error("redis is unreachable")]
+struct Down;
+
+impl Cluster for RedisCluster {
+    fn broadcast(&self, operation: Vec<u8>) -> Result<(), ClusterError> {
+        if !self.shared.up.load(Ordering::Relaxed) {
+            return Err(unavailable(Down));
+        }
+        match self.jobs.try_send(Job::Broadcast(operation)) {
+            Ok(()) => Ok(()),
+            Err(TrySendError::Full(_)) => Err(ClusterError::Backlog(self.queue)),
+            Err(TrySendError::Disconnected(_)) => Err(unavailable(Down)),
+        }
+    }
+
+    fn index(&self, hub: &str, item: Item<'_>, present: bool) {
+        let job = Job::Index(self.names.item(hub, item), present);
+        if self.jobs.try_send(job).is_err() {
+            // The writer writes the whole index again once it has room.
+            if !self.shared.dirty.swap(true, Ordering::Relaxed) {
+                tracing::warn!("web pubsub cluster: index changes queued past the bound; the index is written again");
+            }
+        }
+    }
+
+    fn exists(&self, hub: &str, item: Item<'_>) -> Result<bool, ClusterError> {
+        let key = self.names.item(hub, item);
+        let nodes: Vec<String> = self
+            .query(|con| redis::cmd("SMEMBERS").arg(&key).query(con))
+            .map_err(unavailable)?;
+        let others: Vec<String> = nodes
+            .iter()
+            .filter(|n| **n != self.node)
+            .map(|n| self.names.alive(n))
+            .collect();
+        if others.is_empty() {
+            return Ok(false);
+        }
+        let alive: Vec<Option<String>> = self
+            .query(|con| redis::cmd("MGET").arg(&others).query(con))
+            .map_err(unavailable)?;
+        Ok(alive.iter().any(Option::is_some))
+    }
+}
+
+/// A new connection whose every read and write is bounded by `timeout`.
+pub(crate) fn open(client: &Client, timeout: Duration) -> RedisResult<Connection> {
+    let connection = client.get_connection_with_timeout(timeout)?;
+    connection.set_read_timeout(Some(timeout))?;
+    connection.set_write_timeout(Some(timeout))?;
+    Ok(connection)
+}

@@ -1,0 +1,187 @@
+//! The reader thread: every other node's operations, in stream order, applied to this
+//! node's sessions once each.
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use redis::streams::{StreamId, StreamRangeReply, StreamReadOptions, StreamReadReply};
+use redis::{Client, Commands, Connection, Value};
+use statehub_webpubsub::WebPubSub;
+use tokio::runtime::Handle;
+
+use crate::{open, Names, Options, Shared, WpsRedisError, BACKOFF};
+
+/// How long one read blocks, so that a stop is seen this often.
+const BLOCK: Duration = Duration::from_millis(500);
+/// Most entries one read takes.
+const BATCH: usize = 256;
+
+pub(crate) struct Reader {
+    client: Client,
+    names: Names,
+    shared: Arc<Shared>,
+    node: String,
+    timeout: Duration,
+    /// The id of the last entry read; `None` until positioned at the stream's end.
+    last_id: Option<String>,
+    /// Per node: its incarnation and the last sequence number applied.
+    seen: HashMap<String, (String, u64)>,
+}
+
+/// One entry's fields.
+struct Entry {
+    node: String,
+    incarnation: String,
+    seq: u64,
+    op: Vec<u8>,
+}
+
+impl Reader {
+    pub(crate) fn new(
+        options: &Options,
+        client: Client,
+        names: Names,
+        shared: Arc<Shared>,
+    ) -> Self {
+        Self {
+            client,
+            names,
+            shared,
+            node: options.node.clone(),
+            timeout: options.timeout,
+            last_id: None,
+            seen: HashMap::new(),
+        }
+    }
+
+    pub(crate) fn spawn(
+        mut self,
+        service: WebPubSub,
+        runtime: Handle,
+    ) -> Result<(), WpsRedisError> {
+        // Positioned before any client connects, when Redis is up, so nothing is missed.
+        if let Ok(mut con) = open(&self.client, self.timeout) {
+            let _ = self.position(&mut con);
+        }
+        std::thread::Builder::new()
+            .name("wps-cluster-reader".into())
+            .spawn(move || self.run(&service, &runtime))?;
+        Ok(())
+    }
+
+    fn run(mut self, service: &WebPubSub, runtime: &Handle) {
+        let mut con: Option<Connection> = None;
+        let mut logged_down = false;
+        while !self.shared.stop.load(Ordering::Relaxed) {
+            let c = match con.as_mut() {
+                Some(c) => c,
+                None => match open(&self.client, self.timeout + BLOCK) {
+                    Ok(c) => con.insert(c),
+                    Err(error) => {
+                        if !logged_down {
+                            tracing::warn!(%error, "web pubsub cluster reader: redis unreachable; retrying");
+                            logged_down = true;
+                        }
+                        std::thread::sleep(BACKOFF);
+                        continue;
+                    }
+                },
+            };
+            match self.read(c, service, runtime) {
+                Ok(()) => logged_down = false,
+                Err(error) => {
+                    if !logged_down {
+                        tracing::warn!(%error, "web pubsub cluster reader: read failed; reconnecting");
+                        logged_down = true;
+                    }
+                    con = None;
+                    std::thread::sleep(BACKOFF);
+                }
+            }
+        }
+    }
+
+    fn position(&mut self, con: &mut Connection) -> Result<(), WpsRedisError> {
+        if self.last_id.is_none() {
+            let last: StreamRangeReply = con.xrevrange_count(&self.names.ops, "+", "-", 1)?;
+            let id = last
+                .ids
+                .first()
+                .map_or_else(|| "0-0".to_owned(), |e| e.id.clone());
+            self.last_id = Some(id);
+        }
+        Ok(())
+    }
+
+    fn read(
+        &mut self,
+        con: &mut Connection,
+        service: &WebPubSub,
+        runtime: &Handle,
+    ) -> Result<(), WpsRedisError> {
+        self.position(con)?;
+        let last_id = self.last_id.clone().unwrap_or_else(|| "0-0".to_owned());
+        let options = StreamReadOptions::default()
+            .block(usize::try_from(BLOCK.as_millis()).unwrap_or(usize::MAX))
+            .count(BATCH);
+        let reply: Option<StreamReadReply> =
+            con.xread_options(&[&self.names.ops], &[&last_id], &options)?;
+        let _runtime = runtime.enter();
+        for key in reply.map(|r| r.keys).unwrap_or_default() {
+            for entry in key.ids {
+                self.last_id = Some(entry.id.clone());
+                let entry = parse(&entry)?;
+                if entry.node != self.node && self.fresh(&entry) {
+                    service.apply_remote(&entry.op);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether the entry is new (not one written twice), counting any gap before it.
+    fn fresh(&mut self, entry: &Entry) -> bool {
+        match self.seen.get_mut(&entry.node) {
+            Some((incarnation, last)) if *incarnation == entry.incarnation => {
+                if entry.seq <= *last {
+                    return false;
+                }
+                if entry.seq > *last + 1 {
+                    let missed = entry.seq - *last - 1;
+                    self.shared.lost.fetch_add(missed, Ordering::Relaxed);
+                    tracing::warn!(
+                        missed,
+                        node = entry.node,
+                        "web pubsub cluster: operations trimmed before this node read them"
+                    );
+                }
+                *last = entry.seq;
+            }
+            _ => {
+                self.seen
+                    .insert(entry.node.clone(), (entry.incarnation.clone(), entry.seq));
+            }
+        }
+        true
+    }
+}
+
+fn parse(entry: &StreamId) -> Result<Entry, WpsRedisError> {
+    let field = |name: &str| match entry.map.get(name) {
+        Some(Value::BulkString(bytes)) => Ok(bytes.clone()),
+        _ => Err(WpsRedisError::Corrupt("operation entry")),
+    };
+    let text = |name: &str| {
+        String::from_utf8(field(name)?).map_err(|_| WpsRedisError::Corrupt("operation entry"))
+    };
+    Ok(Entry {
+        node: text("n")?,
+        incarnation: text("r")?,
+        seq: text("s")?
+            .parse()
+            .map_err(|_| WpsRedisError::Corrupt("operation sequence"))?,
+        op: field("o")?,
+    })
+}
