@@ -185,3 +185,52 @@ fn parse(entry: &StreamId) -> Result<Entry, WpsRedisError> {
         op: field("o")?,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reader() -> Reader {
+        let options = Options {
+            url: "redis://127.0.0.1:1".into(),
+            namespace: "t".into(),
+            node: "me".into(),
+            timeout: Duration::from_secs(1),
+            stream_len: 10,
+            queue: 10,
+        };
+        let client = Client::open(options.url.as_str()).expect("a valid url");
+        Reader::new(&options, client, Names::new("t"), Arc::default())
+    }
+
+    fn entry(node: &str, incarnation: &str, seq: u64) -> Entry {
+        Entry {
+            node: node.into(),
+            incarnation: incarnation.into(),
+            seq,
+            op: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn an_entry_written_twice_is_applied_once_and_a_gap_is_counted() {
+        let mut r = reader();
+        assert!(r.fresh(&entry("b", "1", 1)));
+        assert!(r.fresh(&entry("b", "1", 2)));
+        assert!(
+            !r.fresh(&entry("b", "1", 2)),
+            "a retried write's second copy"
+        );
+        assert!(
+            r.fresh(&entry("c", "9", 7)),
+            "another node's numbering is its own"
+        );
+        assert_eq!(r.shared.lost.load(Ordering::Relaxed), 0);
+        assert!(r.fresh(&entry("b", "1", 5)));
+        assert_eq!(r.shared.lost.load(Ordering::Relaxed), 2, "3 and 4 trimmed");
+        assert!(
+            r.fresh(&entry("b", "2", 1)),
+            "a restarted node starts again"
+        );
+    }
+}
