@@ -222,13 +222,22 @@ async function delKey() {
   const r = await api('/admin/api/store/key?key=' + encodeURIComponent(key), { method: 'DELETE' });
   status(r.deleted ? `${key} deleted` : `${key} did not exist`); keyView([['key', key], ['value', '(deleted)']]);
 }
+// The server pushes every change (its KEYNOTIFY): the first event is the value now,
+// each later one a change, with its version; the log keeps the last 500.
 function watchKey() {
   if (watch) watch.abort();
-  const key = $('#key-name').value, log = $('#watch-log');
+  const key = $('#key-name').value, log = $('#watch-log'), count = $('#watch-count');
+  let changes = 0, first = true;
   log.replaceChildren(el('li', `watching ${key}`, 'hint'));
+  count.textContent = '';
   watch = stream('/admin/api/store/watch?key=' + encodeURIComponent(key), (kind, d) => {
-    const text = d.deleted ? `${d.key}: (absent)` : `${d.key} = ${shown(d.value)} @ ${d.version}`;
+    if (kind === 'overflow') { log.append(el('li', d.error, 'error')); return; }
+    if (first) first = false; else changes += 1;
+    const at = d.version ? ` @ ${d.version}` : '';
+    const text = d.deleted ? `${d.key}: (absent)${at}` : `${d.key} = ${shown(d.value)}${at}`;
     log.append(el('li', `${new Date().toLocaleTimeString()} ${text}`));
+    while (log.children.length > 500) log.firstChild.remove();
+    count.textContent = `${changes} change${changes === 1 ? '' : 's'} since watching`;
   }, (e) => log.append(el('li', e ? 'watch ended: ' + e.message : 'watch ended', 'error')));
 }
 
