@@ -301,6 +301,10 @@ impl Broker {
                 retained.remove(&msg.topic);
             }
         }
+        // `$SYS` values are remade by the running broker: never kept on disk.
+        if crate::sys::is_sys(&msg.topic) {
+            return None;
+        }
         let store = self.inner.retain_store.read();
         store.as_ref().map(|s| s.record(msg, self.now()))
     }

@@ -228,6 +228,7 @@ async fn serve(mut settings: Settings) -> std::io::Result<()> {
 /// The broker, with the authorization rules installed and reloaded by `rules`.
 fn start_broker(settings: &Settings, rules: authz::Reloader) -> Broker {
     let broker = Broker::new(settings.broker.clone());
+    statehub_broker::sys::spawn(&broker, concat!("statehub ", env!("CARGO_PKG_VERSION")));
     broker.set_policy(settings.authorization.policy.clone());
     tracing::info!("{}", settings.authorization.summary());
     tokio::spawn(rules.run(broker.clone(), broker.shutdown_token()));
