@@ -145,9 +145,26 @@ try {
     await has('#watch-log', 'dash/watched: (absent)');
     await step('set', { key: 'dash/watched', value: 'changed-by-mqtt' });
     await has('#watch-log', 'dash/watched = changed-by-mqtt @ ');
+  });
+
+  await check('watch shows every one of quick changes, with versions, and the delete', async () => {
+    // Set five times in a row then deleted by the test's state store client, all
+    // well within the half second a poll would have taken.
+    const values = ['burst-1', 'burst-2', 'burst-3', 'burst-4', 'burst-5'];
+    await step('burst', { key: 'dash/watched', values });
+    await has('#watch-count', '7 changes since watching');
+    const lines = await page.evaluate(() =>
+      [...document.querySelectorAll('#watch-log li')].map((li) => li.textContent));
+    const shown = lines.filter((l) => /dash\/watched( = |: )/.test(l));
+    const want = ['(absent)', 'changed-by-mqtt', ...values, '(absent)'];
+    if (shown.length !== want.length) throw new Error(`log: ${JSON.stringify(lines)}`);
+    shown.forEach((line, i) => {
+      if (!line.includes(want[i])) throw new Error(`line ${i} is ${line}, not ${want[i]}`);
+      if (i > 0 && !/ @ \d{15}:\d{5}:/.test(line)) throw new Error(`no version: ${line}`);
+    });
     await page.fill('#scan-pattern', 'dash/*');
     await page.click('#scan-form button[type=submit]');
-    await has('#scan-keys', 'dash/watched');
+    await has('#scan-keys', 'dash/seeded');
     await page.click('#scan-keys button:text-is("dash/seeded")');
     await has('#key-view', 'from-mqtt');
     await shot('store');

@@ -1,9 +1,10 @@
 """paho-mqtt's websockets transport against statehub's MQTT over WebSocket (run by
 crates/statehub/tests/mqtt_ws_clients.rs, which starts statehub).
 
-    python paho_ws.py HTTP_HOST:PORT MQTT_HOST:PORT
+    python paho_ws.py HTTP_HOST:PORT MQTT_HOST:PORT [CA_FILE]
 
-QoS 0/1/2 and a retained message over ws:// (MQTT 5 and 3.1.1), a paho TCP client and
+QoS 0/1/2 and a retained message over ws:// (over wss:// trusting CA_FILE if given)
+(MQTT 5 and 3.1.1), a paho TCP client and
 a paho WebSocket client exchanging messages, and a session taken over from TCP to
 WebSocket. Prints `RESULT {"passed": n, "failed": [...]}` and exits 0 only if every
 check passed.
@@ -20,6 +21,7 @@ from paho.mqtt.properties import Properties
 WAIT = 30.0
 HTTP = sys.argv[1].rsplit(":", 1)
 TCP = sys.argv[2].rsplit(":", 1)
+CA = sys.argv[3] if len(sys.argv) > 3 else None
 
 passed = []
 failed = []
@@ -51,6 +53,8 @@ class Client:
         self.c.on_message = lambda c, u, m: self.messages.put(m)
         if transport == "websockets":
             self.c.ws_set_options(path="/mqtt")
+            if CA is not None:
+                self.c.tls_set(ca_certs=CA)
             host, port = HTTP
         else:
             host, port = TCP

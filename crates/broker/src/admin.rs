@@ -143,7 +143,7 @@ impl Taps {
                 tracing::info!(
                     filter = tap.filter,
                     left_out,
-                    "tap dropped: its reader fell behind (admin topic tail)"
+                    "tap dropped: its reader fell behind (an admin topic tail or watch)"
                 );
             }
         }

@@ -132,3 +132,26 @@ async fn dropped_tap_is_removed() {
     assert_eq!(broker.inner_taps().len(), 0);
     broker.publish(message("x"));
 }
+
+/// A message delivered to one client (a state store notification) reaches the taps
+/// on its topic, even when the client has no session: how an in-process observer
+/// reads notifications.
+#[tokio::test]
+async fn tap_sees_messages_delivered_to_a_client_without_a_session() {
+    let broker = Broker::new(BrokerConfig::default());
+    let mut tap = broker.tap("notify/+", 4).unwrap();
+    let publish = statehub_mqtt_codec::Publish {
+        dup: false,
+        qos: QoS::AtLeastOnce,
+        retain: false,
+        topic: "notify/k".into(),
+        packet_id: None,
+        payload: Bytes::from_static(b"v"),
+        properties: PublishProperties::default(),
+    };
+    assert!(broker.deliver_to("no-session", publish).is_err());
+    match tap.recv().await {
+        Some(Tapped::Message(m)) => assert_eq!(&*m.topic, "notify/k"),
+        other => panic!("expected the delivered message, got {other:?}"),
+    }
+}

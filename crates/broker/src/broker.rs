@@ -239,12 +239,15 @@ impl Broker {
     }
 
     /// Publishes into one client's session, with or without a matching subscription
-    /// (the service answer path). The message is delivered once.
+    /// (the service answer path). The message is delivered once. Taps on its topic
+    /// see it too, session or not: an in-process observer (the dashboard's watch of a
+    /// key) has no session and reads its notifications from a tap.
     pub fn deliver_to(&self, client_id: &str, publish: Publish) -> Result<(), DeliverError> {
+        let msg = Arc::new(Message::from_publish(publish, None, self.now()));
+        self.inner.taps.feed(&msg);
         let session = self
             .session(client_id)
             .ok_or_else(|| DeliverError::NoSession(client_id.to_owned()))?;
-        let msg = Arc::new(Message::from_publish(publish, None, self.now()));
         let d = Delivery::new(msg.clone(), msg.qos, msg.retain, Vec::new());
         let outcome = session.enqueue(d, &self.inner.limits, self.now());
         self.count(&session, outcome);
@@ -297,6 +300,10 @@ impl Broker {
             None => {
                 retained.remove(&msg.topic);
             }
+        }
+        // `$SYS` values are remade by the running broker: never kept on disk.
+        if crate::sys::is_sys(&msg.topic) {
+            return None;
         }
         let store = self.inner.retain_store.read();
         store.as_ref().map(|s| s.record(msg, self.now()))

@@ -105,6 +105,10 @@ pub struct BrokerConfig {
     /// second's worth; past it the connection is closed with DISCONNECT 0x96 Message
     /// rate too high (3.1.1: closed). 0: no limit.
     pub max_publish_rate: u32,
+    /// Seconds between updates of the `$SYS/broker/...` topics (Mosquitto's names and
+    /// `sys_interval`), retained messages the broker publishes from its counters. 0:
+    /// no `$SYS` topics.
+    pub sys_interval_secs: u64,
 }
 
 /// What a QoS 1/2 message for an offline session meets when the session's queue
@@ -176,6 +180,7 @@ impl Default for BrokerConfig {
             connect_rate_per_address: 100,
             connect_burst_per_address: 5000,
             max_publish_rate: 0,
+            sys_interval_secs: 0,
         }
     }
 }

@@ -44,6 +44,7 @@ mod session;
 mod session_store;
 mod session_table;
 mod signal;
+pub mod sys;
 pub mod topic;
 mod transport;
 mod trie;

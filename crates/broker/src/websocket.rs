@@ -1,4 +1,5 @@
-//! MQTT over WebSocket: the broker's side of a socket another server upgraded.
+//! MQTT over WebSocket: the broker's side of a socket another server upgraded, plain
+//! (`ws://`) or in a TLS session (`wss://`).
 //!
 //! The HTTP server (the binary's) answers the WebSocket handshake and hands the
 //! socket over; from then on it is an MQTT connection like one from the TCP
@@ -15,7 +16,8 @@ use tokio::net::TcpStream;
 use crate::auth::Authenticator;
 use crate::connection;
 use crate::pending::Pending;
-use crate::transport::ws::{Hold, Limits, WsStream};
+use crate::transport::tls::TlsStream;
+use crate::transport::ws::{Hold, Limits, Wire, WsStream};
 use crate::Broker;
 
 pub use crate::transport::ws::Refusals as WebSocketRefusals;
@@ -71,18 +73,43 @@ impl WebSocketEndpoint {
     /// already read; `hold` is dropped when the socket is closed (after its lingering
     /// close: the HTTP server's slot for it). Never panics on peer input.
     pub async fn serve(&self, tcp: TcpStream, read: Bytes, hold: impl Send + Sync + 'static) {
-        let Ok(peer) = tcp.peer_addr() else { return };
-        let _ = tcp.set_nodelay(true);
-        let Some(admission) = self.pending.admit(peer.ip(), self.broker.metrics()) else {
+        let Ok(addr) = tcp.peer_addr() else { return };
+        self.serve_on(tcp, crate::auth::Peer::plain(addr), read, Box::new(hold))
+            .await;
+    }
+
+    /// As [`WebSocketEndpoint::serve`], for a WebSocket over TLS (`wss://`): `tls` is
+    /// the session the HTTPS server established on `tcp` (its handshake, the HTTP
+    /// upgrade); `read` is the plaintext the HTTP server read past the upgrade. A
+    /// client certificate the session verified authenticates as on an MQTT listener.
+    pub async fn serve_tls(
+        &self,
+        tcp: TcpStream,
+        tls: rustls::ServerConnection,
+        read: Bytes,
+        hold: impl Send + Sync + 'static,
+    ) {
+        let Ok(addr) = tcp.peer_addr() else { return };
+        let stream = TlsStream::from_parts(tcp, tls);
+        let peer = crate::auth::Peer {
+            addr,
+            tls: true,
+            certificates: stream.peer_certificates(),
+        };
+        self.serve_on(stream, peer, read, Box::new(hold)).await;
+    }
+
+    async fn serve_on<W: Wire>(&self, wire: W, peer: crate::auth::Peer, read: Bytes, hold: Hold) {
+        let _ = wire.tcp().set_nodelay(true);
+        let Some(admission) = self.pending.admit(peer.addr.ip(), self.broker.metrics()) else {
             return;
         };
-        let hold: Hold = Box::new(hold);
         let refusals = Arc::clone(&self.refusals);
-        let stream = WsStream::new(tcp, read, self.limits, refusals, hold);
+        let stream = WsStream::new(wire, read, self.limits, refusals, hold);
         Box::pin(connection::serve(
             self.broker.clone(),
             stream,
-            crate::auth::Peer::plain(peer),
+            peer,
             admission,
             self.authenticator
                 .clone()

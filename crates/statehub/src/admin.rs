@@ -17,6 +17,7 @@
 mod api;
 mod live;
 mod store;
+mod watch;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -59,8 +60,12 @@ pub struct AdminConfig {
     pub page_limit: usize,
     /// Bytes of a state store value shown (the rest is cut, and said so).
     pub value_bytes: usize,
-    /// How often a watched key is read, in milliseconds.
-    pub watch_interval_ms: u64,
+    /// Watched keys open at once, all viewers together (each also takes one of
+    /// `max_streams`); past it a new one is answered 429.
+    pub max_watches: usize,
+    /// Changes a watch holds for a viewer that has not read them; past it the viewer
+    /// is told and its stream ends.
+    pub watch_buffer_events: usize,
 }
 
 impl Default for AdminConfig {
@@ -72,7 +77,8 @@ impl Default for AdminConfig {
             tail_payload_bytes: 4096,
             page_limit: 200,
             value_bytes: 64 * 1024,
-            watch_interval_ms: 500,
+            max_watches: 8,
+            watch_buffer_events: 256,
         }
     }
 }
@@ -107,7 +113,8 @@ impl AdminConfig {
             ("max_streams", self.max_streams),
             ("tail_buffer_messages", self.tail_buffer_messages),
             ("page_limit", self.page_limit),
-            ("watch_interval_ms", self.watch_interval_ms as usize),
+            ("max_watches", self.max_watches),
+            ("watch_buffer_events", self.watch_buffer_events),
         ] {
             if value == 0 {
                 return Err(AdminConfigError::Zero(name));
@@ -132,6 +139,7 @@ struct Inner {
     wps: Option<WebPubSub>,
     started: Instant,
     streams: AtomicUsize,
+    watches: AtomicUsize,
 }
 
 /// An admin API error: a status and a JSON `{"error": ...}` body.
@@ -141,6 +149,10 @@ pub(crate) struct ApiError(StatusCode, String);
 impl ApiError {
     pub(crate) fn new(status: StatusCode, text: impl Into<String>) -> ApiError {
         ApiError(status, text.into())
+    }
+
+    pub(crate) fn message(&self) -> &str {
+        &self.1
     }
 }
 
@@ -180,6 +192,7 @@ pub fn router(config: &AdminConfig, broker: Broker, wps: Option<WebPubSub>) -> R
         .route("/admin/api/wps/send", post(api::send))
         .merge(store::routes())
         .merge(live::routes())
+        .merge(watch::routes())
         .route(
             "/admin/api/{*rest}",
             get(no_route).post(no_route).put(no_route).delete(no_route),
@@ -276,6 +289,7 @@ impl Admin {
                 wps,
                 started: Instant::now(),
                 streams: AtomicUsize::new(0),
+                watches: AtomicUsize::new(0),
             }),
         }
     }
@@ -327,6 +341,26 @@ impl Admin {
         Ok(StreamSlot(self.clone()))
     }
 
+    /// A place among the watched keys (and the live streams), held until the guard
+    /// drops; 429 past `max_watches`.
+    pub(crate) fn open_watch(&self) -> Result<WatchSlot, ApiError> {
+        let stream = self.open_stream()?;
+        let max = self.inner.config.max_watches;
+        self.inner
+            .watches
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < max).then_some(n + 1)
+            })
+            .map_err(|_| {
+                tracing::info!("admin watch refused with 429: {max} open ([admin] max_watches)");
+                ApiError::new(
+                    StatusCode::TOO_MANY_REQUESTS,
+                    format!("{max} keys are watched already ([admin] max_watches)"),
+                )
+            })?;
+        Ok(WatchSlot(stream))
+    }
+
     pub(crate) fn open_streams(&self) -> usize {
         self.inner.streams.load(Ordering::Acquire)
     }
@@ -339,6 +373,16 @@ pub(crate) struct StreamSlot(Admin);
 impl Drop for StreamSlot {
     fn drop(&mut self) {
         self.0.inner.streams.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// A watched key's place (see [`Admin::open_watch`]), with its stream's.
+#[derive(Debug)]
+pub(crate) struct WatchSlot(StreamSlot);
+
+impl Drop for WatchSlot {
+    fn drop(&mut self) {
+        self.0 .0.inner.watches.fetch_sub(1, Ordering::AcqRel);
     }
 }
 

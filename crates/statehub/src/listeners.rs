@@ -105,12 +105,17 @@ impl Security {
         Ok(Some(self.tls(what, files, alpn)?))
     }
 
-    /// How MQTT over WebSocket authenticates: as the first MQTT listener does, but
-    /// without client certificates, which the HTTP listener asks for none of.
-    pub fn websocket_auth(&self, listeners: &[ListenerSettings]) -> Option<Arc<dyn Authenticator>> {
+    /// How MQTT over WebSocket authenticates: as the first MQTT listener does, with
+    /// client certificates only if the HTTP listener asks for them (`client_certs`:
+    /// its TLS has a client CA).
+    pub fn websocket_auth(
+        &self,
+        listeners: &[ListenerSettings],
+        client_certs: bool,
+    ) -> Option<Arc<dyn Authenticator>> {
         let first = listeners.first()?;
         let settings = ListenerSettings {
-            x509: false,
+            x509: client_certs,
             ..first.clone()
         };
         Some(Arc::new(self.listener_auth(&settings)))

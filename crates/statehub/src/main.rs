@@ -164,7 +164,12 @@ async fn serve(mut settings: Settings) -> std::io::Result<()> {
     .await
     .map_err(|e| invalid(&e))?;
     let (http, http_tls) = bind_http(&settings, &mut security).await?;
-    let ws_auth = security.websocket_auth(&settings.mqtt_listeners);
+    let client_certs = settings
+        .http
+        .tls
+        .as_ref()
+        .is_some_and(|t| t.client_ca.is_some());
+    let ws_auth = security.websocket_auth(&settings.mqtt_listeners, client_certs);
     let reloader = security.spawn_reloader(shutdown.clone());
     let signals = tokio::spawn(signals.cancel_on_signal(shutdown.clone()));
     let grace = Duration::from_secs(settings.shutdown_grace_secs);
@@ -183,10 +188,10 @@ async fn serve(mut settings: Settings) -> std::io::Result<()> {
         wps.clone(),
     ));
     let wps_task = http::shut_down_with(wps, shutdown.clone(), grace);
-    let router = match (settings.http.mqtt_websocket, http_tls.is_some()) {
-        (true, false) => http::mqtt_ws::mount(router, &broker, workers.handles(), ws_auth),
-        (true, true) => http::mqtt_ws::mount_unavailable_over_tls(router),
-        (false, _) => router,
+    let router = if settings.http.mqtt_websocket {
+        http::mqtt_ws::mount(router, &broker, workers.handles(), ws_auth)
+    } else {
+        router
     };
     let http_limits = http::Limits::new(&settings.http, descriptors.per_listener());
     // Every listener is bound and the data directory is loaded: ready before the first
@@ -224,6 +229,7 @@ async fn serve(mut settings: Settings) -> std::io::Result<()> {
 /// The broker, with the authorization rules installed and reloaded by `rules`.
 fn start_broker(settings: &Settings, rules: authz::Reloader) -> Broker {
     let broker = Broker::new(settings.broker.clone());
+    statehub_broker::sys::spawn(&broker, concat!("statehub ", env!("CARGO_PKG_VERSION")));
     broker.set_policy(settings.authorization.policy.clone());
     tracing::info!("{}", settings.authorization.summary());
     tokio::spawn(rules.run(broker.clone(), broker.shutdown_token()));

@@ -1,8 +1,9 @@
 //! The web dashboard in a real headless Chromium (Debian's `chromium`, driven by
 //! `playwright-core` from `tests/dashboard/dashboard.mjs`), against the binary with
 //! real clients: a rumqttc device that is listed and disconnected (0x98), the state
-//! store used over MQTT (a key set before the browser scans it, a change the browser's
-//! watch must see, the browser's SET and DEL checked by GET), a Web PubSub client
+//! store used over MQTT (a key set before the browser scans it, changes the browser's
+//! watch must each see, quick ones and a delete too, the browser's SET and DEL checked
+//! by GET), a Web PubSub client
 //! that must receive the browser's group message, and a rumqttc publish the topic
 //! tail must show. The script asks for each of those with a `STEP` line; this side
 //! answers `OK` once done or checked.
@@ -183,6 +184,23 @@ impl Clients {
                 (answer.payload == b"+OK\r\n")
                     .then_some(())
                     .ok_or_else(|| format!("SET answered {:?}", answer.payload))
+            }
+            "burst" => {
+                let key = s("key");
+                for value in data["values"].as_array().into_iter().flatten() {
+                    let value = value.as_str().unwrap_or_default();
+                    let answer = self
+                        .store
+                        .call(&[b"SET", key.as_bytes(), value.as_bytes()])
+                        .await;
+                    if answer.payload != b"+OK\r\n" {
+                        return Err(format!("SET answered {:?}", answer.payload));
+                    }
+                }
+                let answer = self.store.call(&[b"DEL", key.as_bytes()]).await;
+                (answer.payload == b":1\r\n")
+                    .then_some(())
+                    .ok_or_else(|| format!("DEL answered {:?}", answer.payload))
             }
             "wps-received" => match timeout(PATIENCE, self.wps.recv()).await {
                 Ok(Some(text)) if text == s("text") => Ok(()),

@@ -1,9 +1,10 @@
 //! Real MQTT clients over WebSocket against the binary: MQTT.js (Node.js, the `mqtt`
 //! package of `tests/mqtt-ws/`) and paho-mqtt's websockets transport (Python, `.venv`),
 //! each with QoS 0/1/2, a retained message, a TCP client exchanging messages with a
-//! WebSocket one, and a session taken over from TCP to WebSocket. The TCP side is
-//! rumqttc here for MQTT.js, paho itself for paho. `scripts/install-test-deps.sh`
-//! installs both clients.
+//! WebSocket one, and a session taken over from TCP to WebSocket; each over `ws://` and
+//! over `wss://` (an HTTPS listener with a test CA made here by rcgen; a client that
+//! does not trust it is refused). The TCP side is rumqttc here for MQTT.js, paho itself
+//! for paho. `scripts/install-test-deps.sh` installs both clients.
 
 mod common;
 
@@ -17,6 +18,7 @@ use common::{start, Server};
 use rumqttc::v5::mqttbytes::v5::{ConnectProperties, Disconnect, DisconnectReasonCode, Packet};
 use rumqttc::v5::mqttbytes::QoS;
 use rumqttc::v5::{AsyncClient, ConnectionError, Event, EventLoop, MqttOptions, StateError};
+use statehub_auth::testing::TestCa;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 
 /// Generous: a loaded machine runs everything several times slower.
@@ -36,6 +38,44 @@ fn start_local() -> Server {
     start(&args, &[])
 }
 
+/// An HTTPS listener's certificate (for `localhost` and 127.0.0.1) and its CA, in files.
+struct Pki {
+    dir: tempfile::TempDir,
+}
+
+impl Pki {
+    fn new() -> Pki {
+        let dir = tempfile::tempdir().unwrap();
+        let ca = TestCa::new("statehub test CA");
+        let server = ca.server();
+        std::fs::write(dir.path().join("ca.pem"), &ca.cert).unwrap();
+        std::fs::write(dir.path().join("server.crt"), &server.cert).unwrap();
+        std::fs::write(dir.path().join("server.key"), &server.key).unwrap();
+        Pki { dir }
+    }
+
+    fn path(&self, name: &str) -> String {
+        self.dir.path().join(name).display().to_string()
+    }
+
+    /// The binary with its HTTP listener over TLS (`wss://`).
+    fn start(&self) -> Server {
+        let (cert, key) = (self.path("server.crt"), self.path("server.key"));
+        let args = [
+            "--mqtt-listen",
+            "127.0.0.1:0",
+            "--http-listen",
+            "127.0.0.1:0",
+            "--http-tls",
+            "--tls-cert",
+            &cert,
+            "--tls-key",
+            &key,
+        ];
+        start(&args, &[])
+    }
+}
+
 /// A script's process and its stdout, line by line.
 struct Script {
     child: Child,
@@ -46,8 +86,13 @@ struct Script {
 
 impl Script {
     fn spawn(program: &Path, args: &[&str]) -> Script {
+        Script::spawn_with(program, args, &[])
+    }
+
+    fn spawn_with(program: &Path, args: &[&str], env: &[(&str, &str)]) -> Script {
         let mut child = Command::new(program)
             .args(args)
+            .envs(env.iter().copied())
             .current_dir(scripts())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -182,17 +227,59 @@ async fn until<T>(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mqttjs_over_websocket_with_a_rumqttc_peer_over_tcp() {
+    let server = start_local();
+    let url = format!("ws://{}/mqtt", server.http);
+    let script = Script::spawn(Path::new("node"), &["mqttjs.mjs", &url]);
+    mqttjs_with_a_tcp_peer(&server, script).await;
+}
+
+/// MQTT.js over `wss://`, trusting the test CA (`NODE_EXTRA_CA_CERTS`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mqttjs_over_secure_websocket_with_a_rumqttc_peer_over_tcp() {
+    let pki = Pki::new();
+    let server = pki.start();
+    let url = format!("wss://127.0.0.1:{}/mqtt", server.http.port());
+    let ca = pki.path("ca.pem");
+    let env = [("NODE_EXTRA_CA_CERTS", ca.as_str())];
+    let script = Script::spawn_with(Path::new("node"), &["mqttjs.mjs", &url], &env);
+    mqttjs_with_a_tcp_peer(&server, script).await;
+}
+
+/// MQTT.js without the test CA: the TLS handshake fails, no CONNECT is sent.
+#[test]
+fn mqttjs_refuses_a_wss_server_it_does_not_trust() {
+    let pki = Pki::new();
+    let server = pki.start();
+    let url = format!("wss://127.0.0.1:{}/mqtt", server.http.port());
+    let script = "import mqtt from 'mqtt';\n\
+        const c = mqtt.connect(process.argv[1], { reconnectPeriod: 0, connectTimeout: 30000 });\n\
+        c.on('connect', () => { console.log('CONNECTED'); process.exit(0); });\n\
+        c.on('error', (e) => { console.log('ERROR ' + e.code); process.exit(0); });";
+    let out = Command::new("node")
+        .args(["--input-type=module", "-e", script, &url])
+        .current_dir(scripts())
+        .env_remove("NODE_EXTRA_CA_CERTS")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let detail = String::from_utf8_lossy(&out.stderr);
+    // UNABLE_TO_VERIFY_LEAF_SIGNATURE, or another verification failure.
+    let untrusted = ["CERT", "VERIFY", "SIGNATURE"]
+        .iter()
+        .any(|code| text.contains(code));
+    assert!(text.starts_with("ERROR ") && untrusted, "{text} {detail}");
+}
+
+async fn mqttjs_with_a_tcp_peer(server: &Server, mut script: Script) {
     let dir = scripts();
     assert!(
         dir.join("node_modules/mqtt").is_dir(),
         "MQTT.js is not installed in {}: run scripts/install-test-deps.sh",
         dir.display()
     );
-    let server = start_local();
-    let url = format!("ws://{}/mqtt", server.http);
-    let mut script = Script::spawn(Path::new("node"), &["mqttjs.mjs", &url]);
 
-    let (tcp, mut tcp_events) = tcp_client(&server, "tcp-peer", false).await;
+    let (tcp, mut tcp_events) = tcp_client(server, "tcp-peer", false).await;
     until(&mut tcp_events, "CONNACK", |p| {
         matches!(p, Packet::ConnAck(_)).then_some(())
     })
@@ -216,7 +303,7 @@ async fn mqttjs_over_websocket_with_a_rumqttc_peer_over_tcp() {
     .await;
     assert_eq!(&payload[..], b"hello tcp");
 
-    let (moved, mut moved_events) = tcp_client(&server, "moved", true).await;
+    let (moved, mut moved_events) = tcp_client(server, "moved", true).await;
     until(&mut moved_events, "CONNACK", |p| {
         matches!(p, Packet::ConnAck(_)).then_some(())
     })
@@ -239,8 +326,7 @@ async fn mqttjs_over_websocket_with_a_rumqttc_peer_over_tcp() {
         .unwrap();
 }
 
-#[test]
-fn paho_over_websocket_with_paho_over_tcp() {
+fn python() -> PathBuf {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     let python = root.join(".venv/bin/python");
     assert!(
@@ -248,9 +334,26 @@ fn paho_over_websocket_with_paho_over_tcp() {
         "{} is missing: run scripts/install-test-deps.sh",
         python.display()
     );
+    python
+}
+
+#[test]
+fn paho_over_websocket_with_paho_over_tcp() {
     let server = start_local();
     let http = server.http.to_string();
     let mqtt = server.mqtt.to_string();
-    let script = Script::spawn(&python, &["paho_ws.py", &http, &mqtt]);
+    let script = Script::spawn(&python(), &["paho_ws.py", &http, &mqtt]);
+    script.finish();
+}
+
+/// paho's websockets transport over TLS (`tls_set` with the test CA).
+#[test]
+fn paho_over_secure_websocket_with_paho_over_tcp() {
+    let pki = Pki::new();
+    let server = pki.start();
+    let http = server.http.to_string();
+    let mqtt = server.mqtt.to_string();
+    let ca = pki.path("ca.pem");
+    let script = Script::spawn(&python(), &["paho_ws.py", &http, &mqtt, &ca]);
     script.finish();
 }

@@ -41,6 +41,11 @@ impl TlsStream {
     pub async fn accept(tcp: TcpStream, config: Arc<rustls::ServerConfig>) -> io::Result<Self> {
         let stream = tokio_rustls::TlsAcceptor::from(config).accept(tcp).await?;
         let (tcp, tls) = stream.into_inner();
+        Ok(TlsStream::from_parts(tcp, tls))
+    }
+
+    /// An established session another server ran the handshake (and maybe more) of.
+    pub fn from_parts(tcp: TcpStream, tls: ServerConnection) -> Self {
         let mut stream = TlsStream {
             tcp,
             tls: Box::new(tls),
@@ -48,7 +53,38 @@ impl TlsStream {
         };
         // Application data sent with the handshake's last flight is already in rustls.
         stream.buffered = stream.has_plaintext();
-        Ok(stream)
+        stream
+    }
+
+    /// The socket under the session.
+    pub fn tcp(&self) -> &TcpStream {
+        &self.tcp
+    }
+
+    /// Copies decrypted bytes into `out` without waiting: how many (`Ok(0)` at the end
+    /// of the stream), or `WouldBlock`.
+    pub fn try_read(&mut self, out: &mut [u8]) -> io::Result<usize> {
+        let mut eof = false;
+        loop {
+            match self.tls.reader().read(out) {
+                Ok(n) => {
+                    self.buffered = n > 0 && self.has_plaintext();
+                    return Ok(n);
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => self.buffered = false,
+                // The peer closed the socket without close_notify.
+                Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(0),
+                Err(e) => return Err(e),
+            }
+            if eof {
+                return Ok(0);
+            }
+            eof = self.read_records()? == 0;
+            // A key update or an alert rustls wants to answer.
+            if self.tls.wants_write() {
+                let _ = self.try_flush();
+            }
+        }
     }
 
     /// The certificate chain the client presented (and the verifier accepted).
@@ -92,32 +128,12 @@ impl Transport for TlsStream {
     }
 
     fn try_read_buf(&mut self, buf: &mut BytesMut) -> io::Result<usize> {
-        let mut eof = false;
-        loop {
-            let start = buf.len();
-            let room = (buf.capacity() - start).clamp(1, READ_MAX);
-            buf.resize(start + room, 0);
-            let read = self.tls.reader().read(&mut buf[start..]);
-            buf.truncate(start + *read.as_ref().unwrap_or(&0));
-            match read {
-                Ok(n) => {
-                    self.buffered = n > 0 && self.has_plaintext();
-                    return Ok(n);
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => self.buffered = false,
-                // The peer closed the socket without close_notify.
-                Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(0),
-                Err(e) => return Err(e),
-            }
-            if eof {
-                return Ok(0);
-            }
-            eof = self.read_records()? == 0;
-            // A key update or an alert rustls wants to answer.
-            if self.tls.wants_write() {
-                let _ = self.try_flush();
-            }
-        }
+        let start = buf.len();
+        let room = (buf.capacity() - start).clamp(1, READ_MAX);
+        buf.resize(start + room, 0);
+        let read = self.try_read(&mut buf[start..]);
+        buf.truncate(start + *read.as_ref().unwrap_or(&0));
+        read
     }
 
     fn try_write(&mut self, buf: &[u8]) -> io::Result<usize> {

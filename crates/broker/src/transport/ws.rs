@@ -8,7 +8,8 @@
 //! stream. A text message is refused with close 1003 [MQTT-6.0.0-1].
 //!
 //! tungstenite does the framing on the socket's own readiness (`try_read` and
-//! `try_write`, as the TLS transport does with rustls): it bounds every frame and
+//! `try_write`, as the TLS transport does with rustls), over a plain socket (`ws://`)
+//! or a TLS session on one (`wss://`, a [`Wire`] too): it bounds every frame and
 //! message ([`Limits`]), answers pings and drives the closing handshake. Memory per
 //! connection: tungstenite's read buffer ([`READ_CHUNK`], plus the frame being read),
 //! at most one received message not yet read by the connection, and at most one
@@ -26,6 +27,7 @@ use tungstenite::protocol::frame::coding::CloseCode;
 use tungstenite::protocol::{CloseFrame, Role, WebSocketConfig};
 use tungstenite::{Message, WebSocket};
 
+use super::tls::TlsStream;
 use super::Transport;
 use crate::ratelimit::LogLimit;
 
@@ -79,10 +81,39 @@ pub struct Refusals {
     pub protocol: AtomicU64,
 }
 
+/// What a WebSocket runs on: a socket, or a TLS session on one.
+pub(crate) trait Wire: Transport + std::fmt::Debug {
+    /// Reads what is there now into `buf`: `Ok(0)` at the end, `WouldBlock` if nothing.
+    fn try_read(&mut self, buf: &mut [u8]) -> io::Result<usize>;
+
+    /// The socket (for its address, and to drain it when closing).
+    fn tcp(&self) -> &TcpStream;
+}
+
+impl Wire for TcpStream {
+    fn try_read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        TcpStream::try_read(self, buf)
+    }
+
+    fn tcp(&self) -> &TcpStream {
+        self
+    }
+}
+
+impl Wire for TlsStream {
+    fn try_read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        TlsStream::try_read(self, buf)
+    }
+
+    fn tcp(&self) -> &TcpStream {
+        TlsStream::tcp(self)
+    }
+}
+
 /// A WebSocket carrying MQTT, server side, on an upgraded socket.
 #[derive(Debug)]
-pub(crate) struct WsStream {
-    ws: WebSocket<Socket>,
+pub(crate) struct WsStream<W: Wire = TcpStream> {
+    ws: WebSocket<Socket<W>>,
     /// The rest of a received message the connection has not read yet.
     pending: Bytes,
     /// tungstenite may hold frames already read from the socket: readable at once.
@@ -100,17 +131,11 @@ pub(crate) struct WsStream {
 /// What the caller keeps alive for as long as the socket is open.
 pub type Hold = Box<dyn std::any::Any + Send + Sync>;
 
-impl WsStream {
+impl<W: Wire> WsStream<W> {
     /// `read` holds what the client sent after its handshake and the HTTP server read.
-    pub fn new(
-        tcp: TcpStream,
-        read: Bytes,
-        limits: Limits,
-        refusals: Arc<Refusals>,
-        hold: Hold,
-    ) -> Self {
+    pub fn new(wire: W, read: Bytes, limits: Limits, refusals: Arc<Refusals>, hold: Hold) -> Self {
         let ws = WebSocket::from_partially_read(
-            Socket(Some(tcp)),
+            Socket(Some(wire)),
             read.to_vec(),
             Role::Server,
             Some(limits.config()),
@@ -199,25 +224,29 @@ impl WsStream {
             if !self.unflushed {
                 return Ok(());
             }
-            self.tcp()?.writable().await?;
+            self.wire()?.writable().await?;
         }
     }
 
+    fn wire(&self) -> io::Result<&W> {
+        self.ws.get_ref().wire()
+    }
+
     fn tcp(&self) -> io::Result<&TcpStream> {
-        self.ws.get_ref().tcp()
+        Ok(self.wire()?.tcp())
     }
 }
 
-impl Transport for WsStream {
+impl<W: Wire> Transport for WsStream<W> {
     async fn readable(&self) -> io::Result<()> {
         if self.buffered || self.failed.is_some() || !self.pending.is_empty() {
             return Ok(());
         }
-        self.tcp()?.readable().await
+        self.wire()?.readable().await
     }
 
     async fn writable(&self) -> io::Result<()> {
-        self.tcp()?.writable().await
+        self.wire()?.writable().await
     }
 
     fn try_read_buf(&mut self, buf: &mut BytesMut) -> io::Result<usize> {
@@ -299,7 +328,7 @@ impl Transport for WsStream {
         while !buf.is_empty() {
             match self.try_write(buf) {
                 Ok(n) => buf = &buf[n..],
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => self.tcp()?.writable().await?,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => self.wire()?.writable().await?,
                 Err(e) => return Err(e),
             }
         }
@@ -314,16 +343,19 @@ impl Transport for WsStream {
                 reason: "".into(),
             }));
         }
-        // A client that does not read cannot hold the connection open.
+        // A client that does not read cannot hold the connection open (TLS flushes its
+        // close_notify the same way).
         let _ = tokio::time::timeout(CLOSE_FLUSH, self.flush()).await;
         match &mut self.ws.get_mut().0 {
-            Some(tcp) => tokio::io::AsyncWriteExt::shutdown(tcp).await,
+            Some(wire) => tokio::time::timeout(CLOSE_FLUSH, wire.shutdown())
+                .await
+                .unwrap_or(Ok(())),
             None => Ok(()),
         }
     }
 }
 
-impl Drop for WsStream {
+impl<W: Wire> Drop for WsStream<W> {
     /// Closes the way the HTTP listener does: a close frame if none was sent (a client
     /// that never sent CONNECT), then a lingering close, so that unread input (the
     /// rest of a refused message) does not make the kernel reset the connection and
@@ -335,58 +367,79 @@ impl Drop for WsStream {
                 reason: "".into(),
             }));
         }
-        let Some(tcp) = self.ws.get_mut().0.take() else {
+        let Some(wire) = self.ws.get_mut().0.take() else {
             return;
         };
         let hold = self.hold.take();
         // Outside a runtime (the process is exiting) the socket just closes.
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            runtime.spawn(linger(tcp, hold));
+            runtime.spawn(linger(wire, hold));
         }
     }
 }
 
-/// Shuts the socket down for writing and drains its input until the peer closes or
-/// [`LINGER`] passes; `hold` is released when the socket closes.
-async fn linger(mut tcp: TcpStream, hold: Option<Hold>) {
-    use tokio::io::AsyncReadExt as _;
+/// Shuts the socket down for writing (after TLS's close_notify) and drains its input
+/// until the peer closes or [`LINGER`] passes; `hold` is released when it closes.
+async fn linger<W: Wire>(mut wire: W, hold: Option<Hold>) {
     let _ = tokio::time::timeout(LINGER, async {
         // Already shut down after a closing handshake: drain all the same.
-        let _ = tokio::io::AsyncWriteExt::shutdown(&mut tcp).await;
+        let _ = wire.shutdown().await;
+        let tcp = wire.tcp();
         let mut sink = [0u8; 2048];
-        while let Ok(1..) = tcp.read(&mut sink).await {}
+        loop {
+            if tcp.readable().await.is_err() {
+                return;
+            }
+            match tcp.try_read(&mut sink) {
+                Ok(1..) => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Ok(0) | Err(_) => return,
+            }
+        }
     })
     .await;
-    drop(tcp);
+    drop(wire);
     drop(hold);
 }
 
-/// The socket as blocking-style I/O for tungstenite, never blocking: `WouldBlock`
-/// when the socket is not ready (which also clears tokio's readiness for it). Always
-/// set until the drop hands it to [`linger`].
+/// The wire as blocking-style I/O for tungstenite, never blocking: `WouldBlock` when
+/// the socket is not ready (which also clears tokio's readiness for it), or when TLS
+/// records are still waiting for it on a flush. Always set until the drop hands it to
+/// [`linger`].
 #[derive(Debug)]
-struct Socket(Option<TcpStream>);
+struct Socket<W>(Option<W>);
 
-impl Socket {
-    fn tcp(&self) -> io::Result<&TcpStream> {
+impl<W: Wire> Socket<W> {
+    fn wire(&self) -> io::Result<&W> {
         self.0
             .as_ref()
             .ok_or_else(|| io::Error::from(io::ErrorKind::NotConnected))
     }
-}
 
-impl Read for Socket {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        self.tcp()?.try_read(buf)
+    fn wire_mut(&mut self) -> io::Result<&mut W> {
+        self.0
+            .as_mut()
+            .ok_or_else(|| io::Error::from(io::ErrorKind::NotConnected))
     }
 }
 
-impl Write for Socket {
+impl<W: Wire> Read for Socket<W> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.wire_mut()?.try_read(buf)
+    }
+}
+
+impl<W: Wire> Write for Socket<W> {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        self.tcp()?.try_write(buf)
+        self.wire_mut()?.try_write(buf)
     }
 
     fn flush(&mut self) -> io::Result<()> {
+        let wire = self.wire_mut()?;
+        wire.try_flush()?;
+        if wire.wants_write() {
+            return Err(io::ErrorKind::WouldBlock.into());
+        }
         Ok(())
     }
 }

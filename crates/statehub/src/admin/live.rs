@@ -1,5 +1,5 @@
-//! Live streams as Server-Sent Events: a topic tail (a broker tap on a filter) and a
-//! watched key (read every `watch_interval_ms`, an event when its version changes).
+//! Live streams as Server-Sent Events: a topic tail (a broker tap on a filter) here,
+//! and a watched key (`watch.rs`).
 //!
 //! Each stream holds one of `max_streams` places, sends a comment every 15 s so the
 //! HTTP idle timeout leaves it open, and ends at shutdown. A tail viewer that falls
@@ -22,26 +22,24 @@ use serde_json::json;
 use statehub_broker::{Tap, Tapped};
 use tokio_util::sync::CancellationToken;
 
-use super::store::{self, Resp};
+use super::store;
 use super::{Admin, ApiError, StreamSlot};
 
 const KEEP_ALIVE: Duration = Duration::from_secs(15);
 
 pub(super) fn routes() -> Router<Admin> {
-    Router::new()
-        .route("/admin/api/tail", get(tail))
-        .route("/admin/api/store/watch", get(watch))
+    Router::new().route("/admin/api/tail", get(tail))
 }
 
-type Events = Response;
+pub(super) type Events = Response;
 
-fn sse(s: impl Stream<Item = Result<Event, Infallible>> + Send + 'static) -> Events {
+pub(super) fn sse(s: impl Stream<Item = Result<Event, Infallible>> + Send + 'static) -> Events {
     Sse::new(s)
         .keep_alive(KeepAlive::new().interval(KEEP_ALIVE))
         .into_response()
 }
 
-fn event(kind: &str, data: serde_json::Value) -> Result<Event, Infallible> {
+pub(super) fn event(kind: &str, data: serde_json::Value) -> Result<Event, Infallible> {
     Ok(Event::default().event(kind).data(data.to_string()))
 }
 
@@ -107,63 +105,4 @@ async fn tail(State(admin): State<Admin>, Query(q): Query<TailQuery>) -> Result<
         Some((item, st))
     });
     Ok(sse(ready.chain(messages)))
-}
-
-/// A watch's state between reads.
-struct Watch {
-    admin: Admin,
-    key: String,
-    shutdown: CancellationToken,
-    interval: tokio::time::Interval,
-    /// What was last sent: `Some(None)` absent, `Some(Some(version))` a value.
-    last: Option<Option<String>>,
-    _slot: StreamSlot,
-}
-
-/// `GET /admin/api/store/watch?key=`: the key's value now and after every change, as
-/// `value` events (`value`, `version`; `deleted: true` when absent).
-async fn watch(
-    State(admin): State<Admin>,
-    Query(q): Query<store::KeyQuery>,
-) -> Result<Events, ApiError> {
-    let slot = admin.open_stream()?;
-    let mut interval =
-        tokio::time::interval(Duration::from_millis(admin.config().watch_interval_ms));
-    interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let state = Watch {
-        shutdown: admin.broker().shutdown_token(),
-        admin,
-        key: q.key,
-        interval,
-        last: None,
-        _slot: slot,
-    };
-    Ok(sse(stream::unfold(state, |mut st| async move {
-        loop {
-            tokio::select! {
-                () = st.shutdown.cancelled() => return None,
-                _ = st.interval.tick() => {}
-            }
-            let answer = match store::call(&st.admin, &[b"GET", st.key.as_bytes()]).await {
-                Ok(a) => a,
-                Err(_) => continue,
-            };
-            let data = match &answer.reply {
-                Resp::Bulk(v) => json!({
-                    "key": st.key,
-                    "value": store::show(v, st.admin.config().value_bytes),
-                    "version": answer.version,
-                }),
-                _ => json!({"key": st.key, "deleted": true}),
-            };
-            // `None` while absent; a value's version otherwise.
-            let now = matches!(answer.reply, Resp::Bulk(_))
-                .then(|| answer.version.clone().unwrap_or_default());
-            if st.last.as_ref() == Some(&now) {
-                continue;
-            }
-            st.last = Some(now);
-            return Some((event("value", data), st));
-        }
-    })))
 }

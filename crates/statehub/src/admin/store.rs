@@ -58,6 +58,15 @@ fn unavailable(why: impl std::fmt::Display) -> ApiError {
 
 /// Runs one request (`args`, a RESP array of bulk strings) and returns its answer.
 pub(super) async fn call(admin: &Admin, args: &[&[u8]]) -> Result<Answer, ApiError> {
+    call_as(admin, ADMIN_CLIENT_ID, args).await
+}
+
+/// As [`call`], as the client `client_id` (a watch observes keys under its own id).
+pub(super) async fn call_as(
+    admin: &Admin,
+    client_id: &str,
+    args: &[&[u8]],
+) -> Result<Answer, ApiError> {
     let broker = admin.broker();
     let service: Arc<dyn Service> = broker
         .service_for_topic(REQUEST_TOPIC)
@@ -85,11 +94,11 @@ pub(super) async fn call(admin: &Admin, args: &[&[u8]]) -> Result<Answer, ApiErr
     };
     // The dashboard acts with the admin key, which grants every key: no access list.
     let from = ClientInfo {
-        client_id: ADMIN_CLIENT_ID.into(),
+        client_id: client_id.into(),
         protocol: ProtocolVersion::V5,
         access: None,
         principal: std::sync::Arc::new(statehub_broker::Principal {
-            client_id: ADMIN_CLIENT_ID.into(),
+            client_id: client_id.into(),
             ..Default::default()
         }),
     };

@@ -1,12 +1,13 @@
 //! MQTT over WebSocket on the HTTP listener: `GET /mqtt` with subprotocol `mqtt`
 //! (MQTT 5.0 and 3.1.1, section 6; `mqttv3.1`, which older clients offer, is
-//! accepted too).
+//! accepted too), as `ws://` or, on an HTTPS listener, `wss://`.
 //!
-//! The handshake is answered here; the upgraded socket is then taken back from hyper
-//! (with what the client sent after its handshake) and handed, as the TCP listener
-//! does, to one of the MQTT worker runtimes, where the broker serves it as an MQTT
-//! connection (`statehub_broker::WebSocketEndpoint`): same sessions, takeover and
-//! limits as over TCP. The socket keeps its slot under the HTTP connection cap until
+//! The handshake is answered here; the upgraded socket (with its TLS session on an
+//! HTTPS listener) is then taken back from hyper (with what the client sent after its
+//! handshake) and handed, as the TCP listener does, to one of the MQTT worker
+//! runtimes, where the broker serves it as an MQTT connection
+//! (`statehub_broker::WebSocketEndpoint`): same sessions, takeover and limits as over
+//! TCP. The socket keeps its slot under the HTTP connection cap until
 //! it is closed (after its lingering close).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -18,10 +19,15 @@ use axum::http::{header, HeaderMap, HeaderValue, Response, StatusCode};
 use axum::response::IntoResponse;
 use axum::routing::get;
 use axum::Router;
+use bytes::Bytes;
 use hyper::upgrade::OnUpgrade;
 use hyper_util::rt::TokioIo;
+use rustls::ServerConnection;
 use statehub_broker::{Authenticator, Broker, WebSocketEndpoint};
+use tokio::net::TcpStream;
 use tokio::runtime::Handle;
+use tokio::sync::OwnedSemaphorePermit;
+use tokio_rustls::server::TlsStream;
 
 use super::conn::Conn;
 
@@ -60,23 +66,6 @@ pub fn mount(
         endpoint.broker.max_message_size()
     );
     router.merge(Router::new().route(PATH, get(upgrade).with_state(endpoint)))
-}
-
-/// `router` with [`PATH`] answering that MQTT over WebSocket is not served on this
-/// listener: it speaks TLS, and the upgraded socket would reach the broker as a TLS
-/// stream the WebSocket layer does not drive yet.
-pub fn mount_unavailable_over_tls(router: Router) -> Router {
-    tracing::warn!(
-        "mqtt over websocket is not served over TLS (wss) yet: {PATH} answers 501; remote MQTT \
-         clients use an MQTT listener with TLS (--mqtts-listen)"
-    );
-    let unavailable = || async {
-        refuse(
-            StatusCode::NOT_IMPLEMENTED,
-            "MQTT over WebSocket is not served over TLS (wss) yet: use an MQTT listener with TLS (--mqtts-listen)\n",
-        )
-    };
-    router.merge(Router::new().route(PATH, get(unavailable)))
 }
 
 async fn upgrade(State(endpoint): State<Arc<Endpoint>>, mut req: Request) -> Response<Body> {
@@ -138,16 +127,24 @@ async fn take_over(endpoint: Arc<Endpoint>, on_upgrade: OnUpgrade) {
         Ok(upgraded) => upgraded,
         Err(e) => return tracing::debug!("mqtt websocket upgrade failed: {e}"),
     };
-    let Ok(parts) = upgraded.downcast::<TokioIo<Conn>>() else {
-        return tracing::warn!("mqtt websocket: the upgraded connection is not a socket");
+    let (conn, tls, read) = match upgraded.downcast::<TokioIo<Conn>>() {
+        Ok(parts) => (parts.io.into_inner(), None, parts.read_buf),
+        Err(upgraded) => match upgraded.downcast::<TokioIo<TlsStream<Conn>>>() {
+            Ok(parts) => {
+                let (conn, tls) = parts.io.into_inner().into_inner();
+                (conn, Some(tls), parts.read_buf)
+            }
+            Err(_) => {
+                return tracing::warn!("mqtt websocket: the upgraded connection is not a socket")
+            }
+        },
     };
-    let Some((tcp, slot)) = parts.io.into_inner().into_parts() else {
+    let Some((tcp, slot)) = conn.into_parts() else {
         return;
     };
-    let read = parts.read_buf;
     let workers = &endpoint.workers;
     if workers.is_empty() {
-        return endpoint.broker.serve(tcp, read, slot).await;
+        return serve(endpoint.broker.clone(), tcp, tls, read, slot).await;
     }
     // A tokio stream belongs to the reactor it was accepted on; hand it over as a std
     // stream so the worker's own reactor drives it.
@@ -158,10 +155,24 @@ async fn take_over(endpoint: Arc<Endpoint>, on_upgrade: OnUpgrade) {
     let broker = endpoint.broker.clone();
     worker.spawn(async move {
         match tokio::net::TcpStream::from_std(std_stream) {
-            Ok(tcp) => broker.serve(tcp, read, slot).await,
+            Ok(tcp) => serve(broker, tcp, tls, read, slot).await,
             Err(e) => tracing::warn!(error = %e, "cannot register connection"),
         }
     });
+}
+
+/// Serves the socket as `ws://`, or as `wss://` in the TLS session `tls`.
+async fn serve(
+    broker: WebSocketEndpoint,
+    tcp: TcpStream,
+    tls: Option<ServerConnection>,
+    read: Bytes,
+    slot: OwnedSemaphorePermit,
+) {
+    match tls {
+        None => broker.serve(tcp, read, slot).await,
+        Some(tls) => broker.serve_tls(tcp, tls, read, slot).await,
+    }
 }
 
 /// Whether a comma-separated header holds `token` (case-insensitive).

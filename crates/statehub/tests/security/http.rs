@@ -1,5 +1,5 @@
 //! The HTTP listener's security: Web PubSub over wss://, the REST API never open
-//! without a key, MQTT over WebSocket refused on an HTTPS listener.
+//! without a key. (MQTT over wss:// is tested in mqtt_wss.rs and mqtt_ws_clients.rs.)
 
 use super::*;
 
@@ -77,49 +77,5 @@ fn the_rest_api_is_never_open_without_a_key() {
     assert!(
         http_status(keyed.http, send).contains(" 401"),
         "a token is required"
-    );
-}
-
-/// On an HTTPS listener, MQTT over WebSocket is refused with 501 and a message saying
-/// to use an MQTT listener with TLS, instead of a connection dropped after the upgrade.
-#[test]
-fn mqtt_over_websocket_on_an_https_listener_is_refused_with_501() {
-    let pki = Pki::new();
-    let (cert, key) = (pki.p("server.crt"), pki.p("server.key"));
-    let server = common::start(
-        &[
-            "--mqtt-listen",
-            "127.0.0.1:0",
-            "--http-listen",
-            "127.0.0.1:0",
-            "--http-tls",
-            "--tls-cert",
-            &cert,
-            "--tls-key",
-            &key,
-        ],
-        &[],
-    );
-    let script = format!(
-        "require('https').get({{host: '127.0.0.1', servername: 'localhost', port: {}, path: '/mqtt'}}, \
-         (r) => {{ let b = ''; r.on('data', (d) => b += d); r.on('end', () => {{ console.log(r.statusCode + ' ' + b.trim()); }}); }})\
-         .on('error', (e) => {{ console.error(e); process.exit(1); }});",
-        server.http.port()
-    );
-    let out = Command::new("node")
-        .args(["-e", &script])
-        .env("NODE_EXTRA_CA_CERTS", pki.path("ca.pem"))
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{text} {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(
-        text.starts_with("501 ") && text.contains("--mqtts-listen"),
-        "{text}"
     );
 }

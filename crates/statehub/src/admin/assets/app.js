@@ -222,20 +222,47 @@ async function delKey() {
   const r = await api('/admin/api/store/key?key=' + encodeURIComponent(key), { method: 'DELETE' });
   status(r.deleted ? `${key} deleted` : `${key} did not exist`); keyView([['key', key], ['value', '(deleted)']]);
 }
+// The server pushes every change (its KEYNOTIFY): the first event is the value now,
+// each later one a change, with its version; the log keeps the last 500.
 function watchKey() {
   if (watch) watch.abort();
-  const key = $('#key-name').value, log = $('#watch-log');
+  const key = $('#key-name').value, log = $('#watch-log'), count = $('#watch-count');
+  let changes = 0, first = true;
   log.replaceChildren(el('li', `watching ${key}`, 'hint'));
+  count.textContent = '';
   watch = stream('/admin/api/store/watch?key=' + encodeURIComponent(key), (kind, d) => {
-    const text = d.deleted ? `${d.key}: (absent)` : `${d.key} = ${shown(d.value)} @ ${d.version}`;
+    if (kind === 'overflow') { log.append(el('li', d.error, 'error')); return; }
+    if (first) first = false; else changes += 1;
+    const at = d.version ? ` @ ${d.version}` : '';
+    const text = d.deleted ? `${d.key}: (absent)${at}` : `${d.key} = ${shown(d.value)}${at}`;
     log.append(el('li', `${new Date().toLocaleTimeString()} ${text}`));
+    while (log.children.length > 500) log.firstChild.remove();
+    count.textContent = `${changes} change${changes === 1 ? '' : 's'} since watching`;
   }, (e) => log.append(el('li', e ? 'watch ended: ' + e.message : 'watch ended', 'error')));
 }
 
 // ---- Web PubSub -------------------------------------------------------------
-async function loadHubs() {
+// Keyset paging: each list keeps the `after` cursors of the pages it went through, so
+// Previous goes back to the cursor before; Next shows only when the API gave one.
+function pager(name) { return { name, cursors: [null], next: null }; }
+const hubsPager = pager('hubs'), groupsPager = pager('groups'), connsPager = pager('conns');
+const cursor = (p) => p.cursors[p.cursors.length - 1];
+function showPager(p, count) {
+  const page = p.cursors.length;
+  $(`#${p.name}-page`).textContent = page > 1 || p.next ? `page ${page}${count ? ` · ${count} shown` : ''}` : '';
+  $(`#${p.name}-prev`).hidden = page === 1;
+  $(`#${p.name}-next`).hidden = !p.next;
+}
+function turn(p, forward, reload) {
+  if (forward && p.next) p.cursors.push(p.next);
+  else if (!forward && p.cursors.length > 1) p.cursors.pop();
+  return reload();
+}
+const param = (name, value) => value ? `&${name}=${encodeURIComponent(value)}` : '';
+async function loadHubs(first) {
+  if (first !== false) hubsPager.cursors = [null];
   let r;
-  try { r = await api('/admin/api/wps/hubs'); } catch (e) {
+  try { r = await api('/admin/api/wps/hubs?limit=50' + param('after', cursor(hubsPager))); } catch (e) {
     $('#wps-off').hidden = false; $('#wps-off').textContent = e.message; return;
   }
   $('#wps-off').hidden = true;
@@ -243,13 +270,23 @@ async function loadHubs() {
     const b = el('button', h.name); b.type = 'button'; b.onclick = () => loadHub(h.name);
     return row([b, h.connections]);
   }));
+  hubsPager.next = r.next_after; showPager(hubsPager, `${r.hubs.length} of ${r.total}`);
 }
 async function loadHub(name) {
-  const h = await api('/admin/api/wps/hub?name=' + encodeURIComponent(name));
-  $('#hub-view').hidden = false; $('#hub-view').dataset.hub = h.name;
+  groupsPager.cursors = [null]; connsPager.cursors = [null];
+  $('#hub-view').dataset.hub = name;
+  return renderHub();
+}
+async function renderHub() {
+  const name = $('#hub-view').dataset.hub;
+  const h = await api('/admin/api/wps/hub?limit=50&name=' + encodeURIComponent(name)
+    + param('groups_after', cursor(groupsPager)) + param('connections_after', cursor(connsPager)));
+  $('#hub-view').hidden = false;
   $('#hub-name').textContent = `${h.name}: ${h.connection_count} connections, ${h.group_count} groups`;
   $('#groups-table tbody').replaceChildren(...h.groups.map((g) => row([g.name, g.members])));
   $('#conns-table tbody').replaceChildren(...h.connections.map((c) => row([c.connection_id, c.user_id, c.subprotocol, c.groups.join(', ')])));
+  groupsPager.next = h.groups_next_after; showPager(groupsPager, `${h.groups.length} of ${h.group_count}`);
+  connsPager.next = h.connections_next_after; showPager(connsPager, `${h.connections.length} of ${h.connection_count}`);
 }
 async function sendToGroup() {
   const hub = $('#hub-view').dataset.hub, group = $('#send-group').value, text = $('#send-text').value;
@@ -302,6 +339,12 @@ document.addEventListener('DOMContentLoaded', () => {
   on('#key-del', 'click', delKey);
   on('#key-watch', 'click', watchKey);
   on('#send-form', 'submit', sendToGroup);
+  on('#hubs-prev', 'click', () => turn(hubsPager, false, () => loadHubs(false)));
+  on('#hubs-next', 'click', () => turn(hubsPager, true, () => loadHubs(false)));
+  on('#groups-prev', 'click', () => turn(groupsPager, false, renderHub));
+  on('#groups-next', 'click', () => turn(groupsPager, true, renderHub));
+  on('#conns-prev', 'click', () => turn(connsPager, false, renderHub));
+  on('#conns-next', 'click', () => turn(connsPager, true, renderHub));
   on('#tail-form', 'submit', startTail);
   on('#tail-stop', 'click', stopTail);
   window.addEventListener('hashchange', route);
