@@ -27,6 +27,10 @@ RMQTT_DIR="${RMQTT_DIR:-/tmp/rmqtt}"
 export CARGO_BUILD_JOBS="${CARGO_BUILD_JOBS:-1}"
 
 log() { printf '[install-rmqtt] %s\n' "$*" >&2; }
+source "$(dirname "${BASH_SOURCE[0]}")/lib/common.sh"
+
+# rmqtt's gRPC crate (handy-grpc) compiles .proto files with protoc at build time.
+command -v protoc >/dev/null 2>&1 || install_packages protobuf-compiler
 
 src="$RMQTT_DIR/src"
 mkdir -p "$RMQTT_DIR/bin"

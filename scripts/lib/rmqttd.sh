@@ -47,5 +47,5 @@ EOF
 
 # rmqttd_version BIN: "0.24.0" or similar.
 rmqttd_version() {
-    "$1" --version 2>/dev/null | head -n1 | awk '{print $1}'
+    "$1" --version 2>/dev/null | head -n1 | awk '{print $1}' | sed 's|^rmqtt/||; s|-.*||'
 }
