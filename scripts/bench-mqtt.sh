@@ -28,8 +28,8 @@
 #   BROKERS       brokers to run, default "statehub mosquitto rmqttd" (missing ones are skipped);
 #                 "statehub-persub" is statehub with overlapping_subscriptions = "per-subscription"
 #   SETS          scenario sets, default "throughput shapes"
-#   BROADCAST_SUBS / BROADCAST_MSGS  broadcast subscribers (10000) and messages (100)
-#   FANIN_PUBS / FANIN_MSGS          fan-in publishers (10000) and messages each (20)
+#   BROADCAST_SUBS / BROADCAST_MSGS  broadcast subscribers (10000) and messages (20)
+#   FANIN_PUBS / FANIN_MSGS          fan-in publishers (10000) and messages each (10)
 #   BROKER_CPU    core for the broker under test (default 0)
 #   BENCH_CPU     core for statehub-bench (default 1)
 #   MSGS          messages per publisher in the throughput scenarios (default 50000)
@@ -56,9 +56,9 @@ BROKER_CPU="${BROKER_CPU:-0}"
 BENCH_CPU="${BENCH_CPU:-1}"
 SETS="${SETS:-throughput shapes}"
 BROADCAST_SUBS="${BROADCAST_SUBS:-10000}"
-BROADCAST_MSGS="${BROADCAST_MSGS:-100}"
+BROADCAST_MSGS="${BROADCAST_MSGS:-20}"
 FANIN_PUBS="${FANIN_PUBS:-10000}"
-FANIN_MSGS="${FANIN_MSGS:-20}"
+FANIN_MSGS="${FANIN_MSGS:-10}"
 MSGS="${MSGS:-50000}"
 PAYLOAD="${PAYLOAD:-64}"
 REPEAT="${REPEAT:-3}"
