@@ -5,14 +5,16 @@
 //! They live here, not in one scenario, so that each scenario uses the same code
 //! and reports setup failures with the same wording.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use bytes::{Buf, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tokio::net::TcpStream;
+use tokio::net::{TcpSocket, TcpStream};
+use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
 use tokio::time::timeout_at;
 
@@ -45,6 +47,19 @@ pub(crate) async fn resolve(host: &str, port: u16) -> Result<SocketAddr, String>
         .map_err(|e| err_str(&format!("resolve {host}"), e))?
         .next()
         .ok_or_else(|| format!("{host} did not resolve"))
+}
+
+/// CPU time (user + system, all threads) process `pid` has used, in seconds, from
+/// /proc/`pid`/stat; `None` where that cannot be read.
+pub(crate) fn proc_cpu_secs(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command name (which may contain spaces) start at field 3;
+    // utime and stime are fields 14 and 15, in clock ticks (USER_HZ, 100 on Linux).
+    let rest = stat.get(stat.rfind(')')? + 2..)?;
+    let mut fields = rest.split_whitespace().skip(11);
+    let utime: u64 = fields.next()?.parse().ok()?;
+    let stime: u64 = fields.next()?.parse().ok()?;
+    Some((utime + stime) as f64 / 100.0)
 }
 
 /// Prints a progress line on stderr unless `quiet`.
@@ -89,6 +104,37 @@ pub(crate) fn use_tls(ca_file: &Path, server_name: &str) -> Result<(), String> {
     let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
     TLS.set((connector, name))
         .map_err(|_| "TLS is set once".to_owned())
+}
+
+/// Source addresses that connections take in turn, when set: one source address
+/// has about 28,000 ephemeral ports towards one broker port, too few for 50,000
+/// connections on one machine.
+static SOURCES: OnceLock<Vec<IpAddr>> = OnceLock::new();
+static NEXT_SOURCE: AtomicUsize = AtomicUsize::new(0);
+
+/// Spreads connections from now on over the loopback source addresses 127.0.0.1
+/// to 127.0.0.`n` (every 127/8 address is local on Linux).
+pub(crate) fn use_loopback_sources(n: u8) -> Result<(), String> {
+    let sources = (1..=n.max(1))
+        .map(|i| IpAddr::V4(Ipv4Addr::new(127, 0, 0, i)))
+        .collect();
+    SOURCES
+        .set(sources)
+        .map_err(|_| "source addresses are set once".to_owned())
+}
+
+/// A TCP connection to `addr`, from the next source address if any are set.
+pub(crate) async fn tcp_connect(addr: SocketAddr) -> std::io::Result<TcpStream> {
+    let Some(sources) = SOURCES.get().filter(|s| !s.is_empty()) else {
+        return TcpStream::connect(addr).await;
+    };
+    let ip = sources[NEXT_SOURCE.fetch_add(1, Ordering::Relaxed) % sources.len()];
+    let socket = match ip {
+        IpAddr::V4(_) => TcpSocket::new_v4()?,
+        IpAddr::V6(_) => TcpSocket::new_v6()?,
+    };
+    socket.bind(SocketAddr::new(ip, 0))?;
+    socket.connect(addr).await
 }
 
 /// A connected MQTT client: its stream, what was read past the CONNACK, and the
@@ -147,9 +193,7 @@ pub(crate) fn for_each_packet(
 /// Opens a TCP connection, sends the encoded CONNECT `connect` and waits for a
 /// successful CONNACK.
 pub(crate) async fn connect(addr: SocketAddr, v: Version, connect: &[u8]) -> Result<Conn, String> {
-    let tcp = TcpStream::connect(addr)
-        .await
-        .map_err(|e| err_str("connect", e))?;
+    let tcp = tcp_connect(addr).await.map_err(|e| err_str("connect", e))?;
     tcp.set_nodelay(true)
         .map_err(|e| err_str("set_nodelay", e))?;
     let mut stream: Stream = match TLS.get() {
@@ -219,7 +263,13 @@ pub(crate) fn check_granted(codes: &[u8]) -> Result<(), String> {
     }
 }
 
-/// Runs `f(i)` for i in 0..n concurrently with a deadline; the first error wins.
+/// Connections being set up at once at most in [`all`]: a broker's listen backlog
+/// (Mosquitto's is 100) overflows when thousands of SYNs arrive together, and the
+/// dropped ones are retried only after a second or more.
+const SETUP_CONCURRENCY: usize = 256;
+
+/// Runs `f(i)` for i in 0..n, [`SETUP_CONCURRENCY`] at a time, with a deadline;
+/// the first error wins.
 pub(crate) async fn all<T, F, Fut>(
     n: usize,
     deadline: Instant,
@@ -231,7 +281,20 @@ where
     F: Fn(usize) -> Fut,
     Fut: std::future::Future<Output = Result<T, String>> + Send + 'static,
 {
-    let handles: Vec<JoinHandle<Result<T, String>>> = (0..n).map(|i| tokio::spawn(f(i))).collect();
+    let permits = Arc::new(Semaphore::new(SETUP_CONCURRENCY));
+    let handles: Vec<JoinHandle<Result<T, String>>> = (0..n)
+        .map(|i| {
+            let permits = Arc::clone(&permits);
+            let setup = f(i);
+            tokio::spawn(async move {
+                let _permit = permits
+                    .acquire_owned()
+                    .await
+                    .map_err(|e| err_str("setup", e))?;
+                setup.await
+            })
+        })
+        .collect();
     let mut out = Vec::with_capacity(n);
     let mut first_err = None;
     for (i, h) in handles.into_iter().enumerate() {
@@ -278,5 +341,23 @@ pub(crate) async fn join_each<T>(
                 report.error(format!("{what} {i}: {late}"));
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_the_cpu_time_of_a_running_process() {
+        // Burn a little CPU so the figure is readable; only its presence is checked.
+        let mut x = 0u64;
+        for i in 0..1_000_000u64 {
+            x = x.wrapping_mul(31).wrapping_add(i);
+        }
+        std::hint::black_box(x);
+        let secs = proc_cpu_secs(std::process::id()).expect("/proc is readable");
+        assert!(secs >= 0.0);
+        assert_eq!(proc_cpu_secs(u32::MAX), None);
     }
 }

@@ -5,11 +5,13 @@
 //! JSON line on stdout for scripts. Scenarios: `mqtt` (publish/subscribe fan-out
 //! over MQTT 3.1.1 or 5.0, against any broker), `statestore` (SET/GET requests
 //! to the Azure IoT Operations state store, as the SDKs send them) and `fanout`
-//! (reliable WebSocket fan-out: statehub's Web PubSub vs a Socket.IO server). New scenarios
+//! (reliable WebSocket fan-out: statehub's Web PubSub vs a Socket.IO server) and
+//! `idle` (many idle connections, for memory per connection). New scenarios
 //! add a module, a variant of [`Command`] and a match arm in [`main`].
 
 mod common;
 mod fanout;
+mod idle;
 mod mqtt;
 mod proto;
 mod report;
@@ -46,6 +48,9 @@ enum Command {
     /// Reliable fan-out (1 publisher, 1 group, N subscribers) over Web PubSub's
     /// reliable JSON subprotocol or Socket.IO.
     Fanout(fanout::FanoutArgs),
+    /// Many idle connections (MQTT, Web PubSub or Socket.IO), held open so that a
+    /// script can read the server's memory per connection.
+    Idle(idle::IdleArgs),
 }
 
 fn main() -> ExitCode {
@@ -88,6 +93,10 @@ fn main() -> ExitCode {
         Command::Fanout(args) => {
             let json = args.json;
             (runtime.block_on(fanout::run(args)), json)
+        }
+        Command::Idle(args) => {
+            let json = args.json;
+            (runtime.block_on(idle::run(args)), json)
         }
     };
     // Do not wait for stragglers (tasks of timed-out connections).

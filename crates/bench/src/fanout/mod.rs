@@ -10,7 +10,7 @@
 //! on) the publisher emits with an ack callback and the server relays to the room.
 //! Both targets face the same client code: only the framing differs (`wire`).
 
-mod client;
+pub(crate) mod client;
 mod token;
 mod wire;
 
@@ -66,13 +66,25 @@ pub struct FanoutArgs {
 }
 
 fn ws_url(args: &FanoutArgs, role: &str) -> Result<String, String> {
-    let base = args.url.trim_end_matches('/');
+    client_url(args.target, &args.url, &args.access_key, &args.hub, role)
+}
+
+/// The WebSocket URL a `role` (`sub` or `pub`) connection of `target` opens, for
+/// the server at `url`; statehub's carries a client token signed with `access_key`.
+pub(crate) fn client_url(
+    target: Target,
+    url: &str,
+    access_key: &str,
+    hub: &str,
+    role: &str,
+) -> Result<String, String> {
+    let base = url.trim_end_matches('/');
     let ws_base = base.replacen("http", "ws", 1);
-    Ok(match args.target {
+    Ok(match target {
         Target::Statehub => {
-            let aud = format!("{base}/client/hubs/{}", args.hub);
-            let jwt = token::client_token(&args.access_key, &aud, role)?;
-            format!("{ws_base}/client/hubs/{}?access_token={jwt}", args.hub)
+            let aud = format!("{base}/client/hubs/{hub}");
+            let jwt = token::client_token(access_key, &aud, role)?;
+            format!("{ws_base}/client/hubs/{hub}?access_token={jwt}")
         }
         Target::Socketio => format!("{ws_base}/socket.io/?EIO=4&transport=websocket"),
     })

@@ -15,6 +15,10 @@ pub enum TopicMode {
     /// topics: with M >= N subscriber j takes topic j mod N, otherwise subscriber j
     /// takes every topic i with i mod M == j.
     PerPublisher,
+    /// Publisher i publishes to its own topic `…/p/{i}`; every subscriber subscribes
+    /// to the single filter `…/p/+` and so receives every publisher's messages
+    /// (fan-in: many devices, one consumer).
+    Wildcard,
 }
 
 #[derive(Debug, Args)]
@@ -75,6 +79,10 @@ pub struct MqttArgs {
     /// Topic prefix; a per-run id is appended so runs never see each other's messages.
     #[arg(long, default_value = "statehub-bench")]
     pub topic_prefix: String,
+    /// Process id of the broker, when it runs on this machine: its CPU time (from
+    /// /proc) from the start of publishing until delivery ends is reported.
+    #[arg(long)]
+    pub broker_pid: Option<u32>,
     /// Exit with status 1 if any expected message was lost (or any QoS 1 PUBACK missing).
     #[arg(long)]
     pub fail_on_loss: bool,

@@ -166,6 +166,7 @@ pub async fn run(args: MqttArgs) -> Result<Report, String> {
         (None, Some(d)) => format!("publishing for {:.1}s", d.as_secs_f64()),
         _ => String::new(),
     });
+    let cpu_at_start = args.broker_pid.and_then(common::proc_cpu_secs);
     let start = Instant::now();
     let t0_ns = now_ns();
     let until = start + duration.unwrap_or(hard_timeout).min(hard_timeout);
@@ -241,6 +242,9 @@ pub async fn run(args: MqttArgs) -> Result<Report, String> {
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
+    let broker_cpu_s = cpu_at_start
+        .zip(args.broker_pid.and_then(common::proc_cpu_secs))
+        .map(|(a, b)| b - a);
     let _ = stop_tx.send(true);
     let mut subs = Vec::with_capacity(n_sub);
     let sub_deadline = Instant::now() + Duration::from_secs(5);
@@ -273,6 +277,7 @@ pub async fn run(args: MqttArgs) -> Result<Report, String> {
             expected,
             pubs,
             subs,
+            broker_cpu_s,
         },
     ))
 }

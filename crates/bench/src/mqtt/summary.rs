@@ -29,6 +29,9 @@ pub(super) struct Outcome {
     pub(super) expected: u64,
     pub(super) pubs: Vec<PubStats>,
     pub(super) subs: Vec<SubStats>,
+    /// The broker's CPU seconds from the start of publishing to the end of
+    /// delivery (with `--broker-pid`).
+    pub(super) broker_cpu_s: Option<f64>,
 }
 
 /// Adds the parameters, results and warnings of a finished run to `report`.
@@ -93,6 +96,7 @@ pub(super) fn summarize(mut report: Report, args: &MqttArgs, o: Outcome) -> Repo
             match args.topic_mode {
                 TopicMode::Shared => "shared",
                 TopicMode::PerPublisher => "per-publisher",
+                TopicMode::Wildcard => "wildcard",
             }
             .into(),
         ),
@@ -178,6 +182,16 @@ pub(super) fn summarize(mut report: Report, args: &MqttArgs, o: Outcome) -> Repo
             Value::Float(rate(received, delivery_secs)),
         ),
     ]);
+    if let Some(cpu) = o.broker_cpu_s {
+        results.push(("broker_cpu_s", "broker CPU (s)", Value::Float(cpu)));
+        if received > 0 {
+            results.push((
+                "broker_cpu_us_per_msg",
+                "broker CPU per delivered message (µs)",
+                Value::Float(cpu * 1e6 / received as f64),
+            ));
+        }
+    }
     for (key, label, value) in results {
         report.result(key, label, value);
     }
