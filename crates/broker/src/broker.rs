@@ -16,10 +16,12 @@
 //! inside the trie's, once no session could refuse it; nothing takes the trie's
 //! inside the retained lock.
 
+use std::collections::hash_map::Entry;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
+use foldhash::HashMap;
 use parking_lot::RwLock;
 use smallvec::SmallVec;
 use statehub_mqtt_codec::{ByteString, Publish, ReasonCode, SubscriptionOptions};
@@ -411,6 +413,11 @@ impl Broker {
     ) -> Targets<'t> {
         let mut targets: Targets<'t> = SmallVec::with_capacity(matches.plain.len());
         let recipient = msg.recipient.as_deref();
+        let merge = self.inner.config.overlapping_subscriptions == Overlap::Single;
+        // Where each client's delivery is, to merge its overlapping matches: looked up
+        // by hash, since a broadcast topic matches thousands of clients and a scan of
+        // the targets so far would make one publish quadratic in its subscribers.
+        let mut index: HashMap<&'t str, usize> = HashMap::default();
         for (client, entry) in &matches.plain {
             if entry.options.no_local && msg.publisher.as_deref() == Some(*client) {
                 continue;
@@ -420,10 +427,21 @@ impl Broker {
             }
             let qos = msg.qos.min(entry.options.qos);
             let retain = entry.options.retain_as_published && msg.retain;
-            let merge = self.inner.config.overlapping_subscriptions == Overlap::Single;
-            let existing = targets
-                .iter_mut()
-                .find(|(e, _)| merge && e.session.client_id() == *client);
+            let existing = if !merge {
+                None
+            } else if matches.plain.len() <= 8 {
+                targets
+                    .iter_mut()
+                    .find(|(e, _)| e.session.client_id() == *client)
+            } else {
+                match index.entry(*client) {
+                    Entry::Occupied(at) => targets.get_mut(*at.get()),
+                    Entry::Vacant(slot) => {
+                        slot.insert(targets.len());
+                        None
+                    }
+                }
+            };
             if let Some((_, d)) = existing {
                 d.qos = d.qos.max(qos);
                 d.retain |= retain;

@@ -239,6 +239,42 @@ async fn overlapping_subscriptions_give_one_copy_with_max_qos_and_all_identifier
     sub.expect_nothing(QUIET).await;
 }
 
+/// Past a handful of matching subscriptions the merge looks clients up by hash (a
+/// broadcast topic matches thousands): the same one copy per client there.
+#[tokio::test]
+async fn overlapping_subscriptions_merge_among_many_subscribers() {
+    let (_b, addr) = start_default().await;
+    let mut others = Vec::new();
+    for i in 0..9 {
+        let mut c = RawClient::connect(addr, V5, &format!("many{i}")).await;
+        c.subscribe_with(vec![(bs("m/x"), opts(QoS::AtMostOnce))], None)
+            .await;
+        others.push(c);
+    }
+    let mut sub = RawClient::connect(addr, V5, "many-ovl").await;
+    for (i, filter) in ["m/+", "m/#", "m/x", "+/x", "#"].into_iter().enumerate() {
+        let qos = if i == 3 {
+            QoS::AtLeastOnce
+        } else {
+            QoS::AtMostOnce
+        };
+        sub.subscribe_with(vec![(bs(filter), opts(qos))], Some(i as u32 + 1))
+            .await;
+    }
+    let mut publ = RawClient::connect(addr, V5, "manypub").await;
+    publ.publish_simple("m/x", QoS::ExactlyOnce, b"once").await;
+    let got = sub.expect_publish_ack().await;
+    assert_eq!(got.qos, QoS::AtLeastOnce);
+    let mut ids = got.properties.subscription_identifiers.clone();
+    ids.sort_unstable();
+    assert_eq!(ids, vec![1, 2, 3, 4, 5]);
+    sub.expect_nothing(QUIET).await;
+    for mut c in others {
+        assert_eq!(&c.expect_publish().await.payload[..], b"once");
+        c.expect_nothing(QUIET).await;
+    }
+}
+
 #[tokio::test]
 async fn subscription_identifier_is_sent_and_updated() {
     let (_b, addr) = start_default().await;
