@@ -117,7 +117,7 @@ impl Codec {
                     src.advance(header.total());
                     return Ok(Some(ack));
                 }
-                delegate(version, src, t).map(Some)
+                delegate(version, src, header.total(), t).map(Some)
             }
         }
     }
@@ -190,7 +190,7 @@ fn decode_connect(
     if restore_clean_start {
         src[header.header_len + connect.flags_offset] |= 0b10;
     }
-    let mut packet = delegate(version, src, frame::CONNECT)?;
+    let mut packet = delegate(version, src, header.total(), frame::CONNECT)?;
     if let (true, Packet::Connect(c)) = (restore_clean_start, &mut packet) {
         c.clean_start = false;
     }
@@ -213,18 +213,28 @@ fn read_short_ack(packet_type: u8, body: &[u8]) -> Option<Packet> {
     }
 }
 
-/// Decodes one complete frame at the front of `src` with rmqtt-codec.
+/// Decodes the complete frame of `total` bytes at the front of `src` with
+/// rmqtt-codec.
+///
+/// The frame is copied out first. The strings of a decoded control packet are slices
+/// of the buffer they came from, and they live as long as the connection (its client
+/// id, user name, subscription filters): decoded in place they would keep the whole
+/// read buffer (4 KiB and more) of every idle connection allocated. Control packets
+/// are rare next to PUBLISH, which stays zero-copy.
 fn delegate(
     version: ProtocolVersion,
     src: &mut BytesMut,
+    total: usize,
     packet_type: u8,
 ) -> Result<Packet, DecodeError> {
+    let mut frame = BytesMut::from(&src[..total]);
+    src.advance(total);
     let decoded = match version {
         ProtocolVersion::V311 => rmqtt_codec::v3::Codec::new(0)
-            .decode(src)
+            .decode(&mut frame)
             .map(|o| o.map(|(p, _)| p.into())),
         ProtocolVersion::V5 => rmqtt_codec::v5::Codec::new(0, 0)
-            .decode(src)
+            .decode(&mut frame)
             .map(|o| o.map(|(p, _)| p.into())),
     };
     match decoded {
@@ -388,6 +398,43 @@ fn empty_reason(
 mod tests {
     use super::*;
 
+    /// A control packet's strings live as long as the connection (client id, user
+    /// name, filters): they must not be slices of the read buffer, or every idle
+    /// connection keeps its 4 KiB read buffer.
+    #[test]
+    fn control_packets_do_not_keep_the_read_buffer() {
+        let mut src = BytesMut::with_capacity(4096);
+        let start = src.as_ptr() as usize;
+        let inside = |p: *const u8| (start..start + 4096).contains(&(p as usize));
+        // 3.1.1 CONNECT, clean session, client id "abc", user name "user", a password.
+        src.extend_from_slice(b"\x10\x19\x00\x04MQTT\x04\xc2\x00\x3c\x00\x03abc\x00\x04user");
+        src.extend_from_slice(&[0x00, 0x02]); // a password of length 2
+        src.extend_from_slice(b"pw");
+        // SUBSCRIBE packet id 1, filter "a/b" at QoS 1.
+        src.extend_from_slice(b"\x82\x08\x00\x01\x00\x03a/b\x01");
+        let mut codec = Codec::new_server(4096);
+        let Some(Packet::Connect(c)) = codec.decode(&mut src).expect("decodes") else {
+            panic!("a CONNECT");
+        };
+        assert_eq!(
+            (&c.client_id[..], c.username.as_deref()),
+            ("abc", Some("user"))
+        );
+        assert!(
+            !inside(c.client_id.as_ptr()),
+            "client id is a slice of the buffer"
+        );
+        assert!(!inside(c.username.as_deref().unwrap_or_default().as_ptr()));
+        let Some(Packet::Subscribe(sub)) = codec.decode(&mut src).expect("decodes") else {
+            panic!("a SUBSCRIBE");
+        };
+        assert_eq!(&sub.filters[0].0[..], "a/b");
+        assert!(
+            !inside(sub.filters[0].0.as_ptr()),
+            "filter is a slice of the buffer"
+        );
+    }
+
     #[test]
     fn missing_counts_the_rest_of_a_started_packet() {
         let codec = Codec::with_version(ProtocolVersion::V5, 1024);
@@ -418,8 +465,13 @@ mod tests {
                     let [high, low] = pid.to_be_bytes();
                     let bytes = [packet_type << 4 | flags, 2, high, low];
                     let fast = read_short_ack(packet_type, &bytes[2..]).expect("a short ack");
-                    let general = delegate(version, &mut BytesMut::from(&bytes[..]), packet_type)
-                        .expect("decodes");
+                    let general = delegate(
+                        version,
+                        &mut BytesMut::from(&bytes[..]),
+                        bytes.len(),
+                        packet_type,
+                    )
+                    .expect("decodes");
                     assert_eq!(fast, general, "{version:?} type {packet_type} id {pid}");
                 }
             }
