@@ -105,6 +105,17 @@ pub struct BrokerConfig {
     /// second's worth; past it the connection is closed with DISCONNECT 0x96 Message
     /// rate too high (3.1.1: closed). 0: no limit.
     pub max_publish_rate: u32,
+    /// Bytes per second one connection may send (every byte of every packet as read
+    /// from the socket; over TLS the decrypted bytes), as a token bucket holding
+    /// `max_bytes_burst`. Past it the broker stops reading the socket until the bucket
+    /// has refilled: the client is slowed by TCP's flow control, nothing is dropped or
+    /// refused, the read buffer stays bounded, and the pause does not count against
+    /// the client's keep alive or packet deadline. A `[[mqtt.listeners]]` entry may
+    /// set its own. 0: no limit.
+    pub max_bytes_per_second: u64,
+    /// Bytes one connection may send at once before `max_bytes_per_second` applies;
+    /// 0: one second's worth.
+    pub max_bytes_burst: u64,
 }
 
 /// What a QoS 1/2 message for an offline session meets when the session's queue
@@ -176,6 +187,8 @@ impl Default for BrokerConfig {
             connect_rate_per_address: 100,
             connect_burst_per_address: 5000,
             max_publish_rate: 0,
+            max_bytes_per_second: 0,
+            max_bytes_burst: 0,
         }
     }
 }
