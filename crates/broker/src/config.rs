@@ -116,6 +116,11 @@ pub struct BrokerConfig {
     /// Bytes one connection may send at once before `max_bytes_per_second` applies;
     /// 0: one second's worth.
     pub max_bytes_burst: u64,
+    /// Re-authentications (AUTH 0x19) one connection may start per minute, with a
+    /// burst of a minute's worth: each checks a credential (a token's signature), so
+    /// a client looping on AUTH would cost far more than its packets. Past it the
+    /// connection is closed with DISCONNECT 0x96 Message rate too high. 0: no limit.
+    pub max_reauth_per_minute: u32,
 }
 
 /// What a QoS 1/2 message for an offline session meets when the session's queue
@@ -189,6 +194,7 @@ impl Default for BrokerConfig {
             max_publish_rate: 0,
             max_bytes_per_second: 0,
             max_bytes_burst: 0,
+            max_reauth_per_minute: 10,
         }
     }
 }

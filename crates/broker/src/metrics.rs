@@ -91,6 +91,9 @@ pub struct Metrics {
     pub auth_failures: AtomicU64,
     /// Successful re-authentications (AUTH 0x19 answered with AUTH 0x00).
     pub reauthentications: AtomicU64,
+    /// Connections closed with 0x96: they re-authenticated more often than
+    /// `max_reauth_per_minute`.
+    pub reauth_rate_exceeded: AtomicU64,
     /// Connections closed because their credential (token, certificate) expired
     /// without a re-authentication.
     pub credentials_expired: AtomicU64,

@@ -40,6 +40,11 @@ impl Bucket {
         self.take_at(now, f64::from(rate), burst)
     }
 
+    /// As [`Bucket::take`] with a rate per minute and a burst of a minute's worth.
+    pub(crate) fn take_per_minute(&mut self, now: Instant, per_minute: u32) -> bool {
+        self.take_at(now, f64::from(per_minute) / 60.0, per_minute)
+    }
+
     fn take_at(&mut self, now: Instant, per_second: f64, burst: u32) -> bool {
         self.refill(now, per_second, burst);
         if self.tokens >= 1.0 {
@@ -184,6 +189,16 @@ mod tests {
         let v6b: IpAddr = "2001:db8::2".parse().unwrap();
         assert!((0..3).all(|_| limit.admit(v6a, t0)));
         assert!(!limit.admit(v6b, t0));
+    }
+
+    #[test]
+    fn a_rate_per_minute_has_a_burst_of_a_minute() {
+        let t0 = Instant::now();
+        let mut bucket = Bucket::full(3, t0);
+        assert!((0..3).all(|_| bucket.take_per_minute(t0, 3)));
+        assert!(!bucket.take_per_minute(t0, 3));
+        assert!(!bucket.take_per_minute(t0 + Duration::from_secs(19), 3));
+        assert!(bucket.take_per_minute(t0 + Duration::from_secs(20), 3));
     }
 
     #[test]

@@ -490,6 +490,8 @@ fn a_password_file_written_by_mosquitto_passwd_is_read_as_is() {
 
 #[path = "security/http.rs"]
 mod http;
+#[path = "security/reauth.rs"]
+mod reauth;
 #[path = "security/reload.rs"]
 mod reload;
 #[path = "security/versions.rs"]

@@ -100,6 +100,8 @@ pub(crate) struct Conn {
     keep_alive: Duration,
     /// `max_publish_rate`'s bucket (`None`: no limit).
     publish_rate: Option<crate::rate::Bucket>,
+    /// `max_reauth_per_minute`'s bucket.
+    reauth_rate: crate::rate::Bucket,
     /// The listener's `max_bytes_per_second` bucket (`None`: no limit).
     bandwidth: Option<ByteBucket>,
 }

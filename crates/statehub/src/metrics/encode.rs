@@ -259,6 +259,12 @@ fn mqtt_security(e: &mut Enc<'_>, m: &Metrics) -> Result<(), Error> {
         m.publish_rate_exceeded.load(Relaxed),
     )?;
     e.counter(
+        "statehub_mqtt_reauth_rate_exceeded",
+        "Connections closed with 0x96 for max_reauth_per_minute",
+        None,
+        m.reauth_rate_exceeded.load(Relaxed),
+    )?;
+    e.counter(
         "statehub_mqtt_bandwidth_throttles",
         "Times a connection's socket was left unread for max_bytes_per_second",
         None,
