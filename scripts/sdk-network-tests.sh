@@ -20,6 +20,13 @@
 # so each SDK client lands on the next node; only the state store, lease and lock tests
 # run (MQTT routing between nodes is not part of the cluster yet).
 #
+# Secure mode (AUTH=sat): the SDK clients connect over TLS with a K8S-SAT token file
+# (MQTT 5 enhanced authentication), as in a cluster, and statehub's listener on 1883
+# takes TLS only and refuses anonymous clients. The tests hardcode plain TCP, so their
+# copies in the scratch workspace get `.use_tls(true).ca_file(..).sat_file(..)` in
+# place of `.use_tls(false)`; a CA, a server certificate for localhost (openssl) and
+# an HS256 token (python3) are made in $SCRATCH/pki. Not with CLUSTER.
+#
 # Environment: STATEHUB_SERVE_ARGS adds arguments to `statehub serve` (e.g.
 # `--data-dir DIR` to run the tests against the durable engine); SDK_SERVICES_VERSION (default 1.5.0-beta1), SDK_MQTT_VERSION (1.2.3),
 # SDK_PROTOCOL_VERSION (1.1.0) pick the registry folders; CARGO_TARGET_DIR is honoured
@@ -72,6 +79,51 @@ azure_iot_operations_protocol = { path = "protocol" }
 azure_iot_operations_services = { path = "services" }
 TOML
 
+AUTH="${AUTH:-}"
+SECURE_ARGS=()
+if [[ "$AUTH" == sat ]]; then
+    [[ "${CLUSTER:-0}" -lt 2 ]] || { echo "AUTH=sat does not combine with CLUSTER" >&2; exit 2; }
+    PKI="$SCRATCH/pki"
+    mkdir -p "$PKI"
+    openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 2 \
+        -subj "/CN=sdk tests CA" -keyout "$PKI/ca.key" -out "$PKI/ca.pem" 2>/dev/null
+    openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -subj "/CN=localhost" \
+        -keyout "$PKI/server.key" -out "$PKI/server.csr" 2>/dev/null
+    printf 'subjectAltName=DNS:localhost,IP:127.0.0.1\n' >"$PKI/san.ext"
+    openssl x509 -req -in "$PKI/server.csr" -CA "$PKI/ca.pem" -CAkey "$PKI/ca.key" \
+        -CAcreateserial -days 2 -extfile "$PKI/san.ext" -out "$PKI/server.crt" 2>/dev/null
+    head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$PKI/hmac.secret"
+    python3 - "$PKI/hmac.secret" >"$PKI/token" <<'PY'
+import base64, hashlib, hmac, json, sys, time
+b64 = lambda b: base64.urlsafe_b64encode(b).rstrip(b"=")
+secret = open(sys.argv[1], "rb").read().strip()
+head = b64(json.dumps({"alg": "HS256", "typ": "JWT"}).encode())
+now = int(time.time())
+claims = {"aud": ["statehub"], "sub": "system:serviceaccount:sdk:tests", "iat": now, "exp": now + 86400}
+body = head + b"." + b64(json.dumps(claims).encode())
+print((body + b"." + b64(hmac.new(secret, body, hashlib.sha256).digest())).decode(), end="")
+PY
+    cat >"$PKI/statehub.toml" <<TOML
+[[mqtt.listeners]]
+address = "127.0.0.1:1883"
+tls = { cert = "$PKI/server.crt", key = "$PKI/server.key" }
+authentication = ["token"]
+
+[authentication.tokens]
+hmac_secret_file = "$PKI/hmac.secret"
+audiences = ["statehub"]
+TOML
+    TLS_SETTINGS=".use_tls(true).ca_file(Some(\"$PKI/ca.pem\".to_string())).sat_file(Some(\"$PKI/token\".to_string()))"
+    for f in services/tests/state_store_client_test.rs services/tests/lease_client_tests.rs \
+        services/tests/lock_client_tests.rs protocol/tests/command_network_tests.rs \
+        protocol/tests/telemetry_network_tests.rs mqtt/tests/session_network_tests.rs; do
+        grep -q '\.use_tls(false)' "$SCRATCH/$f" || { echo "no .use_tls(false) in $f" >&2; exit 2; }
+        sed -i "s|\.use_tls(false)|$TLS_SETTINGS|" "$SCRATCH/$f"
+    done
+    SECURE_ARGS=(--config "$PKI/statehub.toml")
+    echo "== secure mode: TLS and K8S-SAT tokens on 127.0.0.1:1883 (files in $PKI)"
+fi
+
 echo "== building statehub"
 (cd "$ROOT" && cargo build -p statehub)
 BIN="${CARGO_TARGET_DIR:-$ROOT/target}/debug/statehub"
@@ -113,7 +165,12 @@ if [[ "$CLUSTER" -ge 2 ]]; then
     echo "== $CLUSTER statehub nodes on redis at $REDIS_PORT behind a balancer on 1883 (logs $SCRATCH/statehub*.log)"
 else
     # shellcheck disable=SC2086 # STATEHUB_SERVE_ARGS is a list of arguments
-    "$BIN" serve --mqtt-listen 127.0.0.1:1883 --http-listen 127.0.0.1:0 ${STATEHUB_SERVE_ARGS:-} >"$LOG" 2>&1 &
+    if [[ ${#SECURE_ARGS[@]} -gt 0 ]]; then
+        LISTEN=("${SECURE_ARGS[@]}")
+    else
+        LISTEN=(--mqtt-listen 127.0.0.1:1883)
+    fi
+    "$BIN" serve "${LISTEN[@]}" --http-listen 127.0.0.1:0 ${STATEHUB_SERVE_ARGS:-} >"$LOG" 2>&1 &
     PIDS+=($!)
 fi
 for _ in $(seq 100); do

@@ -7,8 +7,10 @@
 //! * [`x509`]: client certificates to user names and attributes;
 //! * [`listener`]: one listener's combination of them, anonymous access included;
 //! * [`tls`]: a listener's rustls configuration from PEM files;
-//! * [`watch`]: values reloaded when their files change or on SIGHUP.
+//! * [`watch`]: values reloaded when their files change or on SIGHUP;
+//! * [`checks`]: the bound on password hashes and token checks running at once.
 
+pub mod checks;
 pub mod jwt;
 pub mod listener;
 pub mod passwd;

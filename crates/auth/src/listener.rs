@@ -13,7 +13,8 @@
 //!    loopback addresses only, or from anywhere), else refused with 0x87. An
 //!    anonymous client has no user name: a User Name it sends is not trusted.
 //!
-//! Hashing and signature checks run on a blocking thread, not the connection's.
+//! Hashing and signature checks run on a blocking thread, not the connection's, at
+//! most one per core at once ([`Checks`]).
 
 use std::fmt;
 use std::net::IpAddr;
@@ -22,6 +23,7 @@ use std::sync::Arc;
 use statehub_broker::codec::{Auth, ByteString, Connect, ReasonCode};
 use statehub_broker::{AuthDecision, Authenticator, BoxFuture, Identity, Peer};
 
+use crate::checks::Checks;
 use crate::jwt::TokenValidator;
 use crate::passwd::PasswordFile;
 use crate::watch::Watched;
@@ -92,11 +94,11 @@ impl ListenerAuth {
             return AuthDecision::Deny(refusal);
         };
         let validator = tokens.get();
-        let checked = tokio::task::spawn_blocking(move || validator.validate(&token)).await;
-        match checked {
-            Ok(Ok(identity)) => success(identity),
-            Ok(Err(e)) => refused(refusal, &e),
-            Err(_) => AuthDecision::Deny(ReasonCode::UNSPECIFIED_ERROR),
+        let checked = Checks::shared().run(move || validator.validate(&token));
+        match checked.await {
+            Some(Ok(identity)) => success(identity),
+            Some(Err(e)) => refused(refusal, &e),
+            None => AuthDecision::Deny(ReasonCode::UNSPECIFIED_ERROR),
         }
     }
 
@@ -107,10 +109,10 @@ impl ListenerAuth {
                 let file = file.get();
                 let name = user.to_string();
                 let check = move || file.verify(&name, &password);
-                match tokio::task::spawn_blocking(check).await {
-                    Ok(true) => success(Identity::user(Some(user.clone()))),
-                    Ok(false) => AuthDecision::Deny(refusal),
-                    Err(_) => AuthDecision::Deny(ReasonCode::UNSPECIFIED_ERROR),
+                match Checks::shared().run(check).await {
+                    Some(true) => success(Identity::user(Some(user.clone()))),
+                    Some(false) => AuthDecision::Deny(refusal),
+                    None => AuthDecision::Deny(ReasonCode::UNSPECIFIED_ERROR),
                 }
             }
             _ => self.token(Some(password), refusal).await,

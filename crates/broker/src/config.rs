@@ -109,6 +109,22 @@ pub struct BrokerConfig {
     /// `sys_interval`), retained messages the broker publishes from its counters. 0:
     /// no `$SYS` topics.
     pub sys_interval_secs: u64,
+    /// Bytes per second one connection may send (every byte of every packet as read
+    /// from the socket; over TLS the decrypted bytes), as a token bucket holding
+    /// `max_bytes_burst`. Past it the broker stops reading the socket until the bucket
+    /// has refilled: the client is slowed by TCP's flow control, nothing is dropped or
+    /// refused, the read buffer stays bounded, and the pause does not count against
+    /// the client's keep alive or packet deadline. A `[[mqtt.listeners]]` entry may
+    /// set its own. 0: no limit.
+    pub max_bytes_per_second: u64,
+    /// Bytes one connection may send at once before `max_bytes_per_second` applies;
+    /// 0: one second's worth.
+    pub max_bytes_burst: u64,
+    /// Re-authentications (AUTH 0x19) one connection may start per minute, with a
+    /// burst of a minute's worth: each checks a credential (a token's signature), so
+    /// a client looping on AUTH would cost far more than its packets. Past it the
+    /// connection is closed with DISCONNECT 0x96 Message rate too high. 0: no limit.
+    pub max_reauth_per_minute: u32,
 }
 
 /// What a QoS 1/2 message for an offline session meets when the session's queue
@@ -181,6 +197,9 @@ impl Default for BrokerConfig {
             connect_burst_per_address: 5000,
             max_publish_rate: 0,
             sys_interval_secs: 0,
+            max_bytes_per_second: 0,
+            max_bytes_burst: 0,
+            max_reauth_per_minute: 10,
         }
     }
 }

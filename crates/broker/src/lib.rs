@@ -57,6 +57,7 @@ pub use clock::{Clock, ManualClock};
 pub use config::{BrokerConfig, Overlap, QueueFull};
 pub use message::{Message, SharedVia};
 pub use metrics::{packet_type, Gauges, Metrics, PacketCounts, Refusals, PACKET_TYPES};
+pub use rate::Bandwidth;
 pub use ratelimit::LogLimit;
 pub use retain_store::{RetainStore, RetainStoreError};
 pub use server::MqttListener;

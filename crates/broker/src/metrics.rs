@@ -79,6 +79,11 @@ pub struct Metrics {
     pub connects_rate_limited: AtomicU64,
     /// Connections closed with 0x96: they sent PUBLISH faster than `max_publish_rate`.
     pub publish_rate_exceeded: AtomicU64,
+    /// Times a connection's socket was left unread because it sent faster than its
+    /// `max_bytes_per_second`.
+    pub bandwidth_throttles: AtomicU64,
+    /// Microseconds connections spent so throttled, all together.
+    pub bandwidth_throttled_micros: AtomicU64,
     /// TLS handshakes that failed or timed out (each logged, rate-limited).
     pub tls_handshake_failures: AtomicU64,
     /// CONNECTs and re-authentications refused by the authenticator (bad
@@ -86,6 +91,9 @@ pub struct Metrics {
     pub auth_failures: AtomicU64,
     /// Successful re-authentications (AUTH 0x19 answered with AUTH 0x00).
     pub reauthentications: AtomicU64,
+    /// Connections closed with 0x96: they re-authenticated more often than
+    /// `max_reauth_per_minute`.
+    pub reauth_rate_exceeded: AtomicU64,
     /// Connections closed because their credential (token, certificate) expired
     /// without a re-authentication.
     pub credentials_expired: AtomicU64,

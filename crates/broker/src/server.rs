@@ -14,6 +14,7 @@ use tokio::runtime::Handle;
 use crate::auth::{Authenticator, Peer};
 use crate::connection;
 use crate::pending::{Admission, Pending};
+use crate::rate::Bandwidth;
 use crate::ratelimit::LogLimit;
 use crate::transport::tls::{TlsSource, TlsStream};
 use crate::Broker;
@@ -29,6 +30,8 @@ pub struct MqttListener {
     /// [`Broker::set_authenticator`]).
     authenticator: Option<Arc<dyn Authenticator>>,
     tls: Option<Arc<dyn TlsSource>>,
+    /// Bytes per second each connection may send (`None`: no limit).
+    bandwidth: Option<Bandwidth>,
 }
 
 impl MqttListener {
@@ -41,8 +44,10 @@ impl MqttListener {
             cfg.max_pending_per_address,
             broker.clock().clone(),
         );
+        let bandwidth = Bandwidth::of(cfg);
         Ok(MqttListener {
             listener,
+            bandwidth,
             broker,
             workers: Vec::new(),
             pending,
@@ -80,6 +85,13 @@ impl MqttListener {
     /// connections while open ones keep theirs).
     pub fn with_tls(mut self, tls: Arc<dyn TlsSource>) -> Self {
         self.tls = Some(tls);
+        self
+    }
+
+    /// Limits the bytes each of this listener's connections may send to `bandwidth`
+    /// (`None`: no limit) instead of the `[mqtt]` table's `max_bytes_per_second`.
+    pub fn with_bandwidth(mut self, bandwidth: Option<Bandwidth>) -> Self {
+        self.bandwidth = bandwidth;
         self
     }
 
@@ -141,8 +153,13 @@ impl MqttListener {
         };
         let broker = self.broker.clone();
         let tls = self.tls.as_ref().map(|source| source.server_config());
+        let limits = Limits {
+            auth,
+            tls,
+            bandwidth: self.bandwidth,
+        };
         let Some(worker) = worker else {
-            tokio::spawn(start(broker, stream, peer, admission, auth, tls));
+            tokio::spawn(start(broker, stream, peer, admission, limits));
             return;
         };
         // A tokio stream belongs to the reactor it was accepted on; hand it over as a
@@ -152,11 +169,18 @@ impl MqttListener {
         };
         worker.spawn(async move {
             match TcpStream::from_std(std_stream) {
-                Ok(stream) => start(broker, stream, peer, admission, auth, tls).await,
+                Ok(stream) => start(broker, stream, peer, admission, limits).await,
                 Err(e) => tracing::warn!(error = %e, "cannot register connection"),
             }
         });
     }
+}
+
+/// What a listener gives each of its connections.
+struct Limits {
+    auth: Arc<dyn Authenticator>,
+    tls: Option<Arc<rustls::ServerConfig>>,
+    bandwidth: Option<Bandwidth>,
 }
 
 /// Runs the TLS handshake if the listener has TLS, then serves the connection. The
@@ -167,12 +191,16 @@ async fn start(
     stream: TcpStream,
     addr: SocketAddr,
     admission: Admission,
-    auth: Arc<dyn Authenticator>,
-    tls: Option<Arc<rustls::ServerConfig>>,
+    limits: Limits,
 ) {
+    let Limits {
+        auth,
+        tls,
+        bandwidth,
+    } = limits;
     let Some(config) = tls else {
         let peer = Peer::plain(addr);
-        return connection::serve(broker, stream, peer, admission, auth).await;
+        return connection::serve_limited(broker, stream, peer, admission, auth, bandwidth).await;
     };
     let limit = Duration::from_secs(broker.config().connect_timeout_secs);
     let handshake = tokio::select! {
@@ -189,7 +217,8 @@ async fn start(
         tls: true,
         certificates: stream.peer_certificates(),
     };
-    Box::pin(connection::serve(broker, stream, peer, admission, auth)).await;
+    let serve = connection::serve_limited(broker, stream, peer, admission, auth, bandwidth);
+    Box::pin(serve).await;
 }
 
 /// Counts and logs (rate-limited) a TLS handshake that failed: a client that does not

@@ -69,6 +69,17 @@ pub struct ListenerConfig {
     pub authentication: Option<Vec<Method>>,
     /// Overrides `[authentication] allow_anonymous` for this listener.
     pub allow_anonymous: Option<bool>,
+    /// Overrides `[mqtt] max_bytes_per_second` for this listener's connections.
+    pub max_bytes_per_second: Option<u64>,
+    /// Overrides `[mqtt] max_bytes_burst` for this listener's connections.
+    pub max_bytes_burst: Option<u64>,
+}
+
+/// A listener's own bandwidth settings; what it leaves out comes from `[mqtt]`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BandwidthOverride {
+    pub bytes_per_second: Option<u64>,
+    pub burst: Option<u64>,
 }
 
 /// A listener, resolved.
@@ -80,6 +91,7 @@ pub struct ListenerSettings {
     pub token: bool,
     pub x509: bool,
     pub anonymous: Anonymous,
+    pub bandwidth: BandwidthOverride,
 }
 
 /// Why the listeners cannot be resolved.
@@ -145,6 +157,8 @@ pub fn listeners(
             tls: None,
             authentication: None,
             allow_anonymous: None,
+            max_bytes_per_second: None,
+            max_bytes_burst: None,
         }),
         (false, None) => {}
     }
@@ -154,6 +168,8 @@ pub fn listeners(
             tls: Some(flags.tls_files().ok_or(ListenerError::TlsFlags)?),
             authentication: None,
             allow_anonymous: None,
+            max_bytes_per_second: None,
+            max_bytes_burst: None,
         });
     }
     list.into_iter().map(|l| resolve(auth, l)).collect()
@@ -196,6 +212,10 @@ fn resolve(auth: &AuthConfig, l: ListenerConfig) -> Result<ListenerSettings, Lis
         token: methods.contains(&Method::Token),
         x509: methods.contains(&Method::X509),
         anonymous,
+        bandwidth: BandwidthOverride {
+            bytes_per_second: l.max_bytes_per_second,
+            burst: l.max_bytes_burst,
+        },
     })
 }
 
@@ -242,12 +262,16 @@ mod tests {
                 tls: None,
                 authentication: Some(vec![]),
                 allow_anonymous: None,
+                max_bytes_per_second: None,
+                max_bytes_burst: None,
             },
             ListenerConfig {
                 address: ([0, 0, 0, 0], 8883).into(),
                 tls: Some(tls(true)),
                 authentication: None,
                 allow_anonymous: None,
+                max_bytes_per_second: None,
+                max_bytes_burst: None,
             },
         ];
         let l = listeners(&SecurityFlags::default(), &auth, configured, None).unwrap();
@@ -265,6 +289,8 @@ mod tests {
             tls: Some(tls(false)),
             authentication: Some(vec![Method::X509]),
             allow_anonymous: None,
+            max_bytes_per_second: None,
+            max_bytes_burst: None,
         }];
         assert!(matches!(
             listeners(&SecurityFlags::default(), &auth, x509_plain.clone(), None),

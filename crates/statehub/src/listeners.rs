@@ -11,7 +11,7 @@ use statehub_auth::passwd::PasswordFile;
 use statehub_auth::tls::{server_config, watched_files, TlsFiles};
 use statehub_auth::x509::X509Mapping;
 use statehub_auth::{Anonymous, ListenerAuth, LoadError, Reload, Watched};
-use statehub_broker::{Authenticator, Broker, MqttListener, TlsSource};
+use statehub_broker::{Authenticator, Bandwidth, Broker, MqttListener, TlsSource};
 use tokio::runtime::Handle;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -185,6 +185,17 @@ pub enum SecurityError {
     },
 }
 
+/// A listener's bandwidth limit: its own settings, else the `[mqtt]` table's.
+fn bandwidth(broker: &Broker, l: &ListenerSettings) -> Option<Bandwidth> {
+    let cfg = broker.config();
+    let rate = l.bandwidth.bytes_per_second;
+    let burst = l.bandwidth.burst;
+    Bandwidth::new(
+        rate.unwrap_or(cfg.max_bytes_per_second),
+        burst.unwrap_or(cfg.max_bytes_burst),
+    )
+}
+
 /// Binds every MQTT listener, with its authentication and TLS, and logs each with
 /// what it accepts.
 pub async fn bind(
@@ -204,7 +215,8 @@ pub async fn bind(
                 source: crate::first_use::bind_error("MQTT", l.address, e),
             })?
             .with_workers(workers.to_vec())
-            .with_authenticator(Arc::new(auth));
+            .with_authenticator(Arc::new(auth))
+            .with_bandwidth(bandwidth(broker, l));
         let addr = listener
             .local_addr()
             .map_err(|source| SecurityError::Bind {

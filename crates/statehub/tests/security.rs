@@ -1,8 +1,10 @@
 //! TLS and authentication of the real binary with real clients: mosquitto_pub/sub
 //! (`--cafile`, `--cert/--key`, `-u/-P`), rumqttc over TLS, passwords written by
 //! `statehub passwd`, client certificates, tokens as passwords; the refusals each
-//! get their documented code; certificates are reloaded on SIGHUP without dropping
-//! open connections; start-up errors name the file at fault. Every certificate and
+//! get their documented code; certificates are reloaded on SIGHUP or when their
+//! files change without dropping open connections (`security/reload.rs`); TLS older
+//! than 1.2 is refused (`security/versions.rs`); start-up errors name the file at
+//! fault. Every certificate and
 //! key is made by the test (rcgen).
 
 mod common;
@@ -357,55 +359,6 @@ async fn subscribed(events: &mut rumqttc::EventLoop) -> Result<(), String> {
     until(events, |p| matches!(p, Packet::SubAck(_)).then_some(())).await
 }
 
-#[tokio::test]
-async fn a_certificate_is_reloaded_on_sighup_without_dropping_connections() {
-    let pki = Pki::new();
-    let (server, _plain, tls) = start(&pki.config(""));
-    let (client, mut events) = rumqttc_tls(tls, "reload-1", &pki.ca.cert);
-    connected(&mut events).await.unwrap();
-    client
-        .subscribe("reload/#", QoS::AtLeastOnce)
-        .await
-        .unwrap();
-    subscribed(&mut events).await.unwrap();
-
-    // A new certificate from another CA replaces the files; SIGHUP reloads it.
-    let next_ca = TestCa::new("next CA");
-    let next = next_ca.server();
-    pki.write("server.crt", &next.cert);
-    pki.write("server.key", &next.key);
-    let pid = rustix::process::Pid::from_raw(server.child.id() as i32).unwrap();
-    rustix::process::kill_process(pid, rustix::process::Signal::HUP).unwrap();
-    // Generous: under a full parallel test run the server may be slow to log.
-    let mut seen = Vec::new();
-    while !seen
-        .iter()
-        .any(|l: &String| l.contains("reloaded TLS certificate"))
-    {
-        match server.log.recv_timeout(Duration::from_secs(60)) {
-            Ok(line) => seen.push(line),
-            Err(e) => panic!("no reload line ({e}); log since SIGHUP: {seen:#?}"),
-        }
-    }
-
-    // New handshakes use the new certificate...
-    let (_old, mut old_events) = rumqttc_tls(tls, "reload-2", &pki.ca.cert);
-    assert!(
-        connected(&mut old_events).await.is_err(),
-        "the old CA no longer verifies"
-    );
-    let (new, mut new_events) = rumqttc_tls(tls, "reload-3", &next_ca.cert);
-    connected(&mut new_events).await.unwrap();
-    new.publish("reload/x", QoS::AtLeastOnce, false, "still here")
-        .await
-        .unwrap();
-    tokio::spawn(async move { while new_events.poll().await.is_ok() {} });
-    // ...and the connection opened before the reload is still served.
-    let got = next_publish(&mut events).await.unwrap();
-    assert_eq!(&got.payload[..], b"still here");
-    drop(server);
-}
-
 #[test]
 fn start_up_errors_name_the_file_at_fault() {
     let pki = Pki::new();
@@ -537,3 +490,9 @@ fn a_password_file_written_by_mosquitto_passwd_is_read_as_is() {
 
 #[path = "security/http.rs"]
 mod http;
+#[path = "security/reauth.rs"]
+mod reauth;
+#[path = "security/reload.rs"]
+mod reload;
+#[path = "security/versions.rs"]
+mod versions;

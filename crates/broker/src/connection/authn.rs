@@ -124,6 +124,7 @@ impl Conn {
                 "AUTH method differs from CONNECT's [MQTT-4.12.1-1]",
             ));
         }
+        self.within_reauth_rate()?;
         let received = tokio::time::Instant::now();
         let origin = &self.origin;
         let step = origin
@@ -160,6 +161,37 @@ impl Conn {
             authentication_data: data,
             ..Default::default()
         }))
+    }
+}
+
+impl Conn {
+    /// Takes a token from `max_reauth_per_minute`'s bucket; with none left the
+    /// connection closes with 0x96 Message rate too high (counted, logged
+    /// rate-limited).
+    fn within_reauth_rate(&mut self) -> Result<(), Close> {
+        let per_minute = self.broker.config().max_reauth_per_minute;
+        if per_minute == 0
+            || self
+                .reauth_rate
+                .take_per_minute(self.broker.now(), per_minute)
+        {
+            return Ok(());
+        }
+        static LOG: LogLimit = LogLimit::per_secs(10);
+        let m = self.broker.metrics();
+        m.reauth_rate_exceeded.fetch_add(1, Ordering::Relaxed);
+        if let Some(left_out) = LOG.allow() {
+            tracing::warn!(
+                peer = %self.origin.peer.addr,
+                client = %self.info.client_id,
+                left_out,
+                "re-authentications above max_reauth_per_minute; DISCONNECT 0x96"
+            );
+        }
+        Err(Close::ByServer(
+            ReasonCode::MESSAGE_RATE_TOO_HIGH,
+            "re-authentications above max_reauth_per_minute",
+        ))
     }
 }
 

@@ -8,6 +8,8 @@
 //! Time: besides the keep alive, a packet whose first byte has arrived must be whole
 //! within `packet_read_timeout_secs`: any byte resets the keep alive, so a packet
 //! trickled in (or stopped half-way with keep alive 0) held its buffer for ever.
+//! While the connection is throttled (`max_bytes_per_second`), its socket is not read
+//! until a resume time; that pause is ours, so both deadlines move by it.
 //!
 //! The write buffer holds whole packets, the first possibly part-written; the length
 //! of that part is tracked so the unsent packets behind it can be dropped when a slow
@@ -29,8 +31,8 @@ const READ_CHUNK: usize = 4096;
 const WRITE_CHUNK: usize = 4096;
 
 /// The keep alive (1.5 times the negotiated one; zero for none), the deadline of
-/// the packet being read, and the expiry of the client's credential. One timer
-/// serves them all.
+/// the packet being read, the expiry of the client's credential, and the end of a
+/// bandwidth pause. One timer serves them all.
 #[derive(Debug)]
 pub(super) struct Deadlines {
     keep_alive: Duration,
@@ -38,6 +40,7 @@ pub(super) struct Deadlines {
     idle_at: Option<Instant>,
     packet_at: Option<Instant>,
     credential_at: Option<Instant>,
+    resume_at: Option<Instant>,
 }
 
 impl Deadlines {
@@ -48,6 +51,7 @@ impl Deadlines {
             idle_at: (!keep_alive.is_zero()).then(|| now + keep_alive),
             packet_at: None,
             credential_at: None,
+            resume_at: None,
         }
     }
 
@@ -57,7 +61,30 @@ impl Deadlines {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         };
-        earlier(earlier(self.idle_at, self.packet_at), self.credential_at)
+        let deadline = earlier(self.idle_at, self.packet_at);
+        earlier(earlier(deadline, self.credential_at), self.resume_at)
+    }
+
+    /// The socket is not read from `now` until `until`: the keep alive and the
+    /// packet deadline move by the pause (the client's bytes wait in the socket
+    /// meanwhile, so it is not late). The credential's expiry does not move.
+    pub fn pause(&mut self, now: Instant, until: Instant) {
+        let by = until.saturating_duration_since(now);
+        self.idle_at = self.idle_at.map(|at| at + by);
+        self.packet_at = self.packet_at.map(|at| at + by);
+        self.resume_at = Some(until);
+    }
+
+    /// Whether reading is paused.
+    pub fn paused(&self) -> bool {
+        self.resume_at.is_some()
+    }
+
+    /// Ends the pause if its time has come.
+    pub fn resume(&mut self, now: Instant) {
+        if self.resume_at.is_some_and(|at| now >= at) {
+            self.resume_at = None;
+        }
     }
 
     /// The client's credential expires at `at` (`None`: never).
@@ -196,5 +223,35 @@ mod tests {
         let mut d = Deadlines::new(3 * s, 10 * s, t0);
         d.read(t0, 0, true);
         assert_eq!(d.next(), Some(t0 + 3 * s));
+    }
+
+    #[test]
+    fn a_pause_moves_the_keep_alive_and_the_packet_deadline() {
+        let t0 = Instant::now();
+        let s = Duration::from_secs(1);
+        let mut d = Deadlines::new(3 * s, 10 * s, t0);
+        d.credential(Some(t0 + 20 * s));
+        d.read(t0, 0, true);
+        d.pause(t0, t0 + 5 * s);
+        assert!(d.paused());
+        assert_eq!(d.next(), Some(t0 + 5 * s), "the timer wakes to resume");
+        d.resume(t0 + 4 * s);
+        assert!(d.paused(), "not yet");
+        d.resume(t0 + 5 * s);
+        assert!(!d.paused());
+        // Three seconds of keep alive after the pause, not during it.
+        assert_eq!(d.expired(t0 + 7 * s), None);
+        assert!(d.expired(t0 + 8 * s).is_some());
+        assert_eq!(d.next(), Some(t0 + 8 * s));
+        // The packet deadline moved likewise; the credential's did not.
+        let mut d = Deadlines::new(Duration::ZERO, 10 * s, t0);
+        d.credential(Some(t0 + 12 * s));
+        d.read(t0, 0, true);
+        d.pause(t0, t0 + 5 * s);
+        d.resume(t0 + 5 * s);
+        assert_eq!(d.next(), Some(t0 + 12 * s));
+        assert_eq!(d.expired(t0 + 12 * s), Some(Close::Expired));
+        d.credential(None);
+        assert_eq!(d.next(), Some(t0 + 15 * s));
     }
 }

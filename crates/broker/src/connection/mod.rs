@@ -33,6 +33,7 @@ use crate::authz::Grants;
 use crate::clock::Timer;
 use crate::metrics::packet_type;
 use crate::pending::Admission;
+use crate::rate::{Bandwidth, ByteBucket};
 use crate::ratelimit::LogLimit;
 use crate::service::ClientInfo;
 use crate::session::Session;
@@ -99,15 +100,33 @@ pub(crate) struct Conn {
     keep_alive: Duration,
     /// `max_publish_rate`'s bucket (`None`: no limit).
     publish_rate: Option<crate::rate::Bucket>,
+    /// `max_reauth_per_minute`'s bucket.
+    reauth_rate: crate::rate::Bucket,
+    /// The listener's `max_bytes_per_second` bucket (`None`: no limit).
+    bandwidth: Option<ByteBucket>,
 }
 
-/// Serves one connection until it closes. Never panics on peer input.
+/// Serves one connection until it closes, with the `[mqtt]` table's bandwidth
+/// limit. Never panics on peer input.
 pub(crate) async fn serve<S: Transport>(
+    broker: Broker,
+    stream: S,
+    peer: Peer,
+    admission: Admission,
+    authenticator: Arc<dyn Authenticator>,
+) {
+    let bandwidth = Bandwidth::of(broker.config());
+    serve_limited(broker, stream, peer, admission, authenticator, bandwidth).await;
+}
+
+/// Serves one connection until it closes, reading at most `bandwidth` from it.
+pub(crate) async fn serve_limited<S: Transport>(
     broker: Broker,
     mut stream: S,
     peer: Peer,
     admission: Admission,
     authenticator: Arc<dyn Authenticator>,
+    bandwidth: Option<Bandwidth>,
 ) {
     let origin = authn::Origin {
         peer,
@@ -116,7 +135,8 @@ pub(crate) async fn serve<S: Transport>(
     // The handshake and the teardown are boxed: a task's future is as large as its
     // largest state, and an idle connection should not carry theirs.
     let connected = Box::pin(handshake::connect(&broker, &mut stream, admission, origin)).await;
-    if let Some((conn, rbuf, _open)) = connected {
+    if let Some((mut conn, rbuf, _open)) = connected {
+        conn.bandwidth = bandwidth.map(|limit| ByteBucket::new(limit, broker.now()));
         let client = conn.info.client_id.clone();
         let peer = conn.origin.peer.addr;
         let about = crate::session::PeerInfo {
@@ -181,7 +201,7 @@ impl Conn {
             }
             self.release_idle(rbuf);
             let writing = !self.wbuf.is_empty() || stream.wants_write();
-            let reading = self.wbuf.len() < 4 * high_water;
+            let reading = self.wbuf.len() < 4 * high_water && !deadlines.paused();
             tokio::select! {
                 biased;
                 // Registers the task with the signal, so the deliveries branch below
@@ -207,6 +227,7 @@ impl Conn {
                 }
                 () = poll_fn(|_| if signal.take_deliveries() { Poll::Ready(()) } else { Poll::Pending }) => {}
                 () = poll_fn(|cx| timer.poll_elapsed(cx)), if deadlines.next().is_some() => {
+                    deadlines.resume(clock.now());
                     if let Some(close) = self.deadline_passed(&deadlines) {
                         return close;
                     }
@@ -238,16 +259,41 @@ impl Conn {
         deadlines: &mut Deadlines,
     ) -> Result<(), Close> {
         self.reserve_read(rbuf);
-        match stream.try_read_buf(rbuf) {
-            Ok(n) if n > 0 => {}
+        let n = match stream.try_read_buf(rbuf) {
+            Ok(n) if n > 0 => n,
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Ok(()),
             _ => return Err(Close::Lost),
-        }
+        };
         let handled = self.handle_buffered(rbuf).await?;
-        deadlines.read(self.broker.now(), handled, !rbuf.is_empty());
+        let now = self.broker.now();
+        deadlines.read(now, handled, !rbuf.is_empty());
+        if let Some(until) = self.bandwidth.as_mut().and_then(|b| b.spend(n, now)) {
+            self.throttled(now, until);
+            deadlines.pause(now, until);
+        }
         // A re-authentication among those packets moved it.
         deadlines.credential(self.credential_at);
         Ok(())
+    }
+
+    /// Counts (and logs, rate-limited) a pause in reading for the bandwidth limit.
+    fn throttled(&self, now: std::time::Instant, until: std::time::Instant) {
+        static LOG: LogLimit = LogLimit::per_secs(10);
+        let m = self.broker.metrics();
+        m.bandwidth_throttles.fetch_add(1, Ordering::Relaxed);
+        let micros = until.saturating_duration_since(now).as_micros();
+        let micros = u64::try_from(micros).unwrap_or(u64::MAX);
+        m.bandwidth_throttled_micros
+            .fetch_add(micros, Ordering::Relaxed);
+        if let Some(left_out) = LOG.allow() {
+            tracing::info!(
+                peer = %self.origin.peer.addr,
+                client = %self.info.client_id,
+                pause_ms = micros / 1000,
+                left_out,
+                "client sends faster than max_bytes_per_second; not reading its socket meanwhile"
+            );
+        }
     }
 
     /// The close a deadline that passed asks for (a late packet is counted).

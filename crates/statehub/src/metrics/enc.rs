@@ -23,6 +23,18 @@ impl Enc<'_> {
             .encode_counter::<NoLabelSet, _, u64>(&v, None)
     }
 
+    pub(super) fn counter_f64(
+        &mut self,
+        name: &str,
+        help: &str,
+        unit: Option<Unit>,
+        v: f64,
+    ) -> Result<(), Error> {
+        self.0
+            .encode_descriptor(name, help, unit.as_ref(), MetricType::Counter)?
+            .encode_counter::<NoLabelSet, _, f64>(&v, None)
+    }
+
     pub(super) fn gauge(
         &mut self,
         name: &str,

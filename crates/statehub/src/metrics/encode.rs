@@ -258,6 +258,24 @@ fn mqtt_security(e: &mut Enc<'_>, m: &Metrics) -> Result<(), Error> {
         None,
         m.publish_rate_exceeded.load(Relaxed),
     )?;
+    e.counter(
+        "statehub_mqtt_reauth_rate_exceeded",
+        "Connections closed with 0x96 for max_reauth_per_minute",
+        None,
+        m.reauth_rate_exceeded.load(Relaxed),
+    )?;
+    e.counter(
+        "statehub_mqtt_bandwidth_throttles",
+        "Times a connection's socket was left unread for max_bytes_per_second",
+        None,
+        m.bandwidth_throttles.load(Relaxed),
+    )?;
+    e.counter_f64(
+        "statehub_mqtt_bandwidth_throttled",
+        "Time connections spent unread for max_bytes_per_second, all together",
+        Some(Unit::Seconds),
+        m.bandwidth_throttled_micros.load(Relaxed) as f64 / 1e6,
+    )?;
     Ok(())
 }
 
