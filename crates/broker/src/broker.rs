@@ -17,7 +17,7 @@
 //! inside the retained lock.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
 use parking_lot::RwLock;
@@ -30,6 +30,7 @@ use crate::auth::{AllowAll, Authenticator};
 use crate::authz::Rules;
 use crate::clock::Clock;
 use crate::config::{BrokerConfig, Overlap};
+use crate::fabric::{Fabric, FabricError, SharedPicks};
 use crate::message::{Delivery, Message, SharedVia};
 use crate::metrics::Metrics;
 use crate::rate::ConnectRate;
@@ -69,6 +70,7 @@ struct Inner {
     connections: AtomicUsize,
     shutdown: CancellationToken,
     taps: Taps,
+    fabric: OnceLock<Arc<dyn Fabric>>,
 }
 
 /// Why [`Broker::deliver_to`] could not deliver.
@@ -117,6 +119,7 @@ impl Broker {
                 connections: AtomicUsize::new(0),
                 shutdown: CancellationToken::new(),
                 taps: Taps::default(),
+                fabric: OnceLock::new(),
             }),
         }
     }
@@ -168,6 +171,11 @@ impl Broker {
     /// The bounds of a session queue.
     pub(crate) fn queue_limits(&self) -> QueueLimits {
         self.inner.limits
+    }
+
+    /// Where the fabric is kept (see `fabric.rs`).
+    pub(crate) fn fabric_cell(&self) -> &OnceLock<Arc<dyn Fabric>> {
+        &self.inner.fabric
     }
 
     /// The admin view's taps (`admin.rs`).
@@ -280,6 +288,7 @@ impl Broker {
             // A broker-made message is not acknowledged to anyone: nothing waits.
             drop(self.store_retained(&msg));
         }
+        // Nobody waits for a broker-made message to reach the other nodes.
         self.route(&msg, None).sessions
     }
 
@@ -300,6 +309,17 @@ impl Broker {
         }
         let store = self.inner.retain_store.read();
         store.as_ref().map(|s| s.record(msg, self.now()))
+    }
+
+    /// Makes `msg` its topic's retained message (an empty payload clears it) in memory
+    /// only, telling no [`RetainStore`]: another node of a cluster stored it.
+    pub fn apply_retained(&self, msg: &Arc<Message>) {
+        let mut retained = self.inner.retained.write();
+        if msg.payload.is_empty() {
+            retained.remove(&msg.topic);
+        } else {
+            retained.insert(Arc::new(msg.compacted()));
+        }
     }
 
     /// Keeps retained messages in `store` from now on, starting from `loaded` (what it
@@ -354,6 +374,35 @@ impl Broker {
         all_or_nothing: bool,
         accepted: impl FnOnce(),
     ) -> Routed {
+        // A message for one recipient (a service's answer) is this node's business.
+        let Some(fabric) = self.fabric().filter(|_| msg.recipient.is_none()) else {
+            return self.route_local(msg, gate, all_or_nothing, accepted, None);
+        };
+        let picks = fabric.shared_picks(&msg.topic);
+        let mut routed = self.route_local(msg, gate, all_or_nothing, accepted, Some(&picks));
+        if !routed.refused {
+            routed.forwarded = Some(fabric.forward(msg, picks));
+        }
+        routed
+    }
+
+    /// [`Broker::route_remote`]'s routing: this node's subscribers, shared groups as
+    /// the publisher's node picked them.
+    pub(crate) fn route_picked(&self, msg: &Arc<Message>, picks: &SharedPicks) -> usize {
+        self.route_local(msg, None, false, || {}, Some(picks))
+            .sessions
+    }
+
+    /// Routes to this node's sessions; with `picks`, a shared group gets the message
+    /// only if it was picked for this node.
+    fn route_local(
+        &self,
+        msg: &Arc<Message>,
+        gate: Option<&Arc<Gate>>,
+        all_or_nothing: bool,
+        accepted: impl FnOnce(),
+        picks: Option<&SharedPicks>,
+    ) -> Routed {
         let accepted = if all_or_nothing {
             Some(accepted)
         } else {
@@ -364,7 +413,7 @@ impl Broker {
         metrics.messages_in.fetch_add(1, Ordering::Relaxed);
         let trie = self.inner.trie.read();
         let matches = trie.matches(&msg.topic);
-        let targets = self.targets(&matches, msg, gate);
+        let targets = self.targets(&matches, msg, gate, picks);
         let sessions = targets.len();
         let mut tickets = SmallVec::<[Option<Ticket>; 4]>::new();
         if all_or_nothing {
@@ -373,6 +422,7 @@ impl Broker {
                     sessions,
                     stored: false,
                     refused: true,
+                    forwarded: None,
                 };
             }
             if let Some(accepted) = accepted {
@@ -392,6 +442,7 @@ impl Broker {
             sessions,
             stored,
             refused: false,
+            forwarded: None,
         }
     }
 
@@ -401,6 +452,7 @@ impl Broker {
         matches: &Matches<'t>,
         msg: &Arc<Message>,
         gate: Option<&Arc<Gate>>,
+        picks: Option<&SharedPicks>,
     ) -> Targets<'t> {
         let mut targets: Targets<'t> = SmallVec::with_capacity(matches.plain.len());
         let recipient = msg.recipient.as_deref();
@@ -438,6 +490,9 @@ impl Broker {
             &matches.shared[..]
         };
         for group in groups {
+            if picks.is_some_and(|p| !p.here(&group.filter, &group.name)) {
+                continue;
+            }
             if let Some(entry) = group.pick(None) {
                 let qos = msg.qos.min(entry.options.qos);
                 let retain = entry.options.retain_as_published && msg.retain;
@@ -497,21 +552,43 @@ impl Broker {
             options,
             identifier,
         };
-        self.inner.trie.write().insert(f, group, entry)
+        let mut trie = self.inner.trie.write();
+        let existed = trie.insert(f, group, entry);
+        if let (Some(g), Some(fabric)) = (group, self.fabric()) {
+            let first = trie
+                .shared_group(f, g)
+                .is_some_and(|m| m.members.len() == 1);
+            if first && !existed {
+                fabric.shared_group_changed(f, g, true);
+            }
+        }
+        existed
     }
 
     pub(crate) fn unindex_subscription(&self, client_id: &str, filter: &str) -> bool {
-        let (group, f) = split_shared(filter);
-        self.inner.trie.write().remove(f, group, client_id)
+        let mut trie = self.inner.trie.write();
+        self.unindex(&mut trie, client_id, filter)
     }
 
     /// Removes a client's subscriptions to `filters` from the trie (its session ended).
     pub(crate) fn unindex_all(&self, client_id: &str, filters: &[ByteString]) {
         let mut trie = self.inner.trie.write();
         for f in filters {
-            let (group, filter) = split_shared(f);
-            trie.remove(filter, group, client_id);
+            self.unindex(&mut trie, client_id, f);
         }
+    }
+
+    /// Removes one subscription; the fabric hears when a shared group's last member
+    /// here left.
+    fn unindex(&self, trie: &mut SubscriptionTrie, client_id: &str, filter: &str) -> bool {
+        let (group, f) = split_shared(filter);
+        let removed = trie.remove(f, group, client_id);
+        if let (true, Some(g), Some(fabric)) = (removed, group, self.fabric()) {
+            if trie.shared_group(f, g).is_none() {
+                fabric.shared_group_changed(f, g, false);
+            }
+        }
+        removed
     }
 
     pub(crate) fn next_generation(&self) -> u64 {
@@ -533,7 +610,6 @@ impl Drop for OpenConnection {
 type Targets<'t> = SmallVec<[(&'t SubEntry, Delivery); 4]>;
 
 /// Where a routed message went.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Routed {
     pub sessions: usize,
     /// Some persistent session stored it: await the session store's barrier before
@@ -541,6 +617,8 @@ pub(crate) struct Routed {
     pub stored: bool,
     /// Refused (all or nothing, see [`Broker::route_with`]): no session got it.
     pub refused: bool,
+    /// Handed to the other nodes (see `fabric.rs`): resolves once they will get it.
+    pub forwarded: Option<BoxFuture<'static, Result<(), FabricError>>>,
 }
 
 /// Splits `$share/{group}/{filter}` into its group and filter.

@@ -176,6 +176,9 @@ impl Broker {
         if adds && sessions.persistent.load(Ordering::Relaxed) >= sessions.max_persistent {
             return Err(ReasonCode::QUOTA_EXCEEDED);
         }
+        if let Some(fabric) = self.fabric() {
+            fabric.connected(client_id);
+        }
         let mut resumed = None;
         let mut kicked = false;
         if let Some(old) = old {
@@ -207,6 +210,30 @@ impl Broker {
             present,
             stored,
         })
+    }
+
+    /// Another node took `client_id`'s session (see [`Broker::taken_elsewhere`]): unless
+    /// `still_ours` says no, under the client id's lock, a connection here is told to go
+    /// with 0x8E and the session ends. True if a session here ended.
+    pub(crate) fn end_taken_session(
+        &self,
+        client_id: &str,
+        still_ours: impl FnOnce() -> bool,
+    ) -> bool {
+        let serialized = self.sessions().lock(client_id);
+        let Some(old) = self.session(client_id) else {
+            return false;
+        };
+        if !still_ours() {
+            return false;
+        }
+        let kicked = old.take_over();
+        self.end_session(&old);
+        drop(serialized);
+        if kicked {
+            self.notify_services_closed(client_id);
+        }
+        true
     }
 
     /// Counts (and logs, throttled) a CONNECT refused by the bound on persistent

@@ -1,0 +1,29 @@
+//! Scale-out of the broker: with `--redis`, this node's broker joins every other node on
+//! that Redis (and namespace) as one MQTT broker through `statehub-broker-redis`'s
+//! fabric: messages, retained messages, takeovers and shared subscriptions span nodes.
+
+use statehub_broker::Broker;
+use statehub_broker_redis::{defaults, Options, RedisFabric};
+use statehub_state_store_redis::Options as ClusterOptions;
+
+/// Joins `broker` to the cluster, if there is one. Call before accepting connections.
+pub fn start(
+    cluster: Option<&ClusterOptions>,
+    broker: &Broker,
+) -> std::io::Result<Option<RedisFabric>> {
+    let Some(cluster) = cluster else {
+        return Ok(None);
+    };
+    let options = Options {
+        url: cluster.url.clone(),
+        namespace: cluster.namespace.clone(),
+        node: cluster.node.clone(),
+        timeout: cluster.timeout,
+        stream_len: defaults::STREAM_LEN,
+        queue: defaults::QUEUE,
+    };
+    let fabric = RedisFabric::start(&options, broker)
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, crate::chain(&e)))?;
+    tracing::info!("mqtt broker joined the cluster in redis at {}", options.url);
+    Ok(Some(fabric))
+}
