@@ -307,3 +307,35 @@ async fn with_redis_down_qos_1_is_refused_local_qos_0_goes_on_and_both_resume() 
         "the other node reads again; nothing refused arrives"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rumqttc_clients_on_three_nodes_get_every_message_once_in_order() {
+    use statehub_test_support::{v4c, v5c, v5pub};
+    let redis = RedisServer::start();
+    let (a, b, c) = (node(&redis, "a"), node(&redis, "b"), node(&redis, "c"));
+    let (v5, mut v5_rx) = v5c::connect(v5c::options(b.mqtt, "rumqttc-v5")).await;
+    v5.subscribe("r/t", v5c::QoS::ExactlyOnce).await.unwrap();
+    v5c::next_suback(&mut v5_rx).await;
+    let (v4, mut v4_rx) = v4c::connect(v4c::options(c.mqtt, "rumqttc-v4")).await;
+    v4.subscribe("r/t", v4c::QoS::AtLeastOnce).await.unwrap();
+    v4c::next_suback(&mut v4_rx).await;
+    let payloads: Vec<String> = (0..20).map(|i| format!("m{i}")).collect();
+    let reasons = v5pub::publish_each(a.mqtt, "rumqttc-pub", "r/t", &payloads).await;
+    assert!(
+        reasons.iter().all(|r| *r == v5pub::PubAckReason::Success),
+        "{reasons:?}"
+    );
+    for want in &payloads {
+        let p = v5c::next_publish(&mut v5_rx).await;
+        assert_eq!(
+            (&p.payload[..], p.qos),
+            (want.as_bytes(), v5c::QoS::AtLeastOnce)
+        );
+        let p = v4c::next_publish(&mut v4_rx).await;
+        assert_eq!(&p.payload[..], want.as_bytes());
+    }
+    let quiet = Duration::from_millis(500);
+    assert!(tokio::time::timeout(quiet, v5c::next_publish(&mut v5_rx))
+        .await
+        .is_err());
+}
