@@ -45,6 +45,12 @@ pub struct ClusterConfig {
     /// The change feed (a Redis stream) is trimmed to about this many entries (10000):
     /// how far a node's reader may fall behind before notifications are lost.
     pub feed_len: u64,
+    /// The broker's message stream is trimmed to about this many entries (100000): how
+    /// far a node's reader may fall behind before its subscribers miss messages.
+    pub mqtt_stream_len: u64,
+    /// Most messages a node holds for its Redis writer (10000): past it QoS 1/2
+    /// PUBLISHes are refused with 0x97 and QoS 0 ones stay on their node.
+    pub mqtt_queue: usize,
 }
 
 impl Default for ClusterConfig {
@@ -55,6 +61,8 @@ impl Default for ClusterConfig {
             namespace: defaults::NAMESPACE.to_owned(),
             timeout_ms: u64::try_from(defaults::TIMEOUT.as_millis()).unwrap_or(u64::MAX),
             feed_len: defaults::FEED_LEN,
+            mqtt_stream_len: statehub_broker_redis::defaults::STREAM_LEN,
+            mqtt_queue: statehub_broker_redis::defaults::QUEUE,
         }
     }
 }
