@@ -339,3 +339,84 @@ async fn rumqttc_clients_on_three_nodes_get_every_message_once_in_order() {
         .await
         .is_err());
 }
+
+/// mosquitto_sub on one node, mosquitto_pub (MQTT 3.1.1 and 5, QoS 2) on another.
+#[test]
+fn mosquitto_clients_across_nodes() {
+    use std::io::{BufRead, BufReader};
+    use std::process::{Command, Stdio};
+    let redis = RedisServer::start();
+    let (a, b) = (node(&redis, "a"), node(&redis, "b"));
+    let port = |s: &Server| s.mqtt.port().to_string();
+    let mut sub = Command::new("mosquitto_sub")
+        .args([
+            "-h",
+            "127.0.0.1",
+            "-p",
+            &port(&b),
+            "-t",
+            "m/#",
+            "-q",
+            "2",
+            "-V",
+            "mqttv311",
+        ])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("mosquitto_sub (scripts/install-test-deps.sh installs it)");
+    let (tx, rx) = std::sync::mpsc::channel();
+    let out = sub.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(out).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let publish = |topic: &str, payload: &str, version: &str| {
+        let status = Command::new("mosquitto_pub")
+            .args([
+                "-h",
+                "127.0.0.1",
+                "-p",
+                &port(&a),
+                "-t",
+                topic,
+                "-m",
+                payload,
+            ])
+            .args(["-q", "2", "-V", version])
+            .status()
+            .unwrap();
+        assert!(status.success());
+    };
+    // Until the subscriber is subscribed (it says nothing when it is).
+    let mut warm = true;
+    for _ in 0..100 {
+        publish("m/warm", "warm", "mqttv311");
+        if rx.recv_timeout(Duration::from_millis(200)).is_ok() {
+            warm = false;
+            break;
+        }
+    }
+    assert!(
+        !warm,
+        "mosquitto_sub on node b never got a message from node a"
+    );
+    let sent: Vec<String> = (0..6).map(|i| format!("n{i}")).collect();
+    for (i, m) in sent.iter().enumerate() {
+        publish("m/t", m, ["mqttv311", "mqttv5"][i % 2]);
+    }
+    let mut got = Vec::new();
+    while got.len() < sent.len() {
+        let line = rx
+            .recv_timeout(Duration::from_secs(10))
+            .expect("a message on node b");
+        if line != "warm" {
+            got.push(line);
+        }
+    }
+    assert_eq!(got, sent);
+    let _ = sub.kill();
+    let _ = sub.wait();
+}
