@@ -237,18 +237,26 @@ impl Fabric for RedisFabric {
         })
     }
 
-    fn connected(&self, client_id: &str) {
+    fn connected(&self, client_id: &str) -> BoxFuture<'static, Result<(), FabricError>> {
         let shared = &self.shared;
         *shared
             .pending
             .lock()
             .entry(client_id.to_owned())
             .or_default() += 1;
-        if !shared.send(Command::Announce {
+        let (reply, done) = oneshot::channel();
+        let command = Command::Announce {
             client: client_id.to_owned(),
-        }) {
+            reply,
+        };
+        if !shared.send(command) {
             shared.announced(client_id);
+            return Box::pin(async { Err(FabricError::Full) });
         }
+        Box::pin(async move {
+            done.await
+                .unwrap_or_else(|_| Err(FabricError::Unavailable("stopped".into())))
+        })
     }
 
     fn announcing(&self, client_id: &str) -> bool {

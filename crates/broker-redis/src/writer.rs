@@ -36,7 +36,7 @@ pub(crate) enum Command {
         reply: Reply,
     },
     /// Append a client id that connected here.
-    Announce { client: String },
+    Announce { client: String, reply: Reply },
     /// Write this node's shared groups as they are now.
     Groups,
 }
@@ -140,7 +140,7 @@ impl Writer {
                     None => pipe.hdel(&keys.retained, topic).ignore(),
                 };
             }
-            Command::Announce { client } => {
+            Command::Announce { client, .. } => {
                 self.xadd(pipe)
                     .arg(&["n", node, "t", "k", "c", client])
                     .ignore();
@@ -194,10 +194,11 @@ impl Writer {
                 Command::Retain { reply, .. } => {
                     let _ = reply.send(result.clone());
                 }
-                Command::Announce { client } => {
+                Command::Announce { client, reply } => {
                     if result.is_err() {
                         self.shared.announced(&client);
                     }
+                    let _ = reply.send(result.clone());
                 }
                 Command::Groups => {}
             }

@@ -101,8 +101,11 @@ pub trait Fabric: Send + Sync + std::fmt::Debug {
     ) -> BoxFuture<'static, Result<(), FabricError>>;
 
     /// A connection of `client_id` took its session here, under the client id's lock:
-    /// any connection of it on another node must go (0x8E).
-    fn connected(&self, client_id: &str);
+    /// any connection of it on another node must go (0x8E). The CONNACK waits for the
+    /// returned future, so that a client connecting elsewhere after it is ordered after
+    /// this connection; if it fails (the cluster is out of reach) the client is still
+    /// accepted, and the other nodes are not told.
+    fn connected(&self, client_id: &str) -> BoxFuture<'static, Result<(), FabricError>>;
 
     /// Whether this node announced a connection of `client_id` that the other nodes
     /// have not ordered yet (it is newer than any takeover being read now).

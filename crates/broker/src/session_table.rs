@@ -24,21 +24,24 @@ use parking_lot::{Mutex, MutexGuard, RwLock};
 use statehub_mqtt_codec::{ByteString, ReasonCode};
 
 use crate::config::BrokerConfig;
+use crate::fabric::FabricError;
 use crate::metrics::Gauges;
 use crate::ratelimit::LogLimit;
+use crate::service::BoxFuture;
 use crate::session::{Session, Usage};
 use crate::session_store::{SessionStore, StoredSession};
 use crate::signal::Signal;
 use crate::Broker;
 
 /// The session a new connection attached to.
-#[derive(Debug)]
 pub(crate) struct Taken {
     pub session: Arc<Session>,
     /// It existed before (Session Present).
     pub present: bool,
     /// A change was recorded in the session store: the CONNACK waits for it.
     pub stored: bool,
+    /// The cluster was told of the connection (see `fabric.rs`): the CONNACK waits.
+    pub announced: Option<BoxFuture<'static, Result<(), FabricError>>>,
 }
 
 /// How many locks serialize session changes per client id (see the module docs).
@@ -176,9 +179,7 @@ impl Broker {
         if adds && sessions.persistent.load(Ordering::Relaxed) >= sessions.max_persistent {
             return Err(ReasonCode::QUOTA_EXCEEDED);
         }
-        if let Some(fabric) = self.fabric() {
-            fabric.connected(client_id);
-        }
+        let announced = self.fabric().map(|fabric| fabric.connected(client_id));
         let mut resumed = None;
         let mut kicked = false;
         if let Some(old) = old {
@@ -206,6 +207,7 @@ impl Broker {
             self.notify_services_closed(client_id);
         }
         Ok(Taken {
+            announced,
             session,
             present,
             stored,
