@@ -17,8 +17,8 @@
 #
 # Cluster mode (CLUSTER=N, N >= 2): a redis-server on a free port, N statehub nodes on it
 # (`--redis`), and a round-robin TCP balancer (scripts/lib/rr_balancer.py) on port 1883,
-# so each SDK client lands on the next node; only the state store, lease and lock tests
-# run (MQTT routing between nodes is not part of the cluster yet).
+# so each SDK client lands on the next node; every test file runs, with its clients spread
+# over the nodes.
 #
 # Secure mode (AUTH=sat): the SDK clients connect over TLS with a K8S-SAT token file
 # (MQTT 5 enhanced authentication), as in a cluster, and statehub's listener on 1883
@@ -196,11 +196,11 @@ run() { # PACKAGE TEST [FEATURES]
 run azure_iot_operations_services state_store_client_test state_store,leased_lock
 run azure_iot_operations_services lease_client_tests state_store,leased_lock
 run azure_iot_operations_services lock_client_tests state_store,leased_lock
-if [[ "$CLUSTER" -lt 2 ]]; then
-    run azure_iot_operations_protocol command_network_tests
-    run azure_iot_operations_protocol telemetry_network_tests
-    run azure_iot_operations_mqtt session_network_tests
-fi
+# In cluster mode an invoker and its executor, a sender and its receiver, connect to
+# different nodes through the balancer: MQTT routing across nodes is what they test.
+run azure_iot_operations_protocol command_network_tests
+run azure_iot_operations_protocol telemetry_network_tests
+run azure_iot_operations_mqtt session_network_tests
 
 echo "== summary (statehub log: $LOG)"
 printf '%s\n' "${summary[@]}"

@@ -18,13 +18,13 @@
 
 use std::collections::hash_map::Entry;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
 use foldhash::HashMap;
 use parking_lot::RwLock;
 use smallvec::SmallVec;
-use statehub_mqtt_codec::{ByteString, Publish, ReasonCode, SubscriptionOptions};
+use statehub_mqtt_codec::{Publish, ReasonCode};
 use tokio_util::sync::CancellationToken;
 
 use crate::admin::Taps;
@@ -32,6 +32,7 @@ use crate::auth::{AllowAll, Authenticator};
 use crate::authz::Rules;
 use crate::clock::Clock;
 use crate::config::{BrokerConfig, Overlap};
+use crate::fabric::{Fabric, FabricError, SharedPicks};
 use crate::message::{Delivery, Message, SharedVia};
 use crate::metrics::Metrics;
 use crate::rate::ConnectRate;
@@ -45,6 +46,7 @@ use crate::session_table::Sessions;
 use crate::topic;
 use crate::trie::{Matches, SubEntry, SubscriptionTrie};
 
+mod index;
 mod queue_full;
 
 /// Handle to the broker. Clone freely.
@@ -71,6 +73,7 @@ struct Inner {
     connections: AtomicUsize,
     shutdown: CancellationToken,
     taps: Taps,
+    fabric: OnceLock<Arc<dyn Fabric>>,
 }
 
 /// Why [`Broker::deliver_to`] could not deliver.
@@ -119,6 +122,7 @@ impl Broker {
                 connections: AtomicUsize::new(0),
                 shutdown: CancellationToken::new(),
                 taps: Taps::default(),
+                fabric: OnceLock::new(),
             }),
         }
     }
@@ -170,6 +174,11 @@ impl Broker {
     /// The bounds of a session queue.
     pub(crate) fn queue_limits(&self) -> QueueLimits {
         self.inner.limits
+    }
+
+    /// Where the fabric is kept (see `fabric.rs`).
+    pub(crate) fn fabric_cell(&self) -> &OnceLock<Arc<dyn Fabric>> {
+        &self.inner.fabric
     }
 
     /// The admin view's taps (`admin.rs`).
@@ -285,6 +294,7 @@ impl Broker {
             // A broker-made message is not acknowledged to anyone: nothing waits.
             drop(self.store_retained(&msg));
         }
+        // Nobody waits for a broker-made message to reach the other nodes.
         self.route(&msg, None).sessions
     }
 
@@ -309,6 +319,17 @@ impl Broker {
         }
         let store = self.inner.retain_store.read();
         store.as_ref().map(|s| s.record(msg, self.now()))
+    }
+
+    /// Makes `msg` its topic's retained message (an empty payload clears it) in memory
+    /// only, telling no [`RetainStore`]: another node of a cluster stored it.
+    pub fn apply_retained(&self, msg: &Arc<Message>) {
+        let mut retained = self.inner.retained.write();
+        if msg.payload.is_empty() {
+            retained.remove(&msg.topic);
+        } else {
+            retained.insert(Arc::new(msg.compacted()));
+        }
     }
 
     /// Keeps retained messages in `store` from now on, starting from `loaded` (what it
@@ -363,6 +384,35 @@ impl Broker {
         all_or_nothing: bool,
         accepted: impl FnOnce(),
     ) -> Routed {
+        // A message for one recipient (a service's answer) is this node's business.
+        let Some(fabric) = self.fabric().filter(|_| msg.recipient.is_none()) else {
+            return self.route_local(msg, gate, all_or_nothing, accepted, None);
+        };
+        let picks = fabric.shared_picks(&msg.topic);
+        let mut routed = self.route_local(msg, gate, all_or_nothing, accepted, Some(&picks));
+        if !routed.refused {
+            routed.forwarded = Some(fabric.forward(msg, picks));
+        }
+        routed
+    }
+
+    /// [`Broker::route_remote`]'s routing: this node's subscribers, shared groups as
+    /// the publisher's node picked them.
+    pub(crate) fn route_picked(&self, msg: &Arc<Message>, picks: &SharedPicks) -> usize {
+        self.route_local(msg, None, false, || {}, Some(picks))
+            .sessions
+    }
+
+    /// Routes to this node's sessions; with `picks`, a shared group gets the message
+    /// only if it was picked for this node.
+    fn route_local(
+        &self,
+        msg: &Arc<Message>,
+        gate: Option<&Arc<Gate>>,
+        all_or_nothing: bool,
+        accepted: impl FnOnce(),
+        picks: Option<&SharedPicks>,
+    ) -> Routed {
         let accepted = if all_or_nothing {
             Some(accepted)
         } else {
@@ -373,7 +423,7 @@ impl Broker {
         metrics.messages_in.fetch_add(1, Ordering::Relaxed);
         let trie = self.inner.trie.read();
         let matches = trie.matches(&msg.topic);
-        let targets = self.targets(&matches, msg, gate);
+        let targets = self.targets(&matches, msg, gate, picks);
         let sessions = targets.len();
         let mut tickets = SmallVec::<[Option<Ticket>; 4]>::new();
         if all_or_nothing {
@@ -382,6 +432,7 @@ impl Broker {
                     sessions,
                     stored: false,
                     refused: true,
+                    forwarded: None,
                 };
             }
             if let Some(accepted) = accepted {
@@ -401,6 +452,7 @@ impl Broker {
             sessions,
             stored,
             refused: false,
+            forwarded: None,
         }
     }
 
@@ -410,6 +462,7 @@ impl Broker {
         matches: &Matches<'t>,
         msg: &Arc<Message>,
         gate: Option<&Arc<Gate>>,
+        picks: Option<&SharedPicks>,
     ) -> Targets<'t> {
         let mut targets: Targets<'t> = SmallVec::with_capacity(matches.plain.len());
         let recipient = msg.recipient.as_deref();
@@ -463,6 +516,9 @@ impl Broker {
             &matches.shared[..]
         };
         for group in groups {
+            if picks.is_some_and(|p| !p.here(&group.filter, &group.name)) {
+                continue;
+            }
             if let Some(entry) = group.pick(None) {
                 let qos = msg.qos.min(entry.options.qos);
                 let retain = entry.options.retain_as_published && msg.retain;
@@ -508,37 +564,6 @@ impl Broker {
         true
     }
 
-    /// Records a subscription in the trie.
-    pub(crate) fn index_subscription(
-        &self,
-        session: &Arc<Session>,
-        filter: &str,
-        options: SubscriptionOptions,
-        identifier: Option<u32>,
-    ) -> bool {
-        let (group, f) = split_shared(filter);
-        let entry = SubEntry {
-            session: session.clone(),
-            options,
-            identifier,
-        };
-        self.inner.trie.write().insert(f, group, entry)
-    }
-
-    pub(crate) fn unindex_subscription(&self, client_id: &str, filter: &str) -> bool {
-        let (group, f) = split_shared(filter);
-        self.inner.trie.write().remove(f, group, client_id)
-    }
-
-    /// Removes a client's subscriptions to `filters` from the trie (its session ended).
-    pub(crate) fn unindex_all(&self, client_id: &str, filters: &[ByteString]) {
-        let mut trie = self.inner.trie.write();
-        for f in filters {
-            let (group, filter) = split_shared(f);
-            trie.remove(filter, group, client_id);
-        }
-    }
-
     pub(crate) fn next_generation(&self) -> u64 {
         self.inner.generation.fetch_add(1, Ordering::Relaxed)
     }
@@ -558,7 +583,6 @@ impl Drop for OpenConnection {
 type Targets<'t> = SmallVec<[(&'t SubEntry, Delivery); 4]>;
 
 /// Where a routed message went.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Routed {
     pub sessions: usize,
     /// Some persistent session stored it: await the session store's barrier before
@@ -566,6 +590,8 @@ pub(crate) struct Routed {
     pub stored: bool,
     /// Refused (all or nothing, see [`Broker::route_with`]): no session got it.
     pub refused: bool,
+    /// Handed to the other nodes (see `fabric.rs`): resolves once they will get it.
+    pub forwarded: Option<BoxFuture<'static, Result<(), FabricError>>>,
 }
 
 /// Splits `$share/{group}/{filter}` into its group and filter.

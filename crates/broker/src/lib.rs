@@ -19,7 +19,8 @@
 //!   ([`Broker::set_policy`]) and each connection's grants; [`RetainStore`]
 //!   (`retain_store.rs`) and [`SessionStore`] (`session_store.rs`): the durability hooks
 //!   `statehub-broker-durable` implements; [`Clock`] (`clock.rs`): the time the broker
-//!   reads, which tests move by hand.
+//!   reads, which tests move by hand; [`Fabric`] (`fabric.rs`): the seam through which
+//!   nodes on one shared medium (`statehub-broker-redis`) act as one broker.
 //!
 //! See ARCHITECTURE.md at the repository root for the journey of one PUBLISH.
 
@@ -30,6 +31,7 @@ mod broker;
 mod clock;
 mod config;
 mod connection;
+mod fabric;
 mod levels;
 mod message;
 mod metrics;
@@ -55,6 +57,7 @@ pub use auth::{AllowAll, AuthDecision, Authenticator, Identity, Peer, Principal}
 pub use broker::{Broker, DeliverError};
 pub use clock::{Clock, ManualClock};
 pub use config::{BrokerConfig, Overlap, QueueFull};
+pub use fabric::{Fabric, FabricError, SharedPick, SharedPicks};
 pub use message::{Message, SharedVia};
 pub use metrics::{packet_type, Gauges, Metrics, PacketCounts, Refusals, PACKET_TYPES};
 pub use rate::Bandwidth;

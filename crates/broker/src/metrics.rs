@@ -43,6 +43,10 @@ pub struct Metrics {
     /// Of `refused_quota`, the MQTT 3.1.1 publishers' connections closed without the
     /// acknowledgement (3.1.1 has no way to say Quota exceeded).
     pub refused_quota_closed: AtomicU64,
+    /// Client PUBLISHes (QoS 1/2) refused because the other nodes of a cluster could
+    /// not be given them (see `fabric.rs`): the reason code to MQTT 5, the connection
+    /// closed for 3.1.1.
+    pub cluster_refused: AtomicU64,
     /// Messages over a client's Maximum Packet Size, discarded as the spec says.
     pub oversize_dropped: AtomicU64,
     /// Connections closed with 0x97 because they did not keep up.

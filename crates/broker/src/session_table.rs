@@ -24,21 +24,24 @@ use parking_lot::{Mutex, MutexGuard, RwLock};
 use statehub_mqtt_codec::{ByteString, ReasonCode};
 
 use crate::config::BrokerConfig;
+use crate::fabric::FabricError;
 use crate::metrics::Gauges;
 use crate::ratelimit::LogLimit;
+use crate::service::BoxFuture;
 use crate::session::{Session, Usage};
 use crate::session_store::{SessionStore, StoredSession};
 use crate::signal::Signal;
 use crate::Broker;
 
 /// The session a new connection attached to.
-#[derive(Debug)]
 pub(crate) struct Taken {
     pub session: Arc<Session>,
     /// It existed before (Session Present).
     pub present: bool,
     /// A change was recorded in the session store: the CONNACK waits for it.
     pub stored: bool,
+    /// The cluster was told of the connection (see `fabric.rs`): the CONNACK waits.
+    pub announced: Option<BoxFuture<'static, Result<(), FabricError>>>,
 }
 
 /// How many locks serialize session changes per client id (see the module docs).
@@ -176,6 +179,7 @@ impl Broker {
         if adds && sessions.persistent.load(Ordering::Relaxed) >= sessions.max_persistent {
             return Err(ReasonCode::QUOTA_EXCEEDED);
         }
+        let announced = self.fabric().map(|fabric| fabric.connected(client_id));
         let mut resumed = None;
         let mut kicked = false;
         if let Some(old) = old {
@@ -203,10 +207,35 @@ impl Broker {
             self.notify_services_closed(client_id);
         }
         Ok(Taken {
+            announced,
             session,
             present,
             stored,
         })
+    }
+
+    /// Another node took `client_id`'s session (see [`Broker::taken_elsewhere`]): unless
+    /// `still_ours` says no, under the client id's lock, a connection here is told to go
+    /// with 0x8E and the session ends. True if a session here ended.
+    pub(crate) fn end_taken_session(
+        &self,
+        client_id: &str,
+        still_ours: impl FnOnce() -> bool,
+    ) -> bool {
+        let serialized = self.sessions().lock(client_id);
+        let Some(old) = self.session(client_id) else {
+            return false;
+        };
+        if !still_ours() {
+            return false;
+        }
+        let kicked = old.take_over();
+        self.end_session(&old);
+        drop(serialized);
+        if kicked {
+            self.notify_services_closed(client_id);
+        }
+        true
     }
 
     /// Counts (and logs, throttled) a CONNECT refused by the bound on persistent

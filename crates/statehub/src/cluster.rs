@@ -55,6 +55,12 @@ pub struct ClusterConfig {
     /// Most Web PubSub operations waiting to be written to Redis (10000); past it a
     /// send to other nodes is refused (REST 503, ack `InternalServerError`).
     pub webpubsub_queue: usize,
+    /// The broker's message stream is trimmed to about this many entries (100000): how
+    /// far a node's reader may fall behind before its subscribers miss messages.
+    pub mqtt_stream_len: u64,
+    /// Most messages a node holds for its Redis writer (10000): past it QoS 1/2
+    /// PUBLISHes are refused with 0x97 and QoS 0 ones stay on their node.
+    pub mqtt_queue: usize,
 }
 
 /// A node's cluster settings: its state store and its Web PubSub on Redis.
@@ -76,6 +82,8 @@ impl Default for ClusterConfig {
             feed_len: defaults::FEED_LEN,
             webpubsub_stream_len: statehub_webpubsub_redis::defaults::STREAM_LEN,
             webpubsub_queue: statehub_webpubsub_redis::defaults::QUEUE,
+            mqtt_stream_len: statehub_broker_redis::defaults::STREAM_LEN,
+            mqtt_queue: statehub_broker_redis::defaults::QUEUE,
         }
     }
 }

@@ -7,6 +7,7 @@ mod auth_config;
 mod authz;
 mod check;
 mod cluster;
+mod cluster_mqtt;
 mod config;
 mod fds;
 mod first_use;
@@ -154,6 +155,11 @@ async fn serve(mut settings: Settings) -> std::io::Result<()> {
     let broker = start_broker(&settings, rules);
     let shutdown = broker.shutdown_token();
     let (expiry, storage, state_store) = start_state_store(&settings, &broker)?;
+    let _fabric = cluster_mqtt::start(
+        settings.cluster.as_ref().map(|c| &c.store),
+        settings.mqtt_cluster,
+        &broker,
+    )?;
     let workers = Workers::start(settings.mqtt_threads)?;
     let mqtt = listeners::bind(
         &broker,

@@ -30,6 +30,11 @@ pub struct MqttArgs {
     #[arg(long, default_value_t = 1883)]
     pub port: u16,
     /// Connect over TLS, verifying the broker with this PEM CA file.
+    /// Port the subscribers connect to, if not `--port` (another node of a cluster on
+    /// the same host: publishers on one node, subscribers on another).
+    #[arg(long)]
+    pub subscriber_port: Option<u16>,
+
     #[arg(long)]
     pub tls_ca: Option<std::path::PathBuf>,
     /// The name the broker's certificate must carry (with --tls-ca).

@@ -50,6 +50,10 @@ pub async fn run(args: MqttArgs) -> Result<Report, String> {
     }
 
     let addr = resolve(&args.host, args.port).await?;
+    let sub_addr = match args.subscriber_port {
+        Some(port) => resolve(&args.host, port).await?,
+        None => addr,
+    };
     if let Some(ca) = &args.tls_ca {
         crate::common::use_tls(ca, &args.tls_name)?;
     }
@@ -77,7 +81,7 @@ pub async fn run(args: MqttArgs) -> Result<Report, String> {
 
     // Phase 1: subscribers connected and subscribed.
     progress(format!(
-        "connecting {n_sub} subscribers to {addr} ({version:?}, QoS {qos})"
+        "connecting {n_sub} subscribers to {sub_addr} ({version:?}, QoS {qos})"
     ));
     let deadline = Instant::now() + connect_timeout;
     let client_prefix = format!("shb-{run_id}");
@@ -89,7 +93,7 @@ pub async fn run(args: MqttArgs) -> Result<Report, String> {
             let id = format!("{prefix}-s{j}");
             let filters = filters.clone();
             async move {
-                let mut c = connect(addr, version, &id, keep_alive).await?;
+                let mut c = connect(sub_addr, version, &id, keep_alive).await?;
                 let granted = subscribe(&mut c, version, &filters[j], qos).await?;
                 Ok((c, granted))
             }

@@ -19,11 +19,12 @@ use super::{barrier, Conn};
 use crate::auth::{Identity, Principal};
 use crate::authz::Grants;
 use crate::broker::OpenConnection;
+use crate::fabric::FabricError;
 use crate::metrics::packet_type;
 use crate::pending::Admission;
 use crate::rate::Bucket;
 use crate::ratelimit::LogLimit;
-use crate::service::ClientInfo;
+use crate::service::{BoxFuture, ClientInfo};
 use crate::session::Session;
 use crate::signal::Signal;
 use crate::topic;
@@ -31,7 +32,6 @@ use crate::transport::Transport;
 use crate::Broker;
 
 /// The negotiated parameters of an accepted connection.
-#[derive(Debug)]
 pub(crate) struct Accepted {
     pub session: Arc<Session>,
     /// What the authorization rules grant the client.
@@ -43,6 +43,8 @@ pub(crate) struct Accepted {
     pub session_expiry: u32,
     /// The session was recorded in the session store: the CONNACK waits for it.
     pub stored: bool,
+    /// The cluster is being told of the connection: the CONNACK waits for it.
+    pub announced: Option<BoxFuture<'static, Result<(), FabricError>>>,
 }
 
 /// A CONNECT that cannot be accepted: answer with this CONNACK code and close.
@@ -154,6 +156,7 @@ pub(crate) fn accept(
         keep_alive: Duration::from_secs(u64::from(keep_alive)),
         session_expiry,
         stored: taken.stored,
+        announced: taken.announced,
     })
 }
 
@@ -231,7 +234,7 @@ pub(super) async fn connect<S: Transport>(
         }
         Err(None) => return None,
     };
-    let accepted = match accept(broker, &mut connect, auth_data, &identity) {
+    let mut accepted = match accept(broker, &mut connect, auth_data, &identity) {
         Ok(accepted) => accepted,
         Err(Refused(code)) => {
             refuse(broker, stream, &codec, code).await;
@@ -244,6 +247,11 @@ pub(super) async fn connect<S: Transport>(
             tracing::error!("{e}; refusing the connection of {}", connect.client_id);
             refuse(broker, stream, &codec, ReasonCode::UNSPECIFIED_ERROR).await;
             return None;
+        }
+    }
+    if let Some(announced) = accepted.announced.take() {
+        if let Err(e) = announced.await {
+            tracing::debug!(client = %connect.client_id, "takeover not told to the cluster: {e}");
         }
     }
     let conn = Conn::new(broker, codec, &mut connect, accepted, origin, identity)?;

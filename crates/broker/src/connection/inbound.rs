@@ -10,6 +10,7 @@ use statehub_mqtt_codec::{
 use super::{Close, Conn};
 use crate::broker::Routed;
 use crate::config::QueueFull;
+use crate::fabric::FabricError;
 use crate::message::Message;
 use crate::ratelimit::LogLimit;
 use crate::session::{IncomingQos2, PubRec, Stage};
@@ -162,13 +163,20 @@ impl Conn {
         gate: Option<&Arc<Gate>>,
     ) -> Result<Option<(ReasonCode, bool)>, Close> {
         let qos = p.qos;
+        if qos != QoS::AtMostOnce && self.broker.fabric().is_some_and(|f| !f.is_available()) {
+            // Refused before any node delivers it, so the client's resend duplicates
+            // nothing.
+            let e = FabricError::Unavailable("not connected".into());
+            self.cluster_refusal(qos, pid, &e).await?;
+            return Ok(None);
+        }
         let msg = Arc::new(Message::from_publish(
             p,
             Some(self.info.client_id.clone()),
             self.broker.now(),
         ));
         let mut durable = None;
-        let routed = self.route_and_receive(&msg, pid, gate, || {
+        let mut routed = self.route_and_receive(&msg, pid, gate, || {
             if msg.retain {
                 durable = self.broker.store_retained(&msg);
             }
@@ -188,11 +196,44 @@ impl Conn {
                 ));
             }
         }
+        // In a cluster the ack also waits until the other nodes will get it; whether
+        // any of them has a subscriber is not known here.
+        let forwarded = routed.forwarded.take();
+        if let Some(forwarded) = forwarded.filter(|_| qos != QoS::AtMostOnce) {
+            if let Err(e) = forwarded.await {
+                self.cluster_refusal(qos, pid, &e).await?;
+                return Ok(None);
+            }
+            return Ok(Some((ReasonCode::SUCCESS, routed.stored)));
+        }
         let code = match routed.sessions {
-            0 => ReasonCode::NO_MATCHING_SUBSCRIBERS,
+            0 if self.broker.fabric().is_none() => ReasonCode::NO_MATCHING_SUBSCRIBERS,
             _ => ReasonCode::SUCCESS,
         };
         Ok(Some((code, routed.stored)))
+    }
+
+    /// Answers a QoS 1/2 PUBLISH the other nodes cannot be given: its reason code to an
+    /// MQTT 5 client; an MQTT 3.1.1 one cannot be told, so its connection closes
+    /// without the acknowledgement and it resends the message when it reconnects.
+    async fn cluster_refusal(&mut self, qos: QoS, pid: u16, e: &FabricError) -> Result<(), Close> {
+        static LOG: LogLimit = LogLimit::per_secs(10);
+        let m = self.broker.metrics();
+        m.cluster_refused.fetch_add(1, Ordering::Relaxed);
+        if let Some(left_out) = LOG.allow() {
+            tracing::warn!(client = %self.info.client_id, left_out, "PUBLISH refused: {e}");
+        }
+        // A refused QoS 2 message is not received: the same packet id may come again.
+        if qos == QoS::ExactlyOnce {
+            self.session.release_qos2(pid);
+        }
+        if self.version == ProtocolVersion::V5 {
+            return self.ack_publish(qos, pid, e.reason_code(), false).await;
+        }
+        Err(Close::ByServer(
+            ReasonCode::IMPLEMENTATION_SPECIFIC_ERROR,
+            "the cluster is unavailable (MQTT 3.1.1 cannot say so)",
+        ))
     }
 
     /// Takes a token from `max_publish_rate`'s bucket; with none left the connection

@@ -1,0 +1,274 @@
+//! The broker's cluster fabric on Redis (`--redis`): every statehub node on one Redis
+//! acts as one MQTT broker. docs/decisions/0004-mqtt-cluster-on-one-redis-stream.md
+//! says why this design.
+//!
+//! * **One stream** (`{ns}:mqtt:feed`) carries, in one order, every message published
+//!   on any node (with the node that published it and its shared-group picks), every
+//!   connection's client id (a takeover) and every change of a node's shared groups.
+//!   Each node appends from one writer thread ([`writer`]) and reads from one reader
+//!   thread ([`reader`]) strictly after the last entry it read, skipping its own
+//!   messages (delivered locally already): so each node gets each message once, in the
+//!   order it was appended, and a reconnecting reader loses nothing the stream still
+//!   holds.
+//! * **Retained messages** live in a hash (`{ns}:mqtt:retained`, [`retain`]), written
+//!   in the same ordered pipeline as the stream; every node keeps its own copy in
+//!   memory, loaded when it first connects and updated from the stream.
+//! * **Shared groups** (`{ns}:mqtt:groups`, [`groups`]): each node's field lists its
+//!   groups; the publisher's node picks one node per matching group, round robin.
+//! * **Takeover**: a connection appends its client id; every other node ends its
+//!   session of that client id (its connection closed with 0x8E), unless it announced a
+//!   newer one of its own that the stream has not ordered yet.
+
+mod groups;
+mod reader;
+mod retain;
+mod wire;
+mod writer;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::{self, SyncSender, TrySendError};
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use statehub_broker::{BoxFuture, Broker, Fabric, FabricError, Message, SharedPicks};
+use tokio::sync::oneshot;
+
+pub use retain::RedisRetain;
+pub use wire::WireError;
+
+use crate::groups::Groups;
+use crate::writer::Command;
+
+/// Where and how a node joins the cluster.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// `redis://host:port[/db]`.
+    pub url: String,
+    /// Nodes with the same namespace form one broker (keys `{namespace}:mqtt:*`).
+    pub namespace: String,
+    /// This node's id, unique among the nodes on one Redis.
+    pub node: String,
+    /// Bound on every Redis call.
+    pub timeout: Duration,
+    /// The stream is trimmed to about this many entries: how far a node may fall
+    /// behind before it misses messages.
+    pub stream_len: u64,
+    /// Most messages waiting for the writer: past it QoS 0 messages are not forwarded
+    /// (counted) and QoS 1/2 PUBLISHes are refused with 0x97.
+    pub queue: usize,
+}
+
+/// Defaults of [`Options`].
+pub mod defaults {
+    /// [`super::Options::stream_len`].
+    pub const STREAM_LEN: u64 = 100_000;
+    /// [`super::Options::queue`].
+    pub const QUEUE: usize = 10_000;
+}
+
+/// The fabric could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("redis URL: {0}")]
+    Url(#[from] redis::RedisError),
+    #[error("cannot start a thread: {0}")]
+    Thread(#[from] std::io::Error),
+}
+
+/// What the fabric counted since start.
+#[derive(Debug, Default)]
+pub struct Counters {
+    /// Messages appended to the stream.
+    pub forwarded: AtomicU64,
+    /// Messages from other nodes delivered here.
+    pub received: AtomicU64,
+    /// QoS 0 messages not forwarded: the queue was full or Redis out of reach.
+    pub dropped: AtomicU64,
+    /// Stream entries that could not be read (logged).
+    pub malformed: AtomicU64,
+}
+
+/// The Redis keys of one namespace.
+#[derive(Debug, Clone)]
+pub(crate) struct Keys {
+    pub feed: String,
+    pub retained: String,
+    pub groups: String,
+}
+
+impl Keys {
+    fn new(namespace: &str) -> Self {
+        Self {
+            feed: format!("{{{namespace}}}:mqtt:feed"),
+            retained: format!("{{{namespace}}}:mqtt:retained"),
+            groups: format!("{{{namespace}}}:mqtt:groups"),
+        }
+    }
+}
+
+/// What the writer, the reader and the broker's calls share.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    pub node: Arc<str>,
+    pub keys: Keys,
+    pub available: AtomicBool,
+    pub counters: Counters,
+    pub groups: Groups,
+    /// Client ids this node announced whose entries its reader has not read back yet.
+    pending: Mutex<HashMap<String, u32>>,
+    tx: SyncSender<Command>,
+}
+
+impl Shared {
+    /// Hands a command to the writer without waiting; `false` if its queue is full.
+    pub(crate) fn send(&self, command: Command) -> bool {
+        match self.tx.try_send(command) {
+            Ok(()) => true,
+            Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => false,
+        }
+    }
+
+    /// The reader read back (or the writer failed to append) an announcement.
+    pub(crate) fn announced(&self, client_id: &str) {
+        let mut pending = self.pending.lock();
+        if let Some(n) = pending.get_mut(client_id) {
+            *n -= 1;
+            if *n == 0 {
+                pending.remove(client_id);
+            }
+        }
+    }
+}
+
+/// The [`Fabric`] on Redis. Install it with [`RedisFabric::start`].
+#[derive(Debug, Clone)]
+pub struct RedisFabric {
+    shared: Arc<Shared>,
+}
+
+impl RedisFabric {
+    /// Joins `broker` to the cluster: installs the fabric and the retained-message
+    /// store, starts the writer and the reader. Call before accepting connections.
+    /// Starts even while Redis is down (QoS 1/2 PUBLISHes are then refused until it is
+    /// back, and retained messages load when it is).
+    pub fn start(options: &Options, broker: &Broker) -> Result<RedisFabric, StartError> {
+        let client = redis::Client::open(options.url.as_str())?;
+        let (tx, rx) = mpsc::sync_channel(options.queue.max(1));
+        let node: Arc<str> = Arc::from(options.node.as_str());
+        let shared = Arc::new(Shared {
+            node: node.clone(),
+            keys: Keys::new(&options.namespace),
+            available: AtomicBool::new(false),
+            counters: Counters::default(),
+            groups: Groups::new(node),
+            pending: Mutex::default(),
+            tx,
+        });
+        let fabric = RedisFabric { shared };
+        broker.set_fabric(Arc::new(fabric.clone()));
+        broker.set_retain_store(Arc::new(fabric.retain_store()), Vec::new());
+        let mut reader = reader::Reader::new(client.clone(), fabric.shared.clone(), options);
+        // Positioned before the broker serves anyone, when Redis answers: nothing
+        // published from then on is missed.
+        let up = reader.start(broker);
+        fabric.shared.available.store(up, Ordering::Relaxed);
+        let writer = writer::Writer::new(client, fabric.shared.clone(), options, rx);
+        std::thread::Builder::new()
+            .name("mqtt-cluster-writer".into())
+            .spawn(move || writer.run())?;
+        let stop = broker.shutdown_token();
+        let broker = broker.clone();
+        std::thread::Builder::new()
+            .name("mqtt-cluster-reader".into())
+            .spawn(move || reader.run(&broker, &stop))?;
+        Ok(fabric)
+    }
+
+    /// What it counted.
+    pub fn counters(&self) -> &Counters {
+        &self.shared.counters
+    }
+
+    /// The retained-message store that writes through this fabric.
+    pub fn retain_store(&self) -> RedisRetain {
+        RedisRetain::new(self.shared.clone())
+    }
+}
+
+impl Fabric for RedisFabric {
+    fn is_available(&self) -> bool {
+        self.shared.available.load(Ordering::Relaxed)
+    }
+
+    fn shared_picks(&self, topic: &str) -> SharedPicks {
+        self.shared.groups.picks(topic)
+    }
+
+    fn forward(
+        &self,
+        msg: &Message,
+        picks: SharedPicks,
+    ) -> BoxFuture<'static, Result<(), FabricError>> {
+        let shared = &self.shared;
+        let now = wire::Now::at(std::time::Instant::now());
+        let encoded = match wire::encode(msg, now) {
+            Ok(encoded) => encoded,
+            Err(e) => {
+                tracing::warn!("message not forwarded: {e}");
+                shared.counters.malformed.fetch_add(1, Ordering::Relaxed);
+                return Box::pin(async { Ok(()) });
+            }
+        };
+        let (reply, done) = oneshot::channel();
+        let command = Command::Publish {
+            msg: encoded,
+            picks: wire::encode_picks(&picks),
+            reply,
+        };
+        if !shared.send(command) {
+            shared.counters.dropped.fetch_add(1, Ordering::Relaxed);
+            return Box::pin(async { Err(FabricError::Full) });
+        }
+        Box::pin(async move {
+            done.await
+                .unwrap_or_else(|_| Err(FabricError::Unavailable("stopped".into())))
+        })
+    }
+
+    fn connected(&self, client_id: &str) -> BoxFuture<'static, Result<(), FabricError>> {
+        let shared = &self.shared;
+        *shared
+            .pending
+            .lock()
+            .entry(client_id.to_owned())
+            .or_default() += 1;
+        let (reply, done) = oneshot::channel();
+        let command = Command::Announce {
+            client: client_id.to_owned(),
+            reply,
+        };
+        if !shared.send(command) {
+            shared.announced(client_id);
+            return Box::pin(async { Err(FabricError::Full) });
+        }
+        Box::pin(async move {
+            done.await
+                .unwrap_or_else(|_| Err(FabricError::Unavailable("stopped".into())))
+        })
+    }
+
+    fn announcing(&self, client_id: &str) -> bool {
+        self.shared.pending.lock().contains_key(client_id)
+    }
+
+    fn shared_group_changed(&self, filter: &str, group: &str, present: bool) {
+        self.shared.groups.local_changed(filter, group, present);
+        // The writer sends this node's groups as they are when it runs the command, and
+        // again after every reconnect; a full queue delays them until the next change.
+        if !self.shared.send(Command::Groups) {
+            tracing::warn!("shared group change not sent to the cluster: queue full");
+        }
+    }
+}

@@ -1,0 +1,198 @@
+//! The reader: one thread reads the stream strictly after the last entry it read and
+//! applies each entry in stream order: another node's message is delivered to this
+//! node's subscribers, another node's connection ends this node's session of the same
+//! client id, a change of any node's shared groups reloads the groups hash.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use redis::streams::{StreamId, StreamRangeReply, StreamReadOptions, StreamReadReply};
+use redis::{Client, Commands, Connection, RedisResult, Value};
+use statehub_broker::Broker;
+use tokio_util::sync::CancellationToken;
+
+use crate::writer::open;
+use crate::{wire, Options, Shared};
+
+/// How long one read blocks, so that a stop is seen this often.
+const BLOCK: Duration = Duration::from_millis(500);
+/// Most entries one read takes.
+const BATCH: usize = 512;
+/// Pause between attempts to reach Redis.
+const RETRY: Duration = Duration::from_millis(250);
+
+pub(crate) struct Reader {
+    client: Client,
+    shared: Arc<Shared>,
+    timeout: Duration,
+    /// The last entry read; `None` until first connected (then: the stream's end).
+    last_id: Option<String>,
+    /// The retained hash was loaded (on the first connection).
+    loaded: bool,
+}
+
+impl Reader {
+    pub(crate) fn new(client: Client, shared: Arc<Shared>, options: &Options) -> Self {
+        Self {
+            client,
+            shared,
+            timeout: options.timeout,
+            last_id: None,
+            loaded: false,
+        }
+    }
+
+    /// Positions at the stream's end and loads retained messages and shared groups, if
+    /// Redis answers now (true); otherwise [`Reader::run`] does when it first connects.
+    pub(crate) fn start(&mut self, broker: &Broker) -> bool {
+        let started =
+            open(&self.client, self.timeout).and_then(|mut con| self.position(&mut con, broker));
+        if let Err(e) = &started {
+            tracing::warn!(
+                "mqtt cluster: redis is unreachable ({e}); this node serves its own clients until it is back"
+            );
+        }
+        started.is_ok()
+    }
+
+    /// Applies every entry until the broker shuts down.
+    pub(crate) fn run(mut self, broker: &Broker, stop: &CancellationToken) {
+        let mut connection: Option<Connection> = None;
+        let mut down = false;
+        while !stop.is_cancelled() {
+            let con = match connection.as_mut() {
+                Some(con) => con,
+                None => match open(&self.client, self.timeout + BLOCK) {
+                    Ok(con) => connection.insert(con),
+                    Err(e) => {
+                        if !down {
+                            tracing::warn!(
+                                "mqtt cluster reader: redis unreachable ({e}); retrying"
+                            );
+                            down = true;
+                        }
+                        std::thread::sleep(RETRY);
+                        continue;
+                    }
+                },
+            };
+            match self.read(con, broker) {
+                Ok(()) => {
+                    if down {
+                        tracing::info!("mqtt cluster reader: redis is back");
+                        down = false;
+                    }
+                }
+                Err(e) => {
+                    if !down {
+                        tracing::warn!("mqtt cluster reader: read failed ({e}); reconnecting");
+                        down = true;
+                    }
+                    connection = None;
+                    std::thread::sleep(RETRY);
+                }
+            }
+        }
+    }
+
+    fn position(&mut self, con: &mut Connection, broker: &Broker) -> RedisResult<()> {
+        if self.last_id.is_none() {
+            let last: StreamRangeReply =
+                con.xrevrange_count(&self.shared.keys.feed, "+", "-", 1)?;
+            self.last_id = Some(
+                last.ids
+                    .first()
+                    .map_or_else(|| "0-0".to_owned(), |e| e.id.clone()),
+            );
+        }
+        if !self.loaded {
+            // After positioning: a change made meanwhile is read from the stream again.
+            let retained: Vec<(String, Vec<u8>)> = con.hgetall(&self.shared.keys.retained)?;
+            let now = wire::Now::at(broker.now());
+            for (topic, value) in retained {
+                match wire::decode(&value, now) {
+                    Ok(Some(msg)) => broker.apply_retained(&Arc::new(msg)),
+                    Ok(None) => {}
+                    Err(e) => self.malformed(&topic, &e),
+                }
+            }
+            self.reload_groups(con)?;
+            self.loaded = true;
+        }
+        Ok(())
+    }
+
+    fn read(&mut self, con: &mut Connection, broker: &Broker) -> RedisResult<()> {
+        self.position(con, broker)?;
+        let last_id = self.last_id.clone().unwrap_or_else(|| "0-0".to_owned());
+        let options = StreamReadOptions::default()
+            .block(usize::try_from(BLOCK.as_millis()).unwrap_or(usize::MAX))
+            .count(BATCH);
+        let reply: Option<StreamReadReply> =
+            con.xread_options(&[&self.shared.keys.feed], &[&last_id], &options)?;
+        for key in reply.map(|r| r.keys).unwrap_or_default() {
+            for entry in key.ids {
+                self.apply(con, broker, &entry)?;
+                self.last_id = Some(entry.id);
+            }
+        }
+        Ok(())
+    }
+
+    fn apply(&self, con: &mut Connection, broker: &Broker, entry: &StreamId) -> RedisResult<()> {
+        let field = |name: &str| match entry.map.get(name) {
+            Some(Value::BulkString(bytes)) => Some(bytes.as_slice()),
+            _ => None,
+        };
+        let text = |name: &str| field(name).and_then(|b| std::str::from_utf8(b).ok());
+        let ours = text("n") == Some(&*self.shared.node);
+        match text("t") {
+            Some("p") if !ours => self.deliver(broker, field("m"), field("s"), &entry.id),
+            Some("k") => match (text("c"), ours) {
+                (Some(client), true) => self.shared.announced(client),
+                (Some(client), false) => {
+                    broker.taken_elsewhere(client);
+                }
+                (None, _) => self.malformed(&entry.id, &"no client id"),
+            },
+            Some("g") => self.reload_groups(con)?,
+            _ => {}
+        }
+        Ok(())
+    }
+
+    fn deliver(&self, broker: &Broker, msg: Option<&[u8]>, picks: Option<&[u8]>, id: &str) {
+        let now = wire::Now::at(broker.now());
+        let decoded = msg
+            .ok_or(wire::WireError::Malformed("no message"))
+            .and_then(|m| wire::decode(m, now));
+        let picks = wire::decode_picks(picks.unwrap_or_default(), &self.shared.node);
+        match (decoded, picks) {
+            (Ok(Some(msg)), Ok(picks)) => {
+                self.shared
+                    .counters
+                    .received
+                    .fetch_add(1, Ordering::Relaxed);
+                broker.route_remote(msg, &picks);
+            }
+            (Ok(None), _) => {}
+            (Err(e), _) => self.malformed(id, &e),
+            (_, Err(e)) => self.malformed(id, &e),
+        }
+    }
+
+    fn reload_groups(&self, con: &mut Connection) -> RedisResult<()> {
+        let fields: Vec<(String, Vec<u8>)> = con.hgetall(&self.shared.keys.groups)?;
+        self.shared.groups.load(fields);
+        Ok(())
+    }
+
+    fn malformed(&self, what: &str, e: &dyn std::fmt::Display) {
+        self.shared
+            .counters
+            .malformed
+            .fetch_add(1, Ordering::Relaxed);
+        tracing::warn!("mqtt cluster: entry {what} skipped: {e}");
+    }
+}

@@ -1,0 +1,150 @@
+//! Scale-out: the seam through which several brokers act as one.
+//!
+//! A [`Fabric`] (`statehub-broker-redis`'s, on Redis) carries what one node must tell
+//! the others: the messages published here, clients connecting here (so another node's
+//! connection with the same client id is taken over) and which shared-subscription
+//! groups have members here. Without one nothing changes: the single node checks one
+//! `OnceLock` per PUBLISH and pays nothing else.
+//!
+//! Routing with a fabric, on the publisher's node: the message goes to this node's
+//! subscribers at once (`Broker::route_with`), except shared groups the fabric gives to
+//! another node ([`SharedPicks`]); then [`Fabric::forward`] hands it, with those picks,
+//! to the other nodes, which deliver it to their own subscribers with
+//! [`Broker::route_remote`] (and never forward it again). A QoS 1/2 PUBLISH is
+//! acknowledged once the forward is accepted.
+
+use std::sync::Arc;
+
+use statehub_mqtt_codec::ReasonCode;
+
+use crate::message::Message;
+use crate::service::BoxFuture;
+use crate::Broker;
+
+/// Why a message could not be handed to the other nodes.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum FabricError {
+    /// The other nodes are out of reach (the shared medium is down).
+    #[error("the cluster is unavailable: {0}")]
+    Unavailable(Arc<str>),
+    /// More messages wait to be forwarded than the fabric holds.
+    #[error("the cluster's forwarding queue is full")]
+    Full,
+}
+
+impl FabricError {
+    /// The reason code a publisher is answered with.
+    pub fn reason_code(&self) -> ReasonCode {
+        match self {
+            FabricError::Unavailable(_) => ReasonCode::UNSPECIFIED_ERROR,
+            FabricError::Full => ReasonCode::QUOTA_EXCEEDED,
+        }
+    }
+}
+
+/// Which node delivers a message to each shared-subscription group it matches, cluster
+/// wide, so that each message reaches exactly one member of each group.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SharedPicks {
+    picks: Vec<SharedPick>,
+}
+
+/// One group's pick.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SharedPick {
+    pub filter: Arc<str>,
+    pub group: Arc<str>,
+    /// The node whose members get it.
+    pub node: Arc<str>,
+    /// Whether that node is this one.
+    pub here: bool,
+}
+
+impl SharedPicks {
+    pub fn new(picks: Vec<SharedPick>) -> Self {
+        Self { picks }
+    }
+
+    pub fn picks(&self) -> &[SharedPick] {
+        &self.picks
+    }
+
+    /// Whether this node's members of `group` on `filter` get the message: only if the
+    /// group was picked for this node (a group the publisher's node did not know of yet
+    /// gets nothing here, so that no two nodes both deliver).
+    pub fn here(&self, filter: &str, group: &str) -> bool {
+        self.picks
+            .iter()
+            .any(|p| p.here && &*p.filter == filter && &*p.group == group)
+    }
+}
+
+/// The link between this node and the others (see the module docs).
+///
+/// Contract: calls come from connection tasks and must not block; messages given to
+/// [`forward`](Self::forward) reach the other nodes in the order of the calls (which
+/// keeps each publisher's order per topic), and each reaches each node once.
+pub trait Fabric: Send + Sync + std::fmt::Debug {
+    /// Whether the other nodes are reachable now. When not, a QoS 1/2 PUBLISH is
+    /// refused before it is delivered anywhere (see `connection/inbound.rs`).
+    fn is_available(&self) -> bool;
+
+    /// The node delivering each shared group that matches `topic`, cluster-wide.
+    fn shared_picks(&self, topic: &str) -> SharedPicks;
+
+    /// Hands a message routed on this node to the other nodes; resolves once they
+    /// will get it (the shared medium accepted it).
+    fn forward(
+        &self,
+        msg: &Message,
+        picks: SharedPicks,
+    ) -> BoxFuture<'static, Result<(), FabricError>>;
+
+    /// A connection of `client_id` took its session here, under the client id's lock:
+    /// any connection of it on another node must go (0x8E). The CONNACK waits for the
+    /// returned future, so that a client connecting elsewhere after it is ordered after
+    /// this connection; if it fails (the cluster is out of reach) the client is still
+    /// accepted, and the other nodes are not told.
+    fn connected(&self, client_id: &str) -> BoxFuture<'static, Result<(), FabricError>>;
+
+    /// Whether this node announced a connection of `client_id` that the other nodes
+    /// have not ordered yet (it is newer than any takeover being read now).
+    fn announcing(&self, client_id: &str) -> bool;
+
+    /// This node's first member of `group` on `filter` arrived, or its last left.
+    fn shared_group_changed(&self, filter: &str, group: &str, present: bool);
+}
+
+impl Broker {
+    /// Joins this broker to other nodes through `fabric`. Call once, before accepting
+    /// connections; false if one was installed already.
+    pub fn set_fabric(&self, fabric: Arc<dyn Fabric>) -> bool {
+        self.fabric_cell().set(fabric).is_ok()
+    }
+
+    /// The fabric, if this node is part of a cluster.
+    pub(crate) fn fabric(&self) -> Option<&Arc<dyn Fabric>> {
+        self.fabric_cell().get()
+    }
+
+    /// Delivers a message another node forwarded to this node's subscribers (and makes
+    /// it this node's retained message if it is one), with that node's shared picks.
+    /// Never forwarded again.
+    pub fn route_remote(&self, msg: Message, picks: &SharedPicks) -> usize {
+        let msg = Arc::new(msg);
+        if msg.retain {
+            self.apply_retained(&msg);
+        }
+        self.route_picked(&msg, picks)
+    }
+
+    /// Another node took `client_id`'s session: a connection here is closed with 0x8E
+    /// and the session here ends (it lives there now), unless this node's own newer
+    /// connection is still being announced.
+    pub fn taken_elsewhere(&self, client_id: &str) -> bool {
+        self.end_taken_session(client_id, || {
+            self.fabric()
+                .is_none_or(|fabric| !fabric.announcing(client_id))
+        })
+    }
+}
