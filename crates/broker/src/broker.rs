@@ -22,7 +22,7 @@ use std::time::Instant;
 
 use parking_lot::RwLock;
 use smallvec::SmallVec;
-use statehub_mqtt_codec::{ByteString, Publish, ReasonCode, SubscriptionOptions};
+use statehub_mqtt_codec::{ByteString, Publish, QoS, ReasonCode, SubscriptionOptions};
 use tokio_util::sync::CancellationToken;
 
 use crate::admin::Taps;
@@ -96,6 +96,12 @@ impl Broker {
         let limits = QueueLimits {
             max_messages: config.max_queued_messages,
             max_bytes: config.max_queued_bytes,
+            high_messages: config
+                .backpressure_high_water
+                .min(config.max_queued_messages),
+            high_bytes: config
+                .backpressure_high_water_bytes
+                .min(config.max_queued_bytes),
             queue_qos0_offline: config.queue_qos0_offline,
             policy: config.queue_full_policy,
         };
@@ -338,7 +344,7 @@ impl Broker {
     /// With a `gate`, the QoS 2 copies that persistent sessions store wait behind it
     /// (the caller opens it once the message is durable).
     pub(crate) fn route(&self, msg: &Arc<Message>, gate: Option<&Arc<Gate>>) -> Routed {
-        self.route_with(msg, gate, false, || {})
+        self.route_with(msg, gate, false, None, || {})
     }
 
     /// [`Broker::route`] for a client's PUBLISH. With `all_or_nothing` (the refuse
@@ -346,12 +352,14 @@ impl Broker {
     /// session's full queue would have to take goes to nobody (`Routed::refused`).
     /// `accepted` runs once the message is not refused, before any session gets it
     /// (to make it the retained message: a concurrent subscriber then gets it either
-    /// live or retained).
+    /// live or retained). With `blockers`, the connected sessions past their
+    /// high-water mark that got a QoS 1/2 copy are collected there.
     pub(crate) fn route_with(
         &self,
         msg: &Arc<Message>,
         gate: Option<&Arc<Gate>>,
         all_or_nothing: bool,
+        mut blockers: Option<&mut Blockers<'_>>,
         accepted: impl FnOnce(),
     ) -> Routed {
         let accepted = if all_or_nothing {
@@ -382,10 +390,14 @@ impl Broker {
         let mut tickets = tickets.into_iter();
         let mut stored = false;
         for (entry, d) in targets {
+            let qos = d.qos;
             stored |= match tickets.next().flatten() {
                 Some(ticket) => self.offer_reserved(&entry.session, d, ticket),
                 None => self.offer(&entry.session, d),
             };
+            if let Some(b) = blockers.as_deref_mut().filter(|_| qos != QoS::AtMostOnce) {
+                b.note(&entry.session);
+            }
         }
         self.inner.taps.feed(msg);
         Routed {
@@ -438,6 +450,7 @@ impl Broker {
             &matches.shared[..]
         };
         for group in groups {
+            // A member past its high-water mark is passed over for one with room.
             if let Some(entry) = group.pick(None) {
                 let qos = msg.qos.min(entry.options.qos);
                 let retain = entry.options.retain_as_published && msg.retain;
@@ -541,6 +554,37 @@ pub(crate) struct Routed {
     pub stored: bool,
     /// Refused (all or nothing, see [`Broker::route_with`]): no session got it.
     pub refused: bool,
+}
+
+/// The connected sessions past their high-water mark that a client's QoS 1/2 PUBLISH
+/// was routed to: its connection stops reading until they drain (see
+/// `connection/pressure.rs`). The publisher's own session is never one: it waits for
+/// no one but the same connection, which could then not read the acknowledgements
+/// that drain it.
+#[derive(Debug)]
+pub(crate) struct Blockers<'a> {
+    own: &'a Arc<Session>,
+    pub pressed: SmallVec<[Arc<Session>; 2]>,
+}
+
+impl<'a> Blockers<'a> {
+    /// None yet, for a client whose session is `own`.
+    pub fn new(own: &'a Arc<Session>) -> Blockers<'a> {
+        Blockers {
+            own,
+            pressed: SmallVec::new(),
+        }
+    }
+
+    /// `session` got a QoS 1/2 copy: noted if it is pressed.
+    fn note(&mut self, session: &Arc<Session>) {
+        if session.is_pressed()
+            && !Arc::ptr_eq(session, self.own)
+            && !self.pressed.iter().any(|s| Arc::ptr_eq(s, session))
+        {
+            self.pressed.push(session.clone());
+        }
+    }
 }
 
 /// Splits `$share/{group}/{filter}` into its group and filter.

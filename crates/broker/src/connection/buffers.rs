@@ -38,6 +38,10 @@ pub(super) struct Deadlines {
     idle_at: Option<Instant>,
     packet_at: Option<Instant>,
     credential_at: Option<Instant>,
+    /// While the connection is paused (publisher back-pressure, not reading): when a
+    /// session it waits for becomes a slow consumer. The keep alive and the packet
+    /// deadline do not run meanwhile.
+    paused_until: Option<Instant>,
 }
 
 impl Deadlines {
@@ -48,6 +52,7 @@ impl Deadlines {
             idle_at: (!keep_alive.is_zero()).then(|| now + keep_alive),
             packet_at: None,
             credential_at: None,
+            paused_until: None,
         }
     }
 
@@ -57,7 +62,34 @@ impl Deadlines {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         };
+        if self.paused_until.is_some() {
+            return earlier(self.paused_until, self.credential_at);
+        }
         earlier(earlier(self.idle_at, self.packet_at), self.credential_at)
+    }
+
+    /// The connection stopped reading until `at` at the latest (see `pressure.rs`).
+    pub fn pause(&mut self, at: Instant) {
+        self.paused_until = Some(at);
+    }
+
+    /// Whether the pause's deadline has come.
+    pub fn pause_due(&self, now: Instant) -> bool {
+        self.paused_until.is_some_and(|at| now >= at)
+    }
+
+    /// The connection reads again at `now`: the keep alive, and the deadline of a
+    /// packet under way, start afresh (the client was not the one waiting).
+    pub fn resume(&mut self, now: Instant) {
+        if self.paused_until.take().is_none() {
+            return;
+        }
+        if !self.keep_alive.is_zero() {
+            self.idle_at = Some(now + self.keep_alive);
+        }
+        if self.packet_at.is_some() {
+            self.packet_at = Some(now + self.packet_timeout);
+        }
     }
 
     /// The client's credential expires at `at` (`None`: never).
@@ -80,13 +112,16 @@ impl Deadlines {
 
     /// Whether the packet being read is past its deadline.
     pub fn packet_late(&self, now: Instant) -> bool {
-        self.packet_at.is_some_and(|at| now >= at)
+        self.paused_until.is_none() && self.packet_at.is_some_and(|at| now >= at)
     }
 
     /// The close a deadline that passed asks for.
     pub fn expired(&self, now: Instant) -> Option<Close> {
         if self.credential_at.is_some_and(|at| now >= at) {
             return Some(Close::Expired);
+        }
+        if self.paused_until.is_some() {
+            return None;
         }
         if self.packet_late(now) {
             return Some(Close::ByServer(

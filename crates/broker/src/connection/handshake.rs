@@ -386,6 +386,8 @@ impl Conn {
             keep_alive: accepted.keep_alive,
             publish_rate: (cfg.max_publish_rate > 0)
                 .then(|| Bucket::full(cfg.max_publish_rate, broker.now())),
+            paused: None,
+            held: Default::default(),
         })
     }
 }

@@ -3,16 +3,17 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+use smallvec::SmallVec;
 use statehub_mqtt_codec::{
     validate, ByteString, Packet, ProtocolVersion, PubResponse, Publish, QoS, ReasonCode,
 };
 
 use super::{Close, Conn};
-use crate::broker::Routed;
+use crate::broker::{Blockers, Routed};
 use crate::config::QueueFull;
 use crate::message::Message;
 use crate::ratelimit::LogLimit;
-use crate::session::{IncomingQos2, PubRec, Stage};
+use crate::session::{IncomingQos2, PubRec, Session, Stage};
 use crate::session_store::{Gate, Group};
 use crate::topic;
 
@@ -168,11 +169,12 @@ impl Conn {
             self.broker.now(),
         ));
         let mut durable = None;
-        let routed = self.route_and_receive(&msg, pid, gate, || {
+        let (routed, pressed) = self.route_and_receive(&msg, pid, gate, || {
             if msg.retain {
                 durable = self.broker.store_retained(&msg);
             }
         });
+        self.pause_for(pressed);
         if routed.refused {
             self.refuse_publish(qos, pid).await?;
             return Ok(None);
@@ -240,28 +242,34 @@ impl Conn {
     /// Routes a client's message (`accepted` runs unless it is refused, see
     /// [`Broker::route_with`]) and, for QoS 2, records its receipt (so a resent
     /// PUBLISH is known for a duplicate), the two atomically in the session store.
+    /// Also returns the sessions past their high-water mark it went to, which this
+    /// connection waits for (see `pressure.rs`).
     fn route_and_receive(
         &self,
         msg: &Arc<Message>,
         pid: u16,
         gate: Option<&Arc<Gate>>,
         accepted: impl FnOnce(),
-    ) -> Routed {
+    ) -> (Routed, SmallVec<[Arc<Session>; 2]>) {
         let all_or_nothing =
             msg.qos != QoS::AtMostOnce && self.broker.queue_limits().policy == QueueFull::Refuse;
+        let mut blockers = Blockers::new(&self.session);
+        let pressure = (msg.qos != QoS::AtMostOnce && self.slow_consumer_timeout().is_some())
+            .then_some(&mut blockers);
         if msg.qos != QoS::ExactlyOnce {
-            return self.broker.route_with(msg, None, all_or_nothing, accepted);
+            let routed = (self.broker).route_with(msg, None, all_or_nothing, pressure, accepted);
+            return (routed, blockers.pressed);
         }
         let store = self
             .broker
             .session_store()
             .filter(|_| self.session.is_persistent());
         let _group = store.map(Group::open);
-        let mut routed = self.broker.route_with(msg, gate, all_or_nothing, accepted);
+        let mut routed = (self.broker).route_with(msg, gate, all_or_nothing, pressure, accepted);
         if !routed.refused {
             routed.stored |= self.session.receive_qos2(pid);
         }
-        routed
+        (routed, blockers.pressed)
     }
 
     /// Answers a PUBLISH that a full queue refused: 0x97 to an MQTT 5 client. An MQTT

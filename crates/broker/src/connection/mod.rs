@@ -13,6 +13,7 @@ mod buffers;
 mod handshake;
 mod inbound;
 mod outbound;
+mod pressure;
 mod subscribe;
 mod teardown;
 
@@ -99,6 +100,10 @@ pub(crate) struct Conn {
     keep_alive: Duration,
     /// `max_publish_rate`'s bucket (`None`: no limit).
     publish_rate: Option<crate::rate::Bucket>,
+    /// Handling no PUBLISH: subscribers are past their high-water mark (`pressure.rs`).
+    paused: Option<Box<pressure::Pause>>,
+    /// What was read while paused, to be handled when the pause ends.
+    held: pressure::Held,
 }
 
 /// Serves one connection until it closes. Never panics on peer input.
@@ -164,6 +169,16 @@ impl Conn {
         let far = clock.now() + Duration::from_secs(86_400 * 365);
         let mut timer = Timer::new(clock.clone(), deadlines.next().unwrap_or(far));
         loop {
+            if self.paused.is_some() {
+                // Boxed: a connection's future is as large as its largest state, and
+                // one that never pauses should not carry this one.
+                if let Err(close) = Box::pin(self.settle_pause(rbuf, &mut deadlines)).await {
+                    return close;
+                }
+                if let Some(at) = deadlines.next().filter(|at| *at < timer.deadline()) {
+                    timer.reset(at);
+                }
+            }
             // A wake-up that came before this drain is covered by it: drop it, so that a
             // delivery this task queued itself (a service's reply to this client) does not
             // cost another turn of the loop. One that comes after is kept for the select.
@@ -181,7 +196,7 @@ impl Conn {
             }
             self.release_idle(rbuf);
             let writing = !self.wbuf.is_empty() || stream.wants_write();
-            let reading = self.wbuf.len() < 4 * high_water;
+            let reading = self.wbuf.len() < 4 * high_water && !self.held.full();
             tokio::select! {
                 biased;
                 // Registers the task with the signal, so the deliveries branch below
@@ -209,6 +224,9 @@ impl Conn {
                 () = poll_fn(|cx| timer.poll_elapsed(cx)), if deadlines.next().is_some() => {
                     if let Some(close) = self.deadline_passed(&deadlines) {
                         return close;
+                    }
+                    if deadlines.pause_due(clock.now()) {
+                        self.cut_off_slow();
                     }
                     timer.reset(deadlines.next().unwrap_or(far));
                 }
@@ -278,8 +296,14 @@ impl Conn {
                 Ok(Some(p)) => {
                     let m = self.broker.metrics();
                     m.packets_in.add(packet_type(&p), 1, before - rbuf.len());
-                    self.handle(p).await?;
+                    if let Some(p) = self.hold(p, before - rbuf.len()) {
+                        self.handle(p).await?;
+                    }
                     handled += 1;
+                    if self.held.full() {
+                        // The rest waits in the buffer until the pause ends.
+                        return Ok(handled);
+                    }
                 }
                 Ok(None) => return Ok(handled),
                 Err(e) => {

@@ -23,6 +23,19 @@ impl Enc<'_> {
             .encode_counter::<NoLabelSet, _, u64>(&v, None)
     }
 
+    /// A counter of a fractional amount (seconds).
+    pub(super) fn counter_f64(
+        &mut self,
+        name: &str,
+        help: &str,
+        unit: Option<Unit>,
+        v: f64,
+    ) -> Result<(), Error> {
+        self.0
+            .encode_descriptor(name, help, unit.as_ref(), MetricType::Counter)?
+            .encode_counter::<NoLabelSet, _, u64>(&v, None)
+    }
+
     pub(super) fn gauge(
         &mut self,
         name: &str,
