@@ -170,13 +170,10 @@ impl Conn {
         let mut timer = Timer::new(clock.clone(), deadlines.next().unwrap_or(far));
         loop {
             if self.paused.is_some() {
-                // Boxed: a connection's future is as large as its largest state, and
-                // one that never pauses should not carry this one.
-                if let Err(close) = Box::pin(self.settle_pause(rbuf, &mut deadlines)).await {
+                // Boxed: a task's future is as large as its largest state (see `serve`).
+                let settled = Box::pin(self.settle_pause(rbuf, &mut deadlines, &mut timer));
+                if let Err(close) = settled.await {
                     return close;
-                }
-                if let Some(at) = deadlines.next().filter(|at| *at < timer.deadline()) {
-                    timer.reset(at);
                 }
             }
             // A wake-up that came before this drain is covered by it: drop it, so that a
@@ -225,9 +222,6 @@ impl Conn {
                     if let Some(close) = self.deadline_passed(&deadlines) {
                         return close;
                     }
-                    if deadlines.pause_due(clock.now()) {
-                        self.cut_off_slow();
-                    }
                     timer.reset(deadlines.next().unwrap_or(far));
                 }
             }
@@ -268,9 +262,13 @@ impl Conn {
         Ok(())
     }
 
-    /// The close a deadline that passed asks for (a late packet is counted).
-    fn deadline_passed(&self, deadlines: &Deadlines) -> Option<Close> {
+    /// The close a deadline that passed asks for (a late packet is counted); a pause's
+    /// deadline cuts off the slow consumers it waits for.
+    fn deadline_passed(&mut self, deadlines: &Deadlines) -> Option<Close> {
         let now = self.broker.now();
+        if deadlines.pause_due(now) {
+            self.cut_off_slow();
+        }
         let close = deadlines.expired(now)?;
         if close == Close::Expired {
             let expired = &self.broker.metrics().credentials_expired;

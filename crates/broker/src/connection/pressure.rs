@@ -45,6 +45,7 @@ use statehub_mqtt_codec::Packet;
 
 use super::buffers::Deadlines;
 use super::{Close, Conn};
+use crate::clock::Timer;
 use crate::ratelimit::LogLimit;
 use crate::session::Session;
 
@@ -143,10 +144,14 @@ impl Conn {
         &mut self,
         rbuf: &mut BytesMut,
         deadlines: &mut Deadlines,
+        timer: &mut Timer,
     ) -> Result<(), Close> {
         while self.paused.is_some() {
             if let Some(at) = self.still_paused() {
                 deadlines.pause(at);
+                if at < timer.deadline() {
+                    timer.reset(at);
+                }
                 return Ok(());
             }
             deadlines.resume(self.broker.now());
@@ -160,6 +165,10 @@ impl Conn {
                     deadlines.read(self.broker.now(), handled, !rbuf.is_empty());
                 }
             }
+        }
+        // The keep alive runs again.
+        if let Some(at) = deadlines.next().filter(|at| *at < timer.deadline()) {
+            timer.reset(at);
         }
         Ok(())
     }

@@ -211,10 +211,10 @@ mod tests {
         let session = Arc::new(Session::new("s".into(), 0));
         session.attach(1, Arc::new(Signal::default()), 0, None);
         let limits = QueueLimits {
-            max_messages: usize::MAX,
-            max_bytes: usize::MAX,
-            high_messages: usize::MAX,
-            high_bytes: usize::MAX,
+            max_messages: 1 << 40,
+            max_bytes: 1 << 40,
+            high_messages: 1 << 40,
+            high_bytes: 1 << 40,
             queue_qos0_offline: false,
             policy: QueueFull::DropOldest,
         };
