@@ -232,4 +232,30 @@ mod tests {
         d.read(t0, 0, true);
         assert_eq!(d.next(), Some(t0 + 3 * s));
     }
+
+    /// A connection paused by publisher back-pressure is the one not reading: neither
+    /// its keep alive nor a packet deadline closes it meanwhile, and both start afresh
+    /// when it resumes; its credential still expires.
+    #[test]
+    fn a_pause_stops_the_keep_alive_and_the_packet_deadline() {
+        let t0 = Instant::now();
+        let s = Duration::from_secs(1);
+        let mut d = Deadlines::new(3 * s, 10 * s, t0);
+        d.read(t0, 1, true);
+        d.pause(t0 + 20 * s);
+        assert_eq!(d.next(), Some(t0 + 20 * s));
+        assert!(
+            d.expired(t0 + 15 * s).is_none(),
+            "keep alive and packet deadline wait"
+        );
+        assert!(!d.pause_due(t0 + 15 * s));
+        assert!(d.pause_due(t0 + 20 * s));
+        d.credential(Some(t0 + 5 * s));
+        assert_eq!(d.expired(t0 + 15 * s), Some(Close::Expired));
+        d.credential(None);
+        d.resume(t0 + 30 * s);
+        assert_eq!(d.next(), Some(t0 + 33 * s));
+        assert!(d.expired(t0 + 32 * s).is_none());
+        assert!(d.expired(t0 + 33 * s).is_some());
+    }
 }
