@@ -393,12 +393,16 @@ impl Broker {
         let mut tickets = tickets.into_iter();
         let mut stored = false;
         for (entry, d) in targets {
-            let qos = d.qos;
+            // A shared group's member holds the publisher only if it was past its mark
+            // already when picked, i.e. every connected member was (see
+            // `SharedGroup::pick`): else the next message goes to one with room.
+            let pausable =
+                d.qos != QoS::AtMostOnce && (d.shared.is_none() || entry.session.is_pressed());
             stored |= match tickets.next().flatten() {
                 Some(ticket) => self.offer_reserved(&entry.session, d, ticket),
                 None => self.offer(&entry.session, d),
             };
-            if let Some(b) = blockers.as_deref_mut().filter(|_| qos != QoS::AtMostOnce) {
+            if let Some(b) = blockers.as_deref_mut().filter(|_| pausable) {
                 b.note(&entry.session);
             }
         }

@@ -210,6 +210,11 @@ async fn publishers_wait_for_subscribers_that_keep_reading() {
 
 /// Connects a subscriber to `bp/all` with a tiny receive buffer that never reads.
 async fn stalled(addr: SocketAddr, id: &str) -> RawClient {
+    stalled_on(addr, id, "bp/all").await
+}
+
+/// Connects a subscriber to `filter` with a tiny receive buffer that never reads.
+async fn stalled_on(addr: SocketAddr, id: &str, filter: &str) -> RawClient {
     let sock = TcpSocket::new_v4().unwrap();
     sock.set_recv_buffer_size(4096).unwrap();
     let stream = sock.connect(addr).await.unwrap();
@@ -218,8 +223,52 @@ async fn stalled(addr: SocketAddr, id: &str) -> RawClient {
     connect.properties = ConnectProperties::default();
     c.send(&Packet::Connect(Box::new(connect))).await;
     assert!(matches!(c.expect().await, Packet::ConnAck(a) if a.reason_code.is_success()));
-    c.subscribe("bp/all", opts(QoS::AtLeastOnce)).await;
+    c.subscribe(filter, opts(QoS::AtLeastOnce)).await;
     c
+}
+
+/// A shared subscription gives the messages to a member below its high-water mark
+/// rather than hold the publisher for one that stopped reading: the reading member
+/// (never past its mark: the publisher keeps few messages in flight) gets everything
+/// but what the stalled one took before it was past its mark, and nobody waits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shared_group_prefers_a_member_with_room() {
+    let (broker, addr) = start_broker(BrokerConfig {
+        // A wait for the stalled member would last this long and fail the test.
+        slow_consumer_timeout_secs: 60,
+        ..config()
+    })
+    .await;
+    const N: u32 = 1000;
+    let high = config().backpressure_high_water as u32;
+    let _stuck = stalled_on(addr, "stuck", "$share/g/bp/shared").await;
+    let reader = client(addr, "reader", Some("$share/g/bp/shared")).await;
+    let c = client(addr, "pub", None).await;
+    let publisher = publisher(c, plan("p", "bp/shared", N, 4), 0);
+    let want = (N - high) as usize;
+    let reader = tokio::spawn(run(reader, None, want, 64 * 1024, Duration::ZERO));
+    let p = tokio::time::timeout(Duration::from_secs(30), publisher)
+        .await
+        .expect("the publisher waited for the stalled member")
+        .unwrap();
+    eprintln!(
+        "DEBUG pauses {} stuck {:?} reader {:?}",
+        broker.metrics().publisher_pauses.load(Ordering::Relaxed),
+        broker
+            .session_snapshot("stuck", 0)
+            .map(|s| (s.queued, s.inflight)),
+        broker
+            .session_snapshot("reader", 0)
+            .map(|s| (s.queued, s.inflight))
+    );
+    assert_eq!(p.acked, N, "{p:?}");
+    let r = reader.await.unwrap();
+    assert!(
+        r.total >= want && r.disconnect.is_none(),
+        "the reading member got {} of {N}: {r:?}",
+        r.total
+    );
+    assert_eq!(slow_consumers(&broker), 0);
 }
 
 /// A subscriber that stops reading holds the publishers back for

@@ -32,6 +32,11 @@ impl Session {
         self.pressed.load(Ordering::Acquire)
     }
 
+    /// Since when the session has been past its high-water mark, if it is.
+    pub fn pressed_since(&self) -> Option<Instant> {
+        self.state.lock().pressed.since
+    }
+
     /// If the session is still pressed (and connected), registers `waiter` to be woken
     /// when that ends and returns since when it has been; `None`: go on.
     pub fn hold(&self, waiter: &Arc<Signal>) -> Option<Instant> {
