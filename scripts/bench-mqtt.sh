@@ -34,6 +34,8 @@
 #   BENCH_CPU     core for statehub-bench (default 1)
 #   MSGS          messages per publisher in the throughput scenarios (default 50000)
 #   PAYLOAD       payload bytes (default 64)
+#   ONLY          extended regex: run only the scenarios whose name matches it
+#                 (e.g. ONLY='QoS1$' for the two unthrottled QoS 1 ones; default: all)
 #   REPEAT        runs of each scenario per broker, brokers interleaved; the table
 #                 shows the run with the median delivered msg/s (default 3)
 #   SKIP_BUILD=1  do not run cargo; use existing binaries
@@ -227,6 +229,7 @@ loadavg() { cut -d' ' -f1 /proc/loadavg; }
 for sc in "${SCENARIOS[@]}"; do
     name="${sc%%|*}"
     args="${sc#*|}"
+    [[ -z "${ONLY:-}" || "$name" =~ $ONLY ]] || continue
     for run in $(seq 1 "$REPEAT"); do
     for b in $BROKERS; do
         [ -n "${PORT[$b]:-}" ] || continue

@@ -16,22 +16,20 @@
 //! inside the trie's, once no session could refuse it; nothing takes the trie's
 //! inside the retained lock.
 
-use std::collections::hash_map::Entry;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
-use foldhash::HashMap;
 use parking_lot::RwLock;
 use smallvec::SmallVec;
-use statehub_mqtt_codec::{Publish, ReasonCode};
+use statehub_mqtt_codec::{Publish, QoS, ReasonCode};
 use tokio_util::sync::CancellationToken;
 
 use crate::admin::Taps;
 use crate::auth::{AllowAll, Authenticator};
 use crate::authz::Rules;
 use crate::clock::Clock;
-use crate::config::{BrokerConfig, Overlap};
+use crate::config::BrokerConfig;
 use crate::fabric::{Fabric, FabricError, SharedPicks};
 use crate::message::{Delivery, Message, SharedVia};
 use crate::metrics::Metrics;
@@ -44,10 +42,14 @@ use crate::session::{Enqueued, QueueLimits, Session, Ticket};
 use crate::session_store::Gate;
 use crate::session_table::Sessions;
 use crate::topic;
-use crate::trie::{Matches, SubEntry, SubscriptionTrie};
+use crate::trie::{SubEntry, SubscriptionTrie};
 
+mod blockers;
 mod index;
 mod queue_full;
+mod targets;
+
+pub(crate) use blockers::Blockers;
 
 /// Handle to the broker. Clone freely.
 #[derive(Debug, Clone)]
@@ -101,6 +103,12 @@ impl Broker {
         let limits = QueueLimits {
             max_messages: config.max_queued_messages,
             max_bytes: config.max_queued_bytes,
+            high_messages: config
+                .backpressure_high_water
+                .min(config.max_queued_messages),
+            high_bytes: config
+                .backpressure_high_water_bytes
+                .min(config.max_queued_bytes),
             queue_qos0_offline: config.queue_qos0_offline,
             policy: config.queue_full_policy,
         };
@@ -368,7 +376,7 @@ impl Broker {
     /// With a `gate`, the QoS 2 copies that persistent sessions store wait behind it
     /// (the caller opens it once the message is durable).
     pub(crate) fn route(&self, msg: &Arc<Message>, gate: Option<&Arc<Gate>>) -> Routed {
-        self.route_with(msg, gate, false, || {})
+        self.route_with(msg, gate, false, None, || {})
     }
 
     /// [`Broker::route`] for a client's PUBLISH. With `all_or_nothing` (the refuse
@@ -376,20 +384,23 @@ impl Broker {
     /// session's full queue would have to take goes to nobody (`Routed::refused`).
     /// `accepted` runs once the message is not refused, before any session gets it
     /// (to make it the retained message: a concurrent subscriber then gets it either
-    /// live or retained).
+    /// live or retained). With `blockers`, the connected sessions past their
+    /// high-water mark that got a QoS 1/2 copy are collected there.
     pub(crate) fn route_with(
         &self,
         msg: &Arc<Message>,
         gate: Option<&Arc<Gate>>,
         all_or_nothing: bool,
+        blockers: Option<&mut Blockers<'_>>,
         accepted: impl FnOnce(),
     ) -> Routed {
         // A message for one recipient (a service's answer) is this node's business.
         let Some(fabric) = self.fabric().filter(|_| msg.recipient.is_none()) else {
-            return self.route_local(msg, gate, all_or_nothing, accepted, None);
+            return self.route_local(msg, gate, all_or_nothing, blockers, accepted, None);
         };
         let picks = fabric.shared_picks(&msg.topic);
-        let mut routed = self.route_local(msg, gate, all_or_nothing, accepted, Some(&picks));
+        let mut routed =
+            self.route_local(msg, gate, all_or_nothing, blockers, accepted, Some(&picks));
         if !routed.refused {
             routed.forwarded = Some(fabric.forward(msg, picks));
         }
@@ -399,7 +410,7 @@ impl Broker {
     /// [`Broker::route_remote`]'s routing: this node's subscribers, shared groups as
     /// the publisher's node picked them.
     pub(crate) fn route_picked(&self, msg: &Arc<Message>, picks: &SharedPicks) -> usize {
-        self.route_local(msg, None, false, || {}, Some(picks))
+        self.route_local(msg, None, false, None, || {}, Some(picks))
             .sessions
     }
 
@@ -410,6 +421,7 @@ impl Broker {
         msg: &Arc<Message>,
         gate: Option<&Arc<Gate>>,
         all_or_nothing: bool,
+        mut blockers: Option<&mut Blockers<'_>>,
         accepted: impl FnOnce(),
         picks: Option<&SharedPicks>,
     ) -> Routed {
@@ -442,10 +454,18 @@ impl Broker {
         let mut tickets = tickets.into_iter();
         let mut stored = false;
         for (entry, d) in targets {
+            // A shared group's member holds the publisher only if it was past its mark
+            // already when picked, i.e. every connected member was (see
+            // `SharedGroup::pick`): else the next message goes to one with room.
+            let pausable =
+                d.qos != QoS::AtMostOnce && (d.shared.is_none() || entry.session.is_pressed());
             stored |= match tickets.next().flatten() {
                 Some(ticket) => self.offer_reserved(&entry.session, d, ticket),
                 None => self.offer(&entry.session, d),
             };
+            if let Some(b) = blockers.as_deref_mut().filter(|_| pausable) {
+                b.note(&entry.session);
+            }
         }
         self.inner.taps.feed(msg);
         Routed {
@@ -454,87 +474,6 @@ impl Broker {
             refused: false,
             forwarded: None,
         }
-    }
-
-    /// The copy of `msg` each matching subscription gets (see [`Broker::route`]).
-    fn targets<'t>(
-        &self,
-        matches: &Matches<'t>,
-        msg: &Arc<Message>,
-        gate: Option<&Arc<Gate>>,
-        picks: Option<&SharedPicks>,
-    ) -> Targets<'t> {
-        let mut targets: Targets<'t> = SmallVec::with_capacity(matches.plain.len());
-        let recipient = msg.recipient.as_deref();
-        let merge = self.inner.config.overlapping_subscriptions == Overlap::Single;
-        // Where each client's delivery is, to merge its overlapping matches: looked up
-        // by hash, since a broadcast topic matches thousands of clients and a scan of
-        // the targets so far would make one publish quadratic in its subscribers.
-        let mut index: HashMap<&'t str, usize> = HashMap::default();
-        for (client, entry) in &matches.plain {
-            if entry.options.no_local && msg.publisher.as_deref() == Some(*client) {
-                continue;
-            }
-            if recipient.is_some_and(|r| r != *client) {
-                continue;
-            }
-            let qos = msg.qos.min(entry.options.qos);
-            let retain = entry.options.retain_as_published && msg.retain;
-            let existing = if !merge {
-                None
-            } else if matches.plain.len() <= 8 {
-                targets
-                    .iter_mut()
-                    .find(|(e, _)| e.session.client_id() == *client)
-            } else {
-                match index.entry(*client) {
-                    Entry::Occupied(at) => targets.get_mut(*at.get()),
-                    Entry::Vacant(slot) => {
-                        slot.insert(targets.len());
-                        None
-                    }
-                }
-            };
-            if let Some((_, d)) = existing {
-                d.qos = d.qos.max(qos);
-                d.retain |= retain;
-                d.subscription_ids.extend(entry.identifier);
-                continue;
-            }
-            let ids = entry.identifier.into_iter().collect();
-            let d = Delivery {
-                gate: gate.cloned(),
-                ..Delivery::new(msg.clone(), qos, retain, ids)
-            };
-            targets.push((entry, d));
-        }
-        // A message for one recipient never goes through a shared group: a member
-        // picked would as likely be another client.
-        let groups = if recipient.is_some() {
-            &[][..]
-        } else {
-            &matches.shared[..]
-        };
-        for group in groups {
-            if picks.is_some_and(|p| !p.here(&group.filter, &group.name)) {
-                continue;
-            }
-            if let Some(entry) = group.pick(None) {
-                let qos = msg.qos.min(entry.options.qos);
-                let retain = entry.options.retain_as_published && msg.retain;
-                let ids = entry.identifier.into_iter().collect();
-                let d = Delivery {
-                    shared: Some(SharedVia {
-                        filter: group.filter.as_ref().into(),
-                        group: group.name.as_ref().into(),
-                    }),
-                    gate: gate.cloned(),
-                    ..Delivery::new(msg.clone(), qos, retain, ids)
-                };
-                targets.push((entry, d));
-            }
-        }
-        targets
     }
 
     /// Enqueues one delivery and counts what the queue bounds did to it. True if it

@@ -47,6 +47,18 @@ pub struct BrokerConfig {
     /// Bytes of payload and topic queued across every session (as above). A message
     /// shared by several sessions counts once per session.
     pub max_total_queued_bytes: usize,
+    /// The high-water mark of a connected session's backlog (messages queued and in
+    /// flight; at most `max_queued_messages`): a client whose QoS 1/2 PUBLISH is
+    /// routed to a session past it stops being read until every such session has
+    /// drained to half the mark (publisher back-pressure; see docs/limits.md).
+    pub backpressure_high_water: usize,
+    /// The same in bytes of payload and topic queued (at most `max_queued_bytes`).
+    pub backpressure_high_water_bytes: usize,
+    /// Seconds a connected session may stay past its high-water mark while
+    /// publishers wait for it; then it is a slow consumer: DISCONNECT 0x97, and the
+    /// publishers go on. 0 turns publisher back-pressure off (a subscriber that falls
+    /// behind is then cut off only at 1.5 x `max_queued_messages`).
+    pub slow_consumer_timeout_secs: u64,
     /// What a QoS 1/2 message meets at an offline session whose queue (or every
     /// session's together) is full; see [`QueueFull`].
     pub queue_full_policy: QueueFull,
@@ -179,6 +191,9 @@ impl Default for BrokerConfig {
             max_queued_bytes: 64 * 1024 * 1024,
             max_total_queued_messages: 1_000_000,
             max_total_queued_bytes: 1024 * 1024 * 1024,
+            backpressure_high_water: 1000,
+            backpressure_high_water_bytes: 8 * 1024 * 1024,
+            slow_consumer_timeout_secs: 10,
             queue_full_policy: QueueFull::DropOldest,
             queue_qos0_offline: false,
             refused_filters: Vec::new(),

@@ -49,8 +49,16 @@ pub struct Metrics {
     pub cluster_refused: AtomicU64,
     /// Messages over a client's Maximum Packet Size, discarded as the spec says.
     pub oversize_dropped: AtomicU64,
-    /// Connections closed with 0x97 because they did not keep up.
+    /// Connections closed with 0x97 because they did not keep up: past their
+    /// high-water mark for `slow_consumer_timeout_secs` while publishers waited, or
+    /// past 1.5 x the queue bounds.
     pub slow_consumers: AtomicU64,
+    /// Times a publisher's connection stopped reading because a subscriber it routed
+    /// a QoS 1/2 message to was past its high-water mark (publisher back-pressure).
+    pub publisher_pauses: AtomicU64,
+    /// Microseconds publishers' connections spent so paused, counted when each pause
+    /// ends.
+    pub publisher_paused_micros: AtomicU64,
     pub protocol_errors: AtomicU64,
     /// Outbound packets that could not be encoded (a message the broker cannot write:
     /// a topic or property over the protocol's length limits). Each is logged.

@@ -36,7 +36,8 @@ pub struct SharedGroup {
 }
 
 impl SharedGroup {
-    /// Round-robin pick, preferring members whose client is connected and not `except`.
+    /// Round-robin pick among the members not `except`, preferring those whose client is
+    /// connected, and among those the ones below their high-water mark (see below).
     pub fn pick(&self, except: Option<&str>) -> Option<&SubEntry> {
         let n = self.members.len();
         if n == 0 {
@@ -44,15 +45,21 @@ impl SharedGroup {
         }
         let start = self.next.fetch_add(1, Ordering::Relaxed);
         let eligible = |e: &&SubEntry| except != Some(e.session.client_id());
-        let online = (0..n)
-            .map(|i| &self.members[(start + i) % n])
+        let members = || (0..n).map(|i| &self.members[(start + i) % n]);
+        // Connected with room first (one past its high-water mark would hold the
+        // publisher back); if every connected one is past it, the one that passed it
+        // last: the publisher waits for it, and a member that drains passes the mark
+        // again and again while one that stopped reading stays past it; then any.
+        let roomy = members()
             .filter(eligible)
-            .find(|e| e.session.is_connected());
-        online.or_else(|| {
-            (0..n)
-                .map(|i| &self.members[(start + i) % n])
-                .find(eligible)
-        })
+            .find(|e| e.session.is_connected() && !e.session.is_pressed());
+        let online = || {
+            members()
+                .filter(eligible)
+                .filter(|e| e.session.is_connected())
+                .max_by_key(|e| e.session.pressed_since())
+        };
+        roomy.or_else(online).or_else(|| members().find(eligible))
     }
 }
 

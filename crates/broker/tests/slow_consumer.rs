@@ -20,6 +20,9 @@ fn config() -> BrokerConfig {
     BrokerConfig {
         max_queued_messages: MAX_QUEUED,
         socket_write_high_water: 16 * 1024,
+        // The flooder waits for the stalled subscriber this long before it is cut off
+        // (publisher back-pressure, see backpressure.rs).
+        slow_consumer_timeout_secs: 1,
         ..Default::default()
     }
 }
@@ -275,15 +278,19 @@ async fn a_session_resuming_with_a_full_queue_is_not_cut_off() {
     };
     let (mut sub, ack) = RawClient::connect_with(addr, connect).await;
     assert!(ack.session_present);
-    for i in 0..10 {
-        publisher
-            .publish(publish(
-                "resume/full",
-                QoS::AtLeastOnce,
-                format!("new {i}").as_bytes(),
-            ))
-            .await;
-    }
+    // Concurrently: a session past its high-water mark holds its publishers back
+    // until it drains.
+    let publishing = tokio::spawn(async move {
+        for i in 0..10 {
+            publisher
+                .publish(publish(
+                    "resume/full",
+                    QoS::AtLeastOnce,
+                    format!("new {i}").as_bytes(),
+                ))
+                .await;
+        }
+    });
     let mut received = 0;
     while received < MAX_QUEUED + 10 {
         match sub.next_event(Duration::from_secs(3)).await {
@@ -298,5 +305,6 @@ async fn a_session_resuming_with_a_full_queue_is_not_cut_off() {
             other => panic!("expected the backlog, got {other:?} after {received}"),
         }
     }
+    publishing.await.unwrap();
     assert_eq!(broker.metrics().slow_consumers.load(Ordering::Relaxed), 0);
 }

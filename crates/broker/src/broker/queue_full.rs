@@ -52,7 +52,7 @@ impl Broker {
         d: Delivery,
         ticket: Ticket,
     ) -> bool {
-        let outcome = session.enqueue_reserved(d, ticket, self.now());
+        let outcome = session.enqueue_reserved(d, ticket, &self.inner.limits, self.now());
         self.count(session, outcome);
         outcome.stored()
     }

@@ -40,7 +40,12 @@ pub(super) struct Deadlines {
     idle_at: Option<Instant>,
     packet_at: Option<Instant>,
     credential_at: Option<Instant>,
+    /// While the socket is not read for the bandwidth limit: when reading resumes.
     resume_at: Option<Instant>,
+    /// While the connection is paused (publisher back-pressure, not reading): when a
+    /// session it waits for becomes a slow consumer. The keep alive and the packet
+    /// deadline do not run meanwhile.
+    paused_until: Option<Instant>,
 }
 
 impl Deadlines {
@@ -52,6 +57,7 @@ impl Deadlines {
             packet_at: None,
             credential_at: None,
             resume_at: None,
+            paused_until: None,
         }
     }
 
@@ -61,29 +67,56 @@ impl Deadlines {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         };
-        let deadline = earlier(self.idle_at, self.packet_at);
-        earlier(earlier(deadline, self.credential_at), self.resume_at)
+        let throttle = earlier(self.resume_at, self.credential_at);
+        if self.paused_until.is_some() {
+            return earlier(self.paused_until, throttle);
+        }
+        earlier(earlier(self.idle_at, self.packet_at), throttle)
     }
 
-    /// The socket is not read from `now` until `until`: the keep alive and the
-    /// packet deadline move by the pause (the client's bytes wait in the socket
-    /// meanwhile, so it is not late). The credential's expiry does not move.
-    pub fn pause(&mut self, now: Instant, until: Instant) {
+    /// The socket is not read from `now` until `until` (the bandwidth limit): the keep
+    /// alive and the packet deadline move by the pause (the client's bytes wait in the
+    /// socket meanwhile, so it is not late). The credential's expiry does not move.
+    pub fn throttle(&mut self, now: Instant, until: Instant) {
         let by = until.saturating_duration_since(now);
         self.idle_at = self.idle_at.map(|at| at + by);
         self.packet_at = self.packet_at.map(|at| at + by);
         self.resume_at = Some(until);
     }
 
-    /// Whether reading is paused.
-    pub fn paused(&self) -> bool {
+    /// Whether reading is throttled.
+    pub fn throttled(&self) -> bool {
         self.resume_at.is_some()
     }
 
-    /// Ends the pause if its time has come.
-    pub fn resume(&mut self, now: Instant) {
+    /// Ends the throttle if its time has come.
+    pub fn unthrottle(&mut self, now: Instant) {
         if self.resume_at.is_some_and(|at| now >= at) {
             self.resume_at = None;
+        }
+    }
+
+    /// The connection stopped reading until `at` at the latest (see `pressure.rs`).
+    pub fn pause(&mut self, at: Instant) {
+        self.paused_until = Some(at);
+    }
+
+    /// Whether the pause's deadline has come.
+    pub fn pause_due(&self, now: Instant) -> bool {
+        self.paused_until.is_some_and(|at| now >= at)
+    }
+
+    /// The connection reads again at `now`: the keep alive, and the deadline of a
+    /// packet under way, start afresh (the client was not the one waiting).
+    pub fn resume(&mut self, now: Instant) {
+        if self.paused_until.take().is_none() {
+            return;
+        }
+        if !self.keep_alive.is_zero() {
+            self.idle_at = Some(now + self.keep_alive);
+        }
+        if self.packet_at.is_some() {
+            self.packet_at = Some(now + self.packet_timeout);
         }
     }
 
@@ -107,13 +140,16 @@ impl Deadlines {
 
     /// Whether the packet being read is past its deadline.
     pub fn packet_late(&self, now: Instant) -> bool {
-        self.packet_at.is_some_and(|at| now >= at)
+        self.paused_until.is_none() && self.packet_at.is_some_and(|at| now >= at)
     }
 
     /// The close a deadline that passed asks for.
     pub fn expired(&self, now: Instant) -> Option<Close> {
         if self.credential_at.is_some_and(|at| now >= at) {
             return Some(Close::Expired);
+        }
+        if self.paused_until.is_some() {
+            return None;
         }
         if self.packet_late(now) {
             return Some(Close::ByServer(
@@ -226,19 +262,19 @@ mod tests {
     }
 
     #[test]
-    fn a_pause_moves_the_keep_alive_and_the_packet_deadline() {
+    fn a_throttle_moves_the_keep_alive_and_the_packet_deadline() {
         let t0 = Instant::now();
         let s = Duration::from_secs(1);
         let mut d = Deadlines::new(3 * s, 10 * s, t0);
         d.credential(Some(t0 + 20 * s));
         d.read(t0, 0, true);
-        d.pause(t0, t0 + 5 * s);
-        assert!(d.paused());
+        d.throttle(t0, t0 + 5 * s);
+        assert!(d.throttled());
         assert_eq!(d.next(), Some(t0 + 5 * s), "the timer wakes to resume");
-        d.resume(t0 + 4 * s);
-        assert!(d.paused(), "not yet");
-        d.resume(t0 + 5 * s);
-        assert!(!d.paused());
+        d.unthrottle(t0 + 4 * s);
+        assert!(d.throttled(), "not yet");
+        d.unthrottle(t0 + 5 * s);
+        assert!(!d.throttled());
         // Three seconds of keep alive after the pause, not during it.
         assert_eq!(d.expired(t0 + 7 * s), None);
         assert!(d.expired(t0 + 8 * s).is_some());
@@ -247,11 +283,37 @@ mod tests {
         let mut d = Deadlines::new(Duration::ZERO, 10 * s, t0);
         d.credential(Some(t0 + 12 * s));
         d.read(t0, 0, true);
-        d.pause(t0, t0 + 5 * s);
-        d.resume(t0 + 5 * s);
+        d.throttle(t0, t0 + 5 * s);
+        d.unthrottle(t0 + 5 * s);
         assert_eq!(d.next(), Some(t0 + 12 * s));
         assert_eq!(d.expired(t0 + 12 * s), Some(Close::Expired));
         d.credential(None);
         assert_eq!(d.next(), Some(t0 + 15 * s));
+    }
+
+    /// A connection paused by publisher back-pressure is the one not reading: neither
+    /// its keep alive nor a packet deadline closes it meanwhile, and both start afresh
+    /// when it resumes; its credential still expires.
+    #[test]
+    fn a_pause_stops_the_keep_alive_and_the_packet_deadline() {
+        let t0 = Instant::now();
+        let s = Duration::from_secs(1);
+        let mut d = Deadlines::new(3 * s, 10 * s, t0);
+        d.read(t0, 1, true);
+        d.pause(t0 + 20 * s);
+        assert_eq!(d.next(), Some(t0 + 20 * s));
+        assert!(
+            d.expired(t0 + 15 * s).is_none(),
+            "keep alive and packet deadline wait"
+        );
+        assert!(!d.pause_due(t0 + 15 * s));
+        assert!(d.pause_due(t0 + 20 * s));
+        d.credential(Some(t0 + 5 * s));
+        assert_eq!(d.expired(t0 + 15 * s), Some(Close::Expired));
+        d.credential(None);
+        d.resume(t0 + 30 * s);
+        assert_eq!(d.next(), Some(t0 + 33 * s));
+        assert!(d.expired(t0 + 32 * s).is_none());
+        assert!(d.expired(t0 + 33 * s).is_some());
     }
 }

@@ -396,6 +396,8 @@ impl Conn {
                 .then(|| Bucket::full(cfg.max_publish_rate, broker.now())),
             reauth_rate: Bucket::full(cfg.max_reauth_per_minute, broker.now()),
             bandwidth: None,
+            paused: None,
+            held: Default::default(),
         })
     }
 }

@@ -3,17 +3,18 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+use smallvec::SmallVec;
 use statehub_mqtt_codec::{
     validate, ByteString, Packet, ProtocolVersion, PubResponse, Publish, QoS, ReasonCode,
 };
 
 use super::{Close, Conn};
-use crate::broker::Routed;
+use crate::broker::{Blockers, Routed};
 use crate::config::QueueFull;
 use crate::fabric::FabricError;
 use crate::message::Message;
 use crate::ratelimit::LogLimit;
-use crate::session::{IncomingQos2, PubRec, Stage};
+use crate::session::{IncomingQos2, PubRec, Session, Stage};
 use crate::session_store::{Gate, Group};
 use crate::topic;
 
@@ -58,13 +59,15 @@ impl Conn {
                 self.session.complete(c.packet_id, Stage::Released);
                 Ok(())
             }
-            Packet::Subscribe(s) => self.on_subscribe(s).await,
-            Packet::Unsubscribe(u) => self.on_unsubscribe(u).await,
+            // The rare packets' handlers are boxed: a connection's future is as large
+            // as its largest state, for its whole life (see `serve`).
+            Packet::Subscribe(s) => Box::pin(self.on_subscribe(s)).await,
+            Packet::Unsubscribe(u) => Box::pin(self.on_unsubscribe(u)).await,
             Packet::PingReq => self.send(&Packet::PingResp),
             Packet::Disconnect(d) => {
                 Err(self.on_disconnect(d.reason_code, d.session_expiry_interval))
             }
-            Packet::Auth(a) => self.on_auth(a).await,
+            Packet::Auth(a) => Box::pin(self.on_auth(a)).await,
             Packet::Connect(_) => Err(Close::ByServer(
                 ReasonCode::PROTOCOL_ERROR,
                 "second CONNECT [MQTT-3.1.0-2]",
@@ -114,7 +117,7 @@ impl Conn {
             return self.ack_publish(p.qos, pid, code, false).await;
         }
         if let Some(reason) = self.publish_denied(&p.topic) {
-            return self.deny_publish(p.qos, pid, reason).await;
+            return Box::pin(self.deny_publish(p.qos, pid, reason)).await;
         }
         let qos = p.qos;
         // Opened once this publish is acknowledged (after its barrier) or failed.
@@ -167,7 +170,7 @@ impl Conn {
             // Refused before any node delivers it, so the client's resend duplicates
             // nothing.
             let e = FabricError::Unavailable("not connected".into());
-            self.cluster_refusal(qos, pid, &e).await?;
+            Box::pin(self.cluster_refusal(qos, pid, &e)).await?;
             return Ok(None);
         }
         let msg = Arc::new(Message::from_publish(
@@ -176,13 +179,14 @@ impl Conn {
             self.broker.now(),
         ));
         let mut durable = None;
-        let mut routed = self.route_and_receive(&msg, pid, gate, || {
+        let (mut routed, pressed) = self.route_and_receive(&msg, pid, gate, || {
             if msg.retain {
                 durable = self.broker.store_retained(&msg);
             }
         });
+        self.pause_for(pressed);
         if routed.refused {
-            self.refuse_publish(qos, pid).await?;
+            Box::pin(self.refuse_publish(qos, pid)).await?;
             return Ok(None);
         }
         // With a retain store, the ack waits until the retained change is durable. If it
@@ -201,7 +205,7 @@ impl Conn {
         let forwarded = routed.forwarded.take();
         if let Some(forwarded) = forwarded.filter(|_| qos != QoS::AtMostOnce) {
             if let Err(e) = forwarded.await {
-                self.cluster_refusal(qos, pid, &e).await?;
+                Box::pin(self.cluster_refusal(qos, pid, &e)).await?;
                 return Ok(None);
             }
             return Ok(Some((ReasonCode::SUCCESS, routed.stored)));
@@ -281,28 +285,34 @@ impl Conn {
     /// Routes a client's message (`accepted` runs unless it is refused, see
     /// [`Broker::route_with`]) and, for QoS 2, records its receipt (so a resent
     /// PUBLISH is known for a duplicate), the two atomically in the session store.
+    /// Also returns the sessions past their high-water mark it went to, which this
+    /// connection waits for (see `pressure.rs`).
     fn route_and_receive(
         &self,
         msg: &Arc<Message>,
         pid: u16,
         gate: Option<&Arc<Gate>>,
         accepted: impl FnOnce(),
-    ) -> Routed {
+    ) -> (Routed, SmallVec<[Arc<Session>; 2]>) {
         let all_or_nothing =
             msg.qos != QoS::AtMostOnce && self.broker.queue_limits().policy == QueueFull::Refuse;
+        let mut blockers = Blockers::new(&self.session);
+        let pressure = (msg.qos != QoS::AtMostOnce && self.slow_consumer_timeout().is_some())
+            .then_some(&mut blockers);
         if msg.qos != QoS::ExactlyOnce {
-            return self.broker.route_with(msg, None, all_or_nothing, accepted);
+            let routed = (self.broker).route_with(msg, None, all_or_nothing, pressure, accepted);
+            return (routed, blockers.pressed);
         }
         let store = self
             .broker
             .session_store()
             .filter(|_| self.session.is_persistent());
         let _group = store.map(Group::open);
-        let mut routed = self.broker.route_with(msg, gate, all_or_nothing, accepted);
+        let mut routed = (self.broker).route_with(msg, gate, all_or_nothing, pressure, accepted);
         if !routed.refused {
             routed.stored |= self.session.receive_qos2(pid);
         }
-        routed
+        (routed, blockers.pressed)
     }
 
     /// Answers a PUBLISH that a full queue refused: 0x97 to an MQTT 5 client. An MQTT

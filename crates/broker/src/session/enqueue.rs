@@ -69,6 +69,10 @@ impl Enqueued {
 pub(crate) struct QueueLimits {
     pub max_messages: usize,
     pub max_bytes: usize,
+    /// The high-water mark of a connected session's backlog, past which the
+    /// publishers routing QoS 1/2 messages to it wait (see `pressure.rs`).
+    pub high_messages: usize,
+    pub high_bytes: usize,
     pub queue_qos0_offline: bool,
     pub policy: QueueFull,
 }
@@ -117,7 +121,7 @@ impl Session {
             if connected {
                 // Kept for the session although a bound is reached (see `queue`).
                 self.usage.take(d.msg.weight());
-                return self.queue(st, d, gate, now, Some(bound));
+                return self.queue(st, d, gate, (limits, now), Some(bound));
             }
             let room = (limits.policy == QueueFull::DropOldest)
                 .then(|| self.make_room(&mut st, &d, limits))
@@ -129,7 +133,7 @@ impl Session {
             // None at all if another session gave the room back meanwhile.
             evicted = (n > 0).then_some((n, bound));
         }
-        match (self.queue(st, d, gate, now, None), evicted) {
+        match (self.queue(st, d, gate, (limits, now), None), evicted) {
             (Enqueued::Queued { stored }, Some((evicted, bound))) => Enqueued::EvictedOldest {
                 stored,
                 evicted,
@@ -162,6 +166,7 @@ impl Session {
         self: &Arc<Self>,
         mut d: Delivery,
         ticket: Ticket,
+        limits: &QueueLimits,
         now: Instant,
     ) -> Enqueued {
         d.seq = 0;
@@ -173,7 +178,7 @@ impl Session {
             self.usage.give(1, ticket.weight);
             return Enqueued::Ended;
         }
-        self.queue(st, d, gate, now, ticket.over)
+        self.queue(st, d, gate, (limits, now), ticket.over)
     }
 
     /// Gives back the room `ticket` took: its delivery is not coming.
@@ -183,13 +188,14 @@ impl Session {
     }
 
     /// Queues `d`, whose room is taken, and wakes the connection; `over`: the session
-    /// is connected but past a bound.
+    /// is connected but past a bound. A connected session that reaches its high-water
+    /// mark is pressed (see `pressure.rs`).
     fn queue(
         self: &Arc<Self>,
         mut st: MutexGuard<'_, SessionState>,
         mut d: Delivery,
         gate: Option<Arc<Gate>>,
-        now: Instant,
+        (limits, now): (&QueueLimits, Instant),
         over: Option<Bound>,
     ) -> Enqueued {
         let stored = st.store_copy(self, &mut d, gate, now);
@@ -203,8 +209,10 @@ impl Session {
                 // If a close was asked for already, that one stands.
                 a.signal.close(ReasonCode::QUOTA_EXCEEDED);
             }
+            self.unpress(&mut st);
             return Enqueued::SlowConsumer { stored, bound };
         }
+        self.press(&mut st, limits, now);
         if let Some(a) = st.attached.as_ref().filter(|_| self.is_connected()) {
             a.signal.deliveries();
         }

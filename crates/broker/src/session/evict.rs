@@ -137,6 +137,8 @@ mod tests {
         let limits = QueueLimits {
             max_messages: 10,
             max_bytes: 1000,
+            high_messages: 10,
+            high_bytes: 1000,
             queue_qos0_offline: false,
             policy: QueueFull::DropOldest,
         };

@@ -85,10 +85,11 @@ impl Session {
             return PubRec::Unknown;
         }
         if !accepted {
-            if let Some(done) = st.inflight.remove(i) {
+            if let Some(done) = st.remove_inflight(i) {
                 st.forget(done.delivery.seq, &done.delivery.msg);
                 self.usage.give(1, done.delivery.msg.weight());
             }
+            self.relieve(&mut st);
             return PubRec::Refused;
         }
         st.inflight[i].stage = Stage::Released;
@@ -115,10 +116,11 @@ impl Session {
         let mut st = self.state.lock();
         if let Some(i) = st.inflight_position(packet_id) {
             if st.inflight[i].stage == stage {
-                if let Some(done) = st.inflight.remove(i) {
+                if let Some(done) = st.remove_inflight(i) {
                     st.forget(done.delivery.seq, &done.delivery.msg);
                     self.usage.give(1, done.delivery.msg.weight());
                 }
+                self.relieve(&mut st);
             }
         }
     }

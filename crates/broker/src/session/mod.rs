@@ -19,6 +19,7 @@ mod enqueue;
 mod evict;
 mod exchange;
 mod outbox;
+mod pressure;
 mod snapshot;
 mod usage;
 
@@ -92,6 +93,10 @@ struct SessionState {
     reserved: (usize, usize),
     /// QoS 1/2 deliveries written and not yet completed, in send order.
     inflight: VecDeque<Inflight>,
+    /// The packet ids of `inflight`, so that taking a free id and finding a stored
+    /// message's id take one lookup each, not a scan of the window (a client's Receive
+    /// Maximum may let 65,535 messages be in flight).
+    inflight_ids: InflightIds,
     next_packet_id: u16,
     /// QoS 2 packet ids received (PUBREC sent) awaiting PUBREL.
     incoming_qos2: HashSet<u16>,
@@ -112,7 +117,14 @@ struct SessionState {
     next_seq: u64,
     /// The session ended: it takes no more deliveries (its queue was dropped).
     ended: bool,
+    /// Past the high-water mark while connected (see `pressure.rs`).
+    pressed: pressure::Pressed,
+    /// Publishers' connections waiting for the session to drain (see `pressure.rs`).
+    waiters: Vec<Arc<Signal>>,
 }
+
+/// A set of packet ids (see [`SessionState::inflight_ids`]).
+type InflightIds = std::collections::HashSet<u16, foldhash::fast::FixedState>;
 
 impl SessionState {
     fn push_queue(&mut self, d: Delivery) {
@@ -134,8 +146,36 @@ impl SessionState {
         self.persist.is_some()
     }
 
+    /// Where `packet_id` is in flight: one lookup when it is not, and the front for a
+    /// client that acknowledges in order, as MQTT asks of QoS 1 [MQTT-4.6.0-2].
     fn inflight_position(&self, packet_id: u16) -> Option<usize> {
+        if !self.inflight_ids.contains(&packet_id) {
+            return None;
+        }
         self.inflight.iter().position(|i| i.packet_id == packet_id)
+    }
+
+    /// Puts a message in flight (its id is free: see [`SessionState::inflight_position`]).
+    fn push_inflight(&mut self, i: Inflight) {
+        self.inflight_ids.insert(i.packet_id);
+        self.inflight.push_back(i);
+    }
+
+    /// Takes the message at `position` out of flight.
+    fn remove_inflight(&mut self, position: usize) -> Option<Inflight> {
+        let done = self.inflight.remove(position)?;
+        self.inflight_ids.remove(&done.packet_id);
+        if self.inflight.is_empty() && self.inflight_ids.capacity() > 64 {
+            // A burst's window is not kept for the session's life.
+            self.inflight_ids = InflightIds::default();
+        }
+        Some(done)
+    }
+
+    /// Takes every message out of flight.
+    fn clear_inflight(&mut self) {
+        self.inflight.clear();
+        self.inflight_ids = InflightIds::default();
     }
 
     /// Records a change of this persistent session (nothing if it is not one).
@@ -197,6 +237,9 @@ impl SessionState {
 pub(crate) struct Session {
     client_id: ByteString,
     connected: AtomicBool,
+    /// Whether `SessionState::pressed` is set, for the publish path to read without
+    /// the lock.
+    pressed: AtomicBool,
     /// Counted against the broker's bound on persistent sessions (see the table).
     counted: AtomicBool,
     state: Mutex<SessionState>,
@@ -213,6 +256,7 @@ impl Session {
         Session {
             client_id,
             connected: AtomicBool::new(false),
+            pressed: AtomicBool::new(false),
             counted: AtomicBool::new(false),
             state: Mutex::new(SessionState {
                 expiry_interval,
@@ -254,7 +298,7 @@ impl Session {
                 session.usage.take(delivery.msg.weight());
                 if released {
                     let packet_id = packet_id_for(delivery.seq);
-                    st.inflight.push_back(Inflight {
+                    st.push_inflight(Inflight {
                         packet_id,
                         stage: Stage::Released,
                         delivery,
@@ -332,7 +376,11 @@ impl Session {
     /// Detaches the connection attached now, if any, asking it to close with 0x8E
     /// (Session taken over); true if one was attached.
     pub fn take_over(&self) -> bool {
-        let kicked = self.state.lock().attached.take();
+        let kicked = {
+            let mut st = self.state.lock();
+            self.unpress(&mut st);
+            st.attached.take()
+        };
         if let Some(a) = &kicked {
             a.signal.close(ReasonCode::SESSION_TAKEN_OVER);
         }
@@ -355,6 +403,7 @@ impl Session {
         st.attached = None;
         st.expiry_interval = expiry;
         self.set_connected(false);
+        self.unpress(&mut st);
         if expiry > 0 {
             // Its expiry clock starts now, on disk too (an expiry of 0 ends the
             // session, which forgets it).
@@ -385,8 +434,9 @@ impl Session {
             let (messages, bytes) = st.holding();
             self.usage.give(messages, bytes);
             st.queue.clear();
-            st.inflight.clear();
+            st.clear_inflight();
             st.queued_bytes = 0;
+            self.unpress(&mut st);
             st.subscriptions.keys().cloned().collect()
         };
         self.ended.cancel();

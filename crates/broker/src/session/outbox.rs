@@ -18,7 +18,16 @@ pub(crate) struct Outbox<'a> {
     st: MutexGuard<'a, SessionState>,
     /// Deliveries dropped by [`Outbox::next`] because their message had expired.
     expired: usize,
+    session: &'a Session,
     usage: &'a Usage,
+}
+
+/// What a drain dropped (expired, discarded) shrank the backlog: a pressed session may
+/// be relieved.
+impl Drop for Outbox<'_> {
+    fn drop(&mut self) {
+        self.session.relieve(&mut self.st);
+    }
 }
 
 impl Session {
@@ -33,6 +42,7 @@ impl Session {
         owner.then_some(Outbox {
             st,
             expired: 0,
+            session: self,
             usage: &self.usage,
         })
     }
@@ -43,13 +53,16 @@ impl Session {
     pub fn take_shared(&self) -> Vec<Delivery> {
         let mut st = self.state.lock();
         let mut taken = Vec::new();
+        let mut ids = std::mem::take(&mut st.inflight_ids);
         st.inflight.retain(|i| {
             let shared = i.delivery.shared.is_some() && i.delivery.qos != QoS::ExactlyOnce;
             if shared {
                 taken.push(i.delivery.clone());
+                ids.remove(&i.packet_id);
             }
             !shared
         });
+        st.inflight_ids = ids;
         let queue = std::mem::take(&mut st.queue);
         for d in queue {
             if d.shared.is_some() {
@@ -62,6 +75,7 @@ impl Session {
         // They leave this session; whoever takes them counts them again.
         let bytes = taken.iter().map(|d| d.msg.weight()).sum();
         self.usage.give(taken.len(), bytes);
+        self.relieve(&mut st);
         taken
     }
 
@@ -107,7 +121,7 @@ impl Outbox<'_> {
                     // A stored message keeps the id its sequence number gives it; if an
                     // older message still holds that id, wait for its acknowledgement.
                     let id = packet_id_for(seq);
-                    if st.inflight_position(id).is_some() {
+                    if st.inflight_ids.contains(&id) {
                         st.unpop_queue(d);
                         return None;
                     }
@@ -130,7 +144,7 @@ impl Outbox<'_> {
         } else {
             Stage::Qos1Sent
         };
-        self.st.inflight.push_back(Inflight {
+        self.st.push_inflight(Inflight {
             packet_id,
             stage,
             delivery: d,
@@ -146,7 +160,9 @@ impl Outbox<'_> {
 }
 
 impl SessionState {
-    /// A packet id not used by any in-flight message [MQTT-2.2.1-3].
+    /// A packet id not used by any in-flight message [MQTT-2.2.1-3]: ids go round in
+    /// order, so the next one is free unless the window wrapped onto a message still
+    /// unacknowledged (one lookup each).
     fn next_packet_id(&mut self) -> u16 {
         loop {
             self.next_packet_id = self.next_packet_id.wrapping_add(1);
@@ -154,7 +170,7 @@ impl SessionState {
                 continue;
             }
             let id = self.next_packet_id;
-            if self.inflight_position(id).is_none() {
+            if !self.inflight_ids.contains(&id) {
                 return id;
             }
         }
@@ -170,5 +186,65 @@ impl SessionState {
     fn unpop_queue(&mut self, d: Delivery) {
         self.queued_bytes += d.msg.weight();
         self.queue.push_front(d);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Instant;
+
+    use bytes::Bytes;
+    use statehub_mqtt_codec::QoS;
+
+    use super::super::{QueueLimits, Session, Stage};
+    use crate::config::QueueFull;
+    use crate::message::{Delivery, Message};
+    use crate::signal::Signal;
+
+    /// A burst to a client with a Receive Maximum of 65,535: every message in flight at
+    /// once, then acknowledged in order. Taking an id and completing one are a lookup
+    /// each, not a scan of the window (`BURST` sets the size, for callgrind).
+    #[test]
+    fn a_wide_window_takes_and_frees_ids_without_scanning_it() {
+        let n: usize = std::env::var("BURST").map_or(20_000, |v| v.parse().unwrap());
+        let session = Arc::new(Session::new("s".into(), 0));
+        session.attach(1, Arc::new(Signal::default()), 0, None);
+        let limits = QueueLimits {
+            max_messages: 1 << 40,
+            max_bytes: 1 << 40,
+            high_messages: 1 << 40,
+            high_bytes: 1 << 40,
+            queue_qos0_offline: false,
+            policy: QueueFull::DropOldest,
+        };
+        let now = Instant::now();
+        let msg = Arc::new(Message {
+            topic: "t".into(),
+            payload: Bytes::from_static(b"x"),
+            qos: QoS::AtLeastOnce,
+            retain: false,
+            properties: Default::default(),
+            expires_at: None,
+            publisher: None,
+            recipient: None,
+        });
+        for _ in 0..n {
+            let d = Delivery::new(msg.clone(), QoS::AtLeastOnce, false, Vec::new());
+            session.enqueue(d, &limits, now);
+        }
+        let mut ids = Vec::with_capacity(n);
+        {
+            let mut outbox = session.outbox(1).unwrap();
+            while let Some((d, id)) = outbox.next(u16::MAX, now) {
+                ids.push(id.unwrap());
+                outbox.sent(d, id);
+            }
+        }
+        assert_eq!(ids.len(), n);
+        for id in ids {
+            session.complete(id, Stage::Qos1Sent);
+        }
+        assert!(session.inflight().is_empty());
     }
 }

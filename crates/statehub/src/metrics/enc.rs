@@ -23,6 +23,7 @@ impl Enc<'_> {
             .encode_counter::<NoLabelSet, _, u64>(&v, None)
     }
 
+    /// A counter of a fractional amount (seconds).
     pub(super) fn counter_f64(
         &mut self,
         name: &str,

@@ -177,6 +177,18 @@ fn mqtt_deliveries(e: &mut Enc<'_>, m: &Metrics) -> Result<(), Error> {
         m.slow_consumers.load(Relaxed),
     )?;
     e.counter(
+        "statehub_mqtt_publisher_pauses",
+        "Times a publisher was paused for a subscriber past its backlog's high-water mark",
+        None,
+        m.publisher_pauses.load(Relaxed),
+    )?;
+    e.counter_f64(
+        "statehub_mqtt_publisher_paused",
+        "Time publishers spent paused for subscribers past their high-water mark",
+        Some(Unit::Seconds),
+        m.publisher_paused_micros.load(Relaxed) as f64 / 1e6,
+    )?;
+    e.counter(
         "statehub_mqtt_protocol_errors",
         "Connections closed for a malformed packet or a protocol error",
         None,
