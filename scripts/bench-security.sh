@@ -17,6 +17,7 @@
 #   PER_CLIENT    state store requests per client and run (default 20000)
 #   MSGS          QoS 1 messages per publisher, 4 publishers x 4 subscribers (default 20000)
 #   REPEAT        runs of each cell, interleaved; the table shows the median (default 3)
+#   SETTLE        seconds of rest before each target's cells (default 2)
 #   SKIP_BUILD=1  do not run cargo; use existing binaries
 #   BENCH_BIN, STATEHUB_BIN  binaries (default: $TARGET/release/...)
 #   OUT_DIR       where logs and raw JSON go (default: a fresh temp dir, printed)
@@ -168,6 +169,9 @@ for run in $(seq 1 "$REPEAT"); do
         "mosquitto plain" "mosquitto TLS"; do
         port="${PORT[$target]:-}"
         [ -n "$port" ] || continue
+        # Every broker shares the pinned core: let the last cell's broker settle (the
+        # first statehub cell after mosquitto's measured half its rate otherwise).
+        sleep "${SETTLE:-2}"
         tls=()
         [[ "$target" == *TLS ]] && tls=(--tls-ca "$CA" --tls-name localhost)
         if [[ "$target" == statehub* ]]; then
