@@ -2,7 +2,7 @@
 
 use std::fmt::Error;
 
-use prometheus_client::encoding::{DescriptorEncoder, NoLabelSet};
+use prometheus_client::encoding::{DescriptorEncoder, EncodeCounterValue, NoLabelSet};
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Unit;
 use statehub_stats::HistogramSnapshot;
@@ -11,29 +11,17 @@ use statehub_stats::HistogramSnapshot;
 pub(super) struct Enc<'a>(pub(super) DescriptorEncoder<'a>);
 
 impl Enc<'_> {
-    pub(super) fn counter(
+    /// A counter of whole (`u64`) or fractional (`f64`, seconds) amounts.
+    pub(super) fn counter<V: EncodeCounterValue>(
         &mut self,
         name: &str,
         help: &str,
         unit: Option<Unit>,
-        v: u64,
+        v: V,
     ) -> Result<(), Error> {
         self.0
             .encode_descriptor(name, help, unit.as_ref(), MetricType::Counter)?
             .encode_counter::<NoLabelSet, _, u64>(&v, None)
-    }
-
-    /// A counter of a fractional amount (seconds).
-    pub(super) fn counter_f64(
-        &mut self,
-        name: &str,
-        help: &str,
-        unit: Option<Unit>,
-        v: f64,
-    ) -> Result<(), Error> {
-        self.0
-            .encode_descriptor(name, help, unit.as_ref(), MetricType::Counter)?
-            .encode_counter::<NoLabelSet, _, f64>(&v, None)
     }
 
     pub(super) fn gauge(

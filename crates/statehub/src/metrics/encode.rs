@@ -182,7 +182,7 @@ fn mqtt_deliveries(e: &mut Enc<'_>, m: &Metrics) -> Result<(), Error> {
         None,
         m.publisher_pauses.load(Relaxed),
     )?;
-    e.counter_f64(
+    e.counter(
         "statehub_mqtt_publisher_paused",
         "Time publishers spent paused for subscribers past their high-water mark",
         Some(Unit::Seconds),
@@ -283,7 +283,7 @@ fn mqtt_security(e: &mut Enc<'_>, m: &Metrics) -> Result<(), Error> {
         None,
         m.bandwidth_throttles.load(Relaxed),
     )?;
-    e.counter_f64(
+    e.counter(
         "statehub_mqtt_bandwidth_throttled",
         "Time connections spent unread for max_bytes_per_second, all together",
         Some(Unit::Seconds),
