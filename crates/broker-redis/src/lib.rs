@@ -42,7 +42,7 @@ use crate::groups::Groups;
 use crate::writer::Command;
 
 /// Where and how a node joins the cluster.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Options {
     /// `redis://host:port[/db]`.
     pub url: String,

@@ -70,6 +70,8 @@ pub struct Cluster {
     pub store: Options,
     /// Web PubSub's.
     pub webpubsub: statehub_webpubsub_redis::Options,
+    /// The broker's fabric.
+    pub mqtt: statehub_broker_redis::Options,
 }
 
 impl Default for ClusterConfig {
@@ -104,6 +106,13 @@ pub fn resolve(
     version_node_id: &str,
     data_dir: bool,
 ) -> Result<Option<Cluster>, ClusterError> {
+    // Checked with or without a Redis URL, as a table that cannot be used.
+    if file.mqtt_stream_len == 0 {
+        return Err(ClusterError::Invalid("mqtt_stream_len must be at least 1"));
+    }
+    if file.mqtt_queue == 0 {
+        return Err(ClusterError::Invalid("mqtt_queue must be at least 1"));
+    }
     let Some(url) = args.redis_url.clone().or(file.redis_url) else {
         return Ok(None);
     };
@@ -142,6 +151,14 @@ pub fn resolve(
         stream_len: file.webpubsub_stream_len,
         queue: file.webpubsub_queue,
     };
+    let mqtt = statehub_broker_redis::Options {
+        url: url.clone(),
+        namespace: file.namespace.clone(),
+        node: node.clone(),
+        timeout,
+        stream_len: file.mqtt_stream_len,
+        queue: file.mqtt_queue,
+    };
     let store = Options {
         url,
         namespace: file.namespace,
@@ -150,7 +167,11 @@ pub fn resolve(
         timeout,
         feed_len: file.feed_len,
     };
-    Ok(Some(Cluster { store, webpubsub }))
+    Ok(Some(Cluster {
+        store,
+        webpubsub,
+        mqtt,
+    }))
 }
 
 /// Spans Web PubSub over the nodes on the cluster's Redis (nothing without a cluster or
@@ -224,4 +245,31 @@ pub fn start_state_store(
         options.node
     );
     Ok(crate::register_shared(broker, service))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn resolved(table: &str) -> Result<Option<Cluster>, ClusterError> {
+        let file: ClusterConfig = toml::from_str(table).unwrap();
+        resolve(&ClusterArgs::default(), file, "node", false)
+    }
+
+    #[test]
+    fn the_broker_bounds_come_from_the_cluster_table_and_zero_is_refused() {
+        let url = "redis_url = \"redis://127.0.0.1:1\"\n";
+        let cluster = resolved(&format!("{url}mqtt_stream_len = 50\nmqtt_queue = 7\n"))
+            .unwrap()
+            .unwrap();
+        assert_eq!((cluster.mqtt.stream_len, cluster.mqtt.queue), (50, 7));
+        assert_eq!(cluster.mqtt.node, cluster.store.node);
+        assert!(
+            resolved("mqtt_queue = 0\n").is_err(),
+            "refused without a URL too"
+        );
+        assert!(resolved(&format!("{url}mqtt_stream_len = 0\n")).is_err());
+        let default = resolved(url).unwrap().unwrap();
+        assert_eq!(default.mqtt.queue, statehub_broker_redis::defaults::QUEUE);
+    }
 }

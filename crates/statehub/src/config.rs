@@ -304,8 +304,6 @@ pub struct Settings {
     pub admin: AdminConfig,
     /// `Some`: the state store lives in Redis, shared with other nodes.
     pub cluster: Option<crate::cluster::Cluster>,
-    /// The broker's own `[cluster]` bounds (`cluster_mqtt.rs`).
-    pub mqtt_cluster: crate::cluster_mqtt::Limits,
     /// The authorization rules, loaded (`None` inside: no rules).
     pub authorization: Arc<Loaded>,
     /// The config file, if any (SIGHUP reloads its rules).
@@ -337,7 +335,6 @@ impl Settings {
         }
         let (compact_after_bytes, max_journal_bytes) =
             journal_sizes(&file, data_dir.is_some(), args.config.as_deref())?;
-        let mqtt_cluster = crate::cluster_mqtt::Limits::from_file(&file.cluster)?;
         let cluster = crate::cluster::resolve(
             &args.cluster,
             file.cluster.clone(),
@@ -387,7 +384,6 @@ impl Settings {
             max_journal_bytes,
             admin: file.admin.resolve(args.admin_key.clone())?,
             cluster,
-            mqtt_cluster,
             authorization: Arc::new(
                 file.authorization
                     .load(args.config.as_deref().and_then(Path::parent))?,

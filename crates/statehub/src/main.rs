@@ -155,11 +155,7 @@ async fn serve(mut settings: Settings) -> std::io::Result<()> {
     let broker = start_broker(&settings, rules);
     let shutdown = broker.shutdown_token();
     let (expiry, storage, state_store) = start_state_store(&settings, &broker)?;
-    let _fabric = cluster_mqtt::start(
-        settings.cluster.as_ref().map(|c| &c.store),
-        settings.mqtt_cluster,
-        &broker,
-    )?;
+    let _fabric = cluster_mqtt::start(settings.cluster.as_ref(), &broker)?;
     let workers = Workers::start(settings.mqtt_threads)?;
     let mqtt = listeners::bind(
         &broker,
