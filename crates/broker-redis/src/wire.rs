@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::{BufMut, BytesMut};
-use statehub_broker::codec::{ByteString, Codec, Packet, ProtocolVersion, Publish};
+use statehub_broker::codec::{ByteString, Codec, Packet, ProtocolVersion, PublishRef};
 use statehub_broker::{Message, SharedPick, SharedPicks};
 
 const FORMAT: u8 = 1;
@@ -59,16 +59,20 @@ pub fn encode(msg: &Message, now: Now) -> Result<Vec<u8>, WireError> {
     out.put_u16(len);
     out.put_slice(publisher.as_bytes());
     out.put_u64(expires);
-    let publish = Publish {
+    // Written from the shared message as it is, without a copy of its properties.
+    let publish = PublishRef {
         dup: false,
         qos: msg.qos,
         retain: msg.retain,
-        topic: msg.topic.clone(),
+        topic: &msg.topic,
         packet_id: (msg.qos != statehub_broker::codec::QoS::AtMostOnce).then_some(1),
-        payload: msg.payload.clone(),
-        properties: msg.properties.clone(),
+        payload: &msg.payload,
+        properties: &msg.properties,
+        message_expiry_interval: msg.properties.message_expiry_interval,
+        topic_alias: msg.properties.topic_alias,
+        subscription_identifiers: &msg.properties.subscription_identifiers,
     };
-    Codec::with_version(ProtocolVersion::V5, 0).encode(&Packet::Publish(publish), &mut out)?;
+    Codec::with_version(ProtocolVersion::V5, 0).encode_publish(&publish, &mut out)?;
     Ok(out.to_vec())
 }
 
@@ -171,7 +175,7 @@ pub fn decode_groups(bytes: &[u8]) -> Vec<(String, String)> {
 mod tests {
     use super::*;
     use bytes::Bytes;
-    use statehub_broker::codec::{PublishProperties, QoS};
+    use statehub_broker::codec::{Publish, PublishProperties, QoS};
 
     fn bytes(b: &[u8]) -> Bytes {
         Bytes::copy_from_slice(b)
@@ -192,6 +196,32 @@ mod tests {
             },
         };
         Message::from_publish(publish, Some("pub".into()), Instant::now())
+    }
+
+    /// The shared message is written without a copy, byte for byte as the whole
+    /// PUBLISH would be (what another node's reader decodes).
+    #[test]
+    fn the_message_is_written_as_its_whole_publish() {
+        let now = Now::at(Instant::now());
+        let msg = message(Some(30));
+        let encoded = encode(&msg, now).unwrap();
+        let whole = Publish {
+            dup: false,
+            qos: msg.qos,
+            retain: msg.retain,
+            topic: msg.topic.clone(),
+            packet_id: Some(1),
+            payload: msg.payload.clone(),
+            properties: msg.properties.clone(),
+        };
+        let mut expected = BytesMut::new();
+        Codec::with_version(ProtocolVersion::V5, 0)
+            .encode(&Packet::Publish(whole), &mut expected)
+            .unwrap();
+        assert!(
+            encoded.ends_with(&expected),
+            "the PUBLISH closes the record"
+        );
     }
 
     #[test]
