@@ -142,13 +142,19 @@ pub async fn rest_sender(directory: Directory, among: Vec<usize>, progress: Prog
 /// before it was killed (a node answers 202 once the send is queued for Redis, so a
 /// SIGKILL can take the queue with it). Returns how many accepted sends were lost so.
 pub fn check(received: &[String], sent: &[Sent]) -> usize {
-    let position = |data: &str| sent.iter().position(|s| s.data == data);
+    let positions: std::collections::HashMap<&str, usize> = sent
+        .iter()
+        .enumerate()
+        .map(|(i, s)| (s.data.as_str(), i))
+        .collect();
+    let position = |data: &str| positions.get(data).copied();
     let mut last = None;
-    for data in received {
+    for (i, data) in received.iter().enumerate() {
         let at = position(data).unwrap_or_else(|| panic!("{data} was never sent"));
         assert!(
             last.is_none_or(|l| at > l),
-            "{data} arrived twice or out of order: {received:?}"
+            "{data} arrived twice or out of order: {:?}",
+            &received[i.saturating_sub(5)..(i + 5).min(received.len())]
         );
         last = Some(at);
     }
@@ -167,7 +173,7 @@ pub fn check(received: &[String], sent: &[Sent]) -> usize {
         let killed = sent[i + 1..].iter().any(|t| t.stint != s.stint);
         assert!(
             killed && !later_arrived,
-            "accepted {} never arrived, though its node went on: {received:?}",
+            "accepted {} never arrived, though its node went on",
             s.data
         );
         lost += 1;
