@@ -30,9 +30,10 @@ pub struct ClusterArgs {
     /// `node-<pid>-<start time in ms>`).
     #[arg(long, env = "STATEHUB_NODE_ID")]
     pub node_id: Option<String>,
-    /// Acknowledge a state store write only once this many Redis replicas have it
-    /// (`WAIT`); fewer within `[cluster] redis_wait_timeout_ms` is a 503 (default 0: once
-    /// the primary has it).
+    /// Acknowledge a state store write, a QoS 1/2 PUBLISH and a retained change only
+    /// once this many Redis replicas have it (`WAIT`); fewer within `[cluster]
+    /// redis_wait_timeout_ms` is a 503 (state store) or 0x80 (MQTT) (default 0: once the
+    /// primary has it).
     #[arg(long, env = "STATEHUB_REDIS_WAIT_REPLICAS")]
     pub redis_wait_replicas: Option<u32>,
 }
@@ -175,6 +176,8 @@ pub fn resolve(
         timeout,
         stream_len: file.mqtt_stream_len,
         queue: file.mqtt_queue,
+        wait_replicas: wait.map_or(0, |w| w.replicas),
+        wait_timeout: wait.map_or(Duration::ZERO, |w| w.timeout),
     };
     let store = Options {
         url,
@@ -192,8 +195,8 @@ pub fn resolve(
     }))
 }
 
-/// The replicas a state store write waits for, if any, and for how long (less than
-/// one Redis call may take, or the call would time out first).
+/// The replicas a write (state store, MQTT) waits for, if any, and for how long (less
+/// than one Redis call may take, or the call would time out first).
 fn wait(replicas: u32, wait_ms: u64, timeout_ms: u64) -> Result<Option<Wait>, ClusterError> {
     if replicas == 0 {
         return Ok(None);
@@ -317,6 +320,14 @@ mod tests {
             .unwrap()
             .store
             .wait;
+        let mqtt = resolved(&format!("{url}redis_wait_replicas = 2\n"))
+            .unwrap()
+            .unwrap()
+            .mqtt;
+        assert_eq!(
+            (mqtt.wait_replicas, mqtt.wait_timeout.as_millis()),
+            (2, 500)
+        );
         assert_eq!(
             wait,
             Some(Wait {

@@ -1,7 +1,7 @@
-//! `--redis-wait-replicas`: a state store write is acknowledged only once Redis
-//! replicas have it. Two real redis-servers, one a replica of the other: writes are
-//! acknowledged while the replica is up, answered 503 (and logged) while it is down,
-//! and acknowledged again once it is back.
+//! `--redis-wait-replicas`: a state store write and a QoS 1 PUBLISH are acknowledged
+//! only once Redis replicas have them. Two real redis-servers, one a replica of the
+//! other: writes are acknowledged while the replica is up, refused (503, PUBACK 0x80)
+//! and logged while it is down, and acknowledged again once it is back.
 
 mod common;
 mod store_client;
@@ -9,12 +9,14 @@ mod store_client;
 use std::time::{Duration, Instant};
 
 use common::Server;
+use statehub_broker::codec::{QoS, ReasonCode};
 use statehub_state_store_redis::test_server::RedisServer;
+use statehub_test_support::{RawClient, V5};
 use store_client::{StoreClient, LOCAL};
 
-fn node(primary: &RedisServer, wait_replicas: &str) -> Server {
+fn node(primary: &RedisServer, wait_replicas: &str, tag: &str) -> Server {
     let config = store_client::config_file(
-        &format!("cluster-wait-{wait_replicas}.toml"),
+        &format!("cluster-wait-{tag}-{wait_replicas}.toml"),
         "[cluster]\nredis_wait_timeout_ms = 200\n",
     );
     let url = primary.url();
@@ -60,7 +62,7 @@ async fn writes_wait_for_a_replica_and_are_refused_while_it_is_down() {
     let primary = RedisServer::start();
     let mut replica = RedisServer::start_replica_of(&primary);
     replica.wait_in_sync();
-    let a = node(&primary, "1");
+    let a = node(&primary, "1", "store");
     let mut client = StoreClient::connect(a.mqtt, "wait").await;
     set_until_acknowledged(&mut client, b"first").await;
 
@@ -72,7 +74,7 @@ async fn writes_wait_for_a_replica_and_are_refused_while_it_is_down() {
         "the refusal is logged with its cause"
     );
     // Without the option the same write is acknowledged: the primary has it.
-    let b = node(&primary, "0");
+    let b = node(&primary, "0", "store");
     let mut plain = StoreClient::connect(b.mqtt, "plain").await;
     let (stat, _) = plain.call_status(&[b"SET", b"k", b"primary-only"]).await;
     assert_eq!(stat.as_deref(), Some("200"));
@@ -86,4 +88,47 @@ async fn writes_wait_for_a_replica_and_are_refused_while_it_is_down() {
         client.call(&[b"GET", b"k"]).await.payload,
         b"$5\r\nagain\r\n"
     );
+}
+
+/// Publishes at QoS 1 until the PUBACK is a success (at most 30 s).
+async fn publish_until_acknowledged(c: &mut RawClient) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let code = c.publish_simple("t", QoS::AtLeastOnce, b"m").await;
+        if code.0 < 0x80 {
+            return;
+        }
+        assert!(Instant::now() < deadline, "still {code:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn qos_1_publishes_wait_for_a_replica_and_are_refused_with_0x80_while_it_is_down() {
+    let primary = RedisServer::start();
+    let mut replica = RedisServer::start_replica_of(&primary);
+    replica.wait_in_sync();
+    let a = node(&primary, "1", "mqtt");
+    let mut publisher = RawClient::connect(a.mqtt, V5, "wait-publisher").await;
+    publish_until_acknowledged(&mut publisher).await;
+
+    replica.kill();
+    let code = publisher
+        .publish_simple("t", QoS::AtLeastOnce, b"unreplicated")
+        .await;
+    assert_eq!(
+        code,
+        ReasonCode::UNSPECIFIED_ERROR,
+        "a message no replica has"
+    );
+    assert!(
+        logged(&a, "0 of 1 replicas acknowledged"),
+        "the refusal is logged with its cause"
+    );
+    // QoS 0 waits for nobody.
+    let code = publisher.publish_simple("t", QoS::AtMostOnce, b"q0").await;
+    assert_eq!(code, ReasonCode::SUCCESS);
+
+    replica.restart();
+    publish_until_acknowledged(&mut publisher).await;
 }
