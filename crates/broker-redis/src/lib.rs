@@ -58,6 +58,11 @@ pub struct Options {
     /// Most messages waiting for the writer: past it QoS 0 messages are not forwarded
     /// (counted) and QoS 1/2 PUBLISHes are refused with 0x97.
     pub queue: usize,
+    /// Acknowledge a QoS 1/2 PUBLISH or a retained change only once this many Redis
+    /// replicas have it (`WAIT` after the writer's batch; 0: once the primary has it).
+    pub wait_replicas: u32,
+    /// How long the writer waits for those replicas (below `timeout`).
+    pub wait_timeout: Duration,
 }
 
 /// Defaults of [`Options`].

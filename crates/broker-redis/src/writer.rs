@@ -1,11 +1,13 @@
 //! The writer: one thread appends what this node tells the cluster, in the order it is
 //! told, a batch per Redis round trip (one pipeline), and answers each message's
-//! publisher once Redis has it.
+//! publisher once Redis has it. With `wait_replicas`, a batch that someone waits for
+//! ends with `WAIT`, and its messages and retained changes are refused (0x80) when
+//! fewer replicas have them: they are on the primary, and may be lost in a failover.
 
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use redis::{Client, Connection, Pipeline, RedisResult};
 use statehub_broker::FabricError;
@@ -52,6 +54,11 @@ pub(crate) struct Writer {
     /// same node id left is replaced).
     groups_dirty: bool,
     down_logged: bool,
+    wait_replicas: u32,
+    wait_timeout: Duration,
+    /// Batches fewer replicas acknowledged than asked, and when that was last logged.
+    not_replicated: u64,
+    logged_at: Option<Instant>,
 }
 
 impl Writer {
@@ -70,6 +77,10 @@ impl Writer {
             connection: None,
             groups_dirty: true,
             down_logged: false,
+            wait_replicas: options.wait_replicas,
+            wait_timeout: options.wait_timeout,
+            not_replicated: 0,
+            logged_at: None,
         }
     }
 
@@ -105,19 +116,57 @@ impl Writer {
         if groups {
             self.add_groups(&mut pipe);
         }
-        match self.query(&pipe) {
-            Ok(()) => {
+        let wait = self.wait_replicas > 0
+            && batch
+                .iter()
+                .any(|c| matches!(c, Command::Publish { .. } | Command::Retain { .. }));
+        if wait {
+            let millis = u64::try_from(self.wait_timeout.as_millis()).unwrap_or(u64::MAX);
+            pipe.cmd("WAIT").arg(self.wait_replicas).arg(millis.max(1));
+        }
+        match self.query(&pipe, wait) {
+            Ok(replicas) => {
                 self.groups_dirty &= !groups;
                 self.set_available(true, None);
-                self.done(batch, &Ok(()));
+                let replicated = self.replicated(replicas);
+                self.done(batch, &Ok(()), &replicated);
             }
             Err(e) => {
                 self.connection = None;
                 self.groups_dirty |= groups;
                 let reason: Arc<str> = Arc::from(e.to_string());
                 self.set_available(false, Some(&reason));
-                self.done(batch, &Err(FabricError::Unavailable(reason)));
+                let failed = Err(FabricError::Unavailable(reason));
+                self.done(batch, &failed, &failed);
             }
+        }
+    }
+
+    /// `Err` (counted, logged at most every 10 s) if fewer replicas than asked
+    /// acknowledged the batch.
+    fn replicated(&mut self, replicas: Option<u32>) -> Result<(), FabricError> {
+        match replicas {
+            Some(acked) if acked < self.wait_replicas => {
+                self.not_replicated += 1;
+                let reason = format!(
+                    "redis WAIT: {acked} of {} replicas acknowledged within {:?}",
+                    self.wait_replicas, self.wait_timeout
+                );
+                let now = Instant::now();
+                if self
+                    .logged_at
+                    .is_none_or(|at| now.duration_since(at) >= Duration::from_secs(10))
+                {
+                    self.logged_at = Some(now);
+                    tracing::warn!(
+                        reason,
+                        batches = self.not_replicated,
+                        "mqtt cluster: messages not acknowledged by enough redis replicas; QoS 1/2 PUBLISHes refused with 0x80"
+                    );
+                }
+                Err(FabricError::Unavailable(Arc::from(reason)))
+            }
+            _ => Ok(()),
         }
     }
 
@@ -166,19 +215,29 @@ impl Writer {
             .arg("*")
     }
 
-    fn query(&mut self, pipe: &Pipeline) -> RedisResult<()> {
+    /// Runs the pipeline; with `wait`, how many replicas acknowledged it.
+    fn query(&mut self, pipe: &Pipeline, wait: bool) -> RedisResult<Option<u32>> {
         if self.connection.is_none() {
             self.connection = Some(open(&self.client, self.timeout)?);
         }
         match self.connection.as_mut() {
-            Some(con) => pipe.query::<()>(con),
-            None => Ok(()),
+            Some(con) if wait => pipe
+                .query::<(redis::Value, u32)>(con)
+                .map(|(_, replicas)| Some(replicas)),
+            Some(con) => pipe.query::<()>(con).map(|()| None),
+            None => Ok(None),
         }
     }
 
     /// Answers the batch's publishers; an announcement that was not appended is
-    /// forgotten, so it holds back no takeover.
-    fn done(&self, batch: Vec<Command>, result: &Result<(), FabricError>) {
+    /// forgotten, so it holds back no takeover. `replicated` answers messages and
+    /// retained changes: `result`, or too few replicas.
+    fn done(
+        &self,
+        batch: Vec<Command>,
+        result: &Result<(), FabricError>,
+        replicated: &Result<(), FabricError>,
+    ) {
         let counters = &self.shared.counters;
         for command in batch {
             match command {
@@ -187,12 +246,12 @@ impl Writer {
                         counters.forwarded.fetch_add(1, Ordering::Relaxed);
                     }
                     // Nobody waits for a QoS 0 message: one that failed is counted.
-                    if reply.send(result.clone()).is_err() && result.is_err() {
+                    if reply.send(replicated.clone()).is_err() && result.is_err() {
                         counters.dropped.fetch_add(1, Ordering::Relaxed);
                     }
                 }
                 Command::Retain { reply, .. } => {
-                    let _ = reply.send(result.clone());
+                    let _ = reply.send(replicated.clone());
                 }
                 Command::Announce { client, reply } => {
                     if result.is_err() {

@@ -26,17 +26,22 @@
 //!
 //! Redis out of reach: calls return [`EngineError::Unavailable`]; the service answers
 //! those requests 503 and goes on, and requests succeed again as soon as Redis answers.
+//!
+//! Replication: with [`Options::wait`], a write is acknowledged only once that many
+//! replicas have it (`WAIT`, see `wait.rs`); fewer is a 503 for that request, counted
+//! and logged.
 
 mod conn;
 mod feed;
 mod lua;
 #[cfg(feature = "test-server")]
 pub mod test_server;
+mod wait;
 
 use std::borrow::Cow;
 use std::cell::{Cell, RefCell};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use redis::{Client, Connection, RedisResult, Script};
@@ -49,6 +54,7 @@ use conn::Link;
 pub use conn::RECONNECT_BACKOFF;
 pub use feed::ChangeFeed;
 use lua::Scripts;
+pub use wait::{NotReplicated, Wait};
 
 /// The longest key the engine takes (Redis itself takes far longer ones).
 pub const MAX_KEY_LEN: usize = 64 << 10;
@@ -65,6 +71,9 @@ pub enum RedisEngineError {
     /// A stored entry or a script's reply is not what the engine writes.
     #[error("unexpected data in redis: {0}")]
     Corrupt(&'static str),
+    /// Fewer replicas than [`Options::wait`] asks acknowledged a write.
+    #[error(transparent)]
+    NotReplicated(#[from] NotReplicated),
 }
 
 impl From<RedisEngineError> for EngineError {
@@ -91,6 +100,9 @@ pub struct Options {
     pub timeout: Duration,
     /// The change feed is trimmed to about this many entries.
     pub feed_len: u64,
+    /// Acknowledge a write only once this many replicas have it (`None`: once the
+    /// primary has it).
+    pub wait: Option<Wait>,
 }
 
 /// Defaults of [`Options`].
@@ -167,6 +179,11 @@ pub struct RedisEngine {
     /// The feed number of the last change this call fed, until [`Engine::seal`] hands it
     /// on.
     fed: Option<WriteSeq>,
+    /// See [`Options::wait`].
+    wait: Option<Wait>,
+    /// Writes fewer replicas acknowledged than `wait` asks, and when that was last logged.
+    not_replicated: u64,
+    logged_at: Option<Instant>,
 }
 
 impl RedisEngine {
@@ -183,6 +200,9 @@ impl RedisEngine {
             pending: Vec::new(),
             stats: Cell::new(Stats::default()),
             fed: None,
+            wait: options.wait,
+            not_replicated: 0,
+            logged_at: None,
         })
     }
 
@@ -226,9 +246,31 @@ impl RedisEngine {
                     .map_or_else(String::new, |now| now.to_string()),
             );
         }
-        let reply = self.run(|con| invocation.invoke(con))?;
+        let wait = self.wait;
+        let (reply, acked) = self.run(|con| wait::invoke(con, &invocation, wait))?;
         self.pending.clear();
+        if let Err(short) = wait::check(wait, acked) {
+            self.count_not_replicated(&short);
+            return Err(RedisEngineError::from(short).into());
+        }
         Ok(reply)
+    }
+
+    /// Counts a write too few replicas acknowledged; logs at most every ten seconds.
+    fn count_not_replicated(&mut self, short: &NotReplicated) {
+        self.not_replicated += 1;
+        let now = Instant::now();
+        if self
+            .logged_at
+            .is_none_or(|at| now.duration_since(at) >= Duration::from_secs(10))
+        {
+            self.logged_at = Some(now);
+            tracing::warn!(
+                error = %short,
+                writes = self.not_replicated,
+                "state store write not acknowledged by enough redis replicas; answered 503"
+            );
+        }
     }
 
     /// Queues a request's stamp for the next script (see [`RedisEngine::pending`]).

@@ -2,7 +2,8 @@
 //! port with its own temporary directory, killed when dropped. It can be killed and
 //! started again on the same port and directory, to test what happens while Redis is
 //! down and after it returns. Persistence is an append-only file written on every
-//! command, so what was acknowledged before a kill is there after the restart.
+//! command, so what was acknowledged before a kill is there after the restart. A
+//! replica of another one ([`RedisServer::start_replica_of`]) tests replication.
 
 use std::net::{TcpListener, TcpStream};
 use std::path::Path;
@@ -18,12 +19,37 @@ pub struct RedisServer {
     child: Option<Child>,
     port: u16,
     dir: tempfile::TempDir,
+    /// Arguments besides the common ones (`--replicaof`).
+    extra: Vec<String>,
 }
 
 impl RedisServer {
     /// Starts one. Panics if `redis-server` is not installed (`scripts/install-test-deps.sh`
     /// installs it) or does not come up.
     pub fn start() -> Self {
+        Self::start_with(Vec::new())
+    }
+
+    /// Starts a replica of `primary` (it answers at once; [`RedisServer::wait_in_sync`]
+    /// waits until it has the primary's data).
+    pub fn start_replica_of(primary: &RedisServer) -> Self {
+        Self::start_with(vec![
+            "--replicaof".to_owned(),
+            "127.0.0.1".to_owned(),
+            primary.port.to_string(),
+        ])
+    }
+
+    /// Waits (at most 30 s) until this replica's link to its primary is up.
+    pub fn wait_in_sync(&self) {
+        let deadline = Instant::now() + READY;
+        while !command(self.port, "INFO replication").contains("master_link_status:up") {
+            assert!(Instant::now() < deadline, "the replica did not sync");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn start_with(extra: Vec<String>) -> Self {
         let mut dir = tempfile::tempdir().expect("temporary directory for redis-server");
         for _ in 0..5 {
             let port = free_port();
@@ -31,6 +57,7 @@ impl RedisServer {
                 child: None,
                 port,
                 dir,
+                extra: extra.clone(),
             };
             if server.spawn() {
                 return server;
@@ -82,6 +109,7 @@ impl RedisServer {
     fn spawn(&mut self) -> bool {
         let child = Command::new("redis-server")
             .args(args(self.port, self.dir.path()))
+            .args(&self.extra)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -140,13 +168,23 @@ fn free_port() -> u16 {
 
 /// Whether a server on `port` answers `PING`.
 fn ping(port: u16) -> bool {
+    command(port, "PING") == "+PONG\r\n"
+}
+
+/// An inline command's reply (what one read returns; empty if it failed).
+fn command(port: u16, inline: &str) -> String {
     use std::io::{Read, Write};
     let Ok(mut stream) = TcpStream::connect(("127.0.0.1", port)) else {
-        return false;
+        return String::new();
     };
     let _ = stream.set_read_timeout(Some(Duration::from_secs(1)));
-    let mut reply = [0u8; 7];
-    stream.write_all(b"PING\r\n").is_ok()
-        && stream.read_exact(&mut reply).is_ok()
-        && &reply == b"+PONG\r\n"
+    let mut reply = vec![0u8; 16 << 10];
+    if stream
+        .write_all(format!("{inline}\r\n").as_bytes())
+        .is_err()
+    {
+        return String::new();
+    }
+    let n = stream.read(&mut reply).unwrap_or(0);
+    String::from_utf8_lossy(&reply[..n]).into_owned()
 }

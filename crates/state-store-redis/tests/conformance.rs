@@ -15,6 +15,7 @@ fn options(server: &RedisServer, namespace: &str) -> Options {
         version_node_id: "state-store".to_owned(),
         timeout: defaults::TIMEOUT,
         feed_len: defaults::FEED_LEN,
+        wait: None,
     }
 }
 

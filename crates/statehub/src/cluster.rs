@@ -12,7 +12,7 @@ use std::time::Duration;
 use serde::Deserialize;
 use statehub_broker::Broker;
 use statehub_state_store::{AllowAll, Machine};
-use statehub_state_store_redis::{defaults, Options, RedisEngine};
+use statehub_state_store_redis::{defaults, Options, RedisEngine, Wait};
 use statehub_state_store_service::{Settings as StateStoreSettings, StateStoreService};
 use statehub_webpubsub::WebPubSub;
 use statehub_webpubsub_redis::RedisCluster;
@@ -30,6 +30,12 @@ pub struct ClusterArgs {
     /// `node-<pid>-<start time in ms>`).
     #[arg(long, env = "STATEHUB_NODE_ID")]
     pub node_id: Option<String>,
+    /// Acknowledge a state store write, a QoS 1/2 PUBLISH and a retained change only
+    /// once this many Redis replicas have it (`WAIT`); fewer within `[cluster]
+    /// redis_wait_timeout_ms` is a 503 (state store) or 0x80 (MQTT) (default 0: once the
+    /// primary has it).
+    #[arg(long, env = "STATEHUB_REDIS_WAIT_REPLICAS")]
+    pub redis_wait_replicas: Option<u32>,
 }
 
 /// The `[cluster]` table.
@@ -61,6 +67,11 @@ pub struct ClusterConfig {
     /// Most messages a node holds for its Redis writer (10000): past it QoS 1/2
     /// PUBLISHes are refused with 0x97 and QoS 0 ones stay on their node.
     pub mqtt_queue: usize,
+    /// See [`ClusterArgs::redis_wait_replicas`] (0).
+    pub redis_wait_replicas: u32,
+    /// How long a write waits for those replicas, in milliseconds (500); below
+    /// `timeout_ms`.
+    pub redis_wait_timeout_ms: u64,
 }
 
 /// A node's cluster settings: its state store and its Web PubSub on Redis.
@@ -86,6 +97,8 @@ impl Default for ClusterConfig {
             webpubsub_queue: statehub_webpubsub_redis::defaults::QUEUE,
             mqtt_stream_len: statehub_broker_redis::defaults::STREAM_LEN,
             mqtt_queue: statehub_broker_redis::defaults::QUEUE,
+            redis_wait_replicas: 0,
+            redis_wait_timeout_ms: 500,
         }
     }
 }
@@ -135,6 +148,11 @@ pub fn resolve(
             "namespace must be non-empty, without braces",
         ));
     }
+    let wait = wait(
+        args.redis_wait_replicas.unwrap_or(file.redis_wait_replicas),
+        file.redis_wait_timeout_ms,
+        file.timeout_ms,
+    )?;
     let node = args.node_id.clone().or(file.node_id).unwrap_or_else(|| {
         let started = statehub_state_store::unix_ms(std::time::SystemTime::now());
         format!("node-{}-{started}", std::process::id())
@@ -158,6 +176,8 @@ pub fn resolve(
         timeout,
         stream_len: file.mqtt_stream_len,
         queue: file.mqtt_queue,
+        wait_replicas: wait.map_or(0, |w| w.replicas),
+        wait_timeout: wait.map_or(Duration::ZERO, |w| w.timeout),
     };
     let store = Options {
         url,
@@ -166,11 +186,29 @@ pub fn resolve(
         version_node_id: version_node_id.to_owned(),
         timeout,
         feed_len: file.feed_len,
+        wait,
     };
     Ok(Some(Cluster {
         store,
         webpubsub,
         mqtt,
+    }))
+}
+
+/// The replicas a write (state store, MQTT) waits for, if any, and for how long (less
+/// than one Redis call may take, or the call would time out first).
+fn wait(replicas: u32, wait_ms: u64, timeout_ms: u64) -> Result<Option<Wait>, ClusterError> {
+    if replicas == 0 {
+        return Ok(None);
+    }
+    if wait_ms == 0 || wait_ms >= timeout_ms {
+        return Err(ClusterError::Invalid(
+            "redis_wait_timeout_ms must be at least 1 and below timeout_ms",
+        ));
+    }
+    Ok(Some(Wait {
+        replicas,
+        timeout: Duration::from_millis(wait_ms),
     }))
 }
 
@@ -271,5 +309,35 @@ mod tests {
         assert!(resolved(&format!("{url}mqtt_stream_len = 0\n")).is_err());
         let default = resolved(url).unwrap().unwrap();
         assert_eq!(default.mqtt.queue, statehub_broker_redis::defaults::QUEUE);
+    }
+
+    #[test]
+    fn redis_wait_needs_a_timeout_below_the_call_timeout() {
+        let url = "redis_url = \"redis://127.0.0.1:1\"\n";
+        assert_eq!(resolved(url).unwrap().unwrap().store.wait, None);
+        let wait = resolved(&format!("{url}redis_wait_replicas = 2\n"))
+            .unwrap()
+            .unwrap()
+            .store
+            .wait;
+        let mqtt = resolved(&format!("{url}redis_wait_replicas = 2\n"))
+            .unwrap()
+            .unwrap()
+            .mqtt;
+        assert_eq!(
+            (mqtt.wait_replicas, mqtt.wait_timeout.as_millis()),
+            (2, 500)
+        );
+        assert_eq!(
+            wait,
+            Some(Wait {
+                replicas: 2,
+                timeout: Duration::from_millis(500)
+            })
+        );
+        for bad in ["redis_wait_timeout_ms = 0", "redis_wait_timeout_ms = 2000"] {
+            let table = format!("{url}redis_wait_replicas = 1\n{bad}\n");
+            assert!(resolved(&table).is_err(), "{bad}");
+        }
     }
 }

@@ -2,7 +2,7 @@
 //! fails `every_readme_block_is_run`: the "Command-line client" section is
 //! cli_readme.rs's; the rest is here. The shell blocks run in order, in one directory,
 //! against a statehub on free ports (`-h localhost -p 1883` and `localhost:8080` become
-//! its addresses, 1884 and 8081 two more free ports), each ```text block compared with
+//! its addresses, 1884-1887, 8081-8084 and 6379 more free ports), each ```text block compared with
 //! what the block before it printed (stdout and stderr together).
 
 mod cli_support;
@@ -56,7 +56,11 @@ fn quick_start_shell_blocks_print_what_the_readme_shows() {
     let blocks = section("Quick start");
     assert!(blocks.iter().filter(|b| b.lang == "sh").count() >= 4);
     let s = server(&["--access-key", ACCESS_KEY]);
-    let (p1, p2) = (free_port().to_string(), free_port().to_string());
+    // The README's other ports (a second server, a Redis and three nodes on it).
+    let others: Vec<(u16, u16)> = [1884, 1885, 1886, 1887, 8081, 8082, 8083, 8084, 6379]
+        .into_iter()
+        .map(|p| (p, free_port()))
+        .collect();
     let dir = tempfile::tempdir().unwrap();
     let bin_dir = Path::new(common::BIN).parent().unwrap();
     let path = format!("{}:{}", bin_dir.display(), std::env::var("PATH").unwrap());
@@ -64,16 +68,19 @@ fn quick_start_shell_blocks_print_what_the_readme_shows() {
         if block.lang != "sh" {
             continue;
         }
-        let script = block
+        let mut script = block
             .body
             .replace(
                 "-h localhost -p 1883",
                 &format!("-h 127.0.0.1 -p {}", s.mqtt.port()),
             )
-            .replace("localhost:8080", &s.http.to_string())
-            .replace("localhost:1884", &format!("127.0.0.1:{p1}"))
-            .replace("-p 1884", &format!("-p {p1}"))
-            .replace("localhost:8081", &format!("127.0.0.1:{p2}"));
+            .replace("localhost:8080", &s.http.to_string());
+        for (from, to) in &others {
+            script = script
+                .replace(&format!("localhost:{from}"), &format!("127.0.0.1:{to}"))
+                .replace(&format!("-p {from}"), &format!("-p {to}"))
+                .replace(&format!("--port {from}"), &format!("--port {to}"));
+        }
         assert!(
             !script.contains("1883") && !script.contains("8080"),
             "a port the test does not replace:\n{script}"

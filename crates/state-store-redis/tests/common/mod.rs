@@ -25,6 +25,7 @@ pub fn options(server: &RedisServer, namespace: &str, node: &str) -> Options {
         version_node_id: "state-store".to_owned(),
         timeout: defaults::TIMEOUT,
         feed_len: defaults::FEED_LEN,
+        wait: None,
     }
 }
 

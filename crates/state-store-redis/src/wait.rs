@@ -1,0 +1,72 @@
+//! Synchronous replication on request (`[cluster] redis_wait_replicas`).
+//!
+//! Redis replicates asynchronously: a write it answered may not be on any replica yet,
+//! and a failover to a replica then loses it. With a [`Wait`], each check-and-write
+//! script is followed by `WAIT replicas timeout` in the same pipeline (one round trip),
+//! and the write counts as done only if at least that many replicas acknowledged it
+//! within the timeout. Otherwise the request fails as when Redis is out of reach: the
+//! write happened on the primary and may or may not survive a failover, which is what a
+//! 503 tells a client (a `-ERR` would say the store refused it and changed nothing).
+
+use std::time::Duration;
+
+use redis::{Connection, ErrorKind, FromRedisValue, RedisResult, ScriptInvocation};
+
+/// How many replicas must have a write before it is acknowledged, and how long to wait.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Wait {
+    /// At least 1.
+    pub replicas: u32,
+    /// At least 1 ms (`WAIT` with 0 would block for ever), below the call timeout.
+    pub timeout: Duration,
+}
+
+/// The replicas that have a write, when fewer than asked.
+#[derive(Debug, Clone, Copy, thiserror::Error)]
+#[error("redis WAIT: {acked} of {wanted} replicas acknowledged the write within {timeout:?}; it may be lost in a failover")]
+pub struct NotReplicated {
+    pub acked: u32,
+    pub wanted: u32,
+    pub timeout: Duration,
+}
+
+/// Runs `invocation`, then `WAIT` if `wait` is given, in one pipeline: the script's
+/// reply and how many replicas acknowledged it.
+pub(crate) fn invoke<T: FromRedisValue>(
+    con: &mut Connection,
+    invocation: &ScriptInvocation<'_>,
+    wait: Option<Wait>,
+) -> RedisResult<(T, Option<u32>)> {
+    let Some(wait) = wait else {
+        return Ok((invocation.invoke(con)?, None));
+    };
+    let millis = u64::try_from(wait.timeout.as_millis())
+        .unwrap_or(u64::MAX)
+        .max(1);
+    let mut pipe = redis::pipe();
+    pipe.invoke_script(invocation)
+        .cmd("WAIT")
+        .arg(wait.replicas)
+        .arg(millis);
+    let (reply, acked): (T, u32) = match pipe.query(con) {
+        // A pipeline does not load a script Redis lost (a restart): load it, run again.
+        Err(e) if e.kind() == ErrorKind::NoScriptError => {
+            invocation.load(con)?;
+            pipe.query(con)?
+        }
+        other => other?,
+    };
+    Ok((reply, Some(acked)))
+}
+
+/// `Err` if fewer replicas than `wait` asks acknowledged the write.
+pub(crate) fn check(wait: Option<Wait>, acked: Option<u32>) -> Result<(), NotReplicated> {
+    match (wait, acked) {
+        (Some(wait), Some(acked)) if acked < wait.replicas => Err(NotReplicated {
+            acked,
+            wanted: wait.replicas,
+            timeout: wait.timeout,
+        }),
+        _ => Ok(()),
+    }
+}

@@ -1,0 +1,134 @@
+//! `--redis-wait-replicas`: a state store write and a QoS 1 PUBLISH are acknowledged
+//! only once Redis replicas have them. Two real redis-servers, one a replica of the
+//! other: writes are acknowledged while the replica is up, refused (503, PUBACK 0x80)
+//! and logged while it is down, and acknowledged again once it is back.
+
+mod common;
+mod store_client;
+
+use std::time::{Duration, Instant};
+
+use common::Server;
+use statehub_broker::codec::{QoS, ReasonCode};
+use statehub_state_store_redis::test_server::RedisServer;
+use statehub_test_support::{RawClient, V5};
+use store_client::{StoreClient, LOCAL};
+
+fn node(primary: &RedisServer, wait_replicas: &str, tag: &str) -> Server {
+    let config = store_client::config_file(
+        &format!("cluster-wait-{tag}-{wait_replicas}.toml"),
+        "[cluster]\nredis_wait_timeout_ms = 200\n",
+    );
+    let url = primary.url();
+    let config = config.display().to_string();
+    let mut args = LOCAL.to_vec();
+    args.extend(["--redis", &url, "--config", &config]);
+    args.extend(["--redis-wait-replicas", wait_replicas]);
+    common::start(&args, &[])
+}
+
+/// SETs `k` to `value` until it is acknowledged (at most 30 s): the replica may still be
+/// catching up.
+async fn set_until_acknowledged(client: &mut StoreClient, value: &[u8]) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match client.call_status(&[b"SET", b"k", value]).await {
+            (Some(stat), payload) if stat == "200" => {
+                assert_eq!(payload, b"+OK\r\n");
+                return;
+            }
+            (stat, _) => assert!(Instant::now() < deadline, "still {stat:?}"),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Whether `server` logs a line containing `text` within 30 s.
+fn logged(server: &Server, text: &str) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while let Ok(line) = server
+        .log
+        .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+    {
+        if line.contains(text) {
+            return true;
+        }
+    }
+    false
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_wait_for_a_replica_and_are_refused_while_it_is_down() {
+    let primary = RedisServer::start();
+    let mut replica = RedisServer::start_replica_of(&primary);
+    replica.wait_in_sync();
+    let a = node(&primary, "1", "store");
+    let mut client = StoreClient::connect(a.mqtt, "wait").await;
+    set_until_acknowledged(&mut client, b"first").await;
+
+    replica.kill();
+    let (stat, _) = client.call_status(&[b"SET", b"k", b"unreplicated"]).await;
+    assert_eq!(stat.as_deref(), Some("503"), "a write no replica has");
+    assert!(
+        logged(&a, "0 of 1 replicas acknowledged"),
+        "the refusal is logged with its cause"
+    );
+    // Without the option the same write is acknowledged: the primary has it.
+    let b = node(&primary, "0", "store");
+    let mut plain = StoreClient::connect(b.mqtt, "plain").await;
+    let (stat, _) = plain.call_status(&[b"SET", b"k", b"primary-only"]).await;
+    assert_eq!(stat.as_deref(), Some("200"));
+    // Reads are answered: they wait for nothing.
+    let (stat, _) = client.call_status(&[b"GET", b"k"]).await;
+    assert_eq!(stat.as_deref(), Some("200"));
+
+    replica.restart();
+    set_until_acknowledged(&mut client, b"again").await;
+    assert_eq!(
+        client.call(&[b"GET", b"k"]).await.payload,
+        b"$5\r\nagain\r\n"
+    );
+}
+
+/// Publishes at QoS 1 until the PUBACK is a success (at most 30 s).
+async fn publish_until_acknowledged(c: &mut RawClient) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let code = c.publish_simple("t", QoS::AtLeastOnce, b"m").await;
+        if code.0 < 0x80 {
+            return;
+        }
+        assert!(Instant::now() < deadline, "still {code:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn qos_1_publishes_wait_for_a_replica_and_are_refused_with_0x80_while_it_is_down() {
+    let primary = RedisServer::start();
+    let mut replica = RedisServer::start_replica_of(&primary);
+    replica.wait_in_sync();
+    let a = node(&primary, "1", "mqtt");
+    let mut publisher = RawClient::connect(a.mqtt, V5, "wait-publisher").await;
+    publish_until_acknowledged(&mut publisher).await;
+
+    replica.kill();
+    let code = publisher
+        .publish_simple("t", QoS::AtLeastOnce, b"unreplicated")
+        .await;
+    assert_eq!(
+        code,
+        ReasonCode::UNSPECIFIED_ERROR,
+        "a message no replica has"
+    );
+    assert!(
+        logged(&a, "0 of 1 replicas acknowledged"),
+        "the refusal is logged with its cause"
+    );
+    // QoS 0 waits for nobody.
+    let code = publisher.publish_simple("t", QoS::AtMostOnce, b"q0").await;
+    assert_eq!(code, ReasonCode::SUCCESS);
+
+    replica.restart();
+    publish_until_acknowledged(&mut publisher).await;
+}
