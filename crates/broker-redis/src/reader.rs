@@ -100,11 +100,13 @@ impl Reader {
         if self.last_id.is_none() {
             let last: StreamRangeReply =
                 con.xrevrange_count(&self.shared.keys.feed, "+", "-", 1)?;
-            self.last_id = Some(
-                last.ids
-                    .first()
-                    .map_or_else(|| "0-0".to_owned(), |e| e.id.clone()),
-            );
+            let last = last
+                .ids
+                .first()
+                .map_or_else(|| "0-0".to_owned(), |e| e.id.clone());
+            self.shared.sessions.applied(&last);
+            self.shared.cut.lock().last_id = Some(last.clone());
+            self.last_id = Some(last);
         }
         if !self.loaded {
             // After positioning: a change made meanwhile is read from the stream again.
@@ -131,13 +133,35 @@ impl Reader {
             .count(BATCH);
         let reply: Option<StreamReadReply> =
             con.xread_options(&[&self.shared.keys.feed], &[&last_id], &options)?;
-        for key in reply.map(|r| r.keys).unwrap_or_default() {
-            for entry in key.ids {
-                self.apply(con, broker, &entry)?;
-                self.last_id = Some(entry.id);
-            }
+        let entries: Vec<StreamId> = reply
+            .map(|r| r.keys)
+            .unwrap_or_default()
+            .into_iter()
+            .flat_map(|k| k.ids)
+            .collect();
+        if entries.is_empty() {
+            return Ok(());
         }
-        Ok(())
+        // Applied under the cut's lock (a session moving here joins between two
+        // batches), and as one group with the mark of how far they went: after a
+        // crash, exactly the entries past the mark are to be replayed.
+        let mut cut = self.shared.cut.lock();
+        let sessions = &self.shared.sessions;
+        sessions.begin_group();
+        let mut applied = Ok(());
+        for entry in entries {
+            applied = self.apply(con, broker, &entry);
+            if applied.is_err() {
+                break;
+            }
+            self.last_id = Some(entry.id);
+        }
+        if let Some(last) = &self.last_id {
+            sessions.applied(last);
+            cut.last_id = Some(last.clone());
+        }
+        sessions.end_group();
+        applied
     }
 
     fn apply(&self, con: &mut Connection, broker: &Broker, entry: &StreamId) -> RedisResult<()> {
@@ -157,6 +181,10 @@ impl Reader {
                 (None, _) => self.malformed(&entry.id, &"no client id"),
             },
             Some("g") => self.reload_groups(con)?,
+            Some("h") if !ours => match text("c") {
+                Some(client) => self.hand_off(broker, client, text("i"), &entry.id),
+                None => self.malformed(&entry.id, &"no client id"),
+            },
             _ => {}
         }
         Ok(())
@@ -179,6 +207,17 @@ impl Reader {
             (Ok(None), _) => {}
             (Err(e), _) => self.malformed(id, &e),
             (_, Err(e)) => self.malformed(id, &e),
+        }
+    }
+
+    /// Another node asks for `client`'s session (incarnation `asked`): it leaves this
+    /// node, marked released at `at` once what it recorded is written.
+    fn hand_off(&self, broker: &Broker, client: &str, asked: Option<&str>, at: &str) {
+        let incarnation = broker
+            .hand_off_session(client)
+            .or_else(|| asked.and_then(|i| i.parse().ok()));
+        if let Some(incarnation) = incarnation {
+            self.shared.sessions.released(incarnation, at);
         }
     }
 

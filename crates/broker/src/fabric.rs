@@ -147,4 +147,27 @@ impl Broker {
                 .is_none_or(|fabric| !fabric.announcing(client_id))
         })
     }
+
+    /// Puts a session kept for another node into this node's table (see
+    /// [`SessionStore::fetch`](crate::SessionStore::fetch)): subscriptions indexed,
+    /// messages queued to be resent with DUP, expiry clock started. False if the client
+    /// id has a session here already.
+    pub fn adopt_session(&self, stored: crate::StoredSession) -> bool {
+        self.adopt_stored(stored)
+    }
+
+    /// Another node is taking `client_id`'s session with its stored form: a connection
+    /// here goes with 0x8E, the session leaves this node, and what is stored of it is
+    /// kept. Its incarnation if it was persistent (the store then marks it released
+    /// after every change recorded so far).
+    pub fn hand_off_session(&self, client_id: &str) -> Option<u64> {
+        self.hand_off_stored(client_id)
+    }
+
+    /// Delivers `msg` to `client_id`'s session only, as its subscriptions match it
+    /// (a message another node had not yet given to that session when it moved here).
+    pub fn route_replayed(&self, client_id: &str, msg: Message) -> usize {
+        let msg = Arc::new(msg.for_client(client_id.into()));
+        self.route_picked(&msg, &SharedPicks::default())
+    }
 }

@@ -159,6 +159,45 @@ impl Broker {
         }
     }
 
+    /// Puts a session another node kept into this node's table (see
+    /// [`SessionStore::fetch`]), as [`Broker::set_session_store`] does with a loaded one.
+    /// False, and nothing changes, if the client id has a session here already.
+    pub(crate) fn adopt_stored(&self, stored: StoredSession) -> bool {
+        let Some(store) = self.session_store() else {
+            return false;
+        };
+        let sessions = self.sessions();
+        let _serialized = sessions.lock(&stored.client_id);
+        if sessions.get(&stored.client_id).is_some() {
+            return false;
+        }
+        let expires_in = stored.expires_in;
+        let session = Arc::new(Session::restore(stored, store, sessions.usage.clone()));
+        sessions.count(&session, true);
+        for (filter, sub) in session.subscriptions() {
+            self.index_subscription(&session, &filter, sub.options, sub.identifier);
+        }
+        sessions.insert(session.clone());
+        self.schedule_expiry(&session, 0, expires_in);
+        true
+    }
+
+    /// Another node asked for `client_id`'s session: a connection here is closed with
+    /// 0x8E and the session leaves this node without its stored form being forgotten
+    /// (the other node loads it). Its incarnation, if it was persistent.
+    pub(crate) fn hand_off_stored(&self, client_id: &str) -> Option<u64> {
+        let serialized = self.sessions().lock(client_id);
+        let session = self.session(client_id)?;
+        let incarnation = session.stop_storing();
+        let kicked = session.take_over();
+        self.end_session(&session);
+        drop(serialized);
+        if kicked {
+            self.notify_services_closed(client_id);
+        }
+        incarnation
+    }
+
     /// Attaches a new connection (`generation`, woken through `signal`) to the client's
     /// session, resuming it unless `clean_start`, or to a new one. An older connection
     /// on the same client id is told to go with 0x8E. Refused with 0x97 (Quota

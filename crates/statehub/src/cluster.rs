@@ -3,7 +3,9 @@
 //! store. Each node runs its own machine over the engine (its own observers, its own
 //! expiry task) and one thread that reads the store's change feed and notifies the
 //! node's observers. Web PubSub spans the nodes on the same Redis
-//! (`statehub-webpubsub-redis`); the broker stays local to each node.
+//! (`statehub-webpubsub-redis`), and so does the broker with its persistent sessions
+//! (`statehub-broker-redis`). A data directory is refused with `--redis`: the store,
+//! retained messages and sessions all live in Redis.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -61,6 +63,10 @@ pub struct ClusterConfig {
     /// Most messages a node holds for its Redis writer (10000): past it QoS 1/2
     /// PUBLISHes are refused with 0x97 and QoS 0 ones stay on their node.
     pub mqtt_queue: usize,
+    /// A node that has not renewed its liveness key in Redis for this many
+    /// milliseconds (10000) is dead: its persistent MQTT sessions are taken over by the
+    /// node their client reconnects to, its shared groups no longer picked.
+    pub mqtt_node_ttl_ms: u64,
 }
 
 /// A node's cluster settings: its state store and its Web PubSub on Redis.
@@ -86,6 +92,8 @@ impl Default for ClusterConfig {
             webpubsub_queue: statehub_webpubsub_redis::defaults::QUEUE,
             mqtt_stream_len: statehub_broker_redis::defaults::STREAM_LEN,
             mqtt_queue: statehub_broker_redis::defaults::QUEUE,
+            mqtt_node_ttl_ms: u64::try_from(statehub_broker_redis::defaults::NODE_TTL.as_millis())
+                .unwrap_or(u64::MAX),
         }
     }
 }
@@ -112,6 +120,11 @@ pub fn resolve(
     }
     if file.mqtt_queue == 0 {
         return Err(ClusterError::Invalid("mqtt_queue must be at least 1"));
+    }
+    if file.mqtt_node_ttl_ms < 100 {
+        return Err(ClusterError::Invalid(
+            "mqtt_node_ttl_ms must be at least 100",
+        ));
     }
     let Some(url) = args.redis_url.clone().or(file.redis_url) else {
         return Ok(None);
@@ -158,6 +171,7 @@ pub fn resolve(
         timeout,
         stream_len: file.mqtt_stream_len,
         queue: file.mqtt_queue,
+        node_ttl: Duration::from_millis(file.mqtt_node_ttl_ms),
     };
     let store = Options {
         url,

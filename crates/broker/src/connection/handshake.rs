@@ -234,6 +234,11 @@ pub(super) async fn connect<S: Transport>(
         }
         Err(None) => return None,
     };
+    if let Err(e) = fetch_session(broker, &connect).await {
+        tracing::warn!("{e}; refusing the connection of {}", connect.client_id);
+        refuse(broker, stream, &codec, ReasonCode::UNSPECIFIED_ERROR).await;
+        return None;
+    }
     let mut accepted = match accept(broker, &mut connect, auth_data, &identity) {
         Ok(accepted) => accepted,
         Err(Refused(code)) => {
@@ -256,6 +261,19 @@ pub(super) async fn connect<S: Transport>(
     }
     let conn = Conn::new(broker, codec, &mut connect, accepted, origin, identity)?;
     Some((conn, rbuf, open))
+}
+
+/// A CONNECT that resumes a session which has none on this node brings it from
+/// wherever the session store keeps it (another node, see `SessionStore::fetch`).
+async fn fetch_session(broker: &Broker, connect: &Connect) -> Result<(), crate::SessionStoreError> {
+    if connect.clean_start || connect.client_id.is_empty() || broker.has_session(&connect.client_id)
+    {
+        return Ok(());
+    }
+    match broker.session_store() {
+        Some(store) => store.fetch(broker, &connect.client_id).await,
+        None => Ok(()),
+    }
 }
 
 /// Counts and logs (rate-limited) a CONNECT refused by `connect_rate_per_address`.

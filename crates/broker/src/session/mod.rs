@@ -443,6 +443,12 @@ impl Session {
         filters
     }
 
+    /// Stops recording the session's changes without forgetting its stored form (it
+    /// moves to another node, which loads it); its incarnation, if it was persistent.
+    pub fn stop_storing(&self) -> Option<u64> {
+        self.state.lock().persist.take().map(|p| p.incarnation)
+    }
+
     /// Marks the session as counted against the bound on persistent sessions (or
     /// not); true if that changed.
     pub fn set_counted(&self, on: bool) -> bool {

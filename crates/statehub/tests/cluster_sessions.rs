@@ -1,0 +1,178 @@
+//! Persistent MQTT sessions across statehub nodes on one redis-server (`--redis`): a
+//! session kept on one node moves with its client to another, with its subscriptions,
+//! queued and unacknowledged messages and QoS 2 state, whether the first node is up
+//! (it hands the session over) or was killed (its session is taken as Redis has it,
+//! and what was published after its death is replayed into it).
+
+mod common;
+
+use std::time::Duration;
+
+use common::cluster::{node_with_ttl, publish_acked};
+use statehub_broker::codec::{Packet, PubResponse, QoS, ReasonCode};
+use statehub_state_store_redis::test_server::RedisServer;
+use statehub_test_support::{opts, persistent_connect, RawClient, V5};
+
+/// Short, so a killed node is found dead within a second or two.
+const TTL_MS: u64 = 1000;
+
+/// Connects `client_id` with a persistent session (expiry 300 s); the CONNACK's
+/// Session Present.
+async fn resume(addr: std::net::SocketAddr, client_id: &str) -> (RawClient, bool) {
+    let (c, ack) = RawClient::connect_with(addr, persistent_connect(client_id, 300)).await;
+    assert_eq!(ack.reason_code, ReasonCode::SUCCESS, "{ack:?}");
+    (c, ack.session_present)
+}
+
+/// Publishes QoS 1 messages `prefix0..prefixN` through `c`, each acknowledged.
+async fn publish_all(c: &mut RawClient, topic: &str, prefix: &str, n: usize) -> Vec<String> {
+    let mut sent = Vec::new();
+    for i in 0..n {
+        let payload = format!("{prefix}{i}");
+        let code = publish_acked(c, topic, QoS::AtLeastOnce, payload.as_bytes()).await;
+        assert_eq!(code, ReasonCode::SUCCESS, "{payload}");
+        sent.push(payload);
+    }
+    sent
+}
+
+/// The next `n` messages' payloads, each acknowledged.
+async fn take(c: &mut RawClient, n: usize) -> Vec<String> {
+    let mut got = Vec::new();
+    for _ in 0..n {
+        let p = c.expect_publish_ack().await;
+        got.push(String::from_utf8(p.payload.to_vec()).unwrap());
+    }
+    got
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_offline_session_moves_to_a_third_node_with_every_message_queued_meanwhile() {
+    let redis = RedisServer::start();
+    let a = node_with_ttl(&redis, "a", TTL_MS);
+    let b = node_with_ttl(&redis, "b", TTL_MS);
+    let c = node_with_ttl(&redis, "c", TTL_MS);
+    let (mut sub, present) = resume(a.mqtt, "roamer").await;
+    assert!(!present);
+    sub.subscribe("q/#", opts(QoS::AtLeastOnce)).await;
+    sub.disconnect().await;
+    let mut publisher = RawClient::connect(b.mqtt, V5, "publisher").await;
+    let sent = publish_all(&mut publisher, "q/1", "m", 10).await;
+
+    let (mut sub, present) = resume(c.mqtt, "roamer").await;
+    assert!(present, "the session moved from a to c");
+    assert_eq!(take(&mut sub, 10).await, sent, "all, in order");
+    sub.expect_nothing(Duration::from_millis(300)).await;
+    // Its subscription works on c, for messages published on any node.
+    let mut on_a = RawClient::connect(a.mqtt, V5, "publisher-a").await;
+    publish_all(&mut on_a, "q/2", "after", 1).await;
+    assert_eq!(take(&mut sub, 1).await, ["after0"]);
+    sub.expect_nothing(Duration::from_millis(300)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_takeover_on_another_node_resends_unacknowledged_messages_with_dup() {
+    let redis = RedisServer::start();
+    let a = node_with_ttl(&redis, "a", TTL_MS);
+    let b = node_with_ttl(&redis, "b", TTL_MS);
+    let (mut first, _) = resume(a.mqtt, "mover").await;
+    first.subscribe("t", opts(QoS::AtLeastOnce)).await;
+    let mut publisher = RawClient::connect(b.mqtt, V5, "publisher").await;
+    let sent = publish_all(&mut publisher, "t", "u", 3).await;
+    // Received on a and never acknowledged.
+    let mut ids = Vec::new();
+    for want in &sent {
+        let p = first.expect_publish().await;
+        assert_eq!(String::from_utf8_lossy(&p.payload), *want);
+        ids.push(p.packet_id);
+    }
+
+    let (mut second, present) = resume(b.mqtt, "mover").await;
+    assert!(present);
+    first
+        .expect_disconnect(ReasonCode::SESSION_TAKEN_OVER)
+        .await;
+    for (want, id) in sent.iter().zip(&ids) {
+        let p = second.expect_publish().await;
+        assert_eq!(String::from_utf8_lossy(&p.payload), *want);
+        assert!(p.dup, "resent with DUP");
+        assert_eq!(p.packet_id, *id, "under the id it had");
+        second.ack(&p).await;
+    }
+    let new = publish_all(&mut publisher, "t", "new", 2).await;
+    assert_eq!(take(&mut second, 2).await, new);
+    second.expect_nothing(Duration::from_millis(300)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_nodes_session_resumes_elsewhere_with_what_was_published_before_and_after() {
+    let redis = RedisServer::start();
+    let a = node_with_ttl(&redis, "a", TTL_MS);
+    let b = node_with_ttl(&redis, "b", TTL_MS);
+    let c = node_with_ttl(&redis, "c", TTL_MS);
+    let (mut sub, _) = resume(a.mqtt, "survivor").await;
+    sub.subscribe("k/#", opts(QoS::AtLeastOnce)).await;
+    sub.disconnect().await;
+    let mut publisher = RawClient::connect(b.mqtt, V5, "publisher").await;
+    let mut sent = publish_all(&mut publisher, "k/1", "before", 5).await;
+    a.kill();
+    sent.extend(publish_all(&mut publisher, "k/1", "after", 5).await);
+
+    let (mut sub, present) = resume(c.mqtt, "survivor").await;
+    assert!(present, "the dead node's session");
+    assert_eq!(
+        take(&mut sub, sent.len()).await,
+        sent,
+        "every acknowledged message, in order"
+    );
+    sub.expect_nothing(Duration::from_millis(300)).await;
+    publish_all(&mut publisher, "k/2", "live", 1).await;
+    assert_eq!(take(&mut sub, 1).await, ["live0"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn qos_2_state_moves_with_the_session_and_nothing_is_delivered_twice() {
+    let redis = RedisServer::start();
+    let a = node_with_ttl(&redis, "a", TTL_MS);
+    let b = node_with_ttl(&redis, "b", TTL_MS);
+    let (mut first, _) = resume(a.mqtt, "exact").await;
+    first.subscribe("x", opts(QoS::ExactlyOnce)).await;
+    let mut publisher = RawClient::connect(a.mqtt, V5, "publisher").await;
+    for payload in [&b"one"[..], b"two"] {
+        let code = publish_acked(&mut publisher, "x", QoS::ExactlyOnce, payload).await;
+        assert_eq!(code, ReasonCode::SUCCESS);
+    }
+    // "one" is received (PUBREC sent, PUBREL back, no PUBCOMP); "two" only arrived.
+    let one = first.expect_publish().await;
+    assert_eq!(&one.payload[..], b"one");
+    let one_id = one.packet_id.unwrap();
+    first.send(&Packet::PubRec(PubResponse::ok(one_id))).await;
+    first
+        .expect_reply(
+            "PUBREL",
+            |p| matches!(p, Packet::PubRel(r) if r.packet_id == one_id),
+        )
+        .await;
+    let two = first.expect_publish().await;
+    assert_eq!(&two.payload[..], b"two");
+
+    let (mut second, present) = resume(b.mqtt, "exact").await;
+    assert!(present);
+    // "one" is only released again (the client has it), "two" is resent under its id.
+    match second.expect().await {
+        Packet::PubRel(r) => assert_eq!(r.packet_id, one_id),
+        other => panic!("expected PUBREL of the first message, got {other:?}"),
+    }
+    second.send(&Packet::PubComp(PubResponse::ok(one_id))).await;
+    let again = second.expect_publish().await;
+    assert_eq!((&again.payload[..], again.dup), (&b"two"[..], true));
+    assert_eq!(again.packet_id, two.packet_id);
+    second.ack(&again).await;
+    second.expect_nothing(Duration::from_millis(500)).await;
+    // A third node, later: nothing is left to deliver.
+    drop(second);
+    let c = node_with_ttl(&redis, "c", TTL_MS);
+    let (mut third, present) = resume(c.mqtt, "exact").await;
+    assert!(present);
+    third.expect_nothing(Duration::from_millis(500)).await;
+}
