@@ -97,6 +97,9 @@ pub struct Counters {
     pub dropped: AtomicU64,
     /// Stream entries that could not be read (logged).
     pub malformed: AtomicU64,
+    /// Times this node's reader found entries trimmed from the stream before it read
+    /// them (it had fallen more than `stream_len` behind; logged).
+    pub gaps: AtomicU64,
 }
 
 /// The Redis keys of one namespace.
@@ -186,6 +189,7 @@ impl RedisFabric {
             timeout: options.timeout,
             node_ttl: options.node_ttl,
             cut: cut.clone(),
+            pool: Mutex::default(),
         };
         let sessions = Arc::new(sessions::Inner::start(
             client.clone(),

@@ -30,6 +30,9 @@ pub(crate) struct Reader {
     last_id: Option<String>,
     /// The retained hash was loaded (on the first connection).
     loaded: bool,
+    /// Whether entries may have been trimmed before this reader read them: after a
+    /// reconnect, or a full batch (it is behind).
+    check_gap: bool,
 }
 
 impl Reader {
@@ -40,6 +43,7 @@ impl Reader {
             timeout: options.timeout,
             last_id: None,
             loaded: false,
+            check_gap: false,
         }
     }
 
@@ -90,6 +94,7 @@ impl Reader {
                         down = true;
                     }
                     connection = None;
+                    self.check_gap = true;
                     std::thread::sleep(RETRY);
                 }
             }
@@ -128,6 +133,9 @@ impl Reader {
     fn read(&mut self, con: &mut Connection, broker: &Broker) -> RedisResult<()> {
         self.position(con, broker)?;
         let last_id = self.last_id.clone().unwrap_or_else(|| "0-0".to_owned());
+        if std::mem::take(&mut self.check_gap) {
+            self.count_gap(con, &last_id)?;
+        }
         let options = StreamReadOptions::default()
             .block(usize::try_from(BLOCK.as_millis()).unwrap_or(usize::MAX))
             .count(BATCH);
@@ -142,6 +150,7 @@ impl Reader {
         if entries.is_empty() {
             return Ok(());
         }
+        self.check_gap = entries.len() >= BATCH;
         // Applied under the cut's lock (a session moving here joins between two
         // batches), and as one group with the mark of how far they went: after a
         // crash, exactly the entries past the mark are to be replayed.
@@ -219,6 +228,42 @@ impl Reader {
         if let Some(incarnation) = incarnation {
             self.shared.sessions.released(incarnation, at);
         }
+    }
+
+    /// Counts (and logs) entries trimmed after `last_id` before this reader read them:
+    /// the stream's largest deleted id is past it.
+    fn count_gap(&self, con: &mut Connection, last_id: &str) -> RedisResult<()> {
+        let info: Value = redis::cmd("XINFO")
+            .arg("STREAM")
+            .arg(&self.shared.keys.feed)
+            .query(con)
+            .or_else(|e| match e.kind() {
+                redis::ErrorKind::ResponseError => Ok(Value::Nil),
+                _ => Err(e),
+            })?;
+        let deleted = match info {
+            Value::Array(items) => items
+                .chunks_exact(2)
+                .find(|kv| matches!(&kv[0], Value::BulkString(k) if k == b"max-deleted-entry-id"))
+                .and_then(|kv| redis::from_redis_value::<String>(&kv[1]).ok()),
+            Value::Map(items) => items
+                .iter()
+                .find(|(k, _)| matches!(k, Value::BulkString(k) if k == b"max-deleted-entry-id"))
+                .and_then(|(_, v)| redis::from_redis_value::<String>(v).ok()),
+            _ => None,
+        };
+        if let Some(deleted) = deleted {
+            use crate::sessions::stream_id;
+            if stream_id(&deleted) > stream_id(last_id) {
+                self.shared.counters.gaps.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(
+                    last_read = last_id,
+                    trimmed_up_to = %deleted,
+                    "mqtt cluster reader: entries were trimmed from the stream before this node read them (mqtt_stream_len); their messages are lost for this node's subscribers"
+                );
+            }
+        }
+        Ok(())
     }
 
     fn reload_groups(&self, con: &mut Connection) -> RedisResult<()> {

@@ -176,3 +176,59 @@ async fn qos_2_state_moves_with_the_session_and_nothing_is_delivered_twice() {
     assert!(present);
     third.expect_nothing(Duration::from_millis(500)).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_nodes_shared_group_members_are_no_longer_picked() {
+    use statehub_test_support::Event;
+    let redis = RedisServer::start();
+    let a = node_with_ttl(&redis, "a", TTL_MS);
+    let b = node_with_ttl(&redis, "b", TTL_MS);
+    let mut near = RawClient::connect(a.mqtt, V5, "near").await;
+    near.subscribe("$share/g/s/#", opts(QoS::AtLeastOnce)).await;
+    let mut far = RawClient::connect(b.mqtt, V5, "far").await;
+    far.subscribe("$share/g/s/#", opts(QoS::AtLeastOnce)).await;
+    let mut publisher = RawClient::connect(a.mqtt, V5, "publisher").await;
+    let quiet = Duration::from_millis(200);
+    let arrived = |e: &Event| matches!(e, Event::Packet(Packet::Publish(_)));
+    // Until a knows of b's member: some message goes there.
+    let mut far_got = false;
+    for i in 0..100 {
+        publish_acked(
+            &mut publisher,
+            "s/1",
+            QoS::AtLeastOnce,
+            format!("w{i}").as_bytes(),
+        )
+        .await;
+        if let Event::Packet(Packet::Publish(p)) = far.next_event(quiet).await {
+            far.ack(&p).await;
+            far_got = true;
+            break;
+        }
+        while let Event::Packet(Packet::Publish(p)) = near.next_event(Duration::ZERO).await {
+            near.ack(&p).await;
+        }
+    }
+    assert!(far_got, "the group spans both nodes");
+    b.kill();
+    // Once b's liveness key expired, every message goes to the member on a.
+    let mut streak = 0;
+    for i in 0..100 {
+        publish_acked(
+            &mut publisher,
+            "s/1",
+            QoS::AtLeastOnce,
+            format!("d{i}").as_bytes(),
+        )
+        .await;
+        let e = near.next_event(quiet).await;
+        if let Event::Packet(Packet::Publish(p)) = &e {
+            near.ack(p).await;
+        }
+        streak = if arrived(&e) { streak + 1 } else { 0 };
+        if streak == 10 {
+            break;
+        }
+    }
+    assert_eq!(streak, 10, "messages are still picked for the dead node");
+}

@@ -40,7 +40,6 @@ pub(crate) struct Cut {
 }
 
 /// What fetching needs besides the store.
-#[derive(Debug)]
 pub(crate) struct Fetcher {
     pub client: Client,
     pub feed: String,
@@ -50,7 +49,22 @@ pub(crate) struct Fetcher {
     /// How long a node's liveness key lives without a heartbeat.
     pub node_ttl: Duration,
     pub cut: Arc<Mutex<Cut>>,
+    /// Connections kept between fetches (most CONNECTs find nothing to fetch: one
+    /// round trip on a connection already open).
+    pub pool: Mutex<Vec<Connection>>,
 }
+
+impl std::fmt::Debug for Fetcher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Fetcher")
+            .field("feed", &self.feed)
+            .field("node", &self.node)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Most connections kept in [`Fetcher::pool`].
+const POOLED: usize = 4;
 
 pub(super) fn fetch(
     inner: Arc<Inner>,
@@ -93,8 +107,29 @@ enum Claim {
 
 fn fetch_blocking(inner: &Inner, broker: &Broker, client_id: &str) -> Result<(), FetchError> {
     let f = &inner.fetcher;
+    let pooled = f.pool.lock().pop();
+    let mut con = match pooled {
+        Some(con) => con,
+        None => open(&f.client, f.timeout + f.node_ttl)?,
+    };
+    let fetched = fetch_on(inner, broker, &mut con, client_id);
+    if fetched.is_ok() {
+        let mut pool = f.pool.lock();
+        if pool.len() < POOLED {
+            pool.push(con);
+        }
+    }
+    fetched
+}
+
+fn fetch_on(
+    inner: &Inner,
+    broker: &Broker,
+    con: &mut Connection,
+    client_id: &str,
+) -> Result<(), FetchError> {
+    let f = &inner.fetcher;
     let p = &inner.prefix;
-    let mut con = open(&f.client, f.timeout + f.node_ttl)?;
     for _ in 0..ATTEMPTS {
         let incarnation: Option<u64> = con.hget(format!("{p}owners"), client_id)?;
         let Some(incarnation) = incarnation else {
@@ -102,28 +137,20 @@ fn fetch_blocking(inner: &Inner, broker: &Broker, client_id: &str) -> Result<(),
         };
         let owner: Option<String> = con.hget(format!("{p}s:{incarnation}"), "_o")?;
         let owner = owner.unwrap_or_default();
-        let mut dead = owner.is_empty() || owner == inner.owner || !alive(&mut con, p, &owner)?;
+        let mut dead = owner.is_empty() || owner == inner.owner || !alive(con, p, &owner)?;
         if !dead {
-            ask_release(&mut con, inner, client_id, incarnation)?;
+            ask_release(con, inner, client_id, incarnation)?;
             let woken: Option<(String, String)> = con.blpop(
                 format!("{p}handoff:{incarnation}"),
                 f.node_ttl.as_secs_f64().max(0.1),
             )?;
-            dead = woken.is_none() && !alive(&mut con, p, &owner)?;
+            dead = woken.is_none() && !alive(con, p, &owner)?;
         }
-        match claim(&mut con, inner, client_id, incarnation, &owner, dead)? {
+        match claim(con, inner, client_id, incarnation, &owner, dead)? {
             Claim::None => return Ok(()),
             Claim::OwnedByAnother => continue,
             Claim::Taken { from, loaded } => {
-                return install(
-                    inner,
-                    broker,
-                    &mut con,
-                    client_id,
-                    incarnation,
-                    &from,
-                    &loaded,
-                );
+                return install(inner, broker, con, client_id, incarnation, &from, &loaded);
             }
         }
     }

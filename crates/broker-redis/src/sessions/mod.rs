@@ -31,7 +31,7 @@ use rustc_hash::FxHashMap;
 use statehub_broker::{BoxFuture, Broker, Message, SessionChange, SessionStore, SessionStoreError};
 use tokio::sync::watch;
 
-pub(crate) use fetch::{Cut, Fetcher};
+pub(crate) use fetch::{stream_id, Cut, Fetcher};
 pub use records::RecordError;
 
 use crate::wire;
