@@ -222,11 +222,12 @@ impl Reader {
     /// Another node asks for `client`'s session (incarnation `asked`): it leaves this
     /// node, marked released at `at` once what it recorded is written.
     fn hand_off(&self, broker: &Broker, client: &str, asked: Option<&str>, at: &str) {
-        let incarnation = broker
-            .hand_off_session(client)
-            .or_else(|| asked.and_then(|i| i.parse().ok()));
+        let (incarnation, messages) = match broker.hand_off_session(client) {
+            Some((incarnation, messages)) => (Some(incarnation), messages),
+            None => (asked.and_then(|i| i.parse().ok()), Vec::new()),
+        };
         if let Some(incarnation) = incarnation {
-            self.shared.sessions.released(incarnation, at);
+            self.shared.sessions.released(incarnation, at, &messages);
         }
     }
 

@@ -158,9 +158,10 @@ impl Broker {
 
     /// Another node is taking `client_id`'s session with its stored form: a connection
     /// here goes with 0x8E, the session leaves this node, and what is stored of it is
-    /// kept. Its incarnation if it was persistent (the store then marks it released
-    /// after every change recorded so far).
-    pub fn hand_off_session(&self, client_id: &str) -> Option<u64> {
+    /// kept. Its incarnation, and the messages its stored records refer to, if it was
+    /// persistent (the store then marks it released after every change recorded so
+    /// far, and lets go of those messages).
+    pub fn hand_off_session(&self, client_id: &str) -> Option<(u64, Vec<Arc<Message>>)> {
         self.hand_off_stored(client_id)
     }
 

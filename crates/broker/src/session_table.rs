@@ -25,6 +25,7 @@ use statehub_mqtt_codec::{ByteString, ReasonCode};
 
 use crate::config::BrokerConfig;
 use crate::fabric::FabricError;
+use crate::message::Message;
 use crate::metrics::Gauges;
 use crate::ratelimit::LogLimit;
 use crate::service::BoxFuture;
@@ -184,8 +185,9 @@ impl Broker {
 
     /// Another node asked for `client_id`'s session: a connection here is closed with
     /// 0x8E and the session leaves this node without its stored form being forgotten
-    /// (the other node loads it). Its incarnation, if it was persistent.
-    pub(crate) fn hand_off_stored(&self, client_id: &str) -> Option<u64> {
+    /// (the other node loads it). Its incarnation and stored messages, if it was
+    /// persistent.
+    pub(crate) fn hand_off_stored(&self, client_id: &str) -> Option<(u64, Vec<Arc<Message>>)> {
         let serialized = self.sessions().lock(client_id);
         let session = self.session(client_id)?;
         let incarnation = session.stop_storing();

@@ -20,6 +20,13 @@ local function release(bid)
   local b = p .. 'b:' .. bid
   if redis.call('HINCRBY', b, 'r', -1) <= 0 then redis.call('DEL', b) end
 end
+local function drop(s)
+  local f = redis.call('HGETALL', s)
+  for j = 1, #f, 2 do
+    if string.sub(f[j], 1, 2) == 'b:' then release(f[j + 1]) end
+  end
+  redis.call('DEL', s)
+end
 local i = 3
 while i <= #ARGV do
   local op = ARGV[i]
@@ -34,6 +41,15 @@ while i <= #ARGV do
     if op == 'S' then
       if mine or (ARGV[i + 2] == '1' and redis.call('EXISTS', s) == 0) then
         local c = ARGV[i + 3]
+        -- A new session replaces the client's older one: gone with it unless its
+        -- owner is alive (that owner ends it when the stream tells it).
+        local old = redis.call('HGET', p .. 'owners', c)
+        if ARGV[i + 2] == '1' and old and old ~= inc then
+          local oo = redis.call('HGET', p .. 's:' .. old, '_o')
+          if oo and (oo == '' or redis.call('EXISTS', p .. 'alive:' .. oo) == 0) then
+            drop(p .. 's:' .. old)
+          end
+        end
         redis.call('HSET', s, '_o', me, '_c', c, '_m', ARGV[i + 4])
         redis.call('HSET', p .. 'owners', c, inc)
         local ttl = tonumber(ARGV[i + 5])
@@ -67,12 +83,8 @@ while i <= #ARGV do
       i = i + 3
     elseif op == 'E' then
       if mine then
-        local f = redis.call('HGETALL', s)
-        for j = 1, #f, 2 do
-          if string.sub(f[j], 1, 2) == 'b:' then release(f[j + 1]) end
-        end
         local c = redis.call('HGET', s, '_c')
-        redis.call('DEL', s)
+        drop(s)
         if c and redis.call('HGET', p .. 'owners', c) == inc then
           redis.call('HDEL', p .. 'owners', c)
         end

@@ -194,9 +194,13 @@ impl Inner {
 
     /// The session `incarnation` left this node for another, which asked at stream
     /// entry `at`: marked released once every change recorded before is written.
-    pub(crate) fn released(&self, incarnation: u64, at: &str) {
+    /// `messages` are those its records refer to (this node lets go of them).
+    pub(crate) fn released(&self, incarnation: u64, at: &str, messages: &[Arc<Message>]) {
         let mut state = self.state.lock();
         state.known.remove(&incarnation);
+        for msg in messages {
+            Self::release_body(&mut state, msg);
+        }
         let op = vec![b"R".to_vec(), num(incarnation), at.as_bytes().to_vec()];
         self.push(&mut state, vec![op]);
     }
