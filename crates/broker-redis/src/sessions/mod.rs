@@ -416,3 +416,6 @@ impl Inner {
 pub(crate) fn store_error(why: &str) -> SessionStoreError {
     SessionStoreError(Arc::new(std::io::Error::other(why.to_owned())))
 }
+
+#[cfg(test)]
+mod tests;

@@ -58,12 +58,6 @@ impl Writer {
                             tracing::info!("mqtt sessions: redis is back; storing again");
                             down_logged = false;
                         }
-                        self.progress.send_modify(|p| {
-                            p.written = last;
-                            if fenced > 0 {
-                                p.failures += 1;
-                            }
-                        });
                         if fenced > 0 {
                             self.counters.fenced.fetch_add(fenced, Ordering::Relaxed);
                             tracing::warn!(
@@ -71,6 +65,12 @@ impl Writer {
                                 "mqtt sessions: changes to sessions another node owns now were not stored"
                             );
                         }
+                        self.progress.send_modify(|p| {
+                            p.written = last;
+                            if fenced > 0 {
+                                p.failures += 1;
+                            }
+                        });
                         break;
                     }
                     Err(e) => {
