@@ -290,7 +290,11 @@ impl Fabric for RedisFabric {
         })
     }
 
-    fn connected(&self, client_id: &str) -> BoxFuture<'static, Result<(), FabricError>> {
+    fn connected(
+        &self,
+        client_id: &str,
+        resumed: bool,
+    ) -> BoxFuture<'static, Result<(), FabricError>> {
         let shared = &self.shared;
         *shared
             .pending
@@ -300,6 +304,7 @@ impl Fabric for RedisFabric {
         let (reply, done) = oneshot::channel();
         let command = Command::Announce {
             client: client_id.to_owned(),
+            resumed,
             reply,
         };
         if !shared.send(command) {

@@ -184,6 +184,15 @@ impl Reader {
             Some("p") if !ours => self.deliver(broker, field("m"), field("s"), &entry.id),
             Some("k") => match (text("c"), ours) {
                 (Some(client), true) => self.shared.announced(client),
+                // A resumed session moves with its stored form (the other node
+                // fetched it, or will); a Clean Start ends it.
+                (Some(client), false) if text("r") == Some("1") => {
+                    if let Some((incarnation, messages)) = broker.resumed_elsewhere(client) {
+                        self.shared
+                            .sessions
+                            .released(incarnation, &entry.id, &messages);
+                    }
+                }
                 (Some(client), false) => {
                     broker.taken_elsewhere(client);
                 }
