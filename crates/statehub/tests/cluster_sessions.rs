@@ -290,3 +290,44 @@ async fn two_nodes_resuming_one_session_at_once_lose_none_of_its_messages() {
     assert_eq!(take(&mut sub, sent.len()).await, sent);
     sub.expect_nothing(Duration::from_millis(300)).await;
 }
+
+/// paho (`.venv`, installed by `scripts/install-test-deps.sh`) subscribes on a, its
+/// messages are published on b, it resumes on c.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paho_session_moves_between_nodes() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let python = root.join(".venv/bin/python");
+    assert!(
+        python.is_file(),
+        "{} (scripts/install-test-deps.sh)",
+        python.display()
+    );
+    let script = root.join("crates/statehub/tests/scripts/paho_session.py");
+    let run = |port: u16, args: &[&str]| {
+        let out = std::process::Command::new(&python)
+            .arg(&script)
+            .arg(port.to_string())
+            .args(args)
+            .output()
+            .expect("run python");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            out.status.success(),
+            "{args:?}: {text} {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        text
+    };
+    let redis = RedisServer::start();
+    let a = node_with_ttl(&redis, "a", TTL_MS);
+    let b = node_with_ttl(&redis, "b", TTL_MS);
+    let c = node_with_ttl(&redis, "c", TTL_MS);
+    tokio::task::block_in_place(|| run(a.mqtt.port(), &["subscribe"]));
+    let mut publisher = RawClient::connect(b.mqtt, V5, "publisher").await;
+    let sent = publish_all(&mut publisher, "p/1", "paho", 4).await;
+    let out = tokio::task::block_in_place(|| run(c.mqtt.port(), &["resume", "4"]));
+    let mut lines = out.lines();
+    assert_eq!(lines.next(), Some("PRESENT 1"), "{out}");
+    let got: Vec<&str> = lines.filter_map(|l| l.strip_prefix("MSG ")).collect();
+    assert_eq!(got, sent, "{out}");
+}
