@@ -165,47 +165,11 @@ pub(crate) fn decode(
         .fields
         .get(&b"_m"[..])
         .ok_or(RecordError::Malformed("no session record"))?;
-    let mut r = Reader(meta);
-    r.format()?;
-    let written_ms = r.u64()?;
-    let disconnected = r.u8()? != 0;
-    let expiry_interval = r.u32()?;
-    let n = r.u32()?;
-    let mut subscriptions = Vec::new();
-    for _ in 0..n {
-        let filter = ByteString::from(r.str()?);
-        let options = options_from(r.u8()?)?;
-        let id = r.u32()?;
-        let identifier = (id != 0).then_some(id);
-        subscriptions.push((
-            filter,
-            Subscription {
-                options,
-                identifier,
-            },
-        ));
-    }
-    let expires_in = match expiry_interval {
-        u32::MAX => None,
-        secs if disconnected => {
-            let down = Duration::from_millis(now.unix_ms.saturating_sub(written_ms));
-            let left = Duration::from_secs(u64::from(secs)).saturating_sub(down);
-            if left.is_zero() {
-                return Ok(None);
-            }
-            Some(left)
-        }
-        secs => Some(Duration::from_secs(u64::from(secs))),
+    let Some(mut session) = decode_session(meta, now)? else {
+        return Ok(None);
     };
-    let mut session = StoredSession {
-        client_id: client_id.into(),
-        incarnation,
-        expiry_interval,
-        expires_in,
-        subscriptions,
-        messages: Vec::new(),
-        incoming_qos2: Vec::new(),
-    };
+    session.client_id = client_id.into();
+    session.incarnation = incarnation;
     let mut bodies: HashMap<&[u8], Arc<Message>> = HashMap::new();
     let mut body_ids = Vec::new();
     for (field, value) in &loaded.fields {
@@ -240,31 +204,97 @@ pub(crate) fn decode(
                 msg
             }
         };
-        let mut r = Reader(value);
-        r.format()?;
-        let qos = r.qos()?;
-        let retain = r.u8()? != 0;
-        let released = r.u8()? != 0;
-        let n = r.u16()?;
-        let subscription_ids = (0..n).map(|_| r.u32()).collect::<Result<_, _>>()?;
-        let shared = match r.u8()? {
-            0 => None,
-            _ => Some(SharedVia {
-                filter: r.str()?.into(),
-                group: r.str()?.into(),
-            }),
-        };
+        let record = decode_message(value)?;
         body_ids.push((msg.clone(), bid.clone()));
         session.messages.push(StoredMessage {
             seq,
             msg,
-            qos,
-            retain,
-            subscription_ids,
-            shared,
-            released,
+            qos: record.qos,
+            retain: record.retain,
+            subscription_ids: record.subscription_ids,
+            shared: record.shared,
+            released: record.released,
         });
     }
     session.messages.sort_unstable_by_key(|m| m.seq);
     Ok(Some(Decoded { session, body_ids }))
+}
+
+/// A message record's per-subscriber fields.
+struct MessageRecord {
+    qos: QoS,
+    retain: bool,
+    released: bool,
+    subscription_ids: Vec<u32>,
+    shared: Option<SharedVia>,
+}
+
+fn decode_message(value: &[u8]) -> Result<MessageRecord, RecordError> {
+    let mut r = Reader(value);
+    r.format()?;
+    let qos = r.qos()?;
+    let retain = r.u8()? != 0;
+    let released = r.u8()? != 0;
+    let n = r.u16()?;
+    let subscription_ids = (0..n).map(|_| r.u32()).collect::<Result<_, _>>()?;
+    let shared = match r.u8()? {
+        0 => None,
+        _ => Some(SharedVia {
+            filter: r.str()?.into(),
+            group: r.str()?.into(),
+        }),
+    };
+    Ok(MessageRecord {
+        qos,
+        retain,
+        released,
+        subscription_ids,
+        shared,
+    })
+}
+
+/// The session record (`_m`) as a session without messages or identity; `None` if it
+/// expired by `now`.
+fn decode_session(meta: &[u8], now: Now) -> Result<Option<StoredSession>, RecordError> {
+    let mut r = Reader(meta);
+    r.format()?;
+    let written_ms = r.u64()?;
+    let disconnected = r.u8()? != 0;
+    let expiry_interval = r.u32()?;
+    let n = r.u32()?;
+    let mut subscriptions = Vec::new();
+    for _ in 0..n {
+        let filter = ByteString::from(r.str()?);
+        let options = options_from(r.u8()?)?;
+        let id = r.u32()?;
+        let identifier = (id != 0).then_some(id);
+        subscriptions.push((
+            filter,
+            Subscription {
+                options,
+                identifier,
+            },
+        ));
+    }
+    let expires_in = match expiry_interval {
+        u32::MAX => None,
+        secs if disconnected => {
+            let down = Duration::from_millis(now.unix_ms.saturating_sub(written_ms));
+            let left = Duration::from_secs(u64::from(secs)).saturating_sub(down);
+            if left.is_zero() {
+                return Ok(None);
+            }
+            Some(left)
+        }
+        secs => Some(Duration::from_secs(u64::from(secs))),
+    };
+    Ok(Some(StoredSession {
+        client_id: ByteString::default(),
+        incarnation: 0,
+        expiry_interval,
+        expires_in,
+        subscriptions,
+        messages: Vec::new(),
+        incoming_qos2: Vec::new(),
+    }))
 }
