@@ -98,7 +98,8 @@ pub enum SessionChange<'a> {
 ///   without Clean Start takes a client id that has no session on this node, the broker
 ///   awaits it; a store that keeps the client's session for another node moves it here
 ///   ([`Broker::adopt_session`](crate::Broker::adopt_session)) before it resolves, so
-///   the CONNECT resumes it. An error refuses the CONNECT (0x80); the client retries.
+///   the CONNECT resumes it, and resolves to true. An error refuses the CONNECT (0x80);
+///   the client retries.
 pub trait SessionStore: Send + Sync + std::fmt::Debug {
     fn record(&self, change: SessionChange<'_>);
     fn barrier(&self) -> BoxFuture<'static, Result<(), SessionStoreError>>;
@@ -108,8 +109,8 @@ pub trait SessionStore: Send + Sync + std::fmt::Debug {
         &self,
         _broker: &crate::Broker,
         _client_id: &str,
-    ) -> BoxFuture<'static, Result<(), SessionStoreError>> {
-        Box::pin(async { Ok(()) })
+    ) -> BoxFuture<'static, Result<bool, SessionStoreError>> {
+        Box::pin(async { Ok(false) })
     }
 }
 

@@ -70,7 +70,7 @@ pub(super) fn fetch(
     inner: Arc<Inner>,
     broker: Broker,
     client_id: String,
-) -> BoxFuture<'static, Result<(), SessionStoreError>> {
+) -> BoxFuture<'static, Result<bool, SessionStoreError>> {
     Box::pin(async move {
         tokio::task::spawn_blocking(move || {
             fetch_blocking(&inner, &broker, &client_id).map_err(|e| {
@@ -105,7 +105,8 @@ enum Claim {
     },
 }
 
-fn fetch_blocking(inner: &Inner, broker: &Broker, client_id: &str) -> Result<(), FetchError> {
+/// Whether a session was brought here.
+fn fetch_blocking(inner: &Inner, broker: &Broker, client_id: &str) -> Result<bool, FetchError> {
     let f = &inner.fetcher;
     let pooled = f.pool.lock().pop();
     let mut con = match pooled {
@@ -127,13 +128,13 @@ fn fetch_on(
     broker: &Broker,
     con: &mut Connection,
     client_id: &str,
-) -> Result<(), FetchError> {
+) -> Result<bool, FetchError> {
     let f = &inner.fetcher;
     let p = &inner.prefix;
     for _ in 0..ATTEMPTS {
         let incarnation: Option<u64> = con.hget(format!("{p}owners"), client_id)?;
         let Some(incarnation) = incarnation else {
-            return Ok(());
+            return Ok(false);
         };
         let owner: Option<String> = con.hget(format!("{p}s:{incarnation}"), "_o")?;
         let owner = owner.unwrap_or_default();
@@ -147,7 +148,7 @@ fn fetch_on(
             dead = woken.is_none() && !alive(con, p, &owner)?;
         }
         match claim(con, inner, client_id, incarnation, &owner, dead)? {
-            Claim::None => return Ok(()),
+            Claim::None => return Ok(false),
             Claim::OwnedByAnother => continue,
             Claim::Taken { from, loaded } => {
                 return install(inner, broker, con, client_id, incarnation, &from, &loaded);
@@ -233,7 +234,7 @@ fn claim(
 }
 
 /// Puts the claimed session into the broker at the reader's cut and replays what it
-/// missed.
+/// missed; whether it joined the broker.
 fn install(
     inner: &Inner,
     broker: &Broker,
@@ -242,7 +243,7 @@ fn install(
     incarnation: u64,
     from: &str,
     loaded: &Loaded,
-) -> Result<(), FetchError> {
+) -> Result<bool, FetchError> {
     let f = &inner.fetcher;
     let now = wire::Now::at(broker.now());
     let Some(decoded) = records::decode(client_id, incarnation, loaded, now)? else {
@@ -253,7 +254,7 @@ fn install(
             messages: Vec::new(),
             incoming_qos2: Vec::new(),
         });
-        return Ok(());
+        return Ok(false);
     };
     // The reader must be past the entry the owner stopped at, or it would deliver the
     // entries in between a second time.
@@ -273,11 +274,11 @@ fn install(
     };
     inner.adopted(incarnation, &decoded.body_ids);
     if !broker.adopt_session(decoded.session) {
-        return Ok(());
+        return Ok(false);
     }
     inner.counters.adopted.fetch_add(1, Ordering::Relaxed);
     let (Some(last), false) = (cut.last_id.clone(), from.is_empty()) else {
-        return Ok(());
+        return Ok(true);
     };
     let mut start = format!("({from}");
     loop {
@@ -305,7 +306,7 @@ fn install(
         start = format!("({end}");
     }
     drop(cut);
-    Ok(())
+    Ok(true)
 }
 
 /// A stream entry id as (milliseconds, sequence), for ordering.

@@ -352,7 +352,7 @@ impl SessionStore for RedisSessions {
         &self,
         broker: &Broker,
         client_id: &str,
-    ) -> BoxFuture<'static, Result<(), SessionStoreError>> {
+    ) -> BoxFuture<'static, Result<bool, SessionStoreError>> {
         fetch::fetch(self.inner.clone(), broker.clone(), client_id.to_owned())
     }
 }

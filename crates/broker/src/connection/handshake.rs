@@ -271,7 +271,8 @@ pub(super) async fn connect<S: Transport>(
 
 /// A CONNECT that resumes a session which has none on this node brings it from
 /// wherever the session store keeps it (another node, see `SessionStore::fetch`);
-/// true if it did.
+/// true if it did (even if the session left again since: the CONNECT must then not
+/// start a new one in its place).
 async fn fetch_session(
     broker: &Broker,
     connect: &Connect,
@@ -281,10 +282,7 @@ async fn fetch_session(
         return Ok(false);
     }
     match broker.session_store() {
-        Some(store) => {
-            store.fetch(broker, id).await?;
-            Ok(broker.has_session(id))
-        }
+        Some(store) => store.fetch(broker, id).await,
         None => Ok(false),
     }
 }
