@@ -32,6 +32,8 @@ pub(crate) struct Groups {
     /// Every node's groups (this node's as `local` says); the other nodes' as last read.
     cluster: RwLock<BTreeMap<Key, Group>>,
     others: Mutex<BTreeMap<Arc<str>, Vec<Key>>>,
+    /// Other nodes whose liveness key expired: never picked.
+    dead: Mutex<BTreeSet<Arc<str>>>,
 }
 
 impl Groups {
@@ -41,6 +43,7 @@ impl Groups {
             local: Mutex::default(),
             cluster: RwLock::default(),
             others: Mutex::default(),
+            dead: Mutex::default(),
         }
     }
 
@@ -103,7 +106,32 @@ impl Groups {
         self.rebuild(&local, &held);
     }
 
+    /// The other nodes with groups (to check which are alive).
+    pub(crate) fn other_nodes(&self) -> Vec<Arc<str>> {
+        self.others.lock().keys().cloned().collect()
+    }
+
+    /// These other nodes are dead (their liveness key expired): they are not picked.
+    pub(crate) fn set_dead(&self, dead: BTreeSet<Arc<str>>) {
+        let local = self.local.lock();
+        let others = self.others.lock();
+        let mut held = self.dead.lock();
+        if *held == dead {
+            return;
+        }
+        if !dead.is_empty() {
+            tracing::warn!(
+                ?dead,
+                "mqtt cluster: nodes without a heartbeat are no longer picked for shared groups"
+            );
+        }
+        *held = dead;
+        drop(held);
+        self.rebuild(&local, &others);
+    }
+
     fn rebuild(&self, local: &BTreeSet<Key>, others: &BTreeMap<Arc<str>, Vec<Key>>) {
+        let dead = self.dead.lock().clone();
         let mut cluster = self.cluster.write();
         let mut fresh: BTreeMap<Key, Vec<Arc<str>>> = BTreeMap::new();
         for key in local {
@@ -112,7 +140,7 @@ impl Groups {
                 .or_default()
                 .push(self.here.clone());
         }
-        for (node, keys) in others {
+        for (node, keys) in others.iter().filter(|(n, _)| !dead.contains(*n)) {
             for key in keys {
                 fresh.entry(key.clone()).or_default().push(node.clone());
             }

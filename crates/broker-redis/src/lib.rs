@@ -20,8 +20,10 @@
 //!   newer one of its own that the stream has not ordered yet.
 
 mod groups;
+mod liveness;
 mod reader;
 mod retain;
+mod sessions;
 mod wire;
 mod writer;
 
@@ -36,6 +38,7 @@ use statehub_broker::{BoxFuture, Broker, Fabric, FabricError, Message, SharedPic
 use tokio::sync::oneshot;
 
 pub use retain::RedisRetain;
+pub use sessions::{RecordError, RedisSessions, SessionCounters};
 pub use wire::WireError;
 
 use crate::groups::Groups;
@@ -63,6 +66,10 @@ pub struct Options {
     pub wait_replicas: u32,
     /// How long the writer waits for those replicas (below `timeout`).
     pub wait_timeout: Duration,
+    /// A node that has not renewed its liveness key for this long is dead: its
+    /// persistent sessions are taken over as they are and its shared groups no longer
+    /// picked.
+    pub node_ttl: Duration,
 }
 
 /// Defaults of [`Options`].
@@ -71,6 +78,8 @@ pub mod defaults {
     pub const STREAM_LEN: u64 = 100_000;
     /// [`super::Options::queue`].
     pub const QUEUE: usize = 10_000;
+    /// [`super::Options::node_ttl`].
+    pub const NODE_TTL: std::time::Duration = std::time::Duration::from_secs(10);
 }
 
 /// The fabric could not start.
@@ -93,11 +102,16 @@ pub struct Counters {
     pub dropped: AtomicU64,
     /// Stream entries that could not be read (logged).
     pub malformed: AtomicU64,
+    /// Times this node's reader found entries trimmed from the stream before it read
+    /// them (it had fallen more than `stream_len` behind; logged).
+    pub gaps: AtomicU64,
 }
 
 /// The Redis keys of one namespace.
 #[derive(Debug, Clone)]
 pub(crate) struct Keys {
+    /// What every key of the namespace starts with.
+    pub prefix: String,
     pub feed: String,
     pub retained: String,
     pub groups: String,
@@ -106,6 +120,7 @@ pub(crate) struct Keys {
 impl Keys {
     fn new(namespace: &str) -> Self {
         Self {
+            prefix: format!("{{{namespace}}}:mqtt:"),
             feed: format!("{{{namespace}}}:mqtt:feed"),
             retained: format!("{{{namespace}}}:mqtt:retained"),
             groups: format!("{{{namespace}}}:mqtt:groups"),
@@ -124,6 +139,10 @@ pub(crate) struct Shared {
     /// Client ids this node announced whose entries its reader has not read back yet.
     pending: Mutex<HashMap<String, u32>>,
     tx: SyncSender<Command>,
+    /// The persistent sessions' store.
+    pub sessions: Arc<sessions::Inner>,
+    /// The reader's position, locked while it applies entries.
+    pub cut: Arc<Mutex<sessions::Cut>>,
 }
 
 impl Shared {
@@ -162,18 +181,45 @@ impl RedisFabric {
         let client = redis::Client::open(options.url.as_str())?;
         let (tx, rx) = mpsc::sync_channel(options.queue.max(1));
         let node: Arc<str> = Arc::from(options.node.as_str());
+        let keys = Keys::new(&options.namespace);
+        // This process, as the owner of the sessions it stores: a node that restarts
+        // under the same id is another owner, and its old sessions those of a dead one.
+        let owner = format!("{}#{:016x}", options.node, rand::random::<u64>());
+        let cut = Arc::new(Mutex::new(sessions::Cut::default()));
+        let fetcher = sessions::Fetcher {
+            client: client.clone(),
+            feed: keys.feed.clone(),
+            node: options.node.clone(),
+            stream_len: options.stream_len,
+            timeout: options.timeout,
+            node_ttl: options.node_ttl,
+            cut: cut.clone(),
+            pool: Mutex::default(),
+        };
+        let sessions = Arc::new(sessions::Inner::start(
+            client.clone(),
+            keys.prefix.clone(),
+            owner.clone(),
+            fetcher,
+            options.timeout,
+        )?);
         let shared = Arc::new(Shared {
             node: node.clone(),
-            keys: Keys::new(&options.namespace),
+            keys,
             available: AtomicBool::new(false),
             counters: Counters::default(),
             groups: Groups::new(node),
             pending: Mutex::default(),
             tx,
+            sessions: sessions.clone(),
+            cut,
         });
         let fabric = RedisFabric { shared };
         broker.set_fabric(Arc::new(fabric.clone()));
         broker.set_retain_store(Arc::new(fabric.retain_store()), Vec::new());
+        let store = RedisSessions { inner: sessions };
+        broker.set_session_store(Arc::new(store.clone()), Vec::new());
+        liveness::start(client.clone(), fabric.shared.clone(), &owner, options)?;
         let mut reader = reader::Reader::new(client.clone(), fabric.shared.clone(), options);
         // Positioned before the broker serves anyone, when Redis answers: nothing
         // published from then on is missed.
@@ -189,6 +235,13 @@ impl RedisFabric {
             .name("mqtt-cluster-reader".into())
             .spawn(move || reader.run(&broker, &stop))?;
         Ok(fabric)
+    }
+
+    /// The persistent sessions' store.
+    pub fn sessions(&self) -> RedisSessions {
+        RedisSessions {
+            inner: self.shared.sessions.clone(),
+        }
     }
 
     /// What it counted.
@@ -242,7 +295,11 @@ impl Fabric for RedisFabric {
         })
     }
 
-    fn connected(&self, client_id: &str) -> BoxFuture<'static, Result<(), FabricError>> {
+    fn connected(
+        &self,
+        client_id: &str,
+        resumed: bool,
+    ) -> BoxFuture<'static, Result<(), FabricError>> {
         let shared = &self.shared;
         *shared
             .pending
@@ -252,6 +309,7 @@ impl Fabric for RedisFabric {
         let (reply, done) = oneshot::channel();
         let command = Command::Announce {
             client: client_id.to_owned(),
+            resumed,
             reply,
         };
         if !shared.send(command) {

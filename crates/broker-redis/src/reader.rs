@@ -30,6 +30,9 @@ pub(crate) struct Reader {
     last_id: Option<String>,
     /// The retained hash was loaded (on the first connection).
     loaded: bool,
+    /// Whether entries may have been trimmed before this reader read them: after a
+    /// reconnect, or a full batch (it is behind).
+    check_gap: bool,
 }
 
 impl Reader {
@@ -40,6 +43,7 @@ impl Reader {
             timeout: options.timeout,
             last_id: None,
             loaded: false,
+            check_gap: false,
         }
     }
 
@@ -90,6 +94,7 @@ impl Reader {
                         down = true;
                     }
                     connection = None;
+                    self.check_gap = true;
                     std::thread::sleep(RETRY);
                 }
             }
@@ -100,11 +105,13 @@ impl Reader {
         if self.last_id.is_none() {
             let last: StreamRangeReply =
                 con.xrevrange_count(&self.shared.keys.feed, "+", "-", 1)?;
-            self.last_id = Some(
-                last.ids
-                    .first()
-                    .map_or_else(|| "0-0".to_owned(), |e| e.id.clone()),
-            );
+            let last = last
+                .ids
+                .first()
+                .map_or_else(|| "0-0".to_owned(), |e| e.id.clone());
+            self.shared.sessions.applied(&last);
+            self.shared.cut.lock().last_id = Some(last.clone());
+            self.last_id = Some(last);
         }
         if !self.loaded {
             // After positioning: a change made meanwhile is read from the stream again.
@@ -126,18 +133,44 @@ impl Reader {
     fn read(&mut self, con: &mut Connection, broker: &Broker) -> RedisResult<()> {
         self.position(con, broker)?;
         let last_id = self.last_id.clone().unwrap_or_else(|| "0-0".to_owned());
+        if std::mem::take(&mut self.check_gap) {
+            self.count_gap(con, &last_id)?;
+        }
         let options = StreamReadOptions::default()
             .block(usize::try_from(BLOCK.as_millis()).unwrap_or(usize::MAX))
             .count(BATCH);
         let reply: Option<StreamReadReply> =
             con.xread_options(&[&self.shared.keys.feed], &[&last_id], &options)?;
-        for key in reply.map(|r| r.keys).unwrap_or_default() {
-            for entry in key.ids {
-                self.apply(con, broker, &entry)?;
-                self.last_id = Some(entry.id);
-            }
+        let entries: Vec<StreamId> = reply
+            .map(|r| r.keys)
+            .unwrap_or_default()
+            .into_iter()
+            .flat_map(|k| k.ids)
+            .collect();
+        if entries.is_empty() {
+            return Ok(());
         }
-        Ok(())
+        self.check_gap = entries.len() >= BATCH;
+        // Applied under the cut's lock (a session moving here joins between two
+        // batches), and as one group with the mark of how far they went: after a
+        // crash, exactly the entries past the mark are to be replayed.
+        let mut cut = self.shared.cut.lock();
+        let sessions = &self.shared.sessions;
+        sessions.begin_group();
+        let mut applied = Ok(());
+        for entry in entries {
+            applied = self.apply(con, broker, &entry);
+            if applied.is_err() {
+                break;
+            }
+            self.last_id = Some(entry.id);
+        }
+        if let Some(last) = &self.last_id {
+            sessions.applied(last);
+            cut.last_id = Some(last.clone());
+        }
+        sessions.end_group();
+        applied
     }
 
     fn apply(&self, con: &mut Connection, broker: &Broker, entry: &StreamId) -> RedisResult<()> {
@@ -151,12 +184,25 @@ impl Reader {
             Some("p") if !ours => self.deliver(broker, field("m"), field("s"), &entry.id),
             Some("k") => match (text("c"), ours) {
                 (Some(client), true) => self.shared.announced(client),
+                // A resumed session moves with its stored form (the other node
+                // fetched it, or will); a Clean Start ends it.
+                (Some(client), false) if text("r") == Some("1") => {
+                    if let Some((incarnation, messages)) = broker.resumed_elsewhere(client) {
+                        self.shared
+                            .sessions
+                            .released(incarnation, &entry.id, &messages);
+                    }
+                }
                 (Some(client), false) => {
                     broker.taken_elsewhere(client);
                 }
                 (None, _) => self.malformed(&entry.id, &"no client id"),
             },
             Some("g") => self.reload_groups(con)?,
+            Some("h") if !ours => match text("c") {
+                Some(client) => self.hand_off(broker, client, text("i"), &entry.id),
+                None => self.malformed(&entry.id, &"no client id"),
+            },
             _ => {}
         }
         Ok(())
@@ -180,6 +226,54 @@ impl Reader {
             (Err(e), _) => self.malformed(id, &e),
             (_, Err(e)) => self.malformed(id, &e),
         }
+    }
+
+    /// Another node asks for `client`'s session (incarnation `asked`): it leaves this
+    /// node, marked released at `at` once what it recorded is written.
+    fn hand_off(&self, broker: &Broker, client: &str, asked: Option<&str>, at: &str) {
+        let (incarnation, messages) = match broker.hand_off_session(client) {
+            Some((incarnation, messages)) => (Some(incarnation), messages),
+            None => (asked.and_then(|i| i.parse().ok()), Vec::new()),
+        };
+        if let Some(incarnation) = incarnation {
+            self.shared.sessions.released(incarnation, at, &messages);
+        }
+    }
+
+    /// Counts (and logs) entries trimmed after `last_id` before this reader read them:
+    /// the stream's largest deleted id is past it.
+    fn count_gap(&self, con: &mut Connection, last_id: &str) -> RedisResult<()> {
+        let info: Value = redis::cmd("XINFO")
+            .arg("STREAM")
+            .arg(&self.shared.keys.feed)
+            .query(con)
+            .or_else(|e| match e.kind() {
+                redis::ErrorKind::ResponseError => Ok(Value::Nil),
+                _ => Err(e),
+            })?;
+        let deleted = match info {
+            Value::Array(items) => items
+                .chunks_exact(2)
+                .find(|kv| matches!(&kv[0], Value::BulkString(k) if k == b"max-deleted-entry-id"))
+                .and_then(|kv| redis::from_redis_value::<String>(&kv[1]).ok()),
+            Value::Map(items) => items
+                .iter()
+                .find(|(k, _)| matches!(k, Value::BulkString(k) if k == b"max-deleted-entry-id"))
+                .and_then(|(_, v)| redis::from_redis_value::<String>(v).ok()),
+            _ => None,
+        };
+        if let Some(deleted) = deleted {
+            use crate::sessions::stream_id;
+            if stream_id(&deleted) > stream_id(last_id) {
+                self.shared.counters.gaps.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(
+                    last_read = last_id,
+                    trimmed_up_to = %deleted,
+                    "mqtt cluster reader: entries were trimmed from the stream before this node read them (mqtt_stream_len); their messages are lost for this node's subscribers"
+                );
+            }
+        }
+        Ok(())
     }
 
     fn reload_groups(&self, con: &mut Connection) -> RedisResult<()> {

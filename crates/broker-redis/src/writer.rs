@@ -37,8 +37,12 @@ pub(crate) enum Command {
         value: Option<Vec<u8>>,
         reply: Reply,
     },
-    /// Append a client id that connected here.
-    Announce { client: String, reply: Reply },
+    /// Append a client id that connected here (`resumed`: without Clean Start).
+    Announce {
+        client: String,
+        resumed: bool,
+        reply: Reply,
+    },
     /// Write this node's shared groups as they are now.
     Groups,
 }
@@ -189,9 +193,12 @@ impl Writer {
                     None => pipe.hdel(&keys.retained, topic).ignore(),
                 };
             }
-            Command::Announce { client, .. } => {
+            Command::Announce {
+                client, resumed, ..
+            } => {
+                let resumed = if *resumed { "1" } else { "0" };
                 self.xadd(pipe)
-                    .arg(&["n", node, "t", "k", "c", client])
+                    .arg(&["n", node, "t", "k", "c", client, "r", resumed])
                     .ignore();
             }
             Command::Groups => {}
@@ -253,7 +260,7 @@ impl Writer {
                 Command::Retain { reply, .. } => {
                     let _ = reply.send(replicated.clone());
                 }
-                Command::Announce { client, reply } => {
+                Command::Announce { client, reply, .. } => {
                     if result.is_err() {
                         self.shared.announced(&client);
                     }

@@ -26,7 +26,7 @@ fn connect(broker: &Broker, id: &str, expiry: u32) -> Arc<crate::session::Sessio
     let taken = broker
         .take_session(
             &id.into(),
-            true,
+            (true, false),
             expiry,
             generation,
             Arc::new(Signal::default()),

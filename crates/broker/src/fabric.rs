@@ -104,8 +104,13 @@ pub trait Fabric: Send + Sync + std::fmt::Debug {
     /// any connection of it on another node must go (0x8E). The CONNACK waits for the
     /// returned future, so that a client connecting elsewhere after it is ordered after
     /// this connection; if it fails (the cluster is out of reach) the client is still
-    /// accepted, and the other nodes are not told.
-    fn connected(&self, client_id: &str) -> BoxFuture<'static, Result<(), FabricError>>;
+    /// accepted, and the other nodes are not told. `resumed`: the CONNECT had no Clean
+    /// Start (another node's persistent session of it is handed over, not ended).
+    fn connected(
+        &self,
+        client_id: &str,
+        resumed: bool,
+    ) -> BoxFuture<'static, Result<(), FabricError>>;
 
     /// Whether this node announced a connection of `client_id` that the other nodes
     /// have not ordered yet (it is newer than any takeover being read now).
@@ -146,5 +151,39 @@ impl Broker {
             self.fabric()
                 .is_none_or(|fabric| !fabric.announcing(client_id))
         })
+    }
+
+    /// Puts a session kept for another node into this node's table (see
+    /// [`SessionStore::fetch`](crate::SessionStore::fetch)): subscriptions indexed,
+    /// messages queued to be resent with DUP, expiry clock started. False if the client
+    /// id has a session here already.
+    pub fn adopt_session(&self, stored: crate::StoredSession) -> bool {
+        self.adopt_stored(stored)
+    }
+
+    /// Another node is taking `client_id`'s session with its stored form: a connection
+    /// here goes with 0x8E, the session leaves this node, and what is stored of it is
+    /// kept. Its incarnation, and the messages its stored records refer to, if it was
+    /// persistent (the store then marks it released after every change recorded so
+    /// far, and lets go of those messages).
+    pub fn hand_off_session(&self, client_id: &str) -> Option<(u64, Vec<Arc<Message>>)> {
+        self.hand_off_stored(client_id, || false)
+    }
+
+    /// Another node's connection resumed `client_id`'s session (no Clean Start): as
+    /// [`Broker::hand_off_session`], unless this node's own newer connection is still
+    /// being announced (as [`Broker::taken_elsewhere`]).
+    pub fn resumed_elsewhere(&self, client_id: &str) -> Option<(u64, Vec<Arc<Message>>)> {
+        self.hand_off_stored(client_id, || {
+            self.fabric()
+                .is_some_and(|fabric| fabric.announcing(client_id))
+        })
+    }
+
+    /// Delivers `msg` to `client_id`'s session only, as its subscriptions match it
+    /// (a message another node had not yet given to that session when it moved here).
+    pub fn route_replayed(&self, client_id: &str, msg: Message) -> usize {
+        let msg = Arc::new(msg.for_client(client_id.into()));
+        self.route_picked(&msg, &SharedPicks::default())
     }
 }

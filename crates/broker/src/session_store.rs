@@ -94,11 +94,24 @@ pub enum SessionChange<'a> {
 ///   [`SessionChange::MessageDone`], [`SessionChange::Ended`]) name it, so a store can
 ///   keep the message once and know when no copy refers to it any more. A restored
 ///   session's copies share the `Arc` the store loaded them with.
+/// * [`fetch`](Self::fetch) is for a store shared by several nodes: before a CONNECT
+///   without Clean Start takes a client id that has no session on this node, the broker
+///   awaits it; a store that keeps the client's session for another node moves it here
+///   ([`Broker::adopt_session`](crate::Broker::adopt_session)) before it resolves, so
+///   the CONNECT resumes it, and resolves to true. An error refuses the CONNECT (0x80);
+///   the client retries.
 pub trait SessionStore: Send + Sync + std::fmt::Debug {
     fn record(&self, change: SessionChange<'_>);
     fn barrier(&self) -> BoxFuture<'static, Result<(), SessionStoreError>>;
     fn begin_group(&self);
     fn end_group(&self);
+    fn fetch(
+        &self,
+        _broker: &crate::Broker,
+        _client_id: &str,
+    ) -> BoxFuture<'static, Result<bool, SessionStoreError>> {
+        Box::pin(async { Ok(false) })
+    }
 }
 
 /// An open group of changes (see [`SessionStore::begin_group`]), closed on drop.

@@ -25,6 +25,7 @@ use statehub_mqtt_codec::{ByteString, ReasonCode};
 
 use crate::config::BrokerConfig;
 use crate::fabric::FabricError;
+use crate::message::Message;
 use crate::metrics::Gauges;
 use crate::ratelimit::LogLimit;
 use crate::service::BoxFuture;
@@ -159,14 +160,65 @@ impl Broker {
         }
     }
 
+    /// Puts a session another node kept into this node's table (see
+    /// [`SessionStore::fetch`]), as [`Broker::set_session_store`] does with a loaded one.
+    /// False, and nothing changes, if the client id has a session here already.
+    pub(crate) fn adopt_stored(&self, stored: StoredSession) -> bool {
+        let Some(store) = self.session_store() else {
+            return false;
+        };
+        let sessions = self.sessions();
+        let _serialized = sessions.lock(&stored.client_id);
+        if sessions.get(&stored.client_id).is_some() {
+            return false;
+        }
+        let expires_in = stored.expires_in;
+        let session = Arc::new(Session::restore(stored, store, sessions.usage.clone()));
+        sessions.count(&session, true);
+        for (filter, sub) in session.subscriptions() {
+            self.index_subscription(&session, &filter, sub.options, sub.identifier);
+        }
+        sessions.insert(session.clone());
+        self.schedule_expiry(&session, 0, expires_in);
+        true
+    }
+
+    /// Another node asked for `client_id`'s session: a connection here is closed with
+    /// 0x8E and the session leaves this node without its stored form being forgotten
+    /// (the other node loads it). Its incarnation and stored messages, if it was
+    /// persistent.
+    pub(crate) fn hand_off_stored(
+        &self,
+        client_id: &str,
+        still_ours: impl FnOnce() -> bool,
+    ) -> Option<(u64, Vec<Arc<Message>>)> {
+        let serialized = self.sessions().lock(client_id);
+        let session = self.session(client_id)?;
+        if still_ours() {
+            return None;
+        }
+        let incarnation = session.stop_storing();
+        let kicked = session.take_over();
+        self.end_session(&session);
+        drop(serialized);
+        if kicked {
+            self.notify_services_closed(client_id);
+        }
+        incarnation
+    }
+
     /// Attaches a new connection (`generation`, woken through `signal`) to the client's
     /// session, resuming it unless `clean_start`, or to a new one. An older connection
     /// on the same client id is told to go with 0x8E. Refused with 0x97 (Quota
     /// exceeded) if it would make one persistent session more than the bound allows.
+    /// With `fetched` (the session was just brought from another node), refused with
+    /// 0x89 (Server busy) if it left again meanwhile (another node asked for it): the
+    /// client retries and finds it there, rather than starting a session that would
+    /// replace it.
     pub(crate) fn take_session(
         &self,
         client_id: &ByteString,
-        clean_start: bool,
+        (clean_start, fetched): (bool, bool),
         expiry: u32,
         generation: u64,
         signal: Arc<Signal>,
@@ -174,12 +226,17 @@ impl Broker {
         let sessions = self.sessions();
         let serialized = sessions.lock(client_id);
         let old = self.session(client_id);
+        if fetched && old.is_none() {
+            return Err(ReasonCode::SERVER_BUSY);
+        }
         // Resuming or replacing a persistent session keeps the count.
         let adds = expiry > 0 && !old.as_ref().is_some_and(|o| o.is_counted());
         if adds && sessions.persistent.load(Ordering::Relaxed) >= sessions.max_persistent {
             return Err(ReasonCode::QUOTA_EXCEEDED);
         }
-        let announced = self.fabric().map(|fabric| fabric.connected(client_id));
+        let announced = self
+            .fabric()
+            .map(|fabric| fabric.connected(client_id, !clean_start));
         let mut resumed = None;
         let mut kicked = false;
         if let Some(old) = old {

@@ -3,7 +3,9 @@
 //! store. Each node runs its own machine over the engine (its own observers, its own
 //! expiry task) and one thread that reads the store's change feed and notifies the
 //! node's observers. Web PubSub spans the nodes on the same Redis
-//! (`statehub-webpubsub-redis`); the broker stays local to each node.
+//! (`statehub-webpubsub-redis`), and so does the broker with its persistent sessions
+//! (`statehub-broker-redis`). A data directory is refused with `--redis`: the store,
+//! retained messages and sessions all live in Redis.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -72,6 +74,10 @@ pub struct ClusterConfig {
     /// How long a write waits for those replicas, in milliseconds (500); below
     /// `timeout_ms`.
     pub redis_wait_timeout_ms: u64,
+    /// A node that has not renewed its liveness key in Redis for this many
+    /// milliseconds (10000) is dead: its persistent MQTT sessions are taken over by the
+    /// node their client reconnects to, its shared groups no longer picked.
+    pub mqtt_node_ttl_ms: u64,
 }
 
 /// A node's cluster settings: its state store and its Web PubSub on Redis.
@@ -99,6 +105,8 @@ impl Default for ClusterConfig {
             mqtt_queue: statehub_broker_redis::defaults::QUEUE,
             redis_wait_replicas: 0,
             redis_wait_timeout_ms: 500,
+            mqtt_node_ttl_ms: u64::try_from(statehub_broker_redis::defaults::NODE_TTL.as_millis())
+                .unwrap_or(u64::MAX),
         }
     }
 }
@@ -125,6 +133,11 @@ pub fn resolve(
     }
     if file.mqtt_queue == 0 {
         return Err(ClusterError::Invalid("mqtt_queue must be at least 1"));
+    }
+    if file.mqtt_node_ttl_ms < 100 {
+        return Err(ClusterError::Invalid(
+            "mqtt_node_ttl_ms must be at least 100",
+        ));
     }
     let Some(url) = args.redis_url.clone().or(file.redis_url) else {
         return Ok(None);
@@ -178,6 +191,7 @@ pub fn resolve(
         queue: file.mqtt_queue,
         wait_replicas: wait.map_or(0, |w| w.replicas),
         wait_timeout: wait.map_or(Duration::ZERO, |w| w.timeout),
+        node_ttl: Duration::from_millis(file.mqtt_node_ttl_ms),
     };
     let store = Options {
         url,

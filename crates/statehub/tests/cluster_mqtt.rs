@@ -9,62 +9,11 @@ mod common;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use common::{Server, LOCAL};
-use statehub_broker::codec::{Packet, PubResponse, Publish, QoS, ReasonCode};
+use common::cluster::{node, publish_acked, receive};
+use common::Server;
+use statehub_broker::codec::{Packet, Publish, QoS, ReasonCode};
 use statehub_state_store_redis::test_server::RedisServer;
 use statehub_test_support::{opts, publish, RawClient, V311, V5};
-
-fn node(redis: &RedisServer, id: &str) -> Server {
-    let url = redis.url();
-    let mut args = LOCAL.to_vec();
-    args.extend(["--redis", &url, "--node-id", id]);
-    common::start(&args, &[])
-}
-
-/// Publishes and completes the QoS 1/2 exchange; the acknowledgement's reason code.
-async fn publish_acked(c: &mut RawClient, topic: &str, qos: QoS, payload: &[u8]) -> ReasonCode {
-    let id = c.next_packet_id();
-    let p = Publish {
-        packet_id: (qos != QoS::AtMostOnce).then_some(id),
-        ..publish(topic, qos, payload)
-    };
-    c.send(&Packet::Publish(p)).await;
-    match qos {
-        QoS::AtMostOnce => ReasonCode::SUCCESS,
-        QoS::AtLeastOnce => match c
-            .expect_reply("PUBACK", |p| matches!(p, Packet::PubAck(_)))
-            .await
-        {
-            Packet::PubAck(a) => a.reason_code,
-            _ => unreachable!(),
-        },
-        QoS::ExactlyOnce => {
-            let rec = c
-                .expect_reply("PUBREC", |p| matches!(p, Packet::PubRec(_)))
-                .await;
-            let Packet::PubRec(rec) = rec else {
-                unreachable!()
-            };
-            if rec.reason_code.0 >= 0x80 {
-                return rec.reason_code;
-            }
-            c.send(&Packet::PubRel(PubResponse::ok(id))).await;
-            c.expect_reply("PUBCOMP", |p| matches!(p, Packet::PubComp(_)))
-                .await;
-            rec.reason_code
-        }
-    }
-}
-
-/// The payloads of the next `n` messages, each acknowledged.
-async fn receive(c: &mut RawClient, n: usize) -> Vec<String> {
-    let mut got = Vec::new();
-    for _ in 0..n {
-        let p = c.expect_publish_ack().await;
-        got.push(String::from_utf8(p.payload.to_vec()).unwrap());
-    }
-    got
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn qos_0_1_2_across_nodes_once_each_in_order_at_the_subscriptions_qos() {

@@ -85,6 +85,7 @@ pub(crate) fn accept(
     connect: &mut Connect,
     auth_data: Option<bytes::Bytes>,
     identity: &Identity,
+    fetched: bool,
 ) -> Result<Accepted, Refused> {
     let cfg = broker.config();
     let mut props = ConnAckProperties::default();
@@ -118,13 +119,15 @@ pub(crate) fn accept(
     let taken = broker
         .take_session(
             &connect.client_id,
-            connect.clean_start,
+            (connect.clean_start, fetched),
             session_expiry,
             generation,
             signal.clone(),
         )
         .map_err(|code| {
-            broker.refused_persistent_session(&connect.client_id);
+            if code == ReasonCode::QUOTA_EXCEEDED {
+                broker.refused_persistent_session(&connect.client_id);
+            }
             Refused(code)
         })?;
 
@@ -234,7 +237,15 @@ pub(super) async fn connect<S: Transport>(
         }
         Err(None) => return None,
     };
-    let mut accepted = match accept(broker, &mut connect, auth_data, &identity) {
+    let fetched = match fetch_session(broker, &connect).await {
+        Ok(fetched) => fetched,
+        Err(e) => {
+            tracing::warn!("{e}; refusing the connection of {}", connect.client_id);
+            refuse(broker, stream, &codec, ReasonCode::UNSPECIFIED_ERROR).await;
+            return None;
+        }
+    };
+    let mut accepted = match accept(broker, &mut connect, auth_data, &identity, fetched) {
         Ok(accepted) => accepted,
         Err(Refused(code)) => {
             refuse(broker, stream, &codec, code).await;
@@ -256,6 +267,24 @@ pub(super) async fn connect<S: Transport>(
     }
     let conn = Conn::new(broker, codec, &mut connect, accepted, origin, identity)?;
     Some((conn, rbuf, open))
+}
+
+/// A CONNECT that resumes a session which has none on this node brings it from
+/// wherever the session store keeps it (another node, see `SessionStore::fetch`);
+/// true if it did (even if the session left again since: the CONNECT must then not
+/// start a new one in its place).
+async fn fetch_session(
+    broker: &Broker,
+    connect: &Connect,
+) -> Result<bool, crate::SessionStoreError> {
+    let id = &connect.client_id;
+    if connect.clean_start || id.is_empty() || broker.has_session(id) {
+        return Ok(false);
+    }
+    match broker.session_store() {
+        Some(store) => store.fetch(broker, id).await,
+        None => Ok(false),
+    }
 }
 
 /// Counts and logs (rate-limited) a CONNECT refused by `connect_rate_per_address`.

@@ -443,6 +443,22 @@ impl Session {
         filters
     }
 
+    /// Stops recording the session's changes without forgetting its stored form (it
+    /// moves to another node, which loads it); its incarnation and the messages its
+    /// store records refer to, if it was persistent.
+    pub fn stop_storing(&self) -> Option<(u64, Vec<Arc<Message>>)> {
+        let mut st = self.state.lock();
+        let p = st.persist.take()?;
+        let messages = st
+            .queue
+            .iter()
+            .chain(st.inflight.iter().map(|i| &i.delivery))
+            .filter(|d| d.seq != 0)
+            .map(|d| d.msg.clone())
+            .collect();
+        Some((p.incarnation, messages))
+    }
+
     /// Marks the session as counted against the bound on persistent sessions (or
     /// not); true if that changed.
     pub fn set_counted(&self, on: bool) -> bool {

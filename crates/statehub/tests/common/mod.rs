@@ -9,6 +9,8 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+pub mod cluster;
+
 // Not every test file that includes this module uses every helper.
 #[allow(unused_imports)]
 pub use statehub_test_support::resp;

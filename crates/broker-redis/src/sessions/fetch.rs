@@ -1,0 +1,316 @@
+//! Moving a session to the node its client connected to (see the parent module).
+//!
+//! 1. `owners` names the session's incarnation, its hash names the owner.
+//! 2. A live owner is asked to release it: an `h` entry on the message stream, read by
+//!    the owner in stream order; it closes the client's connection there (0x8E), stops
+//!    storing the session and, after every change it recorded, marks it released at
+//!    that entry and pushes to `handoff:{incarnation}`, which this node waits on. An
+//!    owner whose liveness key expired is dead: its session is taken as it is.
+//! 3. The claim script makes this node the owner and returns the session and bodies.
+//! 4. Under the reader's lock (so the stream's order is cut at one entry), the session
+//!    joins the broker and the stream entries after where the owner stopped, up to
+//!    where this node's reader is, are replayed into it alone; later entries reach it
+//!    through the reader as for any session.
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+use redis::streams::StreamRangeReply;
+use redis::{Client, Commands, Connection, Script, Value};
+use statehub_broker::{BoxFuture, Broker, SessionStoreError};
+
+use super::records::{self, Loaded};
+use super::{lua, store_error, Inner};
+use crate::wire;
+use crate::writer::open;
+
+/// How often a claim is retried when another node claimed the session meanwhile.
+const ATTEMPTS: usize = 4;
+/// Most stream entries read per replay call.
+const REPLAY_BATCH: usize = 512;
+
+/// Where this node's reader is in the stream; its lock is held while the reader
+/// applies entries, so a session joins at one point of the stream's order.
+#[derive(Debug, Default)]
+pub(crate) struct Cut {
+    pub last_id: Option<String>,
+}
+
+/// What fetching needs besides the store.
+pub(crate) struct Fetcher {
+    pub client: Client,
+    pub feed: String,
+    pub node: String,
+    pub stream_len: u64,
+    pub timeout: Duration,
+    /// How long a node's liveness key lives without a heartbeat.
+    pub node_ttl: Duration,
+    pub cut: Arc<Mutex<Cut>>,
+    /// Connections kept between fetches (most CONNECTs find nothing to fetch: one
+    /// round trip on a connection already open).
+    pub pool: Mutex<Vec<Connection>>,
+}
+
+impl std::fmt::Debug for Fetcher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Fetcher")
+            .field("feed", &self.feed)
+            .field("node", &self.node)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Most connections kept in [`Fetcher::pool`].
+const POOLED: usize = 4;
+
+pub(super) fn fetch(
+    inner: Arc<Inner>,
+    broker: Broker,
+    client_id: String,
+) -> BoxFuture<'static, Result<bool, SessionStoreError>> {
+    Box::pin(async move {
+        tokio::task::spawn_blocking(move || {
+            fetch_blocking(&inner, &broker, &client_id).map_err(|e| {
+                tracing::warn!(client = client_id, "session not fetched from redis: {e}");
+                store_error(&format!("session not fetched from redis: {e}"))
+            })
+        })
+        .await
+        .map_err(|_| store_error("session fetch stopped"))?
+    })
+}
+
+/// Why a fetch failed.
+#[derive(Debug, thiserror::Error)]
+enum FetchError {
+    #[error(transparent)]
+    Redis(#[from] redis::RedisError),
+    #[error(transparent)]
+    Record(#[from] records::RecordError),
+    #[error("another node keeps taking the session")]
+    Contended,
+}
+
+/// The claim script's answer.
+enum Claim {
+    None,
+    /// Another node claimed it meanwhile.
+    OwnedByAnother,
+    Taken {
+        from: String,
+        loaded: Loaded,
+    },
+}
+
+/// Whether a session was brought here.
+fn fetch_blocking(inner: &Inner, broker: &Broker, client_id: &str) -> Result<bool, FetchError> {
+    let f = &inner.fetcher;
+    let pooled = f.pool.lock().pop();
+    let mut con = match pooled {
+        Some(con) => con,
+        None => open(&f.client, f.timeout + f.node_ttl)?,
+    };
+    let fetched = fetch_on(inner, broker, &mut con, client_id);
+    if fetched.is_ok() {
+        let mut pool = f.pool.lock();
+        if pool.len() < POOLED {
+            pool.push(con);
+        }
+    }
+    fetched
+}
+
+fn fetch_on(
+    inner: &Inner,
+    broker: &Broker,
+    con: &mut Connection,
+    client_id: &str,
+) -> Result<bool, FetchError> {
+    let f = &inner.fetcher;
+    let p = &inner.prefix;
+    for _ in 0..ATTEMPTS {
+        let incarnation: Option<u64> = con.hget(format!("{p}owners"), client_id)?;
+        let Some(incarnation) = incarnation else {
+            return Ok(false);
+        };
+        let owner: Option<String> = con.hget(format!("{p}s:{incarnation}"), "_o")?;
+        let owner = owner.unwrap_or_default();
+        let mut dead = owner.is_empty() || owner == inner.owner || !alive(con, p, &owner)?;
+        if !dead {
+            ask_release(con, inner, client_id, incarnation)?;
+            let woken: Option<(String, String)> = con.blpop(
+                format!("{p}handoff:{incarnation}"),
+                f.node_ttl.as_secs_f64().max(0.1),
+            )?;
+            dead = woken.is_none() && !alive(con, p, &owner)?;
+        }
+        match claim(con, inner, client_id, incarnation, &owner, dead)? {
+            Claim::None => return Ok(false),
+            Claim::OwnedByAnother => continue,
+            Claim::Taken { from, loaded } => {
+                return install(inner, broker, con, client_id, incarnation, &from, &loaded);
+            }
+        }
+    }
+    Err(FetchError::Contended)
+}
+
+fn alive(con: &mut Connection, p: &str, owner: &str) -> redis::RedisResult<bool> {
+    con.exists(format!("{p}alive:{owner}"))
+}
+
+fn ask_release(
+    con: &mut Connection,
+    inner: &Inner,
+    client_id: &str,
+    incarnation: u64,
+) -> redis::RedisResult<()> {
+    let f = &inner.fetcher;
+    redis::cmd("XADD")
+        .arg(&f.feed)
+        .arg("MAXLEN")
+        .arg("~")
+        .arg(f.stream_len)
+        .arg("*")
+        .arg(&["n", &f.node, "t", "h", "c", client_id])
+        .arg("i")
+        .arg(incarnation)
+        .query(con)
+}
+
+fn claim(
+    con: &mut Connection,
+    inner: &Inner,
+    client_id: &str,
+    incarnation: u64,
+    owner: &str,
+    dead: bool,
+) -> Result<Claim, FetchError> {
+    let reply: Value = Script::new(lua::CLAIM)
+        .arg(&inner.prefix)
+        .arg(&inner.owner)
+        .arg(client_id)
+        .arg(incarnation)
+        .arg(owner)
+        .arg(if dead { "1" } else { "0" })
+        .invoke(con)?;
+    let Value::Array(parts) = reply else {
+        return Err(records::RecordError::Malformed("claim reply").into());
+    };
+    let status: i64 = parts
+        .first()
+        .map(redis::from_redis_value)
+        .transpose()?
+        .unwrap_or(0);
+    match status {
+        0 => Ok(Claim::None),
+        1 => Ok(Claim::OwnedByAnother),
+        _ => {
+            let from: String = parts
+                .get(1)
+                .map(redis::from_redis_value)
+                .transpose()?
+                .unwrap_or_default();
+            let pairs = |v: Option<&Value>| -> Result<HashMap<Vec<u8>, Vec<u8>>, FetchError> {
+                let flat: Vec<Vec<u8>> = v
+                    .map(redis::from_redis_value)
+                    .transpose()?
+                    .unwrap_or_default();
+                Ok(flat
+                    .chunks_exact(2)
+                    .map(|c| (c[0].clone(), c[1].clone()))
+                    .collect())
+            };
+            let loaded = Loaded {
+                fields: pairs(parts.get(2))?,
+                bodies: pairs(parts.get(3))?,
+            };
+            Ok(Claim::Taken { from, loaded })
+        }
+    }
+}
+
+/// Puts the claimed session into the broker at the reader's cut and replays what it
+/// missed; whether it joined the broker.
+fn install(
+    inner: &Inner,
+    broker: &Broker,
+    con: &mut Connection,
+    client_id: &str,
+    incarnation: u64,
+    from: &str,
+    loaded: &Loaded,
+) -> Result<bool, FetchError> {
+    let f = &inner.fetcher;
+    let now = wire::Now::at(broker.now());
+    let Some(decoded) = records::decode(client_id, incarnation, loaded, now)? else {
+        // Expired while nobody held it: it goes from Redis with this node's end of it.
+        inner.adopted(incarnation, &[]);
+        inner.record(statehub_broker::SessionChange::Ended {
+            incarnation,
+            messages: Vec::new(),
+            incoming_qos2: Vec::new(),
+        });
+        return Ok(false);
+    };
+    // The reader must be past the entry the owner stopped at, or it would deliver the
+    // entries in between a second time.
+    let deadline = Instant::now() + f.timeout;
+    let cut = loop {
+        let cut = f.cut.lock();
+        let behind = match (&cut.last_id, from) {
+            (_, "") => false,
+            (None, _) => true,
+            (Some(last), from) => stream_id(last) < stream_id(from),
+        };
+        if !behind || Instant::now() >= deadline {
+            break cut;
+        }
+        drop(cut);
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    inner.adopted(incarnation, &decoded.body_ids);
+    if !broker.adopt_session(decoded.session) {
+        return Ok(false);
+    }
+    inner.counters.adopted.fetch_add(1, Ordering::Relaxed);
+    let (Some(last), false) = (cut.last_id.clone(), from.is_empty()) else {
+        return Ok(true);
+    };
+    let mut start = format!("({from}");
+    loop {
+        let range: StreamRangeReply = con.xrange_count(&f.feed, &start, &last, REPLAY_BATCH)?;
+        let Some(end) = range.ids.last().map(|e| e.id.clone()) else {
+            break;
+        };
+        for entry in &range.ids {
+            let field = |name: &str| match entry.map.get(name) {
+                Some(Value::BulkString(b)) => Some(b.as_slice()),
+                _ => None,
+            };
+            if field("t") != Some(b"p") {
+                continue;
+            }
+            if let Some(Ok(Some(msg))) = field("m").map(|m| wire::decode(m, now)) {
+                if broker.route_replayed(client_id, msg) > 0 {
+                    inner.counters.replayed.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }
+        if range.ids.len() < REPLAY_BATCH {
+            break;
+        }
+        start = format!("({end}");
+    }
+    drop(cut);
+    Ok(true)
+}
+
+/// A stream entry id as (milliseconds, sequence), for ordering.
+pub(crate) fn stream_id(id: &str) -> (u64, u64) {
+    let (ms, seq) = id.split_once('-').unwrap_or((id, "0"));
+    (ms.parse().unwrap_or(0), seq.parse().unwrap_or(0))
+}

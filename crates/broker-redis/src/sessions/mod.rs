@@ -1,0 +1,421 @@
+//! Persistent MQTT sessions in Redis (`--redis`): the broker's [`SessionStore`] hook
+//! for nodes that share one Redis, so a session lives on whichever node its client
+//! connects to and survives the node it was on (docs/decisions/0005).
+//!
+//! Every change a session records becomes one [`Op`]; ops are handed, in the order
+//! they are recorded, to one writer thread ([`writer`]) that applies a run of them
+//! per round trip with one script ([`lua::APPLY`]), so a batch (and a group, which is
+//! one batch) is atomic, and each change is fenced by the session's owner. A message
+//! queued for several sessions is one body in Redis, referred to by each session's
+//! record and counted there, so it goes with the last record (on any node).
+//!
+//! Moving a session ([`fetch`]): the node a client connects to asks the owner to
+//! release it (an entry on the message stream, read in order by the owner, which
+//! stops storing the session and marks it released after every change it recorded),
+//! or takes it from a dead owner (its liveness key expired), then loads it and
+//! replays the stream from where the owner stopped, for that session only.
+
+mod fetch;
+mod lua;
+mod records;
+mod writer;
+
+use std::collections::HashSet;
+use std::sync::atomic::AtomicU64;
+use std::sync::mpsc::{self, Sender};
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use rustc_hash::FxHashMap;
+use statehub_broker::{BoxFuture, Broker, Message, SessionChange, SessionStore, SessionStoreError};
+use tokio::sync::watch;
+
+pub(crate) use fetch::{stream_id, Cut, Fetcher};
+pub use records::RecordError;
+
+use crate::wire;
+
+/// One change as the apply script reads it: an op code and its arguments.
+pub(crate) type Op = Vec<Vec<u8>>;
+
+/// What the session store counted.
+#[derive(Debug, Default)]
+pub struct SessionCounters {
+    /// Changes refused because another node owns the session now.
+    pub fenced: AtomicU64,
+    /// Sessions moved here from another node (released or dead).
+    pub adopted: AtomicU64,
+    /// Messages replayed from the stream into a session moved here.
+    pub replayed: AtomicU64,
+    /// Batches that failed to reach Redis (retried).
+    pub failed: AtomicU64,
+}
+
+/// How far the writer got: batches written, and failures so far (a barrier fails if
+/// one happens while it waits).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Progress {
+    pub written: u64,
+    pub failures: u64,
+}
+
+/// A message body this node's records refer to.
+#[derive(Debug)]
+struct Body {
+    id: Vec<u8>,
+    /// This node's message records referring to it.
+    refs: u64,
+    /// Its data was sent to Redis with a record.
+    sent: bool,
+    /// Keeps the address (the map's key) valid.
+    _msg: Arc<Message>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    open: u32,
+    group: Vec<Op>,
+    /// Batches handed to the writer.
+    submitted: u64,
+    closed: u64,
+    /// Incarnations this node stores (created here or moved here).
+    known: HashSet<u64>,
+    bodies: FxHashMap<usize, Body>,
+}
+
+/// The [`SessionStore`] in Redis.
+#[derive(Debug, Clone)]
+pub struct RedisSessions {
+    pub(crate) inner: Arc<Inner>,
+}
+
+/// What the store's users share.
+#[derive(Debug)]
+pub(crate) struct Inner {
+    pub(crate) prefix: String,
+    /// This process's owner id (`node#run`): a restarted node is another owner.
+    pub(crate) owner: String,
+    state: Mutex<State>,
+    tx: Mutex<Sender<(u64, Vec<Op>)>>,
+    progress: watch::Receiver<Progress>,
+    closed: watch::Sender<(u64, u64)>,
+    pub(crate) counters: Arc<SessionCounters>,
+    pub(crate) fetcher: fetch::Fetcher,
+}
+
+fn key(msg: &Arc<Message>) -> usize {
+    Arc::as_ptr(msg) as usize
+}
+
+fn num(n: impl ToString) -> Vec<u8> {
+    n.to_string().into_bytes()
+}
+
+impl RedisSessions {
+    /// What it counted.
+    pub fn counters(&self) -> &SessionCounters {
+        &self.inner.counters
+    }
+}
+
+impl Inner {
+    /// The store, its writer thread started.
+    pub(crate) fn start(
+        client: redis::Client,
+        prefix: String,
+        owner: String,
+        fetcher: fetch::Fetcher,
+        timeout: Duration,
+    ) -> std::io::Result<Inner> {
+        let (tx, rx) = mpsc::channel();
+        let (progress_tx, progress) = watch::channel(Progress::default());
+        let counters = Arc::new(SessionCounters::default());
+        let writer = writer::Writer {
+            client,
+            prefix: prefix.clone(),
+            owner: owner.clone(),
+            timeout,
+            rx,
+            progress: progress_tx,
+            counters: counters.clone(),
+        };
+        std::thread::Builder::new()
+            .name("mqtt-session-writer".into())
+            .spawn(move || writer.run())?;
+        Ok(Inner {
+            prefix,
+            owner,
+            state: Mutex::default(),
+            tx: Mutex::new(tx),
+            progress,
+            closed: watch::Sender::new((0, 0)),
+            counters,
+            fetcher,
+        })
+    }
+
+    /// Queues `ops` in order: into the open group, or to the writer now.
+    fn push(&self, state: &mut State, ops: Vec<Op>) {
+        if ops.is_empty() {
+            return;
+        }
+        if state.open > 0 {
+            state.group.extend(ops);
+            return;
+        }
+        self.submit(state, ops);
+    }
+
+    fn submit(&self, state: &mut State, ops: Vec<Op>) {
+        state.submitted += 1;
+        // The writer lives as long as the process; a send fails only at exit.
+        let _ = self.tx.lock().send((state.submitted, ops));
+    }
+
+    /// The session `incarnation` is stored by this node from now on, with the bodies
+    /// of its messages (moved here: they are in Redis already).
+    pub(crate) fn adopted(&self, incarnation: u64, bodies: &[(Arc<Message>, Vec<u8>)]) {
+        let mut state = self.state.lock();
+        state.known.insert(incarnation);
+        for (msg, id) in bodies {
+            state
+                .bodies
+                .entry(key(msg))
+                .or_insert_with(|| Body {
+                    id: id.clone(),
+                    refs: 0,
+                    sent: true,
+                    _msg: msg.clone(),
+                })
+                .refs += 1;
+        }
+    }
+
+    /// The session `incarnation` left this node for another, which asked at stream
+    /// entry `at`: marked released once every change recorded before is written.
+    /// `messages` are those its records refer to (this node lets go of them).
+    pub(crate) fn released(&self, incarnation: u64, at: &str, messages: &[Arc<Message>]) {
+        let mut state = self.state.lock();
+        state.known.remove(&incarnation);
+        for msg in messages {
+            Self::release_body(&mut state, msg);
+        }
+        let op = vec![b"R".to_vec(), num(incarnation), at.as_bytes().to_vec()];
+        self.push(&mut state, vec![op]);
+    }
+
+    /// This node applied the message stream up to entry `at`: every change that
+    /// applying it recorded is written with (or before) this mark.
+    pub(crate) fn applied(&self, at: &str) {
+        let mut state = self.state.lock();
+        self.push(
+            &mut state,
+            vec![vec![b"P".to_vec(), at.as_bytes().to_vec()]],
+        );
+    }
+
+    /// A record of `msg` is gone from this node's sessions.
+    fn release_body(state: &mut State, msg: &Arc<Message>) {
+        let k = key(msg);
+        if let Some(body) = state.bodies.get_mut(&k) {
+            body.refs = body.refs.saturating_sub(1);
+            if body.refs == 0 {
+                state.bodies.remove(&k);
+            }
+        }
+    }
+
+    /// The body op arguments of `msg` (its id, and its data the first time).
+    fn body_args(state: &mut State, msg: &Arc<Message>, refer: bool) -> Option<[Vec<u8>; 2]> {
+        let body = state.bodies.entry(key(msg)).or_insert_with(|| Body {
+            id: num(format_args!("{:016x}", rand::random::<u64>())),
+            refs: 0,
+            sent: false,
+            _msg: msg.clone(),
+        });
+        if refer || body.refs == 0 {
+            body.refs += 1;
+        }
+        let data = if body.sent {
+            Vec::new()
+        } else {
+            match wire::encode(msg, wire::Now::at(std::time::Instant::now())) {
+                Ok(data) => data,
+                Err(e) => {
+                    tracing::warn!("message not stored for a persistent session: {e}");
+                    return None;
+                }
+            }
+        };
+        body.sent = true;
+        Some([body.id.clone(), data])
+    }
+
+    fn ops(&self, state: &mut State, change: SessionChange<'_>) -> Vec<Op> {
+        match change {
+            SessionChange::Saved {
+                client_id,
+                incarnation,
+                expiry_interval,
+                disconnected,
+                subscriptions,
+            } => {
+                let new = state.known.insert(incarnation);
+                let meta = records::encode_session(expiry_interval, disconnected, &subscriptions);
+                // Redis forgets a disconnected session a minute after its expiry if
+                // its owner died and nobody took it.
+                let ttl = match expiry_interval {
+                    u32::MAX => 0,
+                    _ if !disconnected => 0,
+                    secs => u64::from(secs) * 1000 + 60_000,
+                };
+                let new = if new { b"1" } else { b"0" };
+                vec![vec![
+                    b"S".to_vec(),
+                    num(incarnation),
+                    new.to_vec(),
+                    client_id.as_bytes().to_vec(),
+                    meta,
+                    num(ttl),
+                ]]
+            }
+            SessionChange::Ended {
+                incarnation,
+                messages,
+                ..
+            } => {
+                state.known.remove(&incarnation);
+                for (_, msg) in messages {
+                    Self::release_body(state, msg);
+                }
+                vec![vec![b"E".to_vec(), num(incarnation)]]
+            }
+            SessionChange::Message {
+                incarnation,
+                seq,
+                message,
+                released,
+                ..
+            } => {
+                let Some([id, data]) = Self::body_args(state, message.msg, !released) else {
+                    return Vec::new();
+                };
+                let record = records::encode_message(message, released);
+                vec![vec![
+                    b"M".to_vec(),
+                    num(incarnation),
+                    num(seq),
+                    record,
+                    id,
+                    data,
+                ]]
+            }
+            SessionChange::MessageDone {
+                incarnation,
+                seq,
+                msg,
+            } => {
+                Self::release_body(state, msg);
+                vec![vec![b"D".to_vec(), num(incarnation), num(seq)]]
+            }
+            SessionChange::IncomingQos2 {
+                incarnation,
+                packet_id,
+                pending,
+            } => {
+                let code = if pending { b"Q" } else { b"q" };
+                vec![vec![code.to_vec(), num(incarnation), num(packet_id)]]
+            }
+        }
+    }
+}
+
+impl SessionStore for RedisSessions {
+    fn record(&self, change: SessionChange<'_>) {
+        self.inner.record(change);
+    }
+
+    fn begin_group(&self) {
+        self.inner.begin_group();
+    }
+
+    fn end_group(&self) {
+        self.inner.end_group();
+    }
+
+    fn barrier(&self) -> BoxFuture<'static, Result<(), SessionStoreError>> {
+        self.inner.barrier()
+    }
+
+    fn fetch(
+        &self,
+        broker: &Broker,
+        client_id: &str,
+    ) -> BoxFuture<'static, Result<bool, SessionStoreError>> {
+        fetch::fetch(self.inner.clone(), broker.clone(), client_id.to_owned())
+    }
+}
+
+impl Inner {
+    pub(crate) fn record(&self, change: SessionChange<'_>) {
+        let mut state = self.state.lock();
+        let ops = self.ops(&mut state, change);
+        self.push(&mut state, ops);
+    }
+
+    pub(crate) fn begin_group(&self) {
+        self.state.lock().open += 1;
+    }
+
+    pub(crate) fn end_group(&self) {
+        let mut state = self.state.lock();
+        state.open = state.open.saturating_sub(1);
+        if state.open > 0 {
+            return;
+        }
+        let group = std::mem::take(&mut state.group);
+        if !group.is_empty() {
+            self.submit(&mut state, group);
+        }
+        state.closed += 1;
+        self.closed.send_replace((state.closed, state.submitted));
+    }
+
+    pub(crate) fn barrier(&self) -> BoxFuture<'static, Result<(), SessionStoreError>> {
+        let state = self.state.lock();
+        let open_group = (state.open > 0).then(|| (state.closed, self.closed.subscribe()));
+        let target = state.submitted;
+        drop(state);
+        let mut progress = self.progress.clone();
+        let failures = progress.borrow().failures;
+        Box::pin(async move {
+            let target = match open_group {
+                None => target,
+                Some((closed, mut rx)) => match rx.wait_for(|&(n, _)| n > closed).await {
+                    Ok(state) => state.1,
+                    Err(_) => return Err(store_error("the session store stopped")),
+                },
+            };
+            let reached = progress
+                .wait_for(|p| p.written >= target || p.failures > failures)
+                .await
+                .map(|p| *p)
+                .map_err(|_| store_error("the session store stopped"))?;
+            if reached.failures > failures {
+                return Err(store_error(
+                    "redis out of reach, or the session is owned by another node now",
+                ));
+            }
+            Ok(())
+        })
+    }
+}
+
+/// A [`SessionStoreError`] saying `why`.
+pub(crate) fn store_error(why: &str) -> SessionStoreError {
+    SessionStoreError(Arc::new(std::io::Error::other(why.to_owned())))
+}
+
+#[cfg(test)]
+mod tests;
