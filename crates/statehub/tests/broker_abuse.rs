@@ -9,7 +9,9 @@ use std::time::Duration;
 
 use common::{start_configured, Server};
 use statehub_broker::codec::{Packet, Publish, PublishProperties, QoS, ReasonCode, Subscribe};
-use statehub_test_support::{bs, connect_packet, opts, persistent_connect, publish, RawClient, V5};
+use statehub_test_support::{
+    bs, connect_packet, opts, persistent_connect, publish, Event, RawClient, V5,
+};
 
 /// The process is up and a new client is served (CONNACK, a PUBLISH round trip).
 async fn assert_serving(server: &mut Server, what: &str) {
@@ -75,7 +77,12 @@ async fn ten_thousand_level_filters_and_topics_are_served() {
     // The session ends with the deep subscription in it: by disconnect, then by
     // expiry.
     sub.subscribe(&filter, opts(QoS::AtLeastOnce)).await;
-    sub.disconnect().await;
+    // The deep message cleared above may still be on its way to `sub`: wait for the
+    // close itself (`disconnect` returns at the first packet), so the session has ended
+    // before the same client id connects again.
+    sub.send(&Packet::Disconnect(Default::default())).await;
+    while let Event::Packet(_) = sub.next_event(Duration::from_secs(3)).await {}
+    drop(sub);
     let (again, ack) =
         RawClient::connect_with(server.mqtt, persistent_connect("deep-sub", 1)).await;
     assert!(!ack.session_present, "the session did not end");

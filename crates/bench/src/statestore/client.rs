@@ -68,8 +68,8 @@ pub(super) struct Client {
     ts: String,
     seq: u64,
     next_pid: u16,
-    /// seq -> (sent ns, op)
-    pub(super) outstanding: HashMap<u64, (u64, Op)>,
+    /// seq -> (sent ns, op, [`super::stats::ANSWERED`] when sent)
+    pub(super) outstanding: HashMap<u64, (u64, Op, u64)>,
     /// PUBACKs still due for our requests.
     pub(super) pubacks_due: u64,
 }
@@ -157,7 +157,8 @@ impl Client {
         out.extend_from_slice(head);
         out.extend_from_slice(&key_bytes(key));
         out.extend_from_slice(tail);
-        self.outstanding.insert(seq, (now_ns(), op));
+        let answered = super::stats::ANSWERED.load(std::sync::atomic::Ordering::Relaxed);
+        self.outstanding.insert(seq, (now_ns(), op, answered));
         self.pubacks_due += 1;
     }
 }

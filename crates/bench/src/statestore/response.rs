@@ -5,7 +5,9 @@
 use bytes::{Buf, BytesMut};
 
 use super::client::Client;
-use super::stats::OpStats;
+use std::sync::atomic::Ordering;
+
+use super::stats::{OpStats, ANSWERED};
 use super::Op;
 use crate::common::{err_str, now_ns};
 use crate::proto;
@@ -35,7 +37,7 @@ impl Client {
                             let seq = u64::from_le_bytes(c[..8].try_into().unwrap_or_default());
                             self.outstanding.remove(&seq)
                         });
-                    let Some((sent, op)) = entry else {
+                    let Some((sent, op, answered)) = entry else {
                         st.unmatched += 1;
                         st.note(|| "response with unknown Correlation Data".into());
                         buf.advance(hl + rl);
@@ -44,6 +46,9 @@ impl Client {
                     let i = op as usize;
                     st.completed[i] += 1;
                     st.hist[i].saturating_record(now.saturating_sub(sent).max(1));
+                    let total = ANSWERED.fetch_add(1, Ordering::Relaxed);
+                    st.meanwhile
+                        .saturating_record(total.saturating_sub(answered).max(1));
                     let pl = p.payload;
                     if p.status != Some(b"200") {
                         st.bad_status += 1;

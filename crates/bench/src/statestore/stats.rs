@@ -2,15 +2,28 @@
 //! ([`OpStats`]): completions and latency per command, every kind of failure,
 //! and merging them across clients.
 
+use std::sync::atomic::AtomicU64;
+
 use hdrhistogram::Histogram;
 
 use crate::report::new_histogram;
+
+/// Responses matched so far, all clients together. A request's "answered meanwhile" is
+/// this count at its response minus the count when it was sent: a fairness measure in
+/// units of the server's work, which a loaded machine's preemption (of the server or of
+/// this tool) does not stretch as it stretches wall-clock latency. With every client
+/// served in turn it stays near the number of requests in flight; a client left waiting
+/// while others are served sees it grow.
+pub(super) static ANSWERED: AtomicU64 = AtomicU64::new(0);
 
 /// What one client measured in one phase.
 #[derive(Debug)]
 pub(super) struct OpStats {
     pub(super) completed: [u64; 2],
     pub(super) hist: [Histogram<u64>; 2],
+    /// Per request: how many requests of all clients were answered while it waited
+    /// (see [`ANSWERED`]).
+    pub(super) meanwhile: Histogram<u64>,
     /// `__stat` missing or not 200.
     pub(super) bad_status: u64,
     /// RESP error payloads (`-...`).
@@ -38,6 +51,7 @@ impl OpStats {
         OpStats {
             completed: [0; 2],
             hist: [new_histogram(), new_histogram()],
+            meanwhile: new_histogram(),
             bad_status: 0,
             resp_errors: 0,
             unexpected: 0,
@@ -73,6 +87,7 @@ impl OpStats {
             self.completed[i] += o.completed[i];
             let _ = self.hist[i].add(&o.hist[i]);
         }
+        let _ = self.meanwhile.add(&o.meanwhile);
         self.bad_status += o.bad_status;
         self.resp_errors += o.resp_errors;
         self.unexpected += o.unexpected;

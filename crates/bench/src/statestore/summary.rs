@@ -139,6 +139,16 @@ pub(super) fn summarize(mut report: Report, args: &StateStoreArgs, o: Outcome) -
         "latency GET",
         Latency::from_histogram(&o.total.hist[Op::Get as usize]),
     );
+    let m = &o.total.meanwhile;
+    if !m.is_empty() {
+        for (key, label, q) in [
+            ("answered_meanwhile_p50", "answered meanwhile p50", 0.5),
+            ("answered_meanwhile_p99", "answered meanwhile p99", 0.99),
+            ("answered_meanwhile_max", "answered meanwhile max", 1.0),
+        ] {
+            report.result(key, label, Value::Int(m.value_at_quantile(q)));
+        }
+    }
 
     if o.total.puback_no_subscribers > 0 {
         report.warn(format!(

@@ -64,6 +64,19 @@ impl Close {
     }
 }
 
+/// What one read of the socket did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Read {
+    /// No whole packet was handled (nothing there, or only part of one).
+    Nothing,
+    /// Packets were handled, and the read took less than the room it had: the
+    /// socket was empty then.
+    Drained,
+    /// Packets were handled, and the read filled the room it had: the socket may
+    /// hold more.
+    Filled,
+}
+
 /// The state of one accepted connection.
 #[derive(Debug)]
 pub(crate) struct Conn {
@@ -191,6 +204,8 @@ impl Conn {
         // wheel for every packet.
         let far = clock.now() + Duration::from_secs(86_400 * 365);
         let mut timer = Timer::new(clock.clone(), deadlines.next().unwrap_or(far));
+        // Whether to let the worker's other tasks run before reading again.
+        let mut yield_turn = false;
         loop {
             if self.paused.is_some() {
                 // Boxed: a task's future is as large as its largest state (see `serve`).
@@ -214,6 +229,14 @@ impl Conn {
                     return close;
                 }
             }
+            if std::mem::take(&mut yield_turn) {
+                // The packets just read are answered above; the worker's other
+                // connections get their turn before this one reads again. Without it, a
+                // client that kept its socket full (more pipelined requests than one
+                // read takes) was served read after read for a whole cooperative
+                // budget while the others waited.
+                tokio::task::yield_now().await;
+            }
             self.release_idle(rbuf);
             let writing = !self.wbuf.is_empty() || stream.wants_write();
             let reading =
@@ -234,8 +257,14 @@ impl Conn {
                     if r.is_err() {
                         return Close::Lost;
                     }
-                    if let Err(close) = self.read_some(stream, rbuf, &mut deadlines).await {
-                        return close;
+                    match self.read_some(stream, rbuf, &mut deadlines).await {
+                        // A read that filled its room (the socket may hold more) ends
+                        // the turn once its packets are answered. One that did not
+                        // leaves the socket empty, so the next read usually finds
+                        // nothing and the task waits: a client with one request in
+                        // flight costs no extra wake-up.
+                        Ok(read) => yield_turn = read == Read::Filled,
+                        Err(close) => return close,
                     }
                     if let Some(at) = deadlines.next().filter(|at| *at < timer.deadline()) {
                         timer.reset(at);
@@ -273,11 +302,12 @@ impl Conn {
         stream: &mut S,
         rbuf: &mut BytesMut,
         deadlines: &mut Deadlines,
-    ) -> Result<(), Close> {
+    ) -> Result<Read, Close> {
         self.reserve_read(rbuf);
+        let room = rbuf.capacity() - rbuf.len();
         let n = match stream.try_read_buf(rbuf) {
             Ok(n) if n > 0 => n,
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Ok(Read::Nothing),
             _ => return Err(Close::Lost),
         };
         let handled = self.handle_buffered(rbuf).await?;
@@ -289,7 +319,11 @@ impl Conn {
         }
         // A re-authentication among those packets moved it.
         deadlines.credential(self.credential_at);
-        Ok(())
+        Ok(match handled {
+            0 => Read::Nothing,
+            _ if n == room => Read::Filled,
+            _ => Read::Drained,
+        })
     }
 
     /// Counts (and logs, rate-limited) a pause in reading for the bandwidth limit.
