@@ -27,16 +27,18 @@
 //!   Redis is back.
 
 mod reader;
+mod session;
 mod writer;
 
+use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{sync_channel, SyncSender, TrySendError};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use redis::{Client, Connection, RedisResult};
-use statehub_webpubsub::{Cluster, ClusterError, Item, WebPubSub};
+use statehub_webpubsub::{ClaimError, Cluster, ClusterError, Item, SessionWrite, WebPubSub};
 
 /// How often a node refreshes its liveness key.
 pub const HEARTBEAT: Duration = Duration::from_secs(2);
@@ -115,15 +117,56 @@ impl Names {
     pub(crate) fn registry(&self, node: &str) -> String {
         format!("{}reg:{node}", self.prefix)
     }
+
+    pub(crate) fn session(&self, hub: &str, id: &str) -> session::Keys {
+        session::Keys::new(&self.prefix, hub, id)
+    }
+
+    /// The prefix of the keys holding each node incarnation's reader position.
+    pub(crate) fn positions(&self) -> String {
+        format!("{}pos:", self.prefix)
+    }
 }
 
 /// What the writer thread does, in order.
 #[derive(Debug)]
 pub(crate) enum Job {
-    /// Append an operation to the stream.
-    Broadcast(Vec<u8>),
+    /// Append an operation to the stream, with its number.
+    Broadcast(u64, Vec<u8>),
     /// This node now holds (`true`) or no longer holds the item whose index key this is.
     Index(String, bool),
+    /// Mirror a change of a reliable session of (hub, id).
+    Session(String, String, SessionWrite),
+    /// The reader applied every operation up to this stream id.
+    Position(String),
+    /// Take a session over (see [`Cluster::claim`]).
+    Claim(Box<ClaimJob>),
+}
+
+/// A claim for the writer, answered on `reply`.
+#[derive(Debug)]
+pub(crate) struct ClaimJob {
+    pub(crate) hub: String,
+    pub(crate) id: String,
+    pub(crate) digest: String,
+    pub(crate) protocol: String,
+    pub(crate) marker: Vec<u8>,
+    pub(crate) seq: u64,
+    pub(crate) reply: SyncSender<Result<(), ClaimError>>,
+}
+
+/// A claim the writer made, for the reader to serve when it reaches its marker.
+#[derive(Debug)]
+pub(crate) struct ClaimRecord {
+    pub(crate) claimed: session::Claimed,
+}
+
+/// Claims by their marker's sequence number: `None` while the writer has not heard
+/// Redis's answer.
+pub(crate) type Claims = Mutex<HashMap<u64, Option<ClaimRecord>>>;
+
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// What the writer and the nodes' handles share.
@@ -137,6 +180,17 @@ pub(crate) struct Shared {
     pub(crate) stop: AtomicBool,
     /// Operations of other nodes trimmed from the stream before this node read them.
     pub(crate) lost: AtomicU64,
+    /// The number of this node's last operation (broadcast or claim), taken with the
+    /// lock held while it is queued, so operations are queued in their numbers' order.
+    pub(crate) assigned: Mutex<u64>,
+    /// Tells this process's operations from an earlier one's with the same node id.
+    pub(crate) incarnation: u64,
+    /// This node's claims (see [`Claims`]).
+    pub(crate) claims: Claims,
+    /// Sessions some of whose writes could not be queued.
+    pub(crate) broken: Mutex<HashSet<(String, String)>>,
+    /// How long a session's keys outlive their last refresh.
+    pub(crate) session_ttl: Duration,
 }
 
 /// Web PubSub's [`Cluster`] over Redis. See the crate docs.
@@ -170,7 +224,11 @@ impl RedisCluster {
         let client = Client::open(options.url.as_str())?;
         let names = Names::new(&options.namespace);
         let (jobs, queue) = sync_channel(options.queue.max(1));
-        let shared = Arc::new(Shared::default());
+        let shared = Arc::new(Shared {
+            incarnation: rand::random(),
+            session_ttl: service.config().limits.session_retention,
+            ..Shared::default()
+        });
         let cluster = Arc::new(Self {
             jobs,
             shared: Arc::clone(&shared),
@@ -187,7 +245,7 @@ impl RedisCluster {
         };
         writer::Writer::new(options, client.clone(), names.clone(), shared.clone())
             .spawn(queue, held)?;
-        reader::Reader::new(options, client, names, shared)
+        reader::Reader::new(options, client, names, shared, cluster.jobs.clone())
             .spawn(service.clone(), tokio::runtime::Handle::current())?;
         service.join_cluster(cluster.clone());
         Ok(cluster)
@@ -231,15 +289,74 @@ fn unavailable(error: impl std::error::Error + Send + Sync + 'static) -> Cluster
 struct Down;
 
 impl Cluster for RedisCluster {
-    fn broadcast(&self, operation: Vec<u8>) -> Result<(), ClusterError> {
+    fn broadcast(&self, operation: Vec<u8>) -> Result<u64, ClusterError> {
         if !self.shared.up.load(Ordering::Relaxed) {
             return Err(unavailable(Down));
         }
-        match self.jobs.try_send(Job::Broadcast(operation)) {
-            Ok(()) => Ok(()),
+        let mut assigned = lock(&self.shared.assigned);
+        let seq = *assigned + 1;
+        match self.jobs.try_send(Job::Broadcast(seq, operation)) {
+            Ok(()) => {
+                *assigned = seq;
+                Ok(seq)
+            }
             Err(TrySendError::Full(_)) => Err(ClusterError::Backlog(self.queue)),
             Err(TrySendError::Disconnected(_)) => Err(unavailable(Down)),
         }
+    }
+
+    fn session(&self, hub: &str, id: &str, write: SessionWrite) {
+        let job = Job::Session(hub.to_owned(), id.to_owned(), write);
+        if self.jobs.try_send(job).is_err() {
+            let first = lock(&self.shared.broken).insert((hub.to_owned(), id.to_owned()));
+            if first {
+                tracing::warn!(
+                    hub,
+                    id,
+                    "web pubsub cluster: a reliable session's changes could not all be queued for redis; it can be recovered on this node only"
+                );
+            }
+        }
+    }
+
+    fn claim(
+        &self,
+        hub: &str,
+        id: &str,
+        token_digest: &str,
+        protocol: &str,
+        marker: Vec<u8>,
+    ) -> Result<(), ClaimError> {
+        if !self.shared.up.load(Ordering::Relaxed) {
+            return Err(unavailable(Down).into());
+        }
+        let (reply, answer) = sync_channel(1);
+        {
+            let mut assigned = lock(&self.shared.assigned);
+            let seq = *assigned + 1;
+            let job = ClaimJob {
+                hub: hub.to_owned(),
+                id: id.to_owned(),
+                digest: token_digest.to_owned(),
+                protocol: protocol.to_owned(),
+                marker,
+                seq,
+                reply,
+            };
+            match self.jobs.try_send(Job::Claim(Box::new(job))) {
+                Ok(()) => *assigned = seq,
+                Err(TrySendError::Full(_)) => return Err(ClusterError::Backlog(self.queue).into()),
+                Err(TrySendError::Disconnected(_)) => return Err(unavailable(Down).into()),
+            }
+        }
+        match answer.recv_timeout(self.timeout * 3) {
+            Ok(result) => result,
+            Err(e) => Err(unavailable(e).into()),
+        }
+    }
+
+    fn assigned(&self) -> u64 {
+        *lock(&self.shared.assigned)
     }
 
     fn index(&self, hub: &str, item: Item<'_>, present: bool) {

@@ -27,7 +27,8 @@ use tokio::time::Instant;
 
 use crate::filter::Filter;
 use crate::hub::admin::{Selection, Target};
-use crate::hub::Hub;
+use crate::hub::{Hub, Session};
+use crate::mirror::{with_provenance, ClaimError, Provenance, SessionWrite};
 use crate::protocol::data::DataType;
 use crate::protocol::json::{DataMessageRef, MessageSource};
 use crate::protocol::Payload;
@@ -38,13 +39,35 @@ pub trait Cluster: Send + Sync + Debug {
     /// Hands an encoded operation to every other node, after every one handed over
     /// before. Must not block: it queues. An `Err` means the other nodes will not get
     /// it (the caller refuses the request).
-    fn broadcast(&self, operation: Vec<u8>) -> Result<(), ClusterError>;
+    /// Returns the operation's number among this node's (from 1, in the order handed
+    /// over).
+    fn broadcast(&self, operation: Vec<u8>) -> Result<u64, ClusterError>;
     /// Records that this node now holds (`present`) or no longer holds `item` of `hub`.
     /// Must not block (called under the hub's lock).
     fn index(&self, hub: &str, item: Item<'_>, present: bool);
     /// Whether a live node other than this one holds `item` of `hub`. May block (called
     /// on a blocking thread).
     fn exists(&self, hub: &str, item: Item<'_>) -> Result<bool, ClusterError>;
+    /// Mirrors a change of a reliable session this node holds (see `mirror.rs`), after
+    /// every write and operation handed over before. Must not block (called under the
+    /// session's lock); a write that cannot be queued makes the mirror refuse the
+    /// session's recovery elsewhere rather than serve it incomplete.
+    fn session(&self, hub: &str, id: &str, write: SessionWrite);
+    /// Takes the mirrored session `id` over for this node: checks the token's digest
+    /// and subprotocol, fences its previous owner and appends `marker` (a `claimed`
+    /// operation) to the operations, after every operation this node handed over
+    /// before. On success this node's reader later hands the session to
+    /// [`crate::WebPubSub::restore`]. May block.
+    fn claim(
+        &self,
+        hub: &str,
+        id: &str,
+        token_digest: &str,
+        protocol: &str,
+        marker: Vec<u8>,
+    ) -> Result<(), ClaimError>;
+    /// The number of the last operation this node handed over.
+    fn assigned(&self) -> u64;
 }
 
 /// What the index knows a node holds.
@@ -146,6 +169,8 @@ pub(crate) enum Operation {
         filter: Option<String>,
         join: bool,
     },
+    /// Another node took this reliable session over: forget it here.
+    Claimed { hub: String, id: String },
     /// Close the target's connections.
     Close {
         hub: String,
@@ -195,6 +220,7 @@ impl Operation {
             | Operation::Join { hub, .. }
             | Operation::Leave { hub, .. }
             | Operation::Groups { hub, .. }
+            | Operation::Claimed { hub, .. }
             | Operation::Close { hub, .. } => hub,
         }
     }
@@ -264,7 +290,105 @@ impl Operation {
                 };
                 hub.close_connections(to.target(), &sel, &reason);
             }
+            Operation::Claimed { id, .. } => hub.hand_over(&id),
         }
+    }
+}
+
+/// The `claimed` operation of session `id`, as [`Cluster::claim`] appends it.
+pub(crate) fn claimed_marker(hub: &str, id: &str) -> Vec<u8> {
+    let op = Operation::Claimed {
+        hub: hub.to_owned(),
+        id: id.to_owned(),
+    };
+    serde_json::to_vec(&op).unwrap_or_default()
+}
+
+/// Whether `session` is among `to`'s connections.
+fn names(to: &To, session: &Session) -> bool {
+    match to {
+        To::All => true,
+        To::Group(g) => session.with_groups(|groups| groups.contains(g)),
+        To::User(u) => session.user_id() == Some(u.as_str()),
+        To::Connection(c) => c == session.id(),
+    }
+}
+
+/// Applies an operation to one session only (a session being taken over, see
+/// `mirror.rs`), its frames marked as coming from `from`.
+pub(crate) fn apply_to(hub: &Hub, session: &Arc<Session>, op: &[u8], from: Provenance) {
+    let Ok(op) = serde_json::from_slice::<Operation>(op) else {
+        return;
+    };
+    match op {
+        Operation::Send {
+            to,
+            excluded,
+            filter,
+            data_type,
+            data,
+            ttl_ms,
+            from_user,
+            ..
+        } => {
+            if !names(&to, session) || excluded.iter().any(|e| e == session.id()) {
+                return;
+            }
+            let Ok(payload) = Payload::from_json(data_type, data) else {
+                return;
+            };
+            let filter = filter.as_deref().and_then(|f| Filter::parse(f).ok());
+            let sel = Selection {
+                excluded: &[],
+                filter: filter.as_ref(),
+            };
+            let deadline = ttl_ms.map(|t| Instant::now() + Duration::from_millis(t));
+            let msg = DataMessageRef {
+                from: match &to {
+                    To::Group(_) => MessageSource::Group,
+                    _ => MessageSource::Server,
+                },
+                group: match &to {
+                    To::Group(g) => Some(g.as_str()),
+                    _ => None,
+                },
+                from_user_id: from_user.as_deref(),
+                payload: &payload,
+                stream: None,
+            };
+            with_provenance(from, || {
+                hub.deliver_to(session, &sel, &msg, deadline);
+            });
+        }
+        Operation::Join { to, group, .. } => {
+            if matches!(to, To::Connection(_) | To::User(_)) && names(&to, session) {
+                let _ = hub.join_adopted(session, &group);
+            }
+        }
+        Operation::Leave { to, group, .. } => {
+            if names(&to, session) {
+                match group {
+                    Some(g) => hub.leave(session, &g),
+                    None => {
+                        for g in session.groups() {
+                            hub.leave(session, &g);
+                        }
+                    }
+                }
+            }
+        }
+        Operation::Close {
+            to,
+            excluded,
+            reason,
+            ..
+        } => {
+            if names(&to, session) && !excluded.iter().any(|e| e == session.id()) {
+                hub.close(session.id(), session.close_code(1000), &reason);
+                session.shut(session.close_code(1000), &reason);
+            }
+        }
+        Operation::Groups { .. } | Operation::Claimed { .. } => {}
     }
 }
 
@@ -295,9 +419,10 @@ impl crate::WebPubSub {
 
 impl Hub {
     /// Hands `operation` to the other nodes (nothing to do on a single node).
-    pub(crate) fn broadcast(&self, operation: &Operation) -> Result<(), ClusterError> {
+    /// Returns the operation's number among this node's (0 on a single node).
+    pub(crate) fn broadcast(&self, operation: &Operation) -> Result<u64, ClusterError> {
         let Some(cluster) = self.cluster() else {
-            return Ok(());
+            return Ok(0);
         };
         let bytes =
             serde_json::to_vec(operation).map_err(|e| ClusterError::Unavailable(Box::new(e)))?;

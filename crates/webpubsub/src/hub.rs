@@ -33,7 +33,7 @@ pub(crate) mod view;
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard};
 
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine as _;
@@ -43,6 +43,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::cluster::{Cluster, Item};
 use crate::config::Limits;
+use crate::mirror::{Mirror, Restored};
 use crate::protocol::frames::DataFrames;
 use crate::protocol::json::DataMessageRef;
 use crate::stats::Stats;
@@ -105,6 +106,10 @@ pub(crate) struct Hub {
     events: Option<Arc<dyn Events>>,
     /// The other nodes, when there are (see `cluster.rs`).
     cluster: Option<Arc<dyn Cluster>>,
+    /// Held for reading by a send from its broadcast to its local delivery, for writing
+    /// while a session taken over from another node becomes reachable: so each send
+    /// either reaches it here or is applied to it by the reader (`mirror.rs`).
+    order: RwLock<()>,
     shutdown: CancellationToken,
     stats: Arc<Stats>,
 }
@@ -160,6 +165,7 @@ impl Hub {
             reserved: AtomicUsize::new(0),
             events: None,
             cluster: None,
+            order: RwLock::new(()),
             shutdown: CancellationToken::new(),
             stats: Arc::default(),
         }
@@ -261,7 +267,12 @@ impl Hub {
         let id = new.connection_id.clone().unwrap_or_else(new_connection_id);
         let groups = new.claims.groups.clone();
         let env = (Arc::clone(&self.name), Arc::clone(&self.stats));
-        let session = Arc::new(Session::new(id, new, &self.limits, env));
+        let roles = new.claims.roles.clone();
+        let mut session = Session::new(id, new, &self.limits, env);
+        if let Some(mirror) = self.mirror() {
+            session.mirror_to(mirror, roles);
+        }
+        let session = Arc::new(session);
         {
             let mut hub = lock(&self.state);
             hub.sessions
@@ -281,6 +292,96 @@ impl Hub {
             }
         }
         session
+    }
+
+    fn mirror(&self) -> Option<Mirror> {
+        self.cluster.as_ref().map(|cluster| Mirror {
+            cluster: Arc::clone(cluster),
+            hub: Arc::clone(&self.name),
+        })
+    }
+
+    /// Held by a send across its broadcast and its local delivery (see `order`).
+    pub(crate) fn sending(&self) -> RwLockReadGuard<'_, ()> {
+        self.order.read().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Takes over a session from another node (`mirror.rs`): rebuilt from `r` with the
+    /// client's `token`, `replay` applied to it alone, then put in the hub with its
+    /// user and groups, while no send is between its broadcast and its delivery.
+    /// Returns it and the number of this node's last broadcast operation then.
+    pub(crate) fn adopt(
+        &self,
+        r: Restored,
+        token: String,
+        protocol: crate::protocol::Subprotocol,
+        replay: impl FnOnce(&Arc<Session>),
+    ) -> (Arc<Session>, u64) {
+        let new = NewSession {
+            connection_id: Some(r.id.clone()),
+            claims: crate::token::ClientClaims {
+                user_id: r.user.clone(),
+                roles: r.roles.clone(),
+                groups: Vec::new(),
+            },
+            protocol,
+            subprotocol: protocol.name().map(str::to_owned),
+            connection_state: None,
+        };
+        let env = (Arc::clone(&self.name), Arc::clone(&self.stats));
+        let mut session = Session::new(r.id.clone(), new, &self.limits, env);
+        session.restore(&r, token, self.mirror());
+        let session = Arc::new(session);
+        let _order = self.order.write().unwrap_or_else(PoisonError::into_inner);
+        replay(&session);
+        let mut hub = lock(&self.state);
+        hub.sessions
+            .insert(session.id().to_owned(), session.clone());
+        self.indexed(Item::Connection(session.id()), true);
+        if let Some(user) = session.user_id() {
+            let ids = hub.users.entry(user.to_owned()).or_default();
+            if ids.is_empty() {
+                self.indexed(Item::User(user), true);
+            }
+            ids.insert(session.id().to_owned());
+        }
+        for group in session.groups() {
+            let members = hub.groups.entry(group.clone()).or_default();
+            if members.is_empty() {
+                self.indexed(Item::Group(&group), true);
+            }
+            members.insert(session.id().to_owned());
+        }
+        let reg = self.cluster.as_ref().map_or(0, |c| c.assigned());
+        (session, reg)
+    }
+
+    /// Joins a session to a group, whether or not it is in the hub yet (a session
+    /// being taken over).
+    pub(crate) fn join_adopted(&self, session: &Session, group: &str) -> Result<(), TooManyGroups> {
+        let max = self.limits.max_groups_per_connection;
+        let mut hub = lock(&self.state);
+        if hub.sessions.contains_key(session.id()) {
+            return self.join_locked(&mut hub, session, group);
+        }
+        drop(hub);
+        if session.joined(group, max) {
+            Ok(())
+        } else {
+            Err(TooManyGroups(max))
+        }
+    }
+
+    /// Another node took the session over: it is forgotten here without ending (no
+    /// `disconnected` event, the mirror kept), its socket, if any, closed.
+    pub(crate) fn hand_over(&self, id: &str) {
+        if let Some(session) = self.session(id) {
+            session.shut(
+                CLOSE_NORMAL,
+                "Connection replaced by a recovered connection",
+            );
+            self.remove_with(id, false);
+        }
     }
 
     /// Reserves a place for a new connection, unless the hub already holds (or has
@@ -418,6 +519,11 @@ impl Hub {
     /// Deletes a session: it leaves every group and can no longer be recovered. The
     /// lifecycle hears of it once, from whichever caller actually removed it.
     pub(crate) fn remove(&self, id: &str) {
+        self.remove_with(id, true);
+    }
+
+    /// Deletes a session; `ended`: for good (else it lives on another node).
+    fn remove_with(&self, id: &str, ended: bool) {
         let (session, reason) = {
             let mut hub = lock(&self.state);
             let Some(session) = hub.sessions.remove(id) else {
@@ -430,7 +536,7 @@ impl Hub {
                     self.indexed(Item::Group(&group), false);
                 }
             }
-            if let (Some(token), Some(why)) = (session.reconnection_token(), &reason) {
+            if let (true, Some(token), Some(why)) = (ended, session.reconnection_token(), &reason) {
                 let retention = self.limits.session_retention;
                 hub.ended.record(id, token, why, retention);
             }
@@ -446,6 +552,10 @@ impl Hub {
             (session, reason)
         };
         stream::cancel_all(self, &session);
+        if !ended {
+            return;
+        }
+        session.mirror_delete();
         if let Some(e) = &self.events {
             e.disconnected(self, &session, reason.as_deref().unwrap_or_default());
         }
