@@ -155,6 +155,19 @@ pub(crate) struct ClaimJob {
     pub(crate) reply: SyncSender<Result<(), ClaimError>>,
 }
 
+/// The numbering of this node's operations.
+#[derive(Debug, Default)]
+pub(crate) struct Assigned {
+    /// The last number given.
+    pub(crate) last: u64,
+    /// Claims not yet served by the reader: while there are, operations are kept.
+    pub(crate) claims: usize,
+    /// The operations handed over since the oldest such claim, at most `queue`.
+    pub(crate) kept: std::collections::VecDeque<(u64, Vec<u8>)>,
+    /// Some were not kept.
+    pub(crate) overflow: bool,
+}
+
 /// A claim the writer made, for the reader to serve when it reaches its marker.
 #[derive(Debug)]
 pub(crate) struct ClaimRecord {
@@ -180,9 +193,9 @@ pub(crate) struct Shared {
     pub(crate) stop: AtomicBool,
     /// Operations of other nodes trimmed from the stream before this node read them.
     pub(crate) lost: AtomicU64,
-    /// The number of this node's last operation (broadcast or claim), taken with the
-    /// lock held while it is queued, so operations are queued in their numbers' order.
-    pub(crate) assigned: Mutex<u64>,
+    /// This node's operations as numbered, under a lock held while one is queued, so
+    /// operations are queued in their numbers' order.
+    pub(crate) assigned: Mutex<Assigned>,
     /// Tells this process's operations from an earlier one's with the same node id.
     pub(crate) incarnation: u64,
     /// This node's claims (see [`Claims`]).
@@ -191,6 +204,18 @@ pub(crate) struct Shared {
     pub(crate) broken: Mutex<HashSet<(String, String)>>,
     /// How long a session's keys outlive their last refresh.
     pub(crate) session_ttl: Duration,
+}
+
+impl Shared {
+    /// A claim was served by the reader, or failed: stop keeping operations for it.
+    pub(crate) fn claim_served(&self) {
+        let mut assigned = lock(&self.assigned);
+        assigned.claims = assigned.claims.saturating_sub(1);
+        if assigned.claims == 0 {
+            assigned.kept.clear();
+            assigned.overflow = false;
+        }
+    }
 }
 
 /// Web PubSub's [`Cluster`] over Redis. See the crate docs.
@@ -294,10 +319,18 @@ impl Cluster for RedisCluster {
             return Err(unavailable(Down));
         }
         let mut assigned = lock(&self.shared.assigned);
-        let seq = *assigned + 1;
+        let seq = assigned.last + 1;
+        let kept = (assigned.claims > 0).then(|| operation.clone());
         match self.jobs.try_send(Job::Broadcast(seq, operation)) {
             Ok(()) => {
-                *assigned = seq;
+                assigned.last = seq;
+                if let Some(op) = kept {
+                    if assigned.kept.len() < self.queue {
+                        assigned.kept.push_back((seq, op));
+                    } else {
+                        assigned.overflow = true;
+                    }
+                }
                 Ok(seq)
             }
             Err(TrySendError::Full(_)) => Err(ClusterError::Backlog(self.queue)),
@@ -333,7 +366,7 @@ impl Cluster for RedisCluster {
         let (reply, answer) = sync_channel(1);
         {
             let mut assigned = lock(&self.shared.assigned);
-            let seq = *assigned + 1;
+            let seq = assigned.last + 1;
             let job = ClaimJob {
                 hub: hub.to_owned(),
                 id: id.to_owned(),
@@ -344,19 +377,31 @@ impl Cluster for RedisCluster {
                 reply,
             };
             match self.jobs.try_send(Job::Claim(Box::new(job))) {
-                Ok(()) => *assigned = seq,
+                Ok(()) => {
+                    assigned.last = seq;
+                    assigned.claims += 1;
+                }
                 Err(TrySendError::Full(_)) => return Err(ClusterError::Backlog(self.queue).into()),
                 Err(TrySendError::Disconnected(_)) => return Err(unavailable(Down).into()),
             }
         }
-        match answer.recv_timeout(self.timeout * 3) {
+        let result = match answer.recv_timeout(self.timeout * 3) {
             Ok(result) => result,
             Err(e) => Err(unavailable(e).into()),
+        };
+        if result.is_err() {
+            self.shared.claim_served();
         }
+        result
     }
 
-    fn assigned(&self) -> u64 {
-        *lock(&self.shared.assigned)
+    fn sent_after(&self, claim: u64) -> Option<Vec<(u64, Vec<u8>)>> {
+        let assigned = lock(&self.shared.assigned);
+        if assigned.overflow {
+            return None;
+        }
+        let after = assigned.kept.iter().filter(|(seq, _)| *seq > claim);
+        Some(after.cloned().collect())
     }
 
     fn index(&self, hub: &str, item: Item<'_>, present: bool) {

@@ -32,10 +32,6 @@ pub(crate) struct Reader {
     seen: HashMap<String, (String, u64)>,
     /// Where the writer hears of this reader's position.
     jobs: SyncSender<Job>,
-    /// Sessions this node took over: (hub, id) and the number of this node's last
-    /// operation sent before they were reachable here; own operations up to it are
-    /// applied to them as the reader passes them.
-    catching_up: Vec<(String, String, u64)>,
 }
 
 /// One entry's fields.
@@ -63,7 +59,6 @@ impl Reader {
             last_id: None,
             seen: HashMap::new(),
             jobs,
-            catching_up: Vec::new(),
         }
     }
 
@@ -141,24 +136,31 @@ impl Reader {
         let reply: Option<StreamReadReply> =
             con.xread_options(&[&self.names.ops], &[&last_id], &options)?;
         let _runtime = runtime.enter();
-        let mut moved = false;
+        let (mut moved, mut own) = (false, false);
         for key in reply.map(|r| r.keys).unwrap_or_default() {
             for entry in key.ids {
                 let id = entry.id.clone();
+                let at = stream_id(&id).unwrap_or_default();
                 let entry = parse(&entry)?;
                 if entry.node != self.node {
                     if self.fresh(&entry) {
-                        service.apply_remote(&entry.op);
+                        service.apply_remote(&entry.op, at);
                     }
                 } else if entry.incarnation == self.shared.incarnation.to_string() {
                     self.own(con, service, &id, &entry)?;
+                    own = true;
                 }
                 self.last_id = Some(id);
                 moved = true;
             }
         }
         if moved {
-            // After the writes of what was just applied, in the writer's queue.
+            // The position is queued after the mirror's writes of everything up to it:
+            // what the reader applied is queued already; what this node's own sends
+            // delivered here, once they have all delivered.
+            if own {
+                service.settled();
+            }
             if let Some(id) = &self.last_id {
                 let _ = self.jobs.try_send(Job::Position(id.clone()));
             }
@@ -166,8 +168,8 @@ impl Reader {
         Ok(())
     }
 
-    /// This node's own entry `id`: a claim's marker (the session is taken over here
-    /// now), or an operation a session taken over must still get.
+    /// This node's own entry `id`: if a claim's marker, the session is taken over here
+    /// now.
     fn own(
         &mut self,
         con: &mut Connection,
@@ -176,13 +178,9 @@ impl Reader {
         entry: &Entry,
     ) -> Result<(), WpsRedisError> {
         if let Some(record) = self.wait_for_claim(entry.seq) {
-            return self.restore(con, service, id, record);
-        }
-        self.catching_up
-            .retain(|(_, _, through)| *through >= entry.seq);
-        let at = stream_id(id).unwrap_or_default();
-        for (hub, sid, _) in &self.catching_up {
-            service.catch_up(hub, sid, at, &entry.op);
+            let served = self.restore(con, service, id, entry.seq, record);
+            self.shared.claim_served();
+            return served;
         }
         Ok(())
     }
@@ -213,6 +211,7 @@ impl Reader {
         con: &mut Connection,
         service: &WebPubSub,
         marker: &str,
+        claim: u64,
         record: ClaimRecord,
     ) -> Result<(), WpsRedisError> {
         let c = record.claimed;
@@ -249,9 +248,7 @@ impl Reader {
             from,
             "web pubsub cluster: restoring a claimed session"
         );
-        if let Some(through) = service.restore(c.restored, replay) {
-            self.catching_up.push((hub, id, through));
-        }
+        service.restore(c.restored, replay, claim);
         Ok(())
     }
 

@@ -66,8 +66,10 @@ pub trait Cluster: Send + Sync + Debug {
         protocol: &str,
         marker: Vec<u8>,
     ) -> Result<(), ClaimError>;
-    /// The number of the last operation this node handed over.
-    fn assigned(&self) -> u64;
+    /// This node's operations handed over since its claim numbered `claim` (not yet
+    /// served by the reader), with their numbers, in order; `None` if more were handed
+    /// over than it keeps.
+    fn sent_after(&self, claim: u64) -> Option<Vec<(u64, Vec<u8>)>>;
 }
 
 /// What the index knows a node holds.
@@ -403,7 +405,9 @@ impl crate::WebPubSub {
     /// Applies an operation another node broadcast (see [`Cluster::broadcast`]) to this
     /// node's sessions. Call it in the order the operations were broadcast, inside the
     /// Tokio runtime. An operation for a hub this node has no session of does nothing.
-    pub fn apply_remote(&self, operation: &[u8]) {
+    /// `entry` is its place in the cluster's order, which the frames it produces for
+    /// mirrored sessions record (see `mirror.rs`).
+    pub fn apply_remote(&self, operation: &[u8], entry: (u64, u64)) {
         let operation: Operation = match serde_json::from_slice(operation) {
             Ok(op) => op,
             Err(error) => {
@@ -412,7 +416,19 @@ impl crate::WebPubSub {
             }
         };
         if let Some(hub) = self.existing_hub(operation.hub()) {
-            operation.apply(&hub);
+            with_provenance(Provenance::Stream(entry.0, entry.1), || {
+                operation.apply(&hub)
+            });
+        }
+    }
+
+    /// Returns once every send of this node that was between its broadcast and its
+    /// local delivery has delivered: what this node's own operations read back from the
+    /// cluster produced here is then queued for the mirror, before anything the caller
+    /// queues next.
+    pub fn settled(&self) {
+        for hub in self.hubs_now() {
+            hub.settled();
         }
     }
 }

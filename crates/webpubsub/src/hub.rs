@@ -306,17 +306,21 @@ impl Hub {
         self.order.read().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// Waits for the sends between their broadcast and their delivery (see `order`).
+    pub(crate) fn settled(&self) {
+        drop(self.order.write().unwrap_or_else(PoisonError::into_inner));
+    }
+
     /// Takes over a session from another node (`mirror.rs`): rebuilt from `r` with the
     /// client's `token`, `replay` applied to it alone, then put in the hub with its
     /// user and groups, while no send is between its broadcast and its delivery.
-    /// Returns it and the number of this node's last broadcast operation then.
     pub(crate) fn adopt(
         &self,
         r: Restored,
         token: String,
         protocol: crate::protocol::Subprotocol,
         replay: impl FnOnce(&Arc<Session>),
-    ) -> (Arc<Session>, u64) {
+    ) -> Arc<Session> {
         let new = NewSession {
             connection_id: Some(r.id.clone()),
             claims: crate::token::ClientClaims {
@@ -352,8 +356,7 @@ impl Hub {
             }
             members.insert(session.id().to_owned());
         }
-        let reg = self.cluster.as_ref().map_or(0, |c| c.assigned());
-        (session, reg)
+        session
     }
 
     /// Joins a session to a group, whether or not it is in the hub yet (a session

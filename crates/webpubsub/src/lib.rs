@@ -202,7 +202,7 @@ impl WebPubSub {
     }
 
     /// The hubs as they are now (the lock is released before the caller walks them).
-    fn hubs_now(&self) -> Vec<Arc<Hub>> {
+    pub(crate) fn hubs_now(&self) -> Vec<Arc<Hub>> {
         self.inner
             .hubs
             .lock()

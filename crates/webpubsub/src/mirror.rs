@@ -276,40 +276,46 @@ impl crate::WebPubSub {
     /// Takes over a session this node claimed (called by the cluster's reader thread
     /// when it reaches the claim, inside the runtime): rebuilds it from `restored`,
     /// applies `replay` (the stream's operations between what the store reflects and the
-    /// claim, with their ids) to it alone, then puts it in its hub. Returns the number
-    /// of the last operation this node had broadcast when the session became reachable
-    /// by its sends: operations of this node up to it, after the claim in the stream,
-    /// must still be applied to it ([`crate::WebPubSub::catch_up`]). `None` when
-    /// nobody waits for it any more (the claim's recovery gave up).
-    pub fn restore(&self, restored: Restored, replay: Vec<((u64, u64), Vec<u8>)>) -> Option<u64> {
+    /// claim, with their ids) to it alone, then this node's own operations sent since
+    /// its claim numbered `claim` (delivered here before it was reachable), then puts it
+    /// in its hub. Returns whether a recovery still waited for it.
+    pub fn restore(
+        &self,
+        restored: Restored,
+        replay: Vec<((u64, u64), Vec<u8>)>,
+        claim: u64,
+    ) -> bool {
         let hub = self.hub(&restored.hub);
         let key = (hub.name().to_owned(), restored.id.clone());
-        let (token, waiter) = lock(&self.inner.waiting).remove(&key)?;
+        let Some((token, waiter)) = lock(&self.inner.waiting).remove(&key) else {
+            return false;
+        };
         let Some(protocol) = Subprotocol::from_name(&restored.protocol) else {
             let _ = waiter.send(Err(Unrecoverable::Gone));
-            return None;
+            return false;
         };
-        let (session, reg) = hub.adopt(restored, token, protocol, |session| {
+        let cluster = self.inner.cluster.get().cloned();
+        let session = hub.adopt(restored, token, protocol, |session| {
             for (id, op) in replay {
                 crate::cluster::apply_to(&hub, session, &op, Provenance::Stream(id.0, id.1));
+            }
+            match cluster.and_then(|c| c.sent_after(claim)) {
+                Some(own) => {
+                    for (seq, op) in own {
+                        crate::cluster::apply_to(&hub, session, &op, Provenance::Own(seq));
+                    }
+                }
+                None => session.shut(
+                    crate::hub::CLOSE_POLICY,
+                    "too many messages were sent while the session moved to this node",
+                ),
             }
         });
         if waiter.send(Ok(session.clone())).is_err() {
             hub.remove(session.id());
-            return None;
+            return false;
         }
-        Some(reg)
-    }
-
-    /// Applies this node's own operation `op` (stream entry `id`) to the session it
-    /// took over, which was not yet reachable when the operation was sent.
-    pub fn catch_up(&self, hub: &str, id: &str, entry: (u64, u64), op: &[u8]) {
-        let Some(hub) = self.existing_hub(hub) else {
-            return;
-        };
-        if let Some(session) = hub.session(id) {
-            crate::cluster::apply_to(&hub, &session, op, Provenance::Stream(entry.0, entry.1));
-        }
+        true
     }
 
     /// The claim of `id` cannot be served (the stream no longer holds what it missed):
