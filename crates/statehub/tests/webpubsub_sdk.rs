@@ -129,6 +129,13 @@ fn js_reliable_sessions_recover_on_another_node() {
     node("cluster-recovery.mjs", LIMIT);
 }
 
+/// The Python client's reliable session taken over by node B after its node A was
+/// killed, every message once and in order (`python/cluster_recovery.py`).
+#[test]
+fn python_reliable_session_recovers_on_another_node() {
+    python("cluster_recovery.py", LIMIT);
+}
+
 #[test]
 fn js_messaging_and_rest_api() {
     node("messaging.mjs", LIMIT);
