@@ -26,7 +26,7 @@ use serde_json::Value;
 use tokio::time::Instant;
 
 use crate::filter::Filter;
-use crate::hub::admin::{Selection, Target};
+use crate::hub::admin::{Permission, Selection, Target};
 use crate::hub::{Hub, Session};
 use crate::mirror::{with_provenance, ClaimError, Provenance, SessionWrite};
 use crate::protocol::data::DataType;
@@ -171,6 +171,16 @@ pub(crate) enum Operation {
         filter: Option<String>,
         join: bool,
     },
+    /// Grant (`allowed`) or revoke a connection's permission, for one group or all.
+    #[serde(rename_all = "camelCase")]
+    Permission {
+        hub: String,
+        connection: String,
+        permission: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        group: Option<String>,
+        allowed: bool,
+    },
     /// Another node took this reliable session over: forget it here.
     Claimed { hub: String, id: String },
     /// Close the target's connections.
@@ -223,6 +233,7 @@ impl Operation {
             | Operation::Leave { hub, .. }
             | Operation::Groups { hub, .. }
             | Operation::Claimed { hub, .. }
+            | Operation::Permission { hub, .. }
             | Operation::Close { hub, .. } => hub,
         }
     }
@@ -293,7 +304,45 @@ impl Operation {
                 hub.close_connections(to.target(), &sel, &reason);
             }
             Operation::Claimed { id, .. } => hub.hand_over(&id),
+            Operation::Permission {
+                connection,
+                permission,
+                group,
+                allowed,
+                ..
+            } => {
+                if let Some(session) = hub.session(&connection) {
+                    set_permission(&session, &permission, group.as_deref(), allowed);
+                }
+            }
         }
+    }
+
+    /// A grant or revoke of `connection`'s permission, as the REST API takes it.
+    pub(crate) fn permission(
+        hub: &Hub,
+        connection: &str,
+        permission: Permission,
+        group: Option<String>,
+        allowed: bool,
+    ) -> Self {
+        let name = match permission {
+            Permission::JoinLeaveGroup => "joinLeaveGroup",
+            Permission::SendToGroup => "sendToGroup",
+        };
+        Operation::Permission {
+            hub: hub.name().to_owned(),
+            connection: connection.to_owned(),
+            permission: name.to_owned(),
+            group,
+            allowed,
+        }
+    }
+}
+
+fn set_permission(session: &Session, permission: &str, group: Option<&str>, allowed: bool) {
+    if let Some(p) = Permission::parse(permission) {
+        session.permissions().set(p, group, allowed);
     }
 }
 
@@ -388,6 +437,17 @@ pub(crate) fn apply_to(hub: &Hub, session: &Arc<Session>, op: &[u8], from: Prove
             if names(&to, session) && !excluded.iter().any(|e| e == session.id()) {
                 hub.close(session.id(), session.close_code(1000), &reason);
                 session.shut(session.close_code(1000), &reason);
+            }
+        }
+        Operation::Permission {
+            connection,
+            permission,
+            group,
+            allowed,
+            ..
+        } => {
+            if connection == session.id() {
+                set_permission(session, &permission, group.as_deref(), allowed);
             }
         }
         Operation::Groups { .. } | Operation::Claimed { .. } => {}

@@ -8,6 +8,7 @@
 //     in order per origin; the publisher's ackId re-sent after the recovery is
 //     answered Duplicate and not delivered again.
 //  2. The balancer moves to node C and node B is killed (SIGKILL): the same again.
+// Before that, a permission is granted and revoked through C for the subscriber on A.
 
 import { WebPubSubClient } from "@azure/web-pubsub-client";
 import { WebPubSubServiceClient } from "@azure/web-pubsub";
@@ -72,6 +73,20 @@ scenario("cluster-recovery", async (t) => {
     const first = await pub.ws.sendToGroup("g", { src: "ack", i: 1 }, "json", { ackId: 9001 });
     t.eq(first.isDuplicated, false, "the publisher's first send with ackId 9001");
     await until(20000, "the first messages", allArrived);
+
+    // A permission granted and revoked through C for a connection on A.
+    const subId = sub.seen.connected[0];
+    await svc.grantPermission(subId, "sendToGroup", { targetName: "g" });
+    const granted = await sub.ws.sendToGroup("g", { src: "sub", i: 0 }, "json");
+    t.eq(granted.isDuplicated, false, "a sendToGroup permission granted through C works on A");
+    await svc.revokePermission(subId, "sendToGroup", { targetName: "g" });
+    let denied = "";
+    try {
+      await sub.ws.sendToGroup("g", { src: "sub", i: 1 }, "json");
+    } catch (e) {
+      denied = e.errorDetail?.name ?? String(e);
+    }
+    t.eq(denied, "Forbidden", "revoked through C: refused on A");
 
     // 1. Connections cut, node A alive: recovery on B.
     lb.route([b.port]);
