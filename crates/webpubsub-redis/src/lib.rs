@@ -42,6 +42,8 @@ use statehub_webpubsub::{ClaimError, Cluster, ClusterError, Item, SessionWrite, 
 
 /// How often a node refreshes its liveness key.
 pub const HEARTBEAT: Duration = Duration::from_secs(2);
+/// The writer's channel holds this many times `queue` jobs (see [`RedisCluster::start`]).
+const SESSION_JOBS: usize = 8;
 /// Wait between attempts to reach Redis again.
 const BACKOFF: Duration = Duration::from_millis(250);
 
@@ -193,6 +195,8 @@ pub(crate) struct Shared {
     pub(crate) stop: AtomicBool,
     /// Operations of other nodes trimmed from the stream before this node read them.
     pub(crate) lost: AtomicU64,
+    /// Operations queued and not yet written.
+    pub(crate) ops_waiting: std::sync::atomic::AtomicUsize,
     /// This node's operations as numbered, under a lock held while one is queued, so
     /// operations are queued in their numbers' order.
     pub(crate) assigned: Mutex<Assigned>,
@@ -248,7 +252,10 @@ impl RedisCluster {
     pub fn start(options: &Options, service: &WebPubSub) -> Result<Arc<Self>, WpsRedisError> {
         let client = Client::open(options.url.as_str())?;
         let names = Names::new(&options.namespace);
-        let (jobs, queue) = sync_channel(options.queue.max(1));
+        // Operations are bounded by `queue` (counted in `ops_waiting`); the channel also
+        // carries reliable sessions' frames, many per operation, which must not make
+        // sends be refused: past its bound a session's copy is marked lost instead.
+        let (jobs, queue) = sync_channel(options.queue.max(1).saturating_mul(SESSION_JOBS));
         let shared = Arc::new(Shared {
             incarnation: rand::random(),
             session_ttl: service.config().limits.session_retention,
@@ -318,11 +325,15 @@ impl Cluster for RedisCluster {
         if !self.shared.up.load(Ordering::Relaxed) {
             return Err(unavailable(Down));
         }
+        if self.shared.ops_waiting.load(Ordering::Relaxed) >= self.queue {
+            return Err(ClusterError::Backlog(self.queue));
+        }
         let mut assigned = lock(&self.shared.assigned);
         let seq = assigned.last + 1;
         let kept = (assigned.claims > 0).then(|| operation.clone());
         match self.jobs.try_send(Job::Broadcast(seq, operation)) {
             Ok(()) => {
+                self.shared.ops_waiting.fetch_add(1, Ordering::Relaxed);
                 assigned.last = seq;
                 if let Some(op) = kept {
                     if assigned.kept.len() < self.queue {

@@ -25,23 +25,29 @@ if kind == 'open' then
 end
 if redis.call('HGET', KEYS[1], 'ep') ~= ARGV[1] then return 0 end
 if kind == 'frame' then
-  local seq = tonumber(ARGV[4])
-  if seq >= tonumber(redis.call('HGET', KEYS[1], 'nxt') or '1') then
-    redis.call('XADD', KEYS[2], ARGV[4] .. '-0', 'f', ARGV[5], 'd', ARGV[6])
-    redis.call('HSET', KEYS[1], 'nxt', ARGV[9])
-    redis.call('PEXPIRE', KEYS[2], ARGV[2])
-  end
-  if ARGV[7] == 's' then
-    local cur = redis.call('HGET', KEYS[1], 'o') or '0-0'
-    local a1, a2 = string.match(ARGV[8], '(%d+)-(%d+)')
-    local b1, b2 = string.match(cur, '(%d+)-(%d+)')
-    a1, a2, b1, b2 = tonumber(a1), tonumber(a2), tonumber(b1 or '0'), tonumber(b2 or '0')
-    if a1 > b1 or (a1 == b1 and a2 > b2) then redis.call('HSET', KEYS[1], 'o', ARGV[8]) end
-  elseif ARGV[7] == 'w' then
-    if tonumber(ARGV[8]) > tonumber(redis.call('HGET', KEYS[1], 'lo') or '0') then
-      redis.call('HSET', KEYS[1], 'lo', ARGV[8])
+  -- Frames in order, five arguments each: sequence id, bytes, deadline, provenance.
+  local h = redis.call('HMGET', KEYS[1], 'nxt', 'o', 'lo')
+  local nxt, o, lo = tonumber(h[1] or '1'), h[2] or '0-0', tonumber(h[3] or '0')
+  local o1, o2 = string.match(o, '(%d+)-(%d+)')
+  o1, o2 = tonumber(o1 or '0'), tonumber(o2 or '0')
+  for i = 4, #ARGV, 5 do
+    local seq = tonumber(ARGV[i])
+    if seq >= nxt then
+      redis.call('XADD', KEYS[2], ARGV[i] .. '-0', 'f', ARGV[i + 1], 'd', ARGV[i + 2])
+      nxt = seq + 1
+    end
+    if ARGV[i + 3] == 's' then
+      local a1, a2 = string.match(ARGV[i + 4], '(%d+)-(%d+)')
+      a1, a2 = tonumber(a1), tonumber(a2)
+      if a1 > o1 or (a1 == o1 and a2 > o2) then o1, o2 = a1, a2 end
+    elseif ARGV[i + 3] == 'w' then
+      local w = tonumber(ARGV[i + 4])
+      if w > lo then lo = w end
     end
   end
+  redis.call('HSET', KEYS[1], 'nxt', string.format('%d', nxt), 'o',
+    string.format('%d-%d', o1, o2), 'lo', string.format('%d', lo))
+  redis.call('PEXPIRE', KEYS[2], ARGV[2])
 elseif kind == 'trim' then
   redis.call('XTRIM', KEYS[2], 'MINID', ARGV[4] .. '-0')
   redis.call('HSET', KEYS[1], 'akd', ARGV[5], 'evt', ARGV[6])
@@ -164,24 +170,9 @@ pub(crate) fn add_write(
                 .arg(if user.is_some() { "1" } else { "" })
                 .arg(user.as_deref().unwrap_or_default());
         }
-        SessionWrite::Frame {
-            seq,
-            frame,
-            deadline_ms,
-            from,
-        } => {
-            let (kind, value) = match from {
-                Provenance::Stream(ms, n) => ("s", format!("{ms}-{n}")),
-                Provenance::Own(n) => ("w", n.to_string()),
-                Provenance::Unknown => ("", String::new()),
-            };
-            cmd.arg("frame")
-                .arg(*seq)
-                .arg(frame.as_slice())
-                .arg(*deadline_ms)
-                .arg(kind)
-                .arg(value)
-                .arg(seq + 1);
+        SessionWrite::Frame { .. } => {
+            cmd.arg("frame");
+            add_frame(&mut cmd, write);
         }
         SessionWrite::Trim {
             first,
@@ -205,6 +196,49 @@ pub(crate) fn add_write(
         }
     }
     pipe.add_command(cmd).ignore();
+}
+
+/// Adds a session's consecutive frames to `pipe` as one script call.
+pub(crate) fn add_frames(
+    pipe: &mut redis::Pipeline,
+    scripts: &Scripts,
+    keys: &Keys,
+    (epoch, ttl_ms): (u64, u64),
+    frames: &[&SessionWrite],
+) {
+    let mut cmd = redis::cmd("EVALSHA");
+    cmd.arg(scripts.write.get_hash())
+        .arg(3)
+        .arg(&keys.all()[..])
+        .arg(epoch)
+        .arg(ttl_ms)
+        .arg("frame");
+    for frame in frames {
+        add_frame(&mut cmd, frame);
+    }
+    pipe.add_command(cmd).ignore();
+}
+
+fn add_frame(cmd: &mut redis::Cmd, write: &SessionWrite) {
+    let SessionWrite::Frame {
+        seq,
+        frame,
+        deadline_ms,
+        from,
+    } = write
+    else {
+        return;
+    };
+    let (kind, value) = match from {
+        Provenance::Stream(ms, n) => ("s", format!("{ms}-{n}")),
+        Provenance::Own(n) => ("w", n.to_string()),
+        Provenance::Unknown => ("", String::new()),
+    };
+    cmd.arg(*seq)
+        .arg(frame.as_slice())
+        .arg(*deadline_ms)
+        .arg(kind)
+        .arg(value);
 }
 
 /// Marks a session whose writes could not all be queued: no other node may serve it.

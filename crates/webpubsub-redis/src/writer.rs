@@ -10,14 +10,14 @@ use std::time::{Duration, Instant};
 use redis::{Client, Connection};
 use statehub_webpubsub::{ClaimError, Held, Item, SessionWrite};
 
-use crate::session::{add_lost, add_write, parse_claim, Scripts};
+use crate::session::{add_frames, add_lost, add_write, parse_claim, Scripts};
 use crate::{
     lock, open, ClaimJob, ClaimRecord, Job, Names, Options, Shared, WpsRedisError, BACKOFF,
     HEARTBEAT,
 };
 
 /// Most jobs written in one round trip.
-const BATCH: usize = 256;
+const BATCH: usize = 1024;
 
 /// A job with its operation's sequence number, kept across retries so that an
 /// operation written twice is recognised by the readers.
@@ -46,6 +46,8 @@ pub(crate) struct Writer {
     position_written: bool,
     /// When the owned sessions' keys were last refreshed.
     refreshed: Instant,
+    /// Sessions already marked lost in Redis.
+    marked: std::collections::HashSet<(String, String)>,
 }
 
 impl Writer {
@@ -67,6 +69,7 @@ impl Writer {
             position: "0-0".into(),
             position_written: true,
             refreshed: Instant::now(),
+            marked: std::collections::HashSet::new(),
         }
     }
 
@@ -226,8 +229,19 @@ impl Writer {
                 }
             }
         }
+        // A session's frames in one script call, never moved past another of its writes.
+        let mut frames: HashMap<(&str, &str), Vec<&SessionWrite>> = HashMap::new();
         for job in batch {
             match job {
+                Pending::Session(hub, id, w @ SessionWrite::Frame { .. }) => {
+                    frames.entry((hub, id)).or_default().push(w);
+                }
+                Pending::Session(hub, id, write) => {
+                    if let Some(run) = frames.remove(&(hub.as_str(), id.as_str())) {
+                        self.frames(&mut pipe, hub, id, &run);
+                    }
+                    self.session(&mut pipe, hub, id, write);
+                }
                 Pending::Op(seq, op) => {
                     pipe.cmd("XADD")
                         .arg(&self.names.ops)
@@ -246,7 +260,6 @@ impl Writer {
                         .ignore();
                 }
                 Pending::Index(key, present) => self.index(&mut pipe, &registry, key, *present),
-                Pending::Session(hub, id, write) => self.session(&mut pipe, hub, id, write),
                 Pending::Position(id) => {
                     self.position.clone_from(id);
                     self.position_written = false;
@@ -254,10 +267,27 @@ impl Writer {
                 Pending::Claim(_) => {}
             }
         }
+        for ((hub, id), run) in frames {
+            self.frames(&mut pipe, hub, id, &run);
+        }
         self.sessions_upkeep(&mut pipe);
         pipe.query::<()>(con)?;
         self.position_written = true;
+        let ops = batch
+            .iter()
+            .filter(|j| matches!(j, Pending::Op(..)))
+            .count();
+        self.shared.ops_waiting.fetch_sub(ops, Ordering::Relaxed);
         Ok(())
+    }
+
+    /// A run of one mirrored session's frames, fenced like [`Writer::session`].
+    fn frames(&self, pipe: &mut redis::Pipeline, hub: &str, id: &str, run: &[&SessionWrite]) {
+        let Some(epoch) = self.epochs.get(&(hub.to_owned(), id.to_owned())) else {
+            return;
+        };
+        let keys = self.names.session(hub, id);
+        add_frames(pipe, &self.scripts, &keys, (*epoch, self.ttl_ms()), run);
     }
 
     /// One mirrored session's change, fenced by the epoch this node holds it at.
@@ -268,10 +298,14 @@ impl Writer {
                 self.epochs.insert(key, 1);
                 1
             }
-            SessionWrite::Delete => match self.epochs.remove(&key) {
-                Some(epoch) => epoch,
-                None => return,
-            },
+            SessionWrite::Delete => {
+                lock(&self.shared.broken).remove(&key);
+                self.marked.remove(&key);
+                match self.epochs.remove(&key) {
+                    Some(epoch) => epoch,
+                    None => return,
+                }
+            }
             _ => match self.epochs.get(&key) {
                 Some(epoch) => *epoch,
                 None => return,
@@ -303,11 +337,20 @@ impl Writer {
                 .arg(ttl)
                 .ignore();
         }
-        let broken: Vec<_> = lock(&self.shared.broken).drain().collect();
-        for (hub, id) in broken {
-            if let Some(epoch) = self.epochs.get(&(hub.clone(), id.clone())) {
-                add_lost(pipe, &self.scripts, &self.names.session(&hub, &id), *epoch);
+        let broken: Vec<_> = (lock(&self.shared.broken).iter())
+            .filter(|k| !self.marked.contains(*k))
+            .cloned()
+            .collect();
+        for key in broken {
+            if let Some(epoch) = self.epochs.get(&key) {
+                add_lost(
+                    pipe,
+                    &self.scripts,
+                    &self.names.session(&key.0, &key.1),
+                    *epoch,
+                );
             }
+            self.marked.insert(key);
         }
         if self.refreshed.elapsed() < self.shared.session_ttl / 4 {
             return;

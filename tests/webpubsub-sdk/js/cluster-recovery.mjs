@@ -80,12 +80,17 @@ scenario("cluster-recovery", async (t) => {
     const granted = await sub.ws.sendToGroup("g", { src: "sub", i: 0 }, "json");
     t.eq(granted.isDuplicated, false, "a sendToGroup permission granted through C works on A");
     await svc.revokePermission(subId, "sendToGroup", { targetName: "g" });
+    // A applies the revoke when it reads the operation, soon after the REST call.
     let denied = "";
-    try {
-      await sub.ws.sendToGroup("g", { src: "sub", i: 1 }, "json");
-    } catch (e) {
-      denied = e.errorDetail?.name ?? String(e);
-    }
+    await until(20000, "the revoke reaches A", async () => {
+      try {
+        await sub.ws.sendToGroup("g", { src: "sub", i: 1 }, "json");
+        return false;
+      } catch (e) {
+        denied = e.errorDetail?.name ?? String(e);
+        return true;
+      }
+    });
     t.eq(denied, "Forbidden", "revoked through C: refused on A");
 
     // 1. Connections cut, node A alive: recovery on B.
