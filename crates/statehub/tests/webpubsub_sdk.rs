@@ -120,6 +120,22 @@ fn js_two_nodes_on_redis_groups_rest_and_a_redis_outage() {
     node("cluster.mjs", LIMIT);
 }
 
+/// Three nodes on one redis-server behind a balancer: a reliable subscriber and
+/// publisher recover their sessions on another node, after a cut and after a SIGKILL,
+/// with every message once and in order and a re-sent ackId answered Duplicate
+/// (`cluster-recovery.mjs`).
+#[test]
+fn js_reliable_sessions_recover_on_another_node() {
+    node("cluster-recovery.mjs", LIMIT);
+}
+
+/// The Python client's reliable session taken over by node B after its node A was
+/// killed, every message once and in order (`python/cluster_recovery.py`).
+#[test]
+fn python_reliable_session_recovers_on_another_node() {
+    python("cluster_recovery.py", LIMIT);
+}
+
 #[test]
 fn js_messaging_and_rest_api() {
     node("messaging.mjs", LIMIT);

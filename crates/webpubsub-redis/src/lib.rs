@@ -27,19 +27,23 @@
 //!   Redis is back.
 
 mod reader;
+mod session;
 mod writer;
 
+use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{sync_channel, SyncSender, TrySendError};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use redis::{Client, Connection, RedisResult};
-use statehub_webpubsub::{Cluster, ClusterError, Item, WebPubSub};
+use statehub_webpubsub::{ClaimError, Cluster, ClusterError, Item, SessionWrite, WebPubSub};
 
 /// How often a node refreshes its liveness key.
 pub const HEARTBEAT: Duration = Duration::from_secs(2);
+/// The writer's channel holds this many times `queue` jobs (see [`RedisCluster::start`]).
+const SESSION_JOBS: usize = 8;
 /// Wait between attempts to reach Redis again.
 const BACKOFF: Duration = Duration::from_millis(250);
 
@@ -115,15 +119,69 @@ impl Names {
     pub(crate) fn registry(&self, node: &str) -> String {
         format!("{}reg:{node}", self.prefix)
     }
+
+    pub(crate) fn session(&self, hub: &str, id: &str) -> session::Keys {
+        session::Keys::new(&self.prefix, hub, id)
+    }
+
+    /// The prefix of the keys holding each node incarnation's reader position.
+    pub(crate) fn positions(&self) -> String {
+        format!("{}pos:", self.prefix)
+    }
 }
 
 /// What the writer thread does, in order.
 #[derive(Debug)]
 pub(crate) enum Job {
-    /// Append an operation to the stream.
-    Broadcast(Vec<u8>),
+    /// Append an operation to the stream, with its number.
+    Broadcast(u64, Vec<u8>),
     /// This node now holds (`true`) or no longer holds the item whose index key this is.
     Index(String, bool),
+    /// Mirror a change of a reliable session of (hub, id).
+    Session(String, String, SessionWrite),
+    /// The reader applied every operation up to this stream id.
+    Position(String),
+    /// Take a session over (see [`Cluster::claim`]).
+    Claim(Box<ClaimJob>),
+}
+
+/// A claim for the writer, answered on `reply`.
+#[derive(Debug)]
+pub(crate) struct ClaimJob {
+    pub(crate) hub: String,
+    pub(crate) id: String,
+    pub(crate) digest: String,
+    pub(crate) protocol: String,
+    pub(crate) marker: Vec<u8>,
+    pub(crate) seq: u64,
+    pub(crate) reply: SyncSender<Result<(), ClaimError>>,
+}
+
+/// The numbering of this node's operations.
+#[derive(Debug, Default)]
+pub(crate) struct Assigned {
+    /// The last number given.
+    pub(crate) last: u64,
+    /// Claims not yet served by the reader: while there are, operations are kept.
+    pub(crate) claims: usize,
+    /// The operations handed over since the oldest such claim, at most `queue`.
+    pub(crate) kept: std::collections::VecDeque<(u64, Vec<u8>)>,
+    /// Some were not kept.
+    pub(crate) overflow: bool,
+}
+
+/// A claim the writer made, for the reader to serve when it reaches its marker.
+#[derive(Debug)]
+pub(crate) struct ClaimRecord {
+    pub(crate) claimed: session::Claimed,
+}
+
+/// Claims by their marker's sequence number: `None` while the writer has not heard
+/// Redis's answer.
+pub(crate) type Claims = Mutex<HashMap<u64, Option<ClaimRecord>>>;
+
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// What the writer and the nodes' handles share.
@@ -137,6 +195,31 @@ pub(crate) struct Shared {
     pub(crate) stop: AtomicBool,
     /// Operations of other nodes trimmed from the stream before this node read them.
     pub(crate) lost: AtomicU64,
+    /// Operations queued and not yet written.
+    pub(crate) ops_waiting: std::sync::atomic::AtomicUsize,
+    /// This node's operations as numbered, under a lock held while one is queued, so
+    /// operations are queued in their numbers' order.
+    pub(crate) assigned: Mutex<Assigned>,
+    /// Tells this process's operations from an earlier one's with the same node id.
+    pub(crate) incarnation: u64,
+    /// This node's claims (see [`Claims`]).
+    pub(crate) claims: Claims,
+    /// Sessions some of whose writes could not be queued.
+    pub(crate) broken: Mutex<HashSet<(String, String)>>,
+    /// How long a session's keys outlive their last refresh.
+    pub(crate) session_ttl: Duration,
+}
+
+impl Shared {
+    /// A claim was served by the reader, or failed: stop keeping operations for it.
+    pub(crate) fn claim_served(&self) {
+        let mut assigned = lock(&self.assigned);
+        assigned.claims = assigned.claims.saturating_sub(1);
+        if assigned.claims == 0 {
+            assigned.kept.clear();
+            assigned.overflow = false;
+        }
+    }
 }
 
 /// Web PubSub's [`Cluster`] over Redis. See the crate docs.
@@ -169,8 +252,15 @@ impl RedisCluster {
     pub fn start(options: &Options, service: &WebPubSub) -> Result<Arc<Self>, WpsRedisError> {
         let client = Client::open(options.url.as_str())?;
         let names = Names::new(&options.namespace);
-        let (jobs, queue) = sync_channel(options.queue.max(1));
-        let shared = Arc::new(Shared::default());
+        // Operations are bounded by `queue` (counted in `ops_waiting`); the channel also
+        // carries reliable sessions' frames, many per operation, which must not make
+        // sends be refused: past its bound a session's copy is marked lost instead.
+        let (jobs, queue) = sync_channel(options.queue.max(1).saturating_mul(SESSION_JOBS));
+        let shared = Arc::new(Shared {
+            incarnation: rand::random(),
+            session_ttl: service.config().limits.session_retention,
+            ..Shared::default()
+        });
         let cluster = Arc::new(Self {
             jobs,
             shared: Arc::clone(&shared),
@@ -187,7 +277,7 @@ impl RedisCluster {
         };
         writer::Writer::new(options, client.clone(), names.clone(), shared.clone())
             .spawn(queue, held)?;
-        reader::Reader::new(options, client, names, shared)
+        reader::Reader::new(options, client, names, shared, cluster.jobs.clone())
             .spawn(service.clone(), tokio::runtime::Handle::current())?;
         service.join_cluster(cluster.clone());
         Ok(cluster)
@@ -231,15 +321,98 @@ fn unavailable(error: impl std::error::Error + Send + Sync + 'static) -> Cluster
 struct Down;
 
 impl Cluster for RedisCluster {
-    fn broadcast(&self, operation: Vec<u8>) -> Result<(), ClusterError> {
+    fn broadcast(&self, operation: Vec<u8>) -> Result<u64, ClusterError> {
         if !self.shared.up.load(Ordering::Relaxed) {
             return Err(unavailable(Down));
         }
-        match self.jobs.try_send(Job::Broadcast(operation)) {
-            Ok(()) => Ok(()),
+        if self.shared.ops_waiting.load(Ordering::Relaxed) >= self.queue {
+            return Err(ClusterError::Backlog(self.queue));
+        }
+        let mut assigned = lock(&self.shared.assigned);
+        let seq = assigned.last + 1;
+        let kept = (assigned.claims > 0).then(|| operation.clone());
+        match self.jobs.try_send(Job::Broadcast(seq, operation)) {
+            Ok(()) => {
+                self.shared.ops_waiting.fetch_add(1, Ordering::Relaxed);
+                assigned.last = seq;
+                if let Some(op) = kept {
+                    if assigned.kept.len() < self.queue {
+                        assigned.kept.push_back((seq, op));
+                    } else {
+                        assigned.overflow = true;
+                    }
+                }
+                Ok(seq)
+            }
             Err(TrySendError::Full(_)) => Err(ClusterError::Backlog(self.queue)),
             Err(TrySendError::Disconnected(_)) => Err(unavailable(Down)),
         }
+    }
+
+    fn session(&self, hub: &str, id: &str, write: SessionWrite) {
+        let job = Job::Session(hub.to_owned(), id.to_owned(), write);
+        if self.jobs.try_send(job).is_err() {
+            let first = lock(&self.shared.broken).insert((hub.to_owned(), id.to_owned()));
+            if first {
+                tracing::warn!(
+                    hub,
+                    id,
+                    "web pubsub cluster: a reliable session's changes could not all be queued for redis; it can be recovered on this node only"
+                );
+            }
+        }
+    }
+
+    fn claim(
+        &self,
+        hub: &str,
+        id: &str,
+        token_digest: &str,
+        protocol: &str,
+        marker: Vec<u8>,
+    ) -> Result<(), ClaimError> {
+        if !self.shared.up.load(Ordering::Relaxed) {
+            return Err(unavailable(Down).into());
+        }
+        let (reply, answer) = sync_channel(1);
+        {
+            let mut assigned = lock(&self.shared.assigned);
+            let seq = assigned.last + 1;
+            let job = ClaimJob {
+                hub: hub.to_owned(),
+                id: id.to_owned(),
+                digest: token_digest.to_owned(),
+                protocol: protocol.to_owned(),
+                marker,
+                seq,
+                reply,
+            };
+            match self.jobs.try_send(Job::Claim(Box::new(job))) {
+                Ok(()) => {
+                    assigned.last = seq;
+                    assigned.claims += 1;
+                }
+                Err(TrySendError::Full(_)) => return Err(ClusterError::Backlog(self.queue).into()),
+                Err(TrySendError::Disconnected(_)) => return Err(unavailable(Down).into()),
+            }
+        }
+        let result = match answer.recv_timeout(self.timeout * 3) {
+            Ok(result) => result,
+            Err(e) => Err(unavailable(e).into()),
+        };
+        if result.is_err() {
+            self.shared.claim_served();
+        }
+        result
+    }
+
+    fn sent_after(&self, claim: u64) -> Option<Vec<(u64, Vec<u8>)>> {
+        let assigned = lock(&self.shared.assigned);
+        if assigned.overflow {
+            return None;
+        }
+        let after = assigned.kept.iter().filter(|(seq, _)| *seq > claim);
+        Some(after.cloned().collect())
     }
 
     fn index(&self, hub: &str, item: Item<'_>, present: bool) {

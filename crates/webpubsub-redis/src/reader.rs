@@ -3,15 +3,17 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
+use std::sync::mpsc::SyncSender;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use redis::streams::{StreamId, StreamRangeReply, StreamReadOptions, StreamReadReply};
 use redis::{Client, Commands, Connection, Value};
 use statehub_webpubsub::WebPubSub;
 use tokio::runtime::Handle;
 
-use crate::{open, Names, Options, Shared, WpsRedisError, BACKOFF};
+use crate::session::stream_id;
+use crate::{lock, open, ClaimRecord, Job, Names, Options, Shared, WpsRedisError, BACKOFF};
 
 /// How long one read blocks, so that a stop is seen this often.
 const BLOCK: Duration = Duration::from_millis(500);
@@ -28,6 +30,8 @@ pub(crate) struct Reader {
     last_id: Option<String>,
     /// Per node: its incarnation and the last sequence number applied.
     seen: HashMap<String, (String, u64)>,
+    /// Where the writer hears of this reader's position.
+    jobs: SyncSender<Job>,
 }
 
 /// One entry's fields.
@@ -44,6 +48,7 @@ impl Reader {
         client: Client,
         names: Names,
         shared: Arc<Shared>,
+        jobs: SyncSender<Job>,
     ) -> Self {
         Self {
             client,
@@ -53,6 +58,7 @@ impl Reader {
             timeout: options.timeout,
             last_id: None,
             seen: HashMap::new(),
+            jobs,
         }
     }
 
@@ -110,6 +116,7 @@ impl Reader {
                 .ids
                 .first()
                 .map_or_else(|| "0-0".to_owned(), |e| e.id.clone());
+            let _ = self.jobs.try_send(Job::Position(id.clone()));
             self.last_id = Some(id);
         }
         Ok(())
@@ -129,16 +136,140 @@ impl Reader {
         let reply: Option<StreamReadReply> =
             con.xread_options(&[&self.names.ops], &[&last_id], &options)?;
         let _runtime = runtime.enter();
+        let (mut moved, mut own) = (false, false);
         for key in reply.map(|r| r.keys).unwrap_or_default() {
             for entry in key.ids {
-                self.last_id = Some(entry.id.clone());
+                let id = entry.id.clone();
+                let at = stream_id(&id).unwrap_or_default();
                 let entry = parse(&entry)?;
-                if entry.node != self.node && self.fresh(&entry) {
-                    service.apply_remote(&entry.op);
+                if entry.node != self.node {
+                    if self.fresh(&entry) {
+                        service.apply_remote(&entry.op, at);
+                    }
+                } else if entry.incarnation == self.shared.incarnation.to_string() {
+                    self.own(con, service, &id, &entry)?;
+                    own = true;
                 }
+                self.last_id = Some(id);
+                moved = true;
+            }
+        }
+        if moved {
+            // The position is queued after the mirror's writes of everything up to it:
+            // what the reader applied is queued already; what this node's own sends
+            // delivered here, once they have all delivered.
+            if own {
+                service.settled();
+            }
+            if let Some(id) = &self.last_id {
+                let _ = self.jobs.try_send(Job::Position(id.clone()));
             }
         }
         Ok(())
+    }
+
+    /// This node's own entry `id`: if a claim's marker, the session is taken over here
+    /// now.
+    fn own(
+        &mut self,
+        con: &mut Connection,
+        service: &WebPubSub,
+        id: &str,
+        entry: &Entry,
+    ) -> Result<(), WpsRedisError> {
+        if let Some(record) = self.wait_for_claim(entry.seq) {
+            let served = self.restore(con, service, id, entry.seq, record);
+            self.shared.claim_served();
+            return served;
+        }
+        Ok(())
+    }
+
+    /// The claim whose marker has number `seq`, once the writer has its answer.
+    fn wait_for_claim(&self, seq: u64) -> Option<ClaimRecord> {
+        let deadline = Instant::now() + self.timeout * 2;
+        loop {
+            let mut claims = lock(&self.shared.claims);
+            match claims.get(&seq) {
+                None => return None,
+                Some(Some(_)) => return claims.remove(&seq).flatten(),
+                Some(None) if Instant::now() >= deadline => {
+                    claims.remove(&seq);
+                    return None;
+                }
+                Some(None) => {}
+            }
+            drop(claims);
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    /// Serves a claim at its marker `id`: the operations between what the stored
+    /// session reflects and the marker are replayed to it, then it is reachable here.
+    fn restore(
+        &mut self,
+        con: &mut Connection,
+        service: &WebPubSub,
+        marker: &str,
+        claim: u64,
+        record: ClaimRecord,
+    ) -> Result<(), WpsRedisError> {
+        let c = record.claimed;
+        let (hub, id) = (c.restored.hub.clone(), c.restored.id.clone());
+        let from = format!("{}-{}", c.from.0, c.from.1);
+        if self.trimmed_after(con, c.from)? {
+            service.restore_failed(
+                &hub,
+                &id,
+                "messages for it were trimmed from the cluster's stream before another node could take it over",
+            );
+            return Ok(());
+        }
+        let mut replay = Vec::new();
+        let mut start = format!("({from}");
+        loop {
+            let page: StreamRangeReply =
+                con.xrange_count(&self.names.ops, &start, format!("({marker}"), 1000)?;
+            let Some(last) = page.ids.last() else { break };
+            start = format!("({}", last.id);
+            for e in &page.ids {
+                let entry = parse(e)?;
+                let owner = format!("{}:{}", entry.node, entry.incarnation);
+                if owner == c.old_owner && entry.seq <= c.own_through {
+                    continue;
+                }
+                replay.push((stream_id(&e.id).unwrap_or_default(), entry.op));
+            }
+        }
+        tracing::debug!(
+            hub,
+            id,
+            replay = replay.len(),
+            from,
+            "web pubsub cluster: restoring a claimed session"
+        );
+        service.restore(c.restored, replay, claim);
+        Ok(())
+    }
+
+    /// Whether the stream dropped any entry after `from`.
+    fn trimmed_after(&self, con: &mut Connection, from: (u64, u64)) -> Result<bool, WpsRedisError> {
+        let info: Value = redis::cmd("XINFO")
+            .arg("STREAM")
+            .arg(&self.names.ops)
+            .query(con)?;
+        let Value::Array(fields) = info else {
+            return Ok(false);
+        };
+        for pair in fields.chunks(2) {
+            if let [Value::BulkString(k), Value::BulkString(v)] = pair {
+                if k == b"max-deleted-entry-id" {
+                    let deleted = std::str::from_utf8(v).ok().and_then(stream_id);
+                    return Ok(deleted.is_some_and(|d| d > from));
+                }
+            }
+        }
+        Ok(false)
     }
 
     /// Whether the entry is new (not one written twice), counting any gap before it.
@@ -200,7 +331,8 @@ mod tests {
             queue: 10,
         };
         let client = Client::open(options.url.as_str()).expect("a valid url");
-        Reader::new(&options, client, Names::new("t"), Arc::default())
+        let (jobs, _queue) = std::sync::mpsc::sync_channel(1);
+        Reader::new(&options, client, Names::new("t"), Arc::default(), jobs)
     }
 
     fn entry(node: &str, incarnation: &str, seq: u64) -> Entry {

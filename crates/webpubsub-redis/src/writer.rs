@@ -1,18 +1,23 @@
 //! The writer thread: this node's operations into the stream and its index changes
 //! into the index, in the order they were handed over, retried until Redis takes them.
 
+use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use redis::{Client, Connection};
-use statehub_webpubsub::{Held, Item};
+use statehub_webpubsub::{ClaimError, Held, Item, SessionWrite};
 
-use crate::{open, Job, Names, Options, Shared, WpsRedisError, BACKOFF, HEARTBEAT};
+use crate::session::{add_frames, add_lost, add_write, parse_claim, Scripts};
+use crate::{
+    lock, open, ClaimJob, ClaimRecord, Job, Names, Options, Shared, WpsRedisError, BACKOFF,
+    HEARTBEAT,
+};
 
 /// Most jobs written in one round trip.
-const BATCH: usize = 256;
+const BATCH: usize = 1024;
 
 /// A job with its operation's sequence number, kept across retries so that an
 /// operation written twice is recognised by the readers.
@@ -20,6 +25,10 @@ const BATCH: usize = 256;
 enum Pending {
     Op(u64, Vec<u8>),
     Index(String, bool),
+    Session(String, String, SessionWrite),
+    Position(String),
+    /// Always the last of a batch: it is answered once the batch before it is written.
+    Claim(Box<ClaimJob>),
 }
 
 pub(crate) struct Writer {
@@ -27,11 +36,18 @@ pub(crate) struct Writer {
     names: Names,
     shared: Arc<Shared>,
     node: String,
-    /// Tells this process's operations from an earlier one's with the same node id.
-    incarnation: u64,
-    seq: u64,
     stream_len: u64,
     timeout: Duration,
+    scripts: Scripts,
+    /// The epoch of every mirrored session this node owns, by (hub, id).
+    epochs: HashMap<(String, String), u64>,
+    /// The reader's last position, as queued, and whether it is written.
+    position: String,
+    position_written: bool,
+    /// When the owned sessions' keys were last refreshed.
+    refreshed: Instant,
+    /// Sessions already marked lost in Redis.
+    marked: std::collections::HashSet<(String, String)>,
 }
 
 impl Writer {
@@ -46,22 +62,38 @@ impl Writer {
             names,
             shared,
             node: options.node.clone(),
-            incarnation: rand::random(),
-            seq: 0,
             stream_len: options.stream_len.max(1),
             timeout: options.timeout,
+            scripts: Scripts::new(),
+            epochs: HashMap::new(),
+            position: "0-0".into(),
+            position_written: true,
+            refreshed: Instant::now(),
+            marked: std::collections::HashSet::new(),
         }
     }
 
+    /// `node:incarnation`, as a session's owner is recorded.
+    fn owner(&self) -> String {
+        format!("{}:{}", self.node, self.shared.incarnation)
+    }
+
+    fn ttl_ms(&self) -> u64 {
+        u64::try_from(self.shared.session_ttl.as_millis())
+            .unwrap_or(u64::MAX)
+            .max(1)
+    }
+
     pub(crate) fn spawn(
-        self,
+        mut self,
         queue: Receiver<Job>,
         held: impl Fn() -> Vec<(String, Held)> + Send + 'static,
     ) -> Result<(), WpsRedisError> {
         // Reach Redis now if it is up, so that broadcasts are taken from the start.
         let mut con = open(&self.client, self.timeout).ok();
         if let Some(c) = con.as_mut() {
-            if self.write(c, &[], Some(&held())).is_ok() {
+            if self.scripts.load(c).is_ok() && self.write(c, &mut Vec::new(), Some(&held())).is_ok()
+            {
                 self.shared.up.store(true, Ordering::Relaxed);
             }
         }
@@ -84,13 +116,13 @@ impl Writer {
         while !self.shared.stop.load(Ordering::Relaxed) {
             if batch.is_empty() {
                 match queue.recv_timeout(HEARTBEAT) {
-                    Ok(job) => batch.push(self.pending(job)),
+                    Ok(job) => batch.push(Self::pending(job)),
                     Err(RecvTimeoutError::Timeout) => {}
                     Err(RecvTimeoutError::Disconnected) => return,
                 }
-                while batch.len() < BATCH {
+                while batch.len() < BATCH && !matches!(batch.last(), Some(Pending::Claim(_))) {
                     match queue.try_recv() {
-                        Ok(job) => batch.push(self.pending(job)),
+                        Ok(job) => batch.push(Self::pending(job)),
                         Err(_) => break,
                     }
                 }
@@ -100,11 +132,14 @@ impl Writer {
             }
             let attempt = match con.as_mut() {
                 Some(c) => Ok(c),
-                None => open(&self.client, self.timeout).map(|c| con.insert(c)),
+                None => open(&self.client, self.timeout).and_then(|mut c| {
+                    self.scripts.load(&mut c)?;
+                    Ok(con.insert(c))
+                }),
             };
             let written = attempt.map_err(WpsRedisError::from).and_then(|c| {
                 let everything = resync.then(held);
-                self.write(c, &batch, everything.as_deref())
+                self.write(c, &mut batch, everything.as_deref())
                     .map(|()| resync = false)
             });
             match written {
@@ -130,20 +165,42 @@ impl Writer {
         }
     }
 
-    fn pending(&mut self, job: Job) -> Pending {
+    fn pending(job: Job) -> Pending {
         match job {
-            Job::Broadcast(op) => {
-                self.seq += 1;
-                Pending::Op(self.seq, op)
-            }
+            Job::Broadcast(seq, op) => Pending::Op(seq, op),
             Job::Index(key, present) => Pending::Index(key, present),
+            Job::Session(hub, id, write) => Pending::Session(hub, id, write),
+            Job::Position(id) => Pending::Position(id),
+            Job::Claim(claim) => Pending::Claim(claim),
         }
     }
 
     /// One round trip: the liveness key, the index written again from `everything`
     /// when given (all this node holds), then the batch.
     fn write(
-        &self,
+        &mut self,
+        con: &mut Connection,
+        batch: &mut Vec<Pending>,
+        everything: Option<&[(String, Held)]>,
+    ) -> Result<(), WpsRedisError> {
+        let claim = match batch.last() {
+            Some(Pending::Claim(_)) => batch.pop(),
+            _ => None,
+        };
+        let written = self.write_batch(con, batch, everything);
+        if let Some(Pending::Claim(claim)) = claim {
+            if written.is_err() {
+                batch.push(Pending::Claim(claim));
+                return written;
+            }
+            batch.clear();
+            self.claim(con, *claim)?;
+        }
+        written
+    }
+
+    fn write_batch(
+        &mut self,
         con: &mut Connection,
         batch: &[Pending],
         everything: Option<&[(String, Held)]>,
@@ -172,8 +229,19 @@ impl Writer {
                 }
             }
         }
+        // A session's frames in one script call, never moved past another of its writes.
+        let mut frames: HashMap<(&str, &str), Vec<&SessionWrite>> = HashMap::new();
         for job in batch {
             match job {
+                Pending::Session(hub, id, w @ SessionWrite::Frame { .. }) => {
+                    frames.entry((hub, id)).or_default().push(w);
+                }
+                Pending::Session(hub, id, write) => {
+                    if let Some(run) = frames.remove(&(hub.as_str(), id.as_str())) {
+                        self.frames(&mut pipe, hub, id, &run);
+                    }
+                    self.session(&mut pipe, hub, id, write);
+                }
                 Pending::Op(seq, op) => {
                     pipe.cmd("XADD")
                         .arg(&self.names.ops)
@@ -184,7 +252,7 @@ impl Writer {
                         .arg("n")
                         .arg(&self.node)
                         .arg("r")
-                        .arg(self.incarnation)
+                        .arg(self.shared.incarnation)
                         .arg("s")
                         .arg(*seq)
                         .arg("o")
@@ -192,9 +260,158 @@ impl Writer {
                         .ignore();
                 }
                 Pending::Index(key, present) => self.index(&mut pipe, &registry, key, *present),
+                Pending::Position(id) => {
+                    self.position.clone_from(id);
+                    self.position_written = false;
+                }
+                Pending::Claim(_) => {}
             }
         }
+        for ((hub, id), run) in frames {
+            self.frames(&mut pipe, hub, id, &run);
+        }
+        self.sessions_upkeep(&mut pipe);
         pipe.query::<()>(con)?;
+        self.position_written = true;
+        let ops = batch
+            .iter()
+            .filter(|j| matches!(j, Pending::Op(..)))
+            .count();
+        self.shared.ops_waiting.fetch_sub(ops, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// A run of one mirrored session's frames, fenced like [`Writer::session`].
+    fn frames(&self, pipe: &mut redis::Pipeline, hub: &str, id: &str, run: &[&SessionWrite]) {
+        let Some(epoch) = self.epochs.get(&(hub.to_owned(), id.to_owned())) else {
+            return;
+        };
+        let keys = self.names.session(hub, id);
+        add_frames(pipe, &self.scripts, &keys, (*epoch, self.ttl_ms()), run);
+    }
+
+    /// One mirrored session's change, fenced by the epoch this node holds it at.
+    fn session(&mut self, pipe: &mut redis::Pipeline, hub: &str, id: &str, write: &SessionWrite) {
+        let key = (hub.to_owned(), id.to_owned());
+        let epoch = match write {
+            SessionWrite::Open { .. } => {
+                self.epochs.insert(key, 1);
+                1
+            }
+            SessionWrite::Delete => {
+                lock(&self.shared.broken).remove(&key);
+                self.marked.remove(&key);
+                match self.epochs.remove(&key) {
+                    Some(epoch) => epoch,
+                    None => return,
+                }
+            }
+            _ => match self.epochs.get(&key) {
+                Some(epoch) => *epoch,
+                None => return,
+            },
+        };
+        let keys = self.names.session(hub, id);
+        let owner = self.owner();
+        let ttl = self.ttl_ms();
+        add_write(
+            pipe,
+            &self.scripts,
+            &keys,
+            (epoch, ttl),
+            write,
+            (&owner, &self.position),
+        );
+    }
+
+    /// The reader's position (when it moved), sessions whose writes were dropped, and
+    /// the owned sessions' expiry, refreshed a few times per retention window.
+    fn sessions_upkeep(&mut self, pipe: &mut redis::Pipeline) {
+        let ttl = self.ttl_ms();
+        let pos = format!("{}{}", self.names.positions(), self.owner());
+        if !self.position_written {
+            pipe.cmd("SET")
+                .arg(&pos)
+                .arg(&self.position)
+                .arg("PX")
+                .arg(ttl)
+                .ignore();
+        }
+        let broken: Vec<_> = (lock(&self.shared.broken).iter())
+            .filter(|k| !self.marked.contains(*k))
+            .cloned()
+            .collect();
+        for key in broken {
+            if let Some(epoch) = self.epochs.get(&key) {
+                add_lost(
+                    pipe,
+                    &self.scripts,
+                    &self.names.session(&key.0, &key.1),
+                    *epoch,
+                );
+            }
+            self.marked.insert(key);
+        }
+        if self.refreshed.elapsed() < self.shared.session_ttl / 4 {
+            return;
+        }
+        self.refreshed = Instant::now();
+        pipe.cmd("PEXPIRE").arg(&pos).arg(ttl).ignore();
+        for (hub, id) in self.epochs.keys() {
+            for key in self.names.session(hub, id).all() {
+                pipe.cmd("PEXPIRE").arg(key).arg(ttl).ignore();
+            }
+        }
+    }
+
+    /// Runs a claim (after everything queued before it is written) and answers it.
+    fn claim(&mut self, con: &mut Connection, job: ClaimJob) -> Result<(), WpsRedisError> {
+        let keys = self.names.session(&job.hub, &job.id);
+        lock(&self.shared.claims).insert(job.seq, None);
+        let reply: Result<redis::Value, _> = redis::cmd("EVALSHA")
+            .arg(self.scripts.claim.get_hash())
+            .arg(4)
+            .arg(&keys.all()[..])
+            .arg(&self.names.ops)
+            .arg(&job.digest)
+            .arg(&job.protocol)
+            .arg(self.owner())
+            .arg(self.ttl_ms())
+            .arg(&self.node)
+            .arg(self.shared.incarnation)
+            .arg(job.seq)
+            .arg(job.marker.as_slice())
+            .arg(self.stream_len)
+            .arg(self.names.positions())
+            .query(con);
+        let parsed = reply
+            .map_err(WpsRedisError::from)
+            .and_then(|v| parse_claim(v, &job.hub, &job.id));
+        let answer = match parsed {
+            Ok(Ok(Some(mut claimed))) => {
+                claimed.restored.protocol.clone_from(&job.protocol);
+                self.epochs
+                    .insert((job.hub.clone(), job.id.clone()), claimed.epoch);
+                lock(&self.shared.claims).insert(job.seq, Some(ClaimRecord { claimed }));
+                Ok(())
+            }
+            Ok(Ok(None)) => Err(ClaimError::Gone),
+            Ok(Err(why)) => Err(ClaimError::Ended(why.to_owned())),
+            Err(e) => Err(ClaimError::Cluster(
+                statehub_webpubsub::ClusterError::Unavailable(Box::new(e)),
+            )),
+        };
+        tracing::debug!(
+            hub = job.hub,
+            id = job.id,
+            seq = job.seq,
+            ?answer,
+            "web pubsub cluster: claim"
+        );
+        if answer.is_err() {
+            lock(&self.shared.claims).remove(&job.seq);
+        }
+        let _ = job.reply.send(answer);
         Ok(())
     }
 

@@ -26,8 +26,9 @@ use serde_json::Value;
 use tokio::time::Instant;
 
 use crate::filter::Filter;
-use crate::hub::admin::{Selection, Target};
-use crate::hub::Hub;
+use crate::hub::admin::{Permission, Selection, Target};
+use crate::hub::{Hub, Session};
+use crate::mirror::{with_provenance, ClaimError, Provenance, SessionWrite};
 use crate::protocol::data::DataType;
 use crate::protocol::json::{DataMessageRef, MessageSource};
 use crate::protocol::Payload;
@@ -38,13 +39,37 @@ pub trait Cluster: Send + Sync + Debug {
     /// Hands an encoded operation to every other node, after every one handed over
     /// before. Must not block: it queues. An `Err` means the other nodes will not get
     /// it (the caller refuses the request).
-    fn broadcast(&self, operation: Vec<u8>) -> Result<(), ClusterError>;
+    /// Returns the operation's number among this node's (from 1, in the order handed
+    /// over).
+    fn broadcast(&self, operation: Vec<u8>) -> Result<u64, ClusterError>;
     /// Records that this node now holds (`present`) or no longer holds `item` of `hub`.
     /// Must not block (called under the hub's lock).
     fn index(&self, hub: &str, item: Item<'_>, present: bool);
     /// Whether a live node other than this one holds `item` of `hub`. May block (called
     /// on a blocking thread).
     fn exists(&self, hub: &str, item: Item<'_>) -> Result<bool, ClusterError>;
+    /// Mirrors a change of a reliable session this node holds (see `mirror.rs`), after
+    /// every write and operation handed over before. Must not block (called under the
+    /// session's lock); a write that cannot be queued makes the mirror refuse the
+    /// session's recovery elsewhere rather than serve it incomplete.
+    fn session(&self, hub: &str, id: &str, write: SessionWrite);
+    /// Takes the mirrored session `id` over for this node: checks the token's digest
+    /// and subprotocol, fences its previous owner and appends `marker` (a `claimed`
+    /// operation) to the operations, after every operation this node handed over
+    /// before. On success this node's reader later hands the session to
+    /// [`crate::WebPubSub::restore`]. May block.
+    fn claim(
+        &self,
+        hub: &str,
+        id: &str,
+        token_digest: &str,
+        protocol: &str,
+        marker: Vec<u8>,
+    ) -> Result<(), ClaimError>;
+    /// This node's operations handed over since its claim numbered `claim` (not yet
+    /// served by the reader), with their numbers, in order; `None` if more were handed
+    /// over than it keeps.
+    fn sent_after(&self, claim: u64) -> Option<Vec<(u64, Vec<u8>)>>;
 }
 
 /// What the index knows a node holds.
@@ -146,6 +171,18 @@ pub(crate) enum Operation {
         filter: Option<String>,
         join: bool,
     },
+    /// Grant (`allowed`) or revoke a connection's permission, for one group or all.
+    #[serde(rename_all = "camelCase")]
+    Permission {
+        hub: String,
+        connection: String,
+        permission: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        group: Option<String>,
+        allowed: bool,
+    },
+    /// Another node took this reliable session over: forget it here.
+    Claimed { hub: String, id: String },
     /// Close the target's connections.
     Close {
         hub: String,
@@ -195,6 +232,8 @@ impl Operation {
             | Operation::Join { hub, .. }
             | Operation::Leave { hub, .. }
             | Operation::Groups { hub, .. }
+            | Operation::Claimed { hub, .. }
+            | Operation::Permission { hub, .. }
             | Operation::Close { hub, .. } => hub,
         }
     }
@@ -264,7 +303,154 @@ impl Operation {
                 };
                 hub.close_connections(to.target(), &sel, &reason);
             }
+            Operation::Claimed { id, .. } => hub.hand_over(&id),
+            Operation::Permission {
+                connection,
+                permission,
+                group,
+                allowed,
+                ..
+            } => {
+                if let Some(session) = hub.session(&connection) {
+                    set_permission(&session, &permission, group.as_deref(), allowed);
+                }
+            }
         }
+    }
+
+    /// A grant or revoke of `connection`'s permission, as the REST API takes it.
+    pub(crate) fn permission(
+        hub: &Hub,
+        connection: &str,
+        permission: Permission,
+        group: Option<String>,
+        allowed: bool,
+    ) -> Self {
+        let name = match permission {
+            Permission::JoinLeaveGroup => "joinLeaveGroup",
+            Permission::SendToGroup => "sendToGroup",
+        };
+        Operation::Permission {
+            hub: hub.name().to_owned(),
+            connection: connection.to_owned(),
+            permission: name.to_owned(),
+            group,
+            allowed,
+        }
+    }
+}
+
+fn set_permission(session: &Session, permission: &str, group: Option<&str>, allowed: bool) {
+    if let Some(p) = Permission::parse(permission) {
+        session.permissions().set(p, group, allowed);
+    }
+}
+
+/// The `claimed` operation of session `id`, as [`Cluster::claim`] appends it.
+pub(crate) fn claimed_marker(hub: &str, id: &str) -> Vec<u8> {
+    let op = Operation::Claimed {
+        hub: hub.to_owned(),
+        id: id.to_owned(),
+    };
+    serde_json::to_vec(&op).unwrap_or_default()
+}
+
+/// Whether `session` is among `to`'s connections.
+fn names(to: &To, session: &Session) -> bool {
+    match to {
+        To::All => true,
+        To::Group(g) => session.with_groups(|groups| groups.contains(g)),
+        To::User(u) => session.user_id() == Some(u.as_str()),
+        To::Connection(c) => c == session.id(),
+    }
+}
+
+/// Applies an operation to one session only (a session being taken over, see
+/// `mirror.rs`), its frames marked as coming from `from`.
+pub(crate) fn apply_to(hub: &Hub, session: &Arc<Session>, op: &[u8], from: Provenance) {
+    let Ok(op) = serde_json::from_slice::<Operation>(op) else {
+        return;
+    };
+    match op {
+        Operation::Send {
+            to,
+            excluded,
+            filter,
+            data_type,
+            data,
+            ttl_ms,
+            from_user,
+            ..
+        } => {
+            if !names(&to, session) || excluded.iter().any(|e| e == session.id()) {
+                return;
+            }
+            let Ok(payload) = Payload::from_json(data_type, data) else {
+                return;
+            };
+            let filter = filter.as_deref().and_then(|f| Filter::parse(f).ok());
+            let sel = Selection {
+                excluded: &[],
+                filter: filter.as_ref(),
+            };
+            let deadline = ttl_ms.map(|t| Instant::now() + Duration::from_millis(t));
+            let msg = DataMessageRef {
+                from: match &to {
+                    To::Group(_) => MessageSource::Group,
+                    _ => MessageSource::Server,
+                },
+                group: match &to {
+                    To::Group(g) => Some(g.as_str()),
+                    _ => None,
+                },
+                from_user_id: from_user.as_deref(),
+                payload: &payload,
+                stream: None,
+            };
+            with_provenance(from, || {
+                hub.deliver_to(session, &sel, &msg, deadline);
+            });
+        }
+        Operation::Join { to, group, .. } => {
+            if matches!(to, To::Connection(_) | To::User(_)) && names(&to, session) {
+                let _ = hub.join_adopted(session, &group);
+            }
+        }
+        Operation::Leave { to, group, .. } => {
+            if names(&to, session) {
+                match group {
+                    Some(g) => hub.leave(session, &g),
+                    None => {
+                        for g in session.groups() {
+                            hub.leave(session, &g);
+                        }
+                    }
+                }
+            }
+        }
+        Operation::Close {
+            to,
+            excluded,
+            reason,
+            ..
+        } => {
+            if names(&to, session) && !excluded.iter().any(|e| e == session.id()) {
+                hub.close(session.id(), session.close_code(1000), &reason);
+                session.shut(session.close_code(1000), &reason);
+            }
+        }
+        Operation::Permission {
+            connection,
+            permission,
+            group,
+            allowed,
+            ..
+        } => {
+            if connection == session.id() {
+                set_permission(session, &permission, group.as_deref(), allowed);
+            }
+        }
+        Operation::Groups { .. } | Operation::Claimed { .. } => {}
     }
 }
 
@@ -279,7 +465,9 @@ impl crate::WebPubSub {
     /// Applies an operation another node broadcast (see [`Cluster::broadcast`]) to this
     /// node's sessions. Call it in the order the operations were broadcast, inside the
     /// Tokio runtime. An operation for a hub this node has no session of does nothing.
-    pub fn apply_remote(&self, operation: &[u8]) {
+    /// `entry` is its place in the cluster's order, which the frames it produces for
+    /// mirrored sessions record (see `mirror.rs`).
+    pub fn apply_remote(&self, operation: &[u8], entry: (u64, u64)) {
         let operation: Operation = match serde_json::from_slice(operation) {
             Ok(op) => op,
             Err(error) => {
@@ -288,16 +476,29 @@ impl crate::WebPubSub {
             }
         };
         if let Some(hub) = self.existing_hub(operation.hub()) {
-            operation.apply(&hub);
+            with_provenance(Provenance::Stream(entry.0, entry.1), || {
+                operation.apply(&hub)
+            });
+        }
+    }
+
+    /// Returns once every send of this node that was between its broadcast and its
+    /// local delivery has delivered: what this node's own operations read back from the
+    /// cluster produced here is then queued for the mirror, before anything the caller
+    /// queues next.
+    pub fn settled(&self) {
+        for hub in self.hubs_now() {
+            hub.settled();
         }
     }
 }
 
 impl Hub {
     /// Hands `operation` to the other nodes (nothing to do on a single node).
-    pub(crate) fn broadcast(&self, operation: &Operation) -> Result<(), ClusterError> {
+    /// Returns the operation's number among this node's (0 on a single node).
+    pub(crate) fn broadcast(&self, operation: &Operation) -> Result<u64, ClusterError> {
         let Some(cluster) = self.cluster() else {
-            return Ok(());
+            return Ok(0);
         };
         let bytes =
             serde_json::to_vec(operation).map_err(|e| ClusterError::Unavailable(Box::new(e)))?;

@@ -71,6 +71,7 @@ pub(crate) async fn serve(socket: WebSocket, hub: Arc<Hub>, session: Arc<Session
     let (generation, replay) = match session.attach(out.clone()) {
         Ok(attached) => attached,
         Err(e) => {
+            tracing::debug!(id = session.id(), %e, "web pubsub: attach failed");
             hub.remove(session.id());
             return refuse(socket, protocol, CLOSE_POLICY, &e.to_string()).await;
         }

@@ -14,6 +14,7 @@ use crate::cluster::{Operation, SentSelection};
 use crate::effects::{check_group, AckFailure, Close, Effects, UserEvent};
 use crate::hub::admin::Target;
 use crate::hub::{Hub, Session, CLOSE_POLICY};
+use crate::mirror::{with_provenance, Provenance};
 use crate::protocol::codec::{decode_binary, decode_text, Request};
 use crate::protocol::json::{DataMessageRef, Downstream, MessageSource};
 use crate::protocol::{Payload, ProtocolError};
@@ -166,17 +167,28 @@ fn send_to_group(
 ) -> Result<(), AckFailure> {
     check_group(group, session.permissions().can_send(group), "send to")?;
     let payload = payload.map_err(|e| AckFailure::BadRequest(e.to_string()))?;
+    let _order = hub.sending();
+    let mut from = Provenance::Unknown;
     if hub.cluster().is_some() {
+        // The sender itself is left out wherever the operation is applied, as a session
+        // taken over by another node may be.
+        let me = [session.id().to_owned()];
+        let sel = SentSelection {
+            excluded: if no_echo { &me } else { &[] },
+            filter: None,
+        };
         let sent = Operation::send(
             hub,
             Target::Group(group),
-            &SentSelection::default(),
+            &sel,
             &payload,
             None,
             session.user_id(),
         );
-        hub.broadcast(&sent)
+        let seq = hub
+            .broadcast(&sent)
             .map_err(|e| AckFailure::Unavailable(e.to_string()))?;
+        from = Provenance::Own(seq);
     }
     let msg = DataMessageRef {
         from: MessageSource::Group,
@@ -185,7 +197,9 @@ fn send_to_group(
         payload: &payload,
         stream: None,
     };
-    hub.send_to_group(group, &msg, no_echo.then(|| session.id()));
+    with_provenance(from, || {
+        hub.send_to_group(group, &msg, no_echo.then(|| session.id()));
+    });
     Ok(())
 }
 

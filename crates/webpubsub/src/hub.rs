@@ -29,11 +29,12 @@ mod ended;
 mod events;
 mod session;
 pub(crate) mod stream;
+mod takeover;
 pub(crate) mod view;
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard};
 
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine as _;
@@ -43,6 +44,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::cluster::{Cluster, Item};
 use crate::config::Limits;
+use crate::mirror::Mirror;
 use crate::protocol::frames::DataFrames;
 use crate::protocol::json::DataMessageRef;
 use crate::stats::Stats;
@@ -105,6 +107,10 @@ pub(crate) struct Hub {
     events: Option<Arc<dyn Events>>,
     /// The other nodes, when there are (see `cluster.rs`).
     cluster: Option<Arc<dyn Cluster>>,
+    /// Held for reading by a send from its broadcast to its local delivery, for writing
+    /// while a session taken over from another node becomes reachable: so each send
+    /// either reaches it here or is applied to it by the reader (`mirror.rs`).
+    order: RwLock<()>,
     shutdown: CancellationToken,
     stats: Arc<Stats>,
 }
@@ -160,6 +166,7 @@ impl Hub {
             reserved: AtomicUsize::new(0),
             events: None,
             cluster: None,
+            order: RwLock::new(()),
             shutdown: CancellationToken::new(),
             stats: Arc::default(),
         }
@@ -261,7 +268,12 @@ impl Hub {
         let id = new.connection_id.clone().unwrap_or_else(new_connection_id);
         let groups = new.claims.groups.clone();
         let env = (Arc::clone(&self.name), Arc::clone(&self.stats));
-        let session = Arc::new(Session::new(id, new, &self.limits, env));
+        let roles = new.claims.roles.clone();
+        let mut session = Session::new(id, new, &self.limits, env);
+        if let Some(mirror) = self.mirror() {
+            session.mirror_to(mirror, roles);
+        }
+        let session = Arc::new(session);
         {
             let mut hub = lock(&self.state);
             hub.sessions
@@ -281,6 +293,23 @@ impl Hub {
             }
         }
         session
+    }
+
+    fn mirror(&self) -> Option<Mirror> {
+        self.cluster.as_ref().map(|cluster| Mirror {
+            cluster: Arc::clone(cluster),
+            hub: Arc::clone(&self.name),
+        })
+    }
+
+    /// Held by a send across its broadcast and its local delivery (see `order`).
+    pub(crate) fn sending(&self) -> RwLockReadGuard<'_, ()> {
+        self.order.read().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Waits for the sends between their broadcast and their delivery (see `order`).
+    pub(crate) fn settled(&self) {
+        drop(self.order.write().unwrap_or_else(PoisonError::into_inner));
     }
 
     /// Reserves a place for a new connection, unless the hub already holds (or has
@@ -418,6 +447,11 @@ impl Hub {
     /// Deletes a session: it leaves every group and can no longer be recovered. The
     /// lifecycle hears of it once, from whichever caller actually removed it.
     pub(crate) fn remove(&self, id: &str) {
+        self.remove_with(id, true);
+    }
+
+    /// Deletes a session; `ended`: for good (else it lives on another node).
+    fn remove_with(&self, id: &str, ended: bool) {
         let (session, reason) = {
             let mut hub = lock(&self.state);
             let Some(session) = hub.sessions.remove(id) else {
@@ -430,7 +464,7 @@ impl Hub {
                     self.indexed(Item::Group(&group), false);
                 }
             }
-            if let (Some(token), Some(why)) = (session.reconnection_token(), &reason) {
+            if let (true, Some(token), Some(why)) = (ended, session.reconnection_token(), &reason) {
                 let retention = self.limits.session_retention;
                 hub.ended.record(id, token, why, retention);
             }
@@ -446,6 +480,10 @@ impl Hub {
             (session, reason)
         };
         stream::cancel_all(self, &session);
+        if !ended {
+            return;
+        }
+        session.mirror_delete();
         if let Some(e) = &self.events {
             e.disconnected(self, &session, reason.as_deref().unwrap_or_default());
         }

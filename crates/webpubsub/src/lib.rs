@@ -38,6 +38,7 @@ mod filter;
 pub mod fuzzing;
 mod hub;
 mod jwt;
+mod mirror;
 mod outbox;
 mod permissions;
 mod protocol;
@@ -60,6 +61,7 @@ pub use cluster::{Cluster, ClusterError, Held, Item};
 pub use config::hubs::{EventHandler, HubSettings, SystemEvent};
 pub use config::{Config, ConfigError, Limits, MIN_ACCESS_KEY_BYTES};
 use hub::Hub;
+pub use mirror::{ClaimError, Provenance, Restored, SessionWrite};
 /// The protobuf subprotocols' messages (`webpubsub.client.proto`), for clients.
 pub use protocol::proto;
 pub use stats::Counters;
@@ -84,6 +86,8 @@ struct Inner {
     stats: Arc<stats::Stats>,
     /// The other nodes, once [`WebPubSub::join_cluster`] was called.
     cluster: std::sync::OnceLock<Arc<dyn Cluster>>,
+    /// Recoveries of sessions claimed from other nodes, until the reader restores them.
+    waiting: mirror::Waiting,
 }
 
 impl WebPubSub {
@@ -103,6 +107,7 @@ impl WebPubSub {
                 connections: TaskTracker::new(),
                 stats: Arc::default(),
                 cluster: std::sync::OnceLock::new(),
+                waiting: Mutex::default(),
             }),
         }
     }
@@ -197,7 +202,7 @@ impl WebPubSub {
     }
 
     /// The hubs as they are now (the lock is released before the caller walks them).
-    fn hubs_now(&self) -> Vec<Arc<Hub>> {
+    pub(crate) fn hubs_now(&self) -> Vec<Arc<Hub>> {
         self.inner
             .hubs
             .lock()
@@ -205,6 +210,11 @@ impl WebPubSub {
             .values()
             .cloned()
             .collect()
+    }
+
+    /// Whether the service spans several nodes.
+    pub(crate) fn in_cluster(&self) -> bool {
+        self.inner.cluster.get().is_some()
     }
 
     /// Whether shutdown has begun (new clients are refused).

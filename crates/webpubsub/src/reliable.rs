@@ -219,6 +219,43 @@ impl Sequencer {
             .collect())
     }
 
+    /// A sequencer taken over from another node: the next id to give, the client's
+    /// last acknowledgement, the highest id evicted unacknowledged, and the frames still
+    /// buffered there (oldest first, with their deadlines), counted as buffered `now`.
+    pub(crate) fn restore(
+        &mut self,
+        (next, acked, evicted_through): (u64, u64, u64),
+        frames: Vec<(u64, Message, Option<Instant>)>,
+        now: Instant,
+    ) {
+        self.next = next.max(1);
+        self.acked = acked.min(self.next - 1);
+        self.evicted_through = evicted_through;
+        self.frames.clear();
+        self.bytes = 0;
+        for (id, frame, deadline) in frames {
+            if id <= self.acked || id >= self.next {
+                continue;
+            }
+            let entry = Entry {
+                id,
+                frame,
+                deadline,
+                at: now,
+            };
+            self.bytes += entry.cost();
+            self.frames.push_back(entry);
+        }
+    }
+
+    /// What another node needs to take the buffer over: the first id still buffered
+    /// (the next id when none is), the client's last acknowledgement and the highest id
+    /// evicted unacknowledged.
+    pub(crate) fn window(&self) -> (u64, u64, u64) {
+        let first = self.frames.front().map_or(self.next, |e| e.id);
+        (first, self.acked, self.evicted_through)
+    }
+
     #[cfg(test)]
     /// The buffered ids, oldest first.
     pub(crate) fn buffered(&self) -> Vec<u64> {
@@ -253,6 +290,11 @@ impl ProcessedAcks {
     /// Was `ack_id` processed already?
     pub(crate) fn contains(&self, ack_id: u64) -> bool {
         self.set.contains(&ack_id)
+    }
+
+    /// How many ids it remembers.
+    pub(crate) fn capacity(&self) -> usize {
+        self.capacity
     }
 
     /// Records `ack_id`, forgetting the oldest past the capacity.

@@ -312,3 +312,46 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn a_buffer_taken_over_from_its_window_replays_the_same_and_numbers_on() {
+    let now = Instant::now();
+    let mut a = Sequencer::new(3 * cost(10), None);
+    for _ in 0..5 {
+        push(&mut a, 10, 5, now);
+    }
+    a.ack(1);
+    let (first, acked, evicted_through) = a.window();
+    assert_eq!(
+        (first, acked, evicted_through),
+        (3, 1, 2),
+        "2 evicted unacknowledged"
+    );
+    let frames: Vec<_> = (a.frames.iter())
+        .map(|e| (e.id, e.frame.clone(), None))
+        .collect();
+    let mut b = Sequencer::new(3 * cost(10), None);
+    b.restore((6, acked, evicted_through), frames, now);
+    assert_eq!(b.buffered(), [3, 4, 5]);
+    assert!(
+        b.replay(now).is_err(),
+        "what was lost stays lost on the new node"
+    );
+    b.ack(2);
+    assert_eq!(replayed(&b, now), [3, 4, 5]);
+    let (id, _) = b.push(|id| msg(id, 10), None, now);
+    assert_eq!(id, 6, "sequence ids go on where the old node stopped");
+    let mut c = Sequencer::new(1 << 20, None);
+    let stale = vec![
+        (1, msg(1, 10), None),
+        (4, msg(4, 10), None),
+        (9, msg(9, 10), None),
+    ];
+    c.restore((5, 2, 0), stale, now);
+    assert_eq!(
+        c.buffered(),
+        [4],
+        "frames acknowledged or never numbered are dropped"
+    );
+    assert_eq!(c.bytes(), cost(10));
+}

@@ -25,7 +25,10 @@ use axum::routing::any;
 use axum::Router;
 
 use crate::connection::{refuse, serve};
-use crate::hub::{new_connection_id, HubFull, NewSession, Unrecoverable, CLOSE_POLICY};
+use crate::hub::{
+    new_connection_id, HubFull, NewSession, Unrecoverable, CLOSE_POLICY, CLOSE_TRY_AGAIN,
+};
+use crate::mirror::Elsewhere;
 use crate::protocol::Subprotocol;
 use crate::token::{claims_map, validate_client_token, ClientClaims, TokenError};
 use crate::upstream::cloudevents::{ConnectRequest, UpstreamError};
@@ -336,18 +339,33 @@ fn recover(
                 Err(Unrecoverable::Gone)
             }
         });
-    state.inner.stats.recovery(found.is_ok());
     let limits = state.config().limits.clone();
     let mut ws = upgrade(ws, &limits);
     if let Some(name) = protocol.name() {
         ws = ws.protocols([name]);
     }
     let tracked = state.clone();
+    let (hub_name, id, token) = (hub_name.to_owned(), id.clone(), token.clone());
     ws.on_upgrade(move |socket| {
+        let service = tracked.clone();
         tracked.track(async move {
+            let found = match found {
+                Err(Unrecoverable::Gone) if service.in_cluster() => service
+                    .recover_elsewhere(&hub_name, &id, &token, protocol)
+                    .await
+                    .map(|(hub, session)| (session, hub)),
+                other => other.map_err(Elsewhere::Refused),
+            };
+            service.inner.stats.recovery(found.is_ok());
             match found {
                 Ok((session, hub)) => serve(socket, hub, session, limits).await,
-                Err(why) => refuse(socket, protocol, CLOSE_POLICY, &why.to_string()).await,
+                Err(Elsewhere::Refused(why)) => {
+                    refuse(socket, protocol, CLOSE_POLICY, &why.to_string()).await;
+                }
+                Err(Elsewhere::Later(why)) => {
+                    let why = format!("The session cannot be recovered now: {why}");
+                    refuse(socket, protocol, CLOSE_TRY_AGAIN, &why).await;
+                }
             }
         })
     })

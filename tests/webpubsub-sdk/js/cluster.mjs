@@ -5,43 +5,10 @@
 // then redis-server killed (sends to other nodes refused: REST 503, ack
 // InternalServerError) and started again (sends flow again, nothing accepted is lost).
 
-import { spawn } from "node:child_process";
-import net from "node:net";
 import { WebPubSubClient } from "@azure/web-pubsub-client";
 import { WebPubSubServiceClient } from "@azure/web-pubsub";
 import { deferred, scenario, sleep, startStatehub, until, within } from "./lib.mjs";
-
-async function freePort() {
-  const server = net.createServer();
-  await new Promise((resolve) => server.listen(0, "127.0.0.1", resolve));
-  const { port } = server.address();
-  await new Promise((resolve) => server.close(resolve));
-  return port;
-}
-
-/** A redis-server on a free port, without persistence; `kill()` and `start()` again. */
-async function startRedis() {
-  const port = await freePort();
-  let child = null;
-  const redis = {
-    url: `redis://127.0.0.1:${port}`,
-    async start() {
-      child = spawn("redis-server", ["--port", String(port), "--bind", "127.0.0.1",
-        "--save", "", "--appendonly", "no"], { stdio: "ignore" });
-      await until(15000, "redis-server accepts connections", () => new Promise((resolve) => {
-        const s = net.connect(port, "127.0.0.1");
-        s.on("connect", () => { s.destroy(); resolve(true); });
-        s.on("error", () => resolve(false));
-      }));
-    },
-    kill() {
-      child?.kill("SIGKILL");
-      child = null;
-    },
-  };
-  await redis.start();
-  return redis;
-}
+import { startRedis } from "./redis.mjs";
 
 scenario("cluster", async (t) => {
   const redis = await startRedis();

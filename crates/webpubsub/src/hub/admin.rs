@@ -155,6 +155,21 @@ impl Hub {
         self.fan_out(&self.selected(target, sel), msg, deadline)
     }
 
+    /// Delivers `msg` to `session` alone if `sel` includes it (a session being taken
+    /// over, see `mirror.rs`).
+    pub(crate) fn deliver_to(
+        &self,
+        session: &Arc<Session>,
+        sel: &Selection<'_>,
+        msg: &DataMessageRef<'_>,
+        deadline: Option<Instant>,
+    ) -> usize {
+        if !sel.includes(session) {
+            return 0;
+        }
+        self.fan_out(std::slice::from_ref(session), msg, deadline)
+    }
+
     /// Adds this node's connections of a target (a connection or a user) to a group,
     /// as far as their group limits allow (for another node's REST call).
     pub(crate) fn join_local(&self, target: Target<'_>, group: &str) {

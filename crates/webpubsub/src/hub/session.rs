@@ -13,6 +13,7 @@ use tokio::time::Instant;
 use super::stream::Streams;
 use super::{lock, random_id, CLOSE_POLICY, CLOSE_TRY_AGAIN};
 use crate::config::Limits;
+use crate::mirror::{frame_write, stored_frame, token_digest, Mirror, Restored, SessionWrite};
 use crate::outbox::{Outbox, PushError};
 use crate::permissions::Permissions;
 use crate::protocol::codec::encode_reply;
@@ -82,6 +83,8 @@ pub(crate) struct Session {
     /// The hub's name, for logs.
     hub: Arc<str>,
     stats: Arc<Stats>,
+    /// Where a reliable session is mirrored for other nodes (`mirror.rs`), if any.
+    mirror: Option<Mirror>,
 }
 
 #[derive(Debug)]
@@ -141,7 +144,76 @@ impl Session {
             streams: Mutex::new(Streams::default()),
             hub,
             stats,
+            mirror: None,
         }
+    }
+
+    /// Mirrors the session (a reliable one) through `mirror` from now on, starting with
+    /// its creation.
+    pub(super) fn mirror_to(&mut self, mirror: Mirror, roles: Vec<String>) {
+        if let Some(token) = &self.reconnection_token {
+            mirror.write(
+                &self.id,
+                SessionWrite::Open {
+                    token: token_digest(token),
+                    protocol: self.protocol.name().unwrap_or_default().to_owned(),
+                    user: self.user_id.clone(),
+                    roles,
+                },
+            );
+            self.mirror = Some(mirror);
+        }
+    }
+
+    /// A session taken over from another node (`mirror.rs`): the client's token, the
+    /// stored groups, processed ackIds and replay buffer; mirrored through `mirror`.
+    pub(super) fn restore(&mut self, r: &Restored, token: String, mirror: Option<Mirror>) {
+        self.reconnection_token = Some(token);
+        self.mirror = mirror;
+        let st = self
+            .state
+            .get_mut()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        st.groups = r.groups.iter().cloned().collect();
+        // Its first socket was on another node: attaching here is a recovery.
+        st.generation = 1;
+        for ack in &r.acks {
+            st.acks.insert(*ack);
+        }
+        let frames = r
+            .frames
+            .iter()
+            .cloned()
+            .filter_map(|f| stored_frame(self.protocol, f))
+            .collect();
+        st.sequencer
+            .restore((r.next, r.acked, r.evicted_through), frames, Instant::now());
+    }
+
+    fn mirror(&self, write: impl FnOnce() -> SessionWrite) {
+        if let Some(m) = &self.mirror {
+            m.write(&self.id, write());
+        }
+    }
+
+    fn mirror_groups(&self, st: &SessionState) {
+        self.mirror(|| SessionWrite::Groups(st.groups.iter().cloned().collect()));
+    }
+
+    fn mirror_trim(&self, st: &SessionState) {
+        self.mirror(|| {
+            let (first, acked, evicted_through) = st.sequencer.window();
+            SessionWrite::Trim {
+                first,
+                acked,
+                evicted_through,
+            }
+        });
+    }
+
+    /// The session ended here for good: the mirror forgets it.
+    pub(super) fn mirror_delete(&self) {
+        self.mirror(|| SessionWrite::Delete);
     }
 
     /// Records that the session joined `group` (the hub indexes it under its lock),
@@ -155,6 +227,7 @@ impl Session {
             return false;
         }
         st.groups.insert(group.to_owned());
+        self.mirror_groups(&st);
         true
     }
 
@@ -166,11 +239,14 @@ impl Session {
 
     /// Records that the session left `group`.
     pub(super) fn left(&self, group: &str) {
-        lock(&self.state).groups.remove(group);
+        let mut st = lock(&self.state);
+        if st.groups.remove(group) {
+            self.mirror_groups(&st);
+        }
     }
 
     /// Calls `f` with the session's groups, under its lock.
-    pub(super) fn with_groups<R>(&self, f: impl FnOnce(&HashSet<String>) -> R) -> R {
+    pub(crate) fn with_groups<R>(&self, f: impl FnOnce(&HashSet<String>) -> R) -> R {
         f(&lock(&self.state).groups)
     }
 
@@ -183,7 +259,7 @@ impl Session {
     }
 
     /// Marks the session closed and asks its socket, if any, to close.
-    pub(super) fn shut(&self, code: u16, reason: &str) {
+    pub(crate) fn shut(&self, code: u16, reason: &str) {
         lock(&self.state).shut(code, reason);
     }
 
@@ -337,7 +413,9 @@ impl Session {
 
     /// The client has received everything up to `sequence_id`.
     pub(crate) fn sequence_ack(&self, sequence_id: u64) {
-        lock(&self.state).sequencer.ack(sequence_id);
+        let mut st = lock(&self.state);
+        st.sequencer.ack(sequence_id);
+        self.mirror_trim(&st);
     }
 
     /// Was `ack_id` processed already?
@@ -347,7 +425,12 @@ impl Session {
 
     /// Records a processed `ack_id`.
     pub(crate) fn processed(&self, ack_id: u64) {
-        lock(&self.state).acks.insert(ack_id);
+        let mut st = lock(&self.state);
+        if !st.acks.contains(ack_id) {
+            st.acks.insert(ack_id);
+            let keep = st.acks.capacity();
+            self.mirror(|| SessionWrite::Ack { ack_id, keep });
+        }
     }
 
     /// The session's open client streams.
@@ -427,6 +510,7 @@ impl Session {
         let (id, frame) = st
             .sequencer
             .push(|id| frames.frame(protocol, Some(id)), deadline, now);
+        self.mirror(|| frame_write(id, &frame, deadline));
         let written = match &st.link {
             Some((_, out)) => {
                 if let Err(PushError::Full) = out.push_sequenced(frame, deadline, id) {
@@ -440,6 +524,9 @@ impl Session {
         let evicted = st.sequencer.trim(written, now);
         self.stats
             .replay_evicted(evicted.written, evicted.unwritten);
+        if evicted.written + evicted.unwritten > 0 {
+            self.mirror_trim(st);
+        }
         if st.link.is_none() {
             if let Err(lost) = st.sequencer.replayable() {
                 self.lose_replay(st, lost);

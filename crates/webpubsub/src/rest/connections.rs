@@ -120,10 +120,26 @@ pub(super) async fn grant(
     RawQuery(query): RawQuery,
 ) -> ApiResult {
     let (permission, target) = permission_args(&hub, &permission, &connection, query.as_deref())?;
-    state
-        .hub(&hub)
-        .grant_permission(&connection, permission, target.as_deref())
-        .map_err(|_| ApiError::NotFound(format!("Connection '{connection}' does not exist")))?;
+    let hub = state.hub(&hub);
+    let missing = || ApiError::NotFound(format!("Connection '{connection}' does not exist"));
+    if !hub.has_connection(&connection) && hub.cluster().is_some() {
+        if !hub
+            .exists_anywhere(Item::Connection(&connection), false)
+            .await?
+        {
+            return Err(missing());
+        }
+        hub.broadcast(&Operation::permission(
+            &hub,
+            &connection,
+            permission,
+            target,
+            true,
+        ))?;
+        return Ok(StatusCode::OK);
+    }
+    hub.grant_permission(&connection, permission, target.as_deref())
+        .map_err(|_| missing())?;
     Ok(StatusCode::OK)
 }
 
@@ -134,9 +150,12 @@ pub(super) async fn revoke(
     RawQuery(query): RawQuery,
 ) -> ApiResult {
     let (permission, target) = permission_args(&hub, &permission, &connection, query.as_deref())?;
-    state
-        .hub(&hub)
-        .revoke_permission(&connection, permission, target.as_deref());
+    let hub = state.hub(&hub);
+    if !hub.has_connection(&connection) {
+        let revoke = Operation::permission(&hub, &connection, permission, target.clone(), false);
+        hub.broadcast(&revoke)?;
+    }
+    hub.revoke_permission(&connection, permission, target.as_deref());
     Ok(StatusCode::NO_CONTENT)
 }
 

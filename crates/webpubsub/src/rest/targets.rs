@@ -16,6 +16,7 @@ use axum::http::{header, HeaderMap, StatusCode};
 use super::{ApiError, ApiResult, Params};
 use crate::cluster::{Operation, SentSelection, To};
 use crate::hub::admin::{Selection, Target};
+use crate::mirror::{with_provenance, Provenance};
 use crate::protocol::Payload;
 use crate::WebPubSub;
 
@@ -121,13 +122,16 @@ pub(super) async fn send(
         filter: filter.as_ref(),
     };
     let hub = state.hub(hub);
+    let _order = hub.sending();
+    let mut from = Provenance::Unknown;
     if !is_local(&hub, target) {
         let sent = SentSelection {
             excluded: &excluded,
             filter: filter.is_some().then(|| params.get("filter")).flatten(),
         };
-        hub.broadcast(&Operation::send(&hub, target, &sent, &payload, ttl, None))?;
+        let seq = hub.broadcast(&Operation::send(&hub, target, &sent, &payload, ttl, None))?;
+        from = Provenance::Own(seq);
     }
-    hub.send(target, &sel, &payload, ttl);
+    with_provenance(from, || hub.send(target, &sel, &payload, ttl));
     Ok(StatusCode::ACCEPTED)
 }

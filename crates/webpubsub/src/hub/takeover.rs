@@ -1,0 +1,85 @@
+//! Sessions taken over from another node and handed over to one (see `mirror.rs`).
+
+use std::sync::{Arc, PoisonError};
+
+use super::{lock, Hub, NewSession, Session, TooManyGroups, CLOSE_NORMAL};
+use crate::cluster::Item;
+use crate::mirror::Restored;
+
+impl Hub {
+    /// Takes over a session from another node (`mirror.rs`): rebuilt from `r` with the
+    /// client's `token`, `replay` applied to it alone, then put in the hub with its
+    /// user and groups, while no send is between its broadcast and its delivery.
+    pub(crate) fn adopt(
+        &self,
+        r: Restored,
+        token: String,
+        protocol: crate::protocol::Subprotocol,
+        replay: impl FnOnce(&Arc<Session>),
+    ) -> Arc<Session> {
+        let new = NewSession {
+            connection_id: Some(r.id.clone()),
+            claims: crate::token::ClientClaims {
+                user_id: r.user.clone(),
+                roles: r.roles.clone(),
+                groups: Vec::new(),
+            },
+            protocol,
+            subprotocol: protocol.name().map(str::to_owned),
+            connection_state: None,
+        };
+        let env = (Arc::clone(&self.name), Arc::clone(&self.stats));
+        let mut session = Session::new(r.id.clone(), new, &self.limits, env);
+        session.restore(&r, token, self.mirror());
+        let session = Arc::new(session);
+        let _order = self.order.write().unwrap_or_else(PoisonError::into_inner);
+        replay(&session);
+        let mut hub = lock(&self.state);
+        hub.sessions
+            .insert(session.id().to_owned(), session.clone());
+        self.indexed(Item::Connection(session.id()), true);
+        if let Some(user) = session.user_id() {
+            let ids = hub.users.entry(user.to_owned()).or_default();
+            if ids.is_empty() {
+                self.indexed(Item::User(user), true);
+            }
+            ids.insert(session.id().to_owned());
+        }
+        for group in session.groups() {
+            let members = hub.groups.entry(group.clone()).or_default();
+            if members.is_empty() {
+                self.indexed(Item::Group(&group), true);
+            }
+            members.insert(session.id().to_owned());
+        }
+        session
+    }
+
+    /// Joins a session to a group, whether or not it is in the hub yet (a session
+    /// being taken over).
+    pub(crate) fn join_adopted(&self, session: &Session, group: &str) -> Result<(), TooManyGroups> {
+        let max = self.limits.max_groups_per_connection;
+        let mut hub = lock(&self.state);
+        if hub.sessions.contains_key(session.id()) {
+            return self.join_locked(&mut hub, session, group);
+        }
+        drop(hub);
+        if session.joined(group, max) {
+            Ok(())
+        } else {
+            Err(TooManyGroups(max))
+        }
+    }
+
+    /// Another node took the session over: it is forgotten here without ending (no
+    /// `disconnected` event, the mirror kept), its socket, if any, closed.
+    pub(crate) fn hand_over(&self, id: &str) {
+        if let Some(session) = self.session(id) {
+            session.shut(
+                CLOSE_NORMAL,
+                "Connection replaced by a recovered connection",
+            );
+            self.remove_with(id, false);
+        }
+    }
+}
