@@ -207,7 +207,7 @@ pub(super) async fn connect<S: Transport>(
     stream: &mut S,
     admission: Admission,
     origin: Origin,
-) -> Option<(Conn, BytesMut, OpenConnection)> {
+) -> Option<(Box<Conn>, BytesMut, OpenConnection)> {
     let cfg = broker.config();
     let deadline = Instant::now() + Duration::from_secs(cfg.connect_timeout_secs);
     let mut codec = Codec::new_server(cfg.max_packet_size);
@@ -255,7 +255,7 @@ pub(super) async fn connect<S: Transport>(
         }
     }
     let conn = Conn::new(broker, codec, &mut connect, accepted, origin, identity)?;
-    Some((conn, rbuf, open))
+    Some((Box::new(conn), rbuf, open))
 }
 
 /// Counts and logs (rate-limited) a CONNECT refused by `connect_rate_per_address`.
