@@ -385,7 +385,7 @@ impl Conn {
             },
             out_aliases: HashMap::new(),
             in_aliases: HashMap::new(),
-            will: connect.will.take(),
+            will: connect.will.take().map(Box::new),
             auth_method: p.authentication_method.clone(),
             problem_info: p.request_problem_information != Some(false),
             session_expiry: accepted.session_expiry,

@@ -63,7 +63,7 @@ impl Conn {
                 &self.broker,
                 &self.session,
                 self.generation,
-                will,
+                *will,
                 self.session_expiry,
             );
         }
