@@ -210,7 +210,7 @@ pub(super) async fn connect<S: Transport>(
     stream: &mut S,
     admission: Admission,
     origin: Origin,
-) -> Option<(Conn, BytesMut, OpenConnection)> {
+) -> Option<(Box<Conn>, BytesMut, OpenConnection)> {
     let cfg = broker.config();
     let deadline = Instant::now() + Duration::from_secs(cfg.connect_timeout_secs);
     let mut codec = Codec::new_server(cfg.max_packet_size);
@@ -266,7 +266,7 @@ pub(super) async fn connect<S: Transport>(
         }
     }
     let conn = Conn::new(broker, codec, &mut connect, accepted, origin, identity)?;
-    Some((conn, rbuf, open))
+    Some((Box::new(conn), rbuf, open))
 }
 
 /// A CONNECT that resumes a session which has none on this node brings it from
@@ -414,7 +414,7 @@ impl Conn {
             },
             out_aliases: HashMap::new(),
             in_aliases: HashMap::new(),
-            will: connect.will.take(),
+            will: connect.will.take().map(Box::new),
             auth_method: p.authentication_method.clone(),
             problem_info: p.request_problem_information != Some(false),
             session_expiry: accepted.session_expiry,

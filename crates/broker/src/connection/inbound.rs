@@ -1,7 +1,10 @@
 //! Packets from the client, once connected.
 
+use std::future::Future;
+use std::pin::pin;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
 
 use smallvec::SmallVec;
 use statehub_mqtt_codec::{
@@ -29,6 +32,47 @@ impl Drop for OpenOnDrop {
 }
 
 impl Conn {
+    /// Whether handling `p` never waits: no service, session store, retain store or
+    /// cluster is involved, and it is not one of the rare packets whose handlers are
+    /// boxed. Such a packet is handled by [`Conn::handle_now`].
+    pub(super) fn handles_inline(&self, p: &Packet) -> bool {
+        let broker = &self.broker;
+        let local = broker.session_store().is_none() && broker.fabric().is_none();
+        match p {
+            Packet::Publish(p) => {
+                let topic = match (p.topic.is_empty(), p.properties.topic_alias) {
+                    (true, Some(alias)) => self.in_aliases.get(&alias).map(|t| &**t),
+                    _ => Some(&*p.topic),
+                };
+                local && !p.retain && topic.is_none_or(|t| broker.service_for(t).is_none())
+            }
+            Packet::PubRec(_) | Packet::PubRel(_) => local,
+            Packet::Subscribe(_) | Packet::Unsubscribe(_) | Packet::Auth(_) => false,
+            _ => true,
+        }
+    }
+
+    /// Handles a packet for which [`Conn::handles_inline`] holds, polling its handler
+    /// once on this thread's stack instead of in the connection's future.
+    pub(super) fn handle_now(&mut self, p: Packet) -> Result<(), Close> {
+        let mut cx = Context::from_waker(Waker::noop());
+        let polled = pin!(self.handle(p)).poll(&mut cx);
+        match polled {
+            Poll::Ready(done) => done,
+            Poll::Pending => {
+                // `handles_inline` let through a packet whose handling waits: our bug.
+                static LOG: LogLimit = LogLimit::per_secs(10);
+                if let Some(left_out) = LOG.allow() {
+                    tracing::error!(client = %self.info.client_id, left_out, "a packet's handling waited where it cannot; closing the connection");
+                }
+                Err(Close::ByServer(
+                    ReasonCode::IMPLEMENTATION_SPECIFIC_ERROR,
+                    "internal error",
+                ))
+            }
+        }
+    }
+
     pub(super) async fn handle(&mut self, p: Packet) -> Result<(), Close> {
         tracing::trace!(client = %self.info.client_id, packet = ?p, "received");
         match p {

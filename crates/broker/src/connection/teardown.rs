@@ -22,7 +22,7 @@ use crate::Broker;
 const SLOW_CONSUMER_FLUSH: Duration = Duration::from_secs(5);
 
 impl Conn {
-    pub(super) async fn finish<S: Transport>(mut self, stream: &mut S, close: Close) {
+    pub(super) async fn finish<S: Transport>(mut self: Box<Self>, stream: &mut S, close: Close) {
         let started = tokio::time::Instant::now();
         let mut flush = Duration::from_secs(1);
         if let Close::ByServer(code, text) = &close {
@@ -63,7 +63,7 @@ impl Conn {
                 &self.broker,
                 &self.session,
                 self.generation,
-                will,
+                *will,
                 self.session_expiry,
             );
         }
