@@ -1,13 +1,17 @@
 //! MQTT clients of the chaos test on our codec: a QoS 1 publisher that moves to another
-//! node when its node dies and resends the message it had no PUBACK for, and a
-//! subscriber that records every message it gets.
+//! node when its node dies and resends the message it had no PUBACK for, a subscriber
+//! that records every message it gets, and a persistent-session subscriber that
+//! resumes its session on another node when its node dies.
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use bytes::BytesMut;
-use statehub_broker::codec::{Packet, PubResponse, QoS};
-use statehub_test_support::{connect_packet, opts, publish, Event, RawClient, V5};
+use statehub_broker::codec::{ConnAck, Connect, Packet, PubResponse, QoS};
+use statehub_test_support::{
+    connect_packet, opts, persistent_connect, publish, Event, RawClient, V5,
+};
 use tokio::net::TcpStream;
 use tokio::time::timeout;
 
@@ -15,18 +19,23 @@ use super::{Directory, Progress, PATIENCE};
 
 /// Connects with a clean session; `None` if the node is gone (or goes) meanwhile.
 pub async fn try_connect(addr: SocketAddr, client_id: &str) -> Option<RawClient> {
+    match try_connect_with(addr, connect_packet(V5, client_id)).await? {
+        (c, ack) if ack.reason_code.is_success() => Some(c),
+        _ => None,
+    }
+}
+
+/// Sends `connect`; the CONNACK, whatever its code, or `None` if the node is gone (or
+/// goes) meanwhile.
+pub async fn try_connect_with(addr: SocketAddr, connect: Connect) -> Option<(RawClient, ConnAck)> {
     let stream = timeout(PATIENCE, TcpStream::connect(addr))
         .await
         .ok()?
         .ok()?;
-    let mut c = RawClient::from_stream(stream, V5);
-    send(
-        &mut c,
-        &Packet::Connect(Box::new(connect_packet(V5, client_id))),
-    )
-    .await?;
+    let mut c = RawClient::from_stream(stream, connect.protocol);
+    send(&mut c, &Packet::Connect(Box::new(connect))).await?;
     match c.next_event(PATIENCE).await {
-        Event::Packet(Packet::ConnAck(ack)) if ack.reason_code.is_success() => Some(c),
+        Event::Packet(Packet::ConnAck(ack)) => Some((c, ack)),
         _ => None,
     }
 }
@@ -115,28 +124,118 @@ pub async fn subscriber(
     c.subscribe("chaos/#", opts(QoS::AtLeastOnce)).await;
     let received = Received::default();
     let record = received.clone();
-    let task = tokio::spawn(async move {
-        // Ends with its connection (the test's end): anything missing because it ended
-        // early fails the checks.
-        loop {
-            match c.next_event(PATIENCE).await {
-                Event::Packet(Packet::Publish(p)) => {
-                    let id = p.packet_id.expect("QoS 1 has a packet id");
-                    let payload = String::from_utf8(p.payload.to_vec()).unwrap();
-                    record.lock().unwrap().push(payload);
-                    if send(&mut c, &Packet::PubAck(PubResponse::ok(id)))
-                        .await
-                        .is_none()
-                    {
-                        return;
-                    }
+    // Ends with its connection (the test's end): anything missing because it ended
+    // early fails the checks.
+    let task = tokio::spawn(async move { receive(&mut c, &record, None).await });
+    (received, task)
+}
+
+/// Records and acknowledges every message `c` gets until its connection ends.
+async fn receive(c: &mut RawClient, record: &Received, progress: Option<&Progress>) {
+    loop {
+        match c.next_event(PATIENCE).await {
+            Event::Packet(Packet::Publish(p)) => {
+                let id = p.packet_id.expect("QoS 1 has a packet id");
+                let payload = String::from_utf8(p.payload.to_vec()).unwrap();
+                record.lock().unwrap().push(payload);
+                if send(c, &Packet::PubAck(PubResponse::ok(id)))
+                    .await
+                    .is_none()
+                {
+                    return;
                 }
-                Event::Packet(_) | Event::Timeout => {}
-                Event::Closed | Event::DecodeError(_) => return,
+                if let Some(progress) = progress {
+                    progress.ack();
+                }
             }
+            Event::Packet(_) | Event::Timeout => {}
+            Event::Closed | Event::DecodeError(_) => return,
+        }
+    }
+}
+
+/// The persistent subscriber's session expiry (seconds): longer than any run.
+const SESSION_EXPIRY: u32 = 3600;
+
+/// How a persistent subscriber's reconnections went.
+#[derive(Debug, Default)]
+pub struct Resumes {
+    /// CONNACKs with Session Present 1.
+    pub resumed: usize,
+    /// The nodes whose CONNACK said Session Present 0: the session was lost.
+    pub lost: Vec<usize>,
+    /// CONNECTs refused (e.g. 0x89 while another node was taking the session).
+    pub refused: usize,
+}
+
+/// A persistent-session subscriber and what it saw.
+pub struct Persistent {
+    pub received: Received,
+    pub resumes: Arc<Mutex<Resumes>>,
+    /// Runs until aborted: it reconnects whenever its node dies.
+    pub task: tokio::task::JoinHandle<()>,
+}
+
+/// An MQTT 5 subscriber to `chaos/#` at QoS 1 with a persistent session (Clean Start
+/// 0) on a node of `among`: when its node dies it connects to another (Clean Start 0
+/// again) and goes on with the session Redis kept. Each message received counts on
+/// `progress`.
+pub async fn persistent_subscriber(
+    directory: Directory,
+    among: Vec<usize>,
+    client_id: String,
+    progress: Progress,
+) -> Persistent {
+    let (_, addrs) = directory.pick(&among).await;
+    let connect = persistent_connect(&client_id, SESSION_EXPIRY);
+    let (mut c, ack) = RawClient::connect_with(addrs.mqtt, connect).await;
+    assert!(
+        ack.reason_code.is_success() && !ack.session_present,
+        "{ack:?}"
+    );
+    c.subscribe("chaos/#", opts(QoS::AtLeastOnce)).await;
+    let received = Received::default();
+    let resumes = Arc::new(Mutex::new(Resumes::default()));
+    let (record, seen) = (received.clone(), resumes.clone());
+    let task = tokio::spawn(async move {
+        loop {
+            receive(&mut c, &record, Some(&progress)).await;
+            progress.moved();
+            c = resume(&directory, &among, &client_id, &seen).await;
         }
     });
-    (received, task)
+    Persistent {
+        received,
+        resumes,
+        task,
+    }
+}
+
+/// Connects `client_id` with Clean Start 0 to live nodes of `among` until one accepts.
+async fn resume(
+    directory: &Directory,
+    among: &[usize],
+    client_id: &str,
+    resumes: &Mutex<Resumes>,
+) -> RawClient {
+    loop {
+        let (node, addrs) = directory.pick(among).await;
+        let connect = persistent_connect(client_id, SESSION_EXPIRY);
+        match try_connect_with(addrs.mqtt, connect).await {
+            Some((c, ack)) if ack.reason_code.is_success() => {
+                let mut resumes = resumes.lock().unwrap();
+                if ack.session_present {
+                    resumes.resumed += 1;
+                } else {
+                    resumes.lost.push(node);
+                }
+                return c;
+            }
+            Some(_) => resumes.lock().unwrap().refused += 1,
+            None => {}
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 /// Checks a subscriber's messages against the publishers': every acknowledged message
