@@ -7,10 +7,14 @@
 # statehub-bench statestore (CLIENTS MQTT 5 clients, SDK-style requests at QoS 1, one
 # outstanding request each) against: statehub with its in-memory engine; statehub with
 # --redis on a redis-server of its own (no persistence); and redis-benchmark straight
-# against that redis-server (-c CLIENTS -t set,get -d VALUE -r KEYS). No CPU pinning:
-# statehub on Redis needs both processes. Prints one line per run.
+# against that redis-server (-c CLIENTS -t set,get -d VALUE -r KEYS); and, with NODES
+# (default 3; 0 skips it), that many statehub nodes on the same redis-server, the
+# CLIENTS spread over them by one load process per node, all started together: their
+# ops/s are summed. No CPU pinning: statehub on Redis needs both processes. Prints one
+# line per run.
 #
-# Environment: CLIENTS (64), N (requests per command, 50000), KEYS (10000), VALUE (100).
+# Environment: CLIENTS (64), N (requests per command, 50000), KEYS (10000), VALUE (100),
+# NODES (3).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -65,6 +69,39 @@ launch_statehub "$OUT_DIR/redis-node.log"
 PIDS+=("$STATEHUB_PID")
 bench on-redis "$STATEHUB_PORT"
 kill "$STATEHUB_PID"
+
+NODES="${NODES:-3}"
+if [ "$NODES" -ge 2 ]; then
+    ports=() node_pids=()
+    for i in $(seq "$NODES"); do
+        printf '#!/bin/sh\nexec "%s" "$@" --redis redis://127.0.0.1:%s --node-id bench%s\n' \
+            "$STATEHUB_BIN_REAL" "$REDIS_PORT" "$i" >"$OUT_DIR/statehub-node$i"
+        chmod +x "$OUT_DIR/statehub-node$i"
+        STATEHUB_BIN="$OUT_DIR/statehub-node$i"
+        launch_statehub "$OUT_DIR/node$i.log"
+        PIDS+=("$STATEHUB_PID")
+        node_pids+=("$STATEHUB_PID")
+        ports+=("$STATEHUB_PORT")
+    done
+    per_node=$(((CLIENTS + NODES - 1) / NODES))
+    for ratio in 0 1; do
+        cmd=SET
+        [ "$ratio" = 1 ] && cmd=GET
+        load=()
+        for i in $(seq "$NODES"); do
+            "$BENCH_BIN" statestore --port "${ports[$((i - 1))]}" --clients "$per_node" \
+                --requests-per-client "$PER_CLIENT" --ratio-get "$ratio" --keys "$KEYS" \
+                --value-size "$VALUE" --json --quiet \
+                2>"$OUT_DIR/nodes-$cmd-$i.txt" >"$OUT_DIR/nodes-$cmd-$i.json" &
+            load+=($!)
+        done
+        wait "${load[@]}"
+        total="$(python3 -c 'import json, sys
+print(round(sum(json.load(open(f))["ops_per_sec"] for f in sys.argv[1:])))' "$OUT_DIR"/nodes-"$cmd"-*.json)"
+        echo "$NODES-nodes $cmd total_ops_per_sec=$total (per node: $OUT_DIR/nodes-$cmd-*.json)"
+    done
+    kill "${node_pids[@]}"
+fi
 
 redis-cli -p "$REDIS_PORT" flushall >/dev/null
 echo "redis-benchmark $(redis-benchmark -p "$REDIS_PORT" -c "$CLIENTS" -n "$N" -t set,get -d "$VALUE" -r "$KEYS" --csv 2>/dev/null | tr '\n' ' ')"
