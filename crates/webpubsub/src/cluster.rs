@@ -16,6 +16,8 @@
 //! here runs: every check is one `Option` test.
 
 use std::fmt::Debug;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -42,6 +44,11 @@ pub trait Cluster: Send + Sync + Debug {
     /// Returns the operation's number among this node's (from 1, in the order handed
     /// over).
     fn broadcast(&self, operation: Vec<u8>) -> Result<u64, ClusterError>;
+    /// Resolves once this node's operations up to number `seq` are where the other nodes
+    /// read them (they survive this process), or with an `Err` when that cannot be
+    /// known in time (the store is out of reach). What a caller acknowledges to its
+    /// client after this is not lost when this node dies.
+    fn written(&self, seq: u64) -> Written;
     /// Records that this node now holds (`present`) or no longer holds `item` of `hub`.
     /// Must not block (called under the hub's lock).
     fn index(&self, hub: &str, item: Item<'_>, present: bool);
@@ -71,6 +78,9 @@ pub trait Cluster: Send + Sync + Debug {
     /// over than it keeps.
     fn sent_after(&self, claim: u64) -> Option<Vec<(u64, Vec<u8>)>>;
 }
+
+/// What [`Cluster::written`] returns.
+pub type Written = Pin<Box<dyn Future<Output = Result<(), ClusterError>> + Send>>;
 
 /// What the index knows a node holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -503,6 +513,15 @@ impl Hub {
         let bytes =
             serde_json::to_vec(operation).map_err(|e| ClusterError::Unavailable(Box::new(e)))?;
         cluster.broadcast(bytes)
+    }
+
+    /// Resolves once operation `seq` of [`Hub::broadcast`] is written where the other
+    /// nodes read it (at once on a single node, whose `seq` is 0).
+    pub(crate) async fn written(&self, seq: u64) -> Result<(), ClusterError> {
+        match self.cluster() {
+            Some(cluster) if seq > 0 => cluster.written(seq).await,
+            _ => Ok(()),
+        }
     }
 
     /// Whether this node, or else any other live node, holds `item`.

@@ -122,16 +122,21 @@ pub(super) async fn send(
         filter: filter.as_ref(),
     };
     let hub = state.hub(hub);
-    let _order = hub.sending();
-    let mut from = Provenance::Unknown;
-    if !is_local(&hub, target) {
-        let sent = SentSelection {
-            excluded: &excluded,
-            filter: filter.is_some().then(|| params.get("filter")).flatten(),
-        };
-        let seq = hub.broadcast(&Operation::send(&hub, target, &sent, &payload, ttl, None))?;
-        from = Provenance::Own(seq);
+    let mut seq = 0;
+    {
+        let _order = hub.sending();
+        let mut from = Provenance::Unknown;
+        if !is_local(&hub, target) {
+            let sent = SentSelection {
+                excluded: &excluded,
+                filter: filter.is_some().then(|| params.get("filter")).flatten(),
+            };
+            seq = hub.broadcast(&Operation::send(&hub, target, &sent, &payload, ttl, None))?;
+            from = Provenance::Own(seq);
+        }
+        with_provenance(from, || hub.send(target, &sel, &payload, ttl));
     }
-    with_provenance(from, || hub.send(target, &sel, &payload, ttl));
+    // 202 promises the other nodes get it even if this node dies now.
+    hub.written(seq).await?;
     Ok(StatusCode::ACCEPTED)
 }
