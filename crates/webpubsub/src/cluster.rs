@@ -515,6 +515,16 @@ impl Hub {
         cluster.broadcast(bytes)
     }
 
+    /// [`Hub::broadcast`], resolving once the other nodes can read the operation: what
+    /// the REST API answers after it survives this node.
+    pub(crate) async fn broadcast_written(
+        &self,
+        operation: &Operation,
+    ) -> Result<(), ClusterError> {
+        let seq = self.broadcast(operation)?;
+        self.written(seq).await
+    }
+
     /// Resolves once operation `seq` of [`Hub::broadcast`] is written where the other
     /// nodes read it (at once on a single node, whose `seq` is 0).
     pub(crate) async fn written(&self, seq: u64) -> Result<(), ClusterError> {
