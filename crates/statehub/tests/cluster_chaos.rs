@@ -271,5 +271,7 @@ async fn acknowledged_work_survives_nodes_killed_one_at_a_time() {
     for (received, _) in &members {
         settle(|| received.lock().unwrap().contains(&last.data)).await;
         chaos::webpubsub::check(&received.lock().unwrap(), &sent);
+        let accepted = sent.iter().filter(|s| s.accepted).count();
+        eprintln!("Web PubSub: all {accepted} accepted sends arrived once, in order");
     }
 }
