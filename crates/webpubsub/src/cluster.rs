@@ -16,10 +16,9 @@
 //! here runs: every check is one `Option` test.
 
 use std::fmt::Debug;
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
+use std::{future::Future, pin::Pin};
 
 use base64::engine::general_purpose::STANDARD as BASE64;
 use base64::Engine as _;
@@ -44,10 +43,8 @@ pub trait Cluster: Send + Sync + Debug {
     /// Returns the operation's number among this node's (from 1, in the order handed
     /// over).
     fn broadcast(&self, operation: Vec<u8>) -> Result<u64, ClusterError>;
-    /// Resolves once this node's operations up to number `seq` are where the other nodes
-    /// read them (they survive this process), or with an `Err` when that cannot be
-    /// known in time (the store is out of reach). What a caller acknowledges to its
-    /// client after this is not lost when this node dies.
+    /// Resolves once this node's operations up to `seq` are where the other nodes read
+    /// them (they survive this process); `Err` if that cannot be known in time.
     fn written(&self, seq: u64) -> Written;
     /// Records that this node now holds (`present`) or no longer holds `item` of `hub`.
     /// Must not block (called under the hub's lock).
@@ -515,8 +512,7 @@ impl Hub {
         cluster.broadcast(bytes)
     }
 
-    /// [`Hub::broadcast`], resolving once the other nodes can read the operation: what
-    /// the REST API answers after it survives this node.
+    /// [`Hub::broadcast`], then [`Hub::written`]: an answer after it survives this node.
     pub(crate) async fn broadcast_written(
         &self,
         operation: &Operation,
@@ -525,8 +521,7 @@ impl Hub {
         self.written(seq).await
     }
 
-    /// Resolves once operation `seq` of [`Hub::broadcast`] is written where the other
-    /// nodes read it (at once on a single node, whose `seq` is 0).
+    /// Resolves once operation `seq` of [`Hub::broadcast`] is in Redis (single node: 0).
     pub(crate) async fn written(&self, seq: u64) -> Result<(), ClusterError> {
         match self.cluster() {
             Some(cluster) if seq > 0 => cluster.written(seq).await,
