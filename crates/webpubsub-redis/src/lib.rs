@@ -38,7 +38,9 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use redis::{Client, Connection, RedisResult};
-use statehub_webpubsub::{ClaimError, Cluster, ClusterError, Item, SessionWrite, WebPubSub};
+use statehub_webpubsub::{
+    ClaimError, Cluster, ClusterError, Item, SessionWrite, WebPubSub, Written,
+};
 
 /// How often a node refreshes its liveness key.
 pub const HEARTBEAT: Duration = Duration::from_secs(2);
@@ -208,6 +210,17 @@ pub(crate) struct Shared {
     pub(crate) broken: Mutex<HashSet<(String, String)>>,
     /// How long a session's keys outlive their last refresh.
     pub(crate) session_ttl: Duration,
+    /// How far the writer got: what [`Cluster::written`] waits on.
+    pub(crate) progress: tokio::sync::watch::Sender<Progress>,
+}
+
+/// The writer's progress, published after every attempt.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct Progress {
+    /// Every operation numbered up to this one is in the stream.
+    pub(crate) written: u64,
+    /// Attempts that failed to reach Redis so far.
+    pub(crate) failures: u64,
 }
 
 impl Shared {
@@ -347,6 +360,21 @@ impl Cluster for RedisCluster {
             Err(TrySendError::Full(_)) => Err(ClusterError::Backlog(self.queue)),
             Err(TrySendError::Disconnected(_)) => Err(unavailable(Down)),
         }
+    }
+
+    fn written(&self, seq: u64) -> Written {
+        let mut progress = self.shared.progress.subscribe();
+        let failures = progress.borrow().failures;
+        let bound = self.timeout * 3;
+        Box::pin(async move {
+            let reached = progress.wait_for(|p| p.written >= seq || p.failures > failures);
+            match tokio::time::timeout(bound, reached).await {
+                Ok(Ok(p)) if p.written >= seq => Ok(()),
+                Ok(Ok(_)) => Err(unavailable(Down)),
+                Ok(Err(e)) => Err(unavailable(e)),
+                Err(e) => Err(unavailable(e)),
+            }
+        })
     }
 
     fn session(&self, hub: &str, id: &str, write: SessionWrite) {

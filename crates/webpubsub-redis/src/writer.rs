@@ -153,6 +153,7 @@ impl Writer {
                 }
                 Err(error) => {
                     self.shared.up.store(false, Ordering::Relaxed);
+                    self.shared.progress.send_modify(|p| p.failures += 1);
                     if !logged_down {
                         tracing::warn!(%error, "web pubsub cluster: redis unreachable; sends to other nodes are refused until it is back");
                         logged_down = true;
@@ -278,6 +279,13 @@ impl Writer {
             .filter(|j| matches!(j, Pending::Op(..)))
             .count();
         self.shared.ops_waiting.fetch_sub(ops, Ordering::Relaxed);
+        let last = batch.iter().rev().find_map(|j| match j {
+            Pending::Op(seq, _) => Some(*seq),
+            _ => None,
+        });
+        if let Some(last) = last {
+            self.written(last);
+        }
         Ok(())
     }
 
@@ -411,8 +419,18 @@ impl Writer {
         if answer.is_err() {
             lock(&self.shared.claims).remove(&job.seq);
         }
+        self.written(job.seq);
         let _ = job.reply.send(answer);
         Ok(())
+    }
+
+    /// Operations up to `seq` are in the stream: wakes whoever waits for them.
+    fn written(&self, seq: u64) {
+        self.shared.progress.send_if_modified(|p| {
+            let later = seq > p.written;
+            p.written = p.written.max(seq);
+            later
+        });
     }
 
     fn index(&self, pipe: &mut redis::Pipeline, registry: &str, key: &str, present: bool) {

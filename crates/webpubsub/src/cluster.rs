@@ -18,6 +18,7 @@
 use std::fmt::Debug;
 use std::sync::Arc;
 use std::time::Duration;
+use std::{future::Future, pin::Pin};
 
 use base64::engine::general_purpose::STANDARD as BASE64;
 use base64::Engine as _;
@@ -42,6 +43,9 @@ pub trait Cluster: Send + Sync + Debug {
     /// Returns the operation's number among this node's (from 1, in the order handed
     /// over).
     fn broadcast(&self, operation: Vec<u8>) -> Result<u64, ClusterError>;
+    /// Resolves once this node's operations up to `seq` are where the other nodes read
+    /// them (they survive this process); `Err` if that cannot be known in time.
+    fn written(&self, seq: u64) -> Written;
     /// Records that this node now holds (`present`) or no longer holds `item` of `hub`.
     /// Must not block (called under the hub's lock).
     fn index(&self, hub: &str, item: Item<'_>, present: bool);
@@ -71,6 +75,9 @@ pub trait Cluster: Send + Sync + Debug {
     /// over than it keeps.
     fn sent_after(&self, claim: u64) -> Option<Vec<(u64, Vec<u8>)>>;
 }
+
+/// What [`Cluster::written`] returns.
+pub type Written = Pin<Box<dyn Future<Output = Result<(), ClusterError>> + Send>>;
 
 /// What the index knows a node holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -503,6 +510,23 @@ impl Hub {
         let bytes =
             serde_json::to_vec(operation).map_err(|e| ClusterError::Unavailable(Box::new(e)))?;
         cluster.broadcast(bytes)
+    }
+
+    /// [`Hub::broadcast`], then [`Hub::written`]: an answer after it survives this node.
+    pub(crate) async fn broadcast_written(
+        &self,
+        operation: &Operation,
+    ) -> Result<(), ClusterError> {
+        let seq = self.broadcast(operation)?;
+        self.written(seq).await
+    }
+
+    /// Resolves once operation `seq` of [`Hub::broadcast`] is in Redis (single node: 0).
+    pub(crate) async fn written(&self, seq: u64) -> Result<(), ClusterError> {
+        match self.cluster() {
+            Some(cluster) if seq > 0 => cluster.written(seq).await,
+            _ => Ok(()),
+        }
     }
 
     /// Whether this node, or else any other live node, holds `item`.

@@ -27,7 +27,7 @@ use tokio::sync::watch;
 
 use crate::config::Limits;
 use crate::dispatch::{handle_binary, handle_raw, handle_text};
-use crate::effects::{Effects, UserEvent};
+use crate::effects::{AckFailure, Effects, UserEvent};
 use crate::hub::admin::{Selection, Target};
 use crate::hub::{Hub, Session, CLOSE_GOING_AWAY, CLOSE_POLICY};
 use crate::outbox::{outbox, CloseRequest, Frame, Next, Outbox, OutboxReceiver, PushError};
@@ -232,6 +232,25 @@ async fn apply(
     }
     if let Some(close) = fx.close {
         hub.close(session.id(), close.code, &close.reason);
+    }
+    if let Some(waiting) = fx.ack_when_written {
+        let written = tokio::select! {
+            biased;
+            _ = close_watch.changed() => return,
+            written = hub.written(waiting.seq) => written,
+        };
+        let id = waiting.ack_id;
+        let ack = match written {
+            Ok(()) => {
+                session.processed(id);
+                Downstream::ack_ok(id)
+            }
+            Err(e) => {
+                let e = AckFailure::Unavailable(e.to_string());
+                Downstream::ack_err(id, e.name(), e.to_string())
+            }
+        };
+        reply(hub, session, out, &ack);
     }
     if let Some(event) = fx.upstream {
         user_event(hub, session, out, event, close_watch).await;

@@ -11,7 +11,7 @@
 //! message refused as `Forbidden` may be retried with the same id.
 
 use crate::cluster::{Operation, SentSelection};
-use crate::effects::{check_group, AckFailure, Close, Effects, UserEvent};
+use crate::effects::{check_group, AckFailure, Close, Effects, UserEvent, WrittenAck};
 use crate::hub::admin::Target;
 use crate::hub::{Hub, Session, CLOSE_POLICY};
 use crate::mirror::{with_provenance, Provenance};
@@ -87,18 +87,25 @@ pub(crate) fn handle(
         return fx;
     };
     if let Some(id) = ack_id {
-        fx.replies.push(match result {
-            Ok(()) => {
+        match (result, fx.ack_when_written.as_mut()) {
+            (Ok(()), Some(waiting)) => waiting.ack_id = id,
+            (Ok(()), None) => {
                 session.processed(id);
-                Downstream::ack_ok(id)
+                fx.replies.push(Downstream::ack_ok(id));
             }
-            Err(e) => Downstream::ack_err(id, e.name(), e.to_string()),
-        });
+            (Err(e), _) => fx
+                .replies
+                .push(Downstream::ack_err(id, e.name(), e.to_string())),
+        }
+    } else {
+        fx.ack_when_written = None;
     }
     fx
 }
 
-/// Carries out one request; `None` when its ack waits for the upstream's answer.
+/// Carries out one request; `None` when its ack waits for the upstream's answer. A
+/// send to other nodes sets [`Effects::ack_when_written`] (its ack id filled in by
+/// the caller).
 fn perform(
     hub: &Hub,
     session: &Session,
@@ -126,7 +133,10 @@ fn perform(
             no_echo,
             payload,
             ..
-        } => send_to_group(hub, session, &group, no_echo, payload),
+        } => send_to_group(hub, session, &group, no_echo, payload).map(|seq| {
+            // An acknowledged send must survive this node: the ack waits for Redis.
+            fx.ack_when_written = (seq > 0).then_some(WrittenAck { ack_id: 0, seq });
+        }),
         Request::Event { event, payload, .. } => {
             return user_event(hub, fx, event, payload, ack_id)
         }
@@ -164,7 +174,7 @@ fn send_to_group(
     group: &str,
     no_echo: bool,
     payload: Result<Payload, ProtocolError>,
-) -> Result<(), AckFailure> {
+) -> Result<u64, AckFailure> {
     check_group(group, session.permissions().can_send(group), "send to")?;
     let payload = payload.map_err(|e| AckFailure::BadRequest(e.to_string()))?;
     let _order = hub.sending();
@@ -200,7 +210,10 @@ fn send_to_group(
     with_provenance(from, || {
         hub.send_to_group(group, &msg, no_echo.then(|| session.id()));
     });
-    Ok(())
+    Ok(match from {
+        Provenance::Own(seq) => seq,
+        _ => 0,
+    })
 }
 
 /// An `event`: without a handler for it, validated and acked, as the service does;

@@ -77,6 +77,18 @@ pub(crate) struct Effects {
     pub upstream: Option<UserEvent>,
     /// A stream was opened: watch its idle timeout.
     pub stream_timer: Option<StreamTimer>,
+    /// A send to other nodes whose ack waits until it is written where they read it.
+    pub ack_when_written: Option<WrittenAck>,
+}
+
+/// An ack that waits for this node's operation `seq` to reach the other nodes
+/// ([`crate::Cluster::written`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct WrittenAck {
+    /// The client's `ackId`.
+    pub ack_id: u64,
+    /// The operation's number.
+    pub seq: u64,
 }
 
 /// Checks a group name and the permission to act on it (`verb`: "join", "send to"…).

@@ -145,8 +145,12 @@ scenario("cluster", async (t) => {
     await until(20000, "group messages flow again", () => ids(onA.inbox.group, "g").includes(N + 1));
     await until(10000, "the send after the outage arrives", () => onA.inbox.server.some((m) => m.data.i === 2000));
     const after = onA.inbox.server.slice(M + 2).map((m) => m.data.i);
-    t.eq(after.filter((i) => i >= 1000 && i < 2000), range(1000, accepted),
+    // The refused send had been queued when Redis went away under it: like an
+    // unanswered one, it may still arrive once Redis is back (once, after the others).
+    const late = after.filter((i) => i >= 1000 && i < 2000);
+    t.eq(late, range(1000, Math.min(late.length, accepted + 1)).concat(late.length > accepted + 1 ? [-1] : []),
       "every send accepted before the refusal arrived once, in order");
+    t.ok(late.length >= accepted, "no accepted send is missing");
     t.ok(!ids(onA.inbox.group, "g").includes(-2) && !ids(onB.inbox.group, "g").includes(-2),
       "the refused group send reached nobody");
     t.counts = { groupMessages: N, restSends: M, acceptedBeforeRefusal: accepted };

@@ -45,7 +45,7 @@ pub(super) async fn close(
     RawQuery(query): RawQuery,
 ) -> ApiResult {
     let params = checked(&hub, &connection, query.as_deref())?;
-    targets::close(&state, &hub, Target::Connection(&connection), &params)
+    targets::close(&state, &hub, Target::Connection(&connection), &params).await
 }
 
 /// `POST …/connections/{connection}/:send`: 202.
@@ -84,11 +84,12 @@ pub(super) async fn remove_from_all_groups(
     checked(&hub, &connection, query.as_deref())?;
     let hub = state.hub(&hub);
     if !hub.has_connection(&connection) {
-        hub.broadcast(&Operation::Leave {
+        hub.broadcast_written(&Operation::Leave {
             hub: hub.name().to_owned(),
             to: To::Connection(connection.clone()),
             group: None,
-        })?;
+        })
+        .await?;
     }
     hub.remove_connection_from_all_groups(&connection);
     Ok(StatusCode::NO_CONTENT)
@@ -129,13 +130,14 @@ pub(super) async fn grant(
         {
             return Err(missing());
         }
-        hub.broadcast(&Operation::permission(
+        hub.broadcast_written(&Operation::permission(
             &hub,
             &connection,
             permission,
             target,
             true,
-        ))?;
+        ))
+        .await?;
         return Ok(StatusCode::OK);
     }
     hub.grant_permission(&connection, permission, target.as_deref())
@@ -153,7 +155,7 @@ pub(super) async fn revoke(
     let hub = state.hub(&hub);
     if !hub.has_connection(&connection) {
         let revoke = Operation::permission(&hub, &connection, permission, target.clone(), false);
-        hub.broadcast(&revoke)?;
+        hub.broadcast_written(&revoke).await?;
     }
     hub.revoke_permission(&connection, permission, target.as_deref());
     Ok(StatusCode::NO_CONTENT)

@@ -55,7 +55,7 @@ pub(super) async fn action(
     let params = checked(&hub, &group, query.as_deref())?;
     match action.as_str() {
         ":send" => send(&state, &hub, Target::Group(&group), &params, &headers, body).await,
-        ":closeConnections" => close(&state, &hub, Target::Group(&group), &params),
+        ":closeConnections" => close(&state, &hub, Target::Group(&group), &params).await,
         _ => Err(ApiError::NotFound(format!("No group action {action:?}"))),
     }
 }
@@ -80,11 +80,12 @@ pub(super) async fn add_connection(
             {
                 return Err(not_found());
             }
-            hub.broadcast(&Operation::Join {
+            hub.broadcast_written(&Operation::Join {
                 hub: hub.name().to_owned(),
                 to: To::Connection(connection.clone()),
                 group,
-            })?;
+            })
+            .await?;
             Ok(StatusCode::OK)
         }
     }
@@ -100,11 +101,12 @@ pub(super) async fn remove_connection(
     check_id("connection id", &connection)?;
     let hub = state.hub(&hub);
     if !hub.has_connection(&connection) {
-        hub.broadcast(&Operation::Leave {
+        hub.broadcast_written(&Operation::Leave {
             hub: hub.name().to_owned(),
             to: To::Connection(connection.clone()),
             group: Some(group.clone()),
-        })?;
+        })
+        .await?;
     }
     hub.remove_connection_from_group(&connection, &group);
     Ok(StatusCode::NO_CONTENT)

@@ -36,7 +36,9 @@ pub(super) async fn action(
         ":send" => Ok(send(&state, &hub, Target::All, &params, &headers, body)
             .await?
             .into_response()),
-        ":closeConnections" => Ok(close(&state, &hub, Target::All, &params)?.into_response()),
+        ":closeConnections" => Ok(close(&state, &hub, Target::All, &params)
+            .await?
+            .into_response()),
         ":generateToken" => token::generate(&state, &hub, &params, &headers),
         ":addToGroups" | ":removeFromGroups" => {
             let limit = state.config().limits.max_frame_bytes;
@@ -49,12 +51,13 @@ pub(super) async fn action(
             }
             let filter = optional_filter(req.filter.as_deref())?;
             let hub = state.hub(&hub);
-            hub.broadcast(&Operation::Groups {
+            hub.broadcast_written(&Operation::Groups {
                 hub: hub.name().to_owned(),
                 groups: req.groups.clone(),
                 filter: filter.is_some().then(|| req.filter.clone()).flatten(),
                 join: action == ":addToGroups",
-            })?;
+            })
+            .await?;
             if action == ":addToGroups" {
                 hub.add_filtered_to_groups(&req.groups, filter.as_ref());
             } else {

@@ -64,7 +64,7 @@ pub(super) fn payload(headers: &HeaderMap, body: axum::body::Bytes) -> ApiResult
 
 /// `:closeConnections` of a target: `excluded` ids are spared, `reason` goes to the
 /// clients' `disconnected` message. 204; 503 when other nodes cannot be told.
-pub(super) fn close(
+pub(super) async fn close(
     state: &WebPubSub,
     hub: &str,
     target: Target<'_>,
@@ -78,12 +78,13 @@ pub(super) fn close(
     let reason = params.get("reason").unwrap_or_default();
     let hub = state.hub(hub);
     if !is_local(&hub, target) {
-        hub.broadcast(&Operation::Close {
+        hub.broadcast_written(&Operation::Close {
             hub: hub.name().to_owned(),
             to: To::from(target),
             excluded: excluded.clone(),
             reason: reason.to_owned(),
-        })?;
+        })
+        .await?;
     }
     hub.close_connections(target, &sel, reason);
     Ok(StatusCode::NO_CONTENT)
@@ -122,16 +123,21 @@ pub(super) async fn send(
         filter: filter.as_ref(),
     };
     let hub = state.hub(hub);
-    let _order = hub.sending();
-    let mut from = Provenance::Unknown;
-    if !is_local(&hub, target) {
-        let sent = SentSelection {
-            excluded: &excluded,
-            filter: filter.is_some().then(|| params.get("filter")).flatten(),
-        };
-        let seq = hub.broadcast(&Operation::send(&hub, target, &sent, &payload, ttl, None))?;
-        from = Provenance::Own(seq);
+    let mut seq = 0;
+    {
+        let _order = hub.sending();
+        let mut from = Provenance::Unknown;
+        if !is_local(&hub, target) {
+            let sent = SentSelection {
+                excluded: &excluded,
+                filter: filter.is_some().then(|| params.get("filter")).flatten(),
+            };
+            seq = hub.broadcast(&Operation::send(&hub, target, &sent, &payload, ttl, None))?;
+            from = Provenance::Own(seq);
+        }
+        with_provenance(from, || hub.send(target, &sel, &payload, ttl));
     }
-    with_provenance(from, || hub.send(target, &sel, &payload, ttl));
+    // 202 promises the other nodes get it even if this node dies now.
+    hub.written(seq).await?;
     Ok(StatusCode::ACCEPTED)
 }

@@ -42,7 +42,7 @@ pub(super) async fn action(
     let params = checked(&hub, &user, query.as_deref())?;
     match action.as_str() {
         ":send" => send(&state, &hub, Target::User(&user), &params, &headers, body).await,
-        ":closeConnections" => close(&state, &hub, Target::User(&user), &params),
+        ":closeConnections" => close(&state, &hub, Target::User(&user), &params).await,
         _ => Err(ApiError::NotFound(format!("No user action {action:?}"))),
     }
 }
@@ -55,7 +55,7 @@ pub(super) async fn remove_from_all_groups(
 ) -> ApiResult {
     checked(&hub, &user, query.as_deref())?;
     let hub = state.hub(&hub);
-    hub.broadcast(&leave(&hub, &user, None))?;
+    hub.broadcast_written(&leave(&hub, &user, None)).await?;
     hub.remove_user_from_all_groups(&user);
     Ok(StatusCode::NO_CONTENT)
 }
@@ -85,11 +85,12 @@ pub(super) async fn add_to_group(
         }
     }
     // The user's connections on other nodes join there (as far as their limits allow).
-    hub.broadcast(&Operation::Join {
+    hub.broadcast_written(&Operation::Join {
         hub: hub.name().to_owned(),
         to: To::User(user.clone()),
         group,
-    })?;
+    })
+    .await?;
     Ok(StatusCode::OK)
 }
 
@@ -102,7 +103,8 @@ pub(super) async fn remove_from_group(
     checked(&hub, &user, query.as_deref())?;
     check_group(&group)?;
     let hub = state.hub(&hub);
-    hub.broadcast(&leave(&hub, &user, Some(group.clone())))?;
+    hub.broadcast_written(&leave(&hub, &user, Some(group.clone())))
+        .await?;
     hub.remove_user_from_group(&user, &group);
     Ok(StatusCode::NO_CONTENT)
 }
