@@ -195,6 +195,7 @@ impl RedisFabric {
             node_ttl: options.node_ttl,
             cut: cut.clone(),
             pool: Mutex::default(),
+            writer: tx.clone(),
         };
         let sessions = Arc::new(sessions::Inner::start(
             client.clone(),

@@ -45,6 +45,8 @@ pub(crate) enum Command {
     },
     /// Write this node's shared groups as they are now.
     Groups,
+    /// Answered once every command before it was written (or failed).
+    Flush { reply: Reply },
 }
 
 pub(crate) struct Writer {
@@ -201,7 +203,7 @@ impl Writer {
                     .arg(&["n", node, "t", "k", "c", client, "r", resumed])
                     .ignore();
             }
-            Command::Groups => {}
+            Command::Groups | Command::Flush { .. } => {}
         }
     }
 
@@ -264,6 +266,9 @@ impl Writer {
                     if result.is_err() {
                         self.shared.announced(&client);
                     }
+                    let _ = reply.send(result.clone());
+                }
+                Command::Flush { reply } => {
                     let _ = reply.send(result.clone());
                 }
                 Command::Groups => {}

@@ -76,6 +76,10 @@ struct Inner {
     shutdown: CancellationToken,
     taps: Taps,
     fabric: OnceLock<Arc<dyn Fabric>>,
+    /// Held (read) while a local message is routed here and handed to the fabric, so
+    /// that a session adopted from another node joins between two such messages (see
+    /// [`Broker::adopt_session`]).
+    forwarding: RwLock<()>,
 }
 
 /// Why [`Broker::deliver_to`] could not deliver.
@@ -131,6 +135,7 @@ impl Broker {
                 shutdown: CancellationToken::new(),
                 taps: Taps::default(),
                 fabric: OnceLock::new(),
+                forwarding: RwLock::new(()),
             }),
         }
     }
@@ -182,6 +187,13 @@ impl Broker {
     /// The bounds of a session queue.
     pub(crate) fn queue_limits(&self) -> QueueLimits {
         self.inner.limits
+    }
+
+    /// Runs `f` while no local message is being routed and forwarded (see
+    /// [`Broker::adopt_session`]).
+    pub(crate) fn with_forwarding_paused<R>(&self, f: impl FnOnce() -> R) -> R {
+        let _paused = self.inner.forwarding.write();
+        f()
     }
 
     /// Where the fabric is kept (see `fabric.rs`).
@@ -398,6 +410,7 @@ impl Broker {
         let Some(fabric) = self.fabric().filter(|_| msg.recipient.is_none()) else {
             return self.route_local(msg, gate, all_or_nothing, blockers, accepted, None);
         };
+        let _forwarding = self.inner.forwarding.read();
         let picks = fabric.shared_picks(&msg.topic);
         let mut routed =
             self.route_local(msg, gate, all_or_nothing, blockers, accepted, Some(&picks));

@@ -157,8 +157,23 @@ impl Broker {
     /// [`SessionStore::fetch`](crate::SessionStore::fetch)): subscriptions indexed,
     /// messages queued to be resent with DUP, expiry clock started. False if the client
     /// id has a session here already.
-    pub fn adopt_session(&self, stored: crate::StoredSession) -> bool {
-        self.adopt_stored(stored)
+    ///
+    /// Once it joined, `catch_up` runs while no message published on this node is
+    /// routed (such publishers wait): what it gives the session
+    /// ([`Broker::route_replayed`]), among it this node's own messages forwarded before
+    /// the session joined, is queued ahead of every message published here later.
+    /// Its error is returned with the session joined.
+    pub fn adopt_session<E>(
+        &self,
+        stored: crate::StoredSession,
+        catch_up: impl FnOnce() -> Result<(), E>,
+    ) -> Result<bool, E> {
+        self.with_forwarding_paused(|| {
+            if !self.adopt_stored(stored) {
+                return Ok(false);
+            }
+            catch_up().map(|()| true)
+        })
     }
 
     /// Another node is taking `client_id`'s session with its stored form: a connection

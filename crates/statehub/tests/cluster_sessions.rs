@@ -331,3 +331,97 @@ async fn a_paho_session_moves_between_nodes() {
     let got: Vec<&str> = lines.filter_map(|l| l.strip_prefix("MSG ")).collect();
     assert_eq!(got, sent, "{out}");
 }
+
+/// QoS 1 messages `{name}-0`, `{name}-1`... on `topic` through `addr`, each
+/// acknowledged, until `stop` is set; `count` counts them.
+async fn publish_until(
+    addr: std::net::SocketAddr,
+    name: String,
+    count: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> Vec<String> {
+    use std::sync::atomic::Ordering;
+    let mut c = RawClient::connect(addr, V5, &name).await;
+    let mut sent = Vec::new();
+    while !stop.load(Ordering::Relaxed) {
+        let payload = format!("{name}-{}", sent.len());
+        let code = publish_acked(&mut c, "w/1", QoS::AtLeastOnce, payload.as_bytes()).await;
+        assert_eq!(code, ReasonCode::SUCCESS, "{payload}");
+        sent.push(payload);
+        count.fetch_add(1, Ordering::Relaxed);
+    }
+    sent
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn messages_published_on_the_node_a_session_moves_to_while_it_moves_arrive_in_order() {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    use std::sync::Arc;
+    let redis = RedisServer::start();
+    let a = node_with_ttl(&redis, "a", TTL_MS);
+    let b = node_with_ttl(&redis, "b", TTL_MS);
+    let (mut sub, _) = resume(a.mqtt, "arriving").await;
+    sub.subscribe("w/#", opts(QoS::AtLeastOnce)).await;
+    sub.disconnect().await;
+    // Publishers on b, the node the session moves to, before, while and after it
+    // moves: each message either reaches a's copy, is replayed, or is routed on b
+    // to the session installed there.
+    let (count, stop) = (
+        Arc::new(AtomicUsize::new(0)),
+        Arc::new(AtomicBool::new(false)),
+    );
+    let publishers: Vec<_> = (0..3)
+        .map(|p| {
+            tokio::spawn(publish_until(
+                b.mqtt,
+                format!("p{p}"),
+                count.clone(),
+                stop.clone(),
+            ))
+        })
+        .collect();
+    let until = |n: usize| {
+        let count = count.clone();
+        async move {
+            while count.load(Ordering::Relaxed) < n {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }
+    };
+    until(30).await;
+    let (mut sub, present) = resume(b.mqtt, "arriving").await;
+    assert!(present);
+    let at_resume = count.load(Ordering::Relaxed);
+    until(at_resume + 30).await;
+    stop.store(true, Ordering::Relaxed);
+    let mut sent = Vec::new();
+    for p in publishers {
+        sent.push(p.await.unwrap());
+    }
+    let total: usize = sent.iter().map(Vec::len).sum();
+    let mut got = Vec::new();
+    while got.len() < total {
+        match sub.next_event(Duration::from_secs(3)).await {
+            statehub_test_support::Event::Packet(Packet::Publish(p)) => {
+                sub.ack(&p).await;
+                got.push(String::from_utf8(p.payload.to_vec()).unwrap());
+            }
+            statehub_test_support::Event::Timeout => break,
+            other => panic!("expected a PUBLISH, got {other:?}"),
+        }
+    }
+    for (p, sent) in sent.iter().enumerate() {
+        let prefix = format!("p{p}-");
+        let arrived: Vec<&String> = got.iter().filter(|m| m.starts_with(&prefix)).collect();
+        let missed: Vec<&String> = sent.iter().filter(|m| !got.contains(m)).collect();
+        assert!(
+            missed.is_empty(),
+            "acknowledged, never delivered: {missed:?}"
+        );
+        let expected: Vec<&String> = sent.iter().collect();
+        assert_eq!(
+            arrived, expected,
+            "publisher p{p}'s messages once each, in order"
+        );
+    }
+}

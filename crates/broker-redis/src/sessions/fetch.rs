@@ -14,6 +14,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
+use std::sync::mpsc::SyncSender;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -25,7 +26,7 @@ use statehub_broker::{BoxFuture, Broker, SessionStoreError};
 use super::records::{self, Loaded};
 use super::{lua, store_error, Inner};
 use crate::wire;
-use crate::writer::open;
+use crate::writer::{open, Command};
 
 /// How often a claim is retried when another node claimed the session meanwhile.
 const ATTEMPTS: usize = 4;
@@ -52,6 +53,8 @@ pub(crate) struct Fetcher {
     /// Connections kept between fetches (most CONNECTs find nothing to fetch: one
     /// round trip on a connection already open).
     pub pool: Mutex<Vec<Connection>>,
+    /// This node's stream writer, flushed before a replay (see [`install`]).
+    pub writer: SyncSender<Command>,
 }
 
 impl std::fmt::Debug for Fetcher {
@@ -92,6 +95,8 @@ enum FetchError {
     Record(#[from] records::RecordError),
     #[error("another node keeps taking the session")]
     Contended,
+    #[error("this node's messages were not appended to the stream: {0}")]
+    Flush(#[from] statehub_broker::FabricError),
 }
 
 /// The claim script's answer.
@@ -273,17 +278,54 @@ fn install(
         std::thread::sleep(Duration::from_millis(5));
     };
     inner.adopted(incarnation, &decoded.body_ids);
-    if !broker.adopt_session(decoded.session) {
-        return Ok(false);
+    let read = cut.last_id.as_deref();
+    let joined = broker.adopt_session(decoded.session, || {
+        if from.is_empty() {
+            return Ok(());
+        }
+        // Publishers here wait meanwhile: this node's messages routed before the
+        // session joined are on the stream once the writer is flushed, and the reader
+        // skips them (this node routed them itself), so the replay gives them.
+        flush(f)?;
+        replay(inner, broker, con, client_id, from, read)
+    })?;
+    if joined {
+        inner.counters.adopted.fetch_add(1, Ordering::Relaxed);
     }
-    inner.counters.adopted.fetch_add(1, Ordering::Relaxed);
-    let (Some(last), false) = (cut.last_id.clone(), from.is_empty()) else {
-        return Ok(true);
-    };
+    drop(cut);
+    Ok(joined)
+}
+
+/// Waits until this node's writer appended everything handed to it so far.
+fn flush(f: &Fetcher) -> Result<(), FetchError> {
+    let stopped = || statehub_broker::FabricError::Unavailable("stopped".into());
+    let (reply, done) = tokio::sync::oneshot::channel();
+    f.writer
+        .send(Command::Flush { reply })
+        .map_err(|_| stopped())?;
+    done.blocking_recv().unwrap_or_else(|_| Err(stopped()))?;
+    Ok(())
+}
+
+/// Routes into `client_id`'s session alone the messages after `from` that it would
+/// otherwise miss: every one up to the reader's position `read` (the owner had not
+/// stored them, the reader already passed them), and past it this node's own (the
+/// reader gives the others; none of this node's is appended while it runs).
+fn replay(
+    inner: &Inner,
+    broker: &Broker,
+    con: &mut Connection,
+    client_id: &str,
+    from: &str,
+    read: Option<&str>,
+) -> Result<(), FetchError> {
+    let f = &inner.fetcher;
+    let now = wire::Now::at(broker.now());
+    let read = read.map(stream_id);
     let mut start = format!("({from}");
     loop {
-        let range: StreamRangeReply = con.xrange_count(&f.feed, &start, &last, REPLAY_BATCH)?;
-        let Some(end) = range.ids.last().map(|e| e.id.clone()) else {
+        let range: StreamRangeReply = con.xrange_count(&f.feed, &start, "+", REPLAY_BATCH)?;
+        let Some(last) = range.ids.last().map(|e| e.id.clone()) else {
             break;
         };
         for entry in &range.ids {
@@ -291,7 +333,9 @@ fn install(
                 Some(Value::BulkString(b)) => Some(b.as_slice()),
                 _ => None,
             };
-            if field("t") != Some(b"p") {
+            let ours = field("n") == Some(f.node.as_bytes());
+            let passed = read.is_some_and(|read| stream_id(&entry.id) <= read);
+            if field("t") != Some(b"p") || !(passed || ours) {
                 continue;
             }
             if let Some(Ok(Some(msg))) = field("m").map(|m| wire::decode(m, now)) {
@@ -303,10 +347,9 @@ fn install(
         if range.ids.len() < REPLAY_BATCH {
             break;
         }
-        start = format!("({end}");
+        start = format!("({last}");
     }
-    drop(cut);
-    Ok(true)
+    Ok(())
 }
 
 /// A stream entry id as (milliseconds, sequence), for ordering.

@@ -25,6 +25,8 @@ fn store(redis: &RedisServer, owner: &str) -> RedisSessions {
         node_ttl: Duration::from_secs(1),
         cut: Arc::default(),
         pool: Default::default(),
+        // These tests fetch nothing: no writer to flush.
+        writer: std::sync::mpsc::sync_channel(1).0,
     };
     let inner = Inner::start(
         client,
