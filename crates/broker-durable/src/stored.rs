@@ -9,6 +9,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::{Buf, BufMut, BytesMut};
 use statehub_broker::codec::{Codec, DecodeError, Packet, ProtocolVersion, PublishRef, QoS};
+use statehub_broker::records::RecordFormatError;
 use statehub_broker::Message;
 
 /// A stored record that does not parse.
@@ -41,6 +42,16 @@ pub enum RecordError {
     /// A message record refers to a body that is not there.
     #[error("refers to message body {0}, which is not stored")]
     MissingBody(u64),
+}
+
+impl From<RecordFormatError> for RecordError {
+    fn from(e: RecordFormatError) -> Self {
+        match e {
+            RecordFormatError::Truncated => RecordError::Truncated,
+            RecordFormatError::QoS(b) => RecordError::QoS(b),
+            RecordFormatError::Utf8 => RecordError::Utf8,
+        }
+    }
 }
 
 /// Wall-clock milliseconds since the Unix epoch (0 if the clock is before it).
@@ -138,11 +149,6 @@ impl<'a> Reader<'a> {
     pub fn u64(&mut self) -> Result<u64, RecordError> {
         self.need(8)?;
         Ok(self.0.get_u64())
-    }
-
-    pub fn qos(&mut self) -> Result<QoS, RecordError> {
-        let b = self.u8()?;
-        QoS::from_u8(b).ok_or(RecordError::QoS(b))
     }
 
     /// A string written by [`put_str`].

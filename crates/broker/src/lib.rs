@@ -38,6 +38,7 @@ mod metrics;
 mod pending;
 mod rate;
 mod ratelimit;
+pub mod records;
 mod retain_store;
 mod retained;
 mod server;

@@ -267,20 +267,8 @@ impl Operation {
                     excluded: &excluded,
                     filter: filter.as_ref(),
                 };
-                let deadline = ttl_ms.map(|t| Instant::now() + Duration::from_millis(t));
-                let msg = DataMessageRef {
-                    from: match &to {
-                        To::Group(_) => MessageSource::Group,
-                        _ => MessageSource::Server,
-                    },
-                    group: match &to {
-                        To::Group(g) => Some(g.as_str()),
-                        _ => None,
-                    },
-                    from_user_id: from_user.as_deref(),
-                    payload: &payload,
-                    stream: None,
-                };
+                let deadline = deadline(ttl_ms);
+                let msg = sent_message(&to, from_user.as_deref(), &payload);
                 hub.deliver_local(to.target(), &sel, &msg, deadline);
             }
             Operation::Join { to, group, .. } => hub.join_local(to.target(), &group),
@@ -400,20 +388,8 @@ pub(crate) fn apply_to(hub: &Hub, session: &Arc<Session>, op: &[u8], from: Prove
                 excluded: &[],
                 filter: filter.as_ref(),
             };
-            let deadline = ttl_ms.map(|t| Instant::now() + Duration::from_millis(t));
-            let msg = DataMessageRef {
-                from: match &to {
-                    To::Group(_) => MessageSource::Group,
-                    _ => MessageSource::Server,
-                },
-                group: match &to {
-                    To::Group(g) => Some(g.as_str()),
-                    _ => None,
-                },
-                from_user_id: from_user.as_deref(),
-                payload: &payload,
-                stream: None,
-            };
+            let deadline = deadline(ttl_ms);
+            let msg = sent_message(&to, from_user.as_deref(), &payload);
             with_provenance(from, || {
                 hub.deliver_to(session, &sel, &msg, deadline);
             });
@@ -558,6 +534,31 @@ impl Hub {
         tokio::task::spawn_blocking(ask)
             .await
             .map_err(|e| ClusterError::Unavailable(Box::new(e)))?
+    }
+}
+
+fn deadline(ttl_ms: Option<u64>) -> Option<Instant> {
+    ttl_ms.map(|t| Instant::now() + Duration::from_millis(t))
+}
+
+/// What a send operation delivers: from its group if it went to one, else the server.
+fn sent_message<'a>(
+    to: &'a To,
+    from_user: Option<&'a str>,
+    payload: &'a Payload,
+) -> DataMessageRef<'a> {
+    DataMessageRef {
+        from: match to {
+            To::Group(_) => MessageSource::Group,
+            _ => MessageSource::Server,
+        },
+        group: match to {
+            To::Group(g) => Some(g.as_str()),
+            _ => None,
+        },
+        from_user_id: from_user,
+        payload,
+        stream: None,
     }
 }
 

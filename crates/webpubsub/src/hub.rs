@@ -263,6 +263,20 @@ impl Hub {
         })
     }
 
+    /// Puts a session in the hub, under its id and its user.
+    fn insert(&self, hub: &mut HubState, session: &Arc<Session>) {
+        hub.sessions
+            .insert(session.id().to_owned(), session.clone());
+        self.indexed(Item::Connection(session.id()), true);
+        if let Some(user) = session.user_id() {
+            let ids = hub.users.entry(user.to_owned()).or_default();
+            if ids.is_empty() {
+                self.indexed(Item::User(user), true);
+            }
+            ids.insert(session.id().to_owned());
+        }
+    }
+
     /// Creates a session and joins its initial groups.
     pub(crate) fn open(&self, new: NewSession) -> Arc<Session> {
         let id = new.connection_id.clone().unwrap_or_else(new_connection_id);
@@ -276,16 +290,7 @@ impl Hub {
         let session = Arc::new(session);
         {
             let mut hub = lock(&self.state);
-            hub.sessions
-                .insert(session.id().to_owned(), session.clone());
-            self.indexed(Item::Connection(session.id()), true);
-            if let Some(user) = session.user_id() {
-                let ids = hub.users.entry(user.to_owned()).or_default();
-                if ids.is_empty() {
-                    self.indexed(Item::User(user), true);
-                }
-                ids.insert(session.id().to_owned());
-            }
+            self.insert(&mut hub, &session);
         }
         for group in &groups {
             if self.join(&session, group).is_err() {

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use statehub_broker::codec::ByteString;
-use statehub_broker::{Message, StoredMessage, StoredSession};
+use statehub_broker::{Message, StoredSession};
 use statehub_storage::{Batch, StorageError, Store, Table};
 
 use super::bodies::Bodies;
@@ -154,15 +154,7 @@ impl Load<'_> {
             // Expired while statehub was down.
             return Ok(self.garbage.delete(self.table, key)?);
         };
-        session.messages.push(StoredMessage {
-            seq,
-            msg,
-            qos: record.qos,
-            retain: record.retain,
-            subscription_ids: record.subscription_ids,
-            shared: record.shared,
-            released: record.released,
-        });
+        session.messages.push(record.fields.into_stored(seq, msg));
         Ok(())
     }
 

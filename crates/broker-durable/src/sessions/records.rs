@@ -9,7 +9,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::{BufMut, BytesMut};
-use statehub_broker::codec::{ByteString, QoS, SubscriptionOptions};
+use statehub_broker::codec::{ByteString, QoS};
+use statehub_broker::records::{self, MessageFields, RecordReader};
 use statehub_broker::{Message, QueuedRef, SharedVia, StoredSession, Subscription};
 
 use crate::stored::{self, down_since, put_str, wall_ms, Reader, RecordError};
@@ -80,22 +81,6 @@ impl Queued {
     }
 }
 
-fn options_byte(o: SubscriptionOptions) -> u8 {
-    o.qos as u8
-        | u8::from(o.no_local) << 2
-        | u8::from(o.retain_as_published) << 3
-        | (o.retain_handling & 3) << 4
-}
-
-fn options_from(b: u8) -> Result<SubscriptionOptions, RecordError> {
-    Ok(SubscriptionOptions {
-        qos: QoS::from_u8(b & 3).ok_or(RecordError::QoS(b & 3))?,
-        no_local: b & 4 != 0,
-        retain_as_published: b & 8 != 0,
-        retain_handling: (b >> 4) & 3,
-    })
-}
-
 fn format(r: &mut Reader<'_>) -> Result<(), RecordError> {
     match r.u8()? {
         FORMAT => Ok(()),
@@ -116,12 +101,7 @@ pub(super) fn encode_session(
     v.put_u8(u8::from(disconnected));
     v.put_u32(expiry_interval);
     put_str(&mut v, client_id);
-    v.put_u32(u32::try_from(subscriptions.len()).unwrap_or(u32::MAX));
-    for (filter, sub) in subscriptions {
-        put_str(&mut v, filter);
-        v.put_u8(options_byte(sub.options));
-        v.put_u32(sub.identifier.unwrap_or(0));
-    }
+    records::put_subscriptions(&mut v, subscriptions);
     v.to_vec()
 }
 
@@ -137,21 +117,9 @@ pub(super) fn decode_session(
     let disconnected = r.u8()? != 0;
     let expiry_interval = r.u32()?;
     let client_id = r.str()?;
-    let n = r.u32()?;
-    let mut subscriptions = Vec::new();
-    for _ in 0..n {
-        let filter = ByteString::from(r.str()?);
-        let options = options_from(r.u8()?)?;
-        let id = r.u32()?;
-        let identifier = (id != 0).then_some(id);
-        subscriptions.push((
-            filter,
-            Subscription {
-                options,
-                identifier,
-            },
-        ));
-    }
+    let mut shared = RecordReader::new(r.rest());
+    let subscriptions = shared.subscriptions()?;
+    r = Reader(shared.rest());
     r.end()?;
     let expires_in = match expiry_interval {
         u32::MAX => None,
@@ -182,22 +150,7 @@ pub(super) fn decode_session(
 pub(super) fn encode_message(m: QueuedRef<'_>, released: bool, body: u64) -> Vec<u8> {
     let mut v = BytesMut::with_capacity(32 + 4 * m.subscription_ids.len());
     v.put_u8(FORMAT_REF);
-    v.put_u8(m.qos as u8);
-    v.put_u8(u8::from(m.retain));
-    v.put_u8(u8::from(released));
-    let ids = &m.subscription_ids[..m.subscription_ids.len().min(usize::from(u16::MAX))];
-    v.put_u16(ids.len() as u16);
-    for id in ids {
-        v.put_u32(*id);
-    }
-    match m.shared {
-        Some(via) => {
-            v.put_u8(1);
-            put_str(&mut v, &via.filter);
-            put_str(&mut v, &via.group);
-        }
-        None => v.put_u8(0),
-    }
+    records::put_message_fields(&mut v, m, released);
     v.put_u64(body);
     v.to_vec()
 }
@@ -215,11 +168,7 @@ pub(super) enum Body {
 /// was sent, and where the message is.
 #[derive(Debug)]
 pub(super) struct MessageRecord {
-    pub qos: QoS,
-    pub retain: bool,
-    pub released: bool,
-    pub subscription_ids: Vec<u32>,
-    pub shared: Option<SharedVia>,
+    pub fields: MessageFields,
     pub body: Body,
 }
 
@@ -235,18 +184,9 @@ pub(super) fn decode_message(
         FORMAT => Some(r.u64()?),
         other => return Err(RecordError::UnknownFormat(other)),
     };
-    let qos = r.qos()?;
-    let retain = r.u8()? != 0;
-    let released = r.u8()? != 0;
-    let n = r.u16()?;
-    let subscription_ids = (0..n).map(|_| r.u32()).collect::<Result<_, _>>()?;
-    let shared = match r.u8()? {
-        0 => None,
-        _ => Some(SharedVia {
-            filter: r.str()?.into(),
-            group: r.str()?.into(),
-        }),
-    };
+    let mut shared = RecordReader::new(r.rest());
+    let fields = shared.message_fields()?;
+    r = Reader(shared.rest());
     let body = match written_ms {
         None => {
             let id = r.u64()?;
@@ -258,14 +198,7 @@ pub(super) fn decode_message(
             Body::Inline(stored::read_message(r.rest(), down, now)?.map(Arc::new))
         }
     };
-    Ok(MessageRecord {
-        qos,
-        retain,
-        released,
-        subscription_ids,
-        shared,
-        body,
-    })
+    Ok(MessageRecord { fields, body })
 }
 
 /// A body record: the time it was written and the message, its expiry as it was then.

@@ -35,16 +35,7 @@ impl Hub {
         let _order = self.order.write().unwrap_or_else(PoisonError::into_inner);
         replay(&session);
         let mut hub = lock(&self.state);
-        hub.sessions
-            .insert(session.id().to_owned(), session.clone());
-        self.indexed(Item::Connection(session.id()), true);
-        if let Some(user) = session.user_id() {
-            let ids = hub.users.entry(user.to_owned()).or_default();
-            if ids.is_empty() {
-                self.indexed(Item::User(user), true);
-            }
-            ids.insert(session.id().to_owned());
-        }
+        self.insert(&mut hub, &session);
         for group in session.groups() {
             let members = hub.groups.entry(group.clone()).or_default();
             if members.is_empty() {

@@ -12,12 +12,16 @@ fn message_records_round_trip_with_every_per_subscriber_field() {
     let d = delivery("a/b", b"\x00payload", None);
     let record = encode_message(d.as_ref(), true, 42);
     let back = decode_message(&record, wall_ms(), Instant::now()).unwrap();
-    assert!(back.released);
+    assert!(back.fields.released);
     assert_eq!(
-        (back.qos, back.retain, &back.subscription_ids),
+        (
+            back.fields.qos,
+            back.fields.retain,
+            &back.fields.subscription_ids
+        ),
         (QoS::AtLeastOnce, true, &vec![7, 9])
     );
-    assert_eq!(back.shared, d.shared);
+    assert_eq!(back.fields.shared, d.shared);
     assert!(matches!(back.body, Body::Ref(42)));
 }
 
@@ -72,8 +76,8 @@ fn message_records_of_the_first_format_are_still_read() {
     let d = delivery("a/b", b"inline", Some(10));
     let now = wall_ms();
     let back = decode_message(&first_format(&d, now), now + 3_500, Instant::now()).unwrap();
-    assert_eq!(back.subscription_ids, d.subscription_ids);
-    assert_eq!(back.shared, d.shared);
+    assert_eq!(back.fields.subscription_ids, d.subscription_ids);
+    assert_eq!(back.fields.shared, d.shared);
     let Body::Inline(Some(msg)) = back.body else {
         panic!("the message is in the record: {:?}", back.body);
     };
@@ -98,4 +102,31 @@ fn damaged_records_are_errors() {
     assert!(decode_body(&[], 0, now).is_err());
     assert!(decode_session(&[FORMAT, 0, 0], 1, 0).is_err());
     assert!(decode_session(&[9; 30], 1, 0).is_err());
+}
+
+/// The bytes on disk, field by field: a data directory written by an earlier build must
+/// keep loading, so neither layout may change by accident.
+#[test]
+fn records_keep_their_exact_bytes() {
+    let d = delivery("a/b", b"p", None);
+    let mut message = vec![FORMAT_REF, 1, 1, 1, 0, 2, 0, 0, 0, 7, 0, 0, 0, 9, 1];
+    message.extend_from_slice(b"\0\x03a/#\0\x01g");
+    message.extend_from_slice(&42u64.to_be_bytes());
+    assert_eq!(encode_message(d.as_ref(), true, 42), message);
+
+    let filter = statehub_broker::codec::ByteString::from("x/y");
+    let sub = Subscription {
+        options: SubscriptionOptions {
+            qos: QoS::AtLeastOnce,
+            no_local: true,
+            retain_as_published: false,
+            retain_handling: 2,
+        },
+        identifier: Some(5),
+    };
+    let session = encode_session("c", 60, true, &[(&filter, sub)]);
+    assert_eq!(session[0], FORMAT);
+    let mut rest = vec![1, 0, 0, 0, 60, 0, 1, b'c', 0, 0, 0, 1];
+    rest.extend_from_slice(b"\0\x03x/y\x25\0\0\0\x05");
+    assert_eq!(session[9..], rest[..], "after the write time");
 }
