@@ -57,11 +57,7 @@ ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)"
 
 # ---- dependencies and build ------------------------------------------------
 if [[ " $SERVERS " == *" socketio "* ]]; then
-    command -v node >/dev/null 2>&1 || install_packages nodejs npm
-    if [ ! -d "$SIO_DIR/node_modules/socket.io" ]; then
-        log "installing socket.io (npm ci) in $SIO_DIR"
-        (cd "$SIO_DIR" && npm ci --no-audit --no-fund --loglevel=error </dev/null)
-    fi
+    install_socketio "$SIO_DIR"
 fi
 if [ "${SKIP_BUILD:-0}" != 1 ]; then
     log "building statehub and statehub-bench (release)"

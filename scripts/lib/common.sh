@@ -66,6 +66,16 @@ install_packages() {
         as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
 }
 
+# install_socketio DIR: node and npm, then the Socket.IO benchmark server's packages in
+# DIR (npm ci), unless they are there already.
+install_socketio() {
+    command -v node >/dev/null 2>&1 || install_packages nodejs npm
+    if [ ! -d "$1/node_modules/socket.io" ]; then
+        log "installing socket.io (npm ci) in $1"
+        (cd "$1" && npm ci --no-audit --no-fund --loglevel=error </dev/null)
+    fi
+}
+
 # kill_tracked_on_exit: every pid the script appends to the array PIDS is sent
 # SIGTERM and reaped when the script exits, however it exits.
 kill_tracked_on_exit() {
