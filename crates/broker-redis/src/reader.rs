@@ -229,14 +229,18 @@ impl Reader {
     }
 
     /// Another node asks for `client`'s session (incarnation `asked`): it leaves this
-    /// node, marked released at `at` once what it recorded is written.
+    /// node, marked released at `at` once what it recorded is written; one this node
+    /// does not hold is released in Redis if this node owns it there
+    /// (`Inner::asked`).
     fn hand_off(&self, broker: &Broker, client: &str, asked: Option<&str>, at: &str) {
-        let (incarnation, messages) = match broker.hand_off_session(client) {
-            Some((incarnation, messages)) => (Some(incarnation), messages),
-            None => (asked.and_then(|i| i.parse().ok()), Vec::new()),
-        };
-        if let Some(incarnation) = incarnation {
-            self.shared.sessions.released(incarnation, at, &messages);
+        let sessions = &self.shared.sessions;
+        match broker.hand_off_session(client) {
+            Some((incarnation, messages)) => sessions.released(incarnation, at, &messages),
+            None => {
+                if let Some(incarnation) = asked.and_then(|i| i.parse().ok()) {
+                    sessions.asked(incarnation, at);
+                }
+            }
         }
     }
 

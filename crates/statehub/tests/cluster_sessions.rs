@@ -239,7 +239,6 @@ async fn a_killed_nodes_shared_group_members_are_no_longer_picked() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "known race (decision 0005, Not guaranteed): about 1 run in 50 under load loses the queued messages"]
 async fn two_nodes_resuming_one_session_at_once_lose_none_of_its_messages() {
     let redis = RedisServer::start();
     let nodes: Vec<_> = ["a", "b", "c", "d"]

@@ -88,7 +88,7 @@ pub(super) fn fetch(
 
 /// Why a fetch failed.
 #[derive(Debug, thiserror::Error)]
-enum FetchError {
+pub(super) enum FetchError {
     #[error(transparent)]
     Redis(#[from] redis::RedisError),
     #[error(transparent)]
@@ -100,7 +100,7 @@ enum FetchError {
 }
 
 /// The claim script's answer.
-enum Claim {
+pub(super) enum Claim {
     None,
     /// Another node claimed it meanwhile.
     OwnedByAnother,
@@ -152,6 +152,7 @@ fn fetch_on(
             )?;
             dead = woken.is_none() && !alive(con, p, &owner)?;
         }
+        let _claiming = Claiming::start(inner, incarnation);
         match claim(con, inner, client_id, incarnation, &owner, dead)? {
             Claim::None => return Ok(false),
             Claim::OwnedByAnother => continue,
@@ -161,6 +162,26 @@ fn fetch_on(
         }
     }
     Err(FetchError::Contended)
+}
+
+/// Marks a session as being claimed and installed here, until dropped (see
+/// `Inner::asked`).
+pub(super) struct Claiming<'a> {
+    inner: &'a Inner,
+    incarnation: u64,
+}
+
+impl<'a> Claiming<'a> {
+    pub(super) fn start(inner: &'a Inner, incarnation: u64) -> Self {
+        inner.state.lock().claiming.insert(incarnation, None);
+        Claiming { inner, incarnation }
+    }
+}
+
+impl Drop for Claiming<'_> {
+    fn drop(&mut self) {
+        self.inner.state.lock().claiming.remove(&self.incarnation);
+    }
 }
 
 fn alive(con: &mut Connection, p: &str, owner: &str) -> redis::RedisResult<bool> {
@@ -186,7 +207,7 @@ fn ask_release(
         .query(con)
 }
 
-fn claim(
+pub(super) fn claim(
     con: &mut Connection,
     inner: &Inner,
     client_id: &str,
@@ -239,8 +260,9 @@ fn claim(
 }
 
 /// Puts the claimed session into the broker at the reader's cut and replays what it
-/// missed; whether it joined the broker.
-fn install(
+/// missed; whether it joined the broker, or left for another node that asked for it
+/// meanwhile (the CONNECT must then not start a new session either).
+pub(super) fn install(
     inner: &Inner,
     broker: &Broker,
     con: &mut Connection,
@@ -277,6 +299,20 @@ fn install(
         drop(cut);
         std::thread::sleep(Duration::from_millis(5));
     };
+    // Another node asked for it since the claim: it goes there (this node's reader
+    // applies such requests under the cut, so none comes between this and joining).
+    // Released again: the reader's release may have been written before the claim.
+    let asked = inner
+        .state
+        .lock()
+        .claiming
+        .get(&incarnation)
+        .cloned()
+        .flatten();
+    if let Some(at) = asked {
+        inner.released(incarnation, &at, &[]);
+        return Ok(true);
+    }
     inner.adopted(incarnation, &decoded.body_ids);
     let read = cut.last_id.as_deref();
     let joined = broker.adopt_session(decoded.session, || {

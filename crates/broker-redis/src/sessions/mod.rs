@@ -20,7 +20,7 @@ mod lua;
 mod records;
 mod writer;
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::AtomicU64;
 use std::sync::mpsc::{self, Sender};
 use std::sync::Arc;
@@ -81,6 +81,9 @@ struct State {
     closed: u64,
     /// Incarnations this node stores (created here or moved here).
     known: HashSet<u64>,
+    /// Incarnations a fetch here is claiming and installing, with where another node
+    /// asked for it meanwhile, if one did (see [`Inner::asked`]).
+    claiming: HashMap<u64, Option<String>>,
     bodies: FxHashMap<usize, Body>,
 }
 
@@ -203,6 +206,20 @@ impl Inner {
         }
         let op = vec![b"R".to_vec(), num(incarnation), at.as_bytes().to_vec()];
         self.push(&mut state, vec![op]);
+    }
+
+    /// Another node asked, at stream entry `at`, for the session `incarnation`,
+    /// which this node does not hold. Released in case this node owns it in Redis
+    /// (its install here failed). If a fetch here is claiming it, that fetch must not
+    /// install it either: the release may be written after the claim (then the other
+    /// node takes it at once) or before (then the fetch releases it again once it
+    /// sees this), and a copy installed here would be one Redis no longer lets this
+    /// node write, while the other node resumes the real one.
+    pub(crate) fn asked(&self, incarnation: u64, at: &str) {
+        if let Some(asked) = self.state.lock().claiming.get_mut(&incarnation) {
+            *asked = Some(at.to_owned());
+        }
+        self.released(incarnation, at, &[]);
     }
 
     /// This node applied the message stream up to entry `at`: every change that

@@ -183,3 +183,48 @@ async fn a_change_to_a_session_another_node_owns_is_refused_and_its_barrier_fail
     let exists: bool = con.exists(format!("{PREFIX}s:7")).unwrap();
     assert!(exists);
 }
+
+/// A node claims a session (its owner released it), and its reader applies another
+/// node's request for that session before the fetch installs it: the session goes to
+/// the other node, whole, and is not installed here as a copy Redis no longer lets
+/// this node write.
+#[tokio::test(flavor = "current_thread")]
+async fn a_session_asked_for_while_it_is_claimed_here_goes_to_the_asker() {
+    use super::fetch::{claim, install, Claim, Claiming};
+    let redis = RedisServer::start();
+    let mut con = redis::Client::open(redis.url())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let a = store(&redis, "a#1");
+    save(&a, "mover", 7);
+    queue(&a, 7, 1, &message(b"queued"));
+    a.barrier().await.unwrap();
+    // a released it (with nothing to replay).
+    let () = con.hset(format!("{PREFIX}s:7"), "_o", "").unwrap();
+    let b = store(&redis, "b#1");
+    let broker = statehub_broker::Broker::new(statehub_broker::BrokerConfig::default());
+    broker.set_session_store(Arc::new(b.clone()), Vec::new());
+
+    let claiming = Claiming::start(&b.inner, 7);
+    let Ok(Claim::Taken { from, loaded }) = claim(&mut con, &b.inner, "mover", 7, "", true) else {
+        panic!("b claims the released session");
+    };
+    // b's reader: c asked for it at stream entry 5-0; b does not hold it yet.
+    b.inner.asked(7, "5-0");
+    let fetched = install(&b.inner, &broker, &mut con, "mover", 7, &from, &loaded);
+    drop(claiming);
+    assert!(
+        fetched.unwrap(),
+        "the CONNECT on b must not start a new session"
+    );
+    assert!(!broker.has_session("mover"), "b holds no copy");
+    b.barrier().await.unwrap();
+
+    let c = store(&redis, "c#1");
+    let Ok(Claim::Taken { loaded, .. }) = claim(&mut con, &c.inner, "mover", 7, "b#1", false)
+    else {
+        panic!("c takes the session b released");
+    };
+    assert!(loaded.fields.contains_key(&b"m:1"[..]), "with its message");
+}
