@@ -8,7 +8,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::cluster::{node_with_ttl, publish_acked};
+use common::cluster::{node_with_settings, node_with_ttl, publish_acked};
 use statehub_broker::codec::{Packet, PubResponse, QoS, ReasonCode};
 use statehub_state_store_redis::test_server::RedisServer;
 use statehub_test_support::{opts, persistent_connect, RawClient, V5};
@@ -424,4 +424,86 @@ async fn messages_published_on_the_node_a_session_moves_to_while_it_moves_arrive
             "publisher p{p}'s messages once each, in order"
         );
     }
+}
+
+/// The keys of `redis` (every one: a test's server holds one namespace).
+fn redis_keys(redis: &RedisServer) -> Vec<String> {
+    let out = std::process::Command::new("redis-cli")
+        .args(["-p", &redis.port().to_string(), "--scan"])
+        .output()
+        .expect("run redis-cli");
+    assert!(out.status.success(), "{out:?}");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+/// What Redis keeps of persistent sessions: their hashes, message bodies, the client
+/// id index, deadlines and connected sets.
+fn session_keys(redis: &RedisServer) -> Vec<String> {
+    redis_keys(redis)
+        .into_iter()
+        .filter(|k| {
+            [":mqtt:s:", ":mqtt:b:", ":mqtt:conn:"]
+                .iter()
+                .any(|part| k.contains(part))
+                || k.ends_with(":mqtt:owners")
+                || k.ends_with(":mqtt:dl")
+        })
+        .collect()
+}
+
+/// Waits (up to `within`) until `done` holds of the session keys; the keys last seen.
+async fn await_session_keys(
+    redis: &RedisServer,
+    within: Duration,
+    done: impl Fn(&[String]) -> bool,
+) -> Vec<String> {
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        let keys = session_keys(redis);
+        if done(&keys) || tokio::time::Instant::now() >= deadline {
+            return keys;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessions_no_node_holds_are_forgotten_at_their_expiry_with_their_messages() {
+    let redis = RedisServer::start();
+    let settings = "mqtt_node_ttl_ms = 2000\nmqtt_session_sweep_ms = 300";
+    let a = node_with_settings(&redis, "a", settings);
+    let b = node_with_settings(&redis, "b", settings);
+    // On a, a session whose client stays connected and one that left; on b, one that
+    // left. Session Expiry 2 s, each with messages queued.
+    let expiring = |c: &str| persistent_connect(c, 2);
+    let (mut held, _) = RawClient::connect_with(a.mqtt, expiring("held")).await;
+    held.subscribe("e/#", opts(QoS::AtLeastOnce)).await;
+    for (node, id) in [(a.mqtt, "left-a"), (b.mqtt, "left-b")] {
+        let (mut c, _) = RawClient::connect_with(node, expiring(id)).await;
+        c.subscribe("e/#", opts(QoS::AtLeastOnce)).await;
+        c.disconnect().await;
+    }
+    let mut publisher = RawClient::connect(b.mqtt, V5, "publisher").await;
+    publish_all(&mut publisher, "e/1", "x", 3).await;
+    for _ in 0..3 {
+        held.expect_publish().await; // and never acknowledged
+    }
+    // Every session's messages are in Redis before a dies: three sessions, each
+    // node's three bodies.
+    let count = |keys: &[String], part: &str| keys.iter().filter(|k| k.contains(part)).count();
+    let stored = await_session_keys(&redis, Duration::from_secs(20), |keys| {
+        count(keys, ":mqtt:s:") == 3 && count(keys, ":mqtt:b:") == 6
+    })
+    .await;
+    assert_eq!(count(&stored, ":mqtt:b:"), 6, "{stored:?}");
+    a.kill();
+    drop(held);
+
+    // Found dead after 2 s, expired 2 s later, swept within two periods after that.
+    let left = await_session_keys(&redis, Duration::from_secs(30), <[String]>::is_empty).await;
+    assert!(left.is_empty(), "left behind in redis: {left:?}");
+    drop(b);
 }

@@ -18,6 +18,7 @@
 mod fetch;
 mod lua;
 mod records;
+mod sweep;
 mod writer;
 
 use std::collections::{HashMap, HashSet};
@@ -50,6 +51,11 @@ pub struct SessionCounters {
     pub replayed: AtomicU64,
     /// Batches that failed to reach Redis (retried).
     pub failed: AtomicU64,
+    /// Sessions of dead owners whose expiry clock this node's sweeper started.
+    pub expiring: AtomicU64,
+    /// Sessions this node's sweeper forgot at their expiry (their owner was dead or
+    /// nobody claimed them).
+    pub swept: AtomicU64,
 }
 
 /// How far the writer got: batches written, and failures so far (a barrier fails if
@@ -105,6 +111,10 @@ pub(crate) struct Inner {
     closed: watch::Sender<(u64, u64)>,
     pub(crate) counters: Arc<SessionCounters>,
     pub(crate) fetcher: fetch::Fetcher,
+    /// What a session's deadline in Redis adds to its expiry (one sweep period).
+    grace_ms: u64,
+    /// Dropped with the store, which stops the sweeper.
+    _sweeper: Sender<()>,
 }
 
 fn key(msg: &Arc<Message>) -> usize {
@@ -123,13 +133,13 @@ impl RedisSessions {
 }
 
 impl Inner {
-    /// The store, its writer thread started.
+    /// The store, its writer and sweeper threads started.
     pub(crate) fn start(
         client: redis::Client,
         prefix: String,
         owner: String,
         fetcher: fetch::Fetcher,
-        timeout: Duration,
+        (timeout, sweep): (Duration, Duration),
     ) -> std::io::Result<Inner> {
         let (tx, rx) = mpsc::channel();
         let (progress_tx, progress) = watch::channel(Progress::default());
@@ -146,6 +156,19 @@ impl Inner {
         std::thread::Builder::new()
             .name("mqtt-session-writer".into())
             .spawn(move || writer.run())?;
+        let (stop_sweeper, stop) = mpsc::channel();
+        let sweeper = sweep::Sweeper {
+            client: fetcher.client.clone(),
+            prefix: prefix.clone(),
+            owner: owner.clone(),
+            period: sweep,
+            timeout,
+            counters: counters.clone(),
+            stop,
+        };
+        std::thread::Builder::new()
+            .name("mqtt-session-sweeper".into())
+            .spawn(move || sweeper.run())?;
         Ok(Inner {
             prefix,
             owner,
@@ -155,6 +178,8 @@ impl Inner {
             closed: watch::Sender::new((0, 0)),
             counters,
             fetcher,
+            grace_ms: u64::try_from(sweep.as_millis()).unwrap_or(u64::MAX),
+            _sweeper: stop_sweeper,
         })
     }
 
@@ -280,21 +305,23 @@ impl Inner {
             } => {
                 let new = state.known.insert(incarnation);
                 let meta = records::encode_session(expiry_interval, disconnected, &subscriptions);
-                // Redis forgets a disconnected session a minute after its expiry if
-                // its owner died and nobody took it.
-                let ttl = match expiry_interval {
+                // How long Redis keeps it once no live node holds it connected: its
+                // expiry, and a sweep period more, so that an owner alive forgets it
+                // first (its own clock ends it at its expiry).
+                let life = match expiry_interval {
                     u32::MAX => 0,
-                    _ if !disconnected => 0,
-                    secs => u64::from(secs) * 1000 + 60_000,
+                    secs => u64::from(secs) * 1000 + self.grace_ms,
                 };
                 let new = if new { b"1" } else { b"0" };
+                let down = if disconnected { b"1" } else { b"0" };
                 vec![vec![
                     b"S".to_vec(),
                     num(incarnation),
                     new.to_vec(),
                     client_id.as_bytes().to_vec(),
                     meta,
-                    num(ttl),
+                    num(life),
+                    down.to_vec(),
                 ]]
             }
             SessionChange::Ended {

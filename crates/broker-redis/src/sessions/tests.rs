@@ -33,7 +33,7 @@ fn store(redis: &RedisServer, owner: &str) -> RedisSessions {
         PREFIX.into(),
         owner.into(),
         fetcher,
-        Duration::from_secs(2),
+        (Duration::from_secs(2), Duration::from_secs(1)),
     )
     .unwrap();
     RedisSessions {
@@ -227,4 +227,46 @@ async fn a_session_asked_for_while_it_is_claimed_here_goes_to_the_asker() {
         panic!("c takes the session b released");
     };
     assert!(loaded.fields.contains_key(&b"m:1"[..]), "with its message");
+}
+
+/// A session released for a node that never claims it gets a deadline; once it is
+/// past, the sweep of a live node forgets it and its body, and a node taken for dead
+/// sweeps nothing.
+#[tokio::test(flavor = "current_thread")]
+async fn a_released_session_nobody_claims_is_swept_with_its_bodies_at_its_deadline() {
+    let redis = RedisServer::start();
+    let mut con = redis::Client::open(redis.url())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let a = store(&redis, "a#1");
+    save(&a, "gone", 9);
+    queue(&a, 9, 1, &message(b"kept"));
+    a.inner.released(9, "3-0", &[]);
+    a.barrier().await.unwrap();
+    let dl = format!("{PREFIX}dl");
+    let deadline: Option<f64> = con.zscore(&dl, "9").unwrap();
+    assert!(deadline.is_some(), "released: its expiry clock runs");
+    assert_eq!(bodies(&mut con).len(), 1);
+    // Its deadline passes.
+    let () = con.zadd(&dl, "9", 0).unwrap();
+    let sweep = |con: &mut redis::Connection, owner: &str| -> (i64, i64, i64) {
+        redis::Script::new(super::lua::SWEEP)
+            .arg(PREFIX)
+            .arg(owner)
+            .arg(1000)
+            .arg(128)
+            .invoke(con)
+            .unwrap()
+    };
+    assert_eq!(sweep(&mut con, "b#1"), (1, 0, 0), "b is not alive: fenced");
+    let () = con.set(format!("{PREFIX}alive:b#1"), 1).unwrap();
+    assert_eq!(sweep(&mut con, "b#1"), (0, 0, 1));
+    let left: Vec<String> = con.keys(format!("{PREFIX}*")).unwrap();
+    let left: Vec<&String> = left.iter().filter(|k| !k.contains("alive:")).collect();
+    assert!(
+        left.iter()
+            .all(|k| k.ends_with("sweep") || k.contains("handoff:")),
+        "{left:?}"
+    );
 }
