@@ -7,7 +7,8 @@
 //! Keys, under the prefix `{ns}:mqtt:`: `s:{incarnation}` the session's hash (`_o`
 //! owner, `_c` client id, `_m` session record, `_e` how long it lives without a
 //! client, in ms, 0 for ever, `_r` the stream id where its owner released it,
-//! `m:{seq}` a message record, `b:{seq}` its body's id, `q:{id}` a QoS 2 receipt);
+//! `_xn`, `_x` the node that released it and the stream entry up to which that
+//! node's own messages are in it, `m:{seq}` a message record, `b:{seq}` its body's id, `q:{id}` a QoS 2 receipt);
 //! `owners` client id → incarnation; `b:{id}` a body (`d` data, `r` how many message
 //! records refer to it); `handoff:{incarnation}` a list pushed when a session is
 //! released; `pos:{owner}` how far that owner applied the message stream.
@@ -133,12 +134,14 @@ while i <= #ARGV do
     elseif op == 'R' then
       if mine then
         redis.call('HSET', s, '_o', '', '_r', ARGV[i + 2])
+        if ARGV[i + 4] ~= '' then redis.call('HSET', s, '_xn', ARGV[i + 3], '_x', ARGV[i + 4])
+        else redis.call('HDEL', s, '_xn', '_x') end
         hold(s, inc, me, false)
         local h = p .. 'handoff:' .. inc
         redis.call('RPUSH', h, ARGV[i + 2])
         redis.call('PEXPIRE', h, 60000)
       end
-      i = i + 3
+      i = i + 5
     else
       return redis.error_reply('unknown session change ' .. op)
     end
@@ -150,9 +153,11 @@ return fenced
 
 /// Takes a session over for this node. ARGV: prefix, owner (this node), client id,
 /// incarnation, the owner it is taken from, '1' if that owner is dead. Returns `{0}`:
-/// no such session; `{1, owner}`: another node owns it now; `{2, from, fields, bodies}`:
-/// taken, with the stream id to replay messages from (where it was released, or the
-/// dead owner's position), the session's hash and the bodies its messages refer to.
+/// no such session; `{1, owner}`: another node owns it now; `{2, from, fields, bodies,
+/// node, upto}`: taken, with the stream id to replay messages from (where it was
+/// released, or the dead owner's position), the session's hash, the bodies its
+/// messages refer to, and, if the node that released it said, that node and the entry
+/// up to which its own messages are in the session already.
 pub(crate) const CLAIM: &str = concat!(
     r"
 local p, me, client, inc, expect, dead = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6]
@@ -165,16 +170,17 @@ if not o then
   if redis.call('HGET', p .. 'owners', client) == inc then redis.call('HDEL', p .. 'owners', client) end
   return {0}
 end
-local from
+local from, xn, x
 if o == '' then
   from = redis.call('HGET', s, '_r')
+  xn, x = redis.call('HGET', s, '_xn'), redis.call('HGET', s, '_x')
 elseif o == expect and dead == '1' then
   from = redis.call('GET', p .. 'pos:' .. o)
 else
   return {1, o}
 end
 redis.call('HSET', s, '_o', me)
-redis.call('HDEL', s, '_r')
+redis.call('HDEL', s, '_r', '_xn', '_x')
 if o ~= '' then redis.call('SREM', p .. 'conn:' .. o, inc) end
 hold(s, inc, me, true)
 local f = redis.call('HGETALL', s)
@@ -189,7 +195,7 @@ for j = 1, #f, 2 do
     end
   end
 end
-return {2, from or '', f, bodies}
+return {2, from or '', f, bodies, xn or '', x or ''}
 "
 );
 

@@ -223,13 +223,30 @@ impl Inner {
     /// The session `incarnation` left this node for another, which asked at stream
     /// entry `at`: marked released once every change recorded before is written.
     /// `messages` are those its records refer to (this node lets go of them).
-    pub(crate) fn released(&self, incarnation: u64, at: &str, messages: &[Arc<Message>]) {
+    ///
+    /// `upto`: every message this node routed to the session is on the stream at or
+    /// before this entry, and every one it routed after it left is after it (see
+    /// `reader.rs::hand_off`); the node that takes the session does not replay this
+    /// node's messages up to it (the session has them).
+    pub(crate) fn released(
+        &self,
+        incarnation: u64,
+        at: &str,
+        messages: &[Arc<Message>],
+        upto: Option<&str>,
+    ) {
         let mut state = self.state.lock();
         state.known.remove(&incarnation);
         for msg in messages {
             Self::release_body(&mut state, msg);
         }
-        let op = vec![b"R".to_vec(), num(incarnation), at.as_bytes().to_vec()];
+        let op = vec![
+            b"R".to_vec(),
+            num(incarnation),
+            at.as_bytes().to_vec(),
+            self.fetcher.node.as_bytes().to_vec(),
+            upto.unwrap_or_default().as_bytes().to_vec(),
+        ];
         self.push(&mut state, vec![op]);
     }
 
@@ -244,7 +261,15 @@ impl Inner {
         if let Some(asked) = self.state.lock().claiming.get_mut(&incarnation) {
             *asked = Some(at.to_owned());
         }
-        self.released(incarnation, at, &[]);
+        self.released(incarnation, at, &[], None);
+    }
+
+    /// Waits until this node's stream writer appended everything handed to it.
+    pub(crate) fn flush_stream(&self) -> Result<(), statehub_broker::FabricError> {
+        fetch::flush(&self.fetcher).map_err(|e| match e {
+            fetch::FetchError::Flush(e) => e,
+            other => statehub_broker::FabricError::Unavailable(other.to_string().into()),
+        })
     }
 
     /// This node applied the message stream up to entry `at`: every change that

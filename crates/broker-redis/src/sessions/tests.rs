@@ -190,7 +190,7 @@ async fn a_change_to_a_session_another_node_owns_is_refused_and_its_barrier_fail
 /// this node write.
 #[tokio::test(flavor = "current_thread")]
 async fn a_session_asked_for_while_it_is_claimed_here_goes_to_the_asker() {
-    use super::fetch::{claim, install, Claim, Claiming};
+    use super::fetch::{claim, install, Claim, Claiming, Resume};
     let redis = RedisServer::start();
     let mut con = redis::Client::open(redis.url())
         .unwrap()
@@ -207,12 +207,17 @@ async fn a_session_asked_for_while_it_is_claimed_here_goes_to_the_asker() {
     broker.set_session_store(Arc::new(b.clone()), Vec::new());
 
     let claiming = Claiming::start(&b.inner, 7);
-    let Ok(Claim::Taken { from, loaded }) = claim(&mut con, &b.inner, "mover", 7, "", true) else {
+    let Ok(Claim::Taken { from, loaded, .. }) = claim(&mut con, &b.inner, "mover", 7, "", true)
+    else {
         panic!("b claims the released session");
     };
     // b's reader: c asked for it at stream entry 5-0; b does not hold it yet.
     b.inner.asked(7, "5-0");
-    let fetched = install(&b.inner, &broker, &mut con, "mover", 7, &from, &loaded);
+    let resume = Resume {
+        from: &from,
+        settled: None,
+    };
+    let fetched = install(&b.inner, &broker, &mut con, "mover", 7, resume, &loaded);
     drop(claiming);
     assert!(
         fetched.unwrap(),
@@ -242,7 +247,7 @@ async fn a_released_session_nobody_claims_is_swept_with_its_bodies_at_its_deadli
     let a = store(&redis, "a#1");
     save(&a, "gone", 9);
     queue(&a, 9, 1, &message(b"kept"));
-    a.inner.released(9, "3-0", &[]);
+    a.inner.released(9, "3-0", &[], None);
     a.barrier().await.unwrap();
     let dl = format!("{PREFIX}dl");
     let deadline: Option<f64> = con.zscore(&dl, "9").unwrap();
