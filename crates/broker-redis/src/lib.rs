@@ -70,6 +70,11 @@ pub struct Options {
     /// persistent sessions are taken over as they are and its shared groups no longer
     /// picked.
     pub node_ttl: Duration,
+    /// How often one live node forgets, bodies included, the persistent sessions past
+    /// their expiry that no node holds (their owner died, or nobody claimed them), and
+    /// starts the expiry of a dead owner's connected sessions. Such a session goes
+    /// between one and two periods after its expiry.
+    pub session_sweep: Duration,
 }
 
 /// Defaults of [`Options`].
@@ -80,6 +85,8 @@ pub mod defaults {
     pub const QUEUE: usize = 10_000;
     /// [`super::Options::node_ttl`].
     pub const NODE_TTL: std::time::Duration = std::time::Duration::from_secs(10);
+    /// [`super::Options::session_sweep`].
+    pub const SESSION_SWEEP: std::time::Duration = std::time::Duration::from_secs(10);
 }
 
 /// The fabric could not start.
@@ -202,7 +209,7 @@ impl RedisFabric {
             keys.prefix.clone(),
             owner.clone(),
             fetcher,
-            options.timeout,
+            (options.timeout, options.session_sweep),
         )?);
         let shared = Arc::new(Shared {
             node: node.clone(),

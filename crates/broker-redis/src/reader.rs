@@ -190,7 +190,7 @@ impl Reader {
                     if let Some((incarnation, messages)) = broker.resumed_elsewhere(client) {
                         self.shared
                             .sessions
-                            .released(incarnation, &entry.id, &messages);
+                            .released(incarnation, &entry.id, &messages, None);
                     }
                 }
                 (Some(client), false) => {
@@ -200,7 +200,7 @@ impl Reader {
             },
             Some("g") => self.reload_groups(con)?,
             Some("h") if !ours => match text("c") {
-                Some(client) => self.hand_off(broker, client, text("i"), &entry.id),
+                Some(client) => self.hand_off(con, broker, client, (text("i"), &entry.id)),
                 None => self.malformed(&entry.id, &"no client id"),
             },
             _ => {}
@@ -229,14 +229,39 @@ impl Reader {
     }
 
     /// Another node asks for `client`'s session (incarnation `asked`): it leaves this
-    /// node, marked released at `at` once what it recorded is written.
-    fn hand_off(&self, broker: &Broker, client: &str, asked: Option<&str>, at: &str) {
-        let (incarnation, messages) = match broker.hand_off_session(client) {
-            Some((incarnation, messages)) => (Some(incarnation), messages),
-            None => (asked.and_then(|i| i.parse().ok()), Vec::new()),
+    /// node, marked released at `at` once what it recorded is written; one this node
+    /// does not hold is released in Redis if this node owns it there
+    /// (`Inner::asked`).
+    ///
+    /// While the session leaves, this node's publishers wait: its messages routed to
+    /// the session are then all on the stream, up to the stream's last entry, and
+    /// those routed after are past it, so the next node skips the former in its
+    /// replay (the session has them) and gives the latter. Without that bound (Redis
+    /// out of reach) it replays both, and may deliver a message twice.
+    fn hand_off(
+        &self,
+        con: &mut Connection,
+        broker: &Broker,
+        client: &str,
+        (asked, at): (Option<&str>, &str),
+    ) {
+        let sessions = &self.shared.sessions;
+        let settle = || {
+            sessions.flush_stream().ok()?;
+            let last: StreamRangeReply = con
+                .xrevrange_count(&self.shared.keys.feed, "+", "-", 1)
+                .ok()?;
+            last.ids.first().map(|e| e.id.clone())
         };
-        if let Some(incarnation) = incarnation {
-            self.shared.sessions.released(incarnation, at, &messages);
+        match broker.hand_off_session_settled(client, settle) {
+            Some(((incarnation, messages), upto)) => {
+                sessions.released(incarnation, at, &messages, upto.as_deref());
+            }
+            None => {
+                if let Some(incarnation) = asked.and_then(|i| i.parse().ok()) {
+                    sessions.asked(incarnation, at);
+                }
+            }
         }
     }
 

@@ -120,6 +120,10 @@ pub trait Fabric: Send + Sync + std::fmt::Debug {
     fn shared_group_changed(&self, filter: &str, group: &str, present: bool);
 }
 
+/// A persistent session that left this node: its incarnation and the messages its
+/// stored records refer to.
+pub type HandedOff = (u64, Vec<Arc<Message>>);
+
 impl Broker {
     /// Joins this broker to other nodes through `fabric`. Call once, before accepting
     /// connections; false if one was installed already.
@@ -183,6 +187,22 @@ impl Broker {
     /// far, and lets go of those messages).
     pub fn hand_off_session(&self, client_id: &str) -> Option<(u64, Vec<Arc<Message>>)> {
         self.hand_off_stored(client_id, || false)
+    }
+
+    /// As [`Broker::hand_off_session`], while no message published on this node is
+    /// routed (such publishers wait): `settle` runs once the session left, so that
+    /// what this node's messages routed to it (before) and what they were not (after)
+    /// can be told apart, e.g. by where they are in the cluster's order. Its result is
+    /// returned with the hand-off; it does not run if there was nothing to hand off.
+    pub fn hand_off_session_settled<T>(
+        &self,
+        client_id: &str,
+        settle: impl FnOnce() -> T,
+    ) -> Option<(HandedOff, T)> {
+        self.with_forwarding_paused(|| {
+            let handed = self.hand_off_stored(client_id, || false)?;
+            Some((handed, settle()))
+        })
     }
 
     /// Another node's connection resumed `client_id`'s session (no Clean Start): as

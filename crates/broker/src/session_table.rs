@@ -211,14 +211,14 @@ impl Broker {
     /// session, resuming it unless `clean_start`, or to a new one. An older connection
     /// on the same client id is told to go with 0x8E. Refused with 0x97 (Quota
     /// exceeded) if it would make one persistent session more than the bound allows.
-    /// With `fetched` (the session was just brought from another node), refused with
-    /// 0x89 (Server busy) if it left again meanwhile (another node asked for it): the
-    /// client retries and finds it there, rather than starting a session that would
-    /// replace it.
+    /// With `expected` (the session was just brought from another node, or was here
+    /// when the CONNECT looked), refused with 0x89 (Server busy) if it left meanwhile
+    /// (another node asked for it): the client retries and finds it there, rather than
+    /// starting a session that would replace it.
     pub(crate) fn take_session(
         &self,
         client_id: &ByteString,
-        (clean_start, fetched): (bool, bool),
+        (clean_start, expected): (bool, bool),
         expiry: u32,
         generation: u64,
         signal: Arc<Signal>,
@@ -226,7 +226,7 @@ impl Broker {
         let sessions = self.sessions();
         let serialized = sessions.lock(client_id);
         let old = self.session(client_id);
-        if fetched && old.is_none() {
+        if expected && old.is_none() {
             return Err(ReasonCode::SERVER_BUSY);
         }
         // Resuming or replacing a persistent session keeps the count.

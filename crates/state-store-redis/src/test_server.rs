@@ -105,7 +105,11 @@ impl RedisServer {
         )
     }
 
-    /// Starts the process and waits until it answers; `false` if it exited first.
+    /// Starts the process and waits until it answers; `false` if it exited first, or
+    /// if the server answering on the port is another one (another test's, which
+    /// took the port between our probe and our server's bind: ours then fails to bind
+    /// but may still be starting when that one answers, and two tests sharing one
+    /// Redis see each other's keys).
     fn spawn(&mut self) -> bool {
         let child = Command::new("redis-server")
             .args(args(self.port, self.dir.path()))
@@ -116,6 +120,7 @@ impl RedisServer {
             .spawn()
             .expect("cannot run redis-server: run scripts/install-test-deps.sh");
         let child = self.child.insert(child);
+        let pid = format!("process_id:{}\r\n", child.id());
         let deadline = Instant::now() + READY;
         while Instant::now() < deadline {
             if let Ok(Some(_)) = child.try_wait() {
@@ -123,7 +128,11 @@ impl RedisServer {
                 return false;
             }
             if ping(self.port) {
-                return true;
+                if command(self.port, "INFO server").contains(&pid) {
+                    return true;
+                }
+                self.kill();
+                return false;
             }
             std::thread::sleep(Duration::from_millis(20));
         }
@@ -187,4 +196,27 @@ fn command(port: u16, inline: &str) -> String {
     }
     let n = stream.read(&mut reply).unwrap_or(0);
     String::from_utf8_lossy(&reply[..n]).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::RedisServer;
+
+    /// Two tests that probed the same free port: the second one's server does not
+    /// take the first one's for its own.
+    #[test]
+    fn a_port_another_server_answers_on_is_not_taken_for_ours() {
+        let first = RedisServer::start();
+        let mut second = RedisServer {
+            child: None,
+            port: first.port(),
+            dir: tempfile::tempdir().unwrap(),
+            extra: Vec::new(),
+        };
+        assert!(
+            !second.spawn(),
+            "the first test's server passed for the second's"
+        );
+        assert!(RedisServer::start().port() != first.port());
+    }
 }

@@ -78,6 +78,10 @@ pub struct ClusterConfig {
     /// milliseconds (10000) is dead: its persistent MQTT sessions are taken over by the
     /// node their client reconnects to, its shared groups no longer picked.
     pub mqtt_node_ttl_ms: u64,
+    /// How often, in milliseconds (10000), one live node forgets the persistent MQTT
+    /// sessions past their expiry that no node holds (their node died, or their
+    /// client never came back for them), with the messages they kept.
+    pub mqtt_session_sweep_ms: u64,
 }
 
 /// A node's cluster settings: its state store and its Web PubSub on Redis.
@@ -107,6 +111,10 @@ impl Default for ClusterConfig {
             redis_wait_timeout_ms: 500,
             mqtt_node_ttl_ms: u64::try_from(statehub_broker_redis::defaults::NODE_TTL.as_millis())
                 .unwrap_or(u64::MAX),
+            mqtt_session_sweep_ms: u64::try_from(
+                statehub_broker_redis::defaults::SESSION_SWEEP.as_millis(),
+            )
+            .unwrap_or(u64::MAX),
         }
     }
 }
@@ -137,6 +145,11 @@ pub fn resolve(
     if file.mqtt_node_ttl_ms < 100 {
         return Err(ClusterError::Invalid(
             "mqtt_node_ttl_ms must be at least 100",
+        ));
+    }
+    if file.mqtt_session_sweep_ms < 100 {
+        return Err(ClusterError::Invalid(
+            "mqtt_session_sweep_ms must be at least 100",
         ));
     }
     let Some(url) = args.redis_url.clone().or(file.redis_url) else {
@@ -192,6 +205,7 @@ pub fn resolve(
         wait_replicas: wait.map_or(0, |w| w.replicas),
         wait_timeout: wait.map_or(Duration::ZERO, |w| w.timeout),
         node_ttl: Duration::from_millis(file.mqtt_node_ttl_ms),
+        session_sweep: Duration::from_millis(file.mqtt_session_sweep_ms),
     };
     let store = Options {
         url,

@@ -88,7 +88,7 @@ pub(super) fn fetch(
 
 /// Why a fetch failed.
 #[derive(Debug, thiserror::Error)]
-enum FetchError {
+pub(super) enum FetchError {
     #[error(transparent)]
     Redis(#[from] redis::RedisError),
     #[error(transparent)]
@@ -100,13 +100,16 @@ enum FetchError {
 }
 
 /// The claim script's answer.
-enum Claim {
+pub(super) enum Claim {
     None,
     /// Another node claimed it meanwhile.
     OwnedByAnother,
     Taken {
         from: String,
         loaded: Loaded,
+        /// The releasing node, and the entry up to which its messages are in the
+        /// session (see `Inner::released`).
+        settled: Option<(String, String)>,
     },
 }
 
@@ -152,15 +155,44 @@ fn fetch_on(
             )?;
             dead = woken.is_none() && !alive(con, p, &owner)?;
         }
+        let _claiming = Claiming::start(inner, incarnation);
         match claim(con, inner, client_id, incarnation, &owner, dead)? {
             Claim::None => return Ok(false),
             Claim::OwnedByAnother => continue,
-            Claim::Taken { from, loaded } => {
-                return install(inner, broker, con, client_id, incarnation, &from, &loaded);
+            Claim::Taken {
+                from,
+                loaded,
+                settled,
+            } => {
+                let from = Resume {
+                    from: &from,
+                    settled: settled.as_ref(),
+                };
+                return install(inner, broker, con, client_id, incarnation, from, &loaded);
             }
         }
     }
     Err(FetchError::Contended)
+}
+
+/// Marks a session as being claimed and installed here, until dropped (see
+/// `Inner::asked`).
+pub(super) struct Claiming<'a> {
+    inner: &'a Inner,
+    incarnation: u64,
+}
+
+impl<'a> Claiming<'a> {
+    pub(super) fn start(inner: &'a Inner, incarnation: u64) -> Self {
+        inner.state.lock().claiming.insert(incarnation, None);
+        Claiming { inner, incarnation }
+    }
+}
+
+impl Drop for Claiming<'_> {
+    fn drop(&mut self) {
+        self.inner.state.lock().claiming.remove(&self.incarnation);
+    }
 }
 
 fn alive(con: &mut Connection, p: &str, owner: &str) -> redis::RedisResult<bool> {
@@ -186,7 +218,7 @@ fn ask_release(
         .query(con)
 }
 
-fn claim(
+pub(super) fn claim(
     con: &mut Connection,
     inner: &Inner,
     client_id: &str,
@@ -233,20 +265,42 @@ fn claim(
                 fields: pairs(parts.get(2))?,
                 bodies: pairs(parts.get(3))?,
             };
-            Ok(Claim::Taken { from, loaded })
+            let text = |i: usize| -> Result<String, FetchError> {
+                Ok(parts
+                    .get(i)
+                    .map(redis::from_redis_value)
+                    .transpose()?
+                    .unwrap_or_default())
+            };
+            let (node, upto) = (text(4)?, text(5)?);
+            let settled = (!upto.is_empty()).then_some((node, upto));
+            Ok(Claim::Taken {
+                from,
+                loaded,
+                settled,
+            })
         }
     }
 }
 
+/// Where a claimed session's replay starts, and the releasing node's messages it
+/// skips.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Resume<'a> {
+    pub from: &'a str,
+    pub settled: Option<&'a (String, String)>,
+}
+
 /// Puts the claimed session into the broker at the reader's cut and replays what it
-/// missed; whether it joined the broker.
-fn install(
+/// missed; whether it joined the broker, or left for another node that asked for it
+/// meanwhile (the CONNECT must then not start a new session either).
+pub(super) fn install(
     inner: &Inner,
     broker: &Broker,
     con: &mut Connection,
     client_id: &str,
     incarnation: u64,
-    from: &str,
+    resume: Resume<'_>,
     loaded: &Loaded,
 ) -> Result<bool, FetchError> {
     let f = &inner.fetcher;
@@ -262,32 +316,35 @@ fn install(
         return Ok(false);
     };
     // The reader must be past the entry the owner stopped at, or it would deliver the
-    // entries in between a second time.
-    let deadline = Instant::now() + f.timeout;
-    let cut = loop {
-        let cut = f.cut.lock();
-        let behind = match (&cut.last_id, from) {
-            (_, "") => false,
-            (None, _) => true,
-            (Some(last), from) => stream_id(last) < stream_id(from),
-        };
-        if !behind || Instant::now() >= deadline {
-            break cut;
-        }
-        drop(cut);
-        std::thread::sleep(Duration::from_millis(5));
-    };
+    // entries in between a second time; and past the releasing node's last message
+    // the session has, or it would deliver that node's messages up to it again.
+    let upto = resume.settled.map_or("", |(_, upto)| upto.as_str());
+    let cut = reader_past(f, [resume.from, upto]);
+    // Another node asked for it since the claim: it goes there (this node's reader
+    // applies such requests under the cut, so none comes between this and joining).
+    // Released again: the reader's release may have been written before the claim.
+    let asked = inner
+        .state
+        .lock()
+        .claiming
+        .get(&incarnation)
+        .cloned()
+        .flatten();
+    if let Some(at) = asked {
+        inner.released(incarnation, &at, &[], None);
+        return Ok(true);
+    }
     inner.adopted(incarnation, &decoded.body_ids);
     let read = cut.last_id.as_deref();
     let joined = broker.adopt_session(decoded.session, || {
-        if from.is_empty() {
+        if resume.from.is_empty() {
             return Ok(());
         }
         // Publishers here wait meanwhile: this node's messages routed before the
         // session joined are on the stream once the writer is flushed, and the reader
         // skips them (this node routed them itself), so the replay gives them.
         flush(f)?;
-        replay(inner, broker, con, client_id, from, read)
+        replay(inner, broker, con, client_id, resume, read)
     })?;
     if joined {
         inner.counters.adopted.fetch_add(1, Ordering::Relaxed);
@@ -296,8 +353,29 @@ fn install(
     Ok(joined)
 }
 
+/// The reader's cut, locked, once the reader is past every entry of `ids` (empty
+/// ones aside), or `timeout` passed.
+fn reader_past<'a>(f: &'a Fetcher, ids: [&str; 2]) -> parking_lot::MutexGuard<'a, Cut> {
+    let deadline = Instant::now() + f.timeout;
+    loop {
+        let cut = f.cut.lock();
+        let behind = ids
+            .iter()
+            .filter(|id| !id.is_empty())
+            .any(|id| match &cut.last_id {
+                None => true,
+                Some(last) => stream_id(last) < stream_id(id),
+            });
+        if !behind || Instant::now() >= deadline {
+            return cut;
+        }
+        drop(cut);
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
 /// Waits until this node's writer appended everything handed to it so far.
-fn flush(f: &Fetcher) -> Result<(), FetchError> {
+pub(super) fn flush(f: &Fetcher) -> Result<(), FetchError> {
     let stopped = || statehub_broker::FabricError::Unavailable("stopped".into());
     let (reply, done) = tokio::sync::oneshot::channel();
     f.writer
@@ -307,8 +385,8 @@ fn flush(f: &Fetcher) -> Result<(), FetchError> {
     Ok(())
 }
 
-/// Routes into `client_id`'s session alone the messages after `from` that it would
-/// otherwise miss: every one up to the reader's position `read` (the owner had not
+/// Routes into `client_id`'s session alone the messages after `resume.from` that it
+/// would otherwise miss (but the releasing node's that it has): every one up to the reader's position `read` (the owner had not
 /// stored them, the reader already passed them), and past it this node's own (the
 /// reader gives the others; none of this node's is appended while it runs).
 fn replay(
@@ -316,13 +394,16 @@ fn replay(
     broker: &Broker,
     con: &mut Connection,
     client_id: &str,
-    from: &str,
+    resume: Resume<'_>,
     read: Option<&str>,
 ) -> Result<(), FetchError> {
     let f = &inner.fetcher;
     let now = wire::Now::at(broker.now());
     let read = read.map(stream_id);
-    let mut start = format!("({from}");
+    let settled = resume
+        .settled
+        .map(|(node, upto)| (node.as_bytes(), stream_id(upto)));
+    let mut start = format!("({}", resume.from);
     loop {
         let range: StreamRangeReply = con.xrange_count(&f.feed, &start, "+", REPLAY_BATCH)?;
         let Some(last) = range.ids.last().map(|e| e.id.clone()) else {
@@ -334,8 +415,11 @@ fn replay(
                 _ => None,
             };
             let ours = field("n") == Some(f.node.as_bytes());
-            let passed = read.is_some_and(|read| stream_id(&entry.id) <= read);
-            if field("t") != Some(b"p") || !(passed || ours) {
+            let id = stream_id(&entry.id);
+            let passed = read.is_some_and(|read| id <= read);
+            // The releasing node routed its own messages up to `upto` to the session.
+            let had = settled.is_some_and(|(node, upto)| field("n") == Some(node) && id <= upto);
+            if field("t") != Some(b"p") || !(passed || ours) || had {
                 continue;
             }
             if let Some(Ok(Some(msg))) = field("m").map(|m| wire::decode(m, now)) {

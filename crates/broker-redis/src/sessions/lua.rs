@@ -1,32 +1,78 @@
-//! The two scripts of the session store. Each runs atomically in Redis, so a batch of
+//! The scripts of the session store. Each runs atomically in Redis, so a batch of
 //! changes is all or nothing, and every change to a session checks first that this
 //! node owns it (its `_o` field): a node that handed a session over, or was taken
 //! for dead, can no longer write it (its change is counted as fenced and the barrier
 //! that covers it fails).
 //!
 //! Keys, under the prefix `{ns}:mqtt:`: `s:{incarnation}` the session's hash (`_o`
-//! owner, `_c` client id, `_m` session record, `_r` the stream id where its owner
-//! released it, `m:{seq}` a message record, `b:{seq}` its body's id, `q:{id}` a QoS 2
-//! receipt); `owners` client id → incarnation; `b:{id}` a body (`d` data, `r` how many
-//! message records refer to it); `handoff:{incarnation}` a list pushed when a session
-//! is released; `pos:{owner}` how far that owner applied the message stream.
+//! owner, `_c` client id, `_m` session record, `_e` how long it lives without a
+//! client, in ms, 0 for ever, `_r` the stream id where its owner released it,
+//! `_xn`, `_x` the node that released it and the stream entry up to which that
+//! node's own messages are in it, `m:{seq}` a message record, `b:{seq}` its body's id, `q:{id}` a QoS 2 receipt);
+//! `owners` client id → incarnation; `b:{id}` a body (`d` data, `r` how many message
+//! records refer to it); `handoff:{incarnation}` a list pushed when a session is
+//! released; `pos:{owner}` how far that owner applied the message stream.
+//!
+//! Expiry without the owner's help (a node that died, a session nobody claimed):
+//! `dl` holds, by deadline (Redis's clock, ms), every session no live node holds
+//! connected; `conn:{owner}` the sessions an owner holds connected (or just claimed),
+//! `runs` the owners that have such a set. [`SWEEP`] starts the clock of a dead
+//! owner's connected sessions and forgets, bodies included, the sessions past their
+//! deadline. Redis key TTLs are not used: a key that expired on its own would leave
+//! its bodies' counts behind.
 
-/// Applies a batch of changes. ARGV: prefix, owner, then the changes (see
-/// `sessions/mod.rs::Op`). Returns how many were fenced.
-pub(crate) const APPLY: &str = r"
-local p, me = ARGV[1], ARGV[2]
-local fenced = 0
+/// Redis's clock in ms, and what forgetting a session and starting its expiry clock
+/// take (shared by the scripts, after their arguments).
+macro_rules! common {
+    () => {
+        r"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local function release(bid)
   local b = p .. 'b:' .. bid
   if redis.call('HINCRBY', b, 'r', -1) <= 0 then redis.call('DEL', b) end
 end
-local function drop(s)
+local function drop(s, inc, o)
   local f = redis.call('HGETALL', s)
   for j = 1, #f, 2 do
     if string.sub(f[j], 1, 2) == 'b:' then release(f[j + 1]) end
   end
   redis.call('DEL', s)
+  redis.call('ZREM', p .. 'dl', inc)
+  if o and o ~= '' then redis.call('SREM', p .. 'conn:' .. o, inc) end
 end
+local function forget(s, inc)
+  local c = redis.call('HGET', s, '_c')
+  drop(s, inc, redis.call('HGET', s, '_o'))
+  if c and redis.call('HGET', p .. 'owners', c) == inc then
+    redis.call('HDEL', p .. 'owners', c)
+  end
+end
+local function hold(s, inc, owner, held)
+  local life = tonumber(redis.call('HGET', s, '_e') or '0') or 0
+  if held and life > 0 then
+    redis.call('ZREM', p .. 'dl', inc)
+    redis.call('SADD', p .. 'conn:' .. owner, inc)
+    redis.call('SADD', p .. 'runs', owner)
+  else
+    redis.call('SREM', p .. 'conn:' .. owner, inc)
+    if life > 0 then redis.call('ZADD', p .. 'dl', now + life, inc)
+    else redis.call('ZREM', p .. 'dl', inc) end
+  end
+end
+"
+    };
+}
+
+/// Applies a batch of changes. ARGV: prefix, owner, then the changes (see
+/// `sessions/mod.rs::Op`). Returns how many were fenced.
+pub(crate) const APPLY: &str = concat!(
+    r"
+local p, me = ARGV[1], ARGV[2]
+",
+    common!(),
+    r"
+local fenced = 0
 local i = 3
 while i <= #ARGV do
   local op = ARGV[i]
@@ -47,15 +93,14 @@ while i <= #ARGV do
         if ARGV[i + 2] == '1' and old and old ~= inc then
           local oo = redis.call('HGET', p .. 's:' .. old, '_o')
           if oo and (oo == '' or redis.call('EXISTS', p .. 'alive:' .. oo) == 0) then
-            drop(p .. 's:' .. old)
+            drop(p .. 's:' .. old, old, oo)
           end
         end
-        redis.call('HSET', s, '_o', me, '_c', c, '_m', ARGV[i + 4])
+        redis.call('HSET', s, '_o', me, '_c', c, '_m', ARGV[i + 4], '_e', ARGV[i + 5])
         redis.call('HSET', p .. 'owners', c, inc)
-        local ttl = tonumber(ARGV[i + 5])
-        if ttl > 0 then redis.call('PEXPIRE', s, ttl) else redis.call('PERSIST', s) end
+        hold(s, inc, me, ARGV[i + 6] ~= '1')
       else fenced = fenced + 1 end
-      i = i + 6
+      i = i + 7
     elseif op == 'M' then
       local bid = ARGV[i + 4]
       if ARGV[i + 5] ~= '' then redis.call('HSETNX', p .. 'b:' .. bid, 'd', ARGV[i + 5]) end
@@ -83,53 +128,61 @@ while i <= #ARGV do
       i = i + 3
     elseif op == 'E' then
       if mine then
-        local c = redis.call('HGET', s, '_c')
-        drop(s)
-        if c and redis.call('HGET', p .. 'owners', c) == inc then
-          redis.call('HDEL', p .. 'owners', c)
-        end
+        forget(s, inc)
       elseif o then fenced = fenced + 1 end
       i = i + 2
     elseif op == 'R' then
       if mine then
         redis.call('HSET', s, '_o', '', '_r', ARGV[i + 2])
+        if ARGV[i + 4] ~= '' then redis.call('HSET', s, '_xn', ARGV[i + 3], '_x', ARGV[i + 4])
+        else redis.call('HDEL', s, '_xn', '_x') end
+        hold(s, inc, me, false)
         local h = p .. 'handoff:' .. inc
         redis.call('RPUSH', h, ARGV[i + 2])
         redis.call('PEXPIRE', h, 60000)
       end
-      i = i + 3
+      i = i + 5
     else
       return redis.error_reply('unknown session change ' .. op)
     end
   end
 end
 return fenced
-";
+"
+);
 
 /// Takes a session over for this node. ARGV: prefix, owner (this node), client id,
 /// incarnation, the owner it is taken from, '1' if that owner is dead. Returns `{0}`:
-/// no such session; `{1, owner}`: another node owns it now; `{2, from, fields, bodies}`:
-/// taken, with the stream id to replay messages from (where it was released, or the
-/// dead owner's position), the session's hash and the bodies its messages refer to.
-pub(crate) const CLAIM: &str = r"
+/// no such session; `{1, owner}`: another node owns it now; `{2, from, fields, bodies,
+/// node, upto}`: taken, with the stream id to replay messages from (where it was
+/// released, or the dead owner's position), the session's hash, the bodies its
+/// messages refer to, and, if the node that released it said, that node and the entry
+/// up to which its own messages are in the session already.
+pub(crate) const CLAIM: &str = concat!(
+    r"
 local p, me, client, inc, expect, dead = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6]
+",
+    common!(),
+    r"
 local s = p .. 's:' .. inc
 local o = redis.call('HGET', s, '_o')
 if not o then
   if redis.call('HGET', p .. 'owners', client) == inc then redis.call('HDEL', p .. 'owners', client) end
   return {0}
 end
-local from
+local from, xn, x
 if o == '' then
   from = redis.call('HGET', s, '_r')
+  xn, x = redis.call('HGET', s, '_xn'), redis.call('HGET', s, '_x')
 elseif o == expect and dead == '1' then
   from = redis.call('GET', p .. 'pos:' .. o)
 else
   return {1, o}
 end
 redis.call('HSET', s, '_o', me)
-redis.call('HDEL', s, '_r')
-redis.call('PERSIST', s)
+redis.call('HDEL', s, '_r', '_xn', '_x')
+if o ~= '' then redis.call('SREM', p .. 'conn:' .. o, inc) end
+hold(s, inc, me, true)
 local f = redis.call('HGETALL', s)
 local bodies, seen = {}, {}
 for j = 1, #f, 2 do
@@ -142,5 +195,50 @@ for j = 1, #f, 2 do
     end
   end
 end
-return {2, from or '', f, bodies}
-";
+return {2, from or '', f, bodies, xn or '', x or ''}
+"
+);
+
+/// One round of expiry without the owners' help, if this node is alive and no other
+/// node holds this period. ARGV: prefix, owner (this node), the period in ms, the most
+/// sessions handled. A dead owner's connected sessions get their deadline from now
+/// (as if disconnected when found dead), then the sessions past their deadline are
+/// forgotten with their bodies' counts. Returns `{status, started, forgotten}`:
+/// status 0 swept (call again at once if `started + forgotten` reached the limit),
+/// 1 this node is taken for dead, 2 another node holds this period.
+pub(crate) const SWEEP: &str = concat!(
+    r"
+local p, me, period, limit = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
+",
+    common!(),
+    r"
+if redis.call('EXISTS', p .. 'alive:' .. me) == 0 then return {1, 0, 0} end
+local holder = redis.call('GET', p .. 'sweep')
+if holder and holder ~= me then return {2, 0, 0} end
+if not holder then redis.call('SET', p .. 'sweep', me, 'PX', period) end
+local work, started = 0, 0
+for _, o in ipairs(redis.call('SMEMBERS', p .. 'runs')) do
+  if work >= limit then break end
+  if redis.call('EXISTS', p .. 'alive:' .. o) == 0 then
+    local c = p .. 'conn:' .. o
+    for _, inc in ipairs(redis.call('SPOP', c, limit - work)) do
+      local s = p .. 's:' .. inc
+      if redis.call('HGET', s, '_o') == o then
+        hold(s, inc, o, false)
+        started = started + 1
+      end
+      work = work + 1
+    end
+    if redis.call('EXISTS', c) == 0 then redis.call('SREM', p .. 'runs', o) end
+  end
+end
+if work < limit then
+  local due = redis.call('ZRANGE', p .. 'dl', '-inf', now, 'BYSCORE', 'LIMIT', 0, limit - work)
+  for _, inc in ipairs(due) do
+    forget(p .. 's:' .. inc, inc)
+    work = work + 1
+  end
+end
+return {0, started, work - started}
+"
+);

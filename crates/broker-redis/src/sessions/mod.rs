@@ -18,9 +18,10 @@
 mod fetch;
 mod lua;
 mod records;
+mod sweep;
 mod writer;
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::AtomicU64;
 use std::sync::mpsc::{self, Sender};
 use std::sync::Arc;
@@ -50,6 +51,11 @@ pub struct SessionCounters {
     pub replayed: AtomicU64,
     /// Batches that failed to reach Redis (retried).
     pub failed: AtomicU64,
+    /// Sessions of dead owners whose expiry clock this node's sweeper started.
+    pub expiring: AtomicU64,
+    /// Sessions this node's sweeper forgot at their expiry (their owner was dead or
+    /// nobody claimed them).
+    pub swept: AtomicU64,
 }
 
 /// How far the writer got: batches written, and failures so far (a barrier fails if
@@ -81,6 +87,9 @@ struct State {
     closed: u64,
     /// Incarnations this node stores (created here or moved here).
     known: HashSet<u64>,
+    /// Incarnations a fetch here is claiming and installing, with where another node
+    /// asked for it meanwhile, if one did (see [`Inner::asked`]).
+    claiming: HashMap<u64, Option<String>>,
     bodies: FxHashMap<usize, Body>,
 }
 
@@ -102,6 +111,10 @@ pub(crate) struct Inner {
     closed: watch::Sender<(u64, u64)>,
     pub(crate) counters: Arc<SessionCounters>,
     pub(crate) fetcher: fetch::Fetcher,
+    /// What a session's deadline in Redis adds to its expiry (one sweep period).
+    grace_ms: u64,
+    /// Dropped with the store, which stops the sweeper.
+    _sweeper: Sender<()>,
 }
 
 fn key(msg: &Arc<Message>) -> usize {
@@ -120,13 +133,13 @@ impl RedisSessions {
 }
 
 impl Inner {
-    /// The store, its writer thread started.
+    /// The store, its writer and sweeper threads started.
     pub(crate) fn start(
         client: redis::Client,
         prefix: String,
         owner: String,
         fetcher: fetch::Fetcher,
-        timeout: Duration,
+        (timeout, sweep): (Duration, Duration),
     ) -> std::io::Result<Inner> {
         let (tx, rx) = mpsc::channel();
         let (progress_tx, progress) = watch::channel(Progress::default());
@@ -143,6 +156,19 @@ impl Inner {
         std::thread::Builder::new()
             .name("mqtt-session-writer".into())
             .spawn(move || writer.run())?;
+        let (stop_sweeper, stop) = mpsc::channel();
+        let sweeper = sweep::Sweeper {
+            client: fetcher.client.clone(),
+            prefix: prefix.clone(),
+            owner: owner.clone(),
+            period: sweep,
+            timeout,
+            counters: counters.clone(),
+            stop,
+        };
+        std::thread::Builder::new()
+            .name("mqtt-session-sweeper".into())
+            .spawn(move || sweeper.run())?;
         Ok(Inner {
             prefix,
             owner,
@@ -152,6 +178,8 @@ impl Inner {
             closed: watch::Sender::new((0, 0)),
             counters,
             fetcher,
+            grace_ms: u64::try_from(sweep.as_millis()).unwrap_or(u64::MAX),
+            _sweeper: stop_sweeper,
         })
     }
 
@@ -195,14 +223,53 @@ impl Inner {
     /// The session `incarnation` left this node for another, which asked at stream
     /// entry `at`: marked released once every change recorded before is written.
     /// `messages` are those its records refer to (this node lets go of them).
-    pub(crate) fn released(&self, incarnation: u64, at: &str, messages: &[Arc<Message>]) {
+    ///
+    /// `upto`: every message this node routed to the session is on the stream at or
+    /// before this entry, and every one it routed after it left is after it (see
+    /// `reader.rs::hand_off`); the node that takes the session does not replay this
+    /// node's messages up to it (the session has them).
+    pub(crate) fn released(
+        &self,
+        incarnation: u64,
+        at: &str,
+        messages: &[Arc<Message>],
+        upto: Option<&str>,
+    ) {
         let mut state = self.state.lock();
         state.known.remove(&incarnation);
         for msg in messages {
             Self::release_body(&mut state, msg);
         }
-        let op = vec![b"R".to_vec(), num(incarnation), at.as_bytes().to_vec()];
+        let op = vec![
+            b"R".to_vec(),
+            num(incarnation),
+            at.as_bytes().to_vec(),
+            self.fetcher.node.as_bytes().to_vec(),
+            upto.unwrap_or_default().as_bytes().to_vec(),
+        ];
         self.push(&mut state, vec![op]);
+    }
+
+    /// Another node asked, at stream entry `at`, for the session `incarnation`,
+    /// which this node does not hold. Released in case this node owns it in Redis
+    /// (its install here failed). If a fetch here is claiming it, that fetch must not
+    /// install it either: the release may be written after the claim (then the other
+    /// node takes it at once) or before (then the fetch releases it again once it
+    /// sees this), and a copy installed here would be one Redis no longer lets this
+    /// node write, while the other node resumes the real one.
+    pub(crate) fn asked(&self, incarnation: u64, at: &str) {
+        if let Some(asked) = self.state.lock().claiming.get_mut(&incarnation) {
+            *asked = Some(at.to_owned());
+        }
+        self.released(incarnation, at, &[], None);
+    }
+
+    /// Waits until this node's stream writer appended everything handed to it.
+    pub(crate) fn flush_stream(&self) -> Result<(), statehub_broker::FabricError> {
+        fetch::flush(&self.fetcher).map_err(|e| match e {
+            fetch::FetchError::Flush(e) => e,
+            other => statehub_broker::FabricError::Unavailable(other.to_string().into()),
+        })
     }
 
     /// This node applied the message stream up to entry `at`: every change that
@@ -263,21 +330,23 @@ impl Inner {
             } => {
                 let new = state.known.insert(incarnation);
                 let meta = records::encode_session(expiry_interval, disconnected, &subscriptions);
-                // Redis forgets a disconnected session a minute after its expiry if
-                // its owner died and nobody took it.
-                let ttl = match expiry_interval {
+                // How long Redis keeps it once no live node holds it connected: its
+                // expiry, and a sweep period more, so that an owner alive forgets it
+                // first (its own clock ends it at its expiry).
+                let life = match expiry_interval {
                     u32::MAX => 0,
-                    _ if !disconnected => 0,
-                    secs => u64::from(secs) * 1000 + 60_000,
+                    secs => u64::from(secs) * 1000 + self.grace_ms,
                 };
                 let new = if new { b"1" } else { b"0" };
+                let down = if disconnected { b"1" } else { b"0" };
                 vec![vec![
                     b"S".to_vec(),
                     num(incarnation),
                     new.to_vec(),
                     client_id.as_bytes().to_vec(),
                     meta,
-                    num(ttl),
+                    num(life),
+                    down.to_vec(),
                 ]]
             }
             SessionChange::Ended {

@@ -33,7 +33,7 @@ fn store(redis: &RedisServer, owner: &str) -> RedisSessions {
         PREFIX.into(),
         owner.into(),
         fetcher,
-        Duration::from_secs(2),
+        (Duration::from_secs(2), Duration::from_secs(1)),
     )
     .unwrap();
     RedisSessions {
@@ -182,4 +182,96 @@ async fn a_change_to_a_session_another_node_owns_is_refused_and_its_barrier_fail
     assert!(barrier.await.is_err());
     let exists: bool = con.exists(format!("{PREFIX}s:7")).unwrap();
     assert!(exists);
+}
+
+/// A node claims a session (its owner released it), and its reader applies another
+/// node's request for that session before the fetch installs it: the session goes to
+/// the other node, whole, and is not installed here as a copy Redis no longer lets
+/// this node write.
+#[tokio::test(flavor = "current_thread")]
+async fn a_session_asked_for_while_it_is_claimed_here_goes_to_the_asker() {
+    use super::fetch::{claim, install, Claim, Claiming, Resume};
+    let redis = RedisServer::start();
+    let mut con = redis::Client::open(redis.url())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let a = store(&redis, "a#1");
+    save(&a, "mover", 7);
+    queue(&a, 7, 1, &message(b"queued"));
+    a.barrier().await.unwrap();
+    // a released it (with nothing to replay).
+    let () = con.hset(format!("{PREFIX}s:7"), "_o", "").unwrap();
+    let b = store(&redis, "b#1");
+    let broker = statehub_broker::Broker::new(statehub_broker::BrokerConfig::default());
+    broker.set_session_store(Arc::new(b.clone()), Vec::new());
+
+    let claiming = Claiming::start(&b.inner, 7);
+    let Ok(Claim::Taken { from, loaded, .. }) = claim(&mut con, &b.inner, "mover", 7, "", true)
+    else {
+        panic!("b claims the released session");
+    };
+    // b's reader: c asked for it at stream entry 5-0; b does not hold it yet.
+    b.inner.asked(7, "5-0");
+    let resume = Resume {
+        from: &from,
+        settled: None,
+    };
+    let fetched = install(&b.inner, &broker, &mut con, "mover", 7, resume, &loaded);
+    drop(claiming);
+    assert!(
+        fetched.unwrap(),
+        "the CONNECT on b must not start a new session"
+    );
+    assert!(!broker.has_session("mover"), "b holds no copy");
+    b.barrier().await.unwrap();
+
+    let c = store(&redis, "c#1");
+    let Ok(Claim::Taken { loaded, .. }) = claim(&mut con, &c.inner, "mover", 7, "b#1", false)
+    else {
+        panic!("c takes the session b released");
+    };
+    assert!(loaded.fields.contains_key(&b"m:1"[..]), "with its message");
+}
+
+/// A session released for a node that never claims it gets a deadline; once it is
+/// past, the sweep of a live node forgets it and its body, and a node taken for dead
+/// sweeps nothing.
+#[tokio::test(flavor = "current_thread")]
+async fn a_released_session_nobody_claims_is_swept_with_its_bodies_at_its_deadline() {
+    let redis = RedisServer::start();
+    let mut con = redis::Client::open(redis.url())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let a = store(&redis, "a#1");
+    save(&a, "gone", 9);
+    queue(&a, 9, 1, &message(b"kept"));
+    a.inner.released(9, "3-0", &[], None);
+    a.barrier().await.unwrap();
+    let dl = format!("{PREFIX}dl");
+    let deadline: Option<f64> = con.zscore(&dl, "9").unwrap();
+    assert!(deadline.is_some(), "released: its expiry clock runs");
+    assert_eq!(bodies(&mut con).len(), 1);
+    // Its deadline passes.
+    let () = con.zadd(&dl, "9", 0).unwrap();
+    let sweep = |con: &mut redis::Connection, owner: &str| -> (i64, i64, i64) {
+        redis::Script::new(super::lua::SWEEP)
+            .arg(PREFIX)
+            .arg(owner)
+            .arg(1000)
+            .arg(128)
+            .invoke(con)
+            .unwrap()
+    };
+    assert_eq!(sweep(&mut con, "b#1"), (1, 0, 0), "b is not alive: fenced");
+    let () = con.set(format!("{PREFIX}alive:b#1"), 1).unwrap();
+    assert_eq!(sweep(&mut con, "b#1"), (0, 0, 1));
+    let left: Vec<String> = con.keys(format!("{PREFIX}*")).unwrap();
+    let left: Vec<&String> = left.iter().filter(|k| !k.contains("alive:")).collect();
+    assert!(
+        left.iter()
+            .all(|k| k.ends_with("sweep") || k.contains("handoff:")),
+        "{left:?}"
+    );
 }

@@ -85,7 +85,7 @@ pub(crate) fn accept(
     connect: &mut Connect,
     auth_data: Option<bytes::Bytes>,
     identity: &Identity,
-    fetched: bool,
+    expected: bool,
 ) -> Result<Accepted, Refused> {
     let cfg = broker.config();
     let mut props = ConnAckProperties::default();
@@ -119,7 +119,7 @@ pub(crate) fn accept(
     let taken = broker
         .take_session(
             &connect.client_id,
-            (connect.clean_start, fetched),
+            (connect.clean_start, expected),
             session_expiry,
             generation,
             signal.clone(),
@@ -237,15 +237,15 @@ pub(super) async fn connect<S: Transport>(
         }
         Err(None) => return None,
     };
-    let fetched = match fetch_session(broker, &connect).await {
-        Ok(fetched) => fetched,
+    let expected = match fetch_session(broker, &connect).await {
+        Ok(expected) => expected,
         Err(e) => {
             tracing::warn!("{e}; refusing the connection of {}", connect.client_id);
             refuse(broker, stream, &codec, ReasonCode::UNSPECIFIED_ERROR).await;
             return None;
         }
     };
-    let mut accepted = match accept(broker, &mut connect, auth_data, &identity, fetched) {
+    let mut accepted = match accept(broker, &mut connect, auth_data, &identity, expected) {
         Ok(accepted) => accepted,
         Err(Refused(code)) => {
             refuse(broker, stream, &codec, code).await;
@@ -270,16 +270,22 @@ pub(super) async fn connect<S: Transport>(
 }
 
 /// A CONNECT that resumes a session which has none on this node brings it from
-/// wherever the session store keeps it (another node, see `SessionStore::fetch`);
-/// true if it did (even if the session left again since: the CONNECT must then not
-/// start a new one in its place).
+/// wherever the session store keeps it (another node, see `SessionStore::fetch`).
+/// True if the CONNECT must find the session here: it was brought here, or, in a
+/// cluster, it was here already. Either way it may leave again before the CONNECT
+/// takes it (another node asked for it meanwhile): the CONNECT must then not start a
+/// new session in its place, whose first record would replace the one in transit,
+/// with every message it had queued, under the client id.
 async fn fetch_session(
     broker: &Broker,
     connect: &Connect,
 ) -> Result<bool, crate::SessionStoreError> {
     let id = &connect.client_id;
-    if connect.clean_start || id.is_empty() || broker.has_session(id) {
+    if connect.clean_start || id.is_empty() {
         return Ok(false);
+    }
+    if broker.has_session(id) {
+        return Ok(broker.fabric().is_some());
     }
     match broker.session_store() {
         Some(store) => store.fetch(broker, id).await,
@@ -498,3 +504,6 @@ pub(super) async fn read_packet<S: Transport>(
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

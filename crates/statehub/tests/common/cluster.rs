@@ -66,3 +66,10 @@ pub fn node_with_ttl(redis: &RedisServer, id: &str, ttl_ms: u64) -> Server {
     let toml = format!("[cluster]\nmqtt_node_ttl_ms = {ttl_ms}\n");
     super::start_configured(&toml, &["--redis", &url, "--node-id", id])
 }
+
+/// A node on `redis` whose `[cluster]` table also has `settings` (TOML lines).
+pub fn node_with_settings(redis: &RedisServer, id: &str, settings: &str) -> Server {
+    let url = redis.url();
+    let toml = format!("[cluster]\n{settings}\n");
+    super::start_configured(&toml, &["--redis", &url, "--node-id", id])
+}
