@@ -186,9 +186,28 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
+/// What a node's Web PubSub cluster counted.
+#[derive(Debug, Default)]
+pub struct Counters {
+    /// Writer pipelines Redis answered (operations, index changes, session mirrors).
+    pub pipelines: AtomicU64,
+    /// Writer attempts that failed (retried in order; sends refused meanwhile).
+    pub write_errors: AtomicU64,
+    /// Stream entries the reader read (every node's, this node's own included).
+    pub entries_read: AtomicU64,
+    /// Reads of the stream that failed (the reader reconnects and reads on).
+    pub read_errors: AtomicU64,
+    /// Reliable sessions claimed here from another node.
+    pub claims: AtomicU64,
+    /// Claims that failed (session gone or ended, or Redis out of reach).
+    pub claims_failed: AtomicU64,
+}
+
 /// What the writer and the nodes' handles share.
 #[derive(Debug, Default)]
 pub(crate) struct Shared {
+    /// What this node counted.
+    pub(crate) counters: Counters,
     /// The writer's last attempt reached Redis.
     pub(crate) up: AtomicBool,
     /// An index change was dropped (the queue was full): write the index again.
@@ -304,6 +323,16 @@ impl RedisCluster {
     /// How many operations of other nodes were trimmed before this node read them.
     pub fn lost(&self) -> u64 {
         self.shared.lost.load(Ordering::Relaxed)
+    }
+
+    /// What it counted.
+    pub fn counters(&self) -> &Counters {
+        &self.shared.counters
+    }
+
+    /// Whether the writer's last attempt reached Redis.
+    pub fn redis_up(&self) -> bool {
+        self.shared.up.load(Ordering::Relaxed)
     }
 
     fn query<T>(

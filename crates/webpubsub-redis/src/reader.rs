@@ -98,6 +98,10 @@ impl Reader {
             match self.read(c, service, runtime) {
                 Ok(()) => logged_down = false,
                 Err(error) => {
+                    self.shared
+                        .counters
+                        .read_errors
+                        .fetch_add(1, Ordering::Relaxed);
                     if !logged_down {
                         tracing::warn!(%error, "web pubsub cluster reader: read failed; reconnecting");
                         logged_down = true;
@@ -151,6 +155,10 @@ impl Reader {
                     own = true;
                 }
                 self.last_id = Some(id);
+                self.shared
+                    .counters
+                    .entries_read
+                    .fetch_add(1, Ordering::Relaxed);
                 moved = true;
             }
         }

@@ -142,8 +142,10 @@ impl Writer {
                 self.write(c, &mut batch, everything.as_deref())
                     .map(|()| resync = false)
             });
+            let counters = &self.shared.counters;
             match written {
                 Ok(()) => {
+                    counters.pipelines.fetch_add(1, Ordering::Relaxed);
                     batch.clear();
                     self.shared.up.store(true, Ordering::Relaxed);
                     if logged_down {
@@ -152,6 +154,7 @@ impl Writer {
                     }
                 }
                 Err(error) => {
+                    counters.write_errors.fetch_add(1, Ordering::Relaxed);
                     self.shared.up.store(false, Ordering::Relaxed);
                     self.shared.progress.send_modify(|p| p.failures += 1);
                     if !logged_down {
@@ -416,8 +419,12 @@ impl Writer {
             ?answer,
             "web pubsub cluster: claim"
         );
+        let counters = &self.shared.counters;
         if answer.is_err() {
+            counters.claims_failed.fetch_add(1, Ordering::Relaxed);
             lock(&self.shared.claims).remove(&job.seq);
+        } else {
+            counters.claims.fetch_add(1, Ordering::Relaxed);
         }
         self.written(job.seq);
         let _ = job.reply.send(answer);

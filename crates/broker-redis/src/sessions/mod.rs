@@ -33,6 +33,7 @@ use tokio::sync::watch;
 
 pub(crate) use fetch::{stream_id, Cut, Fetcher};
 pub use records::RecordError;
+pub(crate) use writer::Wait;
 
 use crate::wire;
 
@@ -50,13 +51,20 @@ pub struct SessionCounters {
     pub replayed: AtomicU64,
     /// Batches that failed to reach Redis (retried).
     pub failed: AtomicU64,
+    /// Batches written (one script call each).
+    pub written: AtomicU64,
+    /// Batches fewer replicas acknowledged than `wait_replicas` asks (their barriers
+    /// failed).
+    pub not_replicated: AtomicU64,
 }
 
-/// How far the writer got: batches written, and failures so far (a barrier fails if
-/// one happens while it waits).
+/// How far the writer got: batches written, the last batch as many replicas as asked
+/// acknowledged (a `WAIT` covers every earlier write too; without one, `written`), and
+/// failures so far (a barrier fails if one happens while it waits).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct Progress {
     pub written: u64,
+    pub replicated: u64,
     pub failures: u64,
 }
 
@@ -120,13 +128,15 @@ impl RedisSessions {
 }
 
 impl Inner {
-    /// The store, its writer thread started.
+    /// The store, its writer thread started; with `wait`, each of its batches waits
+    /// for that many replicas.
     pub(crate) fn start(
         client: redis::Client,
         prefix: String,
         owner: String,
         fetcher: fetch::Fetcher,
         timeout: Duration,
+        wait: Option<Wait>,
     ) -> std::io::Result<Inner> {
         let (tx, rx) = mpsc::channel();
         let (progress_tx, progress) = watch::channel(Progress::default());
@@ -139,6 +149,7 @@ impl Inner {
             rx,
             progress: progress_tx,
             counters: counters.clone(),
+            wait,
         };
         std::thread::Builder::new()
             .name("mqtt-session-writer".into())
@@ -397,12 +408,14 @@ impl Inner {
                     Err(_) => return Err(store_error("the session store stopped")),
                 },
             };
+            // Written but not replicated (a shortfall before this barrier began) is
+            // not safe either: no later batch may come to cover it.
             let reached = progress
                 .wait_for(|p| p.written >= target || p.failures > failures)
                 .await
                 .map(|p| *p)
                 .map_err(|_| store_error("the session store stopped"))?;
-            if reached.failures > failures {
+            if reached.failures > failures || reached.replicated < target {
                 return Err(store_error(
                     "redis out of reach, or the session is owned by another node now",
                 ));
