@@ -12,10 +12,15 @@ use std::io::{Read, Write};
 use std::time::{Duration, Instant};
 
 use common::{connect_tcp, Server};
+use futures_util::{SinkExt, StreamExt};
 use statehub_broker::codec::{QoS, ReasonCode};
 use statehub_state_store_redis::test_server::RedisServer;
 use statehub_test_support::{opts, RawClient, V5};
+use statehub_webpubsub::{issue_client_token, ClientClaims};
 use store_client::StoreClient;
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+use tokio_tungstenite::tungstenite::http::HeaderValue;
+use tokio_tungstenite::tungstenite::Message;
 
 const KEY: &str = "cluster-metrics-access-key-0123456789abcdef";
 const PATIENCE: Duration = Duration::from_secs(30);
@@ -152,6 +157,61 @@ async fn fabric_counters_move_with_cross_node_traffic_and_redis_up_follows_redis
     redis.restart();
     scrape_until(&a, "a sees redis back", |s| all_up(s, 1.0)).await;
     scrape_until(&b, "b sees redis back", |s| all_up(s, 1.0)).await;
+}
+
+/// A reliable JSON client of hub `h` on `server` that joins `g` and sends `hi` to it;
+/// returns the open socket once it got the message back.
+async fn reliable_roundtrip(
+    server: &Server,
+) -> tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>> {
+    let http = server.http;
+    let claims = ClientClaims {
+        user_id: Some("u".into()),
+        roles: vec![
+            "webpubsub.sendToGroup".into(),
+            "webpubsub.joinLeaveGroup".into(),
+        ],
+        groups: vec![],
+    };
+    let token = issue_client_token(KEY, &format!("http://{http}"), "h", &claims, PATIENCE);
+    let url = format!("ws://{http}/client/hubs/h?access_token={token}");
+    let mut req = url.into_client_request().unwrap();
+    req.headers_mut().insert(
+        "Sec-WebSocket-Protocol",
+        HeaderValue::from_static("json.reliable.webpubsub.azure.v1"),
+    );
+    let (mut ws, _) = tokio_tungstenite::connect_async(req).await.unwrap();
+    let frames = [
+        r#"{"type":"joinGroup","group":"g","ackId":1}"#,
+        r#"{"type":"sendToGroup","group":"g","ackId":2,"dataType":"text","data":"hi"}"#,
+    ];
+    for f in frames {
+        ws.send(Message::text(f)).await.unwrap();
+    }
+    loop {
+        let frame = tokio::time::timeout(PATIENCE, ws.next())
+            .await
+            .expect("frames in time")
+            .expect("socket open")
+            .unwrap();
+        if frame.into_text().unwrap().contains(r#""type":"message""#) {
+            return ws;
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reliable_sessions_frames_are_counted_as_mirrored() {
+    let redis = RedisServer::start();
+    let a = node(&redis, "a");
+    let before = scrape_until(&a, "a reaches redis", |s| all_up(s, 1.0)).await;
+    let frame = r#"statehub_cluster_webpubsub_mirrored_total{kind="frame"}"#;
+    let change = r#"statehub_cluster_webpubsub_mirrored_total{kind="change"}"#;
+    let _ws = reliable_roundtrip(&a).await;
+    scrape_until(&a, "the session's open and its frame mirrored", |s| {
+        s.get(frame) > before.get(frame) && s.get(change) > before.get(change)
+    })
+    .await;
 }
 
 /// docs/metrics.md's rows of `statehub_cluster_` metrics: (name as queried, type,

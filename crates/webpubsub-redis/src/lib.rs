@@ -201,6 +201,13 @@ pub struct Counters {
     pub claims: AtomicU64,
     /// Claims that failed (session gone or ended, or Redis out of reach).
     pub claims_failed: AtomicU64,
+    /// Reliable sessions' frames mirrored into Redis (the cost of recovery elsewhere).
+    pub mirrored_frames: AtomicU64,
+    /// Their other mirrored changes (opens, trims, groups, ackIds, deletes).
+    pub mirrored_changes: AtomicU64,
+    /// Reliable sessions some of whose changes could not be queued for Redis (the
+    /// writer's channel was full): they can be recovered on this node only.
+    pub mirror_overflows: AtomicU64,
 }
 
 /// What the writer and the nodes' handles share.
@@ -411,6 +418,8 @@ impl Cluster for RedisCluster {
         if self.jobs.try_send(job).is_err() {
             let first = lock(&self.shared.broken).insert((hub.to_owned(), id.to_owned()));
             if first {
+                let overflows = &self.shared.counters.mirror_overflows;
+                overflows.fetch_add(1, Ordering::Relaxed);
                 tracing::warn!(
                     hub,
                     id,

@@ -277,6 +277,7 @@ impl Writer {
         self.sessions_upkeep(&mut pipe);
         pipe.query::<()>(con)?;
         self.position_written = true;
+        self.count_mirrored(batch);
         let ops = batch
             .iter()
             .filter(|j| matches!(j, Pending::Op(..)))
@@ -290,6 +291,25 @@ impl Writer {
             self.written(last);
         }
         Ok(())
+    }
+
+    /// Counts the mirrored session changes of a batch Redis took.
+    fn count_mirrored(&self, batch: &[Pending]) {
+        let (mut frames, mut changes) = (0, 0);
+        for job in batch {
+            match job {
+                Pending::Session(_, _, SessionWrite::Frame { .. }) => frames += 1,
+                Pending::Session(..) => changes += 1,
+                _ => {}
+            }
+        }
+        let counters = &self.shared.counters;
+        counters
+            .mirrored_frames
+            .fetch_add(frames, Ordering::Relaxed);
+        counters
+            .mirrored_changes
+            .fetch_add(changes, Ordering::Relaxed);
     }
 
     /// A run of one mirrored session's frames, fenced like [`Writer::session`].

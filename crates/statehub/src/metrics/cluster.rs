@@ -156,6 +156,19 @@ fn webpubsub(e: &mut Enc<'_>, wps: &RedisCluster) -> Result<(), Error> {
         e.counter(name, help, None, v)?;
     }
     e.counters(
+        "statehub_cluster_webpubsub_mirrored",
+        "Reliable sessions' changes mirrored into Redis for recovery on another node, by kind: frame, or change",
+        None,
+        &["kind"],
+        &[(["frame"], n(&c.mirrored_frames)), (["change"], n(&c.mirrored_changes))],
+    )?;
+    e.counter(
+        "statehub_cluster_webpubsub_mirror_overflows",
+        "Reliable sessions some of whose changes could not be queued for Redis: recoverable on this node only",
+        None,
+        n(&c.mirror_overflows),
+    )?;
+    e.counters(
         "statehub_cluster_webpubsub_claims",
         "Reliable sessions this node claimed from another, by result: ok, or failed (gone, ended, Redis out of reach)",
         None,
