@@ -42,6 +42,9 @@ pub struct FeedCounters {
     pub lost: AtomicU64,
     /// Reads that failed (the feed reconnects and reads on).
     pub read_errors: AtomicU64,
+    /// How far behind the feed was, in milliseconds: the age of the last change of a
+    /// read that filled its batch (more were waiting), 0 after a read that did not.
+    pub lag_ms: AtomicU64,
     /// The last read (or attempt to connect) reached Redis.
     pub up: AtomicBool,
 }
@@ -157,7 +160,14 @@ impl ChangeFeed {
             .count(BATCH);
         let reply: Option<StreamReadReply> =
             con.xread_options(&[&self.events], &[&last_id], &options)?;
+        let mut read = 0;
         for key in reply.map(|r| r.keys).unwrap_or_default() {
+            read += key.ids.len();
+            if let Some(last) = key.ids.last().filter(|_| read >= BATCH) {
+                self.counters
+                    .lag_ms
+                    .store(age_ms(&last.id), Ordering::Relaxed);
+            }
             for entry in key.ids {
                 let change = self.change(&entry)?;
                 self.check_sequence(change.seq);
@@ -165,6 +175,9 @@ impl ChangeFeed {
                 apply(change);
                 self.counters.applied.fetch_add(1, Ordering::Relaxed);
             }
+        }
+        if read < BATCH {
+            self.counters.lag_ms.store(0, Ordering::Relaxed);
         }
         Ok(())
     }
@@ -219,4 +232,17 @@ fn seq_of(entry: &StreamId) -> Result<u64, RedisEngineError> {
             .ok_or(RedisEngineError::Corrupt("change feed entry")),
         _ => Err(RedisEngineError::Corrupt("change feed entry")),
     }
+}
+
+/// How long ago Redis appended the stream entry `id` (`{milliseconds}-{n}`), by this
+/// node's clock; 0 if that is in the future.
+pub(crate) fn age_ms(id: &str) -> u64 {
+    let appended = id
+        .split_once('-')
+        .and_then(|(ms, _)| ms.parse::<u64>().ok())
+        .unwrap_or(u64::MAX);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+    now.saturating_sub(appended)
 }

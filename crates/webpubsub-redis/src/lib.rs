@@ -197,6 +197,9 @@ pub struct Counters {
     pub entries_read: AtomicU64,
     /// Reads of the stream that failed (the reader reconnects and reads on).
     pub read_errors: AtomicU64,
+    /// How far behind the reader was, in milliseconds: the age of the last entry of a
+    /// read that filled its batch (more were waiting), 0 after a read that did not.
+    pub reader_lag_ms: AtomicU64,
     /// Reliable sessions claimed here from another node.
     pub claims: AtomicU64,
     /// Claims that failed (session gone or ended, or Redis out of reach).

@@ -140,7 +140,12 @@ fn state_store(e: &mut Enc<'_>, calls: &StoreCounters, feed: &FeedCounters) -> R
     for (name, help, v) in counters {
         e.counter(name, help, None, v)?;
     }
-    Ok(())
+    e.gauge(
+        "statehub_cluster_state_store_feed_lag",
+        "How far behind the change feed was at its last read: the age of the last change of a full batch, 0 once a read took all there was",
+        Some(Unit::Seconds),
+        n(&feed.lag_ms) as f64 / 1000.0,
+    )
 }
 
 fn webpubsub(e: &mut Enc<'_>, wps: &RedisCluster) -> Result<(), Error> {
@@ -161,6 +166,12 @@ fn webpubsub(e: &mut Enc<'_>, wps: &RedisCluster) -> Result<(), Error> {
         None,
         &["kind"],
         &[(["frame"], n(&c.mirrored_frames)), (["change"], n(&c.mirrored_changes))],
+    )?;
+    e.gauge(
+        "statehub_cluster_webpubsub_reader_lag",
+        "How far behind the operations reader was at its last read: the age of the last entry of a full batch, 0 once a read took all there was",
+        Some(Unit::Seconds),
+        n(&c.reader_lag_ms) as f64 / 1000.0,
     )?;
     e.counter(
         "statehub_cluster_webpubsub_mirror_overflows",
