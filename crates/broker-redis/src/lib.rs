@@ -112,6 +112,22 @@ pub struct Counters {
     /// Times this node's reader found entries trimmed from the stream before it read
     /// them (it had fallen more than `stream_len` behind; logged).
     pub gaps: AtomicU64,
+    /// Stream entries the reader applied (every node's, this node's own included).
+    pub entries_read: AtomicU64,
+    /// Reads of the stream that failed (the reader reconnects and reads on).
+    pub read_errors: AtomicU64,
+    /// How far behind the reader was, in milliseconds: the age of the last entry of a
+    /// read that filled its batch (more were waiting), 0 after a read that did not.
+    pub reader_lag_ms: AtomicU64,
+    /// Writer pipelines Redis answered.
+    pub batches: AtomicU64,
+    /// Writer pipelines that failed (their QoS 1/2 PUBLISHes refused with 0x80).
+    pub write_errors: AtomicU64,
+    /// Writer batches fewer replicas acknowledged than `wait_replicas` asks.
+    pub not_replicated: AtomicU64,
+    /// Liveness renewals that failed (a node that fails them past `node_ttl` passes for
+    /// dead).
+    pub liveness_failures: AtomicU64,
 }
 
 /// The Redis keys of one namespace.
@@ -204,12 +220,17 @@ impl RedisFabric {
             pool: Mutex::default(),
             writer: tx.clone(),
         };
+        let wait = (options.wait_replicas > 0).then_some(sessions::Wait {
+            replicas: options.wait_replicas,
+            timeout: options.wait_timeout,
+        });
         let sessions = Arc::new(sessions::Inner::start(
             client.clone(),
             keys.prefix.clone(),
             owner.clone(),
             fetcher,
             (options.timeout, options.session_sweep),
+            wait,
         )?);
         let shared = Arc::new(Shared {
             node: node.clone(),
@@ -255,6 +276,11 @@ impl RedisFabric {
     /// What it counted.
     pub fn counters(&self) -> &Counters {
         &self.shared.counters
+    }
+
+    /// Whether the writer's last attempt reached Redis.
+    pub fn redis_up(&self) -> bool {
+        self.shared.available.load(Ordering::Relaxed)
     }
 
     /// The retained-message store that writes through this fabric.

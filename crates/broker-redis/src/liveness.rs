@@ -48,6 +48,10 @@ impl Heart {
         let mut connection: Option<Connection> = None;
         loop {
             if let Err(e) = self.beat(&mut connection) {
+                self.shared
+                    .counters
+                    .liveness_failures
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 tracing::debug!("mqtt cluster liveness: {e}");
                 connection = None;
             }

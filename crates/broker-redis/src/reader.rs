@@ -89,6 +89,10 @@ impl Reader {
                     }
                 }
                 Err(e) => {
+                    self.shared
+                        .counters
+                        .read_errors
+                        .fetch_add(1, Ordering::Relaxed);
                     if !down {
                         tracing::warn!("mqtt cluster reader: read failed ({e}); reconnecting");
                         down = true;
@@ -147,6 +151,12 @@ impl Reader {
             .into_iter()
             .flat_map(|k| k.ids)
             .collect();
+        let counters = &self.shared.counters;
+        let lag = match entries.last() {
+            Some(last) if entries.len() >= BATCH => lag_ms(&last.id),
+            _ => 0,
+        };
+        counters.reader_lag_ms.store(lag, Ordering::Relaxed);
         if entries.is_empty() {
             return Ok(());
         }
@@ -163,6 +173,7 @@ impl Reader {
             if applied.is_err() {
                 break;
             }
+            counters.entries_read.fetch_add(1, Ordering::Relaxed);
             self.last_id = Some(entry.id);
         }
         if let Some(last) = &self.last_id {
@@ -314,4 +325,17 @@ impl Reader {
             .fetch_add(1, Ordering::Relaxed);
         tracing::warn!("mqtt cluster: entry {what} skipped: {e}");
     }
+}
+
+/// How long ago Redis appended the entry `id` (its id is `{milliseconds}-{n}`), by this
+/// node's clock; 0 if that is in the future.
+fn lag_ms(id: &str) -> u64 {
+    let appended = id
+        .split_once('-')
+        .and_then(|(ms, _)| ms.parse::<u64>().ok())
+        .unwrap_or(u64::MAX);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+    now.saturating_sub(appended)
 }

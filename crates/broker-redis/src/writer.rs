@@ -62,8 +62,7 @@ pub(crate) struct Writer {
     down_logged: bool,
     wait_replicas: u32,
     wait_timeout: Duration,
-    /// Batches fewer replicas acknowledged than asked, and when that was last logged.
-    not_replicated: u64,
+    /// When a batch fewer replicas acknowledged than asked was last logged.
     logged_at: Option<Instant>,
 }
 
@@ -85,7 +84,6 @@ impl Writer {
             down_logged: false,
             wait_replicas: options.wait_replicas,
             wait_timeout: options.wait_timeout,
-            not_replicated: 0,
             logged_at: None,
         }
     }
@@ -132,12 +130,17 @@ impl Writer {
         }
         match self.query(&pipe, wait) {
             Ok(replicas) => {
+                self.shared.counters.batches.fetch_add(1, Ordering::Relaxed);
                 self.groups_dirty &= !groups;
                 self.set_available(true, None);
                 let replicated = self.replicated(replicas);
                 self.done(batch, &Ok(()), &replicated);
             }
             Err(e) => {
+                self.shared
+                    .counters
+                    .write_errors
+                    .fetch_add(1, Ordering::Relaxed);
                 self.connection = None;
                 self.groups_dirty |= groups;
                 let reason: Arc<str> = Arc::from(e.to_string());
@@ -153,7 +156,12 @@ impl Writer {
     fn replicated(&mut self, replicas: Option<u32>) -> Result<(), FabricError> {
         match replicas {
             Some(acked) if acked < self.wait_replicas => {
-                self.not_replicated += 1;
+                let batches = self
+                    .shared
+                    .counters
+                    .not_replicated
+                    .fetch_add(1, Ordering::Relaxed)
+                    + 1;
                 let reason = format!(
                     "redis WAIT: {acked} of {} replicas acknowledged within {:?}",
                     self.wait_replicas, self.wait_timeout
@@ -166,7 +174,7 @@ impl Writer {
                     self.logged_at = Some(now);
                     tracing::warn!(
                         reason,
-                        batches = self.not_replicated,
+                        batches,
                         "mqtt cluster: messages not acknowledged by enough redis replicas; QoS 1/2 PUBLISHes refused with 0x80"
                     );
                 }

@@ -8,6 +8,8 @@
 //! a connect timeout.
 
 use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use redis::{Client, Connection, RedisResult};
@@ -17,9 +19,23 @@ use crate::RedisEngineError;
 /// How long calls fail at once after an attempt to connect failed.
 pub const RECONNECT_BACKOFF: Duration = Duration::from_millis(250);
 
+/// What a node's state store counted of its calls to Redis.
+#[derive(Debug, Default)]
+pub struct Counters {
+    /// Calls made (each one round trip: a command, a script, or a script with its
+    /// `WAIT`).
+    pub calls: AtomicU64,
+    /// Calls that failed: Redis out of reach or too slow (the request answered 503),
+    /// refused without trying during [`RECONNECT_BACKOFF`], or answered with an error.
+    pub errors: AtomicU64,
+    /// Writes fewer replicas acknowledged than `wait` asks (answered 503).
+    pub not_replicated: AtomicU64,
+}
+
 /// A connection that reconnects.
 pub(crate) struct Link {
     client: Client,
+    counters: Arc<Counters>,
     connection: Option<Connection>,
     /// Set after a failed connect: no new attempt before then.
     retry_at: Option<Instant>,
@@ -40,6 +56,7 @@ impl Link {
     pub(crate) fn new(client: Client, timeout: Duration) -> Self {
         Self {
             client,
+            counters: Arc::default(),
             connection: None,
             retry_at: None,
             timeout,
@@ -53,16 +70,26 @@ impl Link {
         &mut self,
         call: impl FnOnce(&mut Connection) -> RedisResult<T>,
     ) -> Result<T, RedisEngineError> {
-        let connection = self.connect()?;
+        let counters = self.counters.clone();
+        counters.calls.fetch_add(1, Ordering::Relaxed);
+        let connection = self.connect().inspect_err(|_| {
+            counters.errors.fetch_add(1, Ordering::Relaxed);
+        })?;
         match call(connection) {
             Ok(value) => Ok(value),
             Err(error) => {
+                counters.errors.fetch_add(1, Ordering::Relaxed);
                 if error.is_io_error() || error.is_timeout() || error.is_unrecoverable_error() {
                     self.connection = None;
                 }
                 Err(error.into())
             }
         }
+    }
+
+    /// What it counted.
+    pub(crate) fn counters(&self) -> Arc<Counters> {
+        self.counters.clone()
     }
 
     fn connect(&mut self) -> Result<&mut Connection, RedisEngineError> {

@@ -13,7 +13,7 @@
 //! it reads on from there, so nothing fed meanwhile is lost or repeated, as long as the
 //! stream still holds it. The stream is trimmed to about [`crate::Options::feed_len`]
 //! entries; a reader that fell further behind sees a gap in the sequence numbers, logs
-//! how many changes it missed and counts them ([`ChangeFeed::lost`]). If Redis lost its
+//! how many changes it missed and counts them ([`FeedCounters::lost`]). If Redis lost its
 //! data (a restart without persistence) the numbers start again: logged, and read on.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -32,6 +32,23 @@ const BLOCK: Duration = Duration::from_millis(500);
 /// Most entries one read takes.
 const BATCH: usize = 256;
 
+/// What a node's change feed counted.
+#[derive(Debug, Default)]
+pub struct FeedCounters {
+    /// Changes read from the stream and handed on (every node's).
+    pub applied: AtomicU64,
+    /// Changes trimmed from the stream before this node read them (their
+    /// notifications lost).
+    pub lost: AtomicU64,
+    /// Reads that failed (the feed reconnects and reads on).
+    pub read_errors: AtomicU64,
+    /// How far behind the feed was, in milliseconds: the age of the last change of a
+    /// read that filled its batch (more were waiting), 0 after a read that did not.
+    pub lag_ms: AtomicU64,
+    /// The last read (or attempt to connect) reached Redis.
+    pub up: AtomicBool,
+}
+
 /// Reads the store's change feed (see the module docs). Run [`ChangeFeed::run`] on a
 /// thread of its own.
 #[derive(Debug)]
@@ -44,7 +61,7 @@ pub struct ChangeFeed {
     /// the stream's end (no observer exists before then).
     last_id: Option<String>,
     last_seq: Option<u64>,
-    lost: Arc<AtomicU64>,
+    counters: Arc<FeedCounters>,
 }
 
 impl ChangeFeed {
@@ -56,13 +73,13 @@ impl ChangeFeed {
             timeout: options.timeout,
             last_id: None,
             last_seq: None,
-            lost: Arc::default(),
+            counters: Arc::default(),
         })
     }
 
-    /// How many changes were trimmed from the stream before this node read them.
-    pub fn lost(&self) -> Arc<AtomicU64> {
-        self.lost.clone()
+    /// What it counted.
+    pub fn counters(&self) -> Arc<FeedCounters> {
+        self.counters.clone()
     }
 
     /// Connects to Redis and positions the feed at the stream's end, once: call it
@@ -71,6 +88,7 @@ impl ChangeFeed {
     pub fn start(&mut self) -> Result<(), RedisEngineError> {
         let mut connection = conn::open(&self.client, self.timeout)?;
         self.position(&mut connection)?;
+        self.counters.up.store(true, Ordering::Relaxed);
         Ok(())
     }
 
@@ -91,6 +109,7 @@ impl ChangeFeed {
                         connection.insert(con)
                     }
                     Err(error) => {
+                        self.counters.up.store(false, Ordering::Relaxed);
                         if !logged_down {
                             tracing::warn!(%error, "state store change feed: redis unreachable; retrying");
                             logged_down = true;
@@ -100,7 +119,10 @@ impl ChangeFeed {
                     }
                 },
             };
-            if let Err(error) = self.read(con, &mut apply) {
+            let read = self.read(con, &mut apply);
+            self.counters.up.store(read.is_ok(), Ordering::Relaxed);
+            if let Err(error) = read {
+                self.counters.read_errors.fetch_add(1, Ordering::Relaxed);
                 if !logged_down {
                     tracing::warn!(%error, "state store change feed: read failed; reconnecting");
                     logged_down = true;
@@ -138,13 +160,24 @@ impl ChangeFeed {
             .count(BATCH);
         let reply: Option<StreamReadReply> =
             con.xread_options(&[&self.events], &[&last_id], &options)?;
+        let mut read = 0;
         for key in reply.map(|r| r.keys).unwrap_or_default() {
+            read += key.ids.len();
+            if let Some(last) = key.ids.last().filter(|_| read >= BATCH) {
+                self.counters
+                    .lag_ms
+                    .store(age_ms(&last.id), Ordering::Relaxed);
+            }
             for entry in key.ids {
                 let change = self.change(&entry)?;
                 self.check_sequence(change.seq);
                 self.last_id = Some(entry.id);
                 apply(change);
+                self.counters.applied.fetch_add(1, Ordering::Relaxed);
             }
+        }
+        if read < BATCH {
+            self.counters.lag_ms.store(0, Ordering::Relaxed);
         }
         Ok(())
     }
@@ -153,7 +186,7 @@ impl ChangeFeed {
         match self.last_seq {
             Some(last) if seq > last + 1 => {
                 let missed = seq - last - 1;
-                self.lost.fetch_add(missed, Ordering::Relaxed);
+                self.counters.lost.fetch_add(missed, Ordering::Relaxed);
                 tracing::warn!(
                     missed,
                     "state store change feed: changes trimmed before this node read them; their notifications are lost"
@@ -199,4 +232,17 @@ fn seq_of(entry: &StreamId) -> Result<u64, RedisEngineError> {
             .ok_or(RedisEngineError::Corrupt("change feed entry")),
         _ => Err(RedisEngineError::Corrupt("change feed entry")),
     }
+}
+
+/// How long ago Redis appended the stream entry `id` (`{milliseconds}-{n}`), by this
+/// node's clock; 0 if that is in the future.
+pub(crate) fn age_ms(id: &str) -> u64 {
+    let appended = id
+        .split_once('-')
+        .and_then(|(ms, _)| ms.parse::<u64>().ok())
+        .unwrap_or(u64::MAX);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+    now.saturating_sub(appended)
 }

@@ -51,8 +51,8 @@ use statehub_state_store::{
 };
 
 use conn::Link;
-pub use conn::RECONNECT_BACKOFF;
-pub use feed::ChangeFeed;
+pub use conn::{Counters, RECONNECT_BACKOFF};
+pub use feed::{ChangeFeed, FeedCounters};
 use lua::Scripts;
 pub use wait::{NotReplicated, Wait};
 
@@ -181,8 +181,7 @@ pub struct RedisEngine {
     fed: Option<WriteSeq>,
     /// See [`Options::wait`].
     wait: Option<Wait>,
-    /// Writes fewer replicas acknowledged than `wait` asks, and when that was last logged.
-    not_replicated: u64,
+    /// When a write fewer replicas acknowledged than `wait` asks was last logged.
     logged_at: Option<Instant>,
 }
 
@@ -201,9 +200,13 @@ impl RedisEngine {
             stats: Cell::new(Stats::default()),
             fed: None,
             wait: options.wait,
-            not_replicated: 0,
             logged_at: None,
         })
+    }
+
+    /// What it counted of its calls to Redis.
+    pub fn counters(&self) -> Arc<Counters> {
+        self.link.borrow().counters()
     }
 
     /// The change feed of this engine's store, to run on a thread of its own.
@@ -258,7 +261,11 @@ impl RedisEngine {
 
     /// Counts a write too few replicas acknowledged; logs at most every ten seconds.
     fn count_not_replicated(&mut self, short: &NotReplicated) {
-        self.not_replicated += 1;
+        let counters = self.link.borrow().counters();
+        let writes = counters
+            .not_replicated
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            + 1;
         let now = Instant::now();
         if self
             .logged_at
@@ -267,7 +274,7 @@ impl RedisEngine {
             self.logged_at = Some(now);
             tracing::warn!(
                 error = %short,
-                writes = self.not_replicated,
+                writes,
                 "state store write not acknowledged by enough redis replicas; answered 503"
             );
         }

@@ -21,6 +21,8 @@ use statehub_webpubsub_redis::RedisCluster;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+use crate::metrics::ClusterSources;
+
 /// `statehub serve` cluster flags.
 #[derive(Debug, Clone, Default, clap::Args)]
 pub struct ClusterArgs {
@@ -32,10 +34,10 @@ pub struct ClusterArgs {
     /// `node-<pid>-<start time in ms>`).
     #[arg(long, env = "STATEHUB_NODE_ID")]
     pub node_id: Option<String>,
-    /// Acknowledge a state store write, a QoS 1/2 PUBLISH and a retained change only
-    /// once this many Redis replicas have it (`WAIT`); fewer within `[cluster]
-    /// redis_wait_timeout_ms` is a 503 (state store) or 0x80 (MQTT) (default 0: once the
-    /// primary has it).
+    /// Acknowledge a state store write, a QoS 1/2 PUBLISH, a retained change and a
+    /// persistent session's change only once this many Redis replicas have it (`WAIT`);
+    /// fewer within `[cluster] redis_wait_timeout_ms` is a 503 (state store) or 0x80
+    /// (MQTT) (default 0: once the primary has it).
     #[arg(long, env = "STATEHUB_REDIS_WAIT_REPLICAS")]
     pub redis_wait_replicas: Option<u32>,
 }
@@ -241,17 +243,19 @@ fn wait(replicas: u32, wait_ms: u64, timeout_ms: u64) -> Result<Option<Wait>, Cl
 }
 
 /// Spans Web PubSub over the nodes on the cluster's Redis (nothing without a cluster or
-/// without Web PubSub); its threads stop at shutdown.
+/// without Web PubSub), its counters read by `metrics`; its threads stop at shutdown.
 pub fn start_webpubsub(
     cluster: Option<&Cluster>,
     service: Option<&WebPubSub>,
     shutdown: &CancellationToken,
+    metrics: &ClusterSources,
 ) -> std::io::Result<()> {
     let (Some(cluster), Some(service)) = (cluster, service) else {
         return Ok(());
     };
     let joined = RedisCluster::start(&cluster.webpubsub, service)
         .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, crate::chain(&e)))?;
+    metrics.set_webpubsub(joined.clone());
     let shutdown = shutdown.clone();
     tokio::spawn(async move {
         shutdown.cancelled().await;
@@ -266,12 +270,13 @@ pub fn start_webpubsub(
 }
 
 /// The state store on Redis, registered on the broker, its expiry task and change feed
-/// running; returns the expiry task. Starts even while Redis is down (requests are then
-/// answered 503 until it is back).
+/// running, their counters read by `metrics`; returns the expiry task. Starts even
+/// while Redis is down (requests are then answered 503 until it is back).
 pub fn start_state_store(
     options: &Options,
     settings: &StateStoreSettings,
     broker: &Broker,
+    metrics: &ClusterSources,
 ) -> std::io::Result<(JoinHandle<()>, crate::StateStoreRef)> {
     let invalid = |e: &dyn std::error::Error| {
         std::io::Error::new(std::io::ErrorKind::InvalidInput, crate::chain(e))
@@ -279,6 +284,7 @@ pub fn start_state_store(
     let config = settings.machine_config().map_err(|e| invalid(&e))?;
     let engine = RedisEngine::open(options).map_err(|e| invalid(&e))?;
     let mut feed = RedisEngine::feed(options).map_err(|e| invalid(&e))?;
+    metrics.set_state_store(engine.counters(), feed.counters());
     if let Err(e) = feed.start() {
         tracing::warn!(
             "redis at {} is unreachable ({}); state store requests are answered 503 until it is back",

@@ -154,8 +154,9 @@ async fn serve(mut settings: Settings) -> std::io::Result<()> {
         listeners::Security::load(&settings.authentication).map_err(|e| invalid(&e))?;
     let broker = start_broker(&settings, rules);
     let shutdown = broker.shutdown_token();
-    let (expiry, storage, state_store) = start_state_store(&settings, &broker)?;
-    let _fabric = cluster_mqtt::start(settings.cluster.as_ref(), &broker)?;
+    let cluster_metrics = metrics::ClusterSources::default();
+    let (expiry, storage, state_store) = start_state_store(&settings, &broker, &cluster_metrics)?;
+    cluster_mqtt::start(settings.cluster.as_ref(), &broker, &cluster_metrics)?;
     let workers = Workers::start(settings.mqtt_threads)?;
     let mqtt = listeners::bind(
         &broker,
@@ -176,13 +177,19 @@ async fn serve(mut settings: Settings) -> std::io::Result<()> {
     let signals = tokio::spawn(signals.cancel_on_signal(shutdown.clone()));
     let grace = Duration::from_secs(settings.shutdown_grace_secs);
     let (router, wps) = http::router(settings.webpubsub.clone(), http.local_addr()?);
-    cluster::start_webpubsub(settings.cluster.as_ref(), wps.as_ref(), &shutdown)?;
+    cluster::start_webpubsub(
+        settings.cluster.as_ref(),
+        wps.as_ref(),
+        &shutdown,
+        &cluster_metrics,
+    )?;
     let telemetry = metrics::Telemetry::new(
         broker.clone(),
         state_store,
         storage.as_ref().map(|d| d.store.clone()),
         wps.clone(),
         settings.http.metrics_token.clone(),
+        cluster_metrics,
     );
     let router = router.merge(telemetry.routes()).merge(admin::router(
         &settings.admin,
@@ -301,11 +308,16 @@ fn chain(error: &dyn Error) -> String {
 fn start_state_store(
     settings: &Settings,
     broker: &Broker,
+    cluster_metrics: &metrics::ClusterSources,
 ) -> std::io::Result<(JoinHandle<()>, Option<DataDir>, StateStoreRef)> {
     let invalid = |e: &dyn Error| std::io::Error::new(std::io::ErrorKind::InvalidInput, chain(e));
     if let Some(cluster) = &settings.cluster {
-        let (expiry, service) =
-            cluster::start_state_store(&cluster.store, &settings.state_store, broker)?;
+        let (expiry, service) = cluster::start_state_store(
+            &cluster.store,
+            &settings.state_store,
+            broker,
+            cluster_metrics,
+        )?;
         return Ok((expiry, None, service));
     }
     let Some(dir) = &settings.data_dir else {

@@ -11,6 +11,7 @@
 //! docs/security.md); from elsewhere it needs `Authorization: Bearer <[http]
 //! metrics_token>`, and without a configured token it is refused (403).
 
+mod cluster;
 mod enc;
 mod encode;
 
@@ -32,6 +33,7 @@ use statehub_storage::Store;
 use statehub_webpubsub::WebPubSub;
 use subtle::ConstantTimeEq;
 
+pub use cluster::ClusterSources;
 use encode::Collect;
 
 /// The state store service, whatever its engine: what the collector reads of it.
@@ -64,13 +66,15 @@ struct Inner {
 
 impl Telemetry {
     /// Registers every layer's counters. `storage` is there with `--data-dir`, `wps`
-    /// when Web PubSub is on; their metrics are absent otherwise.
+    /// when Web PubSub is on, `cluster`'s layers with `--redis`; their metrics are
+    /// absent otherwise.
     pub fn new(
         broker: Broker,
         state_store: Arc<dyn StateStoreSource>,
         storage: Option<Store>,
         wps: Option<WebPubSub>,
         token: Option<String>,
+        cluster: ClusterSources,
     ) -> Telemetry {
         let mut registry = Registry::default();
         registry.register_collector(Box::new(Collect {
@@ -78,6 +82,7 @@ impl Telemetry {
             state_store,
             storage,
             wps,
+            cluster,
         }));
         Telemetry {
             inner: Arc::new(Inner {
@@ -202,7 +207,14 @@ mod tests {
         let broker = Broker::new(statehub_broker::BrokerConfig::default());
         let settings = statehub_state_store_service::Settings::default();
         let service = StateStoreService::in_memory(&settings).unwrap();
-        let t = Telemetry::new(broker, Arc::new(service), None, None, None);
+        let t = Telemetry::new(
+            broker,
+            Arc::new(service),
+            None,
+            None,
+            None,
+            ClusterSources::default(),
+        );
         let routes = t.routes();
         assert_eq!(
             status(&routes, "/readyz").await,

@@ -1,7 +1,8 @@
-//! `--redis-wait-replicas`: a state store write and a QoS 1 PUBLISH are acknowledged
-//! only once Redis replicas have them. Two real redis-servers, one a replica of the
-//! other: writes are acknowledged while the replica is up, refused (503, PUBACK 0x80)
-//! and logged while it is down, and acknowledged again once it is back.
+//! `--redis-wait-replicas`: a state store write, a QoS 1 PUBLISH and a persistent
+//! session's change are acknowledged only once Redis replicas have them. Two real
+//! redis-servers, one a replica of the other: writes are acknowledged while the replica
+//! is up, refused (503, PUBACK/CONNACK/DISCONNECT 0x80) and logged while it is down,
+//! and acknowledged again once it is back.
 
 mod common;
 mod store_client;
@@ -9,9 +10,9 @@ mod store_client;
 use std::time::{Duration, Instant};
 
 use common::Server;
-use statehub_broker::codec::{QoS, ReasonCode};
+use statehub_broker::codec::{Packet, QoS, ReasonCode, Subscribe};
 use statehub_state_store_redis::test_server::RedisServer;
-use statehub_test_support::{RawClient, V5};
+use statehub_test_support::{opts, persistent_connect, RawClient, V5};
 use store_client::{StoreClient, LOCAL};
 
 fn node(primary: &RedisServer, wait_replicas: &str, tag: &str) -> Server {
@@ -131,4 +132,56 @@ async fn qos_1_publishes_wait_for_a_replica_and_are_refused_with_0x80_while_it_i
 
     replica.restart();
     publish_until_acknowledged(&mut publisher).await;
+}
+
+/// Connects `client_id` with a persistent session until the CONNACK is a success (at
+/// most 30 s: the replica may still be catching up).
+async fn resume_until_accepted(addr: std::net::SocketAddr, client_id: &str) -> RawClient {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (c, ack) = RawClient::connect_with(addr, persistent_connect(client_id, 300)).await;
+        if ack.reason_code == ReasonCode::SUCCESS {
+            return c;
+        }
+        assert!(Instant::now() < deadline, "still {ack:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn persistent_session_changes_wait_for_a_replica_and_are_refused_with_0x80_while_it_is_down()
+{
+    let primary = RedisServer::start();
+    let mut replica = RedisServer::start_replica_of(&primary);
+    replica.wait_in_sync();
+    let a = node(&primary, "1", "sessions");
+    let mut kept = resume_until_accepted(a.mqtt, "wait-session").await;
+    let ack = kept.subscribe("s/1", opts(QoS::AtLeastOnce)).await;
+    assert_eq!(ack.reason_codes, [ReasonCode::GRANTED_QOS_1]);
+
+    replica.kill();
+    // A new subscription is a change of the stored session: no replica has it, so no
+    // SUBACK; the connection is closed with 0x80 and the client resends.
+    let subscribe = Subscribe {
+        packet_id: kept.next_packet_id(),
+        filters: vec![("s/2".into(), opts(QoS::AtLeastOnce))],
+        ..Default::default()
+    };
+    kept.send(&Packet::Subscribe(subscribe)).await;
+    kept.expect_disconnect(ReasonCode::UNSPECIFIED_ERROR).await;
+    // A new persistent session cannot be promised: CONNACK 0x80.
+    let (_, ack) = RawClient::connect_with(a.mqtt, persistent_connect("wait-new", 300)).await;
+    assert_eq!(ack.reason_code, ReasonCode::UNSPECIFIED_ERROR, "{ack:?}");
+    assert!(
+        logged(
+            &a,
+            "mqtt sessions: redis WAIT: 0 of 1 replicas acknowledged"
+        ),
+        "the refusal is logged with its cause"
+    );
+
+    replica.restart();
+    let mut back = resume_until_accepted(a.mqtt, "wait-session").await;
+    let ack = back.subscribe("s/2", opts(QoS::AtLeastOnce)).await;
+    assert_eq!(ack.reason_codes, [ReasonCode::GRANTED_QOS_1]);
 }

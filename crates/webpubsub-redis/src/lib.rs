@@ -186,9 +186,38 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
+/// What a node's Web PubSub cluster counted.
+#[derive(Debug, Default)]
+pub struct Counters {
+    /// Writer pipelines Redis answered (operations, index changes, session mirrors).
+    pub pipelines: AtomicU64,
+    /// Writer attempts that failed (retried in order; sends refused meanwhile).
+    pub write_errors: AtomicU64,
+    /// Stream entries the reader read (every node's, this node's own included).
+    pub entries_read: AtomicU64,
+    /// Reads of the stream that failed (the reader reconnects and reads on).
+    pub read_errors: AtomicU64,
+    /// How far behind the reader was, in milliseconds: the age of the last entry of a
+    /// read that filled its batch (more were waiting), 0 after a read that did not.
+    pub reader_lag_ms: AtomicU64,
+    /// Reliable sessions claimed here from another node.
+    pub claims: AtomicU64,
+    /// Claims that failed (session gone or ended, or Redis out of reach).
+    pub claims_failed: AtomicU64,
+    /// Reliable sessions' frames mirrored into Redis (the cost of recovery elsewhere).
+    pub mirrored_frames: AtomicU64,
+    /// Their other mirrored changes (opens, trims, groups, ackIds, deletes).
+    pub mirrored_changes: AtomicU64,
+    /// Reliable sessions some of whose changes could not be queued for Redis (the
+    /// writer's channel was full): they can be recovered on this node only.
+    pub mirror_overflows: AtomicU64,
+}
+
 /// What the writer and the nodes' handles share.
 #[derive(Debug, Default)]
 pub(crate) struct Shared {
+    /// What this node counted.
+    pub(crate) counters: Counters,
     /// The writer's last attempt reached Redis.
     pub(crate) up: AtomicBool,
     /// An index change was dropped (the queue was full): write the index again.
@@ -306,6 +335,16 @@ impl RedisCluster {
         self.shared.lost.load(Ordering::Relaxed)
     }
 
+    /// What it counted.
+    pub fn counters(&self) -> &Counters {
+        &self.shared.counters
+    }
+
+    /// Whether the writer's last attempt reached Redis.
+    pub fn redis_up(&self) -> bool {
+        self.shared.up.load(Ordering::Relaxed)
+    }
+
     fn query<T>(
         &self,
         call: impl FnOnce(&mut Connection) -> RedisResult<T>,
@@ -382,6 +421,8 @@ impl Cluster for RedisCluster {
         if self.jobs.try_send(job).is_err() {
             let first = lock(&self.shared.broken).insert((hub.to_owned(), id.to_owned()));
             if first {
+                let overflows = &self.shared.counters.mirror_overflows;
+                overflows.fetch_add(1, Ordering::Relaxed);
                 tracing::warn!(
                     hub,
                     id,

@@ -98,6 +98,10 @@ impl Reader {
             match self.read(c, service, runtime) {
                 Ok(()) => logged_down = false,
                 Err(error) => {
+                    self.shared
+                        .counters
+                        .read_errors
+                        .fetch_add(1, Ordering::Relaxed);
                     if !logged_down {
                         tracing::warn!(%error, "web pubsub cluster reader: read failed; reconnecting");
                         logged_down = true;
@@ -137,7 +141,15 @@ impl Reader {
             con.xread_options(&[&self.names.ops], &[&last_id], &options)?;
         let _runtime = runtime.enter();
         let (mut moved, mut own) = (false, false);
-        for key in reply.map(|r| r.keys).unwrap_or_default() {
+        let keys = reply.map(|r| r.keys).unwrap_or_default();
+        let read: usize = keys.iter().map(|k| k.ids.len()).sum();
+        let lag = match keys.last().and_then(|k| k.ids.last()) {
+            Some(last) if read >= BATCH => age_ms(&last.id),
+            _ => 0,
+        };
+        let lag_ms = &self.shared.counters.reader_lag_ms;
+        lag_ms.store(lag, Ordering::Relaxed);
+        for key in keys {
             for entry in key.ids {
                 let id = entry.id.clone();
                 let at = stream_id(&id).unwrap_or_default();
@@ -151,6 +163,10 @@ impl Reader {
                     own = true;
                 }
                 self.last_id = Some(id);
+                self.shared
+                    .counters
+                    .entries_read
+                    .fetch_add(1, Ordering::Relaxed);
                 moved = true;
             }
         }
@@ -315,6 +331,19 @@ fn parse(entry: &StreamId) -> Result<Entry, WpsRedisError> {
             .map_err(|_| WpsRedisError::Corrupt("operation sequence"))?,
         op: field("o")?,
     })
+}
+
+/// How long ago Redis appended the stream entry `id` (`{milliseconds}-{n}`), by this
+/// node's clock; 0 if that is in the future.
+fn age_ms(id: &str) -> u64 {
+    let appended = id
+        .split_once('-')
+        .and_then(|(ms, _)| ms.parse::<u64>().ok())
+        .unwrap_or(u64::MAX);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+    now.saturating_sub(appended)
 }
 
 #[cfg(test)]

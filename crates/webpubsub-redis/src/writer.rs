@@ -142,8 +142,10 @@ impl Writer {
                 self.write(c, &mut batch, everything.as_deref())
                     .map(|()| resync = false)
             });
+            let counters = &self.shared.counters;
             match written {
                 Ok(()) => {
+                    counters.pipelines.fetch_add(1, Ordering::Relaxed);
                     batch.clear();
                     self.shared.up.store(true, Ordering::Relaxed);
                     if logged_down {
@@ -152,6 +154,7 @@ impl Writer {
                     }
                 }
                 Err(error) => {
+                    counters.write_errors.fetch_add(1, Ordering::Relaxed);
                     self.shared.up.store(false, Ordering::Relaxed);
                     self.shared.progress.send_modify(|p| p.failures += 1);
                     if !logged_down {
@@ -274,6 +277,7 @@ impl Writer {
         self.sessions_upkeep(&mut pipe);
         pipe.query::<()>(con)?;
         self.position_written = true;
+        self.count_mirrored(batch);
         let ops = batch
             .iter()
             .filter(|j| matches!(j, Pending::Op(..)))
@@ -287,6 +291,25 @@ impl Writer {
             self.written(last);
         }
         Ok(())
+    }
+
+    /// Counts the mirrored session changes of a batch Redis took.
+    fn count_mirrored(&self, batch: &[Pending]) {
+        let (mut frames, mut changes) = (0, 0);
+        for job in batch {
+            match job {
+                Pending::Session(_, _, SessionWrite::Frame { .. }) => frames += 1,
+                Pending::Session(..) => changes += 1,
+                _ => {}
+            }
+        }
+        let counters = &self.shared.counters;
+        counters
+            .mirrored_frames
+            .fetch_add(frames, Ordering::Relaxed);
+        counters
+            .mirrored_changes
+            .fetch_add(changes, Ordering::Relaxed);
     }
 
     /// A run of one mirrored session's frames, fenced like [`Writer::session`].
@@ -416,8 +439,12 @@ impl Writer {
             ?answer,
             "web pubsub cluster: claim"
         );
+        let counters = &self.shared.counters;
         if answer.is_err() {
+            counters.claims_failed.fetch_add(1, Ordering::Relaxed);
             lock(&self.shared.claims).remove(&job.seq);
+        } else {
+            counters.claims.fetch_add(1, Ordering::Relaxed);
         }
         self.written(job.seq);
         let _ = job.reply.send(answer);

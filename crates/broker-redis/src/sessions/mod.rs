@@ -34,6 +34,7 @@ use tokio::sync::watch;
 
 pub(crate) use fetch::{stream_id, Cut, Fetcher};
 pub use records::RecordError;
+pub(crate) use writer::Wait;
 
 use crate::wire;
 
@@ -56,13 +57,20 @@ pub struct SessionCounters {
     /// Sessions this node's sweeper forgot at their expiry (their owner was dead or
     /// nobody claimed them).
     pub swept: AtomicU64,
+    /// Batches written (one script call each).
+    pub written: AtomicU64,
+    /// Batches fewer replicas acknowledged than `wait_replicas` asks (their barriers
+    /// failed).
+    pub not_replicated: AtomicU64,
 }
 
-/// How far the writer got: batches written, and failures so far (a barrier fails if
-/// one happens while it waits).
+/// How far the writer got: batches written, the last batch as many replicas as asked
+/// acknowledged (a `WAIT` covers every earlier write too; without one, `written`), and
+/// failures so far (a barrier fails if one happens while it waits).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct Progress {
     pub written: u64,
+    pub replicated: u64,
     pub failures: u64,
 }
 
@@ -133,13 +141,15 @@ impl RedisSessions {
 }
 
 impl Inner {
-    /// The store, its writer and sweeper threads started.
+    /// The store, its writer and sweeper threads started; with `wait`, each of its
+    /// batches waits for that many replicas.
     pub(crate) fn start(
         client: redis::Client,
         prefix: String,
         owner: String,
         fetcher: fetch::Fetcher,
         (timeout, sweep): (Duration, Duration),
+        wait: Option<Wait>,
     ) -> std::io::Result<Inner> {
         let (tx, rx) = mpsc::channel();
         let (progress_tx, progress) = watch::channel(Progress::default());
@@ -152,6 +162,7 @@ impl Inner {
             rx,
             progress: progress_tx,
             counters: counters.clone(),
+            wait,
         };
         std::thread::Builder::new()
             .name("mqtt-session-writer".into())
@@ -466,12 +477,14 @@ impl Inner {
                     Err(_) => return Err(store_error("the session store stopped")),
                 },
             };
+            // Written but not replicated (a shortfall before this barrier began) is
+            // not safe either: no later batch may come to cover it.
             let reached = progress
                 .wait_for(|p| p.written >= target || p.failures > failures)
                 .await
                 .map(|p| *p)
                 .map_err(|_| store_error("the session store stopped"))?;
-            if reached.failures > failures {
+            if reached.failures > failures || reached.replicated < target {
                 return Err(store_error(
                     "redis out of reach, or the session is owned by another node now",
                 ));

@@ -34,6 +34,7 @@ fn store(redis: &RedisServer, owner: &str) -> RedisSessions {
         owner.into(),
         fetcher,
         (Duration::from_secs(2), Duration::from_secs(1)),
+        None,
     )
     .unwrap();
     RedisSessions {

@@ -2,14 +2,17 @@
 //! many as are waiting (up to [`MOST`]) per round trip in one script call. A batch
 //! that Redis does not answer is retried, in order, until it does; meanwhile every
 //! barrier fails (the broker then closes the connection waiting on it, and its client
-//! resends after reconnecting).
+//! resends after reconnecting). With a [`Wait`], each batch is followed by one `WAIT`
+//! in the same pipeline; a batch fewer replicas acknowledged is on the primary but not
+//! safe from a failover, so the barriers waiting for it fail (the broker refuses their
+//! acknowledgements with 0x80) and it is not written again.
 
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use redis::{Client, Connection, Script};
+use redis::{Client, Connection, ErrorKind, Script};
 use tokio::sync::watch;
 
 use super::{lua, Op, Progress, SessionCounters};
@@ -28,6 +31,15 @@ pub(super) struct Writer {
     pub rx: Receiver<(u64, Vec<Op>)>,
     pub progress: watch::Sender<Progress>,
     pub counters: Arc<SessionCounters>,
+    pub wait: Option<Wait>,
+}
+
+/// How many Redis replicas must have a batch before the barriers waiting for it
+/// succeed, and how long the writer waits for them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Wait {
+    pub replicas: u32,
+    pub timeout: Duration,
 }
 
 impl Writer {
@@ -36,6 +48,7 @@ impl Writer {
         let script = Script::new(lua::APPLY);
         let mut connection: Option<Connection> = None;
         let mut down_logged = false;
+        let mut short_logged: Option<Instant> = None;
         loop {
             let (mut last, mut ops) = match self.rx.recv_timeout(RETRY) {
                 Ok(first) => first,
@@ -53,7 +66,9 @@ impl Writer {
             }
             loop {
                 match self.apply(&script, &mut connection, &ops) {
-                    Ok(fenced) => {
+                    Ok((fenced, acked)) => {
+                        let replicated = self.replicated(acked, &mut short_logged);
+                        self.counters.written.fetch_add(1, Ordering::Relaxed);
                         if down_logged {
                             tracing::info!("mqtt sessions: redis is back; storing again");
                             down_logged = false;
@@ -67,7 +82,10 @@ impl Writer {
                         }
                         self.progress.send_modify(|p| {
                             p.written = last;
-                            if fenced > 0 {
+                            if replicated {
+                                p.replicated = last;
+                            }
+                            if fenced > 0 || !replicated {
                                 p.failures += 1;
                             }
                         });
@@ -90,12 +108,37 @@ impl Writer {
         }
     }
 
+    /// Whether enough replicas acknowledged a batch (`acked` of them; `None`: not
+    /// asked). A shortfall is counted and logged at most every 10 s.
+    fn replicated(&self, acked: Option<u32>, logged_at: &mut Option<Instant>) -> bool {
+        let (Some(wait), Some(acked)) = (self.wait, acked) else {
+            return true;
+        };
+        if acked >= wait.replicas {
+            return true;
+        }
+        let batches = self.counters.not_replicated.fetch_add(1, Ordering::Relaxed) + 1;
+        let now = Instant::now();
+        if logged_at.is_none_or(|at| now.duration_since(at) >= Duration::from_secs(10)) {
+            *logged_at = Some(now);
+            tracing::warn!(
+                batches,
+                "mqtt sessions: redis WAIT: {acked} of {} replicas acknowledged within {:?}; acknowledgements that need these session changes are refused with 0x80",
+                wait.replicas,
+                wait.timeout
+            );
+        }
+        false
+    }
+
+    /// Runs the batch (and `WAIT`, with [`Writer::wait`]): how many changes were fenced,
+    /// and how many replicas acknowledged.
     fn apply(
         &self,
         script: &Script,
         connection: &mut Option<Connection>,
         ops: &[Op],
-    ) -> redis::RedisResult<u64> {
+    ) -> redis::RedisResult<(u64, Option<u32>)> {
         let con = match connection {
             Some(con) => con,
             None => connection.insert(open(&self.client, self.timeout)?),
@@ -107,6 +150,26 @@ impl Writer {
                 invocation.arg(arg.as_slice());
             }
         }
-        invocation.invoke(con)
+        let Some(wait) = self.wait else {
+            return Ok((invocation.invoke(con)?, None));
+        };
+        let millis = u64::try_from(wait.timeout.as_millis())
+            .unwrap_or(u64::MAX)
+            .max(1);
+        let mut pipe = redis::pipe();
+        pipe.invoke_script(&invocation)
+            .cmd("WAIT")
+            .arg(wait.replicas)
+            .arg(millis);
+        let (fenced, acked): (u64, u32) = match pipe.query(con) {
+            // A pipeline does not load a script Redis lost (a restart): load it, run
+            // again (the script did not run).
+            Err(e) if e.kind() == ErrorKind::NoScriptError => {
+                invocation.load(con)?;
+                pipe.query(con)?
+            }
+            other => other?,
+        };
+        Ok((fenced, Some(acked)))
     }
 }

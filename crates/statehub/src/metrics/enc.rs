@@ -2,7 +2,9 @@
 
 use std::fmt::Error;
 
-use prometheus_client::encoding::{DescriptorEncoder, EncodeCounterValue, NoLabelSet};
+use prometheus_client::encoding::{
+    DescriptorEncoder, EncodeCounterValue, EncodeGaugeValue, NoLabelSet,
+};
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Unit;
 use statehub_stats::HistogramSnapshot;
@@ -24,12 +26,13 @@ impl Enc<'_> {
             .encode_counter::<NoLabelSet, _, u64>(&v, None)
     }
 
-    pub(super) fn gauge(
+    /// A gauge of whole (`u64`) or fractional (`f64`, seconds) amounts.
+    pub(super) fn gauge<V: EncodeGaugeValue>(
         &mut self,
         name: &str,
         help: &str,
         unit: Option<Unit>,
-        v: u64,
+        v: V,
     ) -> Result<(), Error> {
         self.0
             .encode_descriptor(name, help, unit.as_ref(), MetricType::Gauge)?

@@ -17,7 +17,7 @@ use statehub_storage::Store;
 use statehub_webpubsub::{Counters, WebPubSub};
 
 use super::enc::Enc;
-use super::StateStoreSource;
+use super::{ClusterSources, StateStoreSource};
 
 #[derive(Debug)]
 pub(super) struct Collect {
@@ -25,6 +25,7 @@ pub(super) struct Collect {
     pub(super) state_store: Arc<dyn StateStoreSource>,
     pub(super) storage: Option<Store>,
     pub(super) wps: Option<WebPubSub>,
+    pub(super) cluster: ClusterSources,
 }
 
 impl Collector for Collect {
@@ -38,7 +39,7 @@ impl Collector for Collect {
         if let Some(wps) = &self.wps {
             webpubsub(&mut e, wps)?;
         }
-        Ok(())
+        super::cluster::encode(&mut e, &self.cluster)
     }
 }
 
