@@ -120,6 +120,14 @@ fn js_two_nodes_on_redis_groups_rest_and_a_redis_outage() {
     node("cluster.mjs", LIMIT);
 }
 
+/// Two nodes on one redis-server: the service SDK's groupExists, userExists,
+/// connectionExists, hasPermission and listConnections through one node about a client
+/// of the other, at once after each acknowledged change (`cluster-checks.mjs`).
+#[test]
+fn js_checks_through_one_node_answer_for_the_cluster() {
+    node("cluster-checks.mjs", LIMIT);
+}
+
 /// Three nodes on one redis-server behind a balancer: a reliable subscriber and
 /// publisher recover their sessions on another node, after a cut and after a SIGKILL,
 /// with every message once and in order and a re-sent ackId answered Duplicate

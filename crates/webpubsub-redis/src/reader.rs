@@ -147,6 +147,7 @@ impl Reader {
                         service.apply_remote(&entry.op, at);
                     }
                 } else if entry.incarnation == self.shared.incarnation.to_string() {
+                    service.answer_own(&entry.op);
                     self.own(con, service, &id, &entry)?;
                     own = true;
                 }

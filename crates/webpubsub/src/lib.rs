@@ -57,7 +57,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 pub use admin::{ConnectionSummary, GroupSummary, HubSummary, HubView, ViewFrom};
-pub use cluster::{Cluster, ClusterError, Held, Item, Written};
+pub use cluster::{Cluster, ClusterError, Written};
 pub use config::hubs::{EventHandler, HubSettings, SystemEvent};
 pub use config::{Config, ConfigError, Limits, MIN_ACCESS_KEY_BYTES};
 use hub::Hub;
@@ -116,15 +116,6 @@ impl WebPubSub {
     /// before any hub is used; a second cluster is refused (`false`).
     pub fn join_cluster(&self, cluster: Arc<dyn Cluster>) -> bool {
         self.inner.cluster.set(cluster).is_ok()
-    }
-
-    /// What this node holds, for the cluster's index: every hub's connections, users and
-    /// groups (to write the index again after it may have lost entries).
-    pub fn held(&self) -> Vec<(String, Held)> {
-        self.hubs_now()
-            .iter()
-            .map(|hub| (hub.name().to_owned(), hub.held()))
-            .collect()
     }
 
     /// The configuration.

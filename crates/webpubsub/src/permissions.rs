@@ -37,6 +37,14 @@ impl Permission {
             None
         }
     }
+
+    /// Its name in the REST path (what [`Permission::parse`] reads).
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::JoinLeaveGroup => "joinLeaveGroup",
+            Self::SendToGroup => "sendToGroup",
+        }
+    }
 }
 
 /// One permission's grants.

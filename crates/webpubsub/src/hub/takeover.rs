@@ -3,7 +3,6 @@
 use std::sync::{Arc, PoisonError};
 
 use super::{lock, Hub, NewSession, Session, TooManyGroups, CLOSE_NORMAL};
-use crate::cluster::Item;
 use crate::mirror::Restored;
 
 impl Hub {
@@ -38,9 +37,6 @@ impl Hub {
         self.insert(&mut hub, &session);
         for group in session.groups() {
             let members = hub.groups.entry(group.clone()).or_default();
-            if members.is_empty() {
-                self.indexed(Item::Group(&group), true);
-            }
             members.insert(session.id().to_owned());
         }
         session
