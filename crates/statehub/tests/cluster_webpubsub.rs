@@ -2,7 +2,9 @@
 //! - the REST checks: whatever node is asked answers for the whole cluster, at once
 //!   after the change it asks about was acknowledged (a client's join acked by its
 //!   node, a REST grant, join or close answered by another), and a node that is alive
-//!   but silent makes the answer a 503, never a "no".
+//!   but silent makes the answer a 503, never a "no";
+//! - grants and revokes made after connect move with a reliable session that recovers
+//!   on the other node.
 
 mod common;
 
@@ -355,5 +357,77 @@ async fn a_silent_node_that_is_alive_is_not_taken_for_a_no() {
         "a dead node holds nothing",
     );
     signal(&b, "-CONT");
+    c.done();
+}
+
+const RELIABLE: &str = "json.reliable.webpubsub.azure.v1";
+
+/// Sends to `group` with `ack_id`; the ack's error name (`None`: success).
+async fn send_to_group(ws: &mut Ws, group: &str, ack_id: u64) -> Option<String> {
+    let frame = serde_json::json!({
+        "type": "sendToGroup", "group": group, "ackId": ack_id, "dataType": "text", "data": "x"
+    });
+    ws.send(Message::text(frame.to_string())).await.unwrap();
+    loop {
+        let m = next_json(ws).await;
+        if m["type"] == "ack" && m["ackId"] == ack_id {
+            return m["error"]["name"].as_str().map(str::to_owned);
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grants_and_revokes_move_with_a_session_recovered_on_another_node() {
+    let redis = RedisServer::start();
+    let (a, b) = (node(&redis, "a"), node(&redis, "b"));
+    let (ws, connected) = open(a.http, "ur", &["webpubsub.sendToGroup.kept"], RELIABLE).await;
+    let id = connected["connectionId"].as_str().unwrap().to_owned();
+    let token = connected["reconnectionToken"].as_str().unwrap().to_owned();
+    let mut c = Checks::default();
+    let perm = |g: &str| format!("/permissions/sendToGroup/connections/{id}?targetName={g}");
+    // Granted through its own node, revoked through the other; both seen through B.
+    c.eq(
+        rest(a.http, "PUT", &perm("granted")).await.0,
+        200,
+        "grant through A",
+    );
+    c.eq(
+        rest(b.http, "DELETE", &perm("kept")).await.0,
+        204,
+        "revoke through B",
+    );
+    c.eq(
+        head(b.http, &perm("granted")).await,
+        200,
+        "granted, through B",
+    );
+    c.eq(head(b.http, &perm("kept")).await, 404, "revoked, through B");
+    // Its socket cut; it recovers on B.
+    drop(ws);
+    let url = format!(
+        "ws://{}/client/hubs/{HUB}?awps_connection_id={id}&awps_reconnection_token={token}",
+        b.http
+    );
+    let mut ws = websocket(&url, RELIABLE).await;
+    c.eq(
+        send_to_group(&mut ws, "granted", 1).await,
+        None,
+        "the grant works on B",
+    );
+    c.eq(
+        send_to_group(&mut ws, "kept", 2).await,
+        Some("Forbidden".to_owned()),
+        "the revoke holds on B",
+    );
+    c.eq(
+        send_to_group(&mut ws, "other", 3).await,
+        Some("Forbidden".to_owned()),
+        "nothing else",
+    );
+    c.eq(
+        head(a.http, &format!("/connections/{id}")).await,
+        200,
+        "the same connection, now on B",
+    );
     c.done();
 }

@@ -219,7 +219,7 @@ impl Operation {
 
 fn set_permission(session: &Session, permission: &str, group: Option<&str>, allowed: bool) {
     if let Some(p) = Permission::parse(permission) {
-        session.permissions().set(p, group, allowed);
+        session.set_permission(p, group, allowed);
     }
 }
 
