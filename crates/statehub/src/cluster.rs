@@ -19,7 +19,6 @@ use statehub_state_store_service::{Settings as StateStoreSettings, StateStoreSer
 use statehub_webpubsub::WebPubSub;
 use statehub_webpubsub_redis::RedisCluster;
 use tokio::task::JoinHandle;
-use tokio_util::sync::CancellationToken;
 
 /// `statehub serve` cluster flags.
 #[derive(Debug, Clone, Default, clap::Args)]
@@ -227,22 +226,18 @@ fn wait(replicas: u32, wait_ms: u64, timeout_ms: u64) -> Result<Option<Wait>, Cl
 }
 
 /// Spans Web PubSub over the nodes on the cluster's Redis (nothing without a cluster or
-/// without Web PubSub); its threads stop at shutdown.
+/// without Web PubSub).
 pub fn start_webpubsub(
     cluster: Option<&Cluster>,
     service: Option<&WebPubSub>,
-    shutdown: &CancellationToken,
 ) -> std::io::Result<()> {
     let (Some(cluster), Some(service)) = (cluster, service) else {
         return Ok(());
     };
-    let joined = RedisCluster::start(&cluster.webpubsub, service)
+    // Its threads stop at the end of the service's shutdown (after handing this node's
+    // reliable sessions over): `WebPubSub::shutdown`.
+    RedisCluster::start(&cluster.webpubsub, service)
         .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, crate::chain(&e)))?;
-    let shutdown = shutdown.clone();
-    tokio::spawn(async move {
-        shutdown.cancelled().await;
-        joined.stop();
-    });
     tracing::info!(
         "web pubsub spans the nodes on redis at {} (node {})",
         cluster.webpubsub.url,

@@ -137,6 +137,14 @@ fn js_reliable_sessions_recover_on_another_node() {
     node("cluster-recovery.mjs", LIMIT);
 }
 
+/// A graceful shutdown (SIGTERM) of a node hands its reliable sessions to another
+/// node: the official client recovers them there, same connection ids, every message
+/// once and in order (`cluster-shutdown.mjs`).
+#[test]
+fn js_reliable_sessions_move_on_a_graceful_shutdown() {
+    node("cluster-shutdown.mjs", LIMIT);
+}
+
 /// The Python client's reliable session taken over by node B after its node A was
 /// killed, every message once and in order (`python/cluster_recovery.py`).
 #[test]

@@ -133,6 +133,8 @@ pub(crate) enum Job {
     Broadcast(u64, Vec<u8>),
     /// Push an answer (this node's id and the answer) to the asker's list.
     Answer(String, Vec<u8>),
+    /// Answer once everything queued before is written.
+    Flush(SyncSender<()>),
     /// Mirror a change of a reliable session of (hub, id).
     Session(String, String, SessionWrite),
     /// The reader applied every operation up to this stream id.
@@ -187,6 +189,11 @@ pub(crate) struct Shared {
     pub(crate) up: AtomicBool,
     /// Set to stop both threads.
     pub(crate) stop: AtomicBool,
+    /// Set to stop the reader and to stop counting as a live node (a shutdown that
+    /// hands the sessions over).
+    pub(crate) leaving: AtomicBool,
+    /// The reader applies no more operations.
+    pub(crate) reader_stopped: AtomicBool,
     /// Operations of other nodes trimmed from the stream before this node read them.
     pub(crate) lost: AtomicU64,
     /// Operations queued and not yet written.
@@ -421,6 +428,38 @@ impl Cluster for RedisCluster {
         settles: &dyn Fn(&[u8]) -> bool,
     ) -> Result<Vec<Vec<u8>>, ClusterError> {
         ask::ask(self, id, question, settles)
+    }
+
+    fn stop_reading(&self) {
+        self.shared.leaving.store(true, Ordering::Relaxed);
+        let deadline = std::time::Instant::now() + self.timeout * 3;
+        while !self.shared.reader_stopped.load(Ordering::Relaxed)
+            && std::time::Instant::now() < deadline
+        {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    fn flush(&self, within: Duration) -> bool {
+        let deadline = std::time::Instant::now() + within;
+        let (tx, rx) = sync_channel(1);
+        let mut job = Job::Flush(tx);
+        loop {
+            match self.jobs.try_send(job) {
+                Ok(()) => break,
+                Err(TrySendError::Full(j)) if std::time::Instant::now() < deadline => {
+                    job = j;
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                Err(_) => return false,
+            }
+        }
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        rx.recv_timeout(left).is_ok()
+    }
+
+    fn stop(&self) {
+        RedisCluster::stop(self);
     }
 
     fn answer(&self, id: &str, answer: Vec<u8>) {

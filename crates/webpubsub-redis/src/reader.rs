@@ -80,7 +80,9 @@ impl Reader {
     fn run(mut self, service: &WebPubSub, runtime: &Handle) {
         let mut con: Option<Connection> = None;
         let mut logged_down = false;
-        while !self.shared.stop.load(Ordering::Relaxed) {
+        while !self.shared.stop.load(Ordering::Relaxed)
+            && !self.shared.leaving.load(Ordering::Relaxed)
+        {
             let c = match con.as_mut() {
                 Some(c) => c,
                 None => match open(&self.client, self.timeout + BLOCK) {
@@ -107,6 +109,7 @@ impl Reader {
                 }
             }
         }
+        self.shared.reader_stopped.store(true, Ordering::Relaxed);
     }
 
     fn position(&mut self, con: &mut Connection) -> Result<(), WpsRedisError> {

@@ -27,6 +27,7 @@ const BATCH: usize = 1024;
 enum Pending {
     Op(u64, Vec<u8>),
     Answer(String, Vec<u8>),
+    Flush(std::sync::mpsc::SyncSender<()>),
     Session(String, String, SessionWrite),
     Position(String),
     /// Always the last of a batch: it is answered once the batch before it is written.
@@ -154,6 +155,7 @@ impl Writer {
         match job {
             Job::Broadcast(seq, op) => Pending::Op(seq, op),
             Job::Answer(key, entry) => Pending::Answer(key, entry),
+            Job::Flush(done) => Pending::Flush(done),
             Job::Session(hub, id, write) => Pending::Session(hub, id, write),
             Job::Position(id) => Pending::Position(id),
             Job::Claim(claim) => Pending::Claim(claim),
@@ -188,17 +190,7 @@ impl Writer {
         batch: &[Pending],
     ) -> Result<(), WpsRedisError> {
         let mut pipe = redis::pipe();
-        let keep = u64::try_from((HEARTBEAT * 3).as_millis()).unwrap_or(u64::MAX);
-        pipe.cmd("SET")
-            .arg(self.names.alive(&self.node))
-            .arg(1)
-            .arg("PX")
-            .arg(keep)
-            .ignore();
-        pipe.cmd("SADD")
-            .arg(self.names.nodes())
-            .arg(&self.node)
-            .ignore();
+        self.liveness(&mut pipe);
         // A session's frames in one script call, never moved past another of its writes.
         let mut frames: HashMap<(&str, &str), Vec<&SessionWrite>> = HashMap::new();
         for job in batch {
@@ -230,6 +222,7 @@ impl Writer {
                         .ignore();
                 }
                 Pending::Answer(key, entry) => push_answer(&mut pipe, key, entry),
+                Pending::Flush(_) => {}
                 Pending::Position(id) => {
                     self.position.clone_from(id);
                     self.position_written = false;
@@ -255,7 +248,33 @@ impl Writer {
         if let Some(last) = last {
             self.written(last);
         }
+        for job in batch {
+            if let Pending::Flush(done) = job {
+                let _ = done.try_send(());
+            }
+        }
         Ok(())
+    }
+
+    /// This node's liveness key and its place among the nodes, refreshed; or, once it
+    /// is leaving, deleted, so no node waits for its answers any more.
+    fn liveness(&self, pipe: &mut redis::Pipeline) {
+        let alive = self.names.alive(&self.node);
+        if self.shared.leaving.load(Ordering::Relaxed) {
+            pipe.cmd("DEL").arg(alive).ignore();
+            return;
+        }
+        let keep = u64::try_from((HEARTBEAT * 3).as_millis()).unwrap_or(u64::MAX);
+        pipe.cmd("SET")
+            .arg(alive)
+            .arg(1)
+            .arg("PX")
+            .arg(keep)
+            .ignore();
+        pipe.cmd("SADD")
+            .arg(self.names.nodes())
+            .arg(&self.node)
+            .ignore();
     }
 
     /// A run of one mirrored session's frames, fenced like [`Writer::session`].

@@ -59,6 +59,9 @@ pub(crate) const CLOSE_TRY_AGAIN: u16 = 1013;
 pub(crate) const CLOSE_NORMAL: u16 = 1000;
 /// Close code: the server is going away (shutdown, non-reliable clients).
 pub(crate) const CLOSE_GOING_AWAY: u16 = 1001;
+/// Close code: the server restarts; a reliable client recovers its session (on
+/// another node, where the session was handed over).
+pub(crate) const CLOSE_SERVICE_RESTART: u16 = 1012;
 
 /// Why a recovery is refused: the client is told with 1008 and this text.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

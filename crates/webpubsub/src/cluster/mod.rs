@@ -20,6 +20,7 @@ mod ask;
 mod operation;
 
 use std::fmt::Debug;
+use std::time::Duration;
 use std::{future::Future, pin::Pin};
 
 use serde::{Deserialize, Serialize};
@@ -77,6 +78,16 @@ pub trait Cluster: Send + Sync + Debug {
         protocol: &str,
         marker: Vec<u8>,
     ) -> Result<(), ClaimError>;
+    /// Stops applying other nodes' operations and stops counting as a live node (its
+    /// questions unanswered); returns once no operation is being applied any more. For
+    /// a shutdown that hands this node's reliable sessions to other nodes: what it did
+    /// not apply, their next nodes replay. May block.
+    fn stop_reading(&self);
+    /// Returns once everything handed over so far is written (`false`: not within
+    /// `within`). May block.
+    fn flush(&self, within: Duration) -> bool;
+    /// Stops the cluster's work for this node (at shutdown, after [`Cluster::flush`]).
+    fn stop(&self);
     /// This node's operations handed over since its claim numbered `claim` (not yet
     /// served by the reader), with their numbers, in order; `None` if more were handed
     /// over than it keeps.

@@ -213,6 +213,11 @@ impl Session {
     }
 
     /// The session ended here for good: the mirror forgets it.
+    /// Whether the session is mirrored into the cluster (recoverable on another node).
+    pub(super) fn is_mirrored(&self) -> bool {
+        self.mirror.is_some()
+    }
+
     pub(super) fn mirror_delete(&self) {
         self.mirror(|| SessionWrite::Delete);
     }
