@@ -4,7 +4,8 @@
 //!   node, a REST grant, join or close answered by another), and a node that is alive
 //!   but silent makes the answer a 503, never a "no";
 //! - grants and revokes made after connect move with a reliable session that recovers
-//!   on the other node.
+//!   on the other node;
+//! - a client's stream to a group reaches its members on the other node.
 
 mod common;
 
@@ -429,5 +430,57 @@ async fn grants_and_revokes_move_with_a_session_recovered_on_another_node() {
         200,
         "the same connection, now on B",
     );
+    c.done();
+}
+
+/// The next `message` frame's `stream` and data.
+async fn next_message(ws: &mut Ws) -> (serde_json::Value, serde_json::Value) {
+    loop {
+        let m = next_json(ws).await;
+        if m["type"] == "message" {
+            return (m["stream"].clone(), m["data"].clone());
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_stream_reaches_group_members_on_another_node() {
+    let redis = RedisServer::start();
+    let (a, b) = (node(&redis, "a"), node(&redis, "b"));
+    let (mut member, _) = client(b.http, "m", &["webpubsub.joinLeaveGroup"]).await;
+    join(&mut member, "g", 1).await;
+    let (mut publisher, _) = client(a.http, "p", &["webpubsub.sendToGroup"]).await;
+    let frames = [
+        serde_json::json!({"type": "streamStart", "streamId": "s1", "target": "group", "group": "g"}),
+        serde_json::json!({"type": "streamData", "streamId": "s1", "streamSequenceId": 1, "dataType": "text", "data": "hello "}),
+        serde_json::json!({"type": "streamData", "streamId": "s1", "streamSequenceId": 2, "dataType": "text", "data": "world"}),
+        serde_json::json!({"type": "streamEnd", "streamId": "s1"}),
+    ];
+    for frame in frames {
+        publisher
+            .send(Message::text(frame.to_string()))
+            .await
+            .unwrap();
+    }
+    let mut c = Checks::default();
+    for (seq, data, end) in [(1, "hello ", false), (2, "world", false), (3, "", true)] {
+        let (stream, got) = next_message(&mut member).await;
+        c.eq(
+            stream["streamId"].clone(),
+            serde_json::json!("s1"),
+            "its stream id",
+        );
+        c.eq(
+            stream["streamSequenceId"].clone(),
+            serde_json::json!(seq),
+            "in order",
+        );
+        c.eq(got, serde_json::json!(data), "its data");
+        c.eq(
+            stream["endOfStream"].as_bool().unwrap_or(false),
+            end,
+            "the end marked",
+        );
+    }
     c.done();
 }

@@ -26,8 +26,10 @@ use std::{future::Future, pin::Pin};
 use serde::{Deserialize, Serialize};
 
 use crate::hub::admin::Target;
-use crate::hub::Hub;
+use crate::hub::{Hub, Session};
 use crate::mirror::{with_provenance, ClaimError, Provenance, SessionWrite};
+use crate::protocol::json::{DataMessageRef, MessageSource, StreamInfo};
+use crate::protocol::Payload;
 
 pub(crate) use ask::Question;
 pub(crate) use operation::{apply_to, claimed_marker, Operation};
@@ -229,5 +231,55 @@ impl Hub {
             Some(cluster) if seq > 0 => cluster.written(seq).await,
             _ => Ok(()),
         }
+    }
+
+    /// A client's message to `group` (`stream`: a fragment of one of its streams), to
+    /// this node's members and, through the cluster, every other node's; `no_echo`
+    /// leaves the sender out wherever it is applied (a session taken over by another
+    /// node may be). Returns the operation's number (0 on a single node); `Err` (the
+    /// cluster refused it) before anything was delivered.
+    pub(crate) fn publish_to_group(
+        &self,
+        session: &Session,
+        group: &str,
+        no_echo: bool,
+        payload: &Payload,
+        stream: Option<&StreamInfo>,
+    ) -> Result<u64, ClusterError> {
+        let _order = self.sending();
+        let mut from = Provenance::Unknown;
+        if self.cluster().is_some() {
+            let me = [session.id().to_owned()];
+            let sel = SentSelection {
+                excluded: if no_echo { &me } else { &[] },
+                filter: None,
+            };
+            let mut sent = Operation::send(
+                self,
+                Target::Group(group),
+                &sel,
+                payload,
+                None,
+                session.user_id(),
+            );
+            if let Operation::Send { stream: s, .. } = &mut sent {
+                *s = stream.cloned();
+            }
+            from = Provenance::Own(self.broadcast(&sent)?);
+        }
+        let msg = DataMessageRef {
+            from: MessageSource::Group,
+            group: Some(group),
+            from_user_id: session.user_id(),
+            payload,
+            stream,
+        };
+        with_provenance(from, || {
+            self.send_to_group(group, &msg, no_echo.then(|| session.id()));
+        });
+        Ok(match from {
+            Provenance::Own(seq) => seq,
+            _ => 0,
+        })
     }
 }

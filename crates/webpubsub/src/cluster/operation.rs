@@ -16,7 +16,7 @@ use crate::hub::admin::{Permission, Selection, Target};
 use crate::hub::{Hub, Session};
 use crate::mirror::{with_provenance, Provenance};
 use crate::protocol::data::DataType;
-use crate::protocol::json::{DataMessageRef, MessageSource};
+use crate::protocol::json::{DataMessageRef, MessageSource, StreamInfo};
 use crate::protocol::Payload;
 
 /// What one node asks the others to do to their sessions.
@@ -39,6 +39,9 @@ pub(crate) enum Operation {
         ttl_ms: Option<u64>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         from_user: Option<String>,
+        /// A fragment of a client's stream.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        stream: Option<StreamInfo>,
     },
     /// Add a connection or a user's connections to a group.
     Join { hub: String, to: To, group: String },
@@ -113,6 +116,7 @@ impl Operation {
             data,
             ttl_ms: ttl.map(|t| u64::try_from(t.as_millis()).unwrap_or(u64::MAX)),
             from_user: from_user.map(str::to_owned),
+            stream: None,
         }
     }
 
@@ -140,6 +144,7 @@ impl Operation {
                 data,
                 ttl_ms,
                 from_user,
+                stream,
                 ..
             } => {
                 let Ok(payload) = Payload::from_json(data_type, data) else {
@@ -152,7 +157,7 @@ impl Operation {
                     filter: filter.as_ref(),
                 };
                 let deadline = deadline(ttl_ms);
-                let msg = sent_message(&to, from_user.as_deref(), &payload);
+                let msg = sent_message(&to, from_user.as_deref(), &payload, stream.as_ref());
                 hub.deliver_local(to.target(), &sel, &msg, deadline);
             }
             Operation::Join { to, group, .. } => hub.join_local(to.target(), &group),
@@ -257,6 +262,7 @@ pub(crate) fn apply_to(hub: &Hub, session: &Arc<Session>, op: &[u8], from: Prove
             data,
             ttl_ms,
             from_user,
+            stream,
             ..
         } => {
             if !names(&to, session) || excluded.iter().any(|e| e == session.id()) {
@@ -271,7 +277,7 @@ pub(crate) fn apply_to(hub: &Hub, session: &Arc<Session>, op: &[u8], from: Prove
                 filter: filter.as_ref(),
             };
             let deadline = deadline(ttl_ms);
-            let msg = sent_message(&to, from_user.as_deref(), &payload);
+            let msg = sent_message(&to, from_user.as_deref(), &payload, stream.as_ref());
             with_provenance(from, || {
                 hub.deliver_to(session, &sel, &msg, deadline);
             });
@@ -328,6 +334,7 @@ fn sent_message<'a>(
     to: &'a To,
     from_user: Option<&'a str>,
     payload: &'a Payload,
+    stream: Option<&'a StreamInfo>,
 ) -> DataMessageRef<'a> {
     DataMessageRef {
         from: match to {
@@ -340,7 +347,7 @@ fn sent_message<'a>(
         },
         from_user_id: from_user,
         payload,
-        stream: None,
+        stream,
     }
 }
 
@@ -366,6 +373,12 @@ mod tests {
                 data,
                 ttl_ms: Some(5),
                 from_user: Some("u".into()),
+                stream: Some(StreamInfo {
+                    stream_id: "s".into(),
+                    stream_sequence_id: 2,
+                    end_of_stream: false,
+                    error: None,
+                }),
             };
             let bytes = serde_json::to_vec(&op).expect("encodes");
             let back: Operation = serde_json::from_slice(&bytes).expect("decodes");
