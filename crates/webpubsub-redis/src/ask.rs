@@ -60,9 +60,7 @@ fn collect(
     settles: &dyn Fn(&[u8]) -> bool,
 ) -> Result<Vec<Vec<u8>>, Failed> {
     let mut waiting = alive(cluster, con)?;
-    if waiting.is_empty() {
-        return Ok(Vec::new());
-    }
+    waiting.insert(cluster.node.clone());
     cluster.broadcast(question).map_err(Failed::Cluster)?;
     let key = cluster.names.answers(id);
     let deadline = Instant::now() + cluster.timeout * 3;
@@ -79,9 +77,10 @@ fn collect(
             .arg(block.as_secs_f64())
             .query(con)?;
         let Some((_, entry)) = popped else {
-            // Nobody answered meanwhile: stop waiting for nodes that died since.
+            // Nobody answered meanwhile: stop waiting for nodes that died since. Never
+            // for this one: its answer shows the question was read in order at all.
             let alive = alive(cluster, con)?;
-            waiting.retain(|n| alive.contains(n));
+            waiting.retain(|n| *n == cluster.node || alive.contains(n));
             continue;
         };
         let Some(at) = entry.iter().position(|b| *b == b'\n') else {
