@@ -4,6 +4,7 @@
 //! through that node's writer, into a list the asker pops with `BLPOP`.
 
 use std::collections::HashSet;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use redis::Connection;
@@ -15,9 +16,27 @@ use crate::{lock, open, unavailable, RedisCluster, WpsRedisError};
 const ANSWERS_TTL_MS: u64 = 60_000;
 /// Connections kept for later questions.
 const KEPT: usize = 8;
+/// Questions of this node waiting for answers at once (each holds a blocking thread
+/// and a Redis connection for up to 3 x the timeout); more are refused (503).
+pub(crate) const MAX_ASKING: usize = 64;
 
 /// See the module docs.
 pub(crate) fn ask(
+    cluster: &RedisCluster,
+    id: &str,
+    question: Vec<u8>,
+    settles: &dyn Fn(&[u8]) -> bool,
+) -> Result<Vec<Vec<u8>>, ClusterError> {
+    if cluster.asking.fetch_add(1, Ordering::AcqRel) >= MAX_ASKING {
+        cluster.asking.fetch_sub(1, Ordering::AcqRel);
+        return Err(ClusterError::Backlog(MAX_ASKING));
+    }
+    let answers = ask_on_a_connection(cluster, id, question, settles);
+    cluster.asking.fetch_sub(1, Ordering::AcqRel);
+    answers
+}
+
+fn ask_on_a_connection(
     cluster: &RedisCluster,
     id: &str,
     question: Vec<u8>,

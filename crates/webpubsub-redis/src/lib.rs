@@ -243,6 +243,8 @@ pub struct RedisCluster {
     queue: usize,
     /// Connections of [`Cluster::ask`], kept for the next question.
     askers: Mutex<Vec<Connection>>,
+    /// Questions waiting for answers now (at most `ask::MAX_ASKING`).
+    asking: std::sync::atomic::AtomicUsize,
     client: Client,
     timeout: Duration,
 }
@@ -281,6 +283,7 @@ impl RedisCluster {
             node: options.node.clone(),
             queue: options.queue,
             askers: Mutex::new(Vec::new()),
+            asking: std::sync::atomic::AtomicUsize::new(0),
             client: client.clone(),
             timeout: options.timeout,
         });

@@ -50,7 +50,7 @@ pub trait Cluster: Send + Sync + Debug {
     /// included (see [`crate::WebPubSub::answer_own`]), after every operation handed
     /// over before, and collects their answers (see [`Cluster::answer`]) until
     /// `settles` says one decides it or every node that was alive when asked answered
-    /// or died. `Err` if one that is still alive did not
+    /// or died (this one always answers). `Err` if one that is still alive did not
     /// answer in time: a silent node is never taken for a "no". May block (called on a
     /// blocking thread).
     fn ask(
