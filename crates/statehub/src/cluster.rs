@@ -19,7 +19,6 @@ use statehub_state_store_service::{Settings as StateStoreSettings, StateStoreSer
 use statehub_webpubsub::WebPubSub;
 use statehub_webpubsub_redis::RedisCluster;
 use tokio::task::JoinHandle;
-use tokio_util::sync::CancellationToken;
 
 use crate::metrics::ClusterSources;
 
@@ -243,24 +242,20 @@ fn wait(replicas: u32, wait_ms: u64, timeout_ms: u64) -> Result<Option<Wait>, Cl
 }
 
 /// Spans Web PubSub over the nodes on the cluster's Redis (nothing without a cluster or
-/// without Web PubSub), its counters read by `metrics`; its threads stop at shutdown.
+/// without Web PubSub), its counters read by `metrics`.
 pub fn start_webpubsub(
     cluster: Option<&Cluster>,
     service: Option<&WebPubSub>,
-    shutdown: &CancellationToken,
     metrics: &ClusterSources,
 ) -> std::io::Result<()> {
     let (Some(cluster), Some(service)) = (cluster, service) else {
         return Ok(());
     };
+    // Its threads stop at the end of the service's shutdown (after handing this node's
+    // reliable sessions over): `WebPubSub::shutdown`.
     let joined = RedisCluster::start(&cluster.webpubsub, service)
         .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, crate::chain(&e)))?;
-    metrics.set_webpubsub(joined.clone());
-    let shutdown = shutdown.clone();
-    tokio::spawn(async move {
-        shutdown.cancelled().await;
-        joined.stop();
-    });
+    metrics.set_webpubsub(joined);
     tracing::info!(
         "web pubsub spans the nodes on redis at {} (node {})",
         cluster.webpubsub.url,

@@ -177,12 +177,7 @@ async fn serve(mut settings: Settings) -> std::io::Result<()> {
     let signals = tokio::spawn(signals.cancel_on_signal(shutdown.clone()));
     let grace = Duration::from_secs(settings.shutdown_grace_secs);
     let (router, wps) = http::router(settings.webpubsub.clone(), http.local_addr()?);
-    cluster::start_webpubsub(
-        settings.cluster.as_ref(),
-        wps.as_ref(),
-        &shutdown,
-        &cluster_metrics,
-    )?;
+    cluster::start_webpubsub(settings.cluster.as_ref(), wps.as_ref(), &cluster_metrics)?;
     let telemetry = metrics::Telemetry::new(
         broker.clone(),
         state_store,

@@ -120,6 +120,14 @@ fn js_two_nodes_on_redis_groups_rest_and_a_redis_outage() {
     node("cluster.mjs", LIMIT);
 }
 
+/// Two nodes on one redis-server: the service SDK's groupExists, userExists,
+/// connectionExists, hasPermission and listConnections through one node about a client
+/// of the other, at once after each acknowledged change (`cluster-checks.mjs`).
+#[test]
+fn js_checks_through_one_node_answer_for_the_cluster() {
+    node("cluster-checks.mjs", LIMIT);
+}
+
 /// Three nodes on one redis-server behind a balancer: a reliable subscriber and
 /// publisher recover their sessions on another node, after a cut and after a SIGKILL,
 /// with every message once and in order and a re-sent ackId answered Duplicate
@@ -127,6 +135,14 @@ fn js_two_nodes_on_redis_groups_rest_and_a_redis_outage() {
 #[test]
 fn js_reliable_sessions_recover_on_another_node() {
     node("cluster-recovery.mjs", LIMIT);
+}
+
+/// A graceful shutdown (SIGTERM) of a node hands its reliable sessions to another
+/// node: the official client recovers them there, same connection ids, every message
+/// once and in order (`cluster-shutdown.mjs`).
+#[test]
+fn js_reliable_sessions_move_on_a_graceful_shutdown() {
+    node("cluster-shutdown.mjs", LIMIT);
 }
 
 /// The Python client's reliable session taken over by node B after its node A was

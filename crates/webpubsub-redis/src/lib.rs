@@ -11,14 +11,12 @@
 //!   the node's incarnation and a sequence number, so an entry written twice (a write
 //!   retried after a lost reply) is applied once, and a gap (trimmed before it was read)
 //!   is logged and counted.
-//! - **The index**: for every connection, user and group a node holds, a set
-//!   `{namespace}:wps:i:{hub}:{c|u|g}:{name}` of the nodes holding it, changed by the
-//!   same writer thread when a hub's item appears or goes; each node lists what it wrote
-//!   in `{namespace}:wps:reg:{node}` and writes it all again after any failure (so an
-//!   entry lost while Redis was down, or left by an earlier process with the same node
-//!   id, is put right). A node is alive while its key `{namespace}:wps:alive:{node}`
-//!   (refreshed every [`HEARTBEAT`], kept three times that) exists: the index of a node
-//!   that died answers nothing.
+//! - **Questions** (does a connection, user or group exist anywhere; a connection's
+//!   permissions; a group's members) travel in the same stream; every node alive when
+//!   the question was asked (listed in `{namespace}:wps:nodes`, alive while its key
+//!   `{namespace}:wps:alive:{node}`, refreshed every [`HEARTBEAT`] and kept three times
+//!   that, exists) answers, through its writer, into the list
+//!   `{namespace}:wps:ans:{id}`, where the asker waits for them (`ask.rs`).
 //! - **Redis unreachable**: operations that must reach other nodes are refused at once
 //!   ([`ClusterError::Unavailable`]: the REST API answers 503, a client's `sendToGroup`
 //!   gets an `InternalServerError` ack) and nothing is delivered, not even locally, so
@@ -26,6 +24,7 @@
 //!   Operations accepted before the writer noticed are kept, in order, and written when
 //!   Redis is back.
 
+mod ask;
 mod reader;
 mod session;
 mod writer;
@@ -38,9 +37,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use redis::{Client, Connection, RedisResult};
-use statehub_webpubsub::{
-    ClaimError, Cluster, ClusterError, Item, SessionWrite, WebPubSub, Written,
-};
+use statehub_webpubsub::{ClaimError, Cluster, ClusterError, SessionWrite, WebPubSub, Written};
 
 /// How often a node refreshes its liveness key.
 pub const HEARTBEAT: Duration = Duration::from_secs(2);
@@ -105,21 +102,18 @@ impl Names {
         }
     }
 
-    pub(crate) fn item(&self, hub: &str, item: Item<'_>) -> String {
-        let (kind, name) = match item {
-            Item::Connection(c) => ('c', c),
-            Item::User(u) => ('u', u),
-            Item::Group(g) => ('g', g),
-        };
-        format!("{}i:{hub}:{kind}:{name}", self.prefix)
+    /// The nodes that ever wrote (each alive while its [`Names::alive`] key exists).
+    pub(crate) fn nodes(&self) -> String {
+        format!("{}nodes", self.prefix)
+    }
+
+    /// Where the answers to question `id` are pushed.
+    pub(crate) fn answers(&self, id: &str) -> String {
+        format!("{}ans:{id}", self.prefix)
     }
 
     pub(crate) fn alive(&self, node: &str) -> String {
         format!("{}alive:{node}", self.prefix)
-    }
-
-    pub(crate) fn registry(&self, node: &str) -> String {
-        format!("{}reg:{node}", self.prefix)
     }
 
     pub(crate) fn session(&self, hub: &str, id: &str) -> session::Keys {
@@ -137,8 +131,10 @@ impl Names {
 pub(crate) enum Job {
     /// Append an operation to the stream, with its number.
     Broadcast(u64, Vec<u8>),
-    /// This node now holds (`true`) or no longer holds the item whose index key this is.
-    Index(String, bool),
+    /// Push an answer (this node's id and the answer) to the asker's list.
+    Answer(String, Vec<u8>),
+    /// Answer once everything queued before is written.
+    Flush(SyncSender<()>),
     /// Mirror a change of a reliable session of (hub, id).
     Session(String, String, SessionWrite),
     /// The reader applied every operation up to this stream id.
@@ -220,10 +216,13 @@ pub(crate) struct Shared {
     pub(crate) counters: Counters,
     /// The writer's last attempt reached Redis.
     pub(crate) up: AtomicBool,
-    /// An index change was dropped (the queue was full): write the index again.
-    pub(crate) dirty: AtomicBool,
     /// Set to stop both threads.
     pub(crate) stop: AtomicBool,
+    /// Set to stop the reader and to stop counting as a live node (a shutdown that
+    /// hands the sessions over).
+    pub(crate) leaving: AtomicBool,
+    /// The reader applies no more operations.
+    pub(crate) reader_stopped: AtomicBool,
     /// Operations of other nodes trimmed from the stream before this node read them.
     pub(crate) lost: AtomicU64,
     /// Operations queued and not yet written.
@@ -271,7 +270,10 @@ pub struct RedisCluster {
     names: Names,
     node: String,
     queue: usize,
-    query: Mutex<Option<Connection>>,
+    /// Connections of [`Cluster::ask`], kept for the next question.
+    askers: Mutex<Vec<Connection>>,
+    /// Questions waiting for answers now (at most `ask::MAX_ASKING`).
+    asking: std::sync::atomic::AtomicUsize,
     client: Client,
     timeout: Duration,
 }
@@ -309,16 +311,12 @@ impl RedisCluster {
             names: names.clone(),
             node: options.node.clone(),
             queue: options.queue,
-            query: Mutex::new(None),
+            askers: Mutex::new(Vec::new()),
+            asking: std::sync::atomic::AtomicUsize::new(0),
             client: client.clone(),
             timeout: options.timeout,
         });
-        let held = {
-            let service = service.clone();
-            move || service.held()
-        };
-        writer::Writer::new(options, client.clone(), names.clone(), shared.clone())
-            .spawn(queue, held)?;
+        writer::Writer::new(options, client.clone(), names.clone(), shared.clone()).spawn(queue)?;
         reader::Reader::new(options, client, names, shared, cluster.jobs.clone())
             .spawn(service.clone(), tokio::runtime::Handle::current())?;
         service.join_cluster(cluster.clone());
@@ -343,23 +341,6 @@ impl RedisCluster {
     /// Whether the writer's last attempt reached Redis.
     pub fn redis_up(&self) -> bool {
         self.shared.up.load(Ordering::Relaxed)
-    }
-
-    fn query<T>(
-        &self,
-        call: impl FnOnce(&mut Connection) -> RedisResult<T>,
-    ) -> Result<T, WpsRedisError> {
-        let mut slot = self.query.lock().unwrap_or_else(PoisonError::into_inner);
-        if slot.is_none() {
-            *slot = Some(open(&self.client, self.timeout)?);
-        }
-        let Some(con) = slot.as_mut() else {
-            return Err(WpsRedisError::Corrupt("no connection"));
-        };
-        call(con).map_err(|e| {
-            *slot = None;
-            e.into()
-        })
     }
 }
 
@@ -484,33 +465,55 @@ impl Cluster for RedisCluster {
         Some(after.cloned().collect())
     }
 
-    fn index(&self, hub: &str, item: Item<'_>, present: bool) {
-        let job = Job::Index(self.names.item(hub, item), present);
-        if self.jobs.try_send(job).is_err() {
-            // The writer writes the whole index again once it has room.
-            if !self.shared.dirty.swap(true, Ordering::Relaxed) {
-                tracing::warn!("web pubsub cluster: index changes queued past the bound; the index is written again");
-            }
+    fn ask(
+        &self,
+        id: &str,
+        question: Vec<u8>,
+        settles: &dyn Fn(&[u8]) -> bool,
+    ) -> Result<Vec<Vec<u8>>, ClusterError> {
+        ask::ask(self, id, question, settles)
+    }
+
+    fn stop_reading(&self) {
+        self.shared.leaving.store(true, Ordering::Relaxed);
+        let deadline = std::time::Instant::now() + self.timeout * 3;
+        while !self.shared.reader_stopped.load(Ordering::Relaxed)
+            && std::time::Instant::now() < deadline
+        {
+            std::thread::sleep(Duration::from_millis(5));
         }
     }
 
-    fn exists(&self, hub: &str, item: Item<'_>) -> Result<bool, ClusterError> {
-        let key = self.names.item(hub, item);
-        let nodes: Vec<String> = self
-            .query(|con| redis::cmd("SMEMBERS").arg(&key).query(con))
-            .map_err(unavailable)?;
-        let others: Vec<String> = nodes
-            .iter()
-            .filter(|n| **n != self.node)
-            .map(|n| self.names.alive(n))
-            .collect();
-        if others.is_empty() {
-            return Ok(false);
+    fn flush(&self, within: Duration) -> bool {
+        let deadline = std::time::Instant::now() + within;
+        let (tx, rx) = sync_channel(1);
+        let mut job = Job::Flush(tx);
+        loop {
+            match self.jobs.try_send(job) {
+                Ok(()) => break,
+                Err(TrySendError::Full(j)) if std::time::Instant::now() < deadline => {
+                    job = j;
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                Err(_) => return false,
+            }
         }
-        let alive: Vec<Option<String>> = self
-            .query(|con| redis::cmd("MGET").arg(&others).query(con))
-            .map_err(unavailable)?;
-        Ok(alive.iter().any(Option::is_some))
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        rx.recv_timeout(left).is_ok()
+    }
+
+    fn stop(&self) {
+        RedisCluster::stop(self);
+    }
+
+    fn answer(&self, id: &str, answer: Vec<u8>) {
+        let mut entry = self.node.clone().into_bytes();
+        entry.push(b'\n');
+        entry.extend(answer);
+        // A full queue: the asker gets no answer from this node and refuses (503).
+        let _ = self
+            .jobs
+            .try_send(Job::Answer(self.names.answers(id), entry));
     }
 }
 

@@ -80,7 +80,9 @@ impl Reader {
     fn run(mut self, service: &WebPubSub, runtime: &Handle) {
         let mut con: Option<Connection> = None;
         let mut logged_down = false;
-        while !self.shared.stop.load(Ordering::Relaxed) {
+        while !self.shared.stop.load(Ordering::Relaxed)
+            && !self.shared.leaving.load(Ordering::Relaxed)
+        {
             let c = match con.as_mut() {
                 Some(c) => c,
                 None => match open(&self.client, self.timeout + BLOCK) {
@@ -111,6 +113,7 @@ impl Reader {
                 }
             }
         }
+        self.shared.reader_stopped.store(true, Ordering::Relaxed);
     }
 
     fn position(&mut self, con: &mut Connection) -> Result<(), WpsRedisError> {
@@ -159,6 +162,7 @@ impl Reader {
                         service.apply_remote(&entry.op, at);
                     }
                 } else if entry.incarnation == self.shared.incarnation.to_string() {
+                    service.answer_own(&entry.op);
                     self.own(con, service, &id, &entry)?;
                     own = true;
                 }

@@ -1,11 +1,12 @@
 //! Reliable sessions in Redis (the webpubsub crate's `mirror.rs` says why and what):
 //! per session a hash `{ns}:wps:s:{hub}:{id}` (epoch, owner, token digest, subprotocol,
-//! user, roles, groups, sequence state, the last operation it reflects), a stream
-//! `…:f` of the frames its replay buffer holds (entry id = sequence id, trimmed as the
-//! buffer is) and a list `…:a` of its last processed ackIds. Every write but the
-//! creation is one script call that first checks the epoch: a node that lost the
-//! session to a claim writes nothing more. All three keys expire with the session's
-//! retention unless the owner refreshes them.
+//! user, roles (its permissions, once a grant or revoke changed them), groups, sequence
+//! state, the last operation it reflects), a stream `…:f` of the frames its replay
+//! buffer holds (entry id = sequence id, trimmed as the buffer is) and a list `…:a` of
+//! its last processed ackIds. Every write but the creation is one script call that
+//! first checks the epoch: a node that lost the session to a claim writes nothing
+//! more. All three keys expire with the session's retention unless the owner
+//! refreshes them.
 
 use redis::{Script, Value};
 use statehub_webpubsub::{Provenance, Restored, SessionWrite};
@@ -53,6 +54,8 @@ elseif kind == 'trim' then
   redis.call('HSET', KEYS[1], 'akd', ARGV[5], 'evt', ARGV[6])
 elseif kind == 'groups' then
   redis.call('HSET', KEYS[1], 'grp', ARGV[4])
+elseif kind == 'roles' then
+  redis.call('HSET', KEYS[1], 'rol', ARGV[4])
 elseif kind == 'ack' then
   redis.call('RPUSH', KEYS[3], ARGV[4])
   redis.call('LTRIM', KEYS[3], -tonumber(ARGV[5]), -1)
@@ -187,6 +190,10 @@ pub(crate) fn add_write(
         SessionWrite::Groups(groups) => {
             let groups = serde_json::to_string(groups).unwrap_or_else(|_| "[]".into());
             cmd.arg("groups").arg(groups);
+        }
+        SessionWrite::Roles(roles) => {
+            let roles = serde_json::to_string(roles).unwrap_or_else(|_| "[]".into());
+            cmd.arg("roles").arg(roles);
         }
         SessionWrite::Ack { ack_id, keep } => {
             cmd.arg("ack").arg(*ack_id).arg(*keep);

@@ -1,5 +1,6 @@
-//! The writer thread: this node's operations into the stream and its index changes
-//! into the index, in the order they were handed over, retried until Redis takes them.
+//! The writer thread: this node's operations into the stream, its reliable sessions'
+//! changes into their mirror and its answers to other nodes' questions, in the order
+//! they were handed over, retried until Redis takes them.
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
@@ -8,8 +9,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use redis::{Client, Connection};
-use statehub_webpubsub::{ClaimError, Held, Item, SessionWrite};
+use statehub_webpubsub::{ClaimError, SessionWrite};
 
+use crate::ask::push_answer;
 use crate::session::{add_frames, add_lost, add_write, parse_claim, Scripts};
 use crate::{
     lock, open, ClaimJob, ClaimRecord, Job, Names, Options, Shared, WpsRedisError, BACKOFF,
@@ -24,7 +26,8 @@ const BATCH: usize = 1024;
 #[derive(Debug)]
 enum Pending {
     Op(u64, Vec<u8>),
-    Index(String, bool),
+    Answer(String, Vec<u8>),
+    Flush(std::sync::mpsc::SyncSender<()>),
     Session(String, String, SessionWrite),
     Position(String),
     /// Always the last of a batch: it is answered once the batch before it is written.
@@ -84,33 +87,21 @@ impl Writer {
             .max(1)
     }
 
-    pub(crate) fn spawn(
-        mut self,
-        queue: Receiver<Job>,
-        held: impl Fn() -> Vec<(String, Held)> + Send + 'static,
-    ) -> Result<(), WpsRedisError> {
+    pub(crate) fn spawn(mut self, queue: Receiver<Job>) -> Result<(), WpsRedisError> {
         // Reach Redis now if it is up, so that broadcasts are taken from the start.
         let mut con = open(&self.client, self.timeout).ok();
         if let Some(c) = con.as_mut() {
-            if self.scripts.load(c).is_ok() && self.write(c, &mut Vec::new(), Some(&held())).is_ok()
-            {
+            if self.scripts.load(c).is_ok() && self.write(c, &mut Vec::new()).is_ok() {
                 self.shared.up.store(true, Ordering::Relaxed);
             }
         }
-        let synced = self.shared.up.load(Ordering::Relaxed);
         std::thread::Builder::new()
             .name("wps-cluster-writer".into())
-            .spawn(move || self.run(&queue, con, !synced, &held))?;
+            .spawn(move || self.run(&queue, con))?;
         Ok(())
     }
 
-    fn run(
-        mut self,
-        queue: &Receiver<Job>,
-        mut con: Option<Connection>,
-        mut resync: bool,
-        held: &dyn Fn() -> Vec<(String, Held)>,
-    ) {
+    fn run(mut self, queue: &Receiver<Job>, mut con: Option<Connection>) {
         let mut batch: Vec<Pending> = Vec::new();
         let mut logged_down = false;
         while !self.shared.stop.load(Ordering::Relaxed) {
@@ -127,9 +118,6 @@ impl Writer {
                     }
                 }
             }
-            if self.shared.dirty.swap(false, Ordering::Relaxed) {
-                resync = true;
-            }
             let attempt = match con.as_mut() {
                 Some(c) => Ok(c),
                 None => open(&self.client, self.timeout).and_then(|mut c| {
@@ -137,11 +125,9 @@ impl Writer {
                     Ok(con.insert(c))
                 }),
             };
-            let written = attempt.map_err(WpsRedisError::from).and_then(|c| {
-                let everything = resync.then(held);
-                self.write(c, &mut batch, everything.as_deref())
-                    .map(|()| resync = false)
-            });
+            let written = attempt
+                .map_err(WpsRedisError::from)
+                .and_then(|c| self.write(c, &mut batch));
             let counters = &self.shared.counters;
             match written {
                 Ok(()) => {
@@ -162,7 +148,6 @@ impl Writer {
                         logged_down = true;
                     }
                     con = None;
-                    resync = true;
                     std::thread::sleep(BACKOFF);
                 }
             }
@@ -172,26 +157,25 @@ impl Writer {
     fn pending(job: Job) -> Pending {
         match job {
             Job::Broadcast(seq, op) => Pending::Op(seq, op),
-            Job::Index(key, present) => Pending::Index(key, present),
+            Job::Answer(key, entry) => Pending::Answer(key, entry),
+            Job::Flush(done) => Pending::Flush(done),
             Job::Session(hub, id, write) => Pending::Session(hub, id, write),
             Job::Position(id) => Pending::Position(id),
             Job::Claim(claim) => Pending::Claim(claim),
         }
     }
 
-    /// One round trip: the liveness key, the index written again from `everything`
-    /// when given (all this node holds), then the batch.
+    /// One round trip: the liveness key, then the batch.
     fn write(
         &mut self,
         con: &mut Connection,
         batch: &mut Vec<Pending>,
-        everything: Option<&[(String, Held)]>,
     ) -> Result<(), WpsRedisError> {
         let claim = match batch.last() {
             Some(Pending::Claim(_)) => batch.pop(),
             _ => None,
         };
-        let written = self.write_batch(con, batch, everything);
+        let written = self.write_batch(con, batch);
         if let Some(Pending::Claim(claim)) = claim {
             if written.is_err() {
                 batch.push(Pending::Claim(claim));
@@ -207,32 +191,9 @@ impl Writer {
         &mut self,
         con: &mut Connection,
         batch: &[Pending],
-        everything: Option<&[(String, Held)]>,
     ) -> Result<(), WpsRedisError> {
-        let registry = self.names.registry(&self.node);
         let mut pipe = redis::pipe();
-        let keep = u64::try_from((HEARTBEAT * 3).as_millis()).unwrap_or(u64::MAX);
-        pipe.cmd("SET")
-            .arg(self.names.alive(&self.node))
-            .arg(1)
-            .arg("PX")
-            .arg(keep)
-            .ignore();
-        if let Some(everything) = everything {
-            let written: Vec<String> = redis::cmd("SMEMBERS").arg(&registry).query(con)?;
-            for key in &written {
-                pipe.cmd("SREM").arg(key).arg(&self.node).ignore();
-            }
-            pipe.cmd("DEL").arg(&registry).ignore();
-            for (hub, held) in everything {
-                let items = (held.connections.iter().map(|c| Item::Connection(c)))
-                    .chain(held.users.iter().map(|u| Item::User(u)))
-                    .chain(held.groups.iter().map(|g| Item::Group(g)));
-                for item in items {
-                    self.index(&mut pipe, &registry, &self.names.item(hub, item), true);
-                }
-            }
-        }
+        self.liveness(&mut pipe);
         // A session's frames in one script call, never moved past another of its writes.
         let mut frames: HashMap<(&str, &str), Vec<&SessionWrite>> = HashMap::new();
         for job in batch {
@@ -263,7 +224,8 @@ impl Writer {
                         .arg(op.as_slice())
                         .ignore();
                 }
-                Pending::Index(key, present) => self.index(&mut pipe, &registry, key, *present),
+                Pending::Answer(key, entry) => push_answer(&mut pipe, key, entry),
+                Pending::Flush(_) => {}
                 Pending::Position(id) => {
                     self.position.clone_from(id);
                     self.position_written = false;
@@ -290,6 +252,11 @@ impl Writer {
         if let Some(last) = last {
             self.written(last);
         }
+        for job in batch {
+            if let Pending::Flush(done) = job {
+                let _ = done.try_send(());
+            }
+        }
         Ok(())
     }
 
@@ -310,6 +277,27 @@ impl Writer {
         counters
             .mirrored_changes
             .fetch_add(changes, Ordering::Relaxed);
+    }
+
+    /// This node's liveness key and its place among the nodes, refreshed; or, once it
+    /// is leaving, deleted, so no node waits for its answers any more.
+    fn liveness(&self, pipe: &mut redis::Pipeline) {
+        let alive = self.names.alive(&self.node);
+        if self.shared.leaving.load(Ordering::Relaxed) {
+            pipe.cmd("DEL").arg(alive).ignore();
+            return;
+        }
+        let keep = u64::try_from((HEARTBEAT * 3).as_millis()).unwrap_or(u64::MAX);
+        pipe.cmd("SET")
+            .arg(alive)
+            .arg(1)
+            .arg("PX")
+            .arg(keep)
+            .ignore();
+        pipe.cmd("SADD")
+            .arg(self.names.nodes())
+            .arg(&self.node)
+            .ignore();
     }
 
     /// A run of one mirrored session's frames, fenced like [`Writer::session`].
@@ -458,11 +446,5 @@ impl Writer {
             p.written = p.written.max(seq);
             later
         });
-    }
-
-    fn index(&self, pipe: &mut redis::Pipeline, registry: &str, key: &str, present: bool) {
-        let verb = if present { "SADD" } else { "SREM" };
-        pipe.cmd(verb).arg(key).arg(&self.node).ignore();
-        pipe.cmd(verb).arg(registry).arg(key).ignore();
     }
 }

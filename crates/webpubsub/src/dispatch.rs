@@ -10,13 +10,10 @@
 //! resends with the same id after a recovery). Failures are not remembered, so a
 //! message refused as `Forbidden` may be retried with the same id.
 
-use crate::cluster::{Operation, SentSelection};
 use crate::effects::{check_group, AckFailure, Close, Effects, UserEvent, WrittenAck};
-use crate::hub::admin::Target;
 use crate::hub::{Hub, Session, CLOSE_POLICY};
-use crate::mirror::{with_provenance, Provenance};
 use crate::protocol::codec::{decode_binary, decode_text, Request};
-use crate::protocol::json::{DataMessageRef, Downstream, MessageSource};
+use crate::protocol::json::Downstream;
 use crate::protocol::{Payload, ProtocolError};
 
 /// Handles one frame of a raw (no subprotocol) client: the `message` user event when
@@ -177,43 +174,8 @@ fn send_to_group(
 ) -> Result<u64, AckFailure> {
     check_group(group, session.permissions().can_send(group), "send to")?;
     let payload = payload.map_err(|e| AckFailure::BadRequest(e.to_string()))?;
-    let _order = hub.sending();
-    let mut from = Provenance::Unknown;
-    if hub.cluster().is_some() {
-        // The sender itself is left out wherever the operation is applied, as a session
-        // taken over by another node may be.
-        let me = [session.id().to_owned()];
-        let sel = SentSelection {
-            excluded: if no_echo { &me } else { &[] },
-            filter: None,
-        };
-        let sent = Operation::send(
-            hub,
-            Target::Group(group),
-            &sel,
-            &payload,
-            None,
-            session.user_id(),
-        );
-        let seq = hub
-            .broadcast(&sent)
-            .map_err(|e| AckFailure::Unavailable(e.to_string()))?;
-        from = Provenance::Own(seq);
-    }
-    let msg = DataMessageRef {
-        from: MessageSource::Group,
-        group: Some(group),
-        from_user_id: session.user_id(),
-        payload: &payload,
-        stream: None,
-    };
-    with_provenance(from, || {
-        hub.send_to_group(group, &msg, no_echo.then(|| session.id()));
-    });
-    Ok(match from {
-        Provenance::Own(seq) => seq,
-        _ => 0,
-    })
+    hub.publish_to_group(session, group, no_echo, &payload, None)
+        .map_err(|e| AckFailure::Unavailable(e.to_string()))
 }
 
 /// An `event`: without a handler for it, validated and acked, as the service does;

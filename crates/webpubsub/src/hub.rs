@@ -42,7 +42,7 @@ use subtle::ConstantTimeEq as _;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::cluster::{Cluster, Item};
+use crate::cluster::Cluster;
 use crate::config::Limits;
 use crate::mirror::Mirror;
 use crate::protocol::frames::DataFrames;
@@ -59,6 +59,9 @@ pub(crate) const CLOSE_TRY_AGAIN: u16 = 1013;
 pub(crate) const CLOSE_NORMAL: u16 = 1000;
 /// Close code: the server is going away (shutdown, non-reliable clients).
 pub(crate) const CLOSE_GOING_AWAY: u16 = 1001;
+/// Close code: the server restarts; a reliable client recovers its session (on
+/// another node, where the session was handed over).
+pub(crate) const CLOSE_SERVICE_RESTART: u16 = 1012;
 
 /// Why a recovery is refused: the client is told with 1008 and this text.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -127,16 +130,14 @@ struct HubState {
 }
 
 impl HubState {
-    /// Removes `id` from the group; `true` if that emptied it.
-    fn leave_group(&mut self, group: &str, id: &str) -> bool {
+    /// Removes `id` from the group (a group without members is forgotten).
+    fn leave_group(&mut self, group: &str, id: &str) {
         if let Some(members) = self.groups.get_mut(group) {
             members.remove(id);
             if members.is_empty() {
                 self.groups.remove(group);
-                return true;
             }
         }
-        false
     }
 }
 
@@ -206,13 +207,6 @@ impl Hub {
         self.cluster.as_ref()
     }
 
-    /// Tells the index that this node now holds, or no longer holds, `item`.
-    fn indexed(&self, item: Item<'_>, present: bool) {
-        if let Some(cluster) = &self.cluster {
-            cluster.index(&self.name, item, present);
-        }
-    }
-
     /// The same hub, closing its connections when `shutdown` is cancelled.
     pub(crate) fn with_shutdown(mut self, shutdown: CancellationToken) -> Self {
         self.shutdown = shutdown;
@@ -267,12 +261,8 @@ impl Hub {
     fn insert(&self, hub: &mut HubState, session: &Arc<Session>) {
         hub.sessions
             .insert(session.id().to_owned(), session.clone());
-        self.indexed(Item::Connection(session.id()), true);
         if let Some(user) = session.user_id() {
             let ids = hub.users.entry(user.to_owned()).or_default();
-            if ids.is_empty() {
-                self.indexed(Item::User(user), true);
-            }
             ids.insert(session.id().to_owned());
         }
     }
@@ -398,19 +388,13 @@ impl Hub {
             return Err(TooManyGroups(max));
         }
         let members = hub.groups.entry(group.to_owned()).or_default();
-        if members.is_empty() {
-            self.indexed(Item::Group(group), true);
-        }
         members.insert(session.id().to_owned());
         Ok(())
     }
 
     /// Removes the session from a group (idempotent).
     pub(crate) fn leave(&self, session: &Session, group: &str) {
-        let mut hub = lock(&self.state);
-        if hub.leave_group(group, session.id()) {
-            self.indexed(Item::Group(group), false);
-        }
+        lock(&self.state).leave_group(group, session.id());
         session.left(group);
     }
 
@@ -462,12 +446,9 @@ impl Hub {
             let Some(session) = hub.sessions.remove(id) else {
                 return;
             };
-            self.indexed(Item::Connection(id), false);
             let (groups, reason) = session.end();
             for group in groups {
-                if hub.leave_group(&group, id) {
-                    self.indexed(Item::Group(&group), false);
-                }
+                hub.leave_group(&group, id);
             }
             if let (true, Some(token), Some(why)) = (ended, session.reconnection_token(), &reason) {
                 let retention = self.limits.session_retention;
@@ -478,7 +459,6 @@ impl Hub {
                     ids.remove(id);
                     if ids.is_empty() {
                         hub.users.remove(user);
-                        self.indexed(Item::User(user), false);
                     }
                 }
             }
@@ -521,16 +501,6 @@ impl Hub {
                 hub.remove(session.id());
             }
         });
-    }
-
-    /// What this hub holds, for the cluster's index.
-    pub(crate) fn held(&self) -> crate::cluster::Held {
-        let hub = lock(&self.state);
-        crate::cluster::Held {
-            connections: hub.sessions.keys().cloned().collect(),
-            users: hub.users.keys().cloned().collect(),
-            groups: hub.groups.keys().cloned().collect(),
-        }
     }
 
     /// Number of live or retained sessions.

@@ -57,7 +57,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 pub use admin::{ConnectionSummary, GroupSummary, HubSummary, HubView, ViewFrom};
-pub use cluster::{Cluster, ClusterError, Held, Item, Written};
+pub use cluster::{Cluster, ClusterError, Written};
 pub use config::hubs::{EventHandler, HubSettings, SystemEvent};
 pub use config::{Config, ConfigError, Limits, MIN_ACCESS_KEY_BYTES};
 use hub::Hub;
@@ -116,15 +116,6 @@ impl WebPubSub {
     /// before any hub is used; a second cluster is refused (`false`).
     pub fn join_cluster(&self, cluster: Arc<dyn Cluster>) -> bool {
         self.inner.cluster.set(cluster).is_ok()
-    }
-
-    /// What this node holds, for the cluster's index: every hub's connections, users and
-    /// groups (to write the index again after it may have lost entries).
-    pub fn held(&self) -> Vec<(String, Held)> {
-        self.hubs_now()
-            .iter()
-            .map(|hub| (hub.name().to_owned(), hub.held()))
-            .collect()
     }
 
     /// The configuration.
@@ -233,10 +224,16 @@ impl WebPubSub {
     /// Shuts the service down: new clients are refused, every session is closed (its
     /// client gets `disconnected` and a close frame: 1001, or 1008 on reliable
     /// subprotocols since sessions do not outlive the process), and it waits up to
-    /// `grace` for the sockets to close and queued upstream events to be posted.
+    /// `grace` for the sockets to close and queued upstream events to be posted. In a
+    /// cluster, reliable sessions are handed to the other nodes instead (see
+    /// [`WebPubSub::hand_over_sessions`]).
     pub async fn shutdown(&self, grace: Duration) {
         let deadline = tokio::time::Instant::now() + grace;
         self.inner.shutdown.cancel();
+        let cluster = self.inner.cluster.get().cloned();
+        if let Some(cluster) = &cluster {
+            self.hand_over_sessions(cluster, deadline).await;
+        }
         let hubs = self.hubs_now();
         for hub in hubs {
             hub.shutdown("The server is shutting down");
@@ -256,6 +253,38 @@ impl WebPubSub {
                 .drain(deadline.saturating_duration_since(tokio::time::Instant::now()))
                 .await;
         }
+        if let Some(cluster) = cluster {
+            cluster.stop();
+        }
+    }
+
+    /// Hands this node's reliable sessions to the other nodes: it stops applying their
+    /// operations (its sessions' next nodes replay what it did not apply), forgets its
+    /// mirrored sessions without ending them, writes what their mirror still lacks,
+    /// then closes their sockets with 1012, on which the clients recover them
+    /// elsewhere (the same connection id, every message once).
+    async fn hand_over_sessions(&self, cluster: &Arc<dyn Cluster>, deadline: tokio::time::Instant) {
+        let stopping = Arc::clone(cluster);
+        let _ = tokio::task::spawn_blocking(move || stopping.stop_reading()).await;
+        let released: Vec<_> = (self.hubs_now().iter())
+            .flat_map(|hub| hub.release_mirrored())
+            .collect();
+        let within = deadline.saturating_duration_since(tokio::time::Instant::now());
+        let flushing = Arc::clone(cluster);
+        let flushed = tokio::task::spawn_blocking(move || flushing.flush(within)).await;
+        if !matches!(flushed, Ok(true)) {
+            tracing::warn!(
+                sessions = released.len(),
+                "web pubsub: the mirror of the sessions handed over could not all be written; their recovery elsewhere may fail"
+            );
+        }
+        for session in &released {
+            Hub::release(session);
+        }
+        tracing::info!(
+            sessions = released.len(),
+            "web pubsub: reliable sessions handed over to the other nodes"
+        );
     }
 }
 

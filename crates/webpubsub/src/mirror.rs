@@ -7,6 +7,7 @@
 //! A reliable session's hub keeps it as on one node; every change that a recovery needs
 //! is also handed to the [`Cluster`] as a [`SessionWrite`] (queued, never waited on):
 //! its creation (the reconnection token's digest, subprotocol, user, roles), each
+//! grant or revoke of the REST API (its permissions as roles, from then on), each
 //! sequenced frame, each trim of the replay buffer (the client's `sequenceAck`, an
 //! eviction), its groups, each processed `ackId`, its deletion. The store's copy is the
 //! replay buffer's copy: it holds what the buffer holds and no more, so the bounds of
@@ -100,6 +101,9 @@ pub enum SessionWrite {
     },
     /// Its groups now.
     Groups(Vec<String>),
+    /// Its permissions now, after a grant or revoke (as `Permissions::mirrored` writes
+    /// them; they replace the token's roles).
+    Roles(Vec<String>),
     /// An `ackId` it processed; the store keeps the last `keep`.
     Ack { ack_id: u64, keep: usize },
     /// It ended: forget it.

@@ -37,6 +37,14 @@ impl Permission {
             None
         }
     }
+
+    /// Its name in the REST path (what [`Permission::parse`] reads).
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::JoinLeaveGroup => "joinLeaveGroup",
+            Self::SendToGroup => "sendToGroup",
+        }
+    }
 }
 
 /// One permission's grants.
@@ -120,6 +128,45 @@ impl Permissions {
         } else if let Some(group) = role.strip_prefix(SEND).and_then(|r| r.strip_prefix('.')) {
             self.send.groups.insert(group.to_owned());
         }
+    }
+
+    /// The permissions as roles, denials prefixed with `!`: what a session's copy in
+    /// the cluster keeps, read back by [`Permissions::from_mirrored`].
+    pub fn mirrored(&self) -> Vec<String> {
+        let mut roles = Vec::new();
+        for (grant, one, pattern) in [
+            (&self.join_leave, JOIN_LEAVE, JOIN_LEAVE_PATTERN),
+            (&self.send, SEND, SEND_PATTERN),
+        ] {
+            if grant.all {
+                roles.push(one.to_owned());
+            }
+            roles.extend(grant.groups.iter().map(|g| format!("{one}.{g}")));
+            roles.extend(grant.patterns.iter().map(|p| format!("{pattern}{p}")));
+            roles.extend(grant.denied.iter().map(|g| format!("!{one}.{g}")));
+        }
+        roles
+    }
+
+    /// Reads what [`Permissions::mirrored`] wrote (plain roles as [`Permissions::from_roles`]).
+    pub fn from_mirrored<S: AsRef<str>>(roles: &[S]) -> Self {
+        let mut p = Self::default();
+        for role in roles {
+            let role = role.as_ref();
+            let Some(denied) = role.strip_prefix('!') else {
+                p.grant(role);
+                continue;
+            };
+            let deny = |grant: &mut Grant, one: &str| {
+                let group = denied.strip_prefix(one).and_then(|r| r.strip_prefix('.'));
+                if let Some(g) = group {
+                    grant.denied.insert(g.to_owned());
+                }
+            };
+            deny(&mut p.join_leave, JOIN_LEAVE);
+            deny(&mut p.send, SEND);
+        }
+        p
     }
 
     /// May the connection join or leave `group`?
@@ -226,6 +273,27 @@ mod tests {
             "webpubsub.sendToGroupsX",
         ]);
         assert_eq!(p, Permissions::default());
+    }
+
+    #[test]
+    fn what_is_mirrored_reads_back_the_same() {
+        let mut p = Permissions::from_roles(&[
+            "webpubsub.sendToGroups.room-*",
+            "webpubsub.joinLeaveGroup",
+            "webpubsub.joinLeaveGroup.a.b",
+        ]);
+        p.set(Permission::SendToGroup, Some("room-1"), false);
+        p.set(Permission::SendToGroup, Some("x.y"), true);
+        p.set(Permission::JoinLeaveGroup, Some("c"), false);
+        let back = Permissions::from_mirrored(&p.mirrored());
+        assert_eq!(back, p);
+        assert!(!back.can_send("room-1") && back.can_send("room-2") && back.can_send("x.y"));
+        assert!(!back.can_join_leave("c") && back.can_join_leave("d"));
+        assert_eq!(
+            Permissions::from_roles(&["!webpubsub.sendToGroup.g", "webpubsub.sendToGroup"]),
+            Permissions::from_roles(&["webpubsub.sendToGroup"]),
+            "a token's role cannot carry a denial"
+        );
     }
 
     #[test]

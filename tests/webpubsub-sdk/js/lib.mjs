@@ -55,6 +55,13 @@ export async function startStatehub(configToml = "") {
       child.removeAllListeners("exit");
       child.kill("SIGKILL");
     },
+    /** SIGTERM (a graceful shutdown); resolves with the exit code once it exited. */
+    terminate() {
+      child.removeAllListeners("exit");
+      const exited = new Promise((resolve) => child.once("exit", (code) => resolve(code)));
+      child.kill("SIGTERM");
+      return exited;
+    },
   };
 }
 

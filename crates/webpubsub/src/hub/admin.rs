@@ -320,7 +320,7 @@ impl Hub {
         group: Option<&str>,
     ) -> Result<(), NotFound> {
         let session = self.session(id).ok_or(NotFound)?;
-        session.permissions().set(permission, group, true);
+        session.set_permission(permission, group, true);
         Ok(())
     }
 
@@ -328,7 +328,7 @@ impl Hub {
     /// connection is not an error, as in the service.
     pub(crate) fn revoke_permission(&self, id: &str, permission: Permission, group: Option<&str>) {
         if let Some(session) = self.session(id) {
-            session.permissions().set(permission, group, false);
+            session.set_permission(permission, group, false);
         }
     }
 

@@ -170,6 +170,7 @@ impl Session {
     pub(super) fn restore(&mut self, r: &Restored, token: String, mirror: Option<Mirror>) {
         self.reconnection_token = Some(token);
         self.mirror = mirror;
+        *lock(&self.permissions) = Permissions::from_mirrored(&r.roles);
         let st = self
             .state
             .get_mut()
@@ -212,6 +213,11 @@ impl Session {
     }
 
     /// The session ended here for good: the mirror forgets it.
+    /// Whether the session is mirrored into the cluster (recoverable on another node).
+    pub(super) fn is_mirrored(&self) -> bool {
+        self.mirror.is_some()
+    }
+
     pub(super) fn mirror_delete(&self) {
         self.mirror(|| SessionWrite::Delete);
     }
@@ -317,6 +323,19 @@ impl Session {
     /// The `Sec-WebSocket-Protocol` the client was answered with, if any.
     pub(crate) fn subprotocol(&self) -> Option<&str> {
         self.subprotocol.as_deref()
+    }
+
+    /// Grants (`allowed`) or revokes `permission` for `group` (or every group), and
+    /// mirrors the result, so that it moves with the session.
+    pub(crate) fn set_permission(
+        &self,
+        permission: crate::permissions::Permission,
+        group: Option<&str>,
+        allowed: bool,
+    ) {
+        let mut permissions = lock(&self.permissions);
+        permissions.set(permission, group, allowed);
+        self.mirror(|| SessionWrite::Roles(permissions.mirrored()));
     }
 
     /// The permissions: the token's roles, changed by the REST API's grants and revokes.

@@ -25,9 +25,7 @@ use tokio::time::Instant;
 use crate::effects::{check_group, Effects, StreamTimer};
 use crate::hub::{Hub, Session};
 use crate::protocol::codec::Request;
-use crate::protocol::json::{
-    AckError, DataMessageRef, Downstream, MessageSource, StreamEndError, StreamError, StreamInfo,
-};
+use crate::protocol::json::{AckError, Downstream, StreamEndError, StreamError, StreamInfo};
 use crate::protocol::{Payload, ProtocolError};
 
 /// The idle timeout of a stream whose start names none.
@@ -214,7 +212,18 @@ fn data(
             end_of_stream: false,
             error: None,
         };
-        publish(hub, session, &group, no_echo, &info, &payload);
+        if !publish(hub, session, &group, no_echo, &info, &payload) {
+            // Delivered nowhere: the publisher may send the fragment again.
+            if let Some(s) = session.streams().active.get_mut(&stream_id) {
+                s.expected = s.expected.min(seq);
+            }
+            return fx.replies.push(Downstream::StreamNack {
+                stream_id,
+                expected_sequence_id: seq,
+                name: "InternalServerError".into(),
+                message: "The message could not reach every node; send it again".into(),
+            });
+        }
     }
     fx.replies.push(Downstream::StreamAck {
         stream_id,
@@ -280,6 +289,8 @@ fn end(
     });
 }
 
+/// Publishes a fragment to the stream's group on every node; `false` when the cluster
+/// refused it (nothing was delivered).
 fn publish(
     hub: &Hub,
     session: &Session,
@@ -287,15 +298,14 @@ fn publish(
     no_echo: bool,
     info: &StreamInfo,
     payload: &Payload,
-) {
-    let msg = DataMessageRef {
-        from: MessageSource::Group,
-        group: Some(group),
-        from_user_id: session.user_id(),
-        payload,
-        stream: Some(info),
-    };
-    hub.send_to_group(group, &msg, no_echo.then(|| session.id()));
+) -> bool {
+    match hub.publish_to_group(session, group, no_echo, payload, Some(info)) {
+        Ok(_) => true,
+        Err(error) => {
+            tracing::warn!(%error, stream = info.stream_id, "web pubsub: a stream fragment could not reach the other nodes");
+            false
+        }
+    }
 }
 
 /// Publishes the terminal message of a stream: no data (empty text), the next
@@ -313,7 +323,7 @@ fn publish_end(
         end_of_stream: true,
         error,
     };
-    publish(
+    let _ = publish(
         hub,
         session,
         &s.group,

@@ -2,8 +2,7 @@
 
 use std::sync::{Arc, PoisonError};
 
-use super::{lock, Hub, NewSession, Session, TooManyGroups, CLOSE_NORMAL};
-use crate::cluster::Item;
+use super::{lock, Hub, NewSession, Session, TooManyGroups, CLOSE_NORMAL, CLOSE_SERVICE_RESTART};
 use crate::mirror::Restored;
 
 impl Hub {
@@ -38,9 +37,6 @@ impl Hub {
         self.insert(&mut hub, &session);
         for group in session.groups() {
             let members = hub.groups.entry(group.clone()).or_default();
-            if members.is_empty() {
-                self.indexed(Item::Group(&group), true);
-            }
             members.insert(session.id().to_owned());
         }
         session
@@ -72,5 +68,32 @@ impl Hub {
             );
             self.remove_with(id, false);
         }
+    }
+
+    /// At a shutdown that hands them to other nodes: the mirrored sessions are forgotten
+    /// here without ending (no `disconnected`, the mirror kept), while no send is
+    /// between its broadcast and its delivery, so each send either reached them and
+    /// is queued for their mirror, or did not and is replayed by their next node.
+    /// Their sockets stay open until [`Hub::release`] closes them, once the mirror is
+    /// written.
+    pub(crate) fn release_mirrored(&self) -> Vec<Arc<Session>> {
+        let _order = self.order.write().unwrap_or_else(PoisonError::into_inner);
+        let mirrored: Vec<Arc<Session>> = (lock(&self.state).sessions.values())
+            .filter(|s| s.is_mirrored())
+            .cloned()
+            .collect();
+        for session in &mirrored {
+            self.remove_with(session.id(), false);
+        }
+        mirrored
+    }
+
+    /// Closes a released session's socket with 1012: its client recovers it, on
+    /// another node.
+    pub(crate) fn release(session: &Session) {
+        session.shut(
+            CLOSE_SERVICE_RESTART,
+            "The server is shutting down: recover the session on another node",
+        );
     }
 }

@@ -13,7 +13,7 @@ use axum::http::{HeaderMap, StatusCode};
 
 use super::targets::{self, send};
 use super::{check_group, check_id, found, hub_params, ApiError, ApiResult, Params};
-use crate::cluster::{Item, Operation, To};
+use crate::cluster::{Operation, Question, To};
 use crate::hub::admin::{Permission, Target};
 use crate::WebPubSub;
 
@@ -33,7 +33,7 @@ pub(super) async fn exists(
     let hub = state.hub(&hub);
     let here = hub.has_connection(&connection);
     Ok(found(
-        hub.exists_anywhere(Item::Connection(&connection), here)
+        hub.exists_anywhere(Question::Connection { id: connection }, here)
             .await?,
     ))
 }
@@ -125,7 +125,12 @@ pub(super) async fn grant(
     let missing = || ApiError::NotFound(format!("Connection '{connection}' does not exist"));
     if !hub.has_connection(&connection) && hub.cluster().is_some() {
         if !hub
-            .exists_anywhere(Item::Connection(&connection), false)
+            .exists_anywhere(
+                Question::Connection {
+                    id: connection.clone(),
+                },
+                false,
+            )
             .await?
         {
             return Err(missing());
@@ -169,9 +174,8 @@ pub(super) async fn check(
 ) -> ApiResult {
     let (permission, target) = permission_args(&hub, &permission, &connection, query.as_deref())?;
     let hub = state.hub(&hub);
-    Ok(found(hub.check_permission(
-        &connection,
-        permission,
-        target.as_deref(),
-    )))
+    let allowed = hub
+        .check_permission_anywhere(&connection, permission, target.as_deref())
+        .await?;
+    Ok(found(allowed))
 }

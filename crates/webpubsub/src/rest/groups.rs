@@ -19,7 +19,7 @@ use serde::Serialize;
 
 use super::targets::{close, send};
 use super::{check_group, check_id, found, hub_params, origin, ApiError, ApiResult, Params};
-use crate::cluster::{Item, Operation, To};
+use crate::cluster::{Operation, Question, To};
 use crate::hub::admin::{JoinError, Target};
 use crate::WebPubSub;
 
@@ -41,7 +41,8 @@ pub(super) async fn exists(
     checked(&hub, &group, query.as_deref())?;
     let hub = state.hub(&hub);
     let here = hub.has_group(&group);
-    Ok(found(hub.exists_anywhere(Item::Group(&group), here).await?))
+    let question = Question::Group { name: group };
+    Ok(found(hub.exists_anywhere(question, here).await?))
 }
 
 /// `POST …/groups/{group}/:send` and `…/:closeConnections`.
@@ -75,7 +76,12 @@ pub(super) async fn add_connection(
         Err(JoinError::TooManyGroups(e)) => Err(ApiError::BadRequest(e.to_string())),
         Err(JoinError::NotFound(_)) => {
             if !hub
-                .exists_anywhere(Item::Connection(&connection), false)
+                .exists_anywhere(
+                    Question::Connection {
+                        id: connection.clone(),
+                    },
+                    false,
+                )
                 .await?
             {
                 return Err(not_found());
@@ -152,7 +158,9 @@ pub(super) async fn list(
     };
     let limit = top.map_or(page_size, |t| t.min(page_size));
     let limit = usize::try_from(limit).unwrap_or(usize::MAX);
-    let (members, more) = state.hub(&hub).list_group(&group, after.as_deref(), limit);
+    let (members, more) = (state.hub(&hub))
+        .list_group_anywhere(&group, after.as_deref(), limit)
+        .await?;
     let remaining = top.map(|t| t - i64::try_from(members.len()).unwrap_or(i64::MAX));
     let next_top = match remaining {
         None => Some(None),

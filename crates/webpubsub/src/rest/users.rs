@@ -9,7 +9,7 @@ use axum::http::{HeaderMap, StatusCode};
 
 use super::targets::{close, send};
 use super::{check_group, check_id, found, hub_params, ApiError, ApiResult, Params};
-use crate::cluster::{Item, Operation, To};
+use crate::cluster::{Operation, Question, To};
 use crate::hub::admin::{JoinError, Target};
 use crate::WebPubSub;
 
@@ -28,7 +28,8 @@ pub(super) async fn exists(
     checked(&hub, &user, query.as_deref())?;
     let hub = state.hub(&hub);
     let here = hub.has_user(&user);
-    Ok(found(hub.exists_anywhere(Item::User(&user), here).await?))
+    let question = Question::User { id: user };
+    Ok(found(hub.exists_anywhere(question, here).await?))
 }
 
 /// `POST …/users/{user}/:send` and `…/:closeConnections`.
@@ -77,7 +78,8 @@ pub(super) async fn add_to_group(
             )))
         }
         Err(JoinError::NotFound(_)) => {
-            if !hub.exists_anywhere(Item::User(&user), false).await? {
+            let question = Question::User { id: user.clone() };
+            if !hub.exists_anywhere(question, false).await? {
                 return Err(ApiError::NotFound(format!(
                     "User '{user}' has no connection"
                 )));
