@@ -406,10 +406,12 @@ impl Conn {
             Ok(Some(p)) => {
                 let m = self.broker.metrics();
                 m.packets_in.add(packet_type(&p), 1, before - rbuf.len());
-                match self.hold(p, before - rbuf.len()) {
-                    Some(p) if !self.handles_inline(&p) => Ok(Step::Wait(Box::pin(self.handle(p)))),
-                    Some(p) => self.handle_now(p).map(|()| Step::Handled),
-                    None => Ok(Step::Handled),
+                let Some(p) = self.hold(p, before - rbuf.len()) else {
+                    return Ok(Step::Handled);
+                };
+                match self.handling(&p) {
+                    (true, served) => self.handle_now(p, served).map(|()| Step::Handled),
+                    (false, served) => Ok(Step::Wait(Box::pin(self.handle(p, served)))),
                 }
             }
             Ok(None) => Ok(Step::Empty),

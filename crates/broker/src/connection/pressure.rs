@@ -44,7 +44,7 @@ use smallvec::SmallVec;
 use statehub_mqtt_codec::Packet;
 
 use super::buffers::Deadlines;
-use super::{Close, Conn};
+use super::{inbound, Close, Conn};
 use crate::clock::Timer;
 use crate::ratelimit::LogLimit;
 use crate::session::Session;
@@ -157,7 +157,7 @@ impl Conn {
             deadlines.resume(self.broker.now());
             while self.paused.is_none() {
                 let Some(p) = self.held.pop() else { break };
-                self.handle(p).await?;
+                self.handle(p, inbound::Served::Undecided).await?;
             }
             if self.paused.is_none() {
                 let handled = self.handle_buffered(rbuf).await?;
