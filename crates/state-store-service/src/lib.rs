@@ -298,7 +298,7 @@ where
                     let (answer, effects) = state.execute(&call, publish.payload.clone());
                     let reply = match answer {
                         Answer::Ok(ok) => {
-                            let reply = Arc::new(ok.message().for_client(from.client_id.clone()));
+                            let reply = ok.message_for(from.client_id.clone());
                             state
                                 .cache
                                 .insert(at, lookup.client_id, ok, &reply, received);
@@ -411,8 +411,9 @@ struct Call<'a> {
 enum Answer {
     /// `__stat=200`, with the store's reply: the cache keeps it.
     Ok(CachedReply),
-    /// The store is unavailable.
-    Fault(Message),
+    /// The store is unavailable. Boxed: a request's answer is moved a few times, and
+    /// this rare one would make every answer as large as a message.
+    Fault(Box<Message>),
 }
 
 impl<E, A> State<E, A> {
@@ -456,12 +457,12 @@ impl<E: Engine, A: Authorizer> State<E, A> {
         } = *call;
         let correlation = props.correlation_data.as_deref();
         let fault = |fault: rpc::Fault| {
-            Answer::Fault(rpc::fault_response(
+            Answer::Fault(Box::new(rpc::fault_response(
                 topic.into(),
                 correlation.map(Bytes::copy_from_slice),
                 &fault,
                 deadline,
-            ))
+            )))
         };
         if self.failed {
             return (fault(rpc::Fault::unavailable()), Vec::new());

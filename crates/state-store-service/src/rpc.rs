@@ -197,6 +197,7 @@ fn response(
     payload: Bytes,
     user: UserProperties,
     deadline: Instant,
+    recipient: Option<ByteString>,
 ) -> Message {
     Message {
         topic,
@@ -211,8 +212,7 @@ fn response(
         },
         expires_at: Some(deadline),
         publisher: None,
-        // The caller addresses it to the requester.
-        recipient: None,
+        recipient,
     }
 }
 
@@ -260,8 +260,14 @@ impl OkParts {
             .map_or(&[][..], |end| &self.buf[self.topic_end..end])
     }
 
-    /// The response (QoS 1) carrying `payload`, expiring at `deadline`.
-    pub fn message(&self, payload: Bytes, deadline: Instant) -> Message {
+    /// The response (QoS 1) carrying `payload`, expiring at `deadline`, for
+    /// `recipient` alone if given (see [`Message::recipient`]).
+    pub fn message(
+        &self,
+        payload: Bytes,
+        deadline: Instant,
+        recipient: Option<ByteString>,
+    ) -> Message {
         let buf = &self.buf;
         let text = |range: std::ops::Range<usize>| {
             ByteString::try_from(buf.slice(range)).unwrap_or_default()
@@ -283,6 +289,7 @@ impl OkParts {
             payload,
             user,
             deadline,
+            recipient,
         )
     }
 }
@@ -307,7 +314,8 @@ pub fn fault_response(
         user.push(pair(SUPPORTED_MAJOR_PROPERTY, "1"));
         user.push(pair(REQUEST_VERSION_PROPERTY, requested));
     }
-    response(topic, correlation, Bytes::new(), user, deadline)
+    // The caller addresses it to the requester.
+    response(topic, correlation, Bytes::new(), user, deadline, None)
 }
 
 /// The answer to a QoS 0 request: the SDK executor's fault (`__stat` 400), and the same

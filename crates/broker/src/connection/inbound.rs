@@ -425,6 +425,9 @@ impl Conn {
         if stored {
             self.durable().await?;
         }
+        if code == ReasonCode::SUCCESS {
+            return self.send_success_ack(qos, pid);
+        }
         if qos == QoS::AtLeastOnce {
             self.send(&Packet::PubAck(ack))
         } else {
