@@ -58,15 +58,26 @@ pub struct ClientInfo {
 /// A built-in service. Implementations must not block the thread; long work goes in
 /// the returned future.
 pub trait Service: Send + Sync + std::fmt::Debug + 'static {
-    /// Handles one PUBLISH on one of the service's topics. The topic alias has been
+    /// Handles one PUBLISH on one of the service's topics, lent for the call (its
+    /// payload and strings are cheap to clone, a `Bytes` and `ByteString`s, if kept;
+    /// lending spares every request the moves of the whole packet through the
+    /// layers). The topic alias has been
     /// resolved; the packet id is the publisher's; the topic and any Response Topic are
     /// valid Topic Names (non-empty, no wildcards, no U+0000).
     fn on_publish<'a>(
         &'a self,
         broker: &'a Broker,
         from: &'a ClientInfo,
-        publish: Publish,
+        publish: &'a Publish,
     ) -> BoxFuture<'a, ()>;
+
+    /// Whether every future [`Service::on_publish`] returns is ready at once (it answers
+    /// in place, as [`done`] does): the connection then handles the PUBLISH on its
+    /// thread's stack, without boxing its handling. A service that says so and then
+    /// returns a future that waits gets the publisher's connection closed (0x83).
+    fn answers_in_place(&self) -> bool {
+        false
+    }
 
     /// The client's network connection ended (for any reason, including takeover).
     fn on_connection_closed(&self, _broker: &Broker, _client_id: &str) {}

@@ -87,7 +87,7 @@ impl Service for WhoAmI {
         &'a self,
         _broker: &'a Broker,
         from: &'a ClientInfo,
-        _publish: Publish,
+        _publish: &'a Publish,
     ) -> BoxFuture<'a, ()> {
         self.seen.lock().push((*from.principal).clone());
         done()

@@ -22,7 +22,7 @@ impl Service for Echo {
         &'a self,
         broker: &'a Broker,
         from: &'a ClientInfo,
-        publish: Publish,
+        publish: &'a Publish,
     ) -> BoxFuture<'a, ()> {
         Box::pin(async move {
             if let Some(d) = self.delay {
@@ -198,4 +198,88 @@ async fn deliver_to_an_offline_persistent_session_is_queued() {
         ("note/for/you", &b"later"[..])
     );
     let _ = Packet::PingReq;
+}
+
+/// A service that says it answers in place: its PUBLISHes are handled on the
+/// connection's stack (`Service::answers_in_place`). `pending` breaks that promise.
+#[derive(Debug, Default)]
+struct InPlace {
+    calls: Mutex<usize>,
+    pending: bool,
+}
+
+impl Service for InPlace {
+    fn on_publish<'a>(
+        &'a self,
+        broker: &'a Broker,
+        from: &'a ClientInfo,
+        publish: &'a Publish,
+    ) -> BoxFuture<'a, ()> {
+        *self.calls.lock() += 1;
+        if self.pending {
+            return Box::pin(std::future::pending());
+        }
+        let reply = Publish {
+            topic: bs(&format!("answers/{}", from.client_id)),
+            qos: QoS::AtLeastOnce,
+            payload: publish.payload.clone(),
+            ..Default::default()
+        };
+        broker
+            .deliver_to(&from.client_id, reply)
+            .expect("deliver_to");
+        statehub_broker::done()
+    }
+
+    fn answers_in_place(&self) -> bool {
+        true
+    }
+}
+
+#[tokio::test]
+async fn a_service_answering_in_place_answers_every_request_once_in_order() {
+    let (broker, addr) = start_default().await;
+    let svc = Arc::new(InPlace::default());
+    broker.register_service("svc/#", svc.clone());
+    let mut c = RawClient::connect(addr, V5, "inplace").await;
+    // Pipelined, so that one read holds several requests.
+    for i in 0..20u8 {
+        let mut p = publish("svc/x", QoS::AtLeastOnce, &[i]);
+        p.packet_id = Some(u16::from(i) + 1);
+        c.send(&Packet::Publish(p)).await;
+    }
+    let (mut acks, mut answers) = (Vec::new(), Vec::new());
+    while acks.len() < 20 || answers.len() < 20 {
+        match c.expect().await {
+            Packet::PubAck(a) => {
+                assert_eq!(a.reason_code, ReasonCode::SUCCESS);
+                acks.push(a.packet_id);
+            }
+            Packet::Publish(p) => {
+                c.ack(&p).await;
+                answers.push(p.payload[0]);
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert_eq!(acks, (1..=20).collect::<Vec<u16>>());
+    assert_eq!(answers, (0..20).collect::<Vec<u8>>());
+    assert_eq!(*svc.calls.lock(), 20, "one call per request");
+    c.expect_nothing(QUIET).await;
+}
+
+#[tokio::test]
+async fn a_service_that_waits_after_promising_to_answer_in_place_closes_the_publisher() {
+    let (broker, addr) = start_default().await;
+    let svc = Arc::new(InPlace {
+        pending: true,
+        ..Default::default()
+    });
+    broker.register_service("svc/#", svc.clone());
+    let mut c = RawClient::connect(addr, V5, "broken-promise").await;
+    c.send(&Packet::Publish(publish("svc/x", QoS::AtMostOnce, b"x")))
+        .await;
+    c.expect_disconnect(ReasonCode::IMPLEMENTATION_SPECIFIC_ERROR)
+        .await;
+    assert_eq!(*svc.calls.lock(), 1);
 }

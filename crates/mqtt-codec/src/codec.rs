@@ -140,6 +140,32 @@ impl Codec {
         publish::encode(publish, self.version.ok_or(EncodeError::NoVersion)?, dst)
     }
 
+    /// Appends the PUBACK (for QoS 1) or PUBREC (for QoS 2) that says Success and
+    /// nothing else: the two-byte form, the same in both versions [MQTT-3.4.2.1], as
+    /// [`Codec::encode`] writes it, without a packet to build (every QoS 1 request is
+    /// acknowledged so).
+    pub fn encode_success_ack(
+        &self,
+        qos: crate::QoS,
+        packet_id: u16,
+        dst: &mut BytesMut,
+    ) -> Result<(), EncodeError> {
+        self.version.ok_or(EncodeError::NoVersion)?;
+        let first_byte = match qos {
+            crate::QoS::AtMostOnce => {
+                return Err(EncodeError::Invalid("QoS 0 is not acknowledged"))
+            }
+            crate::QoS::AtLeastOnce => 0x40,
+            crate::QoS::ExactlyOnce => 0x50,
+        };
+        if packet_id == 0 {
+            return Err(EncodeError::Invalid("packet identifier required"));
+        }
+        dst.put_slice(&[first_byte, 2]);
+        dst.put_u16(packet_id);
+        Ok(())
+    }
+
     /// Appends exactly one packet. For 3.1.1 the MQTT 5-only fields are dropped,
     /// CONNACK reason codes become return codes (0x84→1, 0x85→2, 0x86→4, 0x87→5,
     /// other failures→3) and SUBACK failures become 0x80; AUTH is

@@ -1,4 +1,5 @@
-//! PINGREQ, PINGRESP, DISCONNECT and AUTH, exact bytes in both versions.
+//! PINGREQ, PINGRESP, DISCONNECT and AUTH, exact bytes in both versions; the success
+//! acknowledgement written without a packet.
 
 mod common;
 
@@ -134,4 +135,36 @@ fn several_packets_in_one_buffer() {
         Ok(Some(Packet::Disconnect(Disconnect::default())))
     );
     assert!(buf.is_empty());
+}
+
+#[test]
+fn a_success_ack_without_a_packet_is_the_packet_s_bytes() {
+    use bytes::BytesMut;
+    for v in [V311, V5] {
+        let codec = Codec::with_version(v, 0);
+        for (qos, packet) in [
+            (QoS::AtLeastOnce, Packet::PubAck(PubResponse::ok(0x1234))),
+            (QoS::ExactlyOnce, Packet::PubRec(PubResponse::ok(0x1234))),
+        ] {
+            let (mut direct, mut encoded) = (BytesMut::new(), BytesMut::new());
+            codec.encode_success_ack(qos, 0x1234, &mut direct).unwrap();
+            codec.encode(&packet, &mut encoded).unwrap();
+            assert_eq!(direct, encoded, "{v:?} {qos:?}");
+            assert_eq!(direct.len(), 4);
+        }
+        let mut dst = BytesMut::new();
+        assert!(codec
+            .encode_success_ack(QoS::AtMostOnce, 1, &mut dst)
+            .is_err());
+        assert!(codec
+            .encode_success_ack(QoS::AtLeastOnce, 0, &mut dst)
+            .is_err());
+        assert!(dst.is_empty());
+    }
+    let unversioned = Codec::new_server(0);
+    let mut dst = BytesMut::new();
+    assert!(matches!(
+        unversioned.encode_success_ack(QoS::AtLeastOnce, 1, &mut dst),
+        Err(EncodeError::NoVersion)
+    ));
 }

@@ -80,9 +80,10 @@ pub struct CachedReply {
 }
 
 impl CachedReply {
-    /// The response message.
-    pub fn message(&self) -> Message {
-        self.parts.message(self.payload.clone(), self.deadline)
+    /// The response message, for `client_id` alone (see [`Message::recipient`]).
+    pub fn message_for(&self, client_id: ByteString) -> Arc<Message> {
+        let payload = self.payload.clone();
+        Arc::new(self.parts.message(payload, self.deadline, Some(client_id)))
     }
 }
 
@@ -201,9 +202,7 @@ impl ResponseCache {
         } else if slot.reply.deadline <= now {
             Lookup::Late
         } else {
-            Lookup::Hit(Arc::new(
-                slot.reply.message().for_client(key.client_id.clone()),
-            ))
+            Lookup::Hit(slot.reply.message_for(key.client_id.clone()))
         }
     }
 
@@ -324,7 +323,7 @@ mod tests {
             panic!("key {n} is cached")
         };
         let reply = reply(n, deadline);
-        let sent = Arc::new(reply.message());
+        let sent = reply.message_for("c".into());
         cache.insert(at, "c".into(), reply, &sent, now);
         sent
     }

@@ -39,6 +39,7 @@
 mod cache;
 mod durable;
 mod expiry;
+mod refuse;
 mod rpc;
 mod settings;
 
@@ -48,11 +49,10 @@ use std::time::{Duration, Instant, SystemTime};
 
 use bytes::Bytes;
 use parking_lot::Mutex;
-use statehub_broker::codec::{ByteString, Publish, PublishProperties, QoS, ReasonCode};
+use statehub_broker::codec::{ByteString, Publish, PublishProperties, QoS};
 use statehub_broker::{BoxFuture, Broker, ClientInfo, LogLimit, Message, Service};
 use statehub_state_store::{
-    unix_ms, AllowAll, Effect, FatalError, Machine, MemoryEngine, Request, FENCING_TOKEN_PROPERTY,
-    TIMESTAMP_PROPERTY,
+    unix_ms, AllowAll, Effect, FatalError, Machine, MemoryEngine, Request, TIMESTAMP_PROPERTY,
 };
 use statehub_state_store_durable::{is_no_space, Progress};
 use statehub_stats::{Histogram, HistogramSnapshot};
@@ -244,10 +244,10 @@ where
         &self,
         broker: &Broker,
         from: &ClientInfo,
-        publish: Publish,
+        publish: &Publish,
     ) -> Option<(statehub_state_store::WriteSeq, Instant)> {
         let client_id = &*from.client_id;
-        let props = publish.properties;
+        let props = &publish.properties;
         let Some(response_topic) = props.response_topic.as_deref() else {
             tracing::debug!(
                 client = client_id,
@@ -255,13 +255,14 @@ where
             );
             return None;
         };
-        if refused_up_front(broker, client_id, publish.qos, &props, response_topic) {
+        if refuse::refused_up_front(broker, client_id, publish.qos, props, response_topic) {
             return None;
         }
         // The broker's clock, which its outboxes expire messages by.
         let received = broker.now();
-        let deadline = rpc::deadline(&props, received);
-        if let Err(fault) = rpc::check(&props) {
+        let deadline = rpc::deadline(props, received);
+        let request = rpc::RequestProps::of(props);
+        if let Err(fault) = rpc::check(props, &request) {
             let correlation = props
                 .correlation_data
                 .as_deref()
@@ -287,16 +288,17 @@ where
                 Lookup::Miss(at) => {
                     let call = Call {
                         client_id,
-                        props: &props,
+                        props,
+                        request,
                         topic: response_topic,
                         deadline,
                         stalled: self.stalled(),
                         access: from.access.as_deref().map(|a| a as &dyn Authorizer),
                     };
-                    let (answer, effects) = state.execute(&call, publish.payload);
+                    let (answer, effects) = state.execute(&call, publish.payload.clone());
                     let reply = match answer {
                         Answer::Ok(ok) => {
-                            let reply = Arc::new(ok.message().for_client(from.client_id.clone()));
+                            let reply = ok.message_for(from.client_id.clone());
                             state
                                 .cache
                                 .insert(at, lookup.client_id, ok, &reply, received);
@@ -394,6 +396,8 @@ fn log_unavailable(error: &FatalError) {
 struct Call<'a> {
     client_id: &'a str,
     props: &'a PublishProperties,
+    /// The user properties the store reads.
+    request: rpc::RequestProps<'a>,
     /// The Response Topic.
     topic: &'a str,
     deadline: Instant,
@@ -407,8 +411,9 @@ struct Call<'a> {
 enum Answer {
     /// `__stat=200`, with the store's reply: the cache keeps it.
     Ok(CachedReply),
-    /// The store is unavailable.
-    Fault(Message),
+    /// The store is unavailable. Boxed: a request's answer is moved a few times, and
+    /// this rare one would make every answer as large as a message.
+    Fault(Box<Message>),
 }
 
 impl<E, A> State<E, A> {
@@ -444,6 +449,7 @@ impl<E: Engine, A: Authorizer> State<E, A> {
         let Call {
             client_id,
             props,
+            request: user,
             topic,
             deadline,
             stalled,
@@ -451,12 +457,12 @@ impl<E: Engine, A: Authorizer> State<E, A> {
         } = *call;
         let correlation = props.correlation_data.as_deref();
         let fault = |fault: rpc::Fault| {
-            Answer::Fault(rpc::fault_response(
+            Answer::Fault(Box::new(rpc::fault_response(
                 topic.into(),
                 correlation.map(Bytes::copy_from_slice),
                 &fault,
                 deadline,
-            ))
+            )))
         };
         if self.failed {
             return (fault(rpc::Fault::unavailable()), Vec::new());
@@ -480,8 +486,8 @@ impl<E: Engine, A: Authorizer> State<E, A> {
         let request = Request {
             client_id,
             payload,
-            timestamp: rpc::user_property(props, TIMESTAMP_PROPERTY),
-            fencing_token: rpc::user_property(props, FENCING_TOKEN_PROPERTY),
+            timestamp: user.timestamp,
+            fencing_token: user.fencing_token,
             access,
         };
         match self.machine.handle(request, now) {
@@ -520,7 +526,7 @@ where
         &'a self,
         broker: &'a Broker,
         from: &'a ClientInfo,
-        publish: Publish,
+        publish: &'a Publish,
     ) -> BoxFuture<'a, ()> {
         let received = Instant::now();
         let Some(durability) = &self.durability else {
@@ -537,57 +543,13 @@ where
         })
     }
 
+    fn answers_in_place(&self) -> bool {
+        self.durability.is_none()
+    }
+
     fn on_connection_closed(&self, _broker: &Broker, client_id: &str) {
         if let Err(e) = self.state.lock().machine.client_disconnected(client_id) {
             tracing::warn!(client = client_id, error = %e, "observations dropped, engine not told");
         }
     }
-}
-
-/// Answers what is refused before the store sees it: a request at QoS 0 (an error reply
-/// saying QoS 1 is required) and a reserved Response Topic (the client is
-/// disconnected). `true` when the request was refused so.
-fn refused_up_front(
-    broker: &Broker,
-    client_id: &str,
-    qos: QoS,
-    props: &PublishProperties,
-    response_topic: &str,
-) -> bool {
-    if qos == QoS::AtMostOnce && !rpc::is_forbidden_response_topic(response_topic) {
-        // Any client can send this as often as it likes: one line a minute.
-        static LOG: LogLimit = LogLimit::per_secs(60);
-        if let Some(left_out) = LOG.allow() {
-            tracing::info!(
-                client = client_id,
-                left_out,
-                "state store request at QoS 0 refused: QoS 1 is required"
-            );
-        }
-        let correlation = props.correlation_data.clone();
-        let deadline = rpc::deadline(props, Instant::now());
-        broker.publish(rpc::qos0_response(
-            response_topic.into(),
-            correlation,
-            deadline,
-        ));
-        return true;
-    }
-    if rpc::is_forbidden_response_topic(response_topic) {
-        // Any client can send this as often as it likes: one line a minute.
-        static LOG: LogLimit = LogLimit::per_secs(60);
-        match LOG.allow() {
-            Some(left_out) => tracing::info!(
-                client = client_id,
-                left_out,
-                "reserved Response Topic; disconnecting"
-            ),
-            None => {
-                tracing::debug!(client = client_id, "reserved Response Topic; disconnecting")
-            }
-        }
-        broker.disconnect_client(client_id, ReasonCode::PROTOCOL_ERROR);
-        return true;
-    }
-    false
 }

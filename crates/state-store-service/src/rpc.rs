@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use bytes::{BufMut, Bytes, BytesMut};
 use statehub_broker::codec::{ByteString, PublishProperties, QoS, UserProperties};
 use statehub_broker::Message;
-use statehub_state_store::{Hlc, REQUEST_TOPIC, TIMESTAMP_PROPERTY};
+use statehub_state_store::{Hlc, FENCING_TOKEN_PROPERTY, REQUEST_TOPIC, TIMESTAMP_PROPERTY};
 
 /// Content Type of every response and notification.
 pub const CONTENT_TYPE: &str = "application/octet-stream";
@@ -109,13 +109,32 @@ pub fn is_forbidden_response_topic(topic: &str) -> bool {
     topic == REQUEST_TOPIC || topic.starts_with(RESERVED_RESPONSE_PREFIX)
 }
 
-/// First value of user property `name`.
-pub fn user_property<'a>(props: &'a PublishProperties, name: &str) -> Option<&'a str> {
-    props
-        .user_properties
-        .iter()
-        .find(|(k, _)| k == name)
-        .map(|(_, v)| &**v)
+/// The user properties a request is read for, each its first value: found in one pass
+/// over the request's list rather than one search each (every request reads all three).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RequestProps<'a> {
+    /// `__ts`.
+    pub timestamp: Option<&'a str>,
+    /// `__ft`.
+    pub fencing_token: Option<&'a str>,
+    /// `__protVer`.
+    pub protocol_version: Option<&'a str>,
+}
+
+impl<'a> RequestProps<'a> {
+    pub fn of(props: &'a PublishProperties) -> Self {
+        let mut found = RequestProps::default();
+        for (k, v) in &props.user_properties {
+            let slot = match &**k {
+                TIMESTAMP_PROPERTY => &mut found.timestamp,
+                FENCING_TOKEN_PROPERTY => &mut found.fencing_token,
+                PROTOCOL_VERSION_PROPERTY => &mut found.protocol_version,
+                _ => continue,
+            };
+            slot.get_or_insert(&**v);
+        }
+        found
+    }
 }
 
 /// The request's deadline: receipt plus its Message Expiry (or the SDK default).
@@ -128,7 +147,7 @@ pub fn deadline(props: &PublishProperties, received: Instant) -> Instant {
 
 /// The checks of the SDKs' command executor, in its order: Correlation Data, Message
 /// Expiry, then `__protVer` (absent means 1.0).
-pub fn check(props: &PublishProperties) -> Result<(), Fault> {
+pub fn check(props: &PublishProperties, request: &RequestProps<'_>) -> Result<(), Fault> {
     if props.correlation_data.is_none() {
         return Err(Fault::bad_request(
             "Correlation data missing",
@@ -141,9 +160,13 @@ pub fn check(props: &PublishProperties) -> Result<(), Fault> {
             "Message Expiry",
         ));
     }
-    let Some(version) = user_property(props, PROTOCOL_VERSION_PROPERTY) else {
+    let Some(version) = request.protocol_version else {
         return Ok(());
     };
+    // The version this server speaks, as the SDKs send it: no parsing.
+    if version == PROTOCOL_VERSION {
+        return Ok(());
+    }
     let major = version.split_once('.').and_then(|(major, minor)| {
         minor.parse::<u16>().ok()?;
         major.parse::<u16>().ok()
@@ -174,6 +197,7 @@ fn response(
     payload: Bytes,
     user: UserProperties,
     deadline: Instant,
+    recipient: Option<ByteString>,
 ) -> Message {
     Message {
         topic,
@@ -188,8 +212,7 @@ fn response(
         },
         expires_at: Some(deadline),
         publisher: None,
-        // The caller addresses it to the requester.
-        recipient: None,
+        recipient,
     }
 }
 
@@ -237,8 +260,14 @@ impl OkParts {
             .map_or(&[][..], |end| &self.buf[self.topic_end..end])
     }
 
-    /// The response (QoS 1) carrying `payload`, expiring at `deadline`.
-    pub fn message(&self, payload: Bytes, deadline: Instant) -> Message {
+    /// The response (QoS 1) carrying `payload`, expiring at `deadline`, for
+    /// `recipient` alone if given (see [`Message::recipient`]).
+    pub fn message(
+        &self,
+        payload: Bytes,
+        deadline: Instant,
+        recipient: Option<ByteString>,
+    ) -> Message {
         let buf = &self.buf;
         let text = |range: std::ops::Range<usize>| {
             ByteString::try_from(buf.slice(range)).unwrap_or_default()
@@ -260,6 +289,7 @@ impl OkParts {
             payload,
             user,
             deadline,
+            recipient,
         )
     }
 }
@@ -284,7 +314,8 @@ pub fn fault_response(
         user.push(pair(SUPPORTED_MAJOR_PROPERTY, "1"));
         user.push(pair(REQUEST_VERSION_PROPERTY, requested));
     }
-    response(topic, correlation, Bytes::new(), user, deadline)
+    // The caller addresses it to the requester.
+    response(topic, correlation, Bytes::new(), user, deadline, None)
 }
 
 /// The answer to a QoS 0 request: the SDK executor's fault (`__stat` 400), and the same
@@ -310,6 +341,34 @@ mod tests {
                 .collect(),
             ..PublishProperties::default()
         }
+    }
+
+    fn check(props: &PublishProperties) -> Result<(), Fault> {
+        super::check(props, &RequestProps::of(props))
+    }
+
+    #[test]
+    fn request_props_take_the_first_value_of_each() {
+        let props = PublishProperties {
+            user_properties: vec![
+                pair("__t", "no"),
+                pair("__ts", "1"),
+                pair("__protVer", "1.0"),
+                pair("__ts", "2"),
+                pair("__ftx", "no"),
+                pair("__ft", "f"),
+                pair("__ft", "g"),
+            ],
+            ..PublishProperties::default()
+        };
+        let found = RequestProps::of(&props);
+        assert_eq!(found.timestamp, Some("1"));
+        assert_eq!(found.fencing_token, Some("f"));
+        assert_eq!(found.protocol_version, Some("1.0"));
+        assert_eq!(
+            RequestProps::of(&PublishProperties::default()),
+            RequestProps::default()
+        );
     }
 
     #[test]
@@ -340,6 +399,13 @@ mod tests {
             Some("x")
         );
         assert!(check(&props(true, Some(5), Some("1.7"))).is_ok());
+        assert!(check(&props(true, Some(5), Some("1.0"))).is_ok());
+        assert_eq!(
+            check(&props(true, Some(5), Some("1.0.0")))
+                .unwrap_err()
+                .status,
+            505
+        );
         assert!(check(&props(true, Some(5), None)).is_ok());
     }
 

@@ -17,9 +17,16 @@ use crate::config::QueueFull;
 use crate::fabric::FabricError;
 use crate::message::Message;
 use crate::ratelimit::LogLimit;
+use crate::service::Service;
 use crate::session::{IncomingQos2, PubRec, Session, Stage};
 use crate::session_store::{Gate, Group};
 use crate::topic;
+
+/// The service a PUBLISH goes to, if [`Conn::handling`] decided it already.
+pub(super) enum Served {
+    Decided(Option<Arc<dyn Service>>),
+    Undecided,
+}
 
 /// Opens a gate when the publish that holds it is done with (acknowledged, or failed:
 /// a dead store must not leave messages stuck behind it).
@@ -32,35 +39,46 @@ impl Drop for OpenOnDrop {
 }
 
 impl Conn {
-    /// Whether handling `p` never waits: no service, session store, retain store or
-    /// cluster is involved, and it is not one of the rare packets whose handlers are
-    /// boxed. Such a packet is handled by [`Conn::handle_now`].
-    pub(super) fn handles_inline(&self, p: &Packet) -> bool {
+    /// How `p` is handled: whether its handling never waits (no service that may wait,
+    /// no session store, retain store or cluster, and not one of the rare packets whose
+    /// handlers are boxed; such a packet is handled by [`Conn::handle_now`]), and, for a
+    /// PUBLISH, the service that owns its topic, decided here once.
+    pub(super) fn handling(&self, p: &Packet) -> (bool, Served) {
         let broker = &self.broker;
         let local = broker.session_store().is_none() && broker.fabric().is_none();
         match p {
             Packet::Publish(p) => {
-                let topic = match (p.topic.is_empty(), p.properties.topic_alias) {
-                    (true, Some(alias)) => self.in_aliases.get(&alias).map(|t| &**t),
-                    _ => Some(&*p.topic),
-                };
-                local && !p.retain && topic.is_none_or(|t| broker.service_for(t).is_none())
+                let service = self.service_of(p);
+                let in_place = service.as_ref().is_none_or(|s| s.answers_in_place());
+                (local && !p.retain && in_place, Served::Decided(service))
             }
-            Packet::PubRec(_) | Packet::PubRel(_) => local,
-            Packet::Subscribe(_) | Packet::Unsubscribe(_) | Packet::Auth(_) => false,
-            _ => true,
+            Packet::PubRec(_) | Packet::PubRel(_) => (local, Served::Undecided),
+            Packet::Subscribe(_) | Packet::Unsubscribe(_) | Packet::Auth(_) => {
+                (false, Served::Undecided)
+            }
+            _ => (true, Served::Undecided),
         }
     }
 
-    /// Handles a packet for which [`Conn::handles_inline`] holds, polling its handler
-    /// once on this thread's stack instead of in the connection's future.
-    pub(super) fn handle_now(&mut self, p: Packet) -> Result<(), Close> {
+    /// The service that owns a PUBLISH's topic (its alias resolved), if any. An unknown
+    /// alias has none: the PUBLISH is refused before any service could see it.
+    fn service_of(&self, p: &Publish) -> Option<Arc<dyn Service>> {
+        let topic = match (p.topic.is_empty(), p.properties.topic_alias) {
+            (true, Some(alias)) => self.in_aliases.get(&alias).map(|t| &**t),
+            _ => Some(&*p.topic),
+        };
+        topic.and_then(|t| self.broker.service_for(t))
+    }
+
+    /// Handles a packet whose handling [`Conn::handling`] found never waits, polling its
+    /// handler once on this thread's stack instead of in the connection's future.
+    pub(super) fn handle_now(&mut self, p: Packet, served: Served) -> Result<(), Close> {
         let mut cx = Context::from_waker(Waker::noop());
-        let polled = pin!(self.handle(p)).poll(&mut cx);
+        let polled = pin!(self.handle(p, served)).poll(&mut cx);
         match polled {
             Poll::Ready(done) => done,
             Poll::Pending => {
-                // `handles_inline` let through a packet whose handling waits: our bug.
+                // `handling` let through a packet whose handling waits: our bug.
                 static LOG: LogLimit = LogLimit::per_secs(10);
                 if let Some(left_out) = LOG.allow() {
                     tracing::error!(client = %self.info.client_id, left_out, "a packet's handling waited where it cannot; closing the connection");
@@ -73,10 +91,17 @@ impl Conn {
         }
     }
 
-    pub(super) async fn handle(&mut self, p: Packet) -> Result<(), Close> {
+    /// Handles one packet; `served` is what [`Conn::handling`] found, if it was asked.
+    pub(super) async fn handle(&mut self, p: Packet, served: Served) -> Result<(), Close> {
         tracing::trace!(client = %self.info.client_id, packet = ?p, "received");
         match p {
-            Packet::Publish(p) => self.on_publish(p).await,
+            Packet::Publish(p) => {
+                let service = match served {
+                    Served::Decided(service) => service,
+                    Served::Undecided => self.service_of(&p),
+                };
+                self.on_publish(p, service).await
+            }
             Packet::PubAck(a) => {
                 self.session.complete(a.packet_id, Stage::Qos1Sent);
                 Ok(())
@@ -125,7 +150,11 @@ impl Conn {
         }
     }
 
-    async fn on_publish(&mut self, mut p: Publish) -> Result<(), Close> {
+    async fn on_publish(
+        &mut self,
+        mut p: Publish,
+        service: Option<Arc<dyn Service>>,
+    ) -> Result<(), Close> {
         self.within_publish_rate()?;
         // The topic is valid: the codec checked every non-empty one [MQTT-3.3.2-2], and
         // an alias stands for a topic checked when the alias was set.
@@ -168,9 +197,9 @@ impl Conn {
         let gate =
             (qos == QoS::ExactlyOnce && self.broker.session_store().is_some()).then(Arc::default);
         let _open_when_done = gate.clone().map(OpenOnDrop);
-        let (code, stored) = if let Some(service) = self.broker.service_for(&p.topic) {
+        let (code, stored) = if let Some(service) = service {
             self.refresh_service_access();
-            service.on_publish(&self.broker, &self.info, p).await;
+            service.on_publish(&self.broker, &self.info, &p).await;
             let stored = qos == QoS::ExactlyOnce && self.session.receive_qos2(pid);
             (ReasonCode::SUCCESS, stored)
         } else {
@@ -395,6 +424,9 @@ impl Conn {
         }
         if stored {
             self.durable().await?;
+        }
+        if code == ReasonCode::SUCCESS {
+            return self.send_success_ack(qos, pid);
         }
         if qos == QoS::AtLeastOnce {
             self.send(&Packet::PubAck(ack))

@@ -27,7 +27,7 @@ use std::time::Duration;
 
 use bytes::BytesMut;
 use statehub_mqtt_codec::{
-    ByteString, Codec, DecodeError, EncodeError, LastWill, Packet, ProtocolVersion, ReasonCode,
+    ByteString, Codec, DecodeError, EncodeError, LastWill, Packet, ProtocolVersion, QoS, ReasonCode,
 };
 
 use crate::auth::{Authenticator, Peer};
@@ -406,10 +406,13 @@ impl Conn {
             Ok(Some(p)) => {
                 let m = self.broker.metrics();
                 m.packets_in.add(packet_type(&p), 1, before - rbuf.len());
-                match self.hold(p, before - rbuf.len()) {
-                    Some(p) if !self.handles_inline(&p) => Ok(Step::Wait(Box::pin(self.handle(p)))),
-                    Some(p) => self.handle_now(p).map(|()| Step::Handled),
-                    None => Ok(Step::Handled),
+                if self.must_hold(&p) {
+                    self.hold(p, before - rbuf.len());
+                    return Ok(Step::Handled);
+                }
+                match self.handling(&p) {
+                    (true, served) => self.handle_now(p, served).map(|()| Step::Handled),
+                    (false, served) => Ok(Step::Wait(Box::pin(self.handle(p, served)))),
                 }
             }
             Ok(None) => Ok(Step::Empty),
@@ -445,6 +448,27 @@ impl Conn {
         let m = self.broker.metrics();
         m.packets_out
             .add(packet_type(p), 1, self.wbuf.len() - start);
+        Ok(())
+    }
+}
+
+impl Conn {
+    /// Appends a PUBACK (QoS 1) or PUBREC (QoS 2) saying Success, as [`Conn::send`]
+    /// would, without building the packet.
+    fn send_success_ack(&mut self, qos: QoS, packet_id: u16) -> Result<(), Close> {
+        tracing::trace!(client = %self.info.client_id, ?qos, packet_id, "sending success ack");
+        self.reserve_write();
+        let start = self.wbuf.len();
+        let encoded = self
+            .codec
+            .encode_success_ack(qos, packet_id, &mut self.wbuf);
+        encoded.map_err(|e| {
+            encode_failed(&self.broker, &self.info.client_id, "acknowledgement", &e);
+            Close::ByServer(ReasonCode::IMPLEMENTATION_SPECIFIC_ERROR, "encode failed")
+        })?;
+        let kind = if qos == QoS::ExactlyOnce { 5 } else { 4 };
+        let m = self.broker.metrics();
+        m.packets_out.add(kind, 1, self.wbuf.len() - start);
         Ok(())
     }
 }

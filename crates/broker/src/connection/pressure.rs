@@ -44,7 +44,7 @@ use smallvec::SmallVec;
 use statehub_mqtt_codec::Packet;
 
 use super::buffers::Deadlines;
-use super::{Close, Conn};
+use super::{inbound, Close, Conn};
 use crate::clock::Timer;
 use crate::ratelimit::LogLimit;
 use crate::session::Session;
@@ -125,14 +125,16 @@ impl Conn {
         }));
     }
 
-    /// Holds `p`, a packet of `size` bytes just read, if the connection is paused (or
-    /// packets held before it wait); else gives it back, to be handled now.
-    pub(super) fn hold(&mut self, p: Packet, size: usize) -> Option<Packet> {
-        if (self.paused.is_some() || !self.held.is_empty()) && !handled_while_paused(&p) {
-            self.held.push(p, size);
-            return None;
-        }
-        Some(p)
+    /// Whether `p`, a packet just read, is to be held: the connection is paused (or
+    /// packets held before it wait). Asked on a borrow, so that a packet handled at
+    /// once is not moved in and out.
+    pub(super) fn must_hold(&self, p: &Packet) -> bool {
+        (self.paused.is_some() || !self.held.is_empty()) && !handled_while_paused(p)
+    }
+
+    /// Holds `p`, a packet of `size` bytes for which [`Conn::must_hold`] holds.
+    pub(super) fn hold(&mut self, p: Packet, size: usize) {
+        self.held.push(p, size);
     }
 
     /// Settles a pause before the connection waits: while some session still holds it,
@@ -157,7 +159,7 @@ impl Conn {
             deadlines.resume(self.broker.now());
             while self.paused.is_none() {
                 let Some(p) = self.held.pop() else { break };
-                self.handle(p).await?;
+                self.handle(p, inbound::Served::Undecided).await?;
             }
             if self.paused.is_none() {
                 let handled = self.handle_buffered(rbuf).await?;

@@ -104,7 +104,7 @@ pub(super) async fn call_as(
     };
     let wait = Duration::from_secs(u64::from(REQUEST_SECS));
     let answer = async {
-        service.on_publish(broker, &from, publish).await;
+        service.on_publish(broker, &from, &publish).await;
         tap.recv().await
     };
     let msg = match tokio::time::timeout(wait, answer).await {

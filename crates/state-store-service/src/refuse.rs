@@ -1,0 +1,56 @@
+//! Requests refused before the store sees them.
+
+use std::time::Instant;
+
+use statehub_broker::codec::{PublishProperties, QoS, ReasonCode};
+use statehub_broker::{Broker, LogLimit};
+
+use crate::rpc;
+
+/// Answers what is refused before the store sees it: a request at QoS 0 (an error reply
+/// saying QoS 1 is required) and a reserved Response Topic (the client is
+/// disconnected). `true` when the request was refused so.
+pub(crate) fn refused_up_front(
+    broker: &Broker,
+    client_id: &str,
+    qos: QoS,
+    props: &PublishProperties,
+    response_topic: &str,
+) -> bool {
+    if qos == QoS::AtMostOnce && !rpc::is_forbidden_response_topic(response_topic) {
+        // Any client can send this as often as it likes: one line a minute.
+        static LOG: LogLimit = LogLimit::per_secs(60);
+        if let Some(left_out) = LOG.allow() {
+            tracing::info!(
+                client = client_id,
+                left_out,
+                "state store request at QoS 0 refused: QoS 1 is required"
+            );
+        }
+        let correlation = props.correlation_data.clone();
+        let deadline = rpc::deadline(props, Instant::now());
+        broker.publish(rpc::qos0_response(
+            response_topic.into(),
+            correlation,
+            deadline,
+        ));
+        return true;
+    }
+    if rpc::is_forbidden_response_topic(response_topic) {
+        // Any client can send this as often as it likes: one line a minute.
+        static LOG: LogLimit = LogLimit::per_secs(60);
+        match LOG.allow() {
+            Some(left_out) => tracing::info!(
+                client = client_id,
+                left_out,
+                "reserved Response Topic; disconnecting"
+            ),
+            None => {
+                tracing::debug!(client = client_id, "reserved Response Topic; disconnecting")
+            }
+        }
+        broker.disconnect_client(client_id, ReasonCode::PROTOCOL_ERROR);
+        return true;
+    }
+    false
+}
