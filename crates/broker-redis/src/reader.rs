@@ -153,7 +153,7 @@ impl Reader {
             .collect();
         let counters = &self.shared.counters;
         let lag = match entries.last() {
-            Some(last) if entries.len() >= BATCH => lag_ms(&last.id),
+            Some(last) if entries.len() >= BATCH => statehub_redis_common::stream_age_ms(&last.id),
             _ => 0,
         };
         counters.reader_lag_ms.store(lag, Ordering::Relaxed);
@@ -325,17 +325,4 @@ impl Reader {
             .fetch_add(1, Ordering::Relaxed);
         tracing::warn!("mqtt cluster: entry {what} skipped: {e}");
     }
-}
-
-/// How long ago Redis appended the entry `id` (its id is `{milliseconds}-{n}`), by this
-/// node's clock; 0 if that is in the future.
-fn lag_ms(id: &str) -> u64 {
-    let appended = id
-        .split_once('-')
-        .and_then(|(ms, _)| ms.parse::<u64>().ok())
-        .unwrap_or(u64::MAX);
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
-    now.saturating_sub(appended)
 }

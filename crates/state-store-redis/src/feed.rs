@@ -164,9 +164,10 @@ impl ChangeFeed {
         for key in reply.map(|r| r.keys).unwrap_or_default() {
             read += key.ids.len();
             if let Some(last) = key.ids.last().filter(|_| read >= BATCH) {
-                self.counters
-                    .lag_ms
-                    .store(age_ms(&last.id), Ordering::Relaxed);
+                self.counters.lag_ms.store(
+                    statehub_redis_common::stream_age_ms(&last.id),
+                    Ordering::Relaxed,
+                );
             }
             for entry in key.ids {
                 let change = self.change(&entry)?;
@@ -232,17 +233,4 @@ fn seq_of(entry: &StreamId) -> Result<u64, RedisEngineError> {
             .ok_or(RedisEngineError::Corrupt("change feed entry")),
         _ => Err(RedisEngineError::Corrupt("change feed entry")),
     }
-}
-
-/// How long ago Redis appended the stream entry `id` (`{milliseconds}-{n}`), by this
-/// node's clock; 0 if that is in the future.
-pub(crate) fn age_ms(id: &str) -> u64 {
-    let appended = id
-        .split_once('-')
-        .and_then(|(ms, _)| ms.parse::<u64>().ok())
-        .unwrap_or(u64::MAX);
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
-    now.saturating_sub(appended)
 }

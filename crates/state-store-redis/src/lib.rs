@@ -28,15 +28,12 @@
 //! those requests 503 and goes on, and requests succeed again as soon as Redis answers.
 //!
 //! Replication: with [`Options::wait`], a write is acknowledged only once that many
-//! replicas have it (`WAIT`, see `wait.rs`); fewer is a 503 for that request, counted
+//! replicas have it (`WAIT`, see `statehub_redis_common::Wait`); fewer is a 503 for that request, counted
 //! and logged.
 
 mod conn;
 mod feed;
 mod lua;
-#[cfg(feature = "test-server")]
-pub mod test_server;
-mod wait;
 
 use std::borrow::Cow;
 use std::cell::{Cell, RefCell};
@@ -54,7 +51,7 @@ use conn::Link;
 pub use conn::{Counters, RECONNECT_BACKOFF};
 pub use feed::{ChangeFeed, FeedCounters};
 use lua::Scripts;
-pub use wait::{NotReplicated, Wait};
+use statehub_redis_common::{self as wait, NotReplicated, Wait};
 
 /// The longest key the engine takes (Redis itself takes far longer ones).
 pub const MAX_KEY_LEN: usize = 64 << 10;

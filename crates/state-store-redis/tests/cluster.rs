@@ -9,8 +9,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{fresh_namespace, machine, options, request, ts, T0};
+use statehub_redis_common::test_server::RedisServer;
 use statehub_state_store::{AllowAll, Change, Config, Effect, Hlc, Machine};
-use statehub_state_store_redis::test_server::RedisServer;
 use statehub_state_store_redis::RedisEngine;
 
 type Node = Machine<RedisEngine, AllowAll>;

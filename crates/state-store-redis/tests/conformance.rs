@@ -3,8 +3,8 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use statehub_redis_common::test_server::RedisServer;
 use statehub_state_store::conformance;
-use statehub_state_store_redis::test_server::RedisServer;
 use statehub_state_store_redis::{defaults, Options, RedisEngine};
 
 fn options(server: &RedisServer, namespace: &str) -> Options {

@@ -8,8 +8,8 @@ mod common;
 
 use common::{fresh_namespace, machine, request, ts, T0};
 use proptest::prelude::*;
+use statehub_redis_common::test_server::RedisServer;
 use statehub_state_store::{Config, Engine, Machine};
-use statehub_state_store_redis::test_server::RedisServer;
 
 #[derive(Debug, Clone)]
 enum Op {

@@ -13,8 +13,9 @@ use std::time::Duration;
 
 use serde::Deserialize;
 use statehub_broker::Broker;
+use statehub_redis_common::Wait;
 use statehub_state_store::{AllowAll, Machine};
-use statehub_state_store_redis::{defaults, Options, RedisEngine, Wait};
+use statehub_state_store_redis::{defaults, Options, RedisEngine};
 use statehub_state_store_service::{Settings as StateStoreSettings, StateStoreService};
 use statehub_webpubsub::WebPubSub;
 use statehub_webpubsub_redis::RedisCluster;

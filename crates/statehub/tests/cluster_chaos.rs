@@ -36,7 +36,7 @@ use std::time::Duration;
 use chaos::webpubsub::KEY;
 use chaos::{Addrs, Directory, Progress};
 use common::{resp, Server, LOCAL};
-use statehub_state_store_redis::test_server::RedisServer;
+use statehub_redis_common::test_server::RedisServer;
 use store_rpc::Client;
 
 /// Nodes clients use; the last one is never killed.

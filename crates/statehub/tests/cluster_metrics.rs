@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use common::{connect_tcp, Server};
 use futures_util::{SinkExt, StreamExt};
 use statehub_broker::codec::{QoS, ReasonCode};
-use statehub_state_store_redis::test_server::RedisServer;
+use statehub_redis_common::test_server::RedisServer;
 use statehub_test_support::{opts, RawClient, V5};
 use statehub_webpubsub::{issue_client_token, ClientClaims};
 use store_client::StoreClient;

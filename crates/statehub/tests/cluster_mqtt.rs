@@ -12,7 +12,7 @@ use std::time::Duration;
 use common::cluster::{node, publish_acked, receive};
 use common::Server;
 use statehub_broker::codec::{Packet, Publish, QoS, ReasonCode};
-use statehub_state_store_redis::test_server::RedisServer;
+use statehub_redis_common::test_server::RedisServer;
 use statehub_test_support::{opts, publish, RawClient, V311, V5};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use common::cluster::{node_with_settings, node_with_ttl, publish_acked};
 use statehub_broker::codec::{Packet, PubResponse, QoS, ReasonCode};
-use statehub_state_store_redis::test_server::RedisServer;
+use statehub_redis_common::test_server::RedisServer;
 use statehub_test_support::{opts, persistent_connect, RawClient, V5};
 
 /// A CONNACK a client racing another for its session may get, and retry after.

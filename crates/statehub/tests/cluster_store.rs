@@ -10,7 +10,7 @@ mod store_client;
 use std::time::Duration;
 
 use common::Server;
-use statehub_state_store_redis::test_server::RedisServer;
+use statehub_redis_common::test_server::RedisServer;
 use store_client::{StoreClient, LOCAL, PATIENCE};
 
 fn node(redis: &RedisServer, id: &str, namespace: &str) -> Server {

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use common::Server;
 use statehub_broker::codec::{Packet, QoS, ReasonCode, Subscribe};
-use statehub_state_store_redis::test_server::RedisServer;
+use statehub_redis_common::test_server::RedisServer;
 use statehub_test_support::{opts, persistent_connect, RawClient, V5};
 use store_client::{StoreClient, LOCAL};
 

@@ -13,7 +13,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use futures_util::{SinkExt, StreamExt};
-use statehub_state_store_redis::test_server::RedisServer;
+use statehub_redis_common::test_server::RedisServer;
 use statehub_webpubsub::{issue_client_token, issue_token, ClientClaims};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;

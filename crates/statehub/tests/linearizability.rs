@@ -27,7 +27,7 @@ use common::{start, Server, LOCAL};
 use lincheck::check_history;
 use lincheck::client::{run_client, since, Recorded, Shared};
 use lincheck::model::Ret;
-use statehub_state_store_redis::test_server::RedisServer;
+use statehub_redis_common::test_server::RedisServer;
 
 const CLIENTS: usize = 5;
 const KEYS: usize = 3;

@@ -147,7 +147,7 @@ impl Reader {
         let keys = reply.map(|r| r.keys).unwrap_or_default();
         let read: usize = keys.iter().map(|k| k.ids.len()).sum();
         let lag = match keys.last().and_then(|k| k.ids.last()) {
-            Some(last) if read >= BATCH => age_ms(&last.id),
+            Some(last) if read >= BATCH => statehub_redis_common::stream_age_ms(&last.id),
             _ => 0,
         };
         let lag_ms = &self.shared.counters.reader_lag_ms;
@@ -335,19 +335,6 @@ fn parse(entry: &StreamId) -> Result<Entry, WpsRedisError> {
             .map_err(|_| WpsRedisError::Corrupt("operation sequence"))?,
         op: field("o")?,
     })
-}
-
-/// How long ago Redis appended the stream entry `id` (`{milliseconds}-{n}`), by this
-/// node's clock; 0 if that is in the future.
-fn age_ms(id: &str) -> u64 {
-    let appended = id
-        .split_once('-')
-        .and_then(|(ms, _)| ms.parse::<u64>().ok())
-        .unwrap_or(u64::MAX);
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
-    now.saturating_sub(appended)
 }
 
 #[cfg(test)]

@@ -8,7 +8,7 @@ use bytes::Bytes;
 use redis::Commands;
 use statehub_broker::codec::{ByteString, Publish, QoS};
 use statehub_broker::{Message, QueuedRef, SessionChange, SessionStore, Subscription};
-use statehub_state_store_redis::test_server::RedisServer;
+use statehub_redis_common::test_server::RedisServer;
 
 use super::{Fetcher, Inner, RedisSessions};
 

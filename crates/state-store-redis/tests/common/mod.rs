@@ -4,8 +4,8 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use bytes::Bytes;
+use statehub_redis_common::test_server::RedisServer;
 use statehub_state_store::{AllowAll, Config, Machine, Request};
-use statehub_state_store_redis::test_server::RedisServer;
 use statehub_state_store_redis::{defaults, Options, RedisEngine};
 
 /// 2023-10-03T23:07:05Z.

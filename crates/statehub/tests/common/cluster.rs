@@ -2,7 +2,7 @@
 //! exchanges they check.
 
 use statehub_broker::codec::{Packet, PubResponse, Publish, QoS, ReasonCode};
-use statehub_state_store_redis::test_server::RedisServer;
+use statehub_redis_common::test_server::RedisServer;
 use statehub_test_support::{publish, RawClient};
 
 use super::{Server, LOCAL};

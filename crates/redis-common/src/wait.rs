@@ -32,7 +32,7 @@ pub struct NotReplicated {
 
 /// Runs `invocation`, then `WAIT` if `wait` is given, in one pipeline: the script's
 /// reply and how many replicas acknowledged it.
-pub(crate) fn invoke<T: FromRedisValue>(
+pub fn invoke<T: FromRedisValue>(
     con: &mut Connection,
     invocation: &ScriptInvocation<'_>,
     wait: Option<Wait>,
@@ -60,7 +60,7 @@ pub(crate) fn invoke<T: FromRedisValue>(
 }
 
 /// `Err` if fewer replicas than `wait` asks acknowledged the write.
-pub(crate) fn check(wait: Option<Wait>, acked: Option<u32>) -> Result<(), NotReplicated> {
+pub fn check(wait: Option<Wait>, acked: Option<u32>) -> Result<(), NotReplicated> {
     match (wait, acked) {
         (Some(wait), Some(acked)) if acked < wait.replicas => Err(NotReplicated {
             acked,
