@@ -12,15 +12,10 @@ use std::io::{Read, Write};
 use std::time::{Duration, Instant};
 
 use common::{connect_tcp, Server};
-use futures_util::{SinkExt, StreamExt};
 use statehub_broker::codec::{QoS, ReasonCode};
 use statehub_redis_common::test_server::RedisServer;
 use statehub_test_support::{opts, RawClient, V5};
-use statehub_webpubsub::{issue_client_token, ClientClaims};
 use store_client::StoreClient;
-use tokio_tungstenite::tungstenite::client::IntoClientRequest;
-use tokio_tungstenite::tungstenite::http::HeaderValue;
-use tokio_tungstenite::tungstenite::Message;
 
 const KEY: &str = "cluster-metrics-access-key-0123456789abcdef";
 const PATIENCE: Duration = Duration::from_secs(30);
@@ -161,43 +156,15 @@ async fn fabric_counters_move_with_cross_node_traffic_and_redis_up_follows_redis
 
 /// A reliable JSON client of hub `h` on `server` that joins `g` and sends `hi` to it;
 /// returns the open socket once it got the message back.
-async fn reliable_roundtrip(
-    server: &Server,
-) -> tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>> {
-    let http = server.http;
-    let claims = ClientClaims {
-        user_id: Some("u".into()),
-        roles: vec![
-            "webpubsub.sendToGroup".into(),
-            "webpubsub.joinLeaveGroup".into(),
-        ],
-        groups: vec![],
-    };
-    let token = issue_client_token(KEY, &format!("http://{http}"), "h", &claims, PATIENCE);
-    let url = format!("ws://{http}/client/hubs/h?access_token={token}");
-    let mut req = url.into_client_request().unwrap();
-    req.headers_mut().insert(
-        "Sec-WebSocket-Protocol",
-        HeaderValue::from_static("json.reliable.webpubsub.azure.v1"),
-    );
-    let (mut ws, _) = tokio_tungstenite::connect_async(req).await.unwrap();
-    let frames = [
-        r#"{"type":"joinGroup","group":"g","ackId":1}"#,
-        r#"{"type":"sendToGroup","group":"g","ackId":2,"dataType":"text","data":"hi"}"#,
-    ];
-    for f in frames {
-        ws.send(Message::text(f)).await.unwrap();
-    }
-    loop {
-        let frame = tokio::time::timeout(PATIENCE, ws.next())
-            .await
-            .expect("frames in time")
-            .expect("socket open")
-            .unwrap();
-        if frame.into_text().unwrap().contains(r#""type":"message""#) {
-            return ws;
-        }
-    }
+async fn reliable_roundtrip(server: &Server) -> common::wps::Ws {
+    let protocol = Some("json.reliable.webpubsub.azure.v1");
+    let mut ws = common::wps::client(server.http, KEY, "h", protocol).await;
+    common::wps::join_and_send(&mut ws).await;
+    while !common::wps::next_text(&mut ws)
+        .await
+        .contains(r#""type":"message""#)
+    {}
+    ws
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -9,19 +9,12 @@ mod store_client;
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{Read, Write};
 use std::net::SocketAddr;
-use std::time::Duration;
 
 use common::{connect_tcp, start, Server};
-use futures_util::{SinkExt, StreamExt};
 use statehub_test_support::{connect_packet, publish, RawClient, V5};
-use statehub_webpubsub::{issue_client_token, ClientClaims};
 use store_client::StoreClient;
-use tokio_tungstenite::tungstenite::client::IntoClientRequest;
-use tokio_tungstenite::tungstenite::http::HeaderValue;
-use tokio_tungstenite::tungstenite::Message;
 
 const KEY: &str = "metrics-test-access-key-0123456789abcdef";
-const PATIENCE: Duration = Duration::from_secs(30);
 
 /// The binary with every layer on: a data directory and Web PubSub.
 fn start_full(dir: &std::path::Path) -> Server {
@@ -226,40 +219,12 @@ async fn counts_move_with_real_traffic() {
 }
 
 /// Connects a JSON client, joins `g` and sends to it; returns the open socket.
-async fn wps_roundtrip(
-    http: SocketAddr,
-) -> tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>> {
-    let claims = ClientClaims {
-        user_id: Some("u".into()),
-        roles: vec![
-            "webpubsub.sendToGroup".into(),
-            "webpubsub.joinLeaveGroup".into(),
-        ],
-        groups: vec![],
-    };
-    let token = issue_client_token(KEY, &format!("http://{http}"), "h", &claims, PATIENCE);
-    let url = format!("ws://{http}/client/hubs/h?access_token={token}");
-    let mut req = url.into_client_request().unwrap();
-    req.headers_mut().insert(
-        "Sec-WebSocket-Protocol",
-        HeaderValue::from_static("json.webpubsub.azure.v1"),
-    );
-    let (mut ws, _) = tokio_tungstenite::connect_async(req).await.unwrap();
-    let frames = [
-        r#"{"type":"joinGroup","group":"g","ackId":1}"#,
-        r#"{"type":"sendToGroup","group":"g","ackId":2,"dataType":"text","data":"hi"}"#,
-    ];
-    for f in frames {
-        ws.send(Message::text(f)).await.unwrap();
-    }
+async fn wps_roundtrip(http: SocketAddr) -> common::wps::Ws {
+    let mut ws = common::wps::client(http, KEY, "h", Some("json.webpubsub.azure.v1")).await;
+    common::wps::join_and_send(&mut ws).await;
     let (mut acks, mut message) = (0, false);
     while acks < 2 || !message {
-        let frame = tokio::time::timeout(PATIENCE, ws.next())
-            .await
-            .expect("frames in time")
-            .expect("socket open")
-            .unwrap();
-        let text = frame.into_text().unwrap();
+        let text = common::wps::next_text(&mut ws).await;
         if text.contains(r#""type":"ack""#) {
             assert!(text.contains(r#""success":true"#), "{text}");
             acks += 1;

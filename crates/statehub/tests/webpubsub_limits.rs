@@ -8,12 +8,7 @@ use std::time::Duration;
 
 use common::{rss_kib, start_configured, Server};
 use futures_util::{SinkExt, StreamExt};
-use statehub_webpubsub::{issue_client_token, ClientClaims};
-use tokio::net::TcpStream;
-use tokio_tungstenite::tungstenite::client::IntoClientRequest;
-use tokio_tungstenite::tungstenite::http::HeaderValue;
 use tokio_tungstenite::tungstenite::Message;
-use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 
 const KEY: &str = "webpubsub-limits-test-key";
 const SUBPROTOCOLS: [Option<&str>; 5] = [
@@ -24,7 +19,7 @@ const SUBPROTOCOLS: [Option<&str>; 5] = [
     Some("protobuf.reliable.webpubsub.azure.v1"),
 ];
 
-type Ws = WebSocketStream<MaybeTlsStream<TcpStream>>;
+use common::wps::Ws;
 
 /// The binary with Web PubSub on and these `[webpubsub.limits]` lines.
 fn start_wps(limits: &str) -> Server {
@@ -35,24 +30,7 @@ fn start_wps(limits: &str) -> Server {
 }
 
 async fn connect(addr: SocketAddr, protocol: Option<&str>) -> Ws {
-    let claims = ClientClaims {
-        user_id: Some("u".into()),
-        roles: vec![
-            "webpubsub.sendToGroup".into(),
-            "webpubsub.joinLeaveGroup".into(),
-        ],
-        groups: vec![],
-    };
-    let endpoint = format!("http://{addr}");
-    let token = issue_client_token(KEY, &endpoint, "chat", &claims, Duration::from_secs(600));
-    let url = format!("ws://{addr}/client/hubs/chat?access_token={token}");
-    let mut req = url.into_client_request().unwrap();
-    if let Some(p) = protocol {
-        req.headers_mut()
-            .insert("Sec-WebSocket-Protocol", HeaderValue::from_str(p).unwrap());
-    }
-    let (ws, _) = tokio_tungstenite::connect_async(req).await.unwrap();
-    ws
+    common::wps::client(addr, KEY, "chat", protocol).await
 }
 
 /// Reads until the server's close frame; `None` if the connection ends without one.

@@ -10,6 +10,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 pub mod cluster;
+pub mod wps;
 
 // Not every test file that includes this module uses every helper.
 #[allow(unused_imports)]

@@ -1,0 +1,64 @@
+//! A Web PubSub client for the binary's tests: a raw WebSocket with a token of its own.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use futures_util::{SinkExt, StreamExt};
+use statehub_webpubsub::{issue_client_token, ClientClaims};
+use tokio::net::TcpStream;
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+use tokio_tungstenite::tungstenite::http::HeaderValue;
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
+
+pub type Ws = WebSocketStream<MaybeTlsStream<TcpStream>>;
+
+/// How long a test waits for one frame.
+const PATIENCE: Duration = Duration::from_secs(30);
+
+/// Connects to `hub` on `http` as user `u`, allowed to join groups and send to them,
+/// with a token signed by `key`, asking for `protocol` (none: the default subprotocol).
+pub async fn client(http: SocketAddr, key: &str, hub: &str, protocol: Option<&str>) -> Ws {
+    let claims = ClientClaims {
+        user_id: Some("u".into()),
+        roles: vec![
+            "webpubsub.sendToGroup".into(),
+            "webpubsub.joinLeaveGroup".into(),
+        ],
+        groups: vec![],
+    };
+    let token = issue_client_token(key, &format!("http://{http}"), hub, &claims, PATIENCE * 20);
+    let url = format!("ws://{http}/client/hubs/{hub}?access_token={token}");
+    let mut req = url.into_client_request().unwrap();
+    if let Some(p) = protocol {
+        req.headers_mut()
+            .insert("Sec-WebSocket-Protocol", HeaderValue::from_str(p).unwrap());
+    }
+    let (ws, _) = tokio_tungstenite::connect_async(req).await.unwrap();
+    ws
+}
+
+/// Joins group `g` (ack 1) and sends `hi` to it (ack 2) on a JSON subprotocol.
+pub async fn join_and_send(ws: &mut Ws) {
+    let frames = [
+        r#"{"type":"joinGroup","group":"g","ackId":1}"#,
+        r#"{"type":"sendToGroup","group":"g","ackId":2,"dataType":"text","data":"hi"}"#,
+    ];
+    for f in frames {
+        ws.send(Message::text(f)).await.unwrap();
+    }
+}
+
+/// The next text frame, within the tests' patience.
+pub async fn next_text(ws: &mut Ws) -> String {
+    loop {
+        let frame = tokio::time::timeout(PATIENCE, ws.next())
+            .await
+            .expect("a frame in time")
+            .expect("socket open")
+            .unwrap();
+        if let Message::Text(text) = frame {
+            return text.to_string();
+        }
+    }
+}
