@@ -7,102 +7,87 @@
 
 import { WebPubSubClient } from "@azure/web-pubsub-client";
 import { WebPubSubServiceClient } from "@azure/web-pubsub";
-import { scenario, sleep, startStatehub, until } from "./lib.mjs";
-import { startBalancer, startRedis } from "./redis.mjs";
+import { sleep, until } from "./lib.mjs";
+import { clusterScenario } from "./redis.mjs";
 
-scenario("cluster-shutdown", async (t) => {
-  const redis = await startRedis();
-  const namespace = `wpss${process.pid}`;
-  const config = (node) =>
-    `[cluster]\nredis_url = "${redis.url}"\nnode_id = "${node}"\nnamespace = "${namespace}"\n`;
-  const servers = [];
-  const clients = [];
-  let lb = null;
-  try {
-    for (const node of ["a", "b"]) servers.push(await startStatehub(config(node)));
-    const [a, b] = servers;
-    lb = await startBalancer([a.port]);
-    const hub = "handover";
-    const options = { allowInsecureConnection: true, retryOptions: { maxRetries: 0 } };
-    const svc = new WebPubSubServiceClient(b.connectionString, hub, options);
-    const client = async (userId, roles, groups) => {
-      const token = await svc.getClientAccessToken({ userId, roles, groups });
-      const ws = new WebPubSubClient(lb.url(token.url));
-      const seen = { got: [], connected: [], disconnected: 0 };
-      ws.on("group-message", (e) => seen.got.push(e.message.data));
-      ws.on("connected", (e) => seen.connected.push(e.connectionId));
-      ws.on("disconnected", () => seen.disconnected++);
-      clients.push(ws);
-      await ws.start();
-      await until(10000, `${userId} connected`, () => seen.connected.length === 1);
-      return { ws, seen };
-    };
-    const sub = await client("sub", [], ["g"]);
-    const pub = await client("pub", ["webpubsub.sendToGroup"], []);
-    const sent = { rest: 0, client: 0 };
-    const restSend = () => svc.group("g").sendToAll({ src: "rest", i: sent.rest++ });
-    // A client send that fails while its connection moves is sent again with the same
-    // ackId: if the first one was processed, the retry is answered Duplicate.
-    let ackId = 1;
-    const clientSend = async () => {
-      const data = { src: "client", i: sent.client++ };
-      const id = ackId++;
-      await until(30000, `client send ${data.i}`, async () => {
-        try {
-          await pub.ws.sendToGroup("g", data, "json", { ackId: id });
-          return true;
-        } catch {
-          await sleep(100);
-          return false;
-        }
-      });
-    };
-    const from = (src) => sub.seen.got.filter((m) => m.src === src).map((m) => m.i);
-    const range = (n) => Array.from({ length: n }, (_, k) => k);
-    const allArrived = () => Object.keys(sent).every((src) => from(src).length >= sent[src]);
-    const progress = (what) => () =>
-      `${what}: ${Object.keys(sent).map((src) => `${src} ${from(src).length}/${sent[src]}`).join(", ")}`;
-
-    for (let k = 0; k < 20; k++) {
-      await restSend();
-      await clientSend();
-    }
-    await until(20000, progress("before the shutdown"), allArrived);
-
-    // A leaves gracefully while REST sends through B go on.
-    lb.route([b.port]);
-    let sending = true;
-    const during = (async () => {
-      while (sending) {
-        await restSend();
-        await sleep(5);
+clusterScenario("cluster-shutdown", { prefix: "wpss", nodes: ["a", "b"], balanced: true }, async (t, cluster) => {
+  const { servers, clients, lb } = cluster;
+  const [a, b] = servers;
+  const hub = "handover";
+  const options = { allowInsecureConnection: true, retryOptions: { maxRetries: 0 } };
+  const svc = new WebPubSubServiceClient(b.connectionString, hub, options);
+  const client = async (userId, roles, groups) => {
+    const token = await svc.getClientAccessToken({ userId, roles, groups });
+    const ws = new WebPubSubClient(lb.url(token.url));
+    const seen = { got: [], connected: [], disconnected: 0 };
+    ws.on("group-message", (e) => seen.got.push(e.message.data));
+    ws.on("connected", (e) => seen.connected.push(e.connectionId));
+    ws.on("disconnected", () => seen.disconnected++);
+    clients.push(ws);
+    await ws.start();
+    await until(10000, `${userId} connected`, () => seen.connected.length === 1);
+    return { ws, seen };
+  };
+  const sub = await client("sub", [], ["g"]);
+  const pub = await client("pub", ["webpubsub.sendToGroup"], []);
+  const sent = { rest: 0, client: 0 };
+  const restSend = () => svc.group("g").sendToAll({ src: "rest", i: sent.rest++ });
+  // A client send that fails while its connection moves is sent again with the same
+  // ackId: if the first one was processed, the retry is answered Duplicate.
+  let ackId = 1;
+  const clientSend = async () => {
+    const data = { src: "client", i: sent.client++ };
+    const id = ackId++;
+    await until(30000, `client send ${data.i}`, async () => {
+      try {
+        await pub.ws.sendToGroup("g", data, "json", { ackId: id });
+        return true;
+      } catch {
+        await sleep(100);
+        return false;
       }
-    })();
-    const code = await a.terminate();
-    servers.splice(0, 1);
-    t.eq(code, 0, "node A exits cleanly on SIGTERM");
-    await sleep(200);
-    sending = false;
-    await during;
-    for (let k = 0; k < 20; k++) {
-      await restSend();
-      await clientSend();
-    }
-    await until(40000, progress("after the shutdown"), allArrived);
-    await sleep(300);
-    for (const src of Object.keys(sent)) {
-      t.eq(from(src), range(sent[src]), `every message from ${src} once, in order, across A's shutdown`);
-    }
-    for (const [name, c] of [["subscriber", sub], ["publisher", pub]]) {
-      t.eq(c.seen.connected.length, 1, `${name}: one connection, never a new one`);
-      t.eq(c.seen.disconnected, 0, `${name}: no disconnected event`);
-    }
-    t.eq(await svc.connectionExists(sub.seen.connected[0]), true, "the subscriber's session lives on, on B");
-    t.counts = { ...sent };
-  } finally {
-    clients.forEach((ws) => ws.stop());
-    lb?.close();
-    servers.forEach((s) => s.stop());
-    redis.kill();
+    });
+  };
+  const from = (src) => sub.seen.got.filter((m) => m.src === src).map((m) => m.i);
+  const range = (n) => Array.from({ length: n }, (_, k) => k);
+  const allArrived = () => Object.keys(sent).every((src) => from(src).length >= sent[src]);
+  const progress = (what) => () =>
+    `${what}: ${Object.keys(sent).map((src) => `${src} ${from(src).length}/${sent[src]}`).join(", ")}`;
+
+  for (let k = 0; k < 20; k++) {
+    await restSend();
+    await clientSend();
   }
+  await until(20000, progress("before the shutdown"), allArrived);
+
+  // A leaves gracefully while REST sends through B go on.
+  lb.route([b.port]);
+  let sending = true;
+  const during = (async () => {
+    while (sending) {
+      await restSend();
+      await sleep(5);
+    }
+  })();
+  const code = await a.terminate();
+  servers.splice(0, 1);
+  t.eq(code, 0, "node A exits cleanly on SIGTERM");
+  await sleep(200);
+  sending = false;
+  await during;
+  for (let k = 0; k < 20; k++) {
+    await restSend();
+    await clientSend();
+  }
+  await until(40000, progress("after the shutdown"), allArrived);
+  await sleep(300);
+  for (const src of Object.keys(sent)) {
+    t.eq(from(src), range(sent[src]), `every message from ${src} once, in order, across A's shutdown`);
+  }
+  for (const [name, c] of [["subscriber", sub], ["publisher", pub]]) {
+    t.eq(c.seen.connected.length, 1, `${name}: one connection, never a new one`);
+    t.eq(c.seen.disconnected, 0, `${name}: no disconnected event`);
+  }
+  t.eq(await svc.connectionExists(sub.seen.connected[0]), true, "the subscriber's session lives on, on B");
+  t.counts = { ...sent };
 });

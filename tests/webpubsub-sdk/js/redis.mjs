@@ -3,7 +3,7 @@
 
 import { spawn } from "node:child_process";
 import net from "node:net";
-import { until } from "./lib.mjs";
+import { scenario, startStatehub, until } from "./lib.mjs";
 
 export async function freePort() {
   const server = net.createServer();
@@ -86,4 +86,30 @@ export async function startBalancer(ports) {
       server.close();
     },
   };
+}
+
+/**
+ * A scenario on one redis-server and statehub nodes `nodes` on it (a namespace of the
+ * scenario's own), behind a balancer to the first node if `balanced`. `body(t, cluster)`
+ * gets `{ redis, config, servers, clients, lb }`; whatever `servers` and `clients` hold
+ * then, the balancer and redis-server are stopped at the end, passed or failed.
+ */
+export function clusterScenario(name, { prefix, nodes, balanced = false }, body) {
+  scenario(name, async (t) => {
+    const redis = await startRedis();
+    const namespace = `${prefix}${process.pid}`;
+    const config = (node) =>
+      `[cluster]\nredis_url = "${redis.url}"\nnode_id = "${node}"\nnamespace = "${namespace}"\n`;
+    const cluster = { redis, config, servers: [], clients: [], lb: null };
+    try {
+      for (const node of nodes) cluster.servers.push(await startStatehub(config(node)));
+      if (balanced) cluster.lb = await startBalancer([cluster.servers[0].port]);
+      await body(t, cluster);
+    } finally {
+      cluster.clients.forEach((c) => c.stop());
+      cluster.lb?.close();
+      cluster.servers.forEach((s) => s.stop());
+      redis.kill();
+    }
+  });
 }
