@@ -18,7 +18,7 @@ clusterScenario("cluster-checks", { prefix: "wpsc", nodes: ["a", "b"] }, async (
   const svcB = new WebPubSubServiceClient(b.connectionString, hub, options);
   const connect = async (svc, userId, roles) => {
     const token = await svc.getClientAccessToken({ userId, roles });
-    const client = new WebPubSubClient(token.url, { autoRejoinGroups: false });
+    const client = new WebPubSubClient(token.url, { autoRejoinGroups: false, autoReconnect: false });
     const connected = deferred();
     client.on("connected", (e) => connected.resolve(e));
     clients.push(client);
