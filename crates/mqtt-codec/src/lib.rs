@@ -21,6 +21,7 @@ pub mod packet;
 mod property_id;
 mod publish;
 mod reason;
+mod room;
 mod strings;
 pub mod validate;
 mod wire;

@@ -13,13 +13,14 @@
 //! 0, duplicated single-valued properties, and — for a server codec — Subscription
 //! Identifiers from a client [MQTT-3.3.4-6].
 
-use bytes::{Buf, BufMut, Bytes, BytesMut};
+use bytes::{Buf, Bytes, BytesMut};
 use bytestring::ByteString;
 
 use crate::property_id as id;
+use crate::room::Room;
 use crate::wire::{
     check_len, read_binary, read_string, read_u16, read_u32, read_u8, read_varint, varint_len,
-    write_binary, write_varint, MAX_VARINT,
+    MAX_VARINT,
 };
 use crate::{validate, DecodeError, EncodeError, ProtocolVersion, Publish, PublishProperties, QoS};
 
@@ -258,20 +259,21 @@ pub(crate) fn encode(
             "PUBLISH larger than the maximum packet size",
         ));
     }
-    dst.reserve(5 + remaining);
+    let start = dst.len();
+    let mut room = Room::append(dst, 1 + varint_len(remaining) + remaining);
     let qos = p.qos as u8;
-    dst.put_u8(0x30 | (u8::from(p.dup) << 3) | (qos << 1) | u8::from(p.retain));
-    write_varint(remaining, dst);
-    write_binary(p.topic.as_bytes(), dst);
+    room.u8(0x30 | (u8::from(p.dup) << 3) | (qos << 1) | u8::from(p.retain));
+    room.varint(remaining);
+    room.binary(p.topic.as_bytes());
     if let Some(id) = p.packet_id {
-        dst.put_u16(id);
+        room.u16(id);
     }
     if let Some(len) = props_len {
-        write_varint(len, dst);
-        write_properties(p, dst);
+        room.varint(len);
+        write_properties(p, &mut room);
     }
-    dst.put_slice(p.payload);
-    Ok(())
+    room.slice(p.payload);
+    room.filled().inspect_err(|_| dst.truncate(start))
 }
 
 fn string_prop_len(v: &Option<impl AsRef<[u8]>>) -> Result<usize, EncodeError> {
@@ -322,42 +324,38 @@ pub(crate) fn user_properties_len(props: &crate::UserProperties) -> Result<usize
     Ok(len)
 }
 
-pub(crate) fn write_user_properties(props: &crate::UserProperties, dst: &mut BytesMut) {
-    for (k, v) in props {
-        dst.put_u8(id::USER_PROPERTY);
-        write_binary(k.as_bytes(), dst);
-        write_binary(v.as_bytes(), dst);
-    }
-}
-
-fn write_properties(p: &PublishRef<'_>, dst: &mut BytesMut) {
+fn write_properties(p: &PublishRef<'_>, room: &mut Room<'_>) {
     let props = p.properties;
     if props.payload_format_utf8 {
-        dst.put_slice(&[id::PAYLOAD_FORMAT, 1]);
+        room.slice(&[id::PAYLOAD_FORMAT, 1]);
     }
     if let Some(v) = p.message_expiry_interval {
-        dst.put_u8(id::MESSAGE_EXPIRY);
-        dst.put_u32(v);
+        room.u8(id::MESSAGE_EXPIRY);
+        room.u32(v);
     }
     if let Some(v) = &props.content_type {
-        dst.put_u8(id::CONTENT_TYPE);
-        write_binary(v.as_bytes(), dst);
+        room.u8(id::CONTENT_TYPE);
+        room.binary(v.as_bytes());
     }
     if let Some(v) = &props.response_topic {
-        dst.put_u8(id::RESPONSE_TOPIC);
-        write_binary(v.as_bytes(), dst);
+        room.u8(id::RESPONSE_TOPIC);
+        room.binary(v.as_bytes());
     }
     if let Some(v) = &props.correlation_data {
-        dst.put_u8(id::CORRELATION_DATA);
-        write_binary(v, dst);
+        room.u8(id::CORRELATION_DATA);
+        room.binary(v);
     }
     for &sid in p.subscription_identifiers {
-        dst.put_u8(id::SUBSCRIPTION_ID);
-        write_varint(sid as usize, dst);
+        room.u8(id::SUBSCRIPTION_ID);
+        room.varint(sid as usize);
     }
     if let Some(v) = p.topic_alias {
-        dst.put_u8(id::TOPIC_ALIAS);
-        dst.put_u16(v);
+        room.u8(id::TOPIC_ALIAS);
+        room.u16(v);
     }
-    write_user_properties(&props.user_properties, dst);
+    for (k, v) in &props.user_properties {
+        room.u8(id::USER_PROPERTY);
+        room.binary(k.as_bytes());
+        room.binary(v.as_bytes());
+    }
 }

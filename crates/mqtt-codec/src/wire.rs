@@ -3,7 +3,7 @@
 //! checks). Readers work on a `Bytes` cursor so strings and binary fields are
 //! zero-copy slices of the received frame.
 
-use bytes::{Buf, BufMut, Bytes, BytesMut};
+use bytes::{Buf, Bytes};
 use bytestring::ByteString;
 
 use crate::DecodeError;
@@ -111,27 +111,6 @@ pub(crate) fn varint_len(value: usize) -> usize {
         16_384..=2_097_151 => 3,
         _ => 4,
     }
-}
-
-/// Writes a Variable Byte Integer; callers have checked `value <= MAX_VARINT`.
-pub(crate) fn write_varint(mut value: usize, dst: &mut BytesMut) {
-    loop {
-        let mut byte = (value & 0x7F) as u8;
-        value >>= 7;
-        if value > 0 {
-            byte |= 0x80;
-        }
-        dst.put_u8(byte);
-        if value == 0 {
-            return;
-        }
-    }
-}
-
-/// Two-byte length prefix then the bytes; the caller has checked the length fits.
-pub(crate) fn write_binary(data: &[u8], dst: &mut BytesMut) {
-    dst.put_u16(data.len() as u16);
-    dst.put_slice(data);
 }
 
 /// Rejects a string or binary field too long for its two-byte length prefix.

@@ -371,4 +371,8 @@ fn publish_ref_overrides_the_per_hop_fields() {
             &mut out
         )
         .is_err());
+    // A refused packet leaves the buffer as it was; the next is appended after it.
+    assert_eq!(&out[..], PUBLISH_V5_FULL);
+    codec.encode_publish(&view, &mut out).unwrap();
+    assert_eq!(&out[..], [PUBLISH_V5_FULL, PUBLISH_V5_FULL].concat());
 }

@@ -331,3 +331,44 @@ async fn observations_end_with_the_connection() {
         .await;
     assert_eq!(stop.payload, Bytes::from_static(b":0\r\n"));
 }
+
+/// A response goes to its requester alone: another client subscribed to the
+/// requester's response topic sees nothing of it, and the requester gets it once.
+#[tokio::test]
+async fn a_response_reaches_the_requester_only() {
+    let (_broker, addr) = start().await;
+    let mut c = Client::connect(addr, "wire-reply-a").await;
+    let mut other = Client::connect(addr, "wire-reply-b").await;
+    other.subscribe(&c.response_topic).await;
+    other.subscribe("#").await;
+    let set = c
+        .call(&resp(&[b"SET", b"mine", b"v"]), 1, Some(now_ts()))
+        .await;
+    assert_eq!(set.payload, Bytes::from_static(b"+OK\r\n"));
+    c.expect_quiet().await;
+    other.expect_quiet().await;
+}
+
+/// A response larger than the requester's Maximum Packet Size is not sent [MQTT-3.1.2-25]
+/// and does not stop the next, smaller one.
+#[tokio::test]
+async fn a_response_over_the_requesters_maximum_packet_size_is_dropped() {
+    let (_broker, addr) = start().await;
+    let mut c = Client::connect_with(addr, "wire-small", |opts| {
+        opts.set_max_packet_size(Some(400));
+    })
+    .await;
+    let big = vec![b'x'; 500];
+    let set = c
+        .call(&resp(&[b"SET", b"big", &big]), 1, Some(now_ts()))
+        .await;
+    assert_eq!(set.payload, Bytes::from_static(b"+OK\r\n"));
+    c.send(&resp(&[b"GET", b"big"]), c.props(2, None)).await;
+    c.expect_quiet().await;
+    let small = c.call(&resp(&[b"GET", b"none"]), 3, None).await;
+    assert_eq!(small.payload, Bytes::from_static(b"$-1\r\n"));
+    assert_eq!(
+        small.properties.unwrap().correlation_data,
+        Some(Bytes::from(vec![3u8; 16]))
+    );
+}
