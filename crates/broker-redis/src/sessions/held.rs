@@ -14,7 +14,8 @@
 //!   a message written after it would be refused), and dropped with its session's end.
 //!
 //! Messages applied from the stream are recorded in the reader's group, never held, so
-//! the reader's position mark still covers them. What a node crash can lose is only a
+//! the reader's position mark still covers them; those replayed into a session that
+//! moved here are handed to the writer as soon as the replay ends (`fetch::install`). What a node crash can lose is only a
 //! message nobody was promised anything about (a service's reply or notification
 //! queued in the last [`STALE`]), exactly as on the data directory.
 
@@ -63,6 +64,11 @@ impl Inner {
         if due || state.held.len() >= MAX_HELD {
             self.flush_held(state);
         }
+    }
+
+    /// [`Inner::flush_held`] under the lock.
+    pub(super) fn write_held(&self) {
+        self.flush_held(&mut self.state.lock());
     }
 
     /// [`Inner::flush_due`] under the lock.
