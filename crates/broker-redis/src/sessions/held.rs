@@ -19,6 +19,7 @@
 //! message nobody was promised anything about (a service's reply or notification
 //! queued in the last [`STALE`]), exactly as on the data directory.
 
+use std::collections::HashSet;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
@@ -85,10 +86,15 @@ impl Inner {
         }
         let mut held: Vec<_> = state.held.drain().collect();
         held.sort_unstable_by_key(|(key, _)| *key);
+        // A body sent with records written earlier may have left Redis with their
+        // deletion while these were held: each body's first record here brings its
+        // data again (Redis keeps the copy it has).
+        let mut bodies = HashSet::new();
         let ops: Vec<Op> = held
             .into_iter()
             .filter_map(|((incarnation, seq), held)| {
-                Self::message_op(state, (incarnation, seq), &held.msg, held.record)
+                let first = bodies.insert(Arc::as_ptr(&held.msg));
+                Self::message_op(state, (incarnation, seq), &held.msg, held.record, first)
             })
             .collect();
         self.push(state, ops);

@@ -337,15 +337,16 @@ impl Inner {
     }
 
     /// The `M` op writing `record` for `msg` (its body's id, and its data the first
-    /// time one is handed to the writer).
+    /// time one is handed to the writer, or with `resend`).
     fn message_op(
         state: &mut State,
         (incarnation, seq): (u64, u64),
         msg: &Arc<Message>,
         record: Vec<u8>,
+        resend: bool,
     ) -> Option<Op> {
         let body = Self::body(state, msg);
-        let data = if body.sent {
+        let data = if body.sent && !resend {
             Vec::new()
         } else {
             match wire::encode(msg, wire::Now::at(std::time::Instant::now())) {
@@ -426,7 +427,7 @@ impl Inner {
                     return Vec::new();
                 }
                 state.held.remove(&at);
-                Self::message_op(state, at, message.msg, record)
+                Self::message_op(state, at, message.msg, record, false)
                     .into_iter()
                     .collect()
             }

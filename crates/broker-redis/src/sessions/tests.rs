@@ -386,3 +386,35 @@ async fn held_messages_go_before_a_release_and_with_an_end() {
         0
     );
 }
+
+/// A body whose written records were all deleted is gone from Redis: a held record
+/// of the same message written later brings its data again.
+#[tokio::test(flavor = "current_thread")]
+async fn a_held_record_written_after_its_body_left_redis_brings_the_body_again() {
+    let redis = RedisServer::start();
+    let mut con = redis::Client::open(redis.url())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let store = store(&redis, "a#1");
+    save(&store, "one", 1);
+    save(&store, "two", 2);
+    let msg = message(b"retained, say");
+    queue(&store, 1, 1, &msg);
+    store.barrier().await.unwrap();
+    queue(&store, 2, 1, &msg);
+    store.record(SessionChange::MessageDone {
+        incarnation: 1,
+        seq: 1,
+        msg: &msg,
+    });
+    store.barrier().await.unwrap();
+    let stored = bodies(&mut con);
+    assert_eq!(stored.len(), 1, "{stored:?}");
+    let data: Option<Vec<u8>> = con.hget(&stored[0].0, "d").unwrap();
+    assert!(
+        data.is_some(),
+        "the body of session two's record has its data"
+    );
+    assert_eq!(stored[0].1, 1);
+}
