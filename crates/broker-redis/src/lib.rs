@@ -224,14 +224,14 @@ impl RedisFabric {
             replicas: options.wait_replicas,
             timeout: options.wait_timeout,
         });
-        let sessions = Arc::new(sessions::Inner::start(
+        let sessions = sessions::Inner::start(
             client.clone(),
             keys.prefix.clone(),
             owner.clone(),
             fetcher,
             (options.timeout, options.session_sweep),
             wait,
-        )?);
+        )?;
         let shared = Arc::new(Shared {
             node: node.clone(),
             keys,

@@ -24,3 +24,18 @@ pub fn start(
     tracing::info!("mqtt broker joined the cluster in redis at {}", options.url);
     Ok(Some(fabric))
 }
+
+/// Writes what this node's persistent sessions still hold back (their queued messages
+/// written behind, the writer's queue) to Redis, so a session resumed on another node
+/// after a graceful shutdown lacks nothing; gives up after `grace` (Redis away).
+pub async fn flush_sessions(fabric: Option<&RedisFabric>, grace: std::time::Duration) {
+    use statehub_broker::SessionStore;
+    let Some(fabric) = fabric else { return };
+    match tokio::time::timeout(grace, fabric.sessions().barrier()).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => tracing::warn!("persistent sessions not all written at shutdown: {e}"),
+        Err(_) => {
+            tracing::warn!("persistent sessions not all written at shutdown within {grace:?}")
+        }
+    }
+}

@@ -156,7 +156,7 @@ async fn serve(mut settings: Settings) -> std::io::Result<()> {
     let shutdown = broker.shutdown_token();
     let cluster_metrics = metrics::ClusterSources::default();
     let (expiry, storage, state_store) = start_state_store(&settings, &broker, &cluster_metrics)?;
-    cluster_mqtt::start(settings.cluster.as_ref(), &broker, &cluster_metrics)?;
+    let mqtt_fabric = cluster_mqtt::start(settings.cluster.as_ref(), &broker, &cluster_metrics)?;
     let workers = Workers::start(settings.mqtt_threads)?;
     let mqtt = listeners::bind(
         &broker,
@@ -219,6 +219,7 @@ async fn serve(mut settings: Settings) -> std::io::Result<()> {
         }
     }
     workers.stop();
+    cluster_mqtt::flush_sessions(mqtt_fabric.as_ref(), grace).await;
     if let Some(data_dir) = storage {
         data_dir.close();
     }

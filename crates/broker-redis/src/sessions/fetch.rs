@@ -346,6 +346,9 @@ pub(super) fn install(
         flush(f)?;
         replay(inner, broker, con, client_id, resume, read)
     })?;
+    // The replayed messages were promised to their publishers and this node's position
+    // mark is past them already: to the writer now, not held back.
+    inner.write_held();
     if joined {
         inner.counters.adopted.fetch_add(1, Ordering::Relaxed);
     }

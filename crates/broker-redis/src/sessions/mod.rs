@@ -14,8 +14,12 @@
 //! stops storing the session and marks it released after every change it recorded),
 //! or takes it from a dead owner (its liveness key expired), then loads it and
 //! replays the stream from where the owner stopped, for that session only.
+//!
+//! A message queued for a connected session is held in memory first and usually
+//! cancelled by its acknowledgement with no Redis write at all ([`held`]).
 
 mod fetch;
+mod held;
 mod lua;
 mod records;
 mod sweep;
@@ -99,6 +103,12 @@ struct State {
     /// asked for it meanwhile, if one did (see [`Inner::asked`]).
     claiming: HashMap<u64, Option<String>>,
     bodies: FxHashMap<usize, Body>,
+    /// Queued messages not handed to the writer yet, by (incarnation, sequence
+    /// number): every reply to a persistent session is held here and removed by its
+    /// PUBACK ([`held`]).
+    held: FxHashMap<(u64, u64), held::Held>,
+    /// When the oldest held message was queued.
+    held_since: Option<std::time::Instant>,
 }
 
 /// The [`SessionStore`] in Redis.
@@ -141,8 +151,8 @@ impl RedisSessions {
 }
 
 impl Inner {
-    /// The store, its writer and sweeper threads started; with `wait`, each of its
-    /// batches waits for that many replicas.
+    /// The store, its writer, sweeper and flusher threads started; with `wait`, each
+    /// of its batches waits for that many replicas.
     pub(crate) fn start(
         client: redis::Client,
         prefix: String,
@@ -150,7 +160,7 @@ impl Inner {
         fetcher: fetch::Fetcher,
         (timeout, sweep): (Duration, Duration),
         wait: Option<Wait>,
-    ) -> std::io::Result<Inner> {
+    ) -> std::io::Result<Arc<Inner>> {
         let (tx, rx) = mpsc::channel();
         let (progress_tx, progress) = watch::channel(Progress::default());
         let counters = Arc::new(SessionCounters::default());
@@ -180,7 +190,7 @@ impl Inner {
         std::thread::Builder::new()
             .name("mqtt-session-sweeper".into())
             .spawn(move || sweeper.run())?;
-        Ok(Inner {
+        let inner = Arc::new(Inner {
             prefix,
             owner,
             state: Mutex::default(),
@@ -191,7 +201,9 @@ impl Inner {
             fetcher,
             grace_ms: u64::try_from(sweep.as_millis()).unwrap_or(u64::MAX),
             _sweeper: stop_sweeper,
-        })
+        });
+        held::start_flusher(&inner)?;
+        Ok(inner)
     }
 
     /// Queues `ops` in order: into the open group, or to the writer now.
@@ -247,6 +259,9 @@ impl Inner {
         upto: Option<&str>,
     ) {
         let mut state = self.state.lock();
+        // Fenced once released: what is held for it (or for any session, which keeps
+        // the order simple) goes first.
+        self.flush_held(&mut state);
         state.known.remove(&incarnation);
         for msg in messages {
             Self::release_body(&mut state, msg);
@@ -304,18 +319,34 @@ impl Inner {
         }
     }
 
-    /// The body op arguments of `msg` (its id, and its data the first time).
-    fn body_args(state: &mut State, msg: &Arc<Message>, refer: bool) -> Option<[Vec<u8>; 2]> {
-        let body = state.bodies.entry(key(msg)).or_insert_with(|| Body {
+    /// A record of `msg` refers to its body (a new one, or the first since adoption).
+    fn refer(state: &mut State, msg: &Arc<Message>, refer: bool) {
+        let body = Self::body(state, msg);
+        if refer || body.refs == 0 {
+            body.refs += 1;
+        }
+    }
+
+    fn body<'a>(state: &'a mut State, msg: &Arc<Message>) -> &'a mut Body {
+        state.bodies.entry(key(msg)).or_insert_with(|| Body {
             id: num(format_args!("{:016x}", rand::random::<u64>())),
             refs: 0,
             sent: false,
             _msg: msg.clone(),
-        });
-        if refer || body.refs == 0 {
-            body.refs += 1;
-        }
-        let data = if body.sent {
+        })
+    }
+
+    /// The `M` op writing `record` for `msg` (its body's id, and its data the first
+    /// time one is handed to the writer, or with `resend`).
+    fn message_op(
+        state: &mut State,
+        (incarnation, seq): (u64, u64),
+        msg: &Arc<Message>,
+        record: Vec<u8>,
+        resend: bool,
+    ) -> Option<Op> {
+        let body = Self::body(state, msg);
+        let data = if body.sent && !resend {
             Vec::new()
         } else {
             match wire::encode(msg, wire::Now::at(std::time::Instant::now())) {
@@ -327,7 +358,15 @@ impl Inner {
             }
         };
         body.sent = true;
-        Some([body.id.clone(), data])
+        let id = body.id.clone();
+        Some(vec![
+            b"M".to_vec(),
+            num(incarnation),
+            num(seq),
+            record,
+            id,
+            data,
+        ])
     }
 
     fn ops(&self, state: &mut State, change: SessionChange<'_>) -> Vec<Op> {
@@ -366,6 +405,7 @@ impl Inner {
                 ..
             } => {
                 state.known.remove(&incarnation);
+                state.held.retain(|&(inc, _), _| inc != incarnation);
                 for (_, msg) in messages {
                     Self::release_body(state, msg);
                 }
@@ -378,18 +418,18 @@ impl Inner {
                 released,
                 ..
             } => {
-                let Some([id, data]) = Self::body_args(state, message.msg, !released) else {
-                    return Vec::new();
-                };
+                Self::refer(state, message.msg, !released);
                 let record = records::encode_message(message, released);
-                vec![vec![
-                    b"M".to_vec(),
-                    num(incarnation),
-                    num(seq),
-                    record,
-                    id,
-                    data,
-                ]]
+                let at = (incarnation, seq);
+                if !released && state.open == 0 {
+                    let msg = message.msg.clone();
+                    Self::hold(state, at, held::Held { record, msg });
+                    return Vec::new();
+                }
+                state.held.remove(&at);
+                Self::message_op(state, at, message.msg, record, false)
+                    .into_iter()
+                    .collect()
             }
             SessionChange::MessageDone {
                 incarnation,
@@ -397,6 +437,9 @@ impl Inner {
                 msg,
             } => {
                 Self::release_body(state, msg);
+                if state.held.remove(&(incarnation, seq)).is_some() {
+                    return Vec::new();
+                }
                 vec![vec![b"D".to_vec(), num(incarnation), num(seq)]]
             }
             SessionChange::IncomingQos2 {
@@ -442,6 +485,7 @@ impl Inner {
         let mut state = self.state.lock();
         let ops = self.ops(&mut state, change);
         self.push(&mut state, ops);
+        self.flush_due(&mut state);
     }
 
     pub(crate) fn begin_group(&self) {
@@ -463,7 +507,8 @@ impl Inner {
     }
 
     pub(crate) fn barrier(&self) -> BoxFuture<'static, Result<(), SessionStoreError>> {
-        let state = self.state.lock();
+        let mut state = self.state.lock();
+        self.flush_held(&mut state);
         let open_group = (state.open > 0).then(|| (state.closed, self.closed.subscribe()));
         let target = state.submitted;
         drop(state);

@@ -37,9 +37,7 @@ fn store(redis: &RedisServer, owner: &str) -> RedisSessions {
         None,
     )
     .unwrap();
-    RedisSessions {
-        inner: Arc::new(inner),
-    }
+    RedisSessions { inner }
 }
 
 fn message(payload: &'static [u8]) -> Arc<Message> {
@@ -275,4 +273,148 @@ async fn a_released_session_nobody_claims_is_swept_with_its_bodies_at_its_deadli
             .all(|k| k.ends_with("sweep") || k.contains("handoff:")),
         "{left:?}"
     );
+}
+
+/// Batches the writer wrote so far.
+fn written(store: &RedisSessions) -> u64 {
+    store
+        .counters()
+        .written
+        .load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// The message record fields of session `incarnation` in Redis.
+fn records(con: &mut redis::Connection, incarnation: u64) -> Vec<String> {
+    let fields: Vec<String> = con.hkeys(format!("{PREFIX}s:{incarnation}")).unwrap();
+    fields.into_iter().filter(|f| f.starts_with("m:")).collect()
+}
+
+/// A reply queued for a connected session and acknowledged at once costs Redis
+/// nothing; one left unacknowledged is written once it is stale, and one a barrier
+/// covers is written by then.
+#[tokio::test(flavor = "current_thread")]
+async fn queued_messages_are_written_behind_and_an_acknowledgement_cancels_the_write() {
+    let redis = RedisServer::start();
+    let mut con = redis::Client::open(redis.url())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let store = store(&redis, "a#1");
+    save(&store, "c", 1);
+    store.barrier().await.unwrap();
+    let before = written(&store);
+
+    let acked = message(b"acked");
+    queue(&store, 1, 1, &acked);
+    store.record(SessionChange::MessageDone {
+        incarnation: 1,
+        seq: 1,
+        msg: &acked,
+    });
+    // Long past STALE: the flusher had its chances.
+    tokio::time::sleep(super::held::STALE * 6).await;
+    store.barrier().await.unwrap();
+    assert_eq!(
+        written(&store),
+        before,
+        "an acknowledged message is never written"
+    );
+    assert!(bodies(&mut con).is_empty());
+
+    queue(&store, 1, 2, &message(b"stale"));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while records(&mut con, 1).is_empty() {
+        assert!(Instant::now() < deadline, "a stale message is written");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(records(&mut con, 1), ["m:2"]);
+
+    queue(&store, 1, 3, &message(b"promised"));
+    store.barrier().await.unwrap();
+    let mut stored = records(&mut con, 1);
+    stored.sort();
+    assert_eq!(stored, ["m:2", "m:3"], "a barrier writes what is held");
+    assert_eq!(bodies(&mut con).len(), 2);
+}
+
+/// A held message is written before its session's release (which fences later
+/// writes), and one held when its session ends is dropped with no body left behind.
+#[tokio::test(flavor = "current_thread")]
+async fn held_messages_go_before_a_release_and_with_an_end() {
+    let redis = RedisServer::start();
+    let mut con = redis::Client::open(redis.url())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let store = store(&redis, "a#1");
+    save(&store, "moving", 1);
+    save(&store, "ending", 2);
+    queue(&store, 1, 1, &message(b"moves"));
+    store.inner.released(1, "4-0", &[], None);
+    store.barrier().await.unwrap();
+    assert_eq!(records(&mut con, 1), ["m:1"], "in the released session");
+    let owner: String = con.hget(format!("{PREFIX}s:1"), "_o").unwrap();
+    assert_eq!(owner, "", "released");
+    assert_eq!(
+        store
+            .counters()
+            .fenced
+            .load(std::sync::atomic::Ordering::Relaxed),
+        0
+    );
+
+    let msg = message(b"ends");
+    queue(&store, 2, 1, &msg);
+    store.record(SessionChange::Ended {
+        incarnation: 2,
+        messages: vec![(1, &msg)],
+        incoming_qos2: Vec::new(),
+    });
+    store.barrier().await.unwrap();
+    let exists: bool = con.exists(format!("{PREFIX}s:2")).unwrap();
+    assert!(!exists);
+    assert_eq!(
+        bodies(&mut con).len(),
+        1,
+        "only the released session's body"
+    );
+    assert_eq!(
+        store
+            .counters()
+            .fenced
+            .load(std::sync::atomic::Ordering::Relaxed),
+        0
+    );
+}
+
+/// A body whose written records were all deleted is gone from Redis: a held record
+/// of the same message written later brings its data again.
+#[tokio::test(flavor = "current_thread")]
+async fn a_held_record_written_after_its_body_left_redis_brings_the_body_again() {
+    let redis = RedisServer::start();
+    let mut con = redis::Client::open(redis.url())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let store = store(&redis, "a#1");
+    save(&store, "one", 1);
+    save(&store, "two", 2);
+    let msg = message(b"retained, say");
+    queue(&store, 1, 1, &msg);
+    store.barrier().await.unwrap();
+    queue(&store, 2, 1, &msg);
+    store.record(SessionChange::MessageDone {
+        incarnation: 1,
+        seq: 1,
+        msg: &msg,
+    });
+    store.barrier().await.unwrap();
+    let stored = bodies(&mut con);
+    assert_eq!(stored.len(), 1, "{stored:?}");
+    let data: Option<Vec<u8>> = con.hget(&stored[0].0, "d").unwrap();
+    assert!(
+        data.is_some(),
+        "the body of session two's record has its data"
+    );
+    assert_eq!(stored[0].1, 1);
 }
