@@ -38,7 +38,7 @@ use tokio::sync::watch;
 
 pub(crate) use fetch::{stream_id, Cut, Fetcher};
 pub use records::RecordError;
-pub(crate) use writer::Wait;
+pub(crate) use statehub_redis_common::Wait;
 
 use crate::wire;
 

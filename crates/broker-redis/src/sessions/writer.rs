@@ -12,7 +12,8 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use redis::{Client, Connection, ErrorKind, Script};
+use redis::{Client, Connection, Script};
+use statehub_redis_common::Wait;
 use tokio::sync::watch;
 
 use super::{lua, Op, Progress, SessionCounters};
@@ -32,14 +33,6 @@ pub(super) struct Writer {
     pub progress: watch::Sender<Progress>,
     pub counters: Arc<SessionCounters>,
     pub wait: Option<Wait>,
-}
-
-/// How many Redis replicas must have a batch before the barriers waiting for it
-/// succeed, and how long the writer waits for them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Wait {
-    pub replicas: u32,
-    pub timeout: Duration,
 }
 
 impl Writer {
@@ -150,26 +143,6 @@ impl Writer {
                 invocation.arg(arg.as_slice());
             }
         }
-        let Some(wait) = self.wait else {
-            return Ok((invocation.invoke(con)?, None));
-        };
-        let millis = u64::try_from(wait.timeout.as_millis())
-            .unwrap_or(u64::MAX)
-            .max(1);
-        let mut pipe = redis::pipe();
-        pipe.invoke_script(&invocation)
-            .cmd("WAIT")
-            .arg(wait.replicas)
-            .arg(millis);
-        let (fenced, acked): (u64, u32) = match pipe.query(con) {
-            // A pipeline does not load a script Redis lost (a restart): load it, run
-            // again (the script did not run).
-            Err(e) if e.kind() == ErrorKind::NoScriptError => {
-                invocation.load(con)?;
-                pipe.query(con)?
-            }
-            other => other?,
-        };
-        Ok((fenced, Some(acked)))
+        statehub_redis_common::invoke(con, &invocation, self.wait)
     }
 }
