@@ -40,6 +40,14 @@ fn store(redis: &RedisServer, owner: &str) -> RedisSessions {
     RedisSessions { inner }
 }
 
+/// A plain connection to `redis`, to look at what the store wrote.
+fn connect(redis: &RedisServer) -> redis::Connection {
+    redis::Client::open(redis.url())
+        .unwrap()
+        .get_connection()
+        .unwrap()
+}
+
 fn message(payload: &'static [u8]) -> Arc<Message> {
     let publish = Publish {
         dup: false,
@@ -100,10 +108,7 @@ fn bodies(con: &mut redis::Connection) -> Vec<(String, i64)> {
 #[tokio::test(flavor = "current_thread")]
 async fn a_body_is_stored_once_for_every_session_and_goes_with_its_last_record() {
     let redis = RedisServer::start();
-    let mut con = redis::Client::open(redis.url())
-        .unwrap()
-        .get_connection()
-        .unwrap();
+    let mut con = connect(&redis);
     let store = store(&redis, "a#1");
     let msg = message(b"shared");
     save(&store, "one", 1);
@@ -144,10 +149,7 @@ async fn a_body_is_stored_once_for_every_session_and_goes_with_its_last_record()
 #[tokio::test(flavor = "current_thread")]
 async fn a_change_to_a_session_another_node_owns_is_refused_and_its_barrier_fails() {
     let redis = RedisServer::start();
-    let mut con = redis::Client::open(redis.url())
-        .unwrap()
-        .get_connection()
-        .unwrap();
+    let mut con = connect(&redis);
     let store = store(&redis, "a#1");
     save(&store, "moved", 7);
     store.barrier().await.unwrap();
@@ -191,10 +193,7 @@ async fn a_change_to_a_session_another_node_owns_is_refused_and_its_barrier_fail
 async fn a_session_asked_for_while_it_is_claimed_here_goes_to_the_asker() {
     use super::fetch::{claim, install, Claim, Claiming, Resume};
     let redis = RedisServer::start();
-    let mut con = redis::Client::open(redis.url())
-        .unwrap()
-        .get_connection()
-        .unwrap();
+    let mut con = connect(&redis);
     let a = store(&redis, "a#1");
     save(&a, "mover", 7);
     queue(&a, 7, 1, &message(b"queued"));
@@ -239,10 +238,7 @@ async fn a_session_asked_for_while_it_is_claimed_here_goes_to_the_asker() {
 #[tokio::test(flavor = "current_thread")]
 async fn a_released_session_nobody_claims_is_swept_with_its_bodies_at_its_deadline() {
     let redis = RedisServer::start();
-    let mut con = redis::Client::open(redis.url())
-        .unwrap()
-        .get_connection()
-        .unwrap();
+    let mut con = connect(&redis);
     let a = store(&redis, "a#1");
     save(&a, "gone", 9);
     queue(&a, 9, 1, &message(b"kept"));
@@ -295,10 +291,7 @@ fn records(con: &mut redis::Connection, incarnation: u64) -> Vec<String> {
 #[tokio::test(flavor = "current_thread")]
 async fn queued_messages_are_written_behind_and_an_acknowledgement_cancels_the_write() {
     let redis = RedisServer::start();
-    let mut con = redis::Client::open(redis.url())
-        .unwrap()
-        .get_connection()
-        .unwrap();
+    let mut con = connect(&redis);
     let store = store(&redis, "a#1");
     save(&store, "c", 1);
     store.barrier().await.unwrap();
@@ -342,10 +335,7 @@ async fn queued_messages_are_written_behind_and_an_acknowledgement_cancels_the_w
 #[tokio::test(flavor = "current_thread")]
 async fn held_messages_go_before_a_release_and_with_an_end() {
     let redis = RedisServer::start();
-    let mut con = redis::Client::open(redis.url())
-        .unwrap()
-        .get_connection()
-        .unwrap();
+    let mut con = connect(&redis);
     let store = store(&redis, "a#1");
     save(&store, "moving", 1);
     save(&store, "ending", 2);
@@ -392,10 +382,7 @@ async fn held_messages_go_before_a_release_and_with_an_end() {
 #[tokio::test(flavor = "current_thread")]
 async fn a_held_record_written_after_its_body_left_redis_brings_the_body_again() {
     let redis = RedisServer::start();
-    let mut con = redis::Client::open(redis.url())
-        .unwrap()
-        .get_connection()
-        .unwrap();
+    let mut con = connect(&redis);
     let store = store(&redis, "a#1");
     save(&store, "one", 1);
     save(&store, "two", 2);
