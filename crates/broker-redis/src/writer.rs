@@ -7,10 +7,11 @@
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use redis::{Client, Connection, Pipeline, RedisResult};
 use statehub_broker::FabricError;
+use statehub_redis_common::ShortfallLog;
 use tokio::sync::oneshot;
 
 use crate::{Options, Shared};
@@ -62,8 +63,8 @@ pub(crate) struct Writer {
     down_logged: bool,
     wait_replicas: u32,
     wait_timeout: Duration,
-    /// When a batch fewer replicas acknowledged than asked was last logged.
-    logged_at: Option<Instant>,
+    /// Batches fewer replicas acknowledged than asked, logged now and then.
+    shortfalls: ShortfallLog,
 }
 
 impl Writer {
@@ -84,7 +85,7 @@ impl Writer {
             down_logged: false,
             wait_replicas: options.wait_replicas,
             wait_timeout: options.wait_timeout,
-            logged_at: None,
+            shortfalls: ShortfallLog::default(),
         }
     }
 
@@ -156,22 +157,12 @@ impl Writer {
     fn replicated(&mut self, replicas: Option<u32>) -> Result<(), FabricError> {
         match replicas {
             Some(acked) if acked < self.wait_replicas => {
-                let batches = self
-                    .shared
-                    .counters
-                    .not_replicated
-                    .fetch_add(1, Ordering::Relaxed)
-                    + 1;
                 let reason = format!(
                     "redis WAIT: {acked} of {} replicas acknowledged within {:?}",
                     self.wait_replicas, self.wait_timeout
                 );
-                let now = Instant::now();
-                if self
-                    .logged_at
-                    .is_none_or(|at| now.duration_since(at) >= Duration::from_secs(10))
-                {
-                    self.logged_at = Some(now);
+                let counter = &self.shared.counters.not_replicated;
+                if let Some(batches) = self.shortfalls.count(counter) {
                     tracing::warn!(
                         reason,
                         batches,

@@ -8,7 +8,7 @@
 pub mod test_server;
 mod wait;
 
-pub use wait::{check, invoke, NotReplicated, Wait};
+pub use wait::{check, invoke, NotReplicated, ShortfallLog, Wait};
 
 /// How long ago Redis appended the stream entry `id` (`{milliseconds}-{n}`), by this
 /// node's clock; 0 if that is in the future (the clocks differ) or the id is not one.

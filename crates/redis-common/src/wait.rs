@@ -8,7 +8,8 @@
 //! write happened on the primary and may or may not survive a failover, which is what a
 //! 503 tells a client (a `-ERR` would say the store refused it and changed nothing).
 
-use std::time::Duration;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use redis::{Connection, ErrorKind, FromRedisValue, RedisResult, ScriptInvocation};
 
@@ -68,5 +69,46 @@ pub fn check(wait: Option<Wait>, acked: Option<u32>) -> Result<(), NotReplicated
             timeout: wait.timeout,
         }),
         _ => Ok(()),
+    }
+}
+
+/// Counts writes fewer replicas acknowledged than asked and says when to log one: at
+/// most every [`ShortfallLog::EVERY`], so a replica that is down does not flood the log.
+#[derive(Debug, Default)]
+pub struct ShortfallLog {
+    logged_at: Option<Instant>,
+}
+
+impl ShortfallLog {
+    /// The least time between two log lines.
+    pub const EVERY: Duration = Duration::from_secs(10);
+
+    /// Counts one shortfall in `counter`; `Some(count so far)` if it is to be logged now.
+    pub fn count(&mut self, counter: &AtomicU64) -> Option<u64> {
+        let count = counter.fetch_add(1, Ordering::Relaxed) + 1;
+        let now = Instant::now();
+        if self
+            .logged_at
+            .is_some_and(|at| now.duration_since(at) < Self::EVERY)
+        {
+            return None;
+        }
+        self.logged_at = Some(now);
+        Some(count)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_shortfall_is_counted_and_the_log_is_rate_limited() {
+        let counter = AtomicU64::new(0);
+        let mut log = ShortfallLog::default();
+        assert_eq!(log.count(&counter), Some(1), "the first one is logged");
+        assert_eq!(log.count(&counter), None, "the next within EVERY is not");
+        assert_eq!(log.count(&counter), None);
+        assert_eq!(counter.load(Ordering::Relaxed), 3, "but each is counted");
     }
 }

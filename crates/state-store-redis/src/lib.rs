@@ -38,7 +38,7 @@ mod lua;
 use std::borrow::Cow;
 use std::cell::{Cell, RefCell};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
 use redis::{Client, Connection, RedisResult, Script};
@@ -51,7 +51,7 @@ use conn::Link;
 pub use conn::{Counters, RECONNECT_BACKOFF};
 pub use feed::{ChangeFeed, FeedCounters};
 use lua::Scripts;
-use statehub_redis_common::{self as wait, NotReplicated, Wait};
+use statehub_redis_common::{self as wait, NotReplicated, ShortfallLog, Wait};
 
 /// The longest key the engine takes (Redis itself takes far longer ones).
 pub const MAX_KEY_LEN: usize = 64 << 10;
@@ -178,8 +178,8 @@ pub struct RedisEngine {
     fed: Option<WriteSeq>,
     /// See [`Options::wait`].
     wait: Option<Wait>,
-    /// When a write fewer replicas acknowledged than `wait` asks was last logged.
-    logged_at: Option<Instant>,
+    /// Writes fewer replicas acknowledged than `wait` asks, logged now and then.
+    shortfalls: ShortfallLog,
 }
 
 impl RedisEngine {
@@ -197,7 +197,7 @@ impl RedisEngine {
             stats: Cell::new(Stats::default()),
             fed: None,
             wait: options.wait,
-            logged_at: None,
+            shortfalls: ShortfallLog::default(),
         })
     }
 
@@ -259,16 +259,7 @@ impl RedisEngine {
     /// Counts a write too few replicas acknowledged; logs at most every ten seconds.
     fn count_not_replicated(&mut self, short: &NotReplicated) {
         let counters = self.link.borrow().counters();
-        let writes = counters
-            .not_replicated
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-            + 1;
-        let now = Instant::now();
-        if self
-            .logged_at
-            .is_none_or(|at| now.duration_since(at) >= Duration::from_secs(10))
-        {
-            self.logged_at = Some(now);
+        if let Some(writes) = self.shortfalls.count(&counters.not_replicated) {
             tracing::warn!(
                 error = %short,
                 writes,

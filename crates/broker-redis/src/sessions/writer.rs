@@ -10,10 +10,10 @@
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use redis::{Client, Connection, Script};
-use statehub_redis_common::Wait;
+use statehub_redis_common::{ShortfallLog, Wait};
 use tokio::sync::watch;
 
 use super::{lua, Op, Progress, SessionCounters};
@@ -41,7 +41,7 @@ impl Writer {
         let script = Script::new(lua::APPLY);
         let mut connection: Option<Connection> = None;
         let mut down_logged = false;
-        let mut short_logged: Option<Instant> = None;
+        let mut shortfalls = ShortfallLog::default();
         loop {
             let (mut last, mut ops) = match self.rx.recv_timeout(RETRY) {
                 Ok(first) => first,
@@ -60,7 +60,7 @@ impl Writer {
             loop {
                 match self.apply(&script, &mut connection, &ops) {
                     Ok((fenced, acked)) => {
-                        let replicated = self.replicated(acked, &mut short_logged);
+                        let replicated = self.replicated(acked, &mut shortfalls);
                         self.counters.written.fetch_add(1, Ordering::Relaxed);
                         if down_logged {
                             tracing::info!("mqtt sessions: redis is back; storing again");
@@ -103,17 +103,14 @@ impl Writer {
 
     /// Whether enough replicas acknowledged a batch (`acked` of them; `None`: not
     /// asked). A shortfall is counted and logged at most every 10 s.
-    fn replicated(&self, acked: Option<u32>, logged_at: &mut Option<Instant>) -> bool {
+    fn replicated(&self, acked: Option<u32>, shortfalls: &mut ShortfallLog) -> bool {
         let (Some(wait), Some(acked)) = (self.wait, acked) else {
             return true;
         };
         if acked >= wait.replicas {
             return true;
         }
-        let batches = self.counters.not_replicated.fetch_add(1, Ordering::Relaxed) + 1;
-        let now = Instant::now();
-        if logged_at.is_none_or(|at| now.duration_since(at) >= Duration::from_secs(10)) {
-            *logged_at = Some(now);
+        if let Some(batches) = shortfalls.count(&self.counters.not_replicated) {
             tracing::warn!(
                 batches,
                 "mqtt sessions: redis WAIT: {acked} of {} replicas acknowledged within {:?}; acknowledgements that need these session changes are refused with 0x80",
