@@ -10,32 +10,19 @@
 //  2. The balancer moves to node C and node B is killed (SIGKILL): the same again.
 // Before that, a permission is granted and revoked through C for the subscriber on A.
 
-import { WebPubSubClient } from "@azure/web-pubsub-client";
 import { WebPubSubServiceClient } from "@azure/web-pubsub";
 import { sleep, until } from "./lib.mjs";
-import { clusterScenario } from "./redis.mjs";
+import { clusterClient, clusterScenario } from "./redis.mjs";
 
 clusterScenario("cluster-recovery", { prefix: "wpsr", nodes: ["a", "b", "c"], balanced: true }, async (t, cluster) => {
-  const { servers, clients, lb } = cluster;
+  const { servers, lb } = cluster;
   const [a, b, c] = servers;
   const hub = "recover";
   const options = { allowInsecureConnection: true, retryOptions: { maxRetries: 0 } };
   const svc = new WebPubSubServiceClient(c.connectionString, hub, options);
-  const client = async (userId, roles, groups, viaBalancer) => {
-    const token = await svc.getClientAccessToken({ userId, roles, groups });
-    const ws = new WebPubSubClient(viaBalancer ? lb.url(token.url) : token.url);
-    const seen = { got: [], connected: [], disconnected: 0 };
-    ws.on("group-message", (e) => seen.got.push(e.message.data));
-    ws.on("connected", (e) => seen.connected.push(e.connectionId));
-    ws.on("disconnected", () => seen.disconnected++);
-    clients.push(ws);
-    await ws.start();
-    await until(10000, `${userId} connected`, () => seen.connected.length === 1);
-    return { ws, seen };
-  };
-  const sub = await client("sub", [], ["g"], true);
-  const pub = await client("pub", ["webpubsub.sendToGroup"], [], true);
-  const pubC = await client("pubc", ["webpubsub.sendToGroup"], [], false);
+  const sub = await clusterClient(cluster, svc, "sub", [], ["g"]);
+  const pub = await clusterClient(cluster, svc, "pub", ["webpubsub.sendToGroup"], []);
+  const pubC = await clusterClient(cluster, svc, "pubc", ["webpubsub.sendToGroup"], [], false);
   const rest = Object.fromEntries(servers.map((s, k) => [`rest${"abc"[k]}`,
     new WebPubSubServiceClient(s.connectionString, hub, options)]));
   const sent = { resta: 0, restb: 0, restc: 0, client: 0 };

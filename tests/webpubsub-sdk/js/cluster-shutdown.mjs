@@ -5,31 +5,18 @@
 // recover their sessions on B (same connection ids, no `disconnected`, no new
 // connection) and every message arrives exactly once, in order per origin.
 
-import { WebPubSubClient } from "@azure/web-pubsub-client";
 import { WebPubSubServiceClient } from "@azure/web-pubsub";
 import { sleep, until } from "./lib.mjs";
-import { clusterScenario } from "./redis.mjs";
+import { clusterClient, clusterScenario } from "./redis.mjs";
 
 clusterScenario("cluster-shutdown", { prefix: "wpss", nodes: ["a", "b"], balanced: true }, async (t, cluster) => {
-  const { servers, clients, lb } = cluster;
+  const { servers, lb } = cluster;
   const [a, b] = servers;
   const hub = "handover";
   const options = { allowInsecureConnection: true, retryOptions: { maxRetries: 0 } };
   const svc = new WebPubSubServiceClient(b.connectionString, hub, options);
-  const client = async (userId, roles, groups) => {
-    const token = await svc.getClientAccessToken({ userId, roles, groups });
-    const ws = new WebPubSubClient(lb.url(token.url));
-    const seen = { got: [], connected: [], disconnected: 0 };
-    ws.on("group-message", (e) => seen.got.push(e.message.data));
-    ws.on("connected", (e) => seen.connected.push(e.connectionId));
-    ws.on("disconnected", () => seen.disconnected++);
-    clients.push(ws);
-    await ws.start();
-    await until(10000, `${userId} connected`, () => seen.connected.length === 1);
-    return { ws, seen };
-  };
-  const sub = await client("sub", [], ["g"]);
-  const pub = await client("pub", ["webpubsub.sendToGroup"], []);
+  const sub = await clusterClient(cluster, svc, "sub", [], ["g"]);
+  const pub = await clusterClient(cluster, svc, "pub", ["webpubsub.sendToGroup"], []);
   const sent = { rest: 0, client: 0 };
   const restSend = () => svc.group("g").sendToAll({ src: "rest", i: sent.rest++ });
   // A client send that fails while its connection moves is sent again with the same

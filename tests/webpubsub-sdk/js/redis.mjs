@@ -3,6 +3,7 @@
 
 import { spawn } from "node:child_process";
 import net from "node:net";
+import { WebPubSubClient } from "@azure/web-pubsub-client";
 import { scenario, startStatehub, until } from "./lib.mjs";
 
 export async function freePort() {
@@ -112,4 +113,22 @@ export function clusterScenario(name, { prefix, nodes, balanced = false }, body)
       redis.kill();
     }
   });
+}
+
+/**
+ * A started SDK client of `svc`'s hub as `userId` (through the cluster's balancer when
+ * `viaBalancer`), stopped with the scenario: `seen` holds its group messages' data and
+ * connection ids in arrival order, and counts its `disconnected` events.
+ */
+export async function clusterClient(cluster, svc, userId, roles, groups, viaBalancer = true) {
+  const token = await svc.getClientAccessToken({ userId, roles, groups });
+  const ws = new WebPubSubClient(viaBalancer ? cluster.lb.url(token.url) : token.url);
+  const seen = { got: [], connected: [], disconnected: 0 };
+  ws.on("group-message", (e) => seen.got.push(e.message.data));
+  ws.on("connected", (e) => seen.connected.push(e.connectionId));
+  ws.on("disconnected", () => seen.disconnected++);
+  cluster.clients.push(ws);
+  await ws.start();
+  await until(10000, `${userId} connected`, () => seen.connected.length === 1);
+  return { ws, seen };
 }
