@@ -5,7 +5,9 @@
 //! The machine sweeps before every request. Run as its own command, that sweep was one
 //! of the two round trips of every request (a `ZRANGEBYSCORE` that almost always finds
 //! nothing); carried, it is a few lines at the start of the script that the request's
-//! first command is, so a SET, a DEL and a GET are each one round trip.
+//! first command is, so a SET or a DEL is one round trip. A GET reads whether any key is
+//! due in the same round trip as the entry, and runs a script that sweeps and reads
+//! again only if one is (rare: the expiry task removes keys as they fall due).
 
 use redis::ScriptInvocation;
 use statehub_state_store::{Stamp, WriteSeq};
@@ -92,6 +94,11 @@ impl Carry {
     /// Whether a sweep waits for the next script.
     pub(crate) fn sweep_pending(&self) -> bool {
         self.sweep.is_some()
+    }
+
+    /// The time of the sweep waiting for the next script, if one does.
+    pub(crate) fn sweep_now(&self) -> Option<u64> {
+        self.sweep.map(|s| s.now_ms)
     }
 
     /// Appends the sweep's three arguments (`''` for none) and the pending stamps.

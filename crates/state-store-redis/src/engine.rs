@@ -7,13 +7,47 @@ use super::*;
 const FIELDS: [&str; 8] = ["v", "vw", "vc", "vn", "fw", "fc", "fn", "x"];
 
 impl Engine for RedisEngine {
-    /// With the sweep before it when one is pending (a GET): one script, one round trip.
+    /// With the sweep before it when one is pending (a GET): one round trip that reads
+    /// the entry and whether any key is due; only if one is, a script sweeps and reads
+    /// again.
     fn peek(&self, key: &[u8]) -> Result<Option<Cow<'_, Entry>>, EngineError> {
         let names = &self.names;
-        let fields: Vec<Option<Vec<u8>>> = if self.carry.borrow().sweep_pending() {
+        let entry = names.entry(key);
+        let sweep_at = self.carry.borrow().sweep_now();
+        let Some(now_ms) = sweep_at else {
+            let fields =
+                self.call(|con| redis::cmd("HMGET").arg(&entry).arg(&FIELDS[..]).query(con))?;
+            return Ok(self.entry(fields)?.map(Cow::Owned));
+        };
+        let (due, fields): (Vec<Vec<u8>>, Vec<Option<Vec<u8>>>) = self.call(|con| {
+            redis::pipe()
+                .cmd("ZRANGEBYSCORE")
+                .arg(&names.exp)
+                .arg("-inf")
+                .arg(now_ms)
+                .arg("LIMIT")
+                .arg(0)
+                .arg(1)
+                .cmd("HMGET")
+                .arg(&entry)
+                .arg(&FIELDS[..])
+                .query(con)
+        })?;
+        // The entry's own expiry too: another node may have written it, already due by
+        // this node's clock, between the two reads.
+        let expires = fields.get(7).and_then(Option::as_deref);
+        let own_due = expires
+            .map(number)
+            .transpose()?
+            .is_some_and(|x| x <= now_ms);
+        let fields = if due.is_empty() && !own_due {
+            // Nothing was due: the sweep would have removed nothing, merged nothing.
+            self.carry.borrow_mut().swept(false);
+            fields
+        } else {
             let mut invocation = self.scripts.get.prepare_invoke();
             invocation
-                .key(names.entry(key))
+                .key(&entry)
                 .key(&names.idx)
                 .key(&names.exp)
                 .key(&names.meta)
@@ -21,13 +55,6 @@ impl Engine for RedisEngine {
                 .arg(key)
                 .arg(self.feed_len);
             self.read_with_sweep(&mut invocation)?
-        } else {
-            self.call(|con| {
-                redis::cmd("HMGET")
-                    .arg(names.entry(key))
-                    .arg(&FIELDS[..])
-                    .query(con)
-            })?
         };
         Ok(self.entry(fields)?.map(Cow::Owned))
     }

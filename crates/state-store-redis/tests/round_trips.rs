@@ -47,7 +47,7 @@ fn set_get_del_vdel_are_one_round_trip_each() {
 }
 
 #[test]
-fn a_due_key_is_swept_by_the_next_request_in_its_one_round_trip() {
+fn a_due_key_is_swept_by_the_next_write_in_its_one_round_trip() {
     let server = RedisServer::start();
     let ns = fresh_namespace("round-trips-sweep");
     let mut node = machine(&server, &ns, "a", Config::default());
@@ -64,18 +64,17 @@ fn a_due_key_is_swept_by_the_next_request_in_its_one_round_trip() {
         &[b"SET", b"lease", b"holder", b"PX", b"10"],
         T0,
     );
-    run(&mut node, &counters, &[b"SET", b"other", b"v"], T0);
-    // A GET of another key, once `lease` is due: the GET's script removes it first.
+    // A SET of another key, once `lease` is due: its script removes `lease` first.
     let before = counters.calls.load(Ordering::Relaxed);
     let stamp = ts(T0 + 20, 0);
     let outcome = node
         .handle(
-            request("client", &[b"GET", b"other"], Some(&stamp), None),
+            request("client", &[b"SET", b"other", b"v"], Some(&stamp), None),
             T0 + 20,
         )
-        .expect("GET");
+        .expect("SET");
     assert_eq!(counters.calls.load(Ordering::Relaxed) - before, 1);
-    assert_eq!(&outcome.reply.payload[..], b"$1\r\nv\r\n");
+    assert_eq!(&outcome.reply.payload[..], b"+OK\r\n");
     assert!(
         matches!(outcome.effects.first(), Some(Effect::AwaitDurable(_))),
         "the reply waits for the feed to carry the removal: {:?}",
@@ -83,16 +82,40 @@ fn a_due_key_is_swept_by_the_next_request_in_its_one_round_trip() {
     );
     assert_eq!(node.engine().stats().keys, 1, "lease removed");
     assert!(node.next_expiry().expect("next expiry").is_none());
-    // A request the engine never sees (refused before it) still sweeps, at its seal.
-    let (reply, calls) = run(
+}
+
+#[test]
+fn a_get_sweeps_a_due_key_and_a_refused_request_at_its_seal() {
+    let server = RedisServer::start();
+    let ns = fresh_namespace("round-trips-get");
+    let mut node = machine(&server, &ns, "a", Config::default());
+    let counters = node.engine().counters();
+    run(
         &mut node,
         &counters,
-        &[b"SET", b"timed", b"v", b"PX", b"10"],
+        &[b"SET", b"a", b"v", b"PX", b"10"],
+        T0,
+    );
+    run(
+        &mut node,
+        &counters,
+        &[b"SET", b"b", b"v", b"PX", b"10"],
+        T0,
+    );
+    // Due: the GET's read sees it and a script sweeps and reads again.
+    let (reply, calls) = run(&mut node, &counters, &[b"GET", b"a"], T0 + 20);
+    assert_eq!(&reply[..], b"$-1\r\n", "due, so absent");
+    assert_eq!(calls, 2);
+    assert_eq!(node.engine().stats().keys, 0, "both swept");
+    // A request the engine never sees (refused before it) sweeps at its seal.
+    run(
+        &mut node,
+        &counters,
+        &[b"SET", b"c", b"v", b"PX", b"10"],
         T0 + 30,
     );
-    assert_eq!((&reply[..], calls), (&b"+OK\r\n"[..], 1));
     let (reply, calls) = run(&mut node, &counters, &[b"NOSUCH"], T0 + 50);
     assert!(reply.starts_with(b"-ERR"), "{reply:?}");
     assert_eq!(calls, 1, "the sweep on its own");
-    assert_eq!(node.engine().stats().keys, 1, "timed removed");
+    assert_eq!(node.engine().stats().keys, 0, "c swept");
 }
