@@ -149,3 +149,47 @@ impl Carry {
         self.fed.take()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stamp(wall_ms: u64) -> Stamp {
+        Stamp {
+            wall_ms,
+            counter: 0,
+        }
+    }
+
+    #[test]
+    fn stamps_before_a_sweep_are_not_merged_with_those_after() {
+        let mut carry = Carry::default();
+        // Plain merges (another millisecond than the request's) in a row become one.
+        carry.queue(stamp(10), 100);
+        carry.queue(stamp(20), 100);
+        assert_eq!(carry.pending.len(), 1);
+        carry.sweep_at(100, 1_000);
+        carry.queue(stamp(30), 100);
+        assert_eq!(
+            carry.pending.len(),
+            2,
+            "the request's stamp stays after the sweep"
+        );
+        assert_eq!(carry.sweep.map(|s| s.stamps), Some(1));
+        carry.queue(stamp(40), 100);
+        assert_eq!(
+            carry.pending.len(),
+            2,
+            "after it, merges in a row become one again"
+        );
+        // A read that swept nothing leaves every stamp for the next write.
+        carry.swept(false);
+        assert_eq!((carry.pending.len(), carry.sweep_pending()), (2, false));
+        carry.sweep_at(200, 1_000);
+        carry.swept(true);
+        assert!(
+            carry.pending.is_empty(),
+            "a sweep that removed a key merged them"
+        );
+    }
+}
