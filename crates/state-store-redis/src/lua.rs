@@ -20,6 +20,10 @@
 //! - `P:o:<key>`: the nodes observing `<key>`; a change of an observed key is fed.
 //! - `P:events`: the change feed, a stream capped near a configured length.
 //!
+//! The sweep of due keys that scripts carry (`sweep`) removes keys that no `KEYS`
+//! argument names (it finds them in `P:exp`); they share the namespace's hash tag, so
+//! they lie in the same Redis Cluster slot as the keys passed.
+//!
 //! Numbers: Lua's are doubles. Wall clocks (at most 15 digits, [`statehub_state_store::hlc`])
 //! are exact in them; counters (up to `u64::MAX - 1`) are not, so counters stay decimal
 //! strings, compared by length then bytes and incremented digit by digit. Node ids and

@@ -34,7 +34,8 @@
 //!   that must deserialize may allocate, once.
 //! - **Expiry is data, not behaviour.** An engine never drops a key by itself;
 //!   [`Engine::expired`] lists keys whose `expires_at_ms <= now`, ordered by expiry time
-//!   then key, and the machine removes them (so it can notify observers).
+//!   then key, and the machine removes them (so it can notify observers), or hands that
+//!   sweep to an engine that feeds its changes ([`Engine::carry_sweep`]).
 //! - **Scans are resumable.** [`Engine::scan`] returns at most `count` keys after a
 //!   cursor, plus the cursor to resume from (`None` once every key has been visited). A
 //!   key present for the whole scan is returned at least once; a key written or removed
