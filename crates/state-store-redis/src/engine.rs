@@ -7,13 +7,55 @@ use super::*;
 const FIELDS: [&str; 8] = ["v", "vw", "vc", "vn", "fw", "fc", "fn", "x"];
 
 impl Engine for RedisEngine {
+    /// With the sweep before it when one is pending (a GET): one round trip that reads
+    /// the entry and whether any key is due; only if one is, a script sweeps and reads
+    /// again.
     fn peek(&self, key: &[u8]) -> Result<Option<Cow<'_, Entry>>, EngineError> {
-        let fields: Vec<Option<Vec<u8>>> = self.run(|con| {
-            redis::cmd("HMGET")
-                .arg(self.names.entry(key))
+        let names = &self.names;
+        let entry = names.entry(key);
+        let sweep_at = self.carry.borrow().sweep_now();
+        let Some(now_ms) = sweep_at else {
+            let fields =
+                self.call(|con| redis::cmd("HMGET").arg(&entry).arg(&FIELDS[..]).query(con))?;
+            return Ok(self.entry(fields)?.map(Cow::Owned));
+        };
+        let (due, fields): (Vec<Vec<u8>>, Vec<Option<Vec<u8>>>) = self.call(|con| {
+            redis::pipe()
+                .cmd("ZRANGEBYSCORE")
+                .arg(&names.exp)
+                .arg("-inf")
+                .arg(now_ms)
+                .arg("LIMIT")
+                .arg(0)
+                .arg(1)
+                .cmd("HMGET")
+                .arg(&entry)
                 .arg(&FIELDS[..])
                 .query(con)
         })?;
+        // The entry's own expiry too: another node may have written it, already due by
+        // this node's clock, between the two reads.
+        let expires = fields.get(7).and_then(Option::as_deref);
+        let own_due = expires
+            .map(number)
+            .transpose()?
+            .is_some_and(|x| x <= now_ms);
+        let fields = if due.is_empty() && !own_due {
+            // Nothing was due: the sweep would have removed nothing, merged nothing.
+            self.carry.borrow_mut().swept(false);
+            fields
+        } else {
+            let mut invocation = self.scripts.get.prepare_invoke();
+            invocation
+                .key(&entry)
+                .key(&names.idx)
+                .key(&names.exp)
+                .key(&names.meta)
+                .key(&names.events)
+                .arg(key)
+                .arg(self.feed_len);
+            self.read_with_sweep(&mut invocation)?
+        };
         Ok(self.entry(fields)?.map(Cow::Owned))
     }
 
@@ -174,14 +216,26 @@ impl Engine for RedisEngine {
     /// node's change feed: the number of the last change the call fed, if it fed one, so
     /// that the node's own observers are notified before the writer hears back (see
     /// [`RedisEngine::written`]).
+    /// A sweep no command of the call carried (a request refused before reaching the
+    /// engine, an expiry run) runs here, on its own.
     fn seal(&mut self, _clock: &HlcClock) -> Result<Option<WriteSeq>, EngineError> {
-        Ok(self.fed.take())
+        if self.carry.get_mut().sweep_pending() {
+            self.sweep()?;
+        }
+        Ok(self.carry.get_mut().take_fed())
     }
 
     fn observe_request(&mut self, _clock: &mut HlcClock, stamp: Option<Stamp>, now_ms: u64) {
         if let Some(stamp) = stamp {
-            self.queue(stamp, now_ms);
+            self.carry.get_mut().queue(stamp, now_ms);
         }
+    }
+
+    /// Carried into the call's first command (see `carry.rs`): the sweep's removals and
+    /// notifications are the machine's, fed like every change.
+    fn carry_sweep(&mut self, now_ms: u64, limit: usize) -> bool {
+        self.carry.get_mut().sweep_at(now_ms, limit);
+        true
     }
 
     fn set_checked(
@@ -208,7 +262,7 @@ impl Engine for RedisEngine {
             self.feed_len.to_string(),
         ];
         let version_node = self.version_node.clone();
-        let reply: Vec<Vec<u8>> = self.write(
+        let reply = self.write(
             |s| &s.set,
             request.key,
             &[
@@ -246,7 +300,7 @@ impl Engine for RedisEngine {
     ) -> Result<DelOutcome, EngineError> {
         let [fw, fc, fnode] = token_args(fencing_token);
         let (now, feed_len) = (now_ms.to_string(), self.feed_len.to_string());
-        let reply: Vec<Vec<u8>> = self.write(
+        let reply = self.write(
             |s| &s.delete,
             key,
             &[
@@ -276,7 +330,7 @@ impl Engine for RedisEngine {
         now_ms: u64,
     ) -> Result<Option<Hlc>, EngineError> {
         let (now, feed_len) = (now_ms.to_string(), self.feed_len.to_string());
-        let reply: Vec<Vec<u8>> = self.write(
+        let reply = self.write(
             |s| &s.expire,
             key,
             &[key, now.as_bytes(), feed_len.as_bytes()],
@@ -284,7 +338,7 @@ impl Engine for RedisEngine {
         match reply.as_slice() {
             [] => Ok(None),
             [wall, counter, fed] => {
-                self.note_fed(fed)?;
+                self.carry.get_mut().note_fed(number(fed)?);
                 Ok(Some(self.hlc(wall, counter, None)?))
             }
             _ => Err(corrupt("expiry script reply")),

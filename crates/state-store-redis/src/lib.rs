@@ -7,16 +7,18 @@
 //! so it is atomic across nodes. The clock that issues versions lives in Redis too and is
 //! advanced by the same script as the write: versions strictly increase across the whole
 //! cluster and all carry the one configured node id, as the SDKs expect of the store.
-//! Reads (GET, SCAN, the expiry index) are plain commands.
+//! Reads (SCAN, the expiry index, a GET without a sweep to carry) are plain commands.
 //!
 //! The engine overrides the [`Engine`] trait's checked writes ([`Engine::set_checked`],
 //! [`Engine::delete_checked`], [`Engine::remove_expired`]) and ignores the machine's local
 //! clock: a request's `__ts` is carried into the next write's script instead
 //! ([`Engine::observe_request`]).
 //!
-//! Expiry: every node's expiry task lists due keys from one sorted set and removes each
-//! with a script that first checks the key is still due, so however many nodes race for
-//! it, a key's expiry is removed, versioned and fed once.
+//! Expiry: due keys are listed from one sorted set and each removed by a script that
+//! first checks the key is still due, so however many nodes race for it, a key's expiry
+//! is removed, versioned and fed once. The machine's sweep before every request is
+//! carried into the request's own script ([`Engine::carry_sweep`], `carry.rs`): a SET,
+//! DEL, VDEL or GET is one round trip, not a sweep's plus its own.
 //!
 //! Notifications ([`Engine::publishes_changes`]): a script that changes a key some node
 //! observes appends the change to one Redis stream, numbered by a counter the same
@@ -31,6 +33,7 @@
 //! replicas have it (`WAIT`, see `statehub_redis_common::Wait`); fewer is a 503 for that request, counted
 //! and logged.
 
+mod carry;
 mod conn;
 mod feed;
 mod lua;
@@ -47,6 +50,7 @@ use statehub_state_store::{
     SetCondition, SetOutcome, SetRequest, Stamp, Stats, Value, WriteSeq,
 };
 
+use carry::Carry;
 use conn::Link;
 pub use conn::{Counters, RECONNECT_BACKOFF};
 pub use feed::{ChangeFeed, FeedCounters};
@@ -146,18 +150,6 @@ impl Names {
     }
 }
 
-/// Most request stamps kept for the next script (see [`RedisEngine::queue`]).
-const MAX_PENDING: usize = 32;
-
-/// A request's stamp, to merge into the shared clock.
-#[derive(Debug, Clone, Copy)]
-struct Observation {
-    stamp: Stamp,
-    /// The request's time when the stamp is of that very millisecond: then the clock
-    /// may step ([`HlcClock::observe_request`]); `None` for a plain merge.
-    now_ms: Option<u64>,
-}
-
 /// The state store kept in Redis. See the crate docs.
 #[derive(Debug)]
 pub struct RedisEngine {
@@ -167,19 +159,15 @@ pub struct RedisEngine {
     node: String,
     version_node: Arc<str>,
     feed_len: u64,
-    /// Request stamps not yet merged into the shared clock, in order: the next script
-    /// that writes (or refuses to) merges them first, exactly as the machine's clock
-    /// would have one by one (see [`Observation`]).
-    pending: Vec<Observation>,
+    /// The stamps and the sweep for the next script, and what scripts fed. In a cell, as
+    /// reads (`&self`) carry the sweep too.
+    carry: RefCell<Carry>,
     /// The last stats read, answered when Redis is out of reach ([`Engine::stats`] cannot fail).
     stats: Cell<Stats>,
-    /// The feed number of the last change this call fed, until [`Engine::seal`] hands it
-    /// on.
-    fed: Option<WriteSeq>,
     /// See [`Options::wait`].
     wait: Option<Wait>,
     /// Writes fewer replicas acknowledged than `wait` asks, logged now and then.
-    shortfalls: ShortfallLog,
+    shortfalls: RefCell<ShortfallLog>,
 }
 
 impl RedisEngine {
@@ -193,11 +181,10 @@ impl RedisEngine {
             node: options.node.clone(),
             version_node: Arc::from(options.version_node_id.as_str()),
             feed_len: options.feed_len,
-            pending: Vec::new(),
+            carry: RefCell::default(),
             stats: Cell::new(Stats::default()),
-            fed: None,
             wait: options.wait,
-            shortfalls: ShortfallLog::default(),
+            shortfalls: RefCell::default(),
         })
     }
 
@@ -211,21 +198,80 @@ impl RedisEngine {
         ChangeFeed::open(options, &Names::new(&options.namespace).events)
     }
 
+    /// Runs one command, after the sweep if one is pending (the command cannot carry it).
     fn run<T>(
+        &self,
+        call: impl FnOnce(&mut Connection) -> RedisResult<T>,
+    ) -> Result<T, EngineError> {
+        if self.carry.borrow().sweep_pending() {
+            self.sweep()?;
+        }
+        self.call(call)
+    }
+
+    fn call<T>(
         &self,
         call: impl FnOnce(&mut Connection) -> RedisResult<T>,
     ) -> Result<T, EngineError> {
         Ok(self.link.borrow_mut().run(call)?)
     }
 
-    /// Runs a write script with the six keys every one takes and the pending stamps
-    /// after `args`, then forgets the stamps it merged into the clock.
-    fn write<T: redis::FromRedisValue>(
-        &mut self,
+    /// Runs the pending sweep on its own.
+    fn sweep(&self) -> Result<(), EngineError> {
+        let names = &self.names;
+        let mut invocation = self.scripts.sweep.prepare_invoke();
+        invocation
+            .key(&names.idx)
+            .key(&names.exp)
+            .key(&names.meta)
+            .key(&names.events)
+            .arg(self.feed_len);
+        if !self.read_with_sweep(&mut invocation)?.is_empty() {
+            return Err(corrupt("sweep script reply"));
+        }
+        Ok(())
+    }
+
+    /// Runs a script that only reads but carries the sweep: the sweep's stamps merged if
+    /// it removed a key, and then, under [`Options::wait`], a `WAIT` for its removals.
+    /// Returns the reply after the sweep's two.
+    fn read_with_sweep(
+        &self,
+        invocation: &mut redis::ScriptInvocation<'_>,
+    ) -> Result<Vec<Option<Vec<u8>>>, EngineError> {
+        self.carry.borrow().append_args(invocation);
+        let mut reply: Vec<Option<Vec<u8>>> = self.call(|con| invocation.invoke(con))?;
+        let removed = match reply.get(..2) {
+            Some([Some(fed), Some(removed)]) => self.swept(fed, removed)?,
+            _ => return Err(corrupt("sweep reply")),
+        };
+        reply.drain(..2);
+        self.carry.borrow_mut().swept(removed > 0);
+        if removed > 0 {
+            if let Some(wait) = self.wait {
+                let acked = self.call(|con| replicas_acked(con, wait))?;
+                self.check_replicated(Some(acked))?;
+            }
+        }
+        Ok(reply)
+    }
+
+    /// The sweep's two first fields of a script's reply: notes what it fed, returns how
+    /// many keys it removed.
+    fn swept(&self, fed: &[u8], removed: &[u8]) -> Result<u64, EngineError> {
+        self.carry.borrow_mut().note_fed(number(fed)?);
+        number(removed)
+    }
+
+    /// Runs a write script with the six keys every one takes, then the sweep and the
+    /// pending stamps after `args`, and forgets what it merged. Returns the reply after
+    /// the sweep's two.
+    fn write(
+        &self,
         script: fn(&Scripts) -> &Script,
         key: &[u8],
         args: &[&[u8]],
-    ) -> Result<T, EngineError> {
+    ) -> Result<Vec<Vec<u8>>, EngineError> {
         let names = &self.names;
         let mut invocation = script(&self.scripts).prepare_invoke();
         invocation
@@ -238,63 +284,35 @@ impl RedisEngine {
         for arg in args {
             invocation.arg(*arg);
         }
-        for observation in &self.pending {
-            let stamp = observation.stamp;
-            invocation.arg(stamp.wall_ms).arg(stamp.counter).arg(
-                observation
-                    .now_ms
-                    .map_or_else(String::new, |now| now.to_string()),
-            );
-        }
+        self.carry.borrow().append_args(&mut invocation);
         let wait = self.wait;
-        let (reply, acked) = self.run(|con| wait::invoke(con, &invocation, wait))?;
-        self.pending.clear();
-        if let Err(short) = wait::check(wait, acked) {
-            self.count_not_replicated(&short);
-            return Err(RedisEngineError::from(short).into());
-        }
+        let (mut reply, acked): (Vec<Vec<u8>>, _) =
+            self.call(|con| wait::invoke(con, &invocation, wait))?;
+        self.carry.borrow_mut().merged_all();
+        match reply.get(..2) {
+            Some([fed, removed]) => self.swept(fed, removed)?,
+            _ => return Err(corrupt("sweep reply")),
+        };
+        reply.drain(..2);
+        self.check_replicated(acked)?;
         Ok(reply)
     }
 
-    /// Counts a write too few replicas acknowledged; logs at most every ten seconds.
-    fn count_not_replicated(&mut self, short: &NotReplicated) {
+    /// `Err` if fewer replicas acknowledged than [`Options::wait`] asks: counted, and
+    /// logged at most every ten seconds.
+    fn check_replicated(&self, acked: Option<u32>) -> Result<(), EngineError> {
+        let Err(short) = wait::check(self.wait, acked) else {
+            return Ok(());
+        };
         let counters = self.link.borrow().counters();
-        if let Some(writes) = self.shortfalls.count(&counters.not_replicated) {
+        if let Some(writes) = self.shortfalls.borrow_mut().count(&counters.not_replicated) {
             tracing::warn!(
                 error = %short,
                 writes,
                 "state store write not acknowledged by enough redis replicas; answered 503"
             );
         }
-    }
-
-    /// Queues a request's stamp for the next script (see [`RedisEngine::pending`]).
-    fn queue(&mut self, stamp: Stamp, now_ms: u64) {
-        // A stamp of another millisecond than the request's can only be merged: merges
-        // in a row are one merge of the greatest.
-        let observation = Observation {
-            stamp,
-            now_ms: (stamp.wall_ms == now_ms).then_some(now_ms),
-        };
-        match self.pending.last_mut() {
-            Some(last) if last.now_ms.is_none() && observation.now_ms.is_none() => {
-                last.stamp = last.stamp.max(stamp);
-            }
-            _ => self.pending.push(observation),
-        }
-        // Many reads in a row without a write: keep them as one merge of the greatest.
-        // Versions still exceed every stamp; only a step's choice between a new
-        // millisecond and a new counter may differ from the single node's.
-        if self.pending.len() > MAX_PENDING {
-            let greatest = self.pending.iter().map(|o| o.stamp).max();
-            self.pending.clear();
-            if let Some(stamp) = greatest {
-                self.pending.push(Observation {
-                    stamp,
-                    now_ms: None,
-                });
-            }
-        }
+        Err(RedisEngineError::from(short).into())
     }
 
     fn hlc(&self, wall: &[u8], counter: &[u8], node: Option<&[u8]>) -> Result<Hlc, EngineError> {
@@ -334,20 +352,12 @@ impl RedisEngine {
     /// feed's thread may read the change after the writer's reply has gone. A client
     /// that observes a key, writes it and stops observing on seeing the reply would then
     /// miss the notification that one node always sends first.
-    fn written(&mut self, reply: &[Vec<u8>]) -> Result<Hlc, EngineError> {
+    fn written(&self, reply: &[Vec<u8>]) -> Result<Hlc, EngineError> {
         let [_, wall, counter, fed] = reply else {
             return Err(corrupt("write script reply"));
         };
-        self.note_fed(fed)?;
+        self.carry.borrow_mut().note_fed(number(fed)?);
         self.hlc(wall, counter, None)
-    }
-
-    fn note_fed(&mut self, fed: &[u8]) -> Result<(), EngineError> {
-        let fed = number(fed)?;
-        if fed > 0 {
-            self.fed = Some(self.fed.map_or(fed, |last| last.max(fed)));
-        }
-        Ok(())
     }
 
     /// A script's `{tag, wall, counter, node?}` reply, as a version.
@@ -358,6 +368,14 @@ impl RedisEngine {
             _ => Err(corrupt("script reply")),
         }
     }
+}
+
+/// `WAIT` on its own: how many replicas have this connection's writes so far.
+fn replicas_acked(con: &mut Connection, wait: Wait) -> RedisResult<u32> {
+    let millis = u64::try_from(wait.timeout.as_millis())
+        .unwrap_or(u64::MAX)
+        .max(1);
+    redis::cmd("WAIT").arg(wait.replicas).arg(millis).query(con)
 }
 
 fn corrupt(what: &'static str) -> EngineError {

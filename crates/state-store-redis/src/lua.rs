@@ -20,6 +20,10 @@
 //! - `P:o:<key>`: the nodes observing `<key>`; a change of an observed key is fed.
 //! - `P:events`: the change feed, a stream capped near a configured length.
 //!
+//! The sweep of due keys that scripts carry (`sweep`) removes keys that no `KEYS`
+//! argument names (it finds them in `P:exp`); they share the namespace's hash tag, so
+//! they lie in the same Redis Cluster slot as the keys passed.
+//!
 //! Numbers: Lua's are doubles. Wall clocks (at most 15 digits, [`statehub_state_store::hlc`])
 //! are exact in them; counters (up to `u64::MAX - 1`) are not, so counters stay decimal
 //! strings, compared by length then bytes and incremented digit by digit. Node ids and
@@ -64,12 +68,12 @@ local function inc(c)
   return s
 end
 -- The cluster's clock, with the stamps of the requests since the last script merged in
--- their order (ARGV from `first` on, in triples wall, counter, now: `now` is '' for a
+-- their order (ARGV[first..last], in triples wall, counter, now: `now` is '' for a
 -- plain merge, HlcClock::observe; else HlcClock::observe_request at that time).
-local function observed(meta, first)
+local function observed(meta, first, last)
   local st = redis.call('HMGET', meta, 'cw', 'cc', 'cs')
   local w, c, stepped = tonumber(st[1] or '0'), st[2] or '0', st[3] == '1'
-  for i = first, #ARGV, 3 do
+  for i = first, last, 3 do
     local tw, tc, tn = tonumber(ARGV[i]), ARGV[i + 1], ARGV[i + 2]
     local d = hcmp(tw, tc, nil, w, c, nil)
     if tn ~= '' and tw == tonumber(tn) and d >= 0 then w, c, stepped = tw + 1, '0', true
@@ -80,12 +84,13 @@ end
 -- Merges the stamps and keeps the clock so (a request that writes nothing).
 local function observe(meta, first)
   if #ARGV < first then return end
-  local w, c, stepped = observed(meta, first)
+  local w, c, stepped = observed(meta, first, #ARGV)
   redis.call('HSET', meta, 'cw', fmt(w), 'cc', c, 'cs', stepped and '1' or '0')
 end
--- Merges the stamps, then issues a version (HlcClock::tick). Returns wall, counter.
-local function tick(meta, now, first)
-  local w, c, stepped = observed(meta, first)
+-- Merges the stamps ARGV[first..last], then issues a version (HlcClock::tick). Returns
+-- wall, counter.
+local function tick(meta, now, first, last)
+  local w, c, stepped = observed(meta, first, last)
   if now > w then w, c = now, '0'
   elseif not stepped then
     if ncmp(c, MAXC) >= 0 then w, c = w + 1, '0' else c = inc(c) end
@@ -120,31 +125,65 @@ local function fenced(cur, tw, tc, tn)
   if hcmp(tonumber(tw), tc, tn, tonumber(cur[5]), cur[6], cur[7]) < 0 then return 'fencing_lower' end
   return nil
 end
+-- The machine's sweep of due keys before a request (Engine::carry_sweep), run first
+-- thing by the script the request's first command is: ARGV[at] its time ('' for none),
+-- ARGV[at + 1] the most keys it removes, ARGV[at + 2] how many of the stamp triples from
+-- ARGV[at + 3] on came before it (the first removal merges those). Each due key is
+-- removed as EXPIRE does; `own`, the request's key, too if it is due and `limit` keys
+-- were (Machine::expire_key_if_due). Returns how many it removed, the number of the last
+-- change it fed ('0' for none) and where the stamps still to merge begin.
+local function sweep(idx, exp, meta, events, maxlen, at, own)
+  local first = at + 3
+  if ARGV[at] == '' then return '0', '0', first end
+  local now, limit = tonumber(ARGV[at]), tonumber(ARGV[at + 1])
+  local last = first + 3 * tonumber(ARGV[at + 2]) - 1
+  local prefix = string.sub(idx, 1, #idx - 4)
+  local due = redis.call('ZRANGEBYSCORE', exp, '-inf', ARGV[at], 'LIMIT', 0, limit)
+  if own and #due == limit then due[#due + 1] = own end
+  local n, fed = 0, '0'
+  for _, key in ipairs(due) do
+    local e = prefix .. 'e:' .. key
+    local cur = redis.call('HMGET', e, 'v', 'x')
+    if cur[2] and tonumber(cur[2]) <= now then
+      forget(e, idx, exp, meta, key, cur)
+      local w, c = tick(meta, now, first, last)
+      first = last + 1
+      local f = feed(prefix .. 'o:' .. key, events, meta, maxlen, key, nil, w, c)
+      if f ~= '0' then fed = f end
+      n = n + 1
+    end
+  end
+  return tostring(n), fed, first
+end
 "#;
 
+/// Every script that carries the sweep replies `{fed, removed, ...}` first: the number of
+/// the last change the sweep fed (`0` for none) and how many keys it removed.
+///
 /// KEYS: e, idx, exp, meta, obs, events. ARGV: key, value, condition (`A`, `N`, `E`),
 /// expiry (`''` for none), fencing token wall/counter/node (`''` for none), now, max
-/// keys, max bytes, max key length, max value length, version node, feed length, then
-/// the stamps to merge (see `observed`).
-/// Returns `{'W', wall, counter, fed}` (`fed`: the change's number in the feed, `0` if not
-/// fed), `{'K', wall, counter, node}` or `{'R', refusal}`.
+/// keys, max bytes, max key length, max value length, version node, feed length, the
+/// sweep (see `sweep`), then the stamps to merge (see `observed`).
+/// Returns (after the sweep's two) `{'W', wall, counter, fed}` (`fed`: the change's number
+/// in the feed, `0` if not fed), `{'K', wall, counter, node}` or `{'R', refusal}`.
 const SET: &str = r#"
 local e, idx, exp, meta, obs, events = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local key, value, cond, x = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local now = tonumber(ARGV[8])
+local n, sfed, first = sweep(idx, exp, meta, events, ARGV[14], 15, key)
 local cur = redis.call('HMGET', e, 'v', 'vw', 'vc', 'vn', 'fw', 'fc', 'fn')
 local exists = cur[2] ~= false
 if exists then
   local refusal = fenced(cur, ARGV[5], ARGV[6], ARGV[7])
-  if refusal then observe(meta, 15); return {'R', refusal} end
+  if refusal then observe(meta, first); return {sfed, n, 'R', refusal} end
   if cond == 'N' or (cond == 'E' and cur[1] ~= value) then
-    observe(meta, 15)
-    return {'K', cur[2], cur[3], cur[4]}
+    observe(meta, first)
+    return {sfed, n, 'K', cur[2], cur[3], cur[4]}
   end
 end
 if #key > tonumber(ARGV[11]) or #value > tonumber(ARGV[12]) then
-  observe(meta, 15)
-  return {'R', 'quota'}
+  observe(meta, first)
+  return {sfed, n, 'R', 'quota'}
 end
 local stats = redis.call('HMGET', meta, 'keys', 'bytes')
 local nkeys, nbytes = tonumber(stats[1] or '0'), tonumber(stats[2] or '0')
@@ -152,10 +191,10 @@ local old = exists and (#key + #cur[1]) or 0
 local new = #key + #value
 if (not exists and nkeys + 1 > tonumber(ARGV[9]))
   or (new > old and nbytes - old + new > tonumber(ARGV[10])) then
-  observe(meta, 15)
-  return {'R', 'quota'}
+  observe(meta, first)
+  return {sfed, n, 'R', 'quota'}
 end
-local w, c = tick(meta, now, 15)
+local w, c = tick(meta, now, first, #ARGV)
 redis.call('DEL', e)
 redis.call('HSET', e, 'v', value, 'vw', fmt(w), 'vc', c, 'vn', ARGV[13])
 if ARGV[5] ~= '' then redis.call('HSET', e, 'fw', ARGV[5], 'fc', ARGV[6], 'fn', ARGV[7]) end
@@ -171,43 +210,64 @@ if not exists then
 end
 redis.call('HINCRBY', meta, 'bytes', new - old)
 local fed = feed(obs, events, meta, ARGV[14], key, value, w, c)
-return {'W', fmt(w), c, fed}
+return {sfed, n, 'W', fmt(w), c, fed}
 "#;
 
 /// KEYS: e, idx, exp, meta, obs, events. ARGV: key, whether a value must match (`1`/`0`),
-/// that value, fencing token wall/counter/node, now, feed length, then the stamps to
-/// merge.
-/// Returns `{'A'}`, `{'D', wall, counter, fed}` (as SET's `W`), `{'K', wall, counter, node}`
-/// or `{'R', refusal}`.
+/// that value, fencing token wall/counter/node, now, feed length, the sweep, then the
+/// stamps to merge.
+/// Returns (after the sweep's two) `{'A'}`, `{'D', wall, counter, fed}` (as SET's `W`),
+/// `{'K', wall, counter, node}` or `{'R', refusal}`.
 const DELETE: &str = r#"
 local e, idx, exp, meta, obs, events = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local key = ARGV[1]
+local n, sfed, first = sweep(idx, exp, meta, events, ARGV[8], 9, key)
 local cur = redis.call('HMGET', e, 'v', 'vw', 'vc', 'vn', 'fw', 'fc', 'fn')
-if not cur[2] then observe(meta, 9); return {'A'} end
+if not cur[2] then observe(meta, first); return {sfed, n, 'A'} end
 local refusal = fenced(cur, ARGV[4], ARGV[5], ARGV[6])
-if refusal then observe(meta, 9); return {'R', refusal} end
+if refusal then observe(meta, first); return {sfed, n, 'R', refusal} end
 if ARGV[2] == '1' and cur[1] ~= ARGV[3] then
-  observe(meta, 9)
-  return {'K', cur[2], cur[3], cur[4]}
+  observe(meta, first)
+  return {sfed, n, 'K', cur[2], cur[3], cur[4]}
 end
 forget(e, idx, exp, meta, key, cur)
-local w, c = tick(meta, tonumber(ARGV[7]), 9)
+local w, c = tick(meta, tonumber(ARGV[7]), first, #ARGV)
 local fed = feed(obs, events, meta, ARGV[8], key, nil, w, c)
-return {'D', fmt(w), c, fed}
+return {sfed, n, 'D', fmt(w), c, fed}
 "#;
 
-/// KEYS: e, idx, exp, meta, obs, events. ARGV: key, now, feed length, then the stamps to
-/// merge. Removes the key if it is still due. Returns `{}` or `{wall, counter, fed}` (as
-/// SET's `W`).
+/// KEYS: e, idx, exp, meta, obs, events. ARGV: key, now, feed length, the sweep, then the
+/// stamps to merge. Removes the key if it is still due. Returns (after the sweep's two)
+/// nothing or `{wall, counter, fed}` (as SET's `W`).
 const EXPIRE: &str = r#"
 local e, idx, exp, meta, obs, events = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local key, now = ARGV[1], tonumber(ARGV[2])
+local n, sfed, first = sweep(idx, exp, meta, events, ARGV[3], 4, nil)
 local cur = redis.call('HMGET', e, 'v', 'x')
-if not cur[2] or tonumber(cur[2]) > now then observe(meta, 4); return {} end
+if not cur[2] or tonumber(cur[2]) > now then observe(meta, first); return {sfed, n} end
 forget(e, idx, exp, meta, key, cur)
-local w, c = tick(meta, now, 4)
+local w, c = tick(meta, now, first, #ARGV)
 local fed = feed(obs, events, meta, ARGV[3], key, nil, w, c)
-return {fmt(w), c, fed}
+return {sfed, n, fmt(w), c, fed}
+"#;
+
+/// KEYS: e, idx, exp, meta, events. ARGV: key, feed length, the sweep, then the stamps
+/// (the sweep's are merged only if it removes a key; the rest wait for the next write).
+/// A GET with the sweep before it. Returns (after the sweep's two) the entry's fields
+/// `v vw vc vn fw fc fn x`.
+const GET: &str = r#"
+local e, idx, exp, meta, events = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local n, sfed = sweep(idx, exp, meta, events, ARGV[2], 3, ARGV[1])
+local cur = redis.call('HMGET', e, 'v', 'vw', 'vc', 'vn', 'fw', 'fc', 'fn', 'x')
+return {sfed, n, cur[1], cur[2], cur[3], cur[4], cur[5], cur[6], cur[7], cur[8]}
+"#;
+
+/// KEYS: idx, exp, meta, events. ARGV: feed length, the sweep, then the stamps (as GET).
+/// The sweep alone, when the request's first command cannot carry it. Returns the
+/// sweep's two.
+const SWEEP: &str = r#"
+local n, sfed = sweep(KEYS[1], KEYS[2], KEYS[3], KEYS[4], ARGV[1], 2, nil)
+return {sfed, n}
 "#;
 
 /// KEYS: e, idx, exp, meta. ARGV: key, value, version wall/counter/node, fencing token
@@ -264,6 +324,8 @@ pub(crate) struct Scripts {
     pub(crate) put: Script,
     pub(crate) remove: Script,
     pub(crate) observe: Script,
+    pub(crate) get: Script,
+    pub(crate) sweep: Script,
 }
 
 impl Scripts {
@@ -276,6 +338,8 @@ impl Scripts {
             put: with_prelude(PUT),
             remove: with_prelude(REMOVE),
             observe: Script::new(OBSERVE),
+            get: with_prelude(GET),
+            sweep: with_prelude(SWEEP),
         }
     }
 }

@@ -34,7 +34,8 @@
 //!   that must deserialize may allocate, once.
 //! - **Expiry is data, not behaviour.** An engine never drops a key by itself;
 //!   [`Engine::expired`] lists keys whose `expires_at_ms <= now`, ordered by expiry time
-//!   then key, and the machine removes them (so it can notify observers).
+//!   then key, and the machine removes them (so it can notify observers), or hands that
+//!   sweep to an engine that feeds its changes ([`Engine::carry_sweep`]).
 //! - **Scans are resumable.** [`Engine::scan`] returns at most `count` keys after a
 //!   cursor, plus the cursor to resume from (`None` once every key has been visited). A
 //!   key present for the whole scan is returned at least once; a key written or removed
@@ -282,6 +283,22 @@ pub trait Engine {
         now_ms: u64,
     ) -> Result<Option<Hlc>, EngineError> {
         checked::remove_expired(self, clock, key, now_ms)
+    }
+
+    /// Whether the engine takes over the machine's sweep of due keys (before each
+    /// request, and at each expiry run): up to `limit` keys due by `now_ms`, each removed
+    /// as [`Engine::remove_expired`] would, earliest first, and then, if `limit` were
+    /// due, the request's own key if due. `false` (the default): the machine sweeps with
+    /// [`Engine::expired`] and [`Engine::remove_expired`], one call per key.
+    ///
+    /// An engine whose calls are round trips to a server carries the sweep into the
+    /// call's first command that reads or writes (at the latest [`Engine::seal`]), so
+    /// that it costs no round trip of its own. Only an engine that
+    /// [`Engine::publishes_changes`] may (the sweep's notifications come from its feed),
+    /// and its outcome must be the machine's: the removals' versions issued before the
+    /// request's `__ts` is merged ([`Engine::observe_request`] comes after this call).
+    fn carry_sweep(&mut self, _now_ms: u64, _limit: usize) -> bool {
+        false
     }
 
     /// Whether the engine reports every change itself, as [`Change`]s fed to

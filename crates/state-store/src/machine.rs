@@ -291,12 +291,16 @@ impl<E: Engine, A: Authorizer> Machine<E, A> {
     }
 
     /// Removes up to [`EXPIRY_BATCH`] expired keys; `true` if that many were removed,
-    /// so that more may be due.
+    /// so that more may be due. An engine that carries the sweep itself
+    /// ([`Engine::carry_sweep`]) also removes a request's own key then.
     fn remove_expired(
         &mut self,
         now_ms: u64,
         effects: &mut Vec<Effect>,
     ) -> Result<bool, FatalError> {
+        if self.engine.carry_sweep(now_ms, EXPIRY_BATCH) {
+            return Ok(false);
+        }
         let due = self.engine.expired(now_ms, EXPIRY_BATCH)?;
         for key in &due {
             self.remove_expired_key(key, now_ms, effects)?;

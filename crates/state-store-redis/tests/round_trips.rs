@@ -1,0 +1,121 @@
+//! Round trips to Redis per request: the machine's sweep of due keys rides in the
+//! request's own script, so a SET, a GET, a DEL and a VDEL are one round trip each, and
+//! a due key is still removed, versioned and fed before the request is answered.
+
+mod common;
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use common::{fresh_namespace, machine, request, ts, T0};
+use statehub_redis_common::test_server::RedisServer;
+use statehub_state_store::{AllowAll, Config, Effect, Engine, Machine};
+use statehub_state_store_redis::{Counters, RedisEngine};
+
+type Node = Machine<RedisEngine, AllowAll>;
+
+/// Runs one request at `now` and returns its reply payload and how many calls to Redis
+/// it made.
+fn run(node: &mut Node, counters: &Arc<Counters>, args: &[&[u8]], now: u64) -> (Vec<u8>, u64) {
+    let before = counters.calls.load(Ordering::Relaxed);
+    let stamp = ts(now, 0);
+    let outcome = node
+        .handle(request("client", args, Some(&stamp), None), now)
+        .expect("request");
+    let calls = counters.calls.load(Ordering::Relaxed) - before;
+    (outcome.reply.payload.to_vec(), calls)
+}
+
+#[test]
+fn set_get_del_vdel_are_one_round_trip_each() {
+    let server = RedisServer::start();
+    let ns = fresh_namespace("round-trips");
+    let mut node = machine(&server, &ns, "a", Config::default());
+    let counters = node.engine().counters();
+    let requests: [&[&[u8]]; 6] = [
+        &[b"SET", b"k", b"v"],
+        &[b"GET", b"k"],
+        &[b"SET", b"k", b"v", b"NX"],
+        &[b"VDEL", b"k", b"other"],
+        &[b"DEL", b"k"],
+        &[b"GET", b"k"],
+    ];
+    for (i, args) in requests.iter().enumerate() {
+        let (_, calls) = run(&mut node, &counters, args, T0 + i as u64);
+        assert_eq!(calls, 1, "{args:?}: one round trip, the sweep included");
+    }
+}
+
+#[test]
+fn a_due_key_is_swept_by_the_next_write_in_its_one_round_trip() {
+    let server = RedisServer::start();
+    let ns = fresh_namespace("round-trips-sweep");
+    let mut node = machine(&server, &ns, "a", Config::default());
+    let counters = node.engine().counters();
+    let stamp = ts(T0, 0);
+    node.handle(
+        request("observer", &[b"KEYNOTIFY", b"lease"], Some(&stamp), None),
+        T0,
+    )
+    .expect("KEYNOTIFY");
+    run(
+        &mut node,
+        &counters,
+        &[b"SET", b"lease", b"holder", b"PX", b"10"],
+        T0,
+    );
+    // A SET of another key, once `lease` is due: its script removes `lease` first.
+    let before = counters.calls.load(Ordering::Relaxed);
+    let stamp = ts(T0 + 20, 0);
+    let outcome = node
+        .handle(
+            request("client", &[b"SET", b"other", b"v"], Some(&stamp), None),
+            T0 + 20,
+        )
+        .expect("SET");
+    assert_eq!(counters.calls.load(Ordering::Relaxed) - before, 1);
+    assert_eq!(&outcome.reply.payload[..], b"+OK\r\n");
+    assert!(
+        matches!(outcome.effects.first(), Some(Effect::AwaitDurable(_))),
+        "the reply waits for the feed to carry the removal: {:?}",
+        outcome.effects
+    );
+    assert_eq!(node.engine().stats().keys, 1, "lease removed");
+    assert!(node.next_expiry().expect("next expiry").is_none());
+}
+
+#[test]
+fn a_get_sweeps_a_due_key_and_a_refused_request_at_its_seal() {
+    let server = RedisServer::start();
+    let ns = fresh_namespace("round-trips-get");
+    let mut node = machine(&server, &ns, "a", Config::default());
+    let counters = node.engine().counters();
+    run(
+        &mut node,
+        &counters,
+        &[b"SET", b"a", b"v", b"PX", b"10"],
+        T0,
+    );
+    run(
+        &mut node,
+        &counters,
+        &[b"SET", b"b", b"v", b"PX", b"10"],
+        T0,
+    );
+    // Due: the GET's read sees it and a script sweeps and reads again.
+    let (reply, calls) = run(&mut node, &counters, &[b"GET", b"a"], T0 + 20);
+    assert_eq!(&reply[..], b"$-1\r\n", "due, so absent");
+    assert_eq!(calls, 2);
+    assert_eq!(node.engine().stats().keys, 0, "both swept");
+    // A request the engine never sees (refused before it) sweeps at its seal.
+    run(
+        &mut node,
+        &counters,
+        &[b"SET", b"c", b"v", b"PX", b"10"],
+        T0 + 30,
+    );
+    let (reply, calls) = run(&mut node, &counters, &[b"NOSUCH"], T0 + 50);
+    assert!(reply.starts_with(b"-ERR"), "{reply:?}");
+    assert_eq!(calls, 1, "the sweep on its own");
+    assert_eq!(node.engine().stats().keys, 0, "c swept");
+}
