@@ -185,3 +185,97 @@ async fn persistent_session_changes_wait_for_a_replica_and_are_refused_with_0x80
     let ack = back.subscribe("s/2", opts(QoS::AtLeastOnce)).await;
     assert_eq!(ack.reason_codes, [ReasonCode::GRANTED_QOS_1]);
 }
+
+const WPS_KEY: &str = "cluster-wait-access-key";
+const WPS_HUB: &str = "wait";
+
+/// A node with Web PubSub whose acknowledgements wait for one replica.
+fn wps_node(primary: &RedisServer) -> Server {
+    let toml = format!(
+        "[webpubsub]\naccess_keys = [\"{WPS_KEY}\"]\n\
+         [cluster]\nredis_url = \"{}\"\nnamespace = \"wpswait\"\nredis_wait_timeout_ms = 200\n",
+        primary.url()
+    );
+    common::start_configured(&toml, &["--redis-wait-replicas", "1"])
+}
+
+/// A REST send to every connection of the hub through `addr`: the HTTP status.
+async fn rest_send(addr: std::net::SocketAddr) -> u16 {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let path = format!("/api/hubs/{WPS_HUB}/:send?api-version=2024-12-01");
+    let claims = statehub_webpubsub::ClientClaims {
+        user_id: None,
+        roles: vec![],
+        groups: vec![],
+    };
+    let audience = format!("http://{addr}{path}");
+    let token =
+        statehub_webpubsub::issue_token(WPS_KEY, &audience, &claims, Duration::from_secs(60));
+    let request = format!(
+        "POST {path} HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {token}\r\n\
+         Content-Type: text/plain\r\nContent-Length: 1\r\nConnection: close\r\n\r\nm"
+    );
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut response = Vec::new();
+    let read = stream.read_to_end(&mut response);
+    tokio::time::timeout(Duration::from_secs(30), read)
+        .await
+        .expect("a REST answer in time")
+        .unwrap();
+    let text = String::from_utf8_lossy(&response);
+    text.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+/// Sends through REST until it is acknowledged (202; at most 30 s).
+async fn rest_send_until_accepted(addr: std::net::SocketAddr) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let status = rest_send(addr).await;
+        if status == 202 {
+            return;
+        }
+        assert!(Instant::now() < deadline, "still {status}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn web_pubsub_sends_wait_for_a_replica_and_are_refused_while_it_is_down() {
+    use futures_util::SinkExt;
+    use tokio_tungstenite::tungstenite::Message;
+
+    let primary = RedisServer::start();
+    let mut replica = RedisServer::start_replica_of(&primary);
+    replica.wait_in_sync();
+    let a = wps_node(&primary);
+    rest_send_until_accepted(a.http).await;
+    let protocol = Some("json.webpubsub.azure.v1");
+    let mut ws = common::wps::client(a.http, WPS_KEY, WPS_HUB, protocol).await;
+    assert!(common::wps::next_text(&mut ws).await.contains("connected"));
+
+    replica.kill();
+    assert_eq!(rest_send(a.http).await, 503, "a send no replica has");
+    let send = r#"{"type":"sendToGroup","group":"g","ackId":7,"dataType":"text","data":"x"}"#;
+    ws.send(Message::text(send)).await.unwrap();
+    let ack = loop {
+        let frame = common::wps::next_text(&mut ws).await;
+        if frame.contains(r#""ack""#) {
+            break frame;
+        }
+    };
+    assert!(
+        ack.contains(r#""success":false"#) && ack.contains("InternalServerError"),
+        "a client's send no replica has: {ack}"
+    );
+    assert!(
+        logged(
+            &a,
+            "web pubsub cluster: writes not acknowledged by enough redis replicas"
+        ),
+        "the refusal is logged with its cause"
+    );
+
+    replica.restart();
+    rest_send_until_accepted(a.http).await;
+}
