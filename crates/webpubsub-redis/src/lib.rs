@@ -104,7 +104,8 @@ impl Names {
         }
     }
 
-    /// The nodes that ever wrote (each alive while its [`Names::alive`] key exists).
+    /// The nodes that wrote (each alive while its [`Names::alive`] key exists; those
+    /// whose key lapsed are pruned now and then, `writer.rs`).
     pub(crate) fn nodes(&self) -> String {
         format!("{}nodes", self.prefix)
     }

@@ -25,6 +25,24 @@ use crate::{
 /// Most jobs written in one round trip.
 const BATCH: usize = 1024;
 
+/// How often a node removes from `{ns}:wps:nodes` the nodes whose liveness key is gone.
+const PRUNE_EVERY: Duration = Duration::from_secs(10);
+
+/// Removes from the node list (KEYS[1]) every node whose liveness key (ARGV[1] ..
+/// node) does not exist. Atomic, as is a node's `SADD` with its liveness key (one
+/// `MULTI`): a node alive is always listed, so a check that asks the listed nodes
+/// whose key exists asks the same nodes as before the pruning.
+const PRUNE: &str = r"
+local gone = 0
+for _, n in ipairs(redis.call('SMEMBERS', KEYS[1])) do
+  if redis.call('EXISTS', ARGV[1] .. n) == 0 then
+    redis.call('SREM', KEYS[1], n)
+    gone = gone + 1
+  end
+end
+return gone
+";
+
 /// A job with its operation's sequence number, kept across retries so that an
 /// operation written twice is recognised by the readers.
 #[derive(Debug)]
@@ -53,6 +71,8 @@ pub(crate) struct Writer {
     position_written: bool,
     /// When the owned sessions' keys were last refreshed.
     refreshed: Instant,
+    /// When the node list was last pruned.
+    pruned: Instant,
     /// Sessions already marked lost in Redis.
     marked: std::collections::HashSet<(String, String)>,
     /// The replicas an acknowledgement waits for.
@@ -82,6 +102,7 @@ impl Writer {
             position: "0-0".into(),
             position_written: true,
             refreshed: Instant::now(),
+            pruned: Instant::now(),
             marked: std::collections::HashSet::new(),
             wait: options.wait,
             shortfalls: ShortfallLog::default(),
@@ -295,23 +316,35 @@ impl Writer {
 
     /// This node's liveness key and its place among the nodes, refreshed; or, once it
     /// is leaving, deleted, so no node waits for its answers any more.
-    fn liveness(&self, pipe: &mut redis::Pipeline) {
+    /// Now and then, the nodes whose liveness key lapsed leave the list ([`PRUNE`]).
+    fn liveness(&mut self, pipe: &mut redis::Pipeline) {
         let alive = self.names.alive(&self.node);
         if self.shared.leaving.load(Ordering::Relaxed) {
             pipe.cmd("DEL").arg(alive).ignore();
             return;
         }
         let keep = u64::try_from((HEARTBEAT * 3).as_millis()).unwrap_or(u64::MAX);
+        pipe.cmd("MULTI").ignore();
+        pipe.cmd("SADD")
+            .arg(self.names.nodes())
+            .arg(&self.node)
+            .ignore();
         pipe.cmd("SET")
             .arg(alive)
             .arg(1)
             .arg("PX")
             .arg(keep)
             .ignore();
-        pipe.cmd("SADD")
-            .arg(self.names.nodes())
-            .arg(&self.node)
-            .ignore();
+        pipe.cmd("EXEC").ignore();
+        if self.pruned.elapsed() >= PRUNE_EVERY {
+            self.pruned = Instant::now();
+            pipe.cmd("EVAL")
+                .arg(PRUNE)
+                .arg(1)
+                .arg(self.names.nodes())
+                .arg(self.names.alive(""))
+                .ignore();
+        }
     }
 
     /// A run of one mirrored session's frames, fenced like [`Writer::session`].
