@@ -87,6 +87,8 @@ local p, me = ARGV[1], ARGV[2]
     common!(),
     r"
 local fenced = 0
+-- Bodies carried by refused records, for a later record of this batch that needs one.
+local spare = {}
 local i = 3
 while i <= #ARGV do
   local op = ARGV[i]
@@ -118,14 +120,25 @@ while i <= #ARGV do
       else fenced = fenced + 1 end
       i = i + 7
     elseif op == 'M' then
-      local bid = ARGV[i + 4]
-      if ARGV[i + 5] ~= '' then redis.call('HSETNX', p .. 'b:' .. bid, 'd', ARGV[i + 5]) end
-      if mine then
+      local bid, data = ARGV[i + 4], ARGV[i + 5]
+      local b = p .. 'b:' .. bid
+      if data == '' then data = spare[bid] end
+      if not mine then
+        -- Refused: nothing is written, no body nothing refers to.
+        if data then spare[bid] = data end
+        fenced = fenced + 1
+      elseif not data and redis.call('HEXISTS', b, 'd') == 0 then
+        -- Its body is not in Redis (only a refused record carried it): a record
+        -- without it would lose the message, so it is refused too, and what waits
+        -- for it is refused and resent.
+        fenced = fenced + 1
+      else
+        if data then redis.call('HSETNX', b, 'd', data) end
         if redis.call('HSETNX', s, 'b:' .. ARGV[i + 2], bid) == 1 then
-          redis.call('HINCRBY', p .. 'b:' .. bid, 'r', 1)
+          redis.call('HINCRBY', b, 'r', 1)
         end
         redis.call('HSET', s, 'm:' .. ARGV[i + 2], ARGV[i + 3])
-      else fenced = fenced + 1 end
+      end
       i = i + 6
     elseif op == 'D' then
       if mine then

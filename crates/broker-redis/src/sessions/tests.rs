@@ -449,3 +449,48 @@ async fn a_dead_nodes_position_stays_while_it_owns_a_session_and_goes_after() {
     assert!(!exists(&mut con, pos("a#1")), "a owns nothing any more");
     assert!(exists(&mut con, pos("b#1")));
 }
+
+/// A message record refused because another node took its session writes nothing:
+/// no body that no record refers to. A record of the same batch for a session this
+/// node owns still gets the body the refused one carried; one of a later batch, which
+/// carries no data (the body was handed over once) while Redis has none, is refused
+/// too rather than stored without its message.
+#[tokio::test(flavor = "current_thread")]
+async fn a_refused_message_record_leaves_no_body_behind() {
+    let redis = RedisServer::start();
+    let mut con = connect(&redis);
+    let store = store(&redis, "a#1");
+    save(&store, "taken", 7);
+    save(&store, "kept", 8);
+    store.barrier().await.unwrap();
+    let () = con.hset(format!("{PREFIX}s:7"), "_o", "b#2").unwrap();
+
+    let alone = message(b"only for the taken one");
+    store.begin_group();
+    let barrier = store.barrier();
+    queue(&store, 7, 1, &alone);
+    store.end_group();
+    assert!(barrier.await.is_err(), "refused");
+    assert_eq!(bodies(&mut con), [], "no body left behind");
+
+    let both = message(b"for both");
+    store.begin_group();
+    let barrier = store.barrier();
+    queue(&store, 7, 2, &both);
+    queue(&store, 8, 2, &both);
+    store.end_group();
+    assert!(barrier.await.is_err(), "the taken one's record is refused");
+    let stored = bodies(&mut con);
+    assert_eq!(stored.len(), 1, "{stored:?}");
+    assert_eq!(stored[0].1, 1, "the kept session's record refers to it");
+    let data: Option<Vec<u8>> = con.hget(&stored[0].0, "d").unwrap();
+    assert!(data.is_some(), "with the data the refused record carried");
+
+    store.begin_group();
+    let barrier = store.barrier();
+    queue(&store, 8, 3, &alone);
+    store.end_group();
+    assert!(barrier.await.is_err(), "no body in Redis, no data: refused");
+    let fields: Vec<String> = con.hkeys(format!("{PREFIX}s:8")).unwrap();
+    assert!(!fields.contains(&"m:3".to_owned()), "{fields:?}");
+}
