@@ -25,7 +25,9 @@
 //!   Redis is back.
 
 mod ask;
+mod liveness;
 mod reader;
+mod replicas;
 mod session;
 mod writer;
 

@@ -16,6 +16,8 @@ use statehub_redis_common::{ShortfallLog, Wait};
 use statehub_webpubsub::{ClaimError, SessionWrite};
 
 use crate::ask::push_answer;
+use crate::liveness::{add_liveness, PRUNE_EVERY};
+use crate::replicas::{query_claim, query_waiting};
 use crate::session::{add_frames, add_lost, add_write, parse_claim, Scripts};
 use crate::{
     lock, open, ClaimJob, ClaimRecord, Job, Names, Options, Shared, Unreplicated, WpsRedisError,
@@ -24,24 +26,6 @@ use crate::{
 
 /// Most jobs written in one round trip.
 const BATCH: usize = 1024;
-
-/// How often a node removes from `{ns}:wps:nodes` the nodes whose liveness key is gone.
-const PRUNE_EVERY: Duration = Duration::from_secs(10);
-
-/// Removes from the node list (KEYS[1]) every node whose liveness key (ARGV[1] ..
-/// node) does not exist. Atomic, as is a node's `SADD` with its liveness key (one
-/// `MULTI`): a node alive is always listed, so a check that asks the listed nodes
-/// whose key exists asks the same nodes as before the pruning.
-const PRUNE: &str = r"
-local gone = 0
-for _, n in ipairs(redis.call('SMEMBERS', KEYS[1])) do
-  if redis.call('EXISTS', ARGV[1] .. n) == 0 then
-    redis.call('SREM', KEYS[1], n)
-    gone = gone + 1
-  end
-end
-return gone
-";
 
 /// A job with its operation's sequence number, kept across retries so that an
 /// operation written twice is recognised by the readers.
@@ -314,37 +298,14 @@ impl Writer {
             .fetch_add(changes, Ordering::Relaxed);
     }
 
-    /// This node's liveness key and its place among the nodes, refreshed; or, once it
-    /// is leaving, deleted, so no node waits for its answers any more.
-    /// Now and then, the nodes whose liveness key lapsed leave the list ([`PRUNE`]).
+    /// This node's liveness key and its place among the nodes (see `liveness.rs`).
     fn liveness(&mut self, pipe: &mut redis::Pipeline) {
-        let alive = self.names.alive(&self.node);
-        if self.shared.leaving.load(Ordering::Relaxed) {
-            pipe.cmd("DEL").arg(alive).ignore();
-            return;
-        }
-        let keep = u64::try_from((HEARTBEAT * 3).as_millis()).unwrap_or(u64::MAX);
-        pipe.cmd("MULTI").ignore();
-        pipe.cmd("SADD")
-            .arg(self.names.nodes())
-            .arg(&self.node)
-            .ignore();
-        pipe.cmd("SET")
-            .arg(alive)
-            .arg(1)
-            .arg("PX")
-            .arg(keep)
-            .ignore();
-        pipe.cmd("EXEC").ignore();
-        if self.pruned.elapsed() >= PRUNE_EVERY {
+        let leaving = self.shared.leaving.load(Ordering::Relaxed);
+        let prune = !leaving && self.pruned.elapsed() >= PRUNE_EVERY;
+        if prune {
             self.pruned = Instant::now();
-            pipe.cmd("EVAL")
-                .arg(PRUNE)
-                .arg(1)
-                .arg(self.names.nodes())
-                .arg(self.names.alive(""))
-                .ignore();
         }
+        add_liveness(pipe, &self.names, &self.node, leaving, prune);
     }
 
     /// A run of one mirrored session's frames, fenced like [`Writer::session`].
@@ -526,41 +487,4 @@ impl Writer {
             later
         });
     }
-}
-
-/// Runs `pipe`, ended with `WAIT` if `wait` is given: how many replicas acknowledged it.
-fn query_waiting(
-    con: &mut Connection,
-    pipe: &mut redis::Pipeline,
-    wait: Option<Wait>,
-) -> Result<Option<u32>, WpsRedisError> {
-    let Some(wait) = wait else {
-        pipe.query::<()>(con)?;
-        return Ok(None);
-    };
-    add_wait(pipe, wait);
-    let acked: Vec<u32> = pipe.query(con)?;
-    Ok(acked.first().copied())
-}
-
-/// Runs the claim's `pipe` (its script alone), ended with `WAIT` if `wait` is given.
-fn query_claim(
-    con: &mut Connection,
-    pipe: &mut redis::Pipeline,
-    wait: Option<Wait>,
-) -> Result<(redis::Value, Option<u32>), WpsRedisError> {
-    let Some(wait) = wait else {
-        let (reply,): (redis::Value,) = pipe.query(con)?;
-        return Ok((reply, None));
-    };
-    add_wait(pipe, wait);
-    let (reply, acked): (redis::Value, u32) = pipe.query(con)?;
-    Ok((reply, Some(acked)))
-}
-
-fn add_wait(pipe: &mut redis::Pipeline, wait: Wait) {
-    let millis = u64::try_from(wait.timeout.as_millis())
-        .unwrap_or(u64::MAX)
-        .max(1);
-    pipe.cmd("WAIT").arg(wait.replicas).arg(millis);
 }
