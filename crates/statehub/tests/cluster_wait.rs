@@ -1,8 +1,9 @@
-//! `--redis-wait-replicas`: a state store write, a QoS 1 PUBLISH and a persistent
-//! session's change are acknowledged only once Redis replicas have them. Two real
-//! redis-servers, one a replica of the other: writes are acknowledged while the replica
-//! is up, refused (503, PUBACK/CONNACK/DISCONNECT 0x80) and logged while it is down,
-//! and acknowledged again once it is back.
+//! `--redis-wait-replicas`: a state store write, a QoS 1 PUBLISH, a persistent
+//! session's change, a Web PubSub send and a reliable session's claim are acknowledged
+//! only once Redis replicas have them. Two real redis-servers, one a replica of the
+//! other: writes are acknowledged while the replica is up, refused (503,
+//! PUBACK/CONNACK/DISCONNECT 0x80, ack `InternalServerError`, close 1013) and logged
+//! while it is down, and acknowledged again once it is back.
 
 mod common;
 mod store_client;
@@ -278,4 +279,74 @@ async fn web_pubsub_sends_wait_for_a_replica_and_are_refused_while_it_is_down() 
 
     replica.restart();
     rest_send_until_accepted(a.http).await;
+}
+
+/// The close code of `ws` (skipping text frames), if it closes within 30 s.
+async fn close_code(ws: &mut common::wps::Ws) -> Option<u16> {
+    use futures_util::StreamExt;
+    use tokio_tungstenite::tungstenite::Message;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match tokio::time::timeout(left, ws.next()).await.ok()?? {
+            Ok(Message::Close(frame)) => return frame.map(|f| u16::from(f.code)),
+            Ok(_) => {}
+            Err(_) => return None,
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_web_pubsub_claim_waits_for_a_replica_and_is_closed_with_1013_while_it_is_down() {
+    use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+    use tokio_tungstenite::tungstenite::http::HeaderValue;
+    const RELIABLE: &str = "json.reliable.webpubsub.azure.v1";
+
+    let primary = RedisServer::start();
+    let mut replica = RedisServer::start_replica_of(&primary);
+    replica.wait_in_sync();
+    let (a, b) = (wps_node(&primary), wps_node(&primary));
+    rest_send_until_accepted(a.http).await;
+    let mut ws = common::wps::client(a.http, WPS_KEY, WPS_HUB, Some(RELIABLE)).await;
+    let connected: serde_json::Value =
+        serde_json::from_str(&common::wps::next_text(&mut ws).await).unwrap();
+    let id = connected["connectionId"].as_str().unwrap().to_owned();
+    let token = connected["reconnectionToken"].as_str().unwrap().to_owned();
+    drop(ws);
+    let recover = || async {
+        let url = format!(
+            "ws://{}/client/hubs/{WPS_HUB}?awps_connection_id={id}&awps_reconnection_token={token}",
+            b.http
+        );
+        let mut req = url.into_client_request().unwrap();
+        req.headers_mut()
+            .insert("Sec-WebSocket-Protocol", HeaderValue::from_static(RELIABLE));
+        tokio_tungstenite::connect_async(req).await.unwrap().0
+    };
+
+    replica.kill();
+    let mut refused = recover().await;
+    assert_eq!(
+        close_code(&mut refused).await,
+        Some(1013),
+        "a claim no replica has: try again"
+    );
+
+    replica.restart();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let mut ws = recover().await;
+        let first: serde_json::Value =
+            serde_json::from_str(&common::wps::next_text(&mut ws).await).unwrap();
+        if first["event"] == "connected" {
+            assert_eq!(first["connectionId"], id.as_str(), "the same session, on B");
+            return;
+        }
+        assert_eq!(first["event"], "disconnected", "{first}");
+        assert!(
+            Instant::now() < deadline,
+            "the recovery on B is served again"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
