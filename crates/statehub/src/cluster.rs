@@ -35,9 +35,11 @@ pub struct ClusterArgs {
     #[arg(long, env = "STATEHUB_NODE_ID")]
     pub node_id: Option<String>,
     /// Acknowledge a state store write, a QoS 1/2 PUBLISH, a retained change and a
-    /// persistent session's change only once this many Redis replicas have it (`WAIT`);
-    /// fewer within `[cluster] redis_wait_timeout_ms` is a 503 (state store) or 0x80
-    /// (MQTT) (default 0: once the primary has it).
+    /// persistent session's change, a Web PubSub send, membership change or claim only
+    /// once this many Redis replicas have it (`WAIT`); fewer within `[cluster]
+    /// redis_wait_timeout_ms` is a 503 (state store, Web PubSub REST), 0x80 (MQTT), an
+    /// `InternalServerError` ack or 1013 (Web PubSub clients) (default 0: once the
+    /// primary has it).
     #[arg(long, env = "STATEHUB_REDIS_WAIT_REPLICAS")]
     pub redis_wait_replicas: Option<u32>,
 }
@@ -196,6 +198,7 @@ pub fn resolve(
         timeout,
         stream_len: file.webpubsub_stream_len,
         queue: file.webpubsub_queue,
+        wait,
     };
     let mqtt = statehub_broker_redis::Options {
         url: url.clone(),
@@ -225,7 +228,7 @@ pub fn resolve(
     }))
 }
 
-/// The replicas a write (state store, MQTT) waits for, if any, and for how long (less
+/// The replicas a write (state store, MQTT, Web PubSub) waits for, if any, and for how long (less
 /// than one Redis call may take, or the call would time out first).
 fn wait(replicas: u32, wait_ms: u64, timeout_ms: u64) -> Result<Option<Wait>, ClusterError> {
     if replicas == 0 {

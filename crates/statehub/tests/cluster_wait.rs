@@ -1,8 +1,9 @@
-//! `--redis-wait-replicas`: a state store write, a QoS 1 PUBLISH and a persistent
-//! session's change are acknowledged only once Redis replicas have them. Two real
-//! redis-servers, one a replica of the other: writes are acknowledged while the replica
-//! is up, refused (503, PUBACK/CONNACK/DISCONNECT 0x80) and logged while it is down,
-//! and acknowledged again once it is back.
+//! `--redis-wait-replicas`: a state store write, a QoS 1 PUBLISH, a persistent
+//! session's change, a Web PubSub send and a reliable session's claim are acknowledged
+//! only once Redis replicas have them. Two real redis-servers, one a replica of the
+//! other: writes are acknowledged while the replica is up, refused (503,
+//! PUBACK/CONNACK/DISCONNECT 0x80, ack `InternalServerError`, close 1013) and logged
+//! while it is down, and acknowledged again once it is back.
 
 mod common;
 mod store_client;
@@ -184,4 +185,168 @@ async fn persistent_session_changes_wait_for_a_replica_and_are_refused_with_0x80
     let mut back = resume_until_accepted(a.mqtt, "wait-session").await;
     let ack = back.subscribe("s/2", opts(QoS::AtLeastOnce)).await;
     assert_eq!(ack.reason_codes, [ReasonCode::GRANTED_QOS_1]);
+}
+
+const WPS_KEY: &str = "cluster-wait-access-key";
+const WPS_HUB: &str = "wait";
+
+/// A node with Web PubSub whose acknowledgements wait for one replica.
+fn wps_node(primary: &RedisServer) -> Server {
+    let toml = format!(
+        "[webpubsub]\naccess_keys = [\"{WPS_KEY}\"]\n\
+         [cluster]\nredis_url = \"{}\"\nnamespace = \"wpswait\"\nredis_wait_timeout_ms = 200\n",
+        primary.url()
+    );
+    common::start_configured(&toml, &["--redis-wait-replicas", "1"])
+}
+
+/// A REST send to every connection of the hub through `addr`: the HTTP status.
+async fn rest_send(addr: std::net::SocketAddr) -> u16 {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let path = format!("/api/hubs/{WPS_HUB}/:send?api-version=2024-12-01");
+    let claims = statehub_webpubsub::ClientClaims {
+        user_id: None,
+        roles: vec![],
+        groups: vec![],
+    };
+    let audience = format!("http://{addr}{path}");
+    let token =
+        statehub_webpubsub::issue_token(WPS_KEY, &audience, &claims, Duration::from_secs(60));
+    let request = format!(
+        "POST {path} HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {token}\r\n\
+         Content-Type: text/plain\r\nContent-Length: 1\r\nConnection: close\r\n\r\nm"
+    );
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut response = Vec::new();
+    let read = stream.read_to_end(&mut response);
+    tokio::time::timeout(Duration::from_secs(30), read)
+        .await
+        .expect("a REST answer in time")
+        .unwrap();
+    let text = String::from_utf8_lossy(&response);
+    text.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+/// Sends through REST until it is acknowledged (202; at most 30 s).
+async fn rest_send_until_accepted(addr: std::net::SocketAddr) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let status = rest_send(addr).await;
+        if status == 202 {
+            return;
+        }
+        assert!(Instant::now() < deadline, "still {status}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn web_pubsub_sends_wait_for_a_replica_and_are_refused_while_it_is_down() {
+    use futures_util::SinkExt;
+    use tokio_tungstenite::tungstenite::Message;
+
+    let primary = RedisServer::start();
+    let mut replica = RedisServer::start_replica_of(&primary);
+    replica.wait_in_sync();
+    let a = wps_node(&primary);
+    rest_send_until_accepted(a.http).await;
+    let protocol = Some("json.webpubsub.azure.v1");
+    let mut ws = common::wps::client(a.http, WPS_KEY, WPS_HUB, protocol).await;
+    assert!(common::wps::next_text(&mut ws).await.contains("connected"));
+
+    replica.kill();
+    assert_eq!(rest_send(a.http).await, 503, "a send no replica has");
+    let send = r#"{"type":"sendToGroup","group":"g","ackId":7,"dataType":"text","data":"x"}"#;
+    ws.send(Message::text(send)).await.unwrap();
+    let ack = loop {
+        let frame = common::wps::next_text(&mut ws).await;
+        if frame.contains(r#""ack""#) {
+            break frame;
+        }
+    };
+    assert!(
+        ack.contains(r#""success":false"#) && ack.contains("InternalServerError"),
+        "a client's send no replica has: {ack}"
+    );
+    assert!(
+        logged(
+            &a,
+            "web pubsub cluster: writes not acknowledged by enough redis replicas"
+        ),
+        "the refusal is logged with its cause"
+    );
+
+    replica.restart();
+    rest_send_until_accepted(a.http).await;
+}
+
+/// The close code of `ws` (skipping text frames), if it closes within 30 s.
+async fn close_code(ws: &mut common::wps::Ws) -> Option<u16> {
+    use futures_util::StreamExt;
+    use tokio_tungstenite::tungstenite::Message;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match tokio::time::timeout(left, ws.next()).await.ok()?? {
+            Ok(Message::Close(frame)) => return frame.map(|f| u16::from(f.code)),
+            Ok(_) => {}
+            Err(_) => return None,
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_web_pubsub_claim_waits_for_a_replica_and_is_closed_with_1013_while_it_is_down() {
+    use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+    use tokio_tungstenite::tungstenite::http::HeaderValue;
+    const RELIABLE: &str = "json.reliable.webpubsub.azure.v1";
+
+    let primary = RedisServer::start();
+    let mut replica = RedisServer::start_replica_of(&primary);
+    replica.wait_in_sync();
+    let (a, b) = (wps_node(&primary), wps_node(&primary));
+    rest_send_until_accepted(a.http).await;
+    let mut ws = common::wps::client(a.http, WPS_KEY, WPS_HUB, Some(RELIABLE)).await;
+    let connected: serde_json::Value =
+        serde_json::from_str(&common::wps::next_text(&mut ws).await).unwrap();
+    let id = connected["connectionId"].as_str().unwrap().to_owned();
+    let token = connected["reconnectionToken"].as_str().unwrap().to_owned();
+    drop(ws);
+    let recover = || async {
+        let url = format!(
+            "ws://{}/client/hubs/{WPS_HUB}?awps_connection_id={id}&awps_reconnection_token={token}",
+            b.http
+        );
+        let mut req = url.into_client_request().unwrap();
+        req.headers_mut()
+            .insert("Sec-WebSocket-Protocol", HeaderValue::from_static(RELIABLE));
+        tokio_tungstenite::connect_async(req).await.unwrap().0
+    };
+
+    replica.kill();
+    let mut refused = recover().await;
+    assert_eq!(
+        close_code(&mut refused).await,
+        Some(1013),
+        "a claim no replica has: try again"
+    );
+
+    replica.restart();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let mut ws = recover().await;
+        let first: serde_json::Value =
+            serde_json::from_str(&common::wps::next_text(&mut ws).await).unwrap();
+        if first["event"] == "connected" {
+            assert_eq!(first["connectionId"], id.as_str(), "the same session, on B");
+            return;
+        }
+        assert_eq!(first["event"], "disconnected", "{first}");
+        assert!(
+            Instant::now() < deadline,
+            "the recovery on B is served again"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }

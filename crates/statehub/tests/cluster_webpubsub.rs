@@ -484,3 +484,30 @@ async fn a_client_stream_reaches_group_members_on_another_node() {
     }
     c.done();
 }
+
+/// A node killed for good leaves `{ns}:wps:nodes` once its liveness key lapsed (6 s)
+/// and a live node prunes the list (every 10 s); a live node is never taken off it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_node_leaves_the_node_list_and_a_live_one_stays() {
+    let redis = RedisServer::start();
+    let (a, b) = (node(&redis, "a"), node(&redis, "b"));
+    let nodes = format!("{{{NAMESPACE}}}:wps:nodes");
+    let listed = |n: &str| redis_cmd(&redis, &["SISMEMBER", &nodes, n]) == ":1\r\n";
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while !(listed("a") && listed("b")) {
+        assert!(std::time::Instant::now() < deadline, "both nodes listed");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    b.kill();
+    while listed("b") {
+        assert!(listed("a"), "a live node stays listed");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the dead node still listed"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(listed("a"), "a live node stays listed");
+    // And it still answers checks for the cluster without waiting for the dead one.
+    assert_eq!(head(a.http, "/groups/nobody").await, 404);
+}

@@ -25,7 +25,9 @@
 //!   Redis is back.
 
 mod ask;
+mod liveness;
 mod reader;
+mod replicas;
 mod session;
 mod writer;
 
@@ -62,6 +64,8 @@ pub struct Options {
     pub stream_len: u64,
     /// Most operations and index changes waiting for the writer.
     pub queue: usize,
+    /// Replicas that must have a pipeline an acknowledgement depends on (`WAIT`).
+    pub wait: Option<statehub_redis_common::Wait>,
 }
 
 /// Defaults of [`Options`].
@@ -102,7 +106,8 @@ impl Names {
         }
     }
 
-    /// The nodes that ever wrote (each alive while its [`Names::alive`] key exists).
+    /// The nodes that wrote (each alive while its [`Names::alive`] key exists; those
+    /// whose key lapsed are pruned now and then, `writer.rs`).
     pub(crate) fn nodes(&self) -> String {
         format!("{}nodes", self.prefix)
     }
@@ -207,6 +212,9 @@ pub struct Counters {
     /// Reliable sessions some of whose changes could not be queued for Redis (the
     /// writer's channel was full): they can be recovered on this node only.
     pub mirror_overflows: AtomicU64,
+    /// Writer pipelines (or claims) fewer replicas acknowledged than `Options::wait`
+    /// asks: what waited for them was refused.
+    pub not_replicated: AtomicU64,
 }
 
 /// What the writer and the nodes' handles share.
@@ -249,6 +257,9 @@ pub(crate) struct Progress {
     pub(crate) written: u64,
     /// Attempts that failed to reach Redis so far.
     pub(crate) failures: u64,
+    /// Operations up to this one are in the stream but fewer replicas than asked have
+    /// them: refused, unless a later `WAIT` covered them (`written` moved past).
+    pub(crate) unreplicated: u64,
 }
 
 impl Shared {
@@ -353,6 +364,11 @@ fn unavailable(error: impl std::error::Error + Send + Sync + 'static) -> Cluster
 #[error("redis is unreachable")]
 struct Down;
 
+/// Fewer Redis replicas than `Options::wait` asks acknowledged the operation.
+#[derive(Debug, thiserror::Error)]
+#[error("redis WAIT: too few replicas acknowledged the write; it may be lost in a failover")]
+pub(crate) struct Unreplicated;
+
 impl Cluster for RedisCluster {
     fn broadcast(&self, operation: Vec<u8>) -> Result<u64, ClusterError> {
         if !self.shared.up.load(Ordering::Relaxed) {
@@ -387,9 +403,11 @@ impl Cluster for RedisCluster {
         let failures = progress.borrow().failures;
         let bound = self.timeout * 3;
         Box::pin(async move {
-            let reached = progress.wait_for(|p| p.written >= seq || p.failures > failures);
+            let reached = progress
+                .wait_for(|p| p.written >= seq || p.unreplicated >= seq || p.failures > failures);
             match tokio::time::timeout(bound, reached).await {
                 Ok(Ok(p)) if p.written >= seq => Ok(()),
+                Ok(Ok(p)) if p.unreplicated >= seq => Err(unavailable(Unreplicated)),
                 Ok(Ok(_)) => Err(unavailable(Down)),
                 Ok(Err(e)) => Err(unavailable(e)),
                 Err(e) => Err(unavailable(e)),

@@ -349,6 +349,7 @@ mod tests {
             timeout: Duration::from_secs(1),
             stream_len: 10,
             queue: 10,
+            wait: None,
         };
         let client = Client::open(options.url.as_str()).expect("a valid url");
         let (jobs, _queue) = std::sync::mpsc::sync_channel(1);

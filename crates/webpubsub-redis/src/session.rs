@@ -1,7 +1,7 @@
 //! Reliable sessions in Redis (the webpubsub crate's `mirror.rs` says why and what):
 //! per session a hash `{ns}:wps:s:{hub}:{id}` (epoch, owner, token digest, subprotocol,
 //! user, roles (its permissions, once a grant or revoke changed them), groups, sequence
-//! state, the last operation it reflects), a stream `…:f` of the frames its replay
+//! state, the last operation it reflects, the upstream's `ce-connectionState`), a stream `…:f` of the frames its replay
 //! buffer holds (entry id = sequence id, trimmed as the buffer is) and a list `…:a` of
 //! its last processed ackIds. Every write but the creation is one script call that
 //! first checks the epoch: a node that lost the session to a claim writes nothing
@@ -56,6 +56,8 @@ elseif kind == 'groups' then
   redis.call('HSET', KEYS[1], 'grp', ARGV[4])
 elseif kind == 'roles' then
   redis.call('HSET', KEYS[1], 'rol', ARGV[4])
+elseif kind == 'state' then
+  redis.call('HSET', KEYS[1], 'cst', ARGV[4])
 elseif kind == 'ack' then
   redis.call('RPUSH', KEYS[3], ARGV[4])
   redis.call('LTRIM', KEYS[3], -tonumber(ARGV[5]), -1)
@@ -74,7 +76,7 @@ return 1
 const CLAIM: &str = r"
 if redis.call('EXISTS', KEYS[1]) == 0 then return {'gone'} end
 local f = redis.call('HMGET', KEYS[1], 'tok', 'pro', 'lost', 'ep', 'own', 'o', 'lo',
-  'usr', 'rol', 'grp', 'nxt', 'akd', 'evt')
+  'usr', 'rol', 'grp', 'nxt', 'akd', 'evt', 'cst')
 if f[1] ~= ARGV[1] or f[2] ~= ARGV[2] then return {'gone'} end
 if f[3] == '1' then return {'lost'} end
 local pos = redis.call('GET', ARGV[10] .. (f[5] or '')) or ''
@@ -85,7 +87,8 @@ redis.call('HSET', KEYS[1], 'ep', ep, 'own', ARGV[3], 'lo', '0')
 for i = 1, 3 do redis.call('PEXPIRE', KEYS[i], ARGV[4]) end
 return {'ok', tostring(ep), k, f[5] or '', f[6] or '0-0', f[7] or '0', pos, f[8] or '',
   f[9] or '[]', f[10] or '[]', f[11] or '1', f[12] or '0', f[13] or '0',
-  redis.call('XRANGE', KEYS[2], '-', '+'), redis.call('LRANGE', KEYS[3], 0, -1)}
+  redis.call('XRANGE', KEYS[2], '-', '+'), redis.call('LRANGE', KEYS[3], 0, -1),
+  f[14] or false}
 ";
 
 /// The scripts, hashed once.
@@ -198,6 +201,9 @@ pub(crate) fn add_write(
         SessionWrite::Ack { ack_id, keep } => {
             cmd.arg("ack").arg(*ack_id).arg(*keep);
         }
+        SessionWrite::State(state) => {
+            cmd.arg("state").arg(state);
+        }
         SessionWrite::Delete => {
             cmd.arg("delete");
         }
@@ -297,7 +303,7 @@ pub(crate) fn parse_claim(
     match head.as_str() {
         "gone" => return Ok(Ok(None)),
         "lost" => return Ok(Err("messages for it could not be kept for other nodes")),
-        "ok" if items.len() == 15 => {}
+        "ok" if items.len() == 16 => {}
         _ => return Err(corrupt()),
     }
     let t = |i: usize| text(&items[i]);
@@ -338,6 +344,10 @@ pub(crate) fn parse_claim(
             acked: n(11)?,
             evicted_through: n(12)?,
             frames,
+            connection_state: match &items[15] {
+                Value::Nil => None,
+                v => Some(text(v)?),
+            },
         },
     })))
 }

@@ -1,6 +1,9 @@
 //! The writer thread: this node's operations into the stream, its reliable sessions'
 //! changes into their mirror and its answers to other nodes' questions, in the order
-//! they were handed over, retried until Redis takes them.
+//! they were handed over, retried until Redis takes them. With `Options::wait`, a
+//! pipeline holding an operation (which a REST answer or an ack waits for) ends with
+//! `WAIT`, and so does a claim: too few replicas and those waiting are refused as when
+//! Redis is out of reach (what was written stays written: it is on the primary).
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
@@ -9,13 +12,16 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use redis::{Client, Connection};
+use statehub_redis_common::{ShortfallLog, Wait};
 use statehub_webpubsub::{ClaimError, SessionWrite};
 
 use crate::ask::push_answer;
+use crate::liveness::{add_liveness, PRUNE_EVERY};
+use crate::replicas::{query_claim, query_waiting};
 use crate::session::{add_frames, add_lost, add_write, parse_claim, Scripts};
 use crate::{
-    lock, open, ClaimJob, ClaimRecord, Job, Names, Options, Shared, WpsRedisError, BACKOFF,
-    HEARTBEAT,
+    lock, open, ClaimJob, ClaimRecord, Job, Names, Options, Shared, Unreplicated, WpsRedisError,
+    BACKOFF, HEARTBEAT,
 };
 
 /// Most jobs written in one round trip.
@@ -49,8 +55,16 @@ pub(crate) struct Writer {
     position_written: bool,
     /// When the owned sessions' keys were last refreshed.
     refreshed: Instant,
+    /// When the node list was last pruned.
+    pruned: Instant,
     /// Sessions already marked lost in Redis.
     marked: std::collections::HashSet<(String, String)>,
+    /// The replicas an acknowledgement waits for.
+    wait: Option<Wait>,
+    shortfalls: ShortfallLog,
+    /// The last operation written that too few replicas acknowledged: the next
+    /// pipeline waits for replicas even without operations of its own.
+    unreplicated: Option<u64>,
 }
 
 impl Writer {
@@ -72,7 +86,11 @@ impl Writer {
             position: "0-0".into(),
             position_written: true,
             refreshed: Instant::now(),
+            pruned: Instant::now(),
             marked: std::collections::HashSet::new(),
+            wait: options.wait,
+            shortfalls: ShortfallLog::default(),
+            unreplicated: None,
         }
     }
 
@@ -237,20 +255,21 @@ impl Writer {
             self.frames(&mut pipe, hub, id, &run);
         }
         self.sessions_upkeep(&mut pipe);
-        pipe.query::<()>(con)?;
-        self.position_written = true;
-        self.count_mirrored(batch);
         let ops = batch
             .iter()
             .filter(|j| matches!(j, Pending::Op(..)))
             .count();
+        let wait = self.wait.filter(|_| ops > 0 || self.unreplicated.is_some());
+        let acked = query_waiting(con, &mut pipe, wait)?;
+        self.position_written = true;
+        self.count_mirrored(batch);
         self.shared.ops_waiting.fetch_sub(ops, Ordering::Relaxed);
         let last = batch.iter().rev().find_map(|j| match j {
             Pending::Op(seq, _) => Some(*seq),
             _ => None,
         });
-        if let Some(last) = last {
-            self.written(last);
+        if let Some(last) = last.or(self.unreplicated) {
+            self.replicated(wait, acked, last);
         }
         for job in batch {
             if let Pending::Flush(done) = job {
@@ -279,25 +298,14 @@ impl Writer {
             .fetch_add(changes, Ordering::Relaxed);
     }
 
-    /// This node's liveness key and its place among the nodes, refreshed; or, once it
-    /// is leaving, deleted, so no node waits for its answers any more.
-    fn liveness(&self, pipe: &mut redis::Pipeline) {
-        let alive = self.names.alive(&self.node);
-        if self.shared.leaving.load(Ordering::Relaxed) {
-            pipe.cmd("DEL").arg(alive).ignore();
-            return;
+    /// This node's liveness key and its place among the nodes (see `liveness.rs`).
+    fn liveness(&mut self, pipe: &mut redis::Pipeline) {
+        let leaving = self.shared.leaving.load(Ordering::Relaxed);
+        let prune = !leaving && self.pruned.elapsed() >= PRUNE_EVERY;
+        if prune {
+            self.pruned = Instant::now();
         }
-        let keep = u64::try_from((HEARTBEAT * 3).as_millis()).unwrap_or(u64::MAX);
-        pipe.cmd("SET")
-            .arg(alive)
-            .arg(1)
-            .arg("PX")
-            .arg(keep)
-            .ignore();
-        pipe.cmd("SADD")
-            .arg(self.names.nodes())
-            .arg(&self.node)
-            .ignore();
+        add_liveness(pipe, &self.names, &self.node, leaving, prune);
     }
 
     /// A run of one mirrored session's frames, fenced like [`Writer::session`].
@@ -383,11 +391,35 @@ impl Writer {
         }
     }
 
+    /// Operations up to `last` are written, acknowledged by `acked` replicas: wakes
+    /// whoever waits for them, to go on if enough replicas have them (with those an
+    /// earlier shortfall left: `WAIT` covers every earlier write), or to be refused.
+    fn replicated(&mut self, wait: Option<Wait>, acked: Option<u32>, last: u64) -> bool {
+        let last = last.max(self.unreplicated.unwrap_or(0));
+        if let Err(short) = statehub_redis_common::check(wait, acked) {
+            let counter = &self.shared.counters.not_replicated;
+            if let Some(count) = self.shortfalls.count(counter) {
+                tracing::warn!(reason = %short, count, "web pubsub cluster: writes not acknowledged by enough redis replicas; sends, membership changes and claims waiting for them refused (503, InternalServerError, 1013)");
+            }
+            self.unreplicated = Some(last);
+            self.shared.progress.send_if_modified(|p| {
+                let later = last > p.unreplicated;
+                p.unreplicated = p.unreplicated.max(last);
+                later
+            });
+            return false;
+        }
+        self.unreplicated = None;
+        self.written(last);
+        true
+    }
+
     /// Runs a claim (after everything queued before it is written) and answers it.
     fn claim(&mut self, con: &mut Connection, job: ClaimJob) -> Result<(), WpsRedisError> {
         let keys = self.names.session(&job.hub, &job.id);
         lock(&self.shared.claims).insert(job.seq, None);
-        let reply: Result<redis::Value, _> = redis::cmd("EVALSHA")
+        let mut pipe = redis::pipe();
+        pipe.cmd("EVALSHA")
             .arg(self.scripts.claim.get_hash())
             .arg(4)
             .arg(&keys.all()[..])
@@ -401,21 +433,27 @@ impl Writer {
             .arg(job.seq)
             .arg(job.marker.as_slice())
             .arg(self.stream_len)
-            .arg(self.names.positions())
-            .query(con);
-        let parsed = reply
-            .map_err(WpsRedisError::from)
-            .and_then(|v| parse_claim(v, &job.hub, &job.id));
+            .arg(self.names.positions());
+        let reply = query_claim(con, &mut pipe, self.wait);
+        let parsed = reply.and_then(|(v, acked)| {
+            let claimed = parse_claim(v, &job.hub, &job.id)?;
+            Ok((claimed, acked))
+        });
         let answer = match parsed {
-            Ok(Ok(Some(mut claimed))) => {
+            Ok((Ok(Some(_)), acked)) if !self.replicated(self.wait, acked, job.seq) => {
+                Err(ClaimError::Cluster(
+                    statehub_webpubsub::ClusterError::Unavailable(Box::new(Unreplicated)),
+                ))
+            }
+            Ok((Ok(Some(mut claimed)), _)) => {
                 claimed.restored.protocol.clone_from(&job.protocol);
                 self.epochs
                     .insert((job.hub.clone(), job.id.clone()), claimed.epoch);
                 lock(&self.shared.claims).insert(job.seq, Some(ClaimRecord { claimed }));
                 Ok(())
             }
-            Ok(Ok(None)) => Err(ClaimError::Gone),
-            Ok(Err(why)) => Err(ClaimError::Ended(why.to_owned())),
+            Ok((Ok(None), _)) => Err(ClaimError::Gone),
+            Ok((Err(why), _)) => Err(ClaimError::Ended(why.to_owned())),
             Err(e) => Err(ClaimError::Cluster(
                 statehub_webpubsub::ClusterError::Unavailable(Box::new(e)),
             )),
@@ -434,7 +472,9 @@ impl Writer {
         } else {
             counters.claims.fetch_add(1, Ordering::Relaxed);
         }
-        self.written(job.seq);
+        if self.unreplicated.is_none() {
+            self.written(job.seq);
+        }
         let _ = job.reply.send(answer);
         Ok(())
     }

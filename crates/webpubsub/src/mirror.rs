@@ -8,6 +8,7 @@
 //! is also handed to the [`Cluster`] as a [`SessionWrite`] (queued, never waited on):
 //! its creation (the reconnection token's digest, subprotocol, user, roles), each
 //! grant or revoke of the REST API (its permissions as roles, from then on), each
+//! `ce-connectionState` its event handler set, each
 //! sequenced frame, each trim of the replay buffer (the client's `sequenceAck`, an
 //! eviction), its groups, each processed `ackId`, its deletion. The store's copy is the
 //! replay buffer's copy: it holds what the buffer holds and no more, so the bounds of
@@ -106,6 +107,9 @@ pub enum SessionWrite {
     Roles(Vec<String>),
     /// An `ackId` it processed; the store keeps the last `keep`.
     Ack { ack_id: u64, keep: usize },
+    /// The upstream's `ce-connectionState` for it now (it replaces the last one, so
+    /// the copy holds one, bounded by the size of an upstream answer's head).
+    State(String),
     /// It ended: forget it.
     Delete,
 }
@@ -128,6 +132,8 @@ pub struct Restored {
     pub evicted_through: u64,
     /// The buffered frames: sequence id, payload, deadline (Unix ms, 0: none).
     pub frames: Vec<(u64, Vec<u8>, u64)>,
+    /// The upstream's `ce-connectionState`, if it set one.
+    pub connection_state: Option<String>,
 }
 
 /// A claim refused.

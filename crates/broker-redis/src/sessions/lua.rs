@@ -11,7 +11,10 @@
 //! node's own messages are in it, `m:{seq}` a message record, `b:{seq}` its body's id, `q:{id}` a QoS 2 receipt);
 //! `owners` client id → incarnation; `b:{id}` a body (`d` data, `r` how many message
 //! records refer to it); `handoff:{incarnation}` a list pushed when a session is
-//! released; `pos:{owner}` how far that owner applied the message stream.
+//! released; `pos:{owner}` how far that owner applied the message stream (read when
+//! a session is taken from that owner dead), kept while the owner is alive or owns a
+//! session: `owned` counts, by owner, the sessions whose `_o` it is, and a dead
+//! owner's position goes when its count reaches 0 (or at a sweep, if it owned none).
 //!
 //! Expiry without the owner's help (a node that died, a session nobody claimed):
 //! `dl` holds, by deadline (Redis's clock, ms), every session no live node holds
@@ -28,6 +31,14 @@ macro_rules! common {
         r"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local function own(o, d)
+  if not o or o == '' then return end
+  local n = redis.call('HINCRBY', p .. 'owned', o, d)
+  if n <= 0 and redis.call('EXISTS', p .. 'alive:' .. o) == 0 then
+    redis.call('DEL', p .. 'pos:' .. o)
+    redis.call('HDEL', p .. 'owned', o)
+  end
+end
 local function release(bid)
   local b = p .. 'b:' .. bid
   if redis.call('HINCRBY', b, 'r', -1) <= 0 then redis.call('DEL', b) end
@@ -39,7 +50,10 @@ local function drop(s, inc, o)
   end
   redis.call('DEL', s)
   redis.call('ZREM', p .. 'dl', inc)
-  if o and o ~= '' then redis.call('SREM', p .. 'conn:' .. o, inc) end
+  if o and o ~= '' then
+    redis.call('SREM', p .. 'conn:' .. o, inc)
+    own(o, -1)
+  end
 end
 local function forget(s, inc)
   local c = redis.call('HGET', s, '_c')
@@ -73,11 +87,14 @@ local p, me = ARGV[1], ARGV[2]
     common!(),
     r"
 local fenced = 0
+-- Bodies carried by refused records, for a later record of this batch that needs one.
+local spare = {}
 local i = 3
 while i <= #ARGV do
   local op = ARGV[i]
   if op == 'P' then
     redis.call('SET', p .. 'pos:' .. me, ARGV[i + 1])
+    redis.call('HINCRBY', p .. 'owned', me, 0)
     i = i + 2
   else
     local inc = ARGV[i + 1]
@@ -96,20 +113,32 @@ while i <= #ARGV do
             drop(p .. 's:' .. old, old, oo)
           end
         end
+        if not mine then own(me, 1) end
         redis.call('HSET', s, '_o', me, '_c', c, '_m', ARGV[i + 4], '_e', ARGV[i + 5])
         redis.call('HSET', p .. 'owners', c, inc)
         hold(s, inc, me, ARGV[i + 6] ~= '1')
       else fenced = fenced + 1 end
       i = i + 7
     elseif op == 'M' then
-      local bid = ARGV[i + 4]
-      if ARGV[i + 5] ~= '' then redis.call('HSETNX', p .. 'b:' .. bid, 'd', ARGV[i + 5]) end
-      if mine then
+      local bid, data = ARGV[i + 4], ARGV[i + 5]
+      local b = p .. 'b:' .. bid
+      if data == '' then data = spare[bid] end
+      if not mine then
+        -- Refused: nothing is written, no body nothing refers to.
+        if data then spare[bid] = data end
+        fenced = fenced + 1
+      elseif not data and redis.call('HEXISTS', b, 'd') == 0 then
+        -- Its body is not in Redis (only a refused record carried it): a record
+        -- without it would lose the message, so it is refused too, and what waits
+        -- for it is refused and resent.
+        fenced = fenced + 1
+      else
+        if data then redis.call('HSETNX', b, 'd', data) end
         if redis.call('HSETNX', s, 'b:' .. ARGV[i + 2], bid) == 1 then
-          redis.call('HINCRBY', p .. 'b:' .. bid, 'r', 1)
+          redis.call('HINCRBY', b, 'r', 1)
         end
         redis.call('HSET', s, 'm:' .. ARGV[i + 2], ARGV[i + 3])
-      else fenced = fenced + 1 end
+      end
       i = i + 6
     elseif op == 'D' then
       if mine then
@@ -134,6 +163,7 @@ while i <= #ARGV do
     elseif op == 'R' then
       if mine then
         redis.call('HSET', s, '_o', '', '_r', ARGV[i + 2])
+        own(me, -1)
         if ARGV[i + 4] ~= '' then redis.call('HSET', s, '_xn', ARGV[i + 3], '_x', ARGV[i + 4])
         else redis.call('HDEL', s, '_xn', '_x') end
         hold(s, inc, me, false)
@@ -180,6 +210,10 @@ else
   return {1, o}
 end
 redis.call('HSET', s, '_o', me)
+if o ~= me then
+  own(o, -1)
+  own(me, 1)
+end
 redis.call('HDEL', s, '_r', '_xn', '_x')
 if o ~= '' then redis.call('SREM', p .. 'conn:' .. o, inc) end
 hold(s, inc, me, true)
@@ -203,7 +237,8 @@ return {2, from or '', f, bodies, xn or '', x or ''}
 /// node holds this period. ARGV: prefix, owner (this node), the period in ms, the most
 /// sessions handled. A dead owner's connected sessions get their deadline from now
 /// (as if disconnected when found dead), then the sessions past their deadline are
-/// forgotten with their bodies' counts. Returns `{status, started, forgotten}`:
+/// forgotten with their bodies' counts, and the positions of dead owners that own no
+/// session go. Returns `{status, started, forgotten}`:
 /// status 0 swept (call again at once if `started + forgotten` reached the limit),
 /// 1 this node is taken for dead, 2 another node holds this period.
 pub(crate) const SWEEP: &str = concat!(
@@ -238,6 +273,11 @@ if work < limit then
     forget(p .. 's:' .. inc, inc)
     work = work + 1
   end
+end
+-- Dead owners that owned no session: their position is of no use any more.
+local owned = redis.call('HGETALL', p .. 'owned')
+for j = 1, #owned, 2 do
+  if tonumber(owned[j + 1]) <= 0 then own(owned[j], 0) end
 end
 return {0, started, work - started}
 "

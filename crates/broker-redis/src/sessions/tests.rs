@@ -405,3 +405,92 @@ async fn a_held_record_written_after_its_body_left_redis_brings_the_body_again()
     );
     assert_eq!(stored[0].1, 1);
 }
+
+/// A dead node's position (`pos:{owner}`) stays while a session it owned may still be
+/// taken (the takeover replays from it), and goes once it owns none; that of a node
+/// that died owning nothing goes at the next sweep; a live node's stays.
+#[tokio::test(flavor = "current_thread")]
+async fn a_dead_nodes_position_stays_while_it_owns_a_session_and_goes_after() {
+    use super::fetch::{claim, Claim};
+    let redis = RedisServer::start();
+    let mut con = connect(&redis);
+    let pos = |owner: &str| format!("{PREFIX}pos:{owner}");
+    let sweep = |con: &mut redis::Connection, owner: &str| -> (i64, i64, i64) {
+        redis::Script::new(super::lua::SWEEP)
+            .arg(PREFIX)
+            .arg(owner)
+            .arg(1000)
+            .arg(128)
+            .invoke(con)
+            .unwrap()
+    };
+    let a = store(&redis, "a#1");
+    save(&a, "held", 5);
+    a.inner.applied("7-0");
+    a.barrier().await.unwrap();
+    let c = store(&redis, "c#1");
+    c.inner.applied("8-0");
+    c.barrier().await.unwrap();
+    let b = store(&redis, "b#1");
+    b.inner.applied("9-0");
+    b.barrier().await.unwrap();
+    // a and c are dead (no liveness key); b is alive and sweeps.
+    let () = con.set(format!("{PREFIX}alive:b#1"), 1).unwrap();
+    assert_eq!(sweep(&mut con, "b#1"), (0, 0, 0));
+    let exists = |con: &mut redis::Connection, key: String| -> bool { con.exists(key).unwrap() };
+    assert!(exists(&mut con, pos("a#1")), "a still owns a session");
+    assert!(!exists(&mut con, pos("c#1")), "c owned nothing");
+    assert!(exists(&mut con, pos("b#1")), "b is alive");
+
+    let Ok(Claim::Taken { from, .. }) = claim(&mut con, &b.inner, "held", 5, "a#1", true) else {
+        panic!("b takes the dead node's session");
+    };
+    assert_eq!(from, "7-0", "replayed from the dead node's position");
+    assert!(!exists(&mut con, pos("a#1")), "a owns nothing any more");
+    assert!(exists(&mut con, pos("b#1")));
+}
+
+/// A message record refused because another node took its session writes nothing:
+/// no body that no record refers to. A record of the same batch for a session this
+/// node owns still gets the body the refused one carried; one of a later batch, which
+/// carries no data (the body was handed over once) while Redis has none, is refused
+/// too rather than stored without its message.
+#[tokio::test(flavor = "current_thread")]
+async fn a_refused_message_record_leaves_no_body_behind() {
+    let redis = RedisServer::start();
+    let mut con = connect(&redis);
+    let store = store(&redis, "a#1");
+    save(&store, "taken", 7);
+    save(&store, "kept", 8);
+    store.barrier().await.unwrap();
+    let () = con.hset(format!("{PREFIX}s:7"), "_o", "b#2").unwrap();
+
+    let alone = message(b"only for the taken one");
+    store.begin_group();
+    let barrier = store.barrier();
+    queue(&store, 7, 1, &alone);
+    store.end_group();
+    assert!(barrier.await.is_err(), "refused");
+    assert_eq!(bodies(&mut con), [], "no body left behind");
+
+    let both = message(b"for both");
+    store.begin_group();
+    let barrier = store.barrier();
+    queue(&store, 7, 2, &both);
+    queue(&store, 8, 2, &both);
+    store.end_group();
+    assert!(barrier.await.is_err(), "the taken one's record is refused");
+    let stored = bodies(&mut con);
+    assert_eq!(stored.len(), 1, "{stored:?}");
+    assert_eq!(stored[0].1, 1, "the kept session's record refers to it");
+    let data: Option<Vec<u8>> = con.hget(&stored[0].0, "d").unwrap();
+    assert!(data.is_some(), "with the data the refused record carried");
+
+    store.begin_group();
+    let barrier = store.barrier();
+    queue(&store, 8, 3, &alone);
+    store.end_group();
+    assert!(barrier.await.is_err(), "no body in Redis, no data: refused");
+    let fields: Vec<String> = con.hkeys(format!("{PREFIX}s:8")).unwrap();
+    assert!(!fields.contains(&"m:3".to_owned()), "{fields:?}");
+}

@@ -70,7 +70,7 @@ impl Writer {
                             self.counters.fenced.fetch_add(fenced, Ordering::Relaxed);
                             tracing::warn!(
                                 fenced,
-                                "mqtt sessions: changes to sessions another node owns now were not stored"
+                                "mqtt sessions: changes to sessions another node owns now (or records of a message whose body only such a change carried) were not stored"
                             );
                         }
                         self.progress.send_modify(|p| {

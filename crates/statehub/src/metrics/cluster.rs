@@ -158,6 +158,7 @@ fn webpubsub(e: &mut Enc<'_>, wps: &RedisCluster) -> Result<(), Error> {
         ("statehub_cluster_webpubsub_entries_read", "Operations stream entries the reader read (every node's)", n(&c.entries_read)),
         ("statehub_cluster_webpubsub_read_errors", "Operations stream reads that failed (the reader reconnects and reads on)", n(&c.read_errors)),
         ("statehub_cluster_webpubsub_lost", "Other nodes' operations trimmed (webpubsub_stream_len) before this node read them", wps.lost()),
+        ("statehub_cluster_webpubsub_not_replicated", "Writer pipelines and claims fewer replicas acknowledged than redis_wait_replicas (what waited for them refused: 503, InternalServerError, 1013)", n(&c.not_replicated)),
     ];
     for (name, help, v) in counters {
         e.counter(name, help, None, v)?;

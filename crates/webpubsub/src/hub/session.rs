@@ -161,6 +161,13 @@ impl Session {
                     roles,
                 },
             );
+            let st = self
+                .state
+                .get_mut()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            if let Some(state) = &st.connection_state {
+                mirror.write(&self.id, SessionWrite::State(state.clone()));
+            }
             self.mirror = Some(mirror);
         }
     }
@@ -351,7 +358,9 @@ impl Session {
 
     /// Replaces the upstream's state (from a blocking event's `ce-connectionState`).
     pub(crate) fn set_connection_state(&self, state: String) {
-        lock(&self.state).connection_state = Some(state);
+        let mut st = lock(&self.state);
+        st.connection_state = Some(state.clone());
+        self.mirror(|| SessionWrite::State(state));
     }
 
     /// The close code when the server ends this session: 1008 on reliable

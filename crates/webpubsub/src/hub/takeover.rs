@@ -25,7 +25,7 @@ impl Hub {
             },
             protocol,
             subprotocol: protocol.name().map(str::to_owned),
-            connection_state: None,
+            connection_state: r.connection_state.clone(),
         };
         let env = (Arc::clone(&self.name), Arc::clone(&self.stats));
         let mut session = Session::new(r.id.clone(), new, &self.limits, env);

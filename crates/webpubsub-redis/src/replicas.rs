@@ -1,0 +1,44 @@
+//! The writer's `WAIT` (`Options::wait`): a pipeline, or a claim, ended with it, and
+//! how many replicas acknowledged what it wrote.
+
+use redis::Connection;
+use statehub_redis_common::Wait;
+
+use crate::WpsRedisError;
+
+/// Runs `pipe`, ended with `WAIT` if `wait` is given: how many replicas acknowledged it.
+pub(crate) fn query_waiting(
+    con: &mut Connection,
+    pipe: &mut redis::Pipeline,
+    wait: Option<Wait>,
+) -> Result<Option<u32>, WpsRedisError> {
+    let Some(wait) = wait else {
+        pipe.query::<()>(con)?;
+        return Ok(None);
+    };
+    add_wait(pipe, wait);
+    let acked: Vec<u32> = pipe.query(con)?;
+    Ok(acked.first().copied())
+}
+
+/// Runs the claim's `pipe` (its script alone), ended with `WAIT` if `wait` is given.
+pub(crate) fn query_claim(
+    con: &mut Connection,
+    pipe: &mut redis::Pipeline,
+    wait: Option<Wait>,
+) -> Result<(redis::Value, Option<u32>), WpsRedisError> {
+    let Some(wait) = wait else {
+        let (reply,): (redis::Value,) = pipe.query(con)?;
+        return Ok((reply, None));
+    };
+    add_wait(pipe, wait);
+    let (reply, acked): (redis::Value, u32) = pipe.query(con)?;
+    Ok((reply, Some(acked)))
+}
+
+fn add_wait(pipe: &mut redis::Pipeline, wait: Wait) {
+    let millis = u64::try_from(wait.timeout.as_millis())
+        .unwrap_or(u64::MAX)
+        .max(1);
+    pipe.cmd("WAIT").arg(wait.replicas).arg(millis);
+}
