@@ -207,7 +207,7 @@ pub struct Counters {
     /// Their other mirrored changes (opens, trims, groups, ackIds, deletes).
     pub mirrored_changes: AtomicU64,
     /// Reliable sessions some of whose changes could not be queued for Redis (the
-    /// writer's channel was full): they can be recovered on this node only.
+    /// writer's channel was full): they end (1008) and no node recovers them.
     pub mirror_overflows: AtomicU64,
 }
 
