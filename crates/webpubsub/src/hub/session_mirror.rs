@@ -122,3 +122,7 @@ impl Session {
         let _ = self.mirror(|| SessionWrite::Delete);
     }
 }
+
+#[cfg(test)]
+#[path = "session_mirror_test.rs"]
+mod tests;
