@@ -145,6 +145,15 @@ fn js_reliable_sessions_move_on_a_graceful_shutdown() {
     node("cluster-shutdown.mjs", LIMIT);
 }
 
+/// A reliable subscriber sees a message only once Redis has it: after its node was
+/// killed while its writer was blocked, the subscriber recovers on another node and
+/// gets every acknowledged send, none dropped as an id it has seen
+/// (`cluster-window.mjs`).
+#[test]
+fn js_a_reliable_subscriber_sees_only_what_redis_has() {
+    node("cluster-window.mjs", LIMIT);
+}
+
 /// The Python client's reliable session taken over by node B after its node A was
 /// killed, every message once and in order (`python/cluster_recovery.py`).
 #[test]

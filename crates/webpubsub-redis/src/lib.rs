@@ -39,7 +39,9 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use redis::{Client, Connection, RedisResult};
-use statehub_webpubsub::{ClaimError, Cluster, ClusterError, SessionWrite, WebPubSub, Written};
+use statehub_webpubsub::{
+    ClaimError, Cluster, ClusterError, Mirrored, SessionWrite, WebPubSub, Written,
+};
 
 /// How often a node refreshes its liveness key.
 pub const HEARTBEAT: Duration = Duration::from_secs(2);
@@ -140,8 +142,8 @@ pub(crate) enum Job {
     Answer(String, Vec<u8>),
     /// Answer once everything queued before is written.
     Flush(SyncSender<()>),
-    /// Mirror a change of a reliable session of (hub, id).
-    Session(String, String, SessionWrite),
+    /// Mirror a change of a reliable session of (hub, id), with its ticket.
+    Session(String, String, SessionWrite, u64),
     /// The reader applied every operation up to this stream id.
     Position(String),
     /// Take a session over (see [`Cluster::claim`]).
@@ -210,7 +212,7 @@ pub struct Counters {
     /// Their other mirrored changes (opens, trims, groups, ackIds, deletes).
     pub mirrored_changes: AtomicU64,
     /// Reliable sessions some of whose changes could not be queued for Redis (the
-    /// writer's channel was full): they can be recovered on this node only.
+    /// writer's channel was full): they end (1008) and no node recovers them.
     pub mirror_overflows: AtomicU64,
     /// Writer pipelines (or claims) fewer replicas acknowledged than `Options::wait`
     /// asks: what waited for them was refused.
@@ -248,6 +250,9 @@ pub(crate) struct Shared {
     pub(crate) session_ttl: Duration,
     /// How far the writer got: what [`Cluster::written`] waits on.
     pub(crate) progress: tokio::sync::watch::Sender<Progress>,
+    /// The last ticket given to a session write, under a lock held while one is
+    /// queued, so writes are queued in their tickets' order.
+    pub(crate) tickets: Mutex<u64>,
 }
 
 /// The writer's progress, published after every attempt.
@@ -260,6 +265,9 @@ pub(crate) struct Progress {
     /// Operations up to this one are in the stream but fewer replicas than asked have
     /// them: refused, unless a later `WAIT` covered them (`written` moved past).
     pub(crate) unreplicated: u64,
+    /// Every session write up to this ticket is in Redis (`u64::MAX`: the writer
+    /// stopped, nothing more will be).
+    pub(crate) mirrored: u64,
 }
 
 impl Shared {
@@ -415,20 +423,41 @@ impl Cluster for RedisCluster {
         })
     }
 
-    fn session(&self, hub: &str, id: &str, write: SessionWrite) {
-        let job = Job::Session(hub.to_owned(), id.to_owned(), write);
-        if self.jobs.try_send(job).is_err() {
-            let first = lock(&self.shared.broken).insert((hub.to_owned(), id.to_owned()));
-            if first {
-                let overflows = &self.shared.counters.mirror_overflows;
-                overflows.fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(
-                    hub,
-                    id,
-                    "web pubsub cluster: a reliable session's changes could not all be queued for redis; it can be recovered on this node only"
-                );
+    fn session(&self, hub: &str, id: &str, write: SessionWrite) -> Result<u64, ClusterError> {
+        let mut tickets = lock(&self.shared.tickets);
+        let ticket = *tickets + 1;
+        let job = Job::Session(hub.to_owned(), id.to_owned(), write, ticket);
+        match self.jobs.try_send(job) {
+            Ok(()) => {
+                *tickets = ticket;
+                return Ok(ticket);
             }
+            Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => {}
         }
+        drop(tickets);
+        let first = lock(&self.shared.broken).insert((hub.to_owned(), id.to_owned()));
+        if first {
+            let overflows = &self.shared.counters.mirror_overflows;
+            overflows.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(
+                hub,
+                id,
+                "web pubsub cluster: a reliable session's changes could not all be queued for redis; it ends (1008)"
+            );
+        }
+        Err(ClusterError::Backlog(
+            self.queue.saturating_mul(SESSION_JOBS),
+        ))
+    }
+
+    fn mirrored(&self, ticket: u64) -> Mirrored {
+        let mut progress = self.shared.progress.subscribe();
+        Box::pin(async move {
+            match progress.wait_for(|p| p.mirrored >= ticket).await {
+                Ok(p) => p.mirrored,
+                Err(_) => u64::MAX,
+            }
+        })
     }
 
     fn claim(

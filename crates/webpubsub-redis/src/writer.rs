@@ -34,7 +34,7 @@ enum Pending {
     Op(u64, Vec<u8>),
     Answer(String, Vec<u8>),
     Flush(std::sync::mpsc::SyncSender<()>),
-    Session(String, String, SessionWrite),
+    Session(String, String, SessionWrite, u64),
     Position(String),
     /// Always the last of a batch: it is answered once the batch before it is written.
     Claim(Box<ClaimJob>),
@@ -177,7 +177,7 @@ impl Writer {
             Job::Broadcast(seq, op) => Pending::Op(seq, op),
             Job::Answer(key, entry) => Pending::Answer(key, entry),
             Job::Flush(done) => Pending::Flush(done),
-            Job::Session(hub, id, write) => Pending::Session(hub, id, write),
+            Job::Session(hub, id, write, ticket) => Pending::Session(hub, id, write, ticket),
             Job::Position(id) => Pending::Position(id),
             Job::Claim(claim) => Pending::Claim(claim),
         }
@@ -216,10 +216,10 @@ impl Writer {
         let mut frames: HashMap<(&str, &str), Vec<&SessionWrite>> = HashMap::new();
         for job in batch {
             match job {
-                Pending::Session(hub, id, w @ SessionWrite::Frame { .. }) => {
+                Pending::Session(hub, id, w @ SessionWrite::Frame { .. }, _) => {
                     frames.entry((hub, id)).or_default().push(w);
                 }
-                Pending::Session(hub, id, write) => {
+                Pending::Session(hub, id, write, _) => {
                     if let Some(run) = frames.remove(&(hub.as_str(), id.as_str())) {
                         self.frames(&mut pipe, hub, id, &run);
                     }
@@ -271,6 +271,13 @@ impl Writer {
         if let Some(last) = last.or(self.unreplicated) {
             self.replicated(wait, acked, last);
         }
+        let mirrored = batch.iter().rev().find_map(|j| match j {
+            Pending::Session(_, _, _, ticket) => Some(*ticket),
+            _ => None,
+        });
+        if let Some(ticket) = mirrored {
+            self.mirrored(ticket);
+        }
         for job in batch {
             if let Pending::Flush(done) = job {
                 let _ = done.try_send(());
@@ -284,7 +291,7 @@ impl Writer {
         let (mut frames, mut changes) = (0, 0);
         for job in batch {
             match job {
-                Pending::Session(_, _, SessionWrite::Frame { .. }) => frames += 1,
+                Pending::Session(_, _, SessionWrite::Frame { .. }, _) => frames += 1,
                 Pending::Session(..) => changes += 1,
                 _ => {}
             }
@@ -477,6 +484,16 @@ impl Writer {
         }
         let _ = job.reply.send(answer);
         Ok(())
+    }
+
+    /// Session writes up to `ticket` are in Redis: releases the frames that wait for
+    /// them (see `mirror.rs` in the Web PubSub crate).
+    fn mirrored(&self, ticket: u64) {
+        self.shared.progress.send_if_modified(|p| {
+            let later = ticket > p.mirrored;
+            p.mirrored = p.mirrored.max(ticket);
+            later
+        });
     }
 
     /// Operations up to `seq` are in the stream: wakes whoever waits for them.

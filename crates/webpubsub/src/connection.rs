@@ -67,8 +67,11 @@ pub(crate) async fn refuse(mut socket: WebSocket, protocol: Subprotocol, code: u
 /// Runs a socket for `session` until either side closes it.
 pub(crate) async fn serve(socket: WebSocket, hub: Arc<Hub>, session: Arc<Session>, limits: Limits) {
     let protocol = session.protocol();
-    let (out, outrx) = outbox(limits.outbound_queue_messages, limits.outbound_queue_bytes);
-    let (generation, replay) = match session.attach(out.clone()) {
+    let (out, mut outrx) = outbox(limits.outbound_queue_messages, limits.outbound_queue_bytes);
+    if let Some(gate) = session.gate() {
+        outrx.set_gate(gate);
+    }
+    let (generation, replay, replay_gate) = match session.attach(out.clone()) {
         Ok(attached) => attached,
         Err(e) => {
             tracing::debug!(id = session.id(), %e, "web pubsub: attach failed");
@@ -76,25 +79,31 @@ pub(crate) async fn serve(socket: WebSocket, hub: Arc<Hub>, session: Arc<Session
             return refuse(socket, protocol, CLOSE_POLICY, &e.to_string()).await;
         }
     };
-    let mut first = Vec::with_capacity(replay.len() + 1);
+    let mut connected = None;
     if protocol != Subprotocol::Raw {
-        let connected = Downstream::System(SystemEvent::Connected {
+        let msg = Downstream::System(SystemEvent::Connected {
             connection_id: session.id().to_owned(),
             user_id: session.user_id().map(str::to_owned),
             reconnection_token: session.reconnection_token().map(str::to_owned),
         });
-        first.extend(encode_reply(protocol, &connected).map(|msg| Frame { msg, seq: None }));
+        connected = encode_reply(protocol, &msg);
     }
-    first.extend(replay.into_iter().map(|(seq, msg)| Frame {
-        msg,
-        seq: Some(seq),
-    }));
+    let replay = Replay {
+        frames: replay
+            .into_iter()
+            .map(|(seq, msg)| Frame {
+                msg,
+                seq: Some(seq),
+            })
+            .collect(),
+        gate: replay_gate,
+    };
 
     let (sink, stream) = socket.split();
     let mut writer = tokio::spawn(write_loop(
         sink,
         outrx,
-        first,
+        (connected, replay),
         protocol,
         limits.ping_interval,
     ));
@@ -329,25 +338,41 @@ async fn user_event(
 /// socket's writer keeps its worker thread.
 const WRITE_BATCH: usize = 256;
 
+/// A recovery's replay: its frames, written once the mirror write `gate` is stored.
+struct Replay {
+    frames: Vec<Frame>,
+    gate: u64,
+}
+
 async fn write_loop(
     mut sink: SplitSink<WebSocket, Message>,
     mut rx: OutboxReceiver,
-    first: Vec<Frame>,
+    (connected, replay): (Option<Message>, Replay),
     protocol: Subprotocol,
     ping_interval: Duration,
 ) {
-    let mut written = None;
-    for frame in first {
-        written = frame.seq.or(written);
-        if sink.feed(frame.msg).await.is_err() {
+    if let Some(msg) = connected {
+        if sink.send(msg).await.is_err() {
             return;
         }
     }
-    if sink.flush().await.is_err() {
-        return;
-    }
-    if let Some(seq) = written {
-        rx.mark_written(seq);
+    if !replay.frames.is_empty() {
+        if let Some(req) = rx.hold(replay.gate).await {
+            return send_close(&mut sink, protocol, req).await;
+        }
+        let mut written = None;
+        for frame in replay.frames {
+            written = frame.seq.or(written);
+            if sink.feed(frame.msg).await.is_err() {
+                return;
+            }
+        }
+        if sink.flush().await.is_err() {
+            return;
+        }
+        if let Some(seq) = written {
+            rx.mark_written(seq);
+        }
     }
     let mut ping =
         tokio::time::interval_at(tokio::time::Instant::now() + ping_interval, ping_interval);

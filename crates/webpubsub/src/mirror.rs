@@ -14,6 +14,18 @@
 //! replay buffer's copy: it holds what the buffer holds and no more, so the bounds of
 //! one node (replay bytes and age) bound it too.
 //!
+//! # Written before it is seen
+//!
+//! A sequenced frame reaches the client's socket only once its mirror write (and so
+//! everything the node queued before it: the operation it came from, if the node's
+//! own) is in the store: each write gets a ticket, the frame waits in the socket's
+//! outbound queue behind it ([`Mirror::gate`]), and the writer publishes how far it
+//! got after each pipeline, so a subscriber's frames wait for one pipeline shared by
+//! every frame queued meanwhile. Otherwise a node that died after the client saw a
+//! frame but before the store had it would leave the next node numbering from the
+//! copy, giving again ids the client has seen (and drops). A write that cannot be
+//! queued ends the session (1008): nothing after it could be numbered safely.
+//!
 //! # Taking a session over
 //!
 //! A node that gets a recovery for a session it does not hold asks the cluster to
@@ -41,6 +53,7 @@ use tokio::time::Instant;
 
 use crate::cluster::{Cluster, ClusterError};
 use crate::hub::{Hub, Session, Unrecoverable};
+use crate::outbox::Gate;
 use crate::protocol::Subprotocol;
 
 /// Which operation a sequenced frame came from.
@@ -336,7 +349,8 @@ impl crate::WebPubSub {
             let _ = waiter.send(Err(Unrecoverable::Ended(reason.to_owned())));
         }
         if let Some(cluster) = self.inner.cluster.get() {
-            cluster.session(&key.0, id, SessionWrite::Delete);
+            // Not queued: the copy is marked lost, which refuses its claims just as well.
+            let _ = cluster.session(&key.0, id, SessionWrite::Delete);
         }
     }
 }
@@ -353,7 +367,17 @@ pub(crate) struct Mirror {
 }
 
 impl Mirror {
-    pub(crate) fn write(&self, id: &str, write: SessionWrite) {
-        self.cluster.session(&self.hub, id, write);
+    /// Queues `write`: its ticket for [`Mirror::gate`], or `Err` if it could not be
+    /// queued (the session must end: its copy is lost).
+    pub(crate) fn write(&self, id: &str, write: SessionWrite) -> Result<u64, ClusterError> {
+        self.cluster.session(&self.hub, id, write)
+    }
+
+    /// What the session's socket waits on before a frame whose mirror write has a
+    /// ticket: the frame reaches the client only once another node taking the session
+    /// over would number after it.
+    pub(crate) fn gate(&self) -> Gate {
+        let cluster = Arc::clone(&self.cluster);
+        Arc::new(move |ticket| cluster.mirrored(ticket))
     }
 }

@@ -11,14 +11,26 @@
 //! flushed them to the socket it raises the queue's written watermark, which the
 //! session's replay buffer reads to tell frames already written from those still on
 //! their way (see `reliable`).
+//!
+//! In a cluster, a reliable session's data frame also carries the ticket of its mirror
+//! write: the writer holds it (and everything queued behind it) until the [`Gate`] says
+//! the cluster's store has that write (see `mirror.rs`). Frames wait in this queue,
+//! under its bounds, so a store that stops taking writes ends in the slow-consumer
+//! close, never in unbounded memory.
 
 use std::collections::VecDeque;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use axum::extract::ws::Message;
 use tokio::sync::{watch, Notify};
 use tokio::time::Instant;
+
+/// Resolves once every mirror write up to a ticket is stored, with how far the writes
+/// got (at least that ticket).
+pub(crate) type Gate = Arc<dyn Fn(u64) -> Pin<Box<dyn Future<Output = u64> + Send>> + Send + Sync>;
 
 /// Why a frame was not queued.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -58,12 +70,14 @@ struct Queue {
     max_bytes: usize,
 }
 
-/// A queued frame: its deadline, and its sequence id on a reliable session.
+/// A queued frame: its deadline, its sequence id on a reliable session and the ticket
+/// of its mirror write (0: none).
 #[derive(Debug)]
 struct Queued {
     msg: Message,
     deadline: Option<Instant>,
     seq: Option<u64>,
+    gate: u64,
 }
 
 #[derive(Debug, Default)]
@@ -105,10 +119,31 @@ impl Drop for Outbox {
 }
 
 /// The writer's side.
-#[derive(Debug)]
 pub(crate) struct OutboxReceiver {
     queue: Arc<Queue>,
     close: watch::Receiver<Option<CloseRequest>>,
+    /// What frames with a mirror ticket wait on (none: they do not wait).
+    gate: Option<Gate>,
+    /// Mirror writes up to this ticket are stored.
+    released: u64,
+}
+
+impl std::fmt::Debug for OutboxReceiver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OutboxReceiver")
+            .field("released", &self.released)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What the head of the queue is.
+enum Head {
+    /// A frame to write now.
+    Frame(Frame),
+    /// A frame whose mirror write, this ticket, is not stored yet.
+    Held(u64),
+    /// Nothing.
+    Empty,
 }
 
 impl Drop for OutboxReceiver {
@@ -139,6 +174,8 @@ pub(crate) fn outbox(max_messages: usize, max_bytes: usize) -> (Outbox, OutboxRe
         OutboxReceiver {
             queue,
             close: close_rx,
+            gate: None,
+            released: 0,
         },
     )
 }
@@ -168,20 +205,23 @@ impl Outbox {
             msg,
             deadline,
             seq: None,
+            gate: 0,
         })
     }
 
-    /// Queues a reliable session's data frame with its sequence id.
+    /// Queues a reliable session's data frame with its sequence id, written to the
+    /// socket only once the mirror write `gate` is stored (0: at once).
     pub(crate) fn push_sequenced(
         &self,
         msg: Message,
         deadline: Option<Instant>,
-        seq: u64,
+        (seq, gate): (u64, u64),
     ) -> Result<(), PushError> {
         self.push_queued(Queued {
             msg,
             deadline,
             seq: Some(seq),
+            gate,
         })
     }
 
@@ -230,17 +270,50 @@ impl Outbox {
 }
 
 impl OutboxReceiver {
-    /// The next frame whose deadline has not passed, if one is queued now.
-    fn pop(&mut self) -> Option<Frame> {
+    /// Holds frames with a mirror ticket until `gate` says their write is stored.
+    pub(crate) fn set_gate(&mut self, gate: Gate) {
+        self.gate = Some(gate);
+    }
+
+    /// The head of the queue, skipping frames whose deadline has passed.
+    fn head(&mut self) -> Head {
         let mut st = self.queue.lock();
         loop {
-            let q = st.frames.pop_front()?;
+            let Some(q) = st.frames.front() else {
+                return Head::Empty;
+            };
+            if q.deadline.is_some_and(|d| Instant::now() >= d) {
+                if let Some(q) = st.frames.pop_front() {
+                    st.bytes -= frame_len(&q.msg);
+                }
+                continue;
+            }
+            if self.gate.is_some() && q.gate > self.released {
+                return Head::Held(q.gate);
+            }
+            let Some(q) = st.frames.pop_front() else {
+                return Head::Empty;
+            };
             st.bytes -= frame_len(&q.msg);
-            if q.deadline.is_none_or(|d| Instant::now() < d) {
-                return Some(Frame {
-                    msg: q.msg,
-                    seq: q.seq,
-                });
+            return Head::Frame(Frame {
+                msg: q.msg,
+                seq: q.seq,
+            });
+        }
+    }
+
+    /// Waits until mirror writes up to `ticket` are stored, unless a close request
+    /// comes first (returned).
+    pub(crate) async fn hold(&mut self, ticket: u64) -> Option<CloseRequest> {
+        let gate = self.gate.as_ref().filter(|_| ticket > self.released)?;
+        let stored = gate(ticket);
+        let mut close = self.close.clone();
+        tokio::select! {
+            biased;
+            req = wait_close(&mut close) => Some(req),
+            reached = stored => {
+                self.released = self.released.max(reached);
+                None
             }
         }
     }
@@ -254,19 +327,9 @@ impl OutboxReceiver {
     /// The next frame's message whose deadline has not passed; `None` once every
     /// producer is gone.
     pub(crate) async fn recv(&mut self) -> Option<Message> {
-        self.recv_frame().await.map(|f| f.msg)
-    }
-
-    /// The next frame whose deadline has not passed; `None` once every producer is gone.
-    async fn recv_frame(&mut self) -> Option<Frame> {
-        loop {
-            if let Some(msg) = self.pop() {
-                return Some(msg);
-            }
-            if self.queue.senders.load(Ordering::Acquire) == 0 {
-                return self.pop();
-            }
-            self.queue.ready.notified().await;
+        match self.next().await {
+            Next::Frame(f) => Some(f.msg),
+            _ => None,
         }
     }
 
@@ -282,31 +345,52 @@ impl OutboxReceiver {
         wait_close(&mut self.close).await
     }
 
-    /// The next thing for the writer: a close request overtakes queued frames, and
-    /// frames past their deadline are skipped.
+    /// The next thing for the writer: a close request overtakes queued frames, frames
+    /// past their deadline are skipped, and a frame whose mirror write is not stored
+    /// yet is waited for (with everything behind it).
     pub(crate) async fn next(&mut self) -> Next {
-        if self.close.borrow().is_some() {
-            return Next::Close(wait_close(&mut self.close).await);
-        }
-        if let Some(msg) = self.pop() {
-            return Next::Frame(msg);
-        }
-        let mut close = self.close.clone();
-        tokio::select! {
-            biased;
-            req = wait_close(&mut close) => Next::Close(req),
-            next = self.recv_frame() => next.map_or(Next::Ended, Next::Frame),
+        loop {
+            if self.close.borrow().is_some() {
+                return Next::Close(wait_close(&mut self.close).await);
+            }
+            match self.head() {
+                Head::Frame(f) => return Next::Frame(f),
+                Head::Held(ticket) => {
+                    if let Some(req) = self.hold(ticket).await {
+                        return Next::Close(req);
+                    }
+                }
+                Head::Empty => {
+                    if self.queue.senders.load(Ordering::Acquire) == 0 {
+                        return match self.head() {
+                            Head::Frame(f) => Next::Frame(f),
+                            Head::Held(_) => continue,
+                            Head::Empty => Next::Ended,
+                        };
+                    }
+                    let mut close = self.close.clone();
+                    tokio::select! {
+                        biased;
+                        req = wait_close(&mut close) => return Next::Close(req),
+                        () = self.queue.ready.notified() => {}
+                    }
+                }
+            }
         }
     }
 
     /// The next queued frame if there is one now, without waiting: lets the writer
     /// put every frame already queued into one socket write. `None` when nothing is
-    /// queued or a close request is pending (the writer's `next` then returns it).
+    /// queued, the next frame waits for its mirror write, or a close request is pending
+    /// (the writer's `next` then returns it).
     pub(crate) fn try_frame(&mut self) -> Option<Frame> {
         if self.close.borrow().is_some() {
             return None;
         }
-        self.pop()
+        match self.head() {
+            Head::Frame(f) => Some(f),
+            Head::Held(_) | Head::Empty => None,
+        }
     }
 }
 
@@ -345,117 +429,5 @@ async fn wait_close(close: &mut watch::Receiver<Option<CloseRequest>>) -> CloseR
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[tokio::test]
-    async fn bounded_in_frames_and_bytes() {
-        let (out, mut rx) = outbox(2, 10);
-        out.push(Message::Text("12345".into())).unwrap();
-        assert_eq!(
-            out.push(Message::Text("123456".into())),
-            Err(PushError::Full)
-        );
-        out.push(Message::Text("1".into())).unwrap();
-        assert_eq!(out.push(Message::Text("1".into())), Err(PushError::Full));
-        assert_eq!(rx.recv().await, Some(Message::Text("12345".into())));
-        out.push(Message::Text("1234".into())).unwrap();
-        drop(rx);
-        assert_eq!(out.push(Message::Text("x".into())), Err(PushError::Closed));
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn expired_frames_are_dropped_unsent() {
-        let (out, mut rx) = outbox(8, 100);
-        let soon = Instant::now() + std::time::Duration::from_secs(1);
-        out.push_until(Message::Text("old".into()), Some(soon))
-            .unwrap();
-        out.push(Message::Text("keep".into())).unwrap();
-        out.push_until(
-            Message::Text("fresh".into()),
-            Some(soon + std::time::Duration::from_secs(9)),
-        )
-        .unwrap();
-        tokio::time::advance(std::time::Duration::from_secs(2)).await;
-        assert!(matches!(rx.next().await, Next::Frame(f) if f.msg == Message::Text("keep".into())));
-        assert!(
-            matches!(rx.next().await, Next::Frame(f) if f.msg == Message::Text("fresh".into()))
-        );
-        assert_eq!(rx.queued_bytes(), 0, "dropped frames free their bytes");
-    }
-
-    #[tokio::test]
-    async fn try_frame_takes_what_is_queued_and_yields_to_a_close() {
-        let (out, mut rx) = outbox(8, 100);
-        assert_eq!(rx.try_frame(), None);
-        out.push(Message::Text("a".into())).unwrap();
-        out.push(Message::Text("b".into())).unwrap();
-        assert!(matches!(rx.next().await, Next::Frame(f) if f.msg == Message::Text("a".into())));
-        assert_eq!(
-            rx.try_frame().map(|f| f.msg),
-            Some(Message::Text("b".into()))
-        );
-        assert_eq!(rx.try_frame(), None);
-        out.push(Message::Text("c".into())).unwrap();
-        out.close(1000, "bye");
-        assert_eq!(
-            rx.try_frame(),
-            None,
-            "a pending close overtakes queued frames"
-        );
-        assert!(matches!(rx.next().await, Next::Close(c) if c.code == 1000));
-    }
-
-    #[tokio::test]
-    async fn ends_when_every_producer_is_gone_and_refuses_when_the_writer_is() {
-        let (out, mut rx) = outbox(8, 100);
-        let other = out.clone();
-        out.push(Message::Text("x".into())).unwrap();
-        drop(out);
-        let waiter = tokio::spawn(async move {
-            let first = rx.recv().await;
-            let second = rx.recv().await;
-            (first, second)
-        });
-        tokio::task::yield_now().await;
-        drop(other);
-        let (first, second) = waiter.await.unwrap();
-        assert_eq!(first, Some(Message::Text("x".into())));
-        assert_eq!(second, None);
-
-        let (out, rx) = outbox(8, 100);
-        drop(rx);
-        assert_eq!(out.push(Message::Text("y".into())), Err(PushError::Closed));
-    }
-
-    #[tokio::test]
-    async fn sequence_ids_travel_with_frames_to_the_written_watermark() {
-        let (out, mut rx) = outbox(8, 100);
-        out.push_sequenced(Message::Text("a".into()), None, 7)
-            .unwrap();
-        out.push(Message::Text("reply".into())).unwrap();
-        assert!(matches!(
-            rx.next().await,
-            Next::Frame(Frame { seq: Some(7), .. })
-        ));
-        assert_eq!(rx.try_frame().map(|f| f.seq), Some(None));
-        assert_eq!(out.written(), 0, "nothing written until the writer says so");
-        rx.mark_written(7);
-        rx.mark_written(3);
-        assert_eq!(out.written(), 7, "the watermark never goes back");
-    }
-
-    #[tokio::test]
-    async fn first_close_wins() {
-        let (out, mut rx) = outbox(1, 10);
-        assert!(out.close(1008, "a"));
-        assert!(!out.close(1000, "b"));
-        assert_eq!(
-            rx.closed().await,
-            CloseRequest {
-                code: 1008,
-                reason: "a".into()
-            }
-        );
-    }
-}
+#[path = "outbox_test.rs"]
+mod tests;

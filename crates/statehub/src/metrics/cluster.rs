@@ -178,7 +178,7 @@ fn webpubsub(e: &mut Enc<'_>, wps: &RedisCluster) -> Result<(), Error> {
     )?;
     e.counter(
         "statehub_cluster_webpubsub_mirror_overflows",
-        "Reliable sessions some of whose changes could not be queued for Redis: recoverable on this node only",
+        "Reliable sessions some of whose changes could not be queued for Redis: ended (1008), recoverable nowhere",
         None,
         n(&c.mirror_overflows),
     )?;

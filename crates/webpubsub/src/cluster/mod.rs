@@ -64,9 +64,17 @@ pub trait Cluster: Send + Sync + Debug {
     fn answer(&self, id: &str, answer: Vec<u8>);
     /// Mirrors a change of a reliable session this node holds (see `mirror.rs`), after
     /// every write and operation handed over before. Must not block (called under the
-    /// session's lock); a write that cannot be queued makes the mirror refuse the
-    /// session's recovery elsewhere rather than serve it incomplete.
-    fn session(&self, hub: &str, id: &str, write: SessionWrite);
+    /// session's lock). Returns the write's number among this node's session writes
+    /// (from 1, in the order handed over), for [`Cluster::mirrored`]; `Err` if it could
+    /// not be queued: the mirror then refuses the session's recovery elsewhere rather
+    /// than serve it incomplete, and the session ends.
+    fn session(&self, hub: &str, id: &str, write: SessionWrite) -> Result<u64, ClusterError>;
+    /// Resolves once this node's session writes up to `ticket` (see [`Cluster::session`])
+    /// are where another node would take the session over from, with the number they
+    /// have reached (at least `ticket`; `u64::MAX` if the cluster is gone). A reliable
+    /// session's frame reaches its socket only then. Never gives up: what waits for it
+    /// is bounded by the connection's outbound queue.
+    fn mirrored(&self, ticket: u64) -> Mirrored;
     /// Takes the mirrored session `id` over for this node: checks the token's digest
     /// and subprotocol, fences its previous owner and appends `marker` (a `claimed`
     /// operation) to the operations, after every operation this node handed over
@@ -98,6 +106,9 @@ pub trait Cluster: Send + Sync + Debug {
 
 /// What [`Cluster::written`] returns.
 pub type Written = Pin<Box<dyn Future<Output = Result<(), ClusterError>> + Send>>;
+
+/// What [`Cluster::mirrored`] returns.
+pub type Mirrored = Pin<Box<dyn Future<Output = u64> + Send>>;
 
 /// The other nodes cannot be reached.
 #[derive(Debug, thiserror::Error)]

@@ -264,7 +264,7 @@ async fn ttl_messages_expire_for_absent_clients() {
     };
     let s = h.create_session(&claims, Subprotocol::JsonReliable);
     let (out, _rx) = outbox(16, 1 << 20);
-    let (generation, _) = s.attach(out).unwrap();
+    let (generation, _, _) = s.attach(out).unwrap();
     h.socket_closed(&s, generation);
     let none = Selection::default();
     let target = Target::Connection(s.id());
@@ -277,7 +277,7 @@ async fn ttl_messages_expire_for_absent_clients() {
     h.send(target, &none, &Payload::Text("forever".into()), None);
     tokio::time::advance(std::time::Duration::from_secs(6)).await;
     let (out, _rx) = outbox(16, 1 << 20);
-    let (_, replay) = s.attach(out).unwrap();
+    let (_, replay, _) = s.attach(out).unwrap();
     assert_eq!(replay.len(), 1);
     assert!(replay[0].1.to_text().unwrap().contains("forever"));
 }

@@ -27,7 +27,7 @@ fn connect(
 ) -> (Arc<Session>, u64, OutboxReceiver) {
     let s = hub.create_session(&claims(groups), protocol);
     let (out, rx) = outbox(16, 1 << 20);
-    let (generation, replay) = s.attach(out).unwrap();
+    let (generation, replay, _) = s.attach(out).unwrap();
     assert!(replay.is_empty());
     (s, generation, rx)
 }
@@ -83,7 +83,7 @@ async fn reliable_frames_are_sequenced_and_replayed_on_attach() {
     publish(&h, "g", &text("m3"), None);
     let s2 = h.recover(s.id(), s.reconnection_token().unwrap()).unwrap();
     let (out, _rx2) = outbox(16, 1 << 20);
-    let (_, replay) = s2.attach(out).unwrap();
+    let (_, replay, _) = s2.attach(out).unwrap();
     let ids: Vec<bool> = replay
         .iter()
         .enumerate()
@@ -182,7 +182,7 @@ async fn recovery_succeeds_when_the_ack_covers_the_evicted_frames() {
         "kept: every unacked frame is buffered"
     );
     let (out, _rx2) = outbox(64, 1 << 20);
-    let (_, replay) = s.attach(out).unwrap();
+    let (_, replay, _) = s.attach(out).unwrap();
     let ids: Vec<u64> = replay.iter().map(|(id, _)| *id).collect();
     assert_eq!(ids, [8, 9, 10]);
 }
@@ -209,13 +209,13 @@ async fn slow_reliable_consumer_is_closed_with_1013_and_stays_recoverable() {
     let h = hub(Limits::default());
     let s = h.create_session(&claims(&["g"]), Subprotocol::JsonReliable);
     let (out, mut rx) = outbox(2, 1 << 20);
-    let (generation, _) = s.attach(out).unwrap();
+    let (generation, _, _) = s.attach(out).unwrap();
     flood(&h, 5);
     assert_eq!(rx.closed().await.code, CLOSE_TRY_AGAIN);
     assert_eq!(h.stats().counters().slow_consumers, 1, "counted once");
     h.socket_closed(&s, generation);
     let (out, _rx2) = outbox(64, 1 << 20);
-    let (_, replay) = s.attach(out).unwrap();
+    let (_, replay, _) = s.attach(out).unwrap();
     assert_eq!(replay.len(), 5, "nothing lost");
 }
 
@@ -258,7 +258,7 @@ async fn attach_replaces_the_old_socket() {
     let h = hub(Limits::default());
     let (s, _, mut old) = connect(&h, Subprotocol::JsonReliable, &[]);
     let (out, _rx) = outbox(4, 1024);
-    let (generation, _) = s.attach(out).unwrap();
+    let (generation, _, _) = s.attach(out).unwrap();
     assert_eq!(generation, 2);
     assert_eq!(old.closed().await.code, 1000);
     h.socket_closed(&s, 1);

@@ -13,7 +13,7 @@ use tokio::time::Instant;
 use super::stream::Streams;
 use super::{lock, random_id, CLOSE_POLICY, CLOSE_TRY_AGAIN};
 use crate::config::Limits;
-use crate::mirror::{frame_write, stored_frame, token_digest, Mirror, Restored, SessionWrite};
+use crate::mirror::{frame_write, Mirror, SessionWrite};
 use crate::outbox::{Outbox, PushError};
 use crate::permissions::Permissions;
 use crate::protocol::codec::encode_reply;
@@ -45,6 +45,13 @@ pub(crate) enum AttachError {
     #[error(transparent)]
     ReplayLost(#[from] ReplayLost),
 }
+
+#[path = "session_mirror.rs"]
+mod mirrored;
+
+/// An attached socket's generation, the frames to replay to it with their sequence
+/// ids, and the mirror ticket they wait for.
+pub(crate) type Attached = (u64, Vec<(u64, Message)>, u64);
 
 /// The close reason of a slow consumer, also its `disconnected` message.
 pub(crate) const SLOW_CONSUMER: &str =
@@ -99,6 +106,8 @@ struct SessionState {
     close_reason: Option<String>,
     /// The upstream's opaque per-connection state (`ce-connectionState`).
     connection_state: Option<String>,
+    /// The mirror ticket of its last sequenced frame (0: none, or not mirrored).
+    mirrored: u64,
 }
 
 impl SessionState {
@@ -140,93 +149,13 @@ impl Session {
                 closed: false,
                 close_reason: None,
                 connection_state: new.connection_state,
+                mirrored: 0,
             }),
             streams: Mutex::new(Streams::default()),
             hub,
             stats,
             mirror: None,
         }
-    }
-
-    /// Mirrors the session (a reliable one) through `mirror` from now on, starting with
-    /// its creation.
-    pub(super) fn mirror_to(&mut self, mirror: Mirror, roles: Vec<String>) {
-        if let Some(token) = &self.reconnection_token {
-            mirror.write(
-                &self.id,
-                SessionWrite::Open {
-                    token: token_digest(token),
-                    protocol: self.protocol.name().unwrap_or_default().to_owned(),
-                    user: self.user_id.clone(),
-                    roles,
-                },
-            );
-            let st = self
-                .state
-                .get_mut()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            if let Some(state) = &st.connection_state {
-                mirror.write(&self.id, SessionWrite::State(state.clone()));
-            }
-            self.mirror = Some(mirror);
-        }
-    }
-
-    /// A session taken over from another node (`mirror.rs`): the client's token, the
-    /// stored groups, processed ackIds and replay buffer; mirrored through `mirror`.
-    pub(super) fn restore(&mut self, r: &Restored, token: String, mirror: Option<Mirror>) {
-        self.reconnection_token = Some(token);
-        self.mirror = mirror;
-        *lock(&self.permissions) = Permissions::from_mirrored(&r.roles);
-        let st = self
-            .state
-            .get_mut()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        st.groups = r.groups.iter().cloned().collect();
-        // Its first socket was on another node: attaching here is a recovery.
-        st.generation = 1;
-        for ack in &r.acks {
-            st.acks.insert(*ack);
-        }
-        let frames = r
-            .frames
-            .iter()
-            .cloned()
-            .filter_map(|f| stored_frame(self.protocol, f))
-            .collect();
-        st.sequencer
-            .restore((r.next, r.acked, r.evicted_through), frames, Instant::now());
-    }
-
-    fn mirror(&self, write: impl FnOnce() -> SessionWrite) {
-        if let Some(m) = &self.mirror {
-            m.write(&self.id, write());
-        }
-    }
-
-    fn mirror_groups(&self, st: &SessionState) {
-        self.mirror(|| SessionWrite::Groups(st.groups.iter().cloned().collect()));
-    }
-
-    fn mirror_trim(&self, st: &SessionState) {
-        self.mirror(|| {
-            let (first, acked, evicted_through) = st.sequencer.window();
-            SessionWrite::Trim {
-                first,
-                acked,
-                evicted_through,
-            }
-        });
-    }
-
-    /// The session ended here for good: the mirror forgets it.
-    /// Whether the session is mirrored into the cluster (recoverable on another node).
-    pub(super) fn is_mirrored(&self) -> bool {
-        self.mirror.is_some()
-    }
-
-    pub(super) fn mirror_delete(&self) {
-        self.mirror(|| SessionWrite::Delete);
     }
 
     /// Records that the session joined `group` (the hub indexes it under its lock),
@@ -240,7 +169,7 @@ impl Session {
             return false;
         }
         st.groups.insert(group.to_owned());
-        self.mirror_groups(&st);
+        self.mirror_groups(&mut st);
         true
     }
 
@@ -254,7 +183,7 @@ impl Session {
     pub(super) fn left(&self, group: &str) {
         let mut st = lock(&self.state);
         if st.groups.remove(group) {
-            self.mirror_groups(&st);
+            self.mirror_groups(&mut st);
         }
     }
 
@@ -342,7 +271,11 @@ impl Session {
     ) {
         let mut permissions = lock(&self.permissions);
         permissions.set(permission, group, allowed);
-        self.mirror(|| SessionWrite::Roles(permissions.mirrored()));
+        let mirrored = self.mirror(|| SessionWrite::Roles(permissions.mirrored()));
+        drop(permissions);
+        if let Err(lost) = mirrored {
+            self.shut(CLOSE_POLICY, &lost.to_string());
+        }
     }
 
     /// The permissions: the token's roles, changed by the REST API's grants and revokes.
@@ -360,7 +293,9 @@ impl Session {
     pub(crate) fn set_connection_state(&self, state: String) {
         let mut st = lock(&self.state);
         st.connection_state = Some(state.clone());
-        self.mirror(|| SessionWrite::State(state));
+        if self.mirror.is_some() {
+            self.mirror_or_end(&mut st, SessionWrite::State(state));
+        }
     }
 
     /// The close code when the server ends this session: 1008 on reliable
@@ -384,7 +319,9 @@ impl Session {
     /// slips in between. A replay that would miss frames the client has not
     /// acknowledged ends the session instead: the caller deletes it and tells the
     /// client with 1008.
-    pub(crate) fn attach(&self, outbox: Outbox) -> Result<(u64, Vec<(u64, Message)>), AttachError> {
+    /// The replay's frames reach the socket once the mirror write of the last one
+    /// sequenced, the third value, is stored.
+    pub(crate) fn attach(&self, outbox: Outbox) -> Result<Attached, AttachError> {
         let mut st = lock(&self.state);
         if st.closed {
             return Err(match &st.close_reason {
@@ -404,7 +341,7 @@ impl Session {
         if let Some((_, old)) = st.link.replace((generation, outbox)) {
             old.close(1000, "Connection replaced by a recovered connection");
         }
-        Ok((generation, replay))
+        Ok((generation, replay, st.mirrored))
     }
 
     /// The replay buffer can no longer serve a recovery: the session ends (its socket,
@@ -443,7 +380,7 @@ impl Session {
     pub(crate) fn sequence_ack(&self, sequence_id: u64) {
         let mut st = lock(&self.state);
         st.sequencer.ack(sequence_id);
-        self.mirror_trim(&st);
+        self.mirror_trim(&mut st);
     }
 
     /// Was `ack_id` processed already?
@@ -457,7 +394,9 @@ impl Session {
         if !st.acks.contains(ack_id) {
             st.acks.insert(ack_id);
             let keep = st.acks.capacity();
-            self.mirror(|| SessionWrite::Ack { ack_id, keep });
+            if self.mirror.is_some() {
+                self.mirror_or_end(&mut st, SessionWrite::Ack { ack_id, keep });
+            }
         }
     }
 
@@ -538,10 +477,17 @@ impl Session {
         let (id, frame) = st
             .sequencer
             .push(|id| frames.frame(protocol, Some(id)), deadline, now);
-        self.mirror(|| frame_write(id, &frame, deadline));
+        let mut ticket = 0;
+        if self.mirror.is_some() {
+            let Some(t) = self.mirror_or_end(st, frame_write(id, &frame, deadline)) else {
+                return if st.link.is_none() { Err(Gone) } else { Ok(()) };
+            };
+            ticket = t;
+            st.mirrored = t;
+        }
         let written = match &st.link {
             Some((_, out)) => {
-                if let Err(PushError::Full) = out.push_sequenced(frame, deadline, id) {
+                if let Err(PushError::Full) = out.push_sequenced(frame, deadline, (id, ticket)) {
                     let out = out.clone();
                     self.close_slow(st, &out);
                 }
