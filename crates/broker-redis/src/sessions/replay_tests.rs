@@ -213,3 +213,50 @@ async fn a_tombstone_goes_once_its_entry_is_read_back() {
     a.barrier().await.unwrap();
     assert!(tombstones(&mut con).is_empty());
 }
+
+/// The QoS 2 copies the reader stores for messages from other nodes wait behind the
+/// gate of its group until the group (with the position mark past them) is written:
+/// not while Redis does not answer, at once for a group with nothing to write, and
+/// for overlapping groups once the last one closes and is written.
+#[tokio::test(flavor = "current_thread")]
+async fn a_gated_group_opens_its_gate_once_it_is_written() {
+    use statehub_broker::Gate;
+    let open_within = |gate: &Arc<Gate>| {
+        let gate = gate.clone();
+        async move {
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+            while !gate.is_open() && std::time::Instant::now() < deadline {
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+            }
+            gate.is_open()
+        }
+    };
+    let mut redis = RedisServer::start();
+    let a = store(&redis, "a#1");
+    save_qos2(&a, "c", 5);
+    a.barrier().await.unwrap();
+
+    redis.kill();
+    let gate = Arc::new(Gate::default());
+    a.begin_group();
+    queue(&a, 5, 1, &message(b"remote"));
+    a.inner.end_group_gated(Some(gate.clone()));
+    assert!(a.barrier().await.is_err(), "redis is down");
+    assert!(!gate.is_open(), "not written: the copy waits");
+    redis.restart();
+    assert!(open_within(&gate).await, "written once redis is back");
+
+    let empty = Arc::new(Gate::default());
+    a.begin_group();
+    a.inner.end_group_gated(Some(empty.clone()));
+    assert!(empty.is_open(), "nothing to write");
+
+    let overlapped = Arc::new(Gate::default());
+    a.begin_group();
+    a.begin_group();
+    queue(&a, 5, 2, &message(b"later"));
+    a.inner.end_group_gated(Some(overlapped.clone()));
+    assert!(!overlapped.is_open(), "its changes wait in the open group");
+    a.end_group();
+    assert!(open_within(&overlapped).await);
+}
