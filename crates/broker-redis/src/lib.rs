@@ -317,6 +317,7 @@ impl Fabric for RedisFabric {
         let command = Command::Publish {
             msg: encoded,
             picks: wire::encode_picks(&picks),
+            origin: shared.sessions.origin(msg),
             reply,
         };
         if !shared.send(command) {

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use redis::streams::{StreamId, StreamRangeReply, StreamReadOptions, StreamReadReply};
 use redis::{Client, Commands, Connection, RedisResult, Value};
-use statehub_broker::Broker;
+use statehub_broker::{Broker, Gate};
 use tokio_util::sync::CancellationToken;
 
 use crate::writer::open;
@@ -167,24 +167,36 @@ impl Reader {
         let mut cut = self.shared.cut.lock();
         let sessions = &self.shared.sessions;
         sessions.begin_group();
+        // The QoS 2 copies this batch stores wait until the group is written.
+        let gate = Arc::new(Gate::default());
         let mut applied = Ok(());
+        // This node's messages read back: covered by the position mark from now on.
+        let mut own = Vec::new();
         for entry in entries {
-            applied = self.apply(con, broker, &entry);
+            applied = self.apply(con, broker, &entry, &gate);
             if applied.is_err() {
                 break;
             }
+            own.extend(self.own_origin(&entry));
             counters.entries_read.fetch_add(1, Ordering::Relaxed);
             self.last_id = Some(entry.id);
         }
+        sessions.read_back(&own);
         if let Some(last) = &self.last_id {
             sessions.applied(last);
             cut.last_id = Some(last.clone());
         }
-        sessions.end_group();
+        sessions.end_group_gated(Some(gate));
         applied
     }
 
-    fn apply(&self, con: &mut Connection, broker: &Broker, entry: &StreamId) -> RedisResult<()> {
+    fn apply(
+        &self,
+        con: &mut Connection,
+        broker: &Broker,
+        entry: &StreamId,
+        gate: &Arc<Gate>,
+    ) -> RedisResult<()> {
         let field = |name: &str| match entry.map.get(name) {
             Some(Value::BulkString(bytes)) => Some(bytes.as_slice()),
             _ => None,
@@ -192,7 +204,7 @@ impl Reader {
         let text = |name: &str| field(name).and_then(|b| std::str::from_utf8(b).ok());
         let ours = text("n") == Some(&*self.shared.node);
         match text("t") {
-            Some("p") if !ours => self.deliver(broker, field("m"), field("s"), &entry.id),
+            Some("p") if !ours => self.deliver(broker, (field("m"), field("s")), &entry.id, gate),
             Some("k") => match (text("c"), ours) {
                 (Some(client), true) => self.shared.announced(client),
                 // A resumed session moves with its stored form (the other node
@@ -219,7 +231,25 @@ impl Reader {
         Ok(())
     }
 
-    fn deliver(&self, broker: &Broker, msg: Option<&[u8]>, picks: Option<&[u8]>, id: &str) {
+    /// The origin of a message this node published (see `sessions/origins.rs`).
+    fn own_origin(&self, entry: &StreamId) -> Option<u64> {
+        let field = |name: &str| match entry.map.get(name) {
+            Some(Value::BulkString(bytes)) => Some(bytes.as_slice()),
+            _ => None,
+        };
+        let ours = field("n") == Some(self.shared.node.as_bytes());
+        (ours && field("t") == Some(b"p"))
+            .then(|| field("o").and_then(crate::sessions::origin_of))
+            .flatten()
+    }
+
+    fn deliver(
+        &self,
+        broker: &Broker,
+        (msg, picks): (Option<&[u8]>, Option<&[u8]>),
+        id: &str,
+        gate: &Arc<Gate>,
+    ) {
         let now = wire::Now::at(broker.now());
         let decoded = msg
             .ok_or(wire::WireError::Malformed("no message"))
@@ -231,7 +261,7 @@ impl Reader {
                     .counters
                     .received
                     .fetch_add(1, Ordering::Relaxed);
-                broker.route_remote(msg, &picks);
+                broker.route_remote_gated(msg, &picks, gate);
             }
             (Ok(None), _) => {}
             (Err(e), _) => self.malformed(id, &e),
@@ -248,7 +278,8 @@ impl Reader {
     /// the session are then all on the stream, up to the stream's last entry, and
     /// those routed after are past it, so the next node skips the former in its
     /// replay (the session has them) and gives the latter. Without that bound (Redis
-    /// out of reach) it replays both, and may deliver a message twice.
+    /// out of reach) the next node tells them apart by their origins
+    /// (`sessions/origins.rs`).
     fn hand_off(
         &self,
         con: &mut Connection,

@@ -26,10 +26,12 @@ type Reply = oneshot::Sender<Result<(), FabricError>>;
 /// What the writer is asked to do.
 #[derive(Debug)]
 pub(crate) enum Command {
-    /// Append a message (encoded by `wire`) with its shared-group picks.
+    /// Append a message (encoded by `wire`) with its shared-group picks and its
+    /// origin (see `sessions/origins.rs`).
     Publish {
         msg: Vec<u8>,
         picks: Vec<u8>,
+        origin: Vec<u8>,
         reply: Reply,
     },
     /// Set (or, without a value, clear) a topic's retained message.
@@ -179,13 +181,17 @@ impl Writer {
         let keys = &self.shared.keys;
         let node = &*self.shared.node;
         match command {
-            Command::Publish { msg, picks, .. } => {
+            Command::Publish {
+                msg, picks, origin, ..
+            } => {
                 self.xadd(pipe)
                     .arg(&["n", node, "t", "p"])
                     .arg("m")
                     .arg(msg)
                     .arg("s")
                     .arg(picks)
+                    .arg("o")
+                    .arg(origin)
                     .ignore();
             }
             Command::Retain { topic, value, .. } => {

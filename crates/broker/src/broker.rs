@@ -427,6 +427,17 @@ impl Broker {
             .sessions
     }
 
+    /// [`Broker::route_remote_gated`]'s routing.
+    pub(crate) fn route_local_gated(
+        &self,
+        msg: &Arc<Message>,
+        gate: &Arc<Gate>,
+        picks: &SharedPicks,
+    ) -> usize {
+        self.route_local(msg, Some(gate), false, None, || {}, Some(picks))
+            .sessions
+    }
+
     /// Routes to this node's sessions; with `picks`, a shared group gets the message
     /// only if it was picked for this node.
     fn route_local(

@@ -19,6 +19,7 @@ use statehub_mqtt_codec::ReasonCode;
 
 use crate::message::Message;
 use crate::service::BoxFuture;
+use crate::session_store::Gate;
 use crate::Broker;
 
 /// Why a message could not be handed to the other nodes.
@@ -147,6 +148,19 @@ impl Broker {
         self.route_picked(&msg, picks)
     }
 
+    /// As [`Broker::route_remote`], the QoS 2 copies that persistent sessions store
+    /// held behind `gate` until the caller opens it: once the store has them, with
+    /// how far this node read the other nodes' messages (a subscriber that got a copy
+    /// before and lost it with this node would get the message again, under another
+    /// packet id, from where the store says this node had read to).
+    pub fn route_remote_gated(&self, msg: Message, picks: &SharedPicks, gate: &Arc<Gate>) -> usize {
+        let msg = Arc::new(msg);
+        if msg.retain {
+            self.apply_retained(&msg);
+        }
+        self.route_local_gated(&msg, gate, picks)
+    }
+
     /// Another node took `client_id`'s session: a connection here is closed with 0x8E
     /// and the session here ends (it lives there now), unless this node's own newer
     /// connection is still being announced.
@@ -217,8 +231,16 @@ impl Broker {
 
     /// Delivers `msg` to `client_id`'s session only, as its subscriptions match it
     /// (a message another node had not yet given to that session when it moved here).
-    pub fn route_replayed(&self, client_id: &str, msg: Message) -> usize {
+    /// `before` sees the copy that is routed, before the session stores it (a store
+    /// may name its body after the message's origin).
+    pub fn route_replayed(
+        &self,
+        client_id: &str,
+        msg: Message,
+        before: impl FnOnce(&Arc<Message>),
+    ) -> usize {
         let msg = Arc::new(msg.for_client(client_id.into()));
+        before(&msg);
         self.route_picked(&msg, &SharedPicks::default())
     }
 }

@@ -184,7 +184,9 @@ pub fn packet_id_for(seq: u64) -> u16 {
 /// id of its sequence number), the server die before the copy reached the disk, the
 /// publisher resend the message, and the new copy arrive under another packet id: a
 /// QoS 2 receiver would deliver it twice. The publisher's connection opens the gate
-/// after the barrier that precedes its PUBREC.
+/// after the barrier that precedes its PUBREC; a fabric opens the gate of a message
+/// from another node once the copies, and how far it read, are stored
+/// ([`Broker::route_remote_gated`](crate::Broker::route_remote_gated)).
 #[derive(Debug, Default)]
 pub struct Gate {
     open: AtomicBool,
@@ -201,7 +203,8 @@ impl Gate {
         self.waiting.lock().push(session);
     }
 
-    pub(crate) fn open(&self) {
+    /// Lets the copies behind it go to their subscribers.
+    pub fn open(&self) {
         self.open.store(true, Ordering::Release);
         for session in self.waiting.lock().drain(..) {
             session.wake();

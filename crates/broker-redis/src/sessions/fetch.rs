@@ -12,7 +12,7 @@
 //!    where this node's reader is, are replayed into it alone; later entries reach it
 //!    through the reader as for any session.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::SyncSender;
 use std::sync::Arc;
@@ -344,7 +344,8 @@ pub(super) fn install(
         // session joined are on the stream once the writer is flushed, and the reader
         // skips them (this node routed them itself), so the replay gives them.
         flush(f)?;
-        replay(inner, broker, con, client_id, resume, read)
+        let held = held_origins(loaded);
+        replay(inner, broker, con, (client_id, &held), resume, read)
     })?;
     // The replayed messages were promised to their publishers and this node's position
     // mark is past them already: to the writer now, not held back.
@@ -388,15 +389,33 @@ pub(super) fn flush(f: &Fetcher) -> Result<(), FetchError> {
     Ok(())
 }
 
+/// The origins of the messages a claimed session holds, or held and saw acknowledged
+/// before its node read their entries back (tombstones): see `origins.rs`.
+fn held_origins(loaded: &Loaded) -> HashSet<&[u8]> {
+    loaded
+        .fields
+        .iter()
+        .filter_map(|(field, value)| {
+            if field.starts_with(b"b:") {
+                Some(value.as_slice())
+            } else {
+                field.strip_prefix(b"o:")
+            }
+        })
+        .collect()
+}
+
 /// Routes into `client_id`'s session alone the messages after `resume.from` that it
-/// would otherwise miss (but the releasing node's that it has): every one up to the reader's position `read` (the owner had not
-/// stored them, the reader already passed them), and past it this node's own (the
-/// reader gives the others; none of this node's is appended while it runs).
+/// would otherwise miss, but those it has (the releasing node's up to its bound, and
+/// every one whose origin it `held`): every one up to the reader's position `read`
+/// (the owner had not stored them, the reader already passed them), and past it this
+/// node's own (the reader gives the others; none of this node's is appended while it
+/// runs). Each is stored under its origin.
 fn replay(
     inner: &Inner,
     broker: &Broker,
     con: &mut Connection,
-    client_id: &str,
+    (client_id, held): (&str, &HashSet<&[u8]>),
     resume: Resume<'_>,
     read: Option<&str>,
 ) -> Result<(), FetchError> {
@@ -421,12 +440,24 @@ fn replay(
             let id = stream_id(&entry.id);
             let passed = read.is_some_and(|read| id <= read);
             // The releasing node routed its own messages up to `upto` to the session.
-            let had = settled.is_some_and(|(node, upto)| field("n") == Some(node) && id <= upto);
+            let origin = field("o");
+            let had = settled.is_some_and(|(node, upto)| field("n") == Some(node) && id <= upto)
+                || origin.is_some_and(|o| held.contains(o));
             if field("t") != Some(b"p") || !(passed || ours) || had {
                 continue;
             }
             if let Some(Ok(Some(msg))) = field("m").map(|m| wire::decode(m, now)) {
-                if broker.route_replayed(client_id, msg) > 0 {
+                let mut named = None;
+                let routed = broker.route_replayed(client_id, msg, |copy| {
+                    if let Some(origin) = origin {
+                        inner.name(copy, origin, ours && !passed);
+                        named = Some(copy.clone());
+                    }
+                });
+                if let Some(copy) = named {
+                    inner.unname(&copy);
+                }
+                if routed > 0 {
                     inner.counters.replayed.fetch_add(1, Ordering::Relaxed);
                 }
             }

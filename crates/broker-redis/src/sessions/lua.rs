@@ -8,7 +8,8 @@
 //! owner, `_c` client id, `_m` session record, `_e` how long it lives without a
 //! client, in ms, 0 for ever, `_r` the stream id where its owner released it,
 //! `_xn`, `_x` the node that released it and the stream entry up to which that
-//! node's own messages are in it, `m:{seq}` a message record, `b:{seq}` its body's id, `q:{id}` a QoS 2 receipt);
+//! node's own messages are in it, `m:{seq}` a message record, `b:{seq}` its body's id (the message's origin, see
+//! `origins.rs`), `o:{origin}` a tombstone, `q:{id}` a QoS 2 receipt);
 //! `owners` client id → incarnation; `b:{id}` a body (`d` data, `r` how many message
 //! records refer to it); `handoff:{incarnation}` a list pushed when a session is
 //! released; `pos:{owner}` how far that owner applied the message stream (read when
@@ -147,7 +148,11 @@ while i <= #ARGV do
           redis.call('HDEL', s, 'b:' .. ARGV[i + 2], 'm:' .. ARGV[i + 2])
           release(bid)
         end
+        if ARGV[i + 3] ~= '' then redis.call('HSET', s, 'o:' .. ARGV[i + 3], '') end
       else fenced = fenced + 1 end
+      i = i + 4
+    elseif op == 'X' then
+      if mine then redis.call('HDEL', s, 'o:' .. ARGV[i + 2]) end
       i = i + 3
     elseif op == 'Q' or op == 'q' then
       if mine then
@@ -185,9 +190,10 @@ return fenced
 /// incarnation, the owner it is taken from, '1' if that owner is dead. Returns `{0}`:
 /// no such session; `{1, owner}`: another node owns it now; `{2, from, fields, bodies,
 /// node, upto}`: taken, with the stream id to replay messages from (where it was
-/// released, or the dead owner's position), the session's hash, the bodies its
-/// messages refer to, and, if the node that released it said, that node and the entry
-/// up to which its own messages are in the session already.
+/// released, or the dead owner's position), the session's hash (with its tombstones,
+/// which only that replay needs: the claim removes them), the bodies its messages
+/// refer to, and, if the node that released it said, that node and the entry up to
+/// which its own messages are in the session already.
 pub(crate) const CLAIM: &str = concat!(
     r"
 local p, me, client, inc, expect, dead = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6]
@@ -215,9 +221,12 @@ if o ~= me then
   own(me, 1)
 end
 redis.call('HDEL', s, '_r', '_xn', '_x')
+local f = redis.call('HGETALL', s)
+for j = 1, #f, 2 do
+  if string.sub(f[j], 1, 2) == 'o:' then redis.call('HDEL', s, f[j]) end
+end
 if o ~= '' then redis.call('SREM', p .. 'conn:' .. o, inc) end
 hold(s, inc, me, true)
-local f = redis.call('HGETALL', s)
 local bodies, seen = {}, {}
 for j = 1, #f, 2 do
   if string.sub(f[j], 1, 2) == 'b:' and not seen[f[j + 1]] then

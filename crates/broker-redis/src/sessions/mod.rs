@@ -21,6 +21,7 @@
 mod fetch;
 mod held;
 mod lua;
+mod origins;
 mod records;
 mod sweep;
 mod writer;
@@ -33,10 +34,13 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 use rustc_hash::FxHashMap;
-use statehub_broker::{BoxFuture, Broker, Message, SessionChange, SessionStore, SessionStoreError};
+use statehub_broker::{
+    BoxFuture, Broker, Gate, Message, SessionChange, SessionStore, SessionStoreError,
+};
 use tokio::sync::watch;
 
 pub(crate) use fetch::{stream_id, Cut, Fetcher};
+pub(crate) use origins::origin_of;
 pub use records::RecordError;
 pub(crate) use statehub_redis_common::Wait;
 
@@ -109,7 +113,15 @@ struct State {
     held: FxHashMap<(u64, u64), held::Held>,
     /// When the oldest held message was queued.
     held_since: Option<std::time::Instant>,
+    /// This node's messages not read back yet, and the tombstones left for them.
+    origins: origins::Origins,
+    /// Gates to open once the open group is written (see [`Inner::end_group_gated`]).
+    gates: Vec<Arc<Gate>>,
 }
+
+/// A submission to the writer: its number, its changes, and the gates to open once
+/// they are written.
+pub(crate) type Batch = (u64, Vec<Op>, Vec<Arc<Gate>>);
 
 /// The [`SessionStore`] in Redis.
 #[derive(Debug, Clone)]
@@ -124,7 +136,7 @@ pub(crate) struct Inner {
     /// This process's owner id (`node#run`): a restarted node is another owner.
     pub(crate) owner: String,
     state: Mutex<State>,
-    tx: Mutex<Sender<(u64, Vec<Op>)>>,
+    tx: Mutex<Sender<Batch>>,
     progress: watch::Receiver<Progress>,
     closed: watch::Sender<(u64, u64)>,
     pub(crate) counters: Arc<SessionCounters>,
@@ -219,9 +231,13 @@ impl Inner {
     }
 
     fn submit(&self, state: &mut State, ops: Vec<Op>) {
+        self.submit_gated(state, ops, Vec::new());
+    }
+
+    fn submit_gated(&self, state: &mut State, ops: Vec<Op>, gates: Vec<Arc<Gate>>) {
         state.submitted += 1;
         // The writer lives as long as the process; a send fails only at exit.
-        let _ = self.tx.lock().send((state.submitted, ops));
+        let _ = self.tx.lock().send((state.submitted, ops, gates));
     }
 
     /// The session `incarnation` is stored by this node from now on, with the bodies
@@ -436,11 +452,17 @@ impl Inner {
                 seq,
                 msg,
             } => {
+                let id = Self::body_id_of(state, msg);
                 Self::release_body(state, msg);
                 if state.held.remove(&(incarnation, seq)).is_some() {
                     return Vec::new();
                 }
-                vec![vec![b"D".to_vec(), num(incarnation), num(seq)]]
+                // Acknowledged before the reader read its entry back: a replay from
+                // before that entry must still know the session had it.
+                let tomb = id
+                    .and_then(|id| state.origins.tombstone(incarnation, &id))
+                    .unwrap_or_default();
+                vec![vec![b"D".to_vec(), num(incarnation), num(seq), tomb]]
             }
             SessionChange::IncomingQos2 {
                 incarnation,
@@ -493,14 +515,24 @@ impl Inner {
     }
 
     pub(crate) fn end_group(&self) {
+        self.end_group_gated(None);
+    }
+
+    /// Closes a group; `gate` opens once its changes are written (at once if it had
+    /// none). Groups overlap: while another is open, this one's changes wait in it.
+    pub(crate) fn end_group_gated(&self, gate: Option<Arc<Gate>>) {
         let mut state = self.state.lock();
+        state.gates.extend(gate);
         state.open = state.open.saturating_sub(1);
         if state.open > 0 {
             return;
         }
         let group = std::mem::take(&mut state.group);
+        let gates = std::mem::take(&mut state.gates);
         if !group.is_empty() {
-            self.submit(&mut state, group);
+            self.submit_gated(&mut state, group, gates);
+        } else {
+            gates.iter().for_each(|g| g.open());
         }
         state.closed += 1;
         self.closed.send_replace((state.closed, state.submitted));
@@ -544,5 +576,7 @@ pub(crate) fn store_error(why: &str) -> SessionStoreError {
     SessionStoreError(Arc::new(std::io::Error::other(why.to_owned())))
 }
 
+#[cfg(test)]
+mod replay_tests;
 #[cfg(test)]
 mod tests;

@@ -12,9 +12,9 @@ use statehub_redis_common::test_server::RedisServer;
 
 use super::{Fetcher, Inner, RedisSessions};
 
-const PREFIX: &str = "{t}:mqtt:";
+pub(super) const PREFIX: &str = "{t}:mqtt:";
 
-fn store(redis: &RedisServer, owner: &str) -> RedisSessions {
+pub(super) fn store(redis: &RedisServer, owner: &str) -> RedisSessions {
     let client = redis::Client::open(redis.url()).unwrap();
     let fetcher = Fetcher {
         client: client.clone(),
@@ -25,8 +25,7 @@ fn store(redis: &RedisServer, owner: &str) -> RedisSessions {
         node_ttl: Duration::from_secs(1),
         cut: Arc::default(),
         pool: Default::default(),
-        // These tests fetch nothing: no writer to flush.
-        writer: std::sync::mpsc::sync_channel(1).0,
+        writer: flushed_writer(),
     };
     let inner = Inner::start(
         client,
@@ -40,15 +39,28 @@ fn store(redis: &RedisServer, owner: &str) -> RedisSessions {
     RedisSessions { inner }
 }
 
+/// A stream writer that has nothing to append: it answers every flush at once.
+fn flushed_writer() -> std::sync::mpsc::SyncSender<crate::writer::Command> {
+    let (tx, rx) = std::sync::mpsc::sync_channel(16);
+    std::thread::spawn(move || {
+        while let Ok(command) = rx.recv() {
+            if let crate::writer::Command::Flush { reply } = command {
+                let _ = reply.send(Ok(()));
+            }
+        }
+    });
+    tx
+}
+
 /// A plain connection to `redis`, to look at what the store wrote.
-fn connect(redis: &RedisServer) -> redis::Connection {
+pub(super) fn connect(redis: &RedisServer) -> redis::Connection {
     redis::Client::open(redis.url())
         .unwrap()
         .get_connection()
         .unwrap()
 }
 
-fn message(payload: &'static [u8]) -> Arc<Message> {
+pub(super) fn message(payload: &'static [u8]) -> Arc<Message> {
     let publish = Publish {
         dup: false,
         qos: QoS::AtLeastOnce,
@@ -61,7 +73,7 @@ fn message(payload: &'static [u8]) -> Arc<Message> {
     Arc::new(Message::from_publish(publish, None, Instant::now()))
 }
 
-fn save(store: &RedisSessions, client_id: &str, incarnation: u64) {
+pub(super) fn save(store: &RedisSessions, client_id: &str, incarnation: u64) {
     let filter = ByteString::from("t");
     store.record(SessionChange::Saved {
         client_id,
@@ -78,7 +90,7 @@ fn save(store: &RedisSessions, client_id: &str, incarnation: u64) {
     });
 }
 
-fn queue(store: &RedisSessions, incarnation: u64, seq: u64, msg: &Arc<Message>) {
+pub(super) fn queue(store: &RedisSessions, incarnation: u64, seq: u64, msg: &Arc<Message>) {
     store.record(SessionChange::Message {
         incarnation,
         seq,

@@ -16,7 +16,7 @@ use redis::{Client, Connection, Script};
 use statehub_redis_common::{ShortfallLog, Wait};
 use tokio::sync::watch;
 
-use super::{lua, Op, Progress, SessionCounters};
+use super::{lua, Batch, Op, Progress, SessionCounters};
 use crate::writer::open;
 
 /// Most changes in one script call.
@@ -29,7 +29,7 @@ pub(super) struct Writer {
     pub prefix: String,
     pub owner: String,
     pub timeout: Duration,
-    pub rx: Receiver<(u64, Vec<Op>)>,
+    pub rx: Receiver<Batch>,
     pub progress: watch::Sender<Progress>,
     pub counters: Arc<SessionCounters>,
     pub wait: Option<Wait>,
@@ -43,16 +43,17 @@ impl Writer {
         let mut down_logged = false;
         let mut shortfalls = ShortfallLog::default();
         loop {
-            let (mut last, mut ops) = match self.rx.recv_timeout(RETRY) {
+            let (mut last, mut ops, mut gates) = match self.rx.recv_timeout(RETRY) {
                 Ok(first) => first,
                 Err(RecvTimeoutError::Timeout) => continue,
                 Err(RecvTimeoutError::Disconnected) => return,
             };
             while ops.len() < MOST {
                 match self.rx.try_recv() {
-                    Ok((seq, more)) => {
+                    Ok((seq, more, more_gates)) => {
                         last = seq;
                         ops.extend(more);
+                        gates.extend(more_gates);
                     }
                     Err(_) => break,
                 }
@@ -73,6 +74,8 @@ impl Writer {
                                 "mqtt sessions: changes to sessions another node owns now (or records of a message whose body only such a change carried) were not stored"
                             );
                         }
+                        // The QoS 2 copies these changes stored may go now.
+                        gates.iter().for_each(|g| g.open());
                         self.progress.send_modify(|p| {
                             p.written = last;
                             if replicated {

@@ -1,0 +1,147 @@
+//! Where a stored message came from, so that a session moving to another node is
+//! never given again, by the replay of the stream, a message its copy already has
+//! (docs/decisions/0005, "The old node's own messages").
+//!
+//! A message's body id is its origin: the stream entry of a message published here
+//! carries (`o`) the id of the body this node's sessions stored it under, or a fresh
+//! one if none did, and a copy replayed from the stream is stored under the entry's
+//! origin. A session's hash thus names the origin of every message it holds (`b:{seq}`
+//! fields). A message it held and that was acknowledged before this node's reader
+//! had read its entry back (so the position mark does not cover it yet) leaves a
+//! tombstone (`o:{origin}`) with its deletion, removed once the reader reads the entry
+//! back (or by the claim that moves the session). The replay on the node the session
+//! moves to skips every entry whose origin the session names either way: whether the
+//! old node handed it over with a bound, without one (Redis out of reach, a takeover
+//! announcement), or died.
+
+use std::sync::Arc;
+
+use rustc_hash::FxHashMap;
+use statehub_broker::Message;
+
+use super::{key, num, Body, Inner, Op, State};
+
+/// Most origins kept as not read back yet. Past it the oldest are forgotten: an
+/// entry so far behind the reader that was never appended, or its reader is that far
+/// behind (then a message acknowledged meanwhile may be replayed again if its session
+/// moves before the reader catches up).
+pub(crate) const MAX_UNAPPLIED: usize = 65_536;
+
+/// This node's own messages that its sessions hold and its reader has not read back.
+#[derive(Debug, Default)]
+pub(super) struct Origins {
+    /// Origin → when it was noted (a count), for forgetting the oldest.
+    unapplied: FxHashMap<u64, u64>,
+    noted: u64,
+    /// Tombstones written, by origin: the sessions (incarnations) holding one.
+    tombstoned: FxHashMap<u64, Vec<u64>>,
+}
+
+/// A body id as an origin (body ids are 16 hex digits).
+pub(crate) fn origin_of(id: &[u8]) -> Option<u64> {
+    std::str::from_utf8(id)
+        .ok()
+        .and_then(|s| u64::from_str_radix(s, 16).ok())
+}
+
+/// An origin as a body id.
+pub(crate) fn body_id(origin: u64) -> Vec<u8> {
+    num(format_args!("{origin:016x}"))
+}
+
+impl Origins {
+    fn note(&mut self, origin: u64) {
+        self.noted += 1;
+        self.unapplied.insert(origin, self.noted);
+        if self.unapplied.len() > MAX_UNAPPLIED {
+            let keep_after = self.noted.saturating_sub(MAX_UNAPPLIED as u64 / 2);
+            self.unapplied.retain(|_, n| *n > keep_after);
+            let unapplied = &self.unapplied;
+            self.tombstoned.retain(|o, _| unapplied.contains_key(o));
+        }
+    }
+
+    /// The tombstone to leave in session `incarnation` when its copy of the message
+    /// with body `id` goes, if the reader has not read that message's entry back.
+    pub(super) fn tombstone(&mut self, incarnation: u64, id: &[u8]) -> Option<Vec<u8>> {
+        let origin = origin_of(id)?;
+        if !self.unapplied.contains_key(&origin) {
+            return None;
+        }
+        self.tombstoned.entry(origin).or_default().push(incarnation);
+        Some(id.to_vec())
+    }
+}
+
+impl Inner {
+    /// The origin of `msg`, published here and about to be appended to the stream:
+    /// the id of the body this node's sessions store it under, or a fresh one.
+    pub(crate) fn origin(&self, msg: &Message) -> Vec<u8> {
+        let k = msg as *const Message as usize;
+        let mut state = self.state.lock();
+        match state.bodies.get(&k).map(|b| b.id.clone()) {
+            Some(id) => {
+                if let Some(origin) = origin_of(&id) {
+                    state.origins.note(origin);
+                }
+                id
+            }
+            None => {
+                drop(state);
+                body_id(rand::random())
+            }
+        }
+    }
+
+    /// This node's reader read back its own entries with these origins (in the
+    /// group that marks its position past them): their tombstones can go.
+    pub(crate) fn read_back(&self, origins: &[u64]) {
+        if origins.is_empty() {
+            return;
+        }
+        let mut state = self.state.lock();
+        let mut ops: Vec<Op> = Vec::new();
+        for origin in origins {
+            state.origins.unapplied.remove(origin);
+            if let Some(incarnations) = state.origins.tombstoned.remove(origin) {
+                ops.extend(
+                    incarnations
+                        .into_iter()
+                        .map(|inc| vec![b"X".to_vec(), num(inc), body_id(*origin)]),
+                );
+            }
+        }
+        self.push(&mut state, ops);
+    }
+
+    /// A copy about to be replayed into a session moved here: stored under the
+    /// origin `id` of its stream entry. `own`: an entry of this node that its reader
+    /// has not read yet.
+    pub(crate) fn name(&self, msg: &Arc<Message>, id: &[u8], own: bool) {
+        let mut state = self.state.lock();
+        if own {
+            if let Some(origin) = origin_of(id) {
+                state.origins.note(origin);
+            }
+        }
+        state.bodies.entry(key(msg)).or_insert_with(|| Body {
+            id: id.to_vec(),
+            refs: 0,
+            sent: false,
+            _msg: msg.clone(),
+        });
+    }
+
+    /// The copy [`Inner::name`] named was not stored (no subscription matched it).
+    pub(crate) fn unname(&self, msg: &Arc<Message>) {
+        let mut state = self.state.lock();
+        if state.bodies.get(&key(msg)).is_some_and(|b| b.refs == 0) {
+            state.bodies.remove(&key(msg));
+        }
+    }
+
+    /// The body id `msg` is stored under here, if any.
+    pub(super) fn body_id_of(state: &State, msg: &Arc<Message>) -> Option<Vec<u8>> {
+        state.bodies.get(&key(msg)).map(|b| b.id.clone())
+    }
+}
