@@ -420,7 +420,7 @@ impl Broker {
         routed
     }
 
-    /// [`Broker::route_remote`]'s routing: this node's subscribers, shared groups as
+    /// A remote message's routing: this node's subscribers, shared groups as
     /// the publisher's node picked them.
     pub(crate) fn route_picked(&self, msg: &Arc<Message>, picks: &SharedPicks) -> usize {
         self.route_local(msg, None, false, None, || {}, Some(picks))

@@ -10,7 +10,7 @@
 //! subscribers at once (`Broker::route_with`), except shared groups the fabric gives to
 //! another node ([`SharedPicks`]); then [`Fabric::forward`] hands it, with those picks,
 //! to the other nodes, which deliver it to their own subscribers with
-//! [`Broker::route_remote`] (and never forward it again). A QoS 1/2 PUBLISH is
+//! [`Broker::route_remote_gated`] (and never forward it again). A QoS 1/2 PUBLISH is
 //! acknowledged once the forward is accepted.
 
 use std::sync::Arc;
@@ -139,16 +139,7 @@ impl Broker {
 
     /// Delivers a message another node forwarded to this node's subscribers (and makes
     /// it this node's retained message if it is one), with that node's shared picks.
-    /// Never forwarded again.
-    pub fn route_remote(&self, msg: Message, picks: &SharedPicks) -> usize {
-        let msg = Arc::new(msg);
-        if msg.retain {
-            self.apply_retained(&msg);
-        }
-        self.route_picked(&msg, picks)
-    }
-
-    /// As [`Broker::route_remote`], the QoS 2 copies that persistent sessions store
+    /// Never forwarded again. The QoS 2 copies that persistent sessions store are
     /// held behind `gate` until the caller opens it: once the store has them, with
     /// how far this node read the other nodes' messages (a subscriber that got a copy
     /// before and lost it with this node would get the message again, under another
