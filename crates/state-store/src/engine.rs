@@ -285,8 +285,8 @@ pub trait Engine {
         checked::remove_expired(self, clock, key, now_ms)
     }
 
-    /// Whether the engine takes over the machine's sweep of due keys (before each
-    /// request, and at each expiry run): up to `limit` keys due by `now_ms`, each removed
+    /// Whether the engine takes over the machine's sweep of due keys before a request
+    /// (the expiry task's own runs always read first, with [`Engine::expired`]): up to `limit` keys due by `now_ms`, each removed
     /// as [`Engine::remove_expired`] would, earliest first, and then, if `limit` were
     /// due, the request's own key if due. `false` (the default): the machine sweeps with
     /// [`Engine::expired`] and [`Engine::remove_expired`], one call per key.
