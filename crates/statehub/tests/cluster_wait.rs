@@ -1,6 +1,7 @@
 //! `--redis-wait-replicas`: a state store write, a QoS 1 PUBLISH, a persistent
 //! session's change, a Web PubSub send and a reliable session's claim are acknowledged
-//! only once Redis replicas have them. Two real redis-servers, one a replica of the
+//! only once Redis replicas have them, and a reliable subscriber gets a frame only once
+//! they have its session's copy. Two real redis-servers, one a replica of the
 //! other: writes are acknowledged while the replica is up, refused (503,
 //! PUBACK/CONNACK/DISCONNECT 0x80, ack `InternalServerError`, close 1013) and logged
 //! while it is down, and acknowledged again once it is back.
@@ -202,6 +203,11 @@ fn wps_node(primary: &RedisServer) -> Server {
 
 /// A REST send to every connection of the hub through `addr`: the HTTP status.
 async fn rest_send(addr: std::net::SocketAddr) -> u16 {
+    rest_send_text(addr, "m").await
+}
+
+/// A REST send of `body` to every connection of the hub through `addr`: the status.
+async fn rest_send_text(addr: std::net::SocketAddr, body: &str) -> u16 {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let path = format!("/api/hubs/{WPS_HUB}/:send?api-version=2024-12-01");
     let claims = statehub_webpubsub::ClientClaims {
@@ -214,7 +220,8 @@ async fn rest_send(addr: std::net::SocketAddr) -> u16 {
         statehub_webpubsub::issue_token(WPS_KEY, &audience, &claims, Duration::from_secs(60));
     let request = format!(
         "POST {path} HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {token}\r\n\
-         Content-Type: text/plain\r\nContent-Length: 1\r\nConnection: close\r\n\r\nm"
+         Content-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
     );
     let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
     stream.write_all(request.as_bytes()).await.unwrap();
@@ -349,4 +356,65 @@ async fn a_web_pubsub_claim_waits_for_a_replica_and_is_closed_with_1013_while_it
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// The data of the next `message` frame on `ws` and its sequence id.
+async fn next_message(ws: &mut common::wps::Ws) -> (String, u64) {
+    loop {
+        let frame: serde_json::Value =
+            serde_json::from_str(&common::wps::next_text(ws).await).unwrap();
+        if frame["type"] == "message" {
+            let data = frame["data"].as_str().unwrap().to_owned();
+            return (data, frame["sequenceId"].as_u64().unwrap());
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reliable_subscriber_gets_a_frame_only_once_a_replica_has_its_copy() {
+    const RELIABLE: &str = "json.reliable.webpubsub.azure.v1";
+
+    let primary = RedisServer::start();
+    let mut replica = RedisServer::start_replica_of(&primary);
+    replica.wait_in_sync();
+    let a = wps_node(&primary);
+    rest_send_until_accepted(a.http).await;
+    let mut ws = common::wps::client(a.http, WPS_KEY, WPS_HUB, Some(RELIABLE)).await;
+    assert!(common::wps::next_text(&mut ws).await.contains("connected"));
+    assert_eq!(rest_send_text(a.http, "up").await, 202);
+    let (data, mut last) = next_message(&mut ws).await;
+    assert_eq!(data, "up", "a frame the replica has");
+
+    replica.kill();
+    let mut sent = vec!["down-1".to_owned(), "down-2".to_owned()];
+    for body in &sent {
+        assert_eq!(rest_send_text(a.http, body).await, 503, "no replica has it");
+    }
+    // The second refusal came from a later pipeline than the first frame's copy.
+    let early = tokio::time::timeout(Duration::from_secs(1), next_message(&mut ws)).await;
+    assert!(
+        early.is_err(),
+        "a frame only the primary has reached its subscriber: {early:?}"
+    );
+
+    replica.restart();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let body = format!("back-{}", sent.len());
+        let status = rest_send_text(a.http, &body).await;
+        sent.push(body);
+        if status == 202 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "still {status}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let mut got = Vec::new();
+    while got.len() < sent.len() {
+        let (data, sequence) = next_message(&mut ws).await;
+        assert!(sequence > last, "in order: {sequence} after {last}");
+        last = sequence;
+        got.push(data);
+    }
+    assert_eq!(got, sent, "every frame held, once, in order");
 }

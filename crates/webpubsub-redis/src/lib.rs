@@ -265,8 +265,8 @@ pub(crate) struct Progress {
     /// Operations up to this one are in the stream but fewer replicas than asked have
     /// them: refused, unless a later `WAIT` covered them (`written` moved past).
     pub(crate) unreplicated: u64,
-    /// Every session write up to this ticket is in Redis (`u64::MAX`: the writer
-    /// stopped, nothing more will be).
+    /// Every session write up to this ticket is in Redis, and with `Options::wait` on
+    /// enough replicas (`u64::MAX`: the writer stopped, nothing more will be).
     pub(crate) mirrored: u64,
 }
 

@@ -1,9 +1,11 @@
 //! The writer thread: this node's operations into the stream, its reliable sessions'
 //! changes into their mirror and its answers to other nodes' questions, in the order
 //! they were handed over, retried until Redis takes them. With `Options::wait`, a
-//! pipeline holding an operation (which a REST answer or an ack waits for) ends with
-//! `WAIT`, and so does a claim: too few replicas and those waiting are refused as when
-//! Redis is out of reach (what was written stays written: it is on the primary).
+//! pipeline holding an operation (which a REST answer or an ack waits for) or a
+//! reliable session's write ends with `WAIT`, and so does a claim: too few replicas and
+//! the operations waiting are refused as when Redis is out of reach (what was written
+//! stays written: it is on the primary), and the session writes are not published as
+//! mirrored until a later `WAIT` covers them, so their frames stay held.
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
@@ -65,6 +67,9 @@ pub(crate) struct Writer {
     /// The last operation written that too few replicas acknowledged: the next
     /// pipeline waits for replicas even without operations of its own.
     unreplicated: Option<u64>,
+    /// The last session write written that too few replicas acknowledged: its frames
+    /// stay held, and the next pipeline waits for replicas even without writes.
+    unmirrored: Option<u64>,
 }
 
 impl Writer {
@@ -91,6 +96,7 @@ impl Writer {
             wait: options.wait,
             shortfalls: ShortfallLog::default(),
             unreplicated: None,
+            unmirrored: None,
         }
     }
 
@@ -259,7 +265,12 @@ impl Writer {
             .iter()
             .filter(|j| matches!(j, Pending::Op(..)))
             .count();
-        let wait = self.wait.filter(|_| ops > 0 || self.unreplicated.is_some());
+        let mirrored = batch.iter().rev().find_map(|j| match j {
+            Pending::Session(_, _, _, ticket) => Some(*ticket),
+            _ => None,
+        });
+        let owed = self.unreplicated.is_some() || self.unmirrored.is_some();
+        let wait = self.wait.filter(|_| ops > 0 || mirrored.is_some() || owed);
         let acked = query_waiting(con, &mut pipe, wait)?;
         self.position_written = true;
         self.count_mirrored(batch);
@@ -268,15 +279,12 @@ impl Writer {
             Pending::Op(seq, _) => Some(*seq),
             _ => None,
         });
+        let enough = self.enough_replicas(wait, acked);
         if let Some(last) = last.or(self.unreplicated) {
-            self.replicated(wait, acked, last);
+            self.replicated(enough, last);
         }
-        let mirrored = batch.iter().rev().find_map(|j| match j {
-            Pending::Session(_, _, _, ticket) => Some(*ticket),
-            _ => None,
-        });
-        if let Some(ticket) = mirrored {
-            self.mirrored(ticket);
+        if let Some(ticket) = mirrored.or(self.unmirrored) {
+            self.mirrored(enough, ticket);
         }
         for job in batch {
             if let Pending::Flush(done) = job {
@@ -398,16 +406,24 @@ impl Writer {
         }
     }
 
-    /// Operations up to `last` are written, acknowledged by `acked` replicas: wakes
-    /// whoever waits for them, to go on if enough replicas have them (with those an
-    /// earlier shortfall left: `WAIT` covers every earlier write), or to be refused.
-    fn replicated(&mut self, wait: Option<Wait>, acked: Option<u32>, last: u64) -> bool {
+    /// Whether `acked` replicas are enough for `wait`; counts and logs a shortfall.
+    fn enough_replicas(&mut self, wait: Option<Wait>, acked: Option<u32>) -> bool {
+        let Err(short) = statehub_redis_common::check(wait, acked) else {
+            return true;
+        };
+        let counter = &self.shared.counters.not_replicated;
+        if let Some(count) = self.shortfalls.count(counter) {
+            tracing::warn!(reason = %short, count, "web pubsub cluster: writes not acknowledged by enough redis replicas; sends, membership changes and claims waiting for them refused (503, InternalServerError, 1013), reliable sessions' frames held");
+        }
+        false
+    }
+
+    /// Operations up to `last` are written, `enough` replicas acknowledged them or not:
+    /// wakes whoever waits for them, to go on (with those an earlier shortfall left:
+    /// `WAIT` covers every earlier write), or to be refused.
+    fn replicated(&mut self, enough: bool, last: u64) -> bool {
         let last = last.max(self.unreplicated.unwrap_or(0));
-        if let Err(short) = statehub_redis_common::check(wait, acked) {
-            let counter = &self.shared.counters.not_replicated;
-            if let Some(count) = self.shortfalls.count(counter) {
-                tracing::warn!(reason = %short, count, "web pubsub cluster: writes not acknowledged by enough redis replicas; sends, membership changes and claims waiting for them refused (503, InternalServerError, 1013)");
-            }
+        if !enough {
             self.unreplicated = Some(last);
             self.shared.progress.send_if_modified(|p| {
                 let later = last > p.unreplicated;
@@ -446,12 +462,14 @@ impl Writer {
             let claimed = parse_claim(v, &job.hub, &job.id)?;
             Ok((claimed, acked))
         });
+        let enough = match &parsed {
+            Ok((Ok(Some(_)), acked)) => self.enough_replicas(self.wait, *acked),
+            _ => true,
+        };
         let answer = match parsed {
-            Ok((Ok(Some(_)), acked)) if !self.replicated(self.wait, acked, job.seq) => {
-                Err(ClaimError::Cluster(
-                    statehub_webpubsub::ClusterError::Unavailable(Box::new(Unreplicated)),
-                ))
-            }
+            Ok((Ok(Some(_)), _)) if !self.replicated(enough, job.seq) => Err(ClaimError::Cluster(
+                statehub_webpubsub::ClusterError::Unavailable(Box::new(Unreplicated)),
+            )),
             Ok((Ok(Some(mut claimed)), _)) => {
                 claimed.restored.protocol.clone_from(&job.protocol);
                 self.epochs
@@ -486,9 +504,18 @@ impl Writer {
         Ok(())
     }
 
-    /// Session writes up to `ticket` are in Redis: releases the frames that wait for
-    /// them (see `mirror.rs` in the Web PubSub crate).
-    fn mirrored(&self, ticket: u64) {
+    /// Session writes up to `ticket` are in Redis, `enough` replicas acknowledged them
+    /// or not: releases the frames that wait for them (see `mirror.rs` in the Web
+    /// PubSub crate), or holds them until a later `WAIT` covers them too. Otherwise a
+    /// failover to a replica that lacks them would let the next node number anew ids
+    /// the client has seen.
+    fn mirrored(&mut self, enough: bool, ticket: u64) {
+        let ticket = ticket.max(self.unmirrored.unwrap_or(0));
+        if !enough {
+            self.unmirrored = Some(ticket);
+            return;
+        }
+        self.unmirrored = None;
         self.shared.progress.send_if_modified(|p| {
             let later = ticket > p.mirrored;
             p.mirrored = p.mirrored.max(ticket);
