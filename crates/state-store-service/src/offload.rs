@@ -98,3 +98,39 @@ impl<S: Send + Sync + 'static> Offload<S> {
         self.refused.load(Ordering::Relaxed)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{mpsc, Arc, Mutex};
+
+    use super::*;
+
+    #[tokio::test]
+    async fn a_full_queue_refuses_and_counts_and_jobs_run_in_order() {
+        let service = Arc::new(Mutex::new(Vec::new()));
+        let offload = Offload::start(Arc::downgrade(&service), 1).unwrap();
+        let (release, hold) = mpsc::channel::<()>();
+        let (started_tx, started) = mpsc::channel::<()>();
+        // The thread takes this job and waits in it; the queue then holds one more.
+        let first = offload
+            .run(move |s: &Mutex<Vec<u32>>| {
+                started_tx.send(()).unwrap();
+                hold.recv().unwrap();
+                s.lock().unwrap().push(1);
+            })
+            .unwrap();
+        started.recv().unwrap();
+        let second = offload
+            .run(|s: &Mutex<Vec<u32>>| s.lock().unwrap().push(2))
+            .unwrap();
+        assert_eq!(
+            offload.run(|s: &Mutex<Vec<u32>>| s.lock().unwrap().push(3)).err(),
+            Some(Busy)
+        );
+        assert_eq!(offload.refused(), 1);
+        release.send(()).unwrap();
+        first.await.unwrap();
+        second.await.unwrap();
+        assert_eq!(*service.lock().unwrap(), [1, 2]);
+    }
+}
