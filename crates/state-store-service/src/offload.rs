@@ -124,7 +124,9 @@ mod tests {
             .run(|s: &Mutex<Vec<u32>>| s.lock().unwrap().push(2))
             .unwrap();
         assert_eq!(
-            offload.run(|s: &Mutex<Vec<u32>>| s.lock().unwrap().push(3)).err(),
+            offload
+                .run(|s: &Mutex<Vec<u32>>| s.lock().unwrap().push(3))
+                .err(),
             Some(Busy)
         );
         assert_eq!(offload.refused(), 1);
