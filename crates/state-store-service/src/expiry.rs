@@ -12,6 +12,7 @@ use std::time::{Duration, SystemTime};
 use statehub_broker::Broker;
 use statehub_state_store::unix_ms;
 
+use crate::durable::Next;
 use crate::{Authorizer, Engine, StateStoreService};
 
 /// How long the expiry task sleeps when no key has an expiry (a wake-up comes with the first).
@@ -37,7 +38,10 @@ where
     pub async fn run_expiry(self: Arc<Self>, broker: Broker) {
         let shutdown = broker.shutdown_token();
         loop {
-            let (next, shared) = self.next_expiry();
+            let (next, shared) = self
+                .on_engine_thread(Self::next_expiry)
+                .await
+                .unwrap_or((None, true));
             let wait = match next {
                 Some(at) => Duration::from_millis(at.saturating_sub(unix_ms(SystemTime::now()))),
                 None => IDLE,
@@ -58,30 +62,37 @@ where
                 }
                 () = tokio::time::sleep(wait) => {}
             }
-            let next = {
-                let mut state = self.state.lock();
-                let effects = if state.failed {
-                    Vec::new()
-                } else {
-                    match state.machine.expire(unix_ms(SystemTime::now())) {
-                        Ok(effects) => effects,
-                        Err(e) if e.is_unavailable() => {
-                            crate::log_unavailable(&e);
-                            Vec::new()
-                        }
-                        Err(e) => {
-                            state.fail(&e);
-                            Vec::new()
-                        }
-                    }
-                };
-                self.next(None, effects)
-            };
+            // A full queue: the next run (within `SHARED_POLL`) removes them.
+            let next = self
+                .on_engine_thread(Self::expire_due)
+                .await
+                .unwrap_or(Next::Now(None, Vec::new()));
             if let (Some(seq), Some(durability)) = (self.dispatch(&broker, next), &self.durability)
             {
                 self.finish(&broker, durability, seq, None).await;
             }
         }
+    }
+
+    /// Removes the keys that are due: the outcome to send.
+    fn expire_due(&self) -> Next {
+        let mut state = self.state.lock();
+        let effects = if state.failed {
+            Vec::new()
+        } else {
+            match state.machine.expire(unix_ms(SystemTime::now())) {
+                Ok(effects) => effects,
+                Err(e) if e.is_unavailable() => {
+                    crate::log_unavailable(&e);
+                    Vec::new()
+                }
+                Err(e) => {
+                    state.fail(&e);
+                    Vec::new()
+                }
+            }
+        };
+        self.next(None, effects)
     }
 
     /// When the next key expires, and whether the engine is shared with other nodes

@@ -39,12 +39,13 @@
 mod cache;
 mod durable;
 mod expiry;
+mod offload;
 mod refuse;
 mod rpc;
 mod settings;
 
 use std::fmt::Debug;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant, SystemTime};
 
 use bytes::Bytes;
@@ -60,6 +61,7 @@ use tokio::sync::Notify;
 
 use cache::{CacheKey, CachedReply, Lookup, ResponseCache};
 use durable::{Durability, FeedApplied, Next, Tracker};
+use offload::{Busy, Offload};
 
 pub use rpc::{is_forbidden_response_topic, CONTENT_TYPE, PROTOCOL_VERSION};
 pub use settings::Settings;
@@ -81,6 +83,9 @@ pub struct StateStoreService<E = MemoryEngine, A = AllowAll> {
     /// From a request's arrival to its reply published (durable, with a persistent
     /// engine).
     latency: Histogram,
+    /// Set for an engine that blocks on the network: the thread that makes its calls
+    /// (`offload.rs`).
+    offload: OnceLock<Offload<Self>>,
 }
 
 /// What the metrics endpoint reads: the store's size, what its machine counted, and
@@ -169,6 +174,7 @@ where
             rearm: Notify::new(),
             durability: None,
             latency: Histogram::default(),
+            offload: OnceLock::new(),
         }
     }
 
@@ -193,6 +199,60 @@ where
         Self {
             durability: Some(Durability::new(Tracker::Feed(FeedApplied::new(bound)))),
             ..Self::with_machine(machine, settings)
+        }
+    }
+
+    /// Makes every engine call that may block on the network (requests, expiry, a
+    /// closed connection's observations) on a thread of the store's own, with at most
+    /// `capacity` waiting (`offload.rs`), instead of on the broker's threads. For an
+    /// engine shared by several nodes (Redis); call it once, before requests arrive.
+    pub fn run_engine_on_own_thread(self: &Arc<Self>, capacity: usize) -> std::io::Result<()> {
+        let offload = Offload::start(Arc::downgrade(self), capacity)?;
+        if self.offload.set(offload).is_err() {
+            tracing::warn!("the state store already has its own thread");
+        }
+        Ok(())
+    }
+
+    /// Requests refused so far because the store's own thread had too many waiting.
+    pub fn busy_refusals(&self) -> u64 {
+        self.offload.get().map_or(0, Offload::refused)
+    }
+
+    /// Runs `f` where engine calls are made: on the store's own thread when it has one,
+    /// else here. `Err` when that thread's queue is full.
+    async fn on_engine_thread<T: Send + 'static>(&self, f: fn(&Self) -> T) -> Result<T, Busy> {
+        match self.offload.get() {
+            None => Ok(f(self)),
+            Some(offload) => offload.run(f)?.await.map_err(|_| Busy),
+        }
+    }
+
+    /// [`StateStoreService::handle`] on the store's own thread; a request it has no
+    /// room for is answered 503 at once.
+    async fn handle_on_thread(
+        &self,
+        offload: &Offload<Self>,
+        broker: &Broker,
+        from: &ClientInfo,
+        publish: &Publish,
+    ) -> Option<(statehub_state_store::WriteSeq, Instant)> {
+        let job = (broker.clone(), from.clone(), publish.clone());
+        match offload.run(move |service: &Self| service.handle(&job.0, &job.1, &job.2)) {
+            // No answer only if the thread ended, with the service.
+            Ok(handled) => handled.await.ok().flatten(),
+            Err(Busy) => {
+                refuse::busy(broker, from, publish);
+                None
+            }
+        }
+    }
+
+    /// Drops a closed connection's observations (the engine is told which keys lost
+    /// their last observer here).
+    fn drop_observations(&self, client_id: &str) {
+        if let Err(e) = self.state.lock().machine.client_disconnected(client_id) {
+            tracing::warn!(client = client_id, error = %e, "observations dropped, engine not told");
         }
     }
 
@@ -536,7 +596,11 @@ where
         };
         Box::pin(async move {
             durability.progress().admit().await;
-            if let Some((seq, deadline)) = self.handle(broker, from, publish) {
+            let held = match self.offload.get() {
+                None => self.handle(broker, from, publish),
+                Some(offload) => self.handle_on_thread(offload, broker, from, publish).await,
+            };
+            if let Some((seq, deadline)) = held {
                 self.finish(broker, durability, seq, Some(deadline)).await;
             }
             self.latency.record(received.elapsed());
@@ -548,8 +612,16 @@ where
     }
 
     fn on_connection_closed(&self, _broker: &Broker, client_id: &str) {
-        if let Err(e) = self.state.lock().machine.client_disconnected(client_id) {
-            tracing::warn!(client = client_id, error = %e, "observations dropped, engine not told");
+        if let Some(offload) = self.offload.get() {
+            let client_id = client_id.to_owned();
+            // A full queue (already logged) leaves the rare disconnection to this thread.
+            if offload
+                .run(move |service: &Self| service.drop_observations(&client_id))
+                .is_ok()
+            {
+                return;
+            }
         }
+        self.drop_observations(client_id);
     }
 }

@@ -2,8 +2,8 @@
 
 use std::time::Instant;
 
-use statehub_broker::codec::{PublishProperties, QoS, ReasonCode};
-use statehub_broker::{Broker, LogLimit};
+use statehub_broker::codec::{Publish, PublishProperties, QoS, ReasonCode};
+use statehub_broker::{Broker, ClientInfo, LogLimit};
 
 use crate::rpc;
 
@@ -53,4 +53,28 @@ pub(crate) fn refused_up_front(
         return true;
     }
     false
+}
+
+/// Answers a request the store had no room to queue (`offload.rs`, already counted and
+/// logged): `__stat=503`, busy, unless it is refused up front anyway.
+pub(crate) fn busy(broker: &Broker, from: &ClientInfo, publish: &Publish) {
+    let props = &publish.properties;
+    let Some(response_topic) = props.response_topic.as_deref() else {
+        return;
+    };
+    if refused_up_front(broker, &from.client_id, publish.qos, props, response_topic) {
+        return;
+    }
+    let correlation = props
+        .correlation_data
+        .as_deref()
+        .map(bytes::Bytes::copy_from_slice);
+    let deadline = rpc::deadline(props, broker.now());
+    let fault = rpc::fault_response(
+        response_topic.into(),
+        correlation,
+        &rpc::Fault::busy(),
+        deadline,
+    );
+    broker.publish(fault.for_client(from.client_id.clone()));
 }

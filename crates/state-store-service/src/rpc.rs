@@ -88,6 +88,18 @@ impl Fault {
         Self::bad_request(QOS0_MESSAGE, "QoS")
     }
 
+    /// The state store's queue of requests for its networked engine is full
+    /// (`state_store.network_queue`): this request is refused before it ran.
+    pub fn busy() -> Self {
+        Self {
+            status: 503,
+            message: "the state store is busy: too many requests wait for its storage; retry"
+                .to_owned(),
+            property_name: None,
+            request_version: None,
+        }
+    }
+
     /// The store failed (its engine broke): every request gets this from then on.
     pub fn unavailable() -> Self {
         Self {

@@ -29,6 +29,10 @@ pub struct Settings {
     /// Most responses remembered in all, those still on their way included (at least
     /// `response_cache_entries`).
     pub response_cache_in_flight: usize,
+    /// Requests (and expiry runs) waiting for the state store's own thread, with an
+    /// engine that blocks on the network (`--redis`); past it a request is answered
+    /// `__stat=503` (busy) at once. Unused by the embedded engines.
+    pub network_queue: usize,
 }
 
 impl Default for Settings {
@@ -37,6 +41,7 @@ impl Default for Settings {
             store: Config::default(),
             response_cache_entries: 1_000,
             response_cache_in_flight: 20_000,
+            network_queue: 4_096,
         }
     }
 }

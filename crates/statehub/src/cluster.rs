@@ -297,6 +297,9 @@ pub fn start_state_store(
         settings,
         options.timeout,
     ));
+    // Redis calls block: they are made on the store's own thread, never on the MQTT
+    // workers or the runtime's.
+    service.run_engine_on_own_thread(settings.network_queue)?;
     let stop = Arc::new(AtomicBool::new(false));
     std::thread::Builder::new()
         .name("state-store-feed".into())

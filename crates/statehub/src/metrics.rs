@@ -130,11 +130,24 @@ async fn metrics(
             return refusal.into_response();
         }
     }
-    let mut body = String::with_capacity(16 * 1024);
-    if let Err(e) = prometheus_client::encoding::text::encode(&mut body, &t.inner.registry) {
-        tracing::error!("encoding the metrics failed: {e}");
-        return StatusCode::INTERNAL_SERVER_ERROR.into_response();
-    }
+    // Reading some sources makes a blocking call (with `--redis`, the state store's size
+    // is read from Redis): never on a runtime worker.
+    let encoded = tokio::task::spawn_blocking(move || {
+        let mut body = String::with_capacity(16 * 1024);
+        prometheus_client::encoding::text::encode(&mut body, &t.inner.registry).map(|()| body)
+    })
+    .await;
+    let body = match encoded {
+        Ok(Ok(body)) => body,
+        Ok(Err(e)) => {
+            tracing::error!("encoding the metrics failed: {e}");
+            return StatusCode::INTERNAL_SERVER_ERROR.into_response();
+        }
+        Err(e) => {
+            tracing::error!("encoding the metrics failed: {e}");
+            return StatusCode::INTERNAL_SERVER_ERROR.into_response();
+        }
+    };
     (
         [(
             header::CONTENT_TYPE,
