@@ -100,6 +100,8 @@ pub struct Snapshot {
     pub observations: u64,
     /// Request latency.
     pub latency: HistogramSnapshot,
+    /// Requests refused because the store's own thread had too many waiting.
+    pub busy_refusals: u64,
 }
 
 /// The durable store cannot be opened.
@@ -290,6 +292,7 @@ where
             counts,
             observations,
             latency: self.latency.snapshot(),
+            busy_refusals: self.busy_refusals(),
         }
     }
 

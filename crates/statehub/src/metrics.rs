@@ -137,12 +137,12 @@ async fn metrics(
         prometheus_client::encoding::text::encode(&mut body, &t.inner.registry).map(|()| body)
     })
     .await;
+    let encoded = match encoded {
+        Ok(encoded) => encoded.map_err(|e| e.to_string()),
+        Err(join) => Err(join.to_string()),
+    };
     let body = match encoded {
-        Ok(Ok(body)) => body,
-        Ok(Err(e)) => {
-            tracing::error!("encoding the metrics failed: {e}");
-            return StatusCode::INTERNAL_SERVER_ERROR.into_response();
-        }
+        Ok(body) => body,
         Err(e) => {
             tracing::error!("encoding the metrics failed: {e}");
             return StatusCode::INTERNAL_SERVER_ERROR.into_response();

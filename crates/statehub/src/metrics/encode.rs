@@ -369,6 +369,12 @@ fn state_store(e: &mut Enc<'_>, source: &dyn StateStoreSource) -> Result<(), Err
         "KEYNOTIFY notifications sent",
         None,
         s.counts.notifications,
+    )?;
+    e.counter(
+        "statehub_state_store_busy_refusals",
+        "State store requests refused (503) because the store's own thread had state_store.network_queue waiting (--redis only)",
+        None,
+        s.busy_refusals,
     )
 }
 
