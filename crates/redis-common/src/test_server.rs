@@ -78,6 +78,26 @@ impl RedisServer {
         self.port
     }
 
+    /// Runs one command (every argument a plain string) on a connection of its own,
+    /// as `redis-cli` would, and returns the reply's first line (`+OK\r\n`, ...).
+    pub fn command(&self, args: &[&str]) -> String {
+        use std::io::{BufRead, BufReader, Write};
+        let mut stream = std::net::TcpStream::connect(("127.0.0.1", self.port))
+            .expect("connect to the test redis-server");
+        let mut request = format!("*{}\r\n", args.len());
+        for a in args {
+            request.push_str(&format!("${}\r\n{a}\r\n", a.len()));
+        }
+        stream
+            .write_all(request.as_bytes())
+            .expect("write to the test redis-server");
+        let mut line = String::new();
+        BufReader::new(stream)
+            .read_line(&mut line)
+            .expect("read from the test redis-server");
+        line
+    }
+
     /// Kills it (SIGKILL) and waits until it is gone.
     pub fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {

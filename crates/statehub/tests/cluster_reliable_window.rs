@@ -21,11 +21,10 @@ use statehub_webpubsub::{issue_client_token, issue_token, ClientClaims};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::time::timeout;
-use tokio_tungstenite::tungstenite::client::IntoClientRequest;
-use tokio_tungstenite::tungstenite::http::HeaderValue;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 
+use common::wps::next_json;
 use common::Server;
 
 const KEY: &str = "cluster-window-access-key";
@@ -48,10 +47,7 @@ fn node(redis: &RedisServer, id: &str) -> Server {
 }
 
 async fn websocket(url: &str) -> Ws {
-    let mut req = url.into_client_request().unwrap();
-    req.headers_mut()
-        .insert("Sec-WebSocket-Protocol", HeaderValue::from_static(RELIABLE));
-    tokio_tungstenite::connect_async(req).await.unwrap().0
+    common::wps::websocket(url, RELIABLE).await
 }
 
 /// A reliable client of `addr`: its socket, connection id and reconnection token.
@@ -70,16 +66,6 @@ async fn open(addr: SocketAddr, user: &str, roles: &[&str]) -> (Ws, String, Stri
     assert_eq!(connected["event"], "connected", "{connected}");
     let field = |f: &str| connected[f].as_str().unwrap().to_owned();
     (ws, field("connectionId"), field("reconnectionToken"))
-}
-
-async fn next_json(ws: &mut Ws) -> serde_json::Value {
-    loop {
-        match timeout(PATIENCE, ws.next()).await {
-            Ok(Some(Ok(Message::Text(t)))) => return serde_json::from_str(&t).unwrap(),
-            Ok(Some(Ok(_))) => {}
-            other => panic!("expected a frame, got {other:?}"),
-        }
-    }
 }
 
 /// Sends `frame` and waits for the ack of `ack_id`; whether it succeeded.
@@ -155,20 +141,6 @@ async fn rest_send(addr: SocketAddr, group: &str, text: &str) -> u16 {
     text.split_whitespace().nth(1).unwrap().parse().unwrap()
 }
 
-/// Runs one Redis command (plain string arguments); the reply's first line.
-fn redis_cmd(redis: &RedisServer, args: &[&str]) -> String {
-    use std::io::{BufRead, BufReader, Write};
-    let mut stream = std::net::TcpStream::connect(("127.0.0.1", redis.port())).unwrap();
-    let mut request = format!("*{}\r\n", args.len());
-    for a in args {
-        request.push_str(&format!("${}\r\n{a}\r\n", a.len()));
-    }
-    stream.write_all(request.as_bytes()).unwrap();
-    let mut line = String::new();
-    BufReader::new(stream).read_line(&mut line).unwrap();
-    line
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn frames_a_killed_node_never_mirrored_are_not_numbered_twice() {
     let redis = RedisServer::start();
@@ -197,7 +169,7 @@ async fn frames_a_killed_node_never_mirrored_are_not_numbered_twice() {
     // once A's writer has sent its next pipeline (a heartbeat, at most 2 s later) it
     // waits for an answer, and what A queues after stays in A.
     assert_eq!(
-        redis_cmd(&redis, &["CLIENT", "PAUSE", "100000", "WRITE"]),
+        redis.command(&["CLIENT", "PAUSE", "100000", "WRITE"]),
         "+OK\r\n"
     );
     tokio::time::sleep(Duration::from_secs(4)).await;
@@ -213,7 +185,7 @@ async fn frames_a_killed_node_never_mirrored_are_not_numbered_twice() {
     eprintln!("before the kill, S kept {:?}", seen.kept);
     common::Server::kill(a);
     drain(&mut s, &mut seen, Duration::from_secs(1)).await;
-    assert_eq!(redis_cmd(&redis, &["CLIENT", "UNPAUSE"]), "+OK\r\n");
+    assert_eq!(redis.command(&["CLIENT", "UNPAUSE"]), "+OK\r\n");
 
     // S recovers on B; B's acknowledged sends must all reach it.
     let mut s = websocket(&format!(

@@ -12,17 +12,16 @@ mod common;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use futures_util::{SinkExt, StreamExt};
+use futures_util::SinkExt;
 use statehub_redis_common::test_server::RedisServer;
 use statehub_webpubsub::{issue_client_token, issue_token, ClientClaims};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::time::timeout;
-use tokio_tungstenite::tungstenite::client::IntoClientRequest;
-use tokio_tungstenite::tungstenite::http::HeaderValue;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 
+use common::wps::{next_json, websocket};
 use common::Server;
 
 const KEY: &str = "cluster-webpubsub-access-key";
@@ -103,23 +102,6 @@ async fn open(
     let connected = next_json(&mut ws).await;
     assert_eq!(connected["event"], "connected", "{connected}");
     (ws, connected)
-}
-
-async fn websocket(url: &str, protocol: &'static str) -> Ws {
-    let mut req = url.into_client_request().unwrap();
-    req.headers_mut()
-        .insert("Sec-WebSocket-Protocol", HeaderValue::from_static(protocol));
-    tokio_tungstenite::connect_async(req).await.unwrap().0
-}
-
-async fn next_json(ws: &mut Ws) -> serde_json::Value {
-    loop {
-        match timeout(PATIENCE, ws.next()).await {
-            Ok(Some(Ok(Message::Text(t)))) => return serde_json::from_str(&t).unwrap(),
-            Ok(Some(Ok(_))) => {}
-            other => panic!("expected a frame, got {other:?}"),
-        }
-    }
 }
 
 /// Joins `group` and waits for the ack.
@@ -300,21 +282,6 @@ fn signal(server: &Server, sig: &str) {
     assert!(status.success());
 }
 
-/// Runs one Redis command (all arguments plain strings) and returns the reply's first
-/// line.
-fn redis_cmd(redis: &RedisServer, args: &[&str]) -> String {
-    use std::io::{BufRead, BufReader, Write};
-    let mut stream = std::net::TcpStream::connect(("127.0.0.1", redis.port())).unwrap();
-    let mut request = format!("*{}\r\n", args.len());
-    for a in args {
-        request.push_str(&format!("${}\r\n{a}\r\n", a.len()));
-    }
-    stream.write_all(request.as_bytes()).unwrap();
-    let mut line = String::new();
-    BufReader::new(stream).read_line(&mut line).unwrap();
-    line
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_silent_node_that_is_alive_is_not_taken_for_a_no() {
     let redis = RedisServer::start();
@@ -325,7 +292,7 @@ async fn a_silent_node_that_is_alive_is_not_taken_for_a_no() {
     signal(&b, "-STOP");
     let alive = format!("{{{NAMESPACE}}}:wps:alive:b");
     c.eq(
-        redis_cmd(&redis, &["SET", &alive, "1", "PX", "60000"]),
+        redis.command(&["SET", &alive, "1", "PX", "60000"]),
         "+OK\r\n".into(),
         "B kept alive",
     );
@@ -348,7 +315,7 @@ async fn a_silent_node_that_is_alive_is_not_taken_for_a_no() {
     // B dead as far as Redis can tell (its liveness lapsed): it holds nothing.
     signal(&b, "-STOP");
     c.eq(
-        redis_cmd(&redis, &["DEL", &alive]),
+        redis.command(&["DEL", &alive]),
         ":1\r\n".into(),
         "B's liveness gone",
     );
@@ -492,7 +459,7 @@ async fn a_dead_node_leaves_the_node_list_and_a_live_one_stays() {
     let redis = RedisServer::start();
     let (a, b) = (node(&redis, "a"), node(&redis, "b"));
     let nodes = format!("{{{NAMESPACE}}}:wps:nodes");
-    let listed = |n: &str| redis_cmd(&redis, &["SISMEMBER", &nodes, n]) == ":1\r\n";
+    let listed = |n: &str| redis.command(&["SISMEMBER", &nodes, n]) == ":1\r\n";
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
     while !(listed("a") && listed("b")) {
         assert!(std::time::Instant::now() < deadline, "both nodes listed");

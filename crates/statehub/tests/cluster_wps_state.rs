@@ -7,17 +7,17 @@ mod common;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use futures_util::{SinkExt, StreamExt};
+use futures_util::SinkExt;
 use statehub_redis_common::test_server::RedisServer;
 use statehub_webpubsub::{issue_client_token, ClientClaims};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 use tokio::time::timeout;
-use tokio_tungstenite::tungstenite::client::IntoClientRequest;
-use tokio_tungstenite::tungstenite::http::HeaderValue;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
+
+use common::wps::next_json;
 
 const KEY: &str = "cluster-wps-state-access-key";
 const HUB: &str = "stateful";
@@ -102,20 +102,7 @@ fn node(redis: &RedisServer, id: &str, upstream: SocketAddr) -> common::Server {
 }
 
 async fn websocket(url: &str) -> Ws {
-    let mut req = url.into_client_request().unwrap();
-    req.headers_mut()
-        .insert("Sec-WebSocket-Protocol", HeaderValue::from_static(RELIABLE));
-    tokio_tungstenite::connect_async(req).await.unwrap().0
-}
-
-async fn next_json(ws: &mut Ws) -> serde_json::Value {
-    loop {
-        match timeout(PATIENCE, ws.next()).await {
-            Ok(Some(Ok(Message::Text(t)))) => return serde_json::from_str(&t).unwrap(),
-            Ok(Some(Ok(_))) => {}
-            other => panic!("expected a frame, got {other:?}"),
-        }
-    }
+    common::wps::websocket(url, RELIABLE).await
 }
 
 async fn next_event(events: &mut mpsc::UnboundedReceiver<Event>) -> Event {

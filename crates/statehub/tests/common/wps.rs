@@ -49,6 +49,27 @@ pub async fn join_and_send(ws: &mut Ws) {
     }
 }
 
+/// A WebSocket to `url` (a client endpoint with its token) asking for `protocol`.
+pub async fn websocket(url: &str, protocol: &str) -> Ws {
+    let mut req = url.into_client_request().unwrap();
+    req.headers_mut().insert(
+        "Sec-WebSocket-Protocol",
+        HeaderValue::from_str(protocol).unwrap(),
+    );
+    tokio_tungstenite::connect_async(req).await.unwrap().0
+}
+
+/// The next text frame as JSON (other frames skipped), within the tests' patience.
+pub async fn next_json(ws: &mut Ws) -> serde_json::Value {
+    loop {
+        match tokio::time::timeout(PATIENCE, ws.next()).await {
+            Ok(Some(Ok(Message::Text(t)))) => return serde_json::from_str(&t).unwrap(),
+            Ok(Some(Ok(_))) => {}
+            other => panic!("expected a frame, got {other:?}"),
+        }
+    }
+}
+
 /// The next text frame, within the tests' patience.
 pub async fn next_text(ws: &mut Ws) -> String {
     loop {
