@@ -7,11 +7,12 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use redis::Commands;
+use statehub_broker::codec::QoS;
 use statehub_broker::{Message, SessionChange, SessionStore};
 use statehub_redis_common::test_server::RedisServer;
 
 use super::fetch::{claim, install, Claim, Resume};
-use super::tests::{connect, message, queue, store, PREFIX};
+use super::tests::{connect, message, queue, save_subscribed, store, PREFIX};
 use super::RedisSessions;
 use crate::wire;
 
@@ -30,28 +31,6 @@ fn append(con: &mut redis::Connection, node: &str, msg: &Message, origin: &[u8])
         .arg(origin)
         .query(con)
         .unwrap()
-}
-
-/// Saves session `incarnation` of `client_id`, subscribed to `t` with QoS 2.
-fn save_qos2(store: &RedisSessions, client_id: &str, incarnation: u64) {
-    let filter = statehub_broker::codec::ByteString::from("t");
-    let options = statehub_broker::codec::SubscriptionOptions {
-        qos: statehub_broker::codec::QoS::ExactlyOnce,
-        ..Default::default()
-    };
-    store.record(SessionChange::Saved {
-        client_id,
-        incarnation,
-        expiry_interval: 300,
-        disconnected: true,
-        subscriptions: vec![(
-            &filter,
-            statehub_broker::Subscription {
-                options,
-                identifier: None,
-            },
-        )],
-    });
 }
 
 /// How the old node let the session go.
@@ -73,7 +52,7 @@ async fn replayed_after(left: Left) -> (RedisSessions, Vec<String>) {
     let redis = RedisServer::start();
     let mut con = connect(&redis);
     let a = store(&redis, "a#1");
-    save_qos2(&a, "mover", 7);
+    save_subscribed(&a, "mover", 7, QoS::ExactlyOnce);
     let (held, acked, late, other) = (
         message(b"held"),
         message(b"acked"),
@@ -184,7 +163,7 @@ async fn a_tombstone_goes_once_its_entry_is_read_back() {
     let redis = RedisServer::start();
     let mut con = connect(&redis);
     let a = store(&redis, "a#1");
-    save_qos2(&a, "c", 3);
+    save_subscribed(&a, "c", 3, QoS::ExactlyOnce);
     let (first, second) = (message(b"first"), message(b"second"));
     a.begin_group();
     queue(&a, 3, 1, &first);
@@ -233,7 +212,7 @@ async fn a_gated_group_opens_its_gate_once_it_is_written() {
     };
     let mut redis = RedisServer::start();
     let a = store(&redis, "a#1");
-    save_qos2(&a, "c", 5);
+    save_subscribed(&a, "c", 5, QoS::ExactlyOnce);
     a.barrier().await.unwrap();
 
     redis.kill();

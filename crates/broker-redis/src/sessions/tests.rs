@@ -74,7 +74,16 @@ pub(super) fn message(payload: &'static [u8]) -> Arc<Message> {
 }
 
 pub(super) fn save(store: &RedisSessions, client_id: &str, incarnation: u64) {
+    save_subscribed(store, client_id, incarnation, QoS::AtMostOnce);
+}
+
+/// Saves session `incarnation` of `client_id`, disconnected, subscribed to `t` at `qos`.
+pub(super) fn save_subscribed(store: &RedisSessions, client_id: &str, incarnation: u64, qos: QoS) {
     let filter = ByteString::from("t");
+    let options = statehub_broker::codec::SubscriptionOptions {
+        qos,
+        ..Default::default()
+    };
     store.record(SessionChange::Saved {
         client_id,
         incarnation,
@@ -83,7 +92,7 @@ pub(super) fn save(store: &RedisSessions, client_id: &str, incarnation: u64) {
         subscriptions: vec![(
             &filter,
             Subscription {
-                options: Default::default(),
+                options,
                 identifier: None,
             },
         )],
