@@ -73,6 +73,17 @@ pub(super) fn message(payload: &'static [u8]) -> Arc<Message> {
     Arc::new(Message::from_publish(publish, None, Instant::now()))
 }
 
+/// One run of the sweep script as node `owner` (at most 128 sessions), its counts.
+fn sweep(con: &mut redis::Connection, owner: &str) -> (i64, i64, i64) {
+    redis::Script::new(super::lua::SWEEP)
+        .arg(PREFIX)
+        .arg(owner)
+        .arg(1000)
+        .arg(128)
+        .invoke(con)
+        .unwrap()
+}
+
 pub(super) fn save(store: &RedisSessions, client_id: &str, incarnation: u64) {
     save_subscribed(store, client_id, incarnation, QoS::AtMostOnce);
 }
@@ -271,15 +282,6 @@ async fn a_released_session_nobody_claims_is_swept_with_its_bodies_at_its_deadli
     assert_eq!(bodies(&mut con).len(), 1);
     // Its deadline passes.
     let () = con.zadd(&dl, "9", 0).unwrap();
-    let sweep = |con: &mut redis::Connection, owner: &str| -> (i64, i64, i64) {
-        redis::Script::new(super::lua::SWEEP)
-            .arg(PREFIX)
-            .arg(owner)
-            .arg(1000)
-            .arg(128)
-            .invoke(con)
-            .unwrap()
-    };
     assert_eq!(sweep(&mut con, "b#1"), (1, 0, 0), "b is not alive: fenced");
     let () = con.set(format!("{PREFIX}alive:b#1"), 1).unwrap();
     assert_eq!(sweep(&mut con, "b#1"), (0, 0, 1));
@@ -436,15 +438,6 @@ async fn a_dead_nodes_position_stays_while_it_owns_a_session_and_goes_after() {
     let redis = RedisServer::start();
     let mut con = connect(&redis);
     let pos = |owner: &str| format!("{PREFIX}pos:{owner}");
-    let sweep = |con: &mut redis::Connection, owner: &str| -> (i64, i64, i64) {
-        redis::Script::new(super::lua::SWEEP)
-            .arg(PREFIX)
-            .arg(owner)
-            .arg(1000)
-            .arg(128)
-            .invoke(con)
-            .unwrap()
-    };
     let a = store(&redis, "a#1");
     save(&a, "held", 5);
     a.inner.applied("7-0");
