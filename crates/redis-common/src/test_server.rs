@@ -79,9 +79,11 @@ impl RedisServer {
     }
 
     /// Runs one command (every argument a plain string) on a connection of its own,
-    /// as `redis-cli` would, and returns the reply's first line (`+OK\r\n`, ...).
+    /// as `redis-cli` would. A status, error or integer reply comes back as its line
+    /// (`+OK\r\n`, `:1\r\n`, ...); a bulk string (`CLIENT LIST`, `GET`) as its content
+    /// whole, which can span lines.
     pub fn command(&self, args: &[&str]) -> String {
-        use std::io::{BufRead, BufReader, Write};
+        use std::io::{BufRead, BufReader, Read, Write};
         let mut stream = std::net::TcpStream::connect(("127.0.0.1", self.port))
             .expect("connect to the test redis-server");
         let mut request = format!("*{}\r\n", args.len());
@@ -91,11 +93,23 @@ impl RedisServer {
         stream
             .write_all(request.as_bytes())
             .expect("write to the test redis-server");
+        let mut reader = BufReader::new(stream);
         let mut line = String::new();
-        BufReader::new(stream)
+        reader
             .read_line(&mut line)
             .expect("read from the test redis-server");
-        line
+        let Some(len) = line
+            .strip_prefix('$')
+            .and_then(|n| n.trim_end().parse::<usize>().ok())
+        else {
+            return line;
+        };
+        let mut body = vec![0u8; len + 2];
+        reader
+            .read_exact(&mut body)
+            .expect("read a bulk reply from the test redis-server");
+        body.truncate(len);
+        String::from_utf8_lossy(&body).into_owned()
     }
 
     /// Kills it (SIGKILL) and waits until it is gone.

@@ -5,7 +5,6 @@
 mod common;
 mod store_client;
 
-use std::process::Command;
 use std::time::Duration;
 
 use statehub_broker::codec::{Packet, QoS};
@@ -13,24 +12,12 @@ use statehub_redis_common::test_server::RedisServer;
 use statehub_test_support::{opts, publish, RawClient, V5};
 use store_client::{Call, StoreClient, PATIENCE};
 
-/// Runs one command on `redis` with `redis-cli`; its output.
-fn redis_cli(redis: &RedisServer, args: &[&str]) -> String {
-    let port = redis.port().to_string();
-    let out = Command::new("redis-cli")
-        .args(["-h", "127.0.0.1", "-p", &port])
-        .args(args)
-        .output()
-        .expect("run redis-cli");
-    assert!(out.status.success(), "redis-cli {args:?}: {out:?}");
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
 /// Waits until some client of `redis` is held by `CLIENT PAUSE` on a script call (a
 /// state store request reached Redis and waits there).
 async fn a_script_call_is_paused(redis: &RedisServer) {
     let deadline = tokio::time::Instant::now() + PATIENCE;
     loop {
-        let list = redis_cli(redis, &["CLIENT", "LIST"]);
+        let list = redis.command(&["CLIENT", "LIST"]);
         let paused = list.lines().any(|l| {
             let flag = l.split(' ').find_map(|f| f.strip_prefix("flags="));
             l.contains(" cmd=evalsha ") && flag.is_some_and(|f| f.contains('b'))
@@ -71,7 +58,10 @@ async fn pub_sub_on_the_node_goes_on_while_its_state_store_waits_for_redis() {
     assert_eq!(&sub.expect_publish().await.payload[..], b"before");
 
     // Writes (scripts included) wait; the MQTT fabric's local QoS 0 delivery needs none.
-    redis_cli(&redis, &["CLIENT", "PAUSE", "600000", "WRITE"]);
+    assert_eq!(
+        redis.command(&["CLIENT", "PAUSE", "600000", "WRITE"]),
+        "+OK\r\n"
+    );
     let stuck = store.send(Call::new(&[b"SET", b"k", b"during"])).await;
     a_script_call_is_paused(&redis).await;
     publisher
@@ -88,7 +78,7 @@ async fn pub_sub_on_the_node_goes_on_while_its_state_store_waits_for_redis() {
     assert_eq!(&during.payload[..], b"during");
 
     // The stuck request is answered once Redis goes on, with its write done.
-    redis_cli(&redis, &["CLIENT", "UNPAUSE"]);
+    assert_eq!(redis.command(&["CLIENT", "UNPAUSE"]), "+OK\r\n");
     let answers = store.answers(stuck, 1).await;
     assert_eq!(answers[0].payload, b"+OK\r\n");
     assert_eq!(
