@@ -1,7 +1,9 @@
 //! Reliable sessions in Redis (the webpubsub crate's `mirror.rs` says why and what):
 //! per session a hash `{ns}:wps:s:{hub}:{id}` (epoch, owner, token digest, subprotocol,
 //! user, roles (its permissions, once a grant or revoke changed them), groups, sequence
-//! state, the last operation it reflects, the upstream's `ce-connectionState`), a stream `…:f` of the frames its replay
+//! state, the last operation it reflects, the upstream's `ce-connectionState`, per open
+//! client stream `sq:{streamId}` its next expected id and `sm:{streamId}` its group
+//! and options), a stream `…:f` of the frames its replay
 //! buffer holds (entry id = sequence id, trimmed as the buffer is) and a list `…:a` of
 //! its last processed ackIds. Every write but the creation is one script call that
 //! first checks the epoch: a node that lost the session to a claim writes nothing
@@ -9,7 +11,7 @@
 //! refreshes them.
 
 use redis::{Script, Value};
-use statehub_webpubsub::{Provenance, Restored, SessionWrite};
+use statehub_webpubsub::{MirroredStream, Provenance, Restored, SessionWrite};
 
 use crate::WpsRedisError;
 
@@ -58,6 +60,12 @@ elseif kind == 'roles' then
   redis.call('HSET', KEYS[1], 'rol', ARGV[4])
 elseif kind == 'state' then
   redis.call('HSET', KEYS[1], 'cst', ARGV[4])
+elseif kind == 'stream' then
+  -- A client stream: its next expected id, and when it opens its group and options.
+  redis.call('HSET', KEYS[1], 'sq:' .. ARGV[4], ARGV[5])
+  if ARGV[6] ~= '' then redis.call('HSET', KEYS[1], 'sm:' .. ARGV[4], ARGV[6]) end
+elseif kind == 'unstream' then
+  redis.call('HDEL', KEYS[1], 'sq:' .. ARGV[4], 'sm:' .. ARGV[4])
 elseif kind == 'ack' then
   redis.call('RPUSH', KEYS[3], ARGV[4])
   redis.call('LTRIM', KEYS[3], -tonumber(ARGV[5]), -1)
@@ -85,10 +93,15 @@ local k = redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[9], '*', 'n', ARGV[5],
 local ep = tonumber(f[4]) + 1
 redis.call('HSET', KEYS[1], 'ep', ep, 'own', ARGV[3], 'lo', '0')
 for i = 1, 3 do redis.call('PEXPIRE', KEYS[i], ARGV[4]) end
+local st, all = {}, redis.call('HGETALL', KEYS[1])
+for i = 1, #all, 2 do
+  local p = string.sub(all[i], 1, 3)
+  if p == 'sq:' or p == 'sm:' then st[#st + 1] = all[i]; st[#st + 1] = all[i + 1] end
+end
 return {'ok', tostring(ep), k, f[5] or '', f[6] or '0-0', f[7] or '0', pos, f[8] or '',
   f[9] or '[]', f[10] or '[]', f[11] or '1', f[12] or '0', f[13] or '0',
   redis.call('XRANGE', KEYS[2], '-', '+'), redis.call('LRANGE', KEYS[3], 0, -1),
-  f[14] or false}
+  f[14] or false, st}
 ";
 
 /// The scripts, hashed once.
@@ -204,6 +217,23 @@ pub(crate) fn add_write(
         SessionWrite::State(state) => {
             cmd.arg("state").arg(state);
         }
+        SessionWrite::StreamOpened(stream) => {
+            let meta = StreamMeta {
+                group: stream.group.clone(),
+                no_echo: stream.no_echo,
+                idle_ms: stream.idle_ms,
+            };
+            cmd.arg("stream")
+                .arg(&stream.id)
+                .arg(stream.expected)
+                .arg(meta.encode());
+        }
+        SessionWrite::StreamAccepted { id, expected } => {
+            cmd.arg("stream").arg(id).arg(*expected).arg("");
+        }
+        SessionWrite::StreamClosed(id) => {
+            cmd.arg("unstream").arg(id);
+        }
         SessionWrite::Delete => {
             cmd.arg("delete");
         }
@@ -303,7 +333,7 @@ pub(crate) fn parse_claim(
     match head.as_str() {
         "gone" => return Ok(Ok(None)),
         "lost" => return Ok(Err("messages for it could not be kept for other nodes")),
-        "ok" if items.len() == 16 => {}
+        "ok" if items.len() == 17 => {}
         _ => return Err(corrupt()),
     }
     let t = |i: usize| text(&items[i]);
@@ -348,8 +378,70 @@ pub(crate) fn parse_claim(
                 Value::Nil => None,
                 v => Some(text(v)?),
             },
+            streams: streams(&items[16]).ok_or_else(corrupt)?,
         },
     })))
+}
+
+/// A client stream's options in the session's hash (`sm:{streamId}`), written once
+/// when it opens: `{noEcho 0|1}|{idle ms}|{group}`; its next expected id
+/// (`sq:{streamId}`) is written per fragment.
+struct StreamMeta {
+    group: String,
+    no_echo: bool,
+    idle_ms: u64,
+}
+
+impl StreamMeta {
+    fn encode(&self) -> String {
+        format!("{}|{}|{}", u8::from(self.no_echo), self.idle_ms, self.group)
+    }
+
+    fn decode(bytes: &[u8]) -> Option<Self> {
+        let mut parts = std::str::from_utf8(bytes).ok()?.splitn(3, '|');
+        let no_echo = parts.next()? == "1";
+        let idle_ms = parts.next()?.parse().ok()?;
+        Some(Self {
+            no_echo,
+            idle_ms,
+            group: parts.next()?.to_owned(),
+        })
+    }
+}
+
+/// The open streams of a claimed session, from the `sq:`/`sm:` fields of its hash; a
+/// stream missing either half (cannot happen: both are written in one call) is left
+/// out.
+fn streams(value: &Value) -> Option<Vec<MirroredStream>> {
+    let Value::Array(fields) = value else {
+        return Some(Vec::new());
+    };
+    let mut expected = std::collections::HashMap::new();
+    let mut meta = std::collections::HashMap::new();
+    for pair in fields.chunks(2) {
+        let (Value::BulkString(k), Value::BulkString(v)) = (pair.first()?, pair.get(1)?) else {
+            return None;
+        };
+        let k = std::str::from_utf8(k).ok()?;
+        if let Some(id) = k.strip_prefix("sq:") {
+            expected.insert(id.to_owned(), std::str::from_utf8(v).ok()?.parse().ok()?);
+        } else if let Some(id) = k.strip_prefix("sm:") {
+            meta.insert(id.to_owned(), StreamMeta::decode(v)?);
+        }
+    }
+    let mut out: Vec<MirroredStream> = (meta.into_iter())
+        .filter_map(|(id, m)| {
+            Some(MirroredStream {
+                expected: *expected.get(&id)?,
+                id,
+                group: m.group,
+                no_echo: m.no_echo,
+                idle_ms: m.idle_ms,
+            })
+        })
+        .collect();
+    out.sort_by(|a, b| a.id.cmp(&b.id));
+    Some(out)
 }
 
 /// One stored frame: `[id, [f, bytes, d, deadline]]`.
@@ -393,5 +485,34 @@ mod tests {
         assert_eq!(stream_id("17-3"), Some((17, 3)));
         assert!(stream_id("9-0") < stream_id("10-0"), "not as text");
         assert_eq!(stream_id("x"), None);
+    }
+
+    #[test]
+    fn a_claim_restores_the_streams_whose_options_and_next_id_are_stored() {
+        let bulk = |s: &str| Value::BulkString(s.as_bytes().to_vec());
+        let meta = StreamMeta {
+            group: "g|h".into(),
+            no_echo: true,
+            idle_ms: 900,
+        };
+        let fields = Value::Array(vec![
+            bulk("sm:a"),
+            bulk(&meta.encode()),
+            bulk("sq:a"),
+            bulk("7"),
+            bulk("sq:orphan"),
+            bulk("2"),
+        ]);
+        let a = MirroredStream {
+            id: "a".into(),
+            group: "g|h".into(),
+            no_echo: true,
+            idle_ms: 900,
+            expected: 7,
+        };
+        assert_eq!(streams(&fields), Some(vec![a]));
+        assert_eq!(streams(&Value::Nil), Some(vec![]), "none stored");
+        let bad = Value::Array(vec![bulk("sq:a"), bulk("x")]);
+        assert_eq!(streams(&bad), None, "corrupt");
     }
 }

@@ -13,6 +13,15 @@
 //! message (`endOfStream: true`, empty text data, the error if any) and, except when
 //! the session ended, answers the publisher `streamClosed`.
 //!
+//! In a cluster, a reliable session's open streams move with it (`mirror.rs`): each
+//! opening (group, `noEcho`, idle timeout), each accepted fragment (the next expected
+//! id, queued after the fragment's broadcast) and each end is a write to its copy,
+//! and the reply it answers waits in the socket's queue until that write is stored
+//! (`Effects::held`), so the publisher is never acked past what a node taking the
+//! session over would expect. That node goes on from there: a fragment the client
+//! sends again (its ack was lost with the old node) is answered `streamAck` without
+//! being published again, so members get it once.
+//!
 //! Locking: a session's stream table is taken alone, never while publishing (a
 //! publisher may be in its own group) nor with its permissions held.
 
@@ -24,6 +33,7 @@ use tokio::time::Instant;
 
 use crate::effects::{check_group, Effects, StreamTimer};
 use crate::hub::{Hub, Session};
+use crate::mirror::{MirroredStream, SessionWrite};
 use crate::protocol::codec::Request;
 use crate::protocol::json::{AckError, Downstream, StreamEndError, StreamError, StreamInfo};
 use crate::protocol::{Payload, ProtocolError};
@@ -32,6 +42,9 @@ use crate::protocol::{Payload, ProtocolError};
 pub(crate) const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_millis(300_000);
 /// Streams one connection may have open at once.
 pub(crate) const MAX_STREAMS_PER_CONNECTION: usize = 100;
+/// Longest `streamId` accepted: the id is written to a reliable session's copy with
+/// every fragment, so it must stay small whatever the frame size.
+pub(crate) const MAX_STREAM_ID: usize = 256;
 
 /// A session's open streams.
 #[derive(Debug, Default)]
@@ -93,12 +106,9 @@ fn start(
     idle_timeout_ms: Option<u64>,
     no_echo: bool,
 ) {
-    if stream_id.is_empty() {
-        fx.replies.push(closed(
-            stream_id,
-            "BadRequest",
-            "streamId must be non-empty",
-        ));
+    if stream_id.is_empty() || stream_id.len() > MAX_STREAM_ID {
+        let message = format!("streamId must be 1 to {MAX_STREAM_ID} bytes");
+        fx.replies.push(closed(stream_id, "BadRequest", message));
         return;
     }
     if idle_timeout_ms == Some(0) {
@@ -133,7 +143,7 @@ fn start(
     streams.active.insert(
         stream_id.clone(),
         OutStream {
-            group,
+            group: group.clone(),
             no_echo,
             expected: 1,
             idle,
@@ -142,6 +152,15 @@ fn start(
         },
     );
     drop(streams);
+    fx.held = session.mirror_stream(|| {
+        SessionWrite::StreamOpened(MirroredStream {
+            id: stream_id.clone(),
+            group,
+            no_echo,
+            idle_ms: u64::try_from(idle.as_millis()).unwrap_or(u64::MAX),
+            expected: 1,
+        })
+    });
     fx.stream_timer = Some(StreamTimer {
         stream_id: stream_id.clone(),
         epoch,
@@ -199,6 +218,7 @@ fn data(
                 user_error_code: None,
             };
             publish_end(hub, session, &stream_id, &s, Some(error));
+            fx.held = session.mirror_stream(|| SessionWrite::StreamClosed(stream_id.clone()));
         }
         return fx.replies.push(closed(stream_id, name, message));
     }
@@ -225,6 +245,11 @@ fn data(
             });
         }
     }
+    // After the broadcast in the cluster's queue: stored, it says the fragment is out.
+    fx.held = session.mirror_stream(|| SessionWrite::StreamAccepted {
+        id: stream_id.clone(),
+        expected: seq + 1,
+    });
     fx.replies.push(Downstream::StreamAck {
         stream_id,
         expected_sequence_id: seq + 1,
@@ -283,6 +308,7 @@ fn end(
         user_error_code: e.user_error_code,
     });
     publish_end(hub, session, &stream_id, &s, error);
+    fx.held = session.mirror_stream(|| SessionWrite::StreamClosed(stream_id.clone()));
     fx.replies.push(Downstream::StreamClosed {
         stream_id,
         error: None,
@@ -347,6 +373,47 @@ pub(crate) fn cancel_all(hub: &Hub, session: &Session) {
     }
 }
 
+/// Forgets every stream of a session another node took over, publishing nothing:
+/// they go on there.
+pub(crate) fn forget_all(session: &Session) {
+    session.streams().active.clear();
+}
+
+/// Watches the idle deadline of every stream of a session taken over from another node.
+pub(crate) fn watch_restored(hub: &Arc<Hub>, session: &Arc<Session>) {
+    let timers: Vec<StreamTimer> = (session.streams().active.iter())
+        .map(|(id, s)| StreamTimer {
+            stream_id: id.clone(),
+            epoch: s.epoch,
+        })
+        .collect();
+    for timer in timers {
+        spawn_idle_timer(Arc::clone(hub), Arc::clone(session), timer);
+    }
+}
+
+impl Streams {
+    /// The streams of a session taken over from another node, from its copy; each
+    /// idle deadline starts again now. No more than one connection may open.
+    pub(crate) fn restore(&mut self, streams: &[MirroredStream], now: Instant) {
+        for m in streams.iter().take(MAX_STREAMS_PER_CONNECTION) {
+            self.next_epoch += 1;
+            let idle = Duration::from_millis(m.idle_ms.max(1));
+            self.active.insert(
+                m.id.clone(),
+                OutStream {
+                    group: m.group.clone(),
+                    no_echo: m.no_echo,
+                    expected: m.expected.max(1),
+                    idle,
+                    deadline: now + idle,
+                    epoch: self.next_epoch,
+                },
+            );
+        }
+    }
+}
+
 /// Watches a stream's idle deadline: once it passes with no fragment or keepalive, the
 /// stream ends with `IdleTimeout` for the publisher (`streamClosed`) and subscribers.
 pub(crate) fn spawn_idle_timer(hub: Arc<Hub>, session: Arc<Session>, timer: StreamTimer) {
@@ -379,7 +446,8 @@ pub(crate) fn spawn_idle_timer(hub: Arc<Hub>, session: Arc<Session>, timer: Stre
                     user_error_code: None,
                 };
                 publish_end(&hub, &session, &stream_id, &s, Some(error));
-                if session.send_reply(&closed(stream_id, "IdleTimeout", message)) {
+                let held = session.mirror_stream(|| SessionWrite::StreamClosed(stream_id.clone()));
+                if session.send_reply(&closed(stream_id, "IdleTimeout", message), held) {
                     hub.remove(session.id());
                 }
             }
