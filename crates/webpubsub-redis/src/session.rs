@@ -15,9 +15,20 @@ use statehub_webpubsub::{MirroredStream, Provenance, Restored, SessionWrite};
 
 use crate::WpsRedisError;
 
-/// The session's writes. KEYS: hash, frames, acks. ARGV: epoch, ttl (ms), kind, ….
+/// The session's writes. KEYS: hash, frames, acks (and for a fragment the operations
+/// stream). ARGV: epoch, ttl (ms), kind, ….
 const WRITE: &str = r"
 local kind = ARGV[3]
+if kind == 'fragment' then
+  -- A client stream's fragment: the operation into the stream, and the stream's next
+  -- expected id into the session if this node still owns it, in one call.
+  redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[6], '*', 'n', ARGV[7], 'r', ARGV[8],
+    's', ARGV[9], 'o', ARGV[10])
+  if redis.call('HGET', KEYS[1], 'ep') == ARGV[1] then
+    redis.call('HSET', KEYS[1], 'sq:' .. ARGV[4], ARGV[5])
+  end
+  return 1
+end
 if kind == 'open' then
   redis.call('DEL', KEYS[1], KEYS[2], KEYS[3])
   redis.call('HSET', KEYS[1], 'ep', '1', 'tok', ARGV[4], 'pro', ARGV[5], 'rol', ARGV[6],
@@ -238,6 +249,50 @@ pub(crate) fn add_write(
             cmd.arg("delete");
         }
     }
+    pipe.add_command(cmd).ignore();
+}
+
+/// An operation as the stream holds it: `ops` (the stream's key), its length bound,
+/// the node, its incarnation, the operation's number and bytes.
+pub(crate) struct OpEntry<'a> {
+    pub(crate) ops: &'a str,
+    pub(crate) stream_len: u64,
+    pub(crate) node: &'a str,
+    pub(crate) incarnation: u64,
+    pub(crate) seq: u64,
+    pub(crate) op: &'a [u8],
+}
+
+/// Adds a client stream's fragment to `pipe`: its operation and its stream's state
+/// (`write`, a `StreamAccepted`; anything else adds the operation alone) in one script
+/// call; the state fenced by `epoch` (0: this node does not hold the session).
+pub(crate) fn add_fragment(
+    pipe: &mut redis::Pipeline,
+    scripts: &Scripts,
+    keys: &Keys,
+    epoch: u64,
+    write: &SessionWrite,
+    entry: &OpEntry<'_>,
+) {
+    let (stream, expected) = match write {
+        SessionWrite::StreamAccepted { id, expected } => (id.as_str(), *expected),
+        _ => ("", 0),
+    };
+    let mut cmd = redis::cmd("EVALSHA");
+    cmd.arg(scripts.write.get_hash())
+        .arg(4)
+        .arg(&keys.all()[..])
+        .arg(entry.ops)
+        .arg(if stream.is_empty() { 0 } else { epoch })
+        .arg(0)
+        .arg("fragment")
+        .arg(stream)
+        .arg(expected)
+        .arg(entry.stream_len)
+        .arg(entry.node)
+        .arg(entry.incarnation)
+        .arg(entry.seq)
+        .arg(entry.op);
     pipe.add_command(cmd).ignore();
 }
 

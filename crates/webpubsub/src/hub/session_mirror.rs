@@ -139,7 +139,7 @@ impl Session {
     }
 
     /// Whether the session is mirrored into the cluster (recoverable on another node).
-    pub(in crate::hub) fn is_mirrored(&self) -> bool {
+    pub(crate) fn is_mirrored(&self) -> bool {
         self.mirror.is_some()
     }
 

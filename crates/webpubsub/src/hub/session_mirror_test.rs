@@ -24,11 +24,22 @@ struct Store {
     stored: watch::Sender<u64>,
     /// Every client stream write, in order, with its ticket.
     streams: Mutex<Vec<(u64, SessionWrite)>>,
+    /// Session writes handed over with an operation, as one.
+    with_operation: AtomicU64,
 }
 
 impl Cluster for Store {
     fn broadcast(&self, _: Vec<u8>) -> Result<u64, ClusterError> {
         Ok(0)
+    }
+    fn broadcast_with(
+        &self,
+        operation: Vec<u8>,
+        (hub, id, write): (&str, &str, SessionWrite),
+    ) -> Result<(u64, u64), ClusterError> {
+        self.with_operation.fetch_add(1, Ordering::Relaxed);
+        let seq = self.broadcast(operation)?;
+        Ok((seq, self.session(hub, id, write)?))
     }
     fn written(&self, _: u64) -> Written {
         Box::pin(async { Ok(()) })
@@ -176,6 +187,11 @@ async fn a_stream_is_mirrored_as_it_opens_accepts_and_ends_and_its_replies_wait_
         expected: 2,
     };
     assert_eq!(stream_writes(&store), vec![(held, accepted)]);
+    assert_eq!(
+        store.with_operation.load(Ordering::Relaxed),
+        1,
+        "the fragment's state travels with its broadcast, as one"
+    );
     for repeat in [
         data(1),
         json!({"type": "streamData", "streamId": "s1"}),

@@ -15,7 +15,8 @@
 //!
 //! In a cluster, a reliable session's open streams move with it (`mirror.rs`): each
 //! opening (group, `noEcho`, idle timeout), each accepted fragment (the next expected
-//! id, queued after the fragment's broadcast) and each end is a write to its copy,
+//! id, handed to the cluster with the fragment's broadcast as one) and each end is a
+//! write to its copy,
 //! and the reply it answers waits in the socket's queue until that write is stored
 //! (`Effects::held`), so the publisher is never acked past what a node taking the
 //! session over would expect. That node goes on from there: a fragment the client
@@ -232,7 +233,19 @@ fn data(
             end_of_stream: false,
             error: None,
         };
-        if !publish(hub, session, &group, no_echo, &info, &payload) {
+        // With the broadcast as one: stored, it says the fragment went out.
+        let state = SessionWrite::StreamAccepted {
+            id: stream_id.clone(),
+            expected: seq + 1,
+        };
+        let Some(ticket) = publish(
+            hub,
+            session,
+            (&group, no_echo),
+            &info,
+            &payload,
+            Some(state),
+        ) else {
             // Delivered nowhere: the publisher may send the fragment again.
             if let Some(s) = session.streams().active.get_mut(&stream_id) {
                 s.expected = s.expected.min(seq);
@@ -243,13 +256,9 @@ fn data(
                 name: "InternalServerError".into(),
                 message: "The message could not reach every node; send it again".into(),
             });
-        }
+        };
+        fx.held = ticket;
     }
-    // After the broadcast in the cluster's queue: stored, it says the fragment is out.
-    fx.held = session.mirror_stream(|| SessionWrite::StreamAccepted {
-        id: stream_id.clone(),
-        expected: seq + 1,
-    });
     fx.replies.push(Downstream::StreamAck {
         stream_id,
         expected_sequence_id: seq + 1,
@@ -315,21 +324,22 @@ fn end(
     });
 }
 
-/// Publishes a fragment to the stream's group on every node; `false` when the cluster
+/// Publishes a fragment to the stream's group on every node, with `state` for the
+/// session's copy: the state's mirror ticket (0: none), `None` when the cluster
 /// refused it (nothing was delivered).
 fn publish(
     hub: &Hub,
     session: &Session,
-    group: &str,
-    no_echo: bool,
+    (group, no_echo): (&str, bool),
     info: &StreamInfo,
     payload: &Payload,
-) -> bool {
-    match hub.publish_to_group(session, group, no_echo, payload, Some(info)) {
-        Ok(_) => true,
+    state: Option<SessionWrite>,
+) -> Option<u64> {
+    match hub.publish_to_group(session, group, no_echo, payload, (Some(info), state)) {
+        Ok((_, ticket)) => Some(ticket),
         Err(error) => {
             tracing::warn!(%error, stream = info.stream_id, "web pubsub: a stream fragment could not reach the other nodes");
-            false
+            None
         }
     }
 }
@@ -352,10 +362,10 @@ fn publish_end(
     let _ = publish(
         hub,
         session,
-        &s.group,
-        s.no_echo,
+        (&s.group, s.no_echo),
         &info,
         &Payload::Text(String::new()),
+        None,
     );
 }
 
