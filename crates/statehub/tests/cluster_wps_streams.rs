@@ -175,10 +175,14 @@ async fn a_client_stream_goes_on_from_its_oldest_unacked_fragment_on_another_nod
     for seq in 6..=7 {
         acked(&mut p, seq).await;
     }
+    // A reply reaches the client only once its state is in Redis.
+    assert_eq!(stored(&redis, &id, "sq:s1"), "8", "acked through 7 on B");
     send(&mut p, json!({"type": "streamEnd", "streamId": "s1"})).await;
     let closed = stream_reply(&mut p).await;
     assert_eq!(closed["type"], "streamClosed", "{closed}");
     assert!(closed["error"].is_null(), "{closed}");
+    assert_eq!(stored(&redis, &id, "sq:s1"), "", "the end removed it");
+    assert_eq!(stored(&redis, &id, "sm:s1"), "", "the end removed it");
 
     while !got.last().is_some_and(|f| f.2) {
         got.push(member_next(&mut m).await);

@@ -20,12 +20,17 @@ use crate::WpsRedisError;
 const WRITE: &str = r"
 local kind = ARGV[3]
 if kind == 'fragment' then
-  -- A client stream's fragment: the operation into the stream, and the stream's next
-  -- expected id into the session if this node still owns it, in one call.
+  -- A client stream's fragment (or end): the operation into the stream, and the
+  -- stream's next expected id (0: its removal) into the session if this node still
+  -- owns it, in one call.
   redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[6], '*', 'n', ARGV[7], 'r', ARGV[8],
     's', ARGV[9], 'o', ARGV[10])
   if redis.call('HGET', KEYS[1], 'ep') == ARGV[1] then
-    redis.call('HSET', KEYS[1], 'sq:' .. ARGV[4], ARGV[5])
+    if ARGV[5] == '0' then
+      redis.call('HDEL', KEYS[1], 'sq:' .. ARGV[4], 'sm:' .. ARGV[4])
+    else
+      redis.call('HSET', KEYS[1], 'sq:' .. ARGV[4], ARGV[5])
+    end
   end
   return 1
 end
@@ -263,9 +268,10 @@ pub(crate) struct OpEntry<'a> {
     pub(crate) op: &'a [u8],
 }
 
-/// Adds a client stream's fragment to `pipe`: its operation and its stream's state
-/// (`write`, a `StreamAccepted`; anything else adds the operation alone) in one script
-/// call; the state fenced by `epoch` (0: this node does not hold the session).
+/// Adds a client stream's fragment or end to `pipe`: its operation and its stream's
+/// state (`write`, a `StreamAccepted` or `StreamClosed`; anything else adds the
+/// operation alone) in one script call; the state fenced by `epoch` (0: this node
+/// does not hold the session).
 pub(crate) fn add_fragment(
     pipe: &mut redis::Pipeline,
     scripts: &Scripts,
@@ -276,6 +282,7 @@ pub(crate) fn add_fragment(
 ) {
     let (stream, expected) = match write {
         SessionWrite::StreamAccepted { id, expected } => (id.as_str(), *expected),
+        SessionWrite::StreamClosed(id) => (id.as_str(), 0),
         _ => ("", 0),
     };
     let mut cmd = redis::cmd("EVALSHA");

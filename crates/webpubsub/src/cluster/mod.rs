@@ -43,9 +43,9 @@ pub trait Cluster: Send + Sync + Debug {
     /// Returns the operation's number among this node's (from 1, in the order handed
     /// over).
     fn broadcast(&self, operation: Vec<u8>) -> Result<u64, ClusterError>;
-    /// [`Cluster::broadcast`] of a client stream's fragment with its stream's new state
-    /// for the publisher's mirrored session ([`Cluster::session`] of `write`, a
-    /// [`SessionWrite::StreamAccepted`]) as one step: the store takes both or neither,
+    /// [`Cluster::broadcast`] of a client stream's fragment (or end) with its stream's
+    /// new state for the publisher's mirrored session ([`Cluster::session`] of `write`,
+    /// a [`SessionWrite::StreamAccepted`] or [`SessionWrite::StreamClosed`]) as one step: the store takes both or neither,
     /// so a node that takes the session over never publishes the fragment again nor
     /// skips it. The write is fenced like any session write; the operation goes out
     /// regardless. Must not block. Returns the operation's number and the write's

@@ -209,6 +209,11 @@ async fn a_stream_is_mirrored_as_it_opens_accepts_and_ends_and_its_replies_wait_
     assert_eq!(replies[0]["type"], "streamClosed");
     let closed = SessionWrite::StreamClosed("s1".into());
     assert_eq!(stream_writes(&store), vec![(held, closed)]);
+    assert_eq!(
+        store.with_operation.load(Ordering::Relaxed),
+        2,
+        "the removal travels with the terminal message's broadcast"
+    );
 }
 
 #[tokio::test]

@@ -218,8 +218,7 @@ fn data(
                 message: Some(message.clone()),
                 user_error_code: None,
             };
-            publish_end(hub, session, &stream_id, &s, Some(error));
-            fx.held = session.mirror_stream(|| SessionWrite::StreamClosed(stream_id.clone()));
+            fx.held = publish_end_closing(hub, session, &stream_id, &s, Some(error));
         }
         return fx.replies.push(closed(stream_id, name, message));
     }
@@ -316,8 +315,7 @@ fn end(
         message: e.message,
         user_error_code: e.user_error_code,
     });
-    publish_end(hub, session, &stream_id, &s, error);
-    fx.held = session.mirror_stream(|| SessionWrite::StreamClosed(stream_id.clone()));
+    fx.held = publish_end_closing(hub, session, &stream_id, &s, error);
     fx.replies.push(Downstream::StreamClosed {
         stream_id,
         error: None,
@@ -353,20 +351,48 @@ fn publish_end(
     s: &OutStream,
     error: Option<StreamError>,
 ) {
+    let _ = publish_end_with(hub, session, stream_id, s, error, None);
+}
+
+/// [`publish_end`] with the stream's removal from the session's copy, as one with the
+/// terminal message's broadcast (written alone if the cluster refused that): the
+/// removal's mirror ticket, for the reply to wait on.
+fn publish_end_closing(
+    hub: &Hub,
+    session: &Session,
+    stream_id: &str,
+    s: &OutStream,
+    error: Option<StreamError>,
+) -> u64 {
+    let closed = SessionWrite::StreamClosed(stream_id.to_owned());
+    match publish_end_with(hub, session, stream_id, s, error, Some(closed)) {
+        Some(ticket) => ticket,
+        None => session.mirror_stream(|| SessionWrite::StreamClosed(stream_id.to_owned())),
+    }
+}
+
+fn publish_end_with(
+    hub: &Hub,
+    session: &Session,
+    stream_id: &str,
+    s: &OutStream,
+    error: Option<StreamError>,
+    state: Option<SessionWrite>,
+) -> Option<u64> {
     let info = StreamInfo {
         stream_id: stream_id.to_owned(),
         stream_sequence_id: s.expected,
         end_of_stream: true,
         error,
     };
-    let _ = publish(
+    publish(
         hub,
         session,
         (&s.group, s.no_echo),
         &info,
         &Payload::Text(String::new()),
-        None,
-    );
+        state,
+    )
 }
 
 /// Ends every stream of a session that ended: subscribers get a terminal message
@@ -455,8 +481,7 @@ pub(crate) fn spawn_idle_timer(hub: Arc<Hub>, session: Arc<Session>, timer: Stre
                     message: Some(message.clone()),
                     user_error_code: None,
                 };
-                publish_end(&hub, &session, &stream_id, &s, Some(error));
-                let held = session.mirror_stream(|| SessionWrite::StreamClosed(stream_id.clone()));
+                let held = publish_end_closing(&hub, &session, &stream_id, &s, Some(error));
                 if session.send_reply(&closed(stream_id, "IdleTimeout", message), held) {
                     hub.remove(session.id());
                 }
