@@ -29,6 +29,7 @@ mod liveness;
 mod reader;
 mod replicas;
 mod session;
+mod streams;
 mod writer;
 
 use std::collections::{HashMap, HashSet};
@@ -138,7 +139,7 @@ impl Names {
 pub(crate) enum Job {
     /// Append an operation to the stream, with its number, and with it (in one script
     /// call) a client stream's state for its publisher's mirrored session.
-    Broadcast(u64, Vec<u8>, Option<Box<Attached>>),
+    Broadcast(u64, Vec<u8>, Option<Box<streams::Attached>>),
     /// Push an answer (this node's id and the answer) to the asker's list.
     Answer(String, Vec<u8>),
     /// Answer once everything queued before is written.
@@ -149,16 +150,6 @@ pub(crate) enum Job {
     Position(String),
     /// Take a session over (see [`Cluster::claim`]).
     Claim(Box<ClaimJob>),
-}
-
-/// A session write that travels with an operation ([`Cluster::broadcast_with`]):
-/// (hub, id), the write and its ticket.
-#[derive(Debug)]
-pub(crate) struct Attached {
-    pub(crate) hub: String,
-    pub(crate) id: String,
-    pub(crate) write: SessionWrite,
-    pub(crate) ticket: u64,
 }
 
 /// A claim for the writer, answered on `reply`.
@@ -387,55 +378,6 @@ struct Down;
 #[derive(Debug, thiserror::Error)]
 #[error("redis WAIT: too few replicas acknowledged the write; it may be lost in a failover")]
 pub(crate) struct Unreplicated;
-
-impl RedisCluster {
-    /// Queues an operation, with `attached` (hub, id, write) if any: both or neither.
-    /// Returns its number and the write's ticket (0: none).
-    fn enqueue_op(
-        &self,
-        operation: Vec<u8>,
-        attached: Option<(&str, &str, SessionWrite)>,
-    ) -> Result<(u64, u64), ClusterError> {
-        if !self.shared.up.load(Ordering::Relaxed) {
-            return Err(unavailable(Down));
-        }
-        if self.shared.ops_waiting.load(Ordering::Relaxed) >= self.queue {
-            return Err(ClusterError::Backlog(self.queue));
-        }
-        let mut assigned = lock(&self.shared.assigned);
-        let seq = assigned.last + 1;
-        let kept = (assigned.claims > 0).then(|| operation.clone());
-        let mut tickets = attached.as_ref().map(|_| lock(&self.shared.tickets));
-        let ticket = tickets.as_deref().map_or(0, |t| *t + 1);
-        let attached = attached.map(|(hub, id, write)| {
-            Box::new(Attached {
-                hub: hub.to_owned(),
-                id: id.to_owned(),
-                write,
-                ticket,
-            })
-        });
-        match self.jobs.try_send(Job::Broadcast(seq, operation, attached)) {
-            Ok(()) => {
-                self.shared.ops_waiting.fetch_add(1, Ordering::Relaxed);
-                assigned.last = seq;
-                if let Some(t) = tickets.as_deref_mut() {
-                    *t = ticket;
-                }
-                if let Some(op) = kept {
-                    if assigned.kept.len() < self.queue {
-                        assigned.kept.push_back((seq, op));
-                    } else {
-                        assigned.overflow = true;
-                    }
-                }
-                Ok((seq, ticket))
-            }
-            Err(TrySendError::Full(_)) => Err(ClusterError::Backlog(self.queue)),
-            Err(TrySendError::Disconnected(_)) => Err(unavailable(Down)),
-        }
-    }
-}
 
 impl Cluster for RedisCluster {
     fn broadcast(&self, operation: Vec<u8>) -> Result<u64, ClusterError> {

@@ -11,7 +11,9 @@
 //! refreshes them.
 
 use redis::{Script, Value};
-use statehub_webpubsub::{MirroredStream, Provenance, Restored, SessionWrite};
+use statehub_webpubsub::{Provenance, Restored, SessionWrite};
+
+use crate::streams::{streams, StreamMeta};
 
 use crate::WpsRedisError;
 
@@ -257,52 +259,6 @@ pub(crate) fn add_write(
     pipe.add_command(cmd).ignore();
 }
 
-/// An operation as the stream holds it: `ops` (the stream's key), its length bound,
-/// the node, its incarnation, the operation's number and bytes.
-pub(crate) struct OpEntry<'a> {
-    pub(crate) ops: &'a str,
-    pub(crate) stream_len: u64,
-    pub(crate) node: &'a str,
-    pub(crate) incarnation: u64,
-    pub(crate) seq: u64,
-    pub(crate) op: &'a [u8],
-}
-
-/// Adds a client stream's fragment or end to `pipe`: its operation and its stream's
-/// state (`write`, a `StreamAccepted` or `StreamClosed`; anything else adds the
-/// operation alone) in one script call; the state fenced by `epoch` (0: this node
-/// does not hold the session).
-pub(crate) fn add_fragment(
-    pipe: &mut redis::Pipeline,
-    scripts: &Scripts,
-    keys: &Keys,
-    epoch: u64,
-    write: &SessionWrite,
-    entry: &OpEntry<'_>,
-) {
-    let (stream, expected) = match write {
-        SessionWrite::StreamAccepted { id, expected } => (id.as_str(), *expected),
-        SessionWrite::StreamClosed(id) => (id.as_str(), 0),
-        _ => ("", 0),
-    };
-    let mut cmd = redis::cmd("EVALSHA");
-    cmd.arg(scripts.write.get_hash())
-        .arg(4)
-        .arg(&keys.all()[..])
-        .arg(entry.ops)
-        .arg(if stream.is_empty() { 0 } else { epoch })
-        .arg(0)
-        .arg("fragment")
-        .arg(stream)
-        .arg(expected)
-        .arg(entry.stream_len)
-        .arg(entry.node)
-        .arg(entry.incarnation)
-        .arg(entry.seq)
-        .arg(entry.op);
-    pipe.add_command(cmd).ignore();
-}
-
 /// Adds a session's consecutive frames to `pipe` as one script call.
 pub(crate) fn add_frames(
     pipe: &mut redis::Pipeline,
@@ -445,67 +401,6 @@ pub(crate) fn parse_claim(
     })))
 }
 
-/// A client stream's options in the session's hash (`sm:{streamId}`), written once
-/// when it opens: `{noEcho 0|1}|{idle ms}|{group}`; its next expected id
-/// (`sq:{streamId}`) is written per fragment.
-struct StreamMeta {
-    group: String,
-    no_echo: bool,
-    idle_ms: u64,
-}
-
-impl StreamMeta {
-    fn encode(&self) -> String {
-        format!("{}|{}|{}", u8::from(self.no_echo), self.idle_ms, self.group)
-    }
-
-    fn decode(bytes: &[u8]) -> Option<Self> {
-        let mut parts = std::str::from_utf8(bytes).ok()?.splitn(3, '|');
-        let no_echo = parts.next()? == "1";
-        let idle_ms = parts.next()?.parse().ok()?;
-        Some(Self {
-            no_echo,
-            idle_ms,
-            group: parts.next()?.to_owned(),
-        })
-    }
-}
-
-/// The open streams of a claimed session, from the `sq:`/`sm:` fields of its hash; a
-/// stream missing either half (cannot happen: both are written in one call) is left
-/// out.
-fn streams(value: &Value) -> Option<Vec<MirroredStream>> {
-    let Value::Array(fields) = value else {
-        return Some(Vec::new());
-    };
-    let mut expected = std::collections::HashMap::new();
-    let mut meta = std::collections::HashMap::new();
-    for pair in fields.chunks(2) {
-        let (Value::BulkString(k), Value::BulkString(v)) = (pair.first()?, pair.get(1)?) else {
-            return None;
-        };
-        let k = std::str::from_utf8(k).ok()?;
-        if let Some(id) = k.strip_prefix("sq:") {
-            expected.insert(id.to_owned(), std::str::from_utf8(v).ok()?.parse().ok()?);
-        } else if let Some(id) = k.strip_prefix("sm:") {
-            meta.insert(id.to_owned(), StreamMeta::decode(v)?);
-        }
-    }
-    let mut out: Vec<MirroredStream> = (meta.into_iter())
-        .filter_map(|(id, m)| {
-            Some(MirroredStream {
-                expected: *expected.get(&id)?,
-                id,
-                group: m.group,
-                no_echo: m.no_echo,
-                idle_ms: m.idle_ms,
-            })
-        })
-        .collect();
-    out.sort_by(|a, b| a.id.cmp(&b.id));
-    Some(out)
-}
-
 /// One stored frame: `[id, [f, bytes, d, deadline]]`.
 fn frame(entry: &Value) -> Option<(u64, Vec<u8>, u64)> {
     let Value::Array(parts) = entry else {
@@ -547,34 +442,5 @@ mod tests {
         assert_eq!(stream_id("17-3"), Some((17, 3)));
         assert!(stream_id("9-0") < stream_id("10-0"), "not as text");
         assert_eq!(stream_id("x"), None);
-    }
-
-    #[test]
-    fn a_claim_restores_the_streams_whose_options_and_next_id_are_stored() {
-        let bulk = |s: &str| Value::BulkString(s.as_bytes().to_vec());
-        let meta = StreamMeta {
-            group: "g|h".into(),
-            no_echo: true,
-            idle_ms: 900,
-        };
-        let fields = Value::Array(vec![
-            bulk("sm:a"),
-            bulk(&meta.encode()),
-            bulk("sq:a"),
-            bulk("7"),
-            bulk("sq:orphan"),
-            bulk("2"),
-        ]);
-        let a = MirroredStream {
-            id: "a".into(),
-            group: "g|h".into(),
-            no_echo: true,
-            idle_ms: 900,
-            expected: 7,
-        };
-        assert_eq!(streams(&fields), Some(vec![a]));
-        assert_eq!(streams(&Value::Nil), Some(vec![]), "none stored");
-        let bad = Value::Array(vec![bulk("sq:a"), bulk("x")]);
-        assert_eq!(streams(&bad), None, "corrupt");
     }
 }

@@ -20,12 +20,11 @@ use statehub_webpubsub::{ClaimError, SessionWrite};
 use crate::ask::push_answer;
 use crate::liveness::{add_liveness, PRUNE_EVERY};
 use crate::replicas::{query_claim, query_waiting};
-use crate::session::{
-    add_fragment, add_frames, add_lost, add_write, parse_claim, OpEntry, Scripts,
-};
+use crate::session::{add_frames, add_lost, add_write, parse_claim, Scripts};
+use crate::streams::{add_fragment, Attached, OpEntry};
 use crate::{
-    lock, open, Attached, ClaimJob, ClaimRecord, Job, Names, Options, Shared, Unreplicated,
-    WpsRedisError, BACKOFF, HEARTBEAT,
+    lock, open, ClaimJob, ClaimRecord, Job, Names, Options, Shared, Unreplicated, WpsRedisError,
+    BACKOFF, HEARTBEAT,
 };
 
 /// Most jobs written in one round trip.
