@@ -154,6 +154,15 @@ fn js_a_reliable_subscriber_sees_only_what_redis_has() {
     node("cluster-window.mjs", LIMIT);
 }
 
+/// A client stream of the official JS client goes on after its node was killed: the
+/// client recovers on another node through the balancer and sends again from its
+/// oldest unacknowledged fragment; the receiver gets every fragment once, in order,
+/// and the end, and the SDK reports no stream error (`cluster-streams.mjs`).
+#[test]
+fn js_a_client_stream_survives_a_recovery_on_another_node() {
+    node("cluster-streams.mjs", LIMIT);
+}
+
 /// The Python client's reliable session taken over by node B after its node A was
 /// killed, every message once and in order (`python/cluster_recovery.py`).
 #[test]

@@ -29,6 +29,7 @@ mod liveness;
 mod reader;
 mod replicas;
 mod session;
+mod streams;
 mod writer;
 
 use std::collections::{HashMap, HashSet};
@@ -136,8 +137,9 @@ impl Names {
 /// What the writer thread does, in order.
 #[derive(Debug)]
 pub(crate) enum Job {
-    /// Append an operation to the stream, with its number.
-    Broadcast(u64, Vec<u8>),
+    /// Append an operation to the stream, with its number, and with it (in one script
+    /// call) a client stream's state for its publisher's mirrored session.
+    Broadcast(u64, Vec<u8>, Option<Box<streams::Attached>>),
     /// Push an answer (this node's id and the answer) to the asker's list.
     Answer(String, Vec<u8>),
     /// Answer once everything queued before is written.
@@ -379,31 +381,15 @@ pub(crate) struct Unreplicated;
 
 impl Cluster for RedisCluster {
     fn broadcast(&self, operation: Vec<u8>) -> Result<u64, ClusterError> {
-        if !self.shared.up.load(Ordering::Relaxed) {
-            return Err(unavailable(Down));
-        }
-        if self.shared.ops_waiting.load(Ordering::Relaxed) >= self.queue {
-            return Err(ClusterError::Backlog(self.queue));
-        }
-        let mut assigned = lock(&self.shared.assigned);
-        let seq = assigned.last + 1;
-        let kept = (assigned.claims > 0).then(|| operation.clone());
-        match self.jobs.try_send(Job::Broadcast(seq, operation)) {
-            Ok(()) => {
-                self.shared.ops_waiting.fetch_add(1, Ordering::Relaxed);
-                assigned.last = seq;
-                if let Some(op) = kept {
-                    if assigned.kept.len() < self.queue {
-                        assigned.kept.push_back((seq, op));
-                    } else {
-                        assigned.overflow = true;
-                    }
-                }
-                Ok(seq)
-            }
-            Err(TrySendError::Full(_)) => Err(ClusterError::Backlog(self.queue)),
-            Err(TrySendError::Disconnected(_)) => Err(unavailable(Down)),
-        }
+        self.enqueue_op(operation, None).map(|(seq, _)| seq)
+    }
+
+    fn broadcast_with(
+        &self,
+        operation: Vec<u8>,
+        attached: (&str, &str, SessionWrite),
+    ) -> Result<(u64, u64), ClusterError> {
+        self.enqueue_op(operation, Some(attached))
     }
 
     fn written(&self, seq: u64) -> Written {

@@ -1,7 +1,9 @@
 //! Reliable sessions in Redis (the webpubsub crate's `mirror.rs` says why and what):
 //! per session a hash `{ns}:wps:s:{hub}:{id}` (epoch, owner, token digest, subprotocol,
 //! user, roles (its permissions, once a grant or revoke changed them), groups, sequence
-//! state, the last operation it reflects, the upstream's `ce-connectionState`), a stream `…:f` of the frames its replay
+//! state, the last operation it reflects, the upstream's `ce-connectionState`, per open
+//! client stream `sq:{streamId}` its next expected id and `sm:{streamId}` its group
+//! and options), a stream `…:f` of the frames its replay
 //! buffer holds (entry id = sequence id, trimmed as the buffer is) and a list `…:a` of
 //! its last processed ackIds. Every write but the creation is one script call that
 //! first checks the epoch: a node that lost the session to a claim writes nothing
@@ -11,11 +13,29 @@
 use redis::{Script, Value};
 use statehub_webpubsub::{Provenance, Restored, SessionWrite};
 
+use crate::streams::{streams, StreamMeta};
+
 use crate::WpsRedisError;
 
-/// The session's writes. KEYS: hash, frames, acks. ARGV: epoch, ttl (ms), kind, ….
+/// The session's writes. KEYS: hash, frames, acks (and for a fragment the operations
+/// stream). ARGV: epoch, ttl (ms), kind, ….
 const WRITE: &str = r"
 local kind = ARGV[3]
+if kind == 'fragment' then
+  -- A client stream's fragment (or end): the operation into the stream, and the
+  -- stream's next expected id (0: its removal) into the session if this node still
+  -- owns it, in one call.
+  redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[6], '*', 'n', ARGV[7], 'r', ARGV[8],
+    's', ARGV[9], 'o', ARGV[10])
+  if redis.call('HGET', KEYS[1], 'ep') == ARGV[1] then
+    if ARGV[5] == '0' then
+      redis.call('HDEL', KEYS[1], 'sq:' .. ARGV[4], 'sm:' .. ARGV[4])
+    else
+      redis.call('HSET', KEYS[1], 'sq:' .. ARGV[4], ARGV[5])
+    end
+  end
+  return 1
+end
 if kind == 'open' then
   redis.call('DEL', KEYS[1], KEYS[2], KEYS[3])
   redis.call('HSET', KEYS[1], 'ep', '1', 'tok', ARGV[4], 'pro', ARGV[5], 'rol', ARGV[6],
@@ -58,6 +78,12 @@ elseif kind == 'roles' then
   redis.call('HSET', KEYS[1], 'rol', ARGV[4])
 elseif kind == 'state' then
   redis.call('HSET', KEYS[1], 'cst', ARGV[4])
+elseif kind == 'stream' then
+  -- A client stream: its next expected id, and when it opens its group and options.
+  redis.call('HSET', KEYS[1], 'sq:' .. ARGV[4], ARGV[5])
+  if ARGV[6] ~= '' then redis.call('HSET', KEYS[1], 'sm:' .. ARGV[4], ARGV[6]) end
+elseif kind == 'unstream' then
+  redis.call('HDEL', KEYS[1], 'sq:' .. ARGV[4], 'sm:' .. ARGV[4])
 elseif kind == 'ack' then
   redis.call('RPUSH', KEYS[3], ARGV[4])
   redis.call('LTRIM', KEYS[3], -tonumber(ARGV[5]), -1)
@@ -85,10 +111,15 @@ local k = redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[9], '*', 'n', ARGV[5],
 local ep = tonumber(f[4]) + 1
 redis.call('HSET', KEYS[1], 'ep', ep, 'own', ARGV[3], 'lo', '0')
 for i = 1, 3 do redis.call('PEXPIRE', KEYS[i], ARGV[4]) end
+local st, all = {}, redis.call('HGETALL', KEYS[1])
+for i = 1, #all, 2 do
+  local p = string.sub(all[i], 1, 3)
+  if p == 'sq:' or p == 'sm:' then st[#st + 1] = all[i]; st[#st + 1] = all[i + 1] end
+end
 return {'ok', tostring(ep), k, f[5] or '', f[6] or '0-0', f[7] or '0', pos, f[8] or '',
   f[9] or '[]', f[10] or '[]', f[11] or '1', f[12] or '0', f[13] or '0',
   redis.call('XRANGE', KEYS[2], '-', '+'), redis.call('LRANGE', KEYS[3], 0, -1),
-  f[14] or false}
+  f[14] or false, st}
 ";
 
 /// The scripts, hashed once.
@@ -204,6 +235,23 @@ pub(crate) fn add_write(
         SessionWrite::State(state) => {
             cmd.arg("state").arg(state);
         }
+        SessionWrite::StreamOpened(stream) => {
+            let meta = StreamMeta {
+                group: stream.group.clone(),
+                no_echo: stream.no_echo,
+                idle_ms: stream.idle_ms,
+            };
+            cmd.arg("stream")
+                .arg(&stream.id)
+                .arg(stream.expected)
+                .arg(meta.encode());
+        }
+        SessionWrite::StreamAccepted { id, expected } => {
+            cmd.arg("stream").arg(id).arg(*expected).arg("");
+        }
+        SessionWrite::StreamClosed(id) => {
+            cmd.arg("unstream").arg(id);
+        }
         SessionWrite::Delete => {
             cmd.arg("delete");
         }
@@ -303,7 +351,7 @@ pub(crate) fn parse_claim(
     match head.as_str() {
         "gone" => return Ok(Ok(None)),
         "lost" => return Ok(Err("messages for it could not be kept for other nodes")),
-        "ok" if items.len() == 16 => {}
+        "ok" if items.len() == 17 => {}
         _ => return Err(corrupt()),
     }
     let t = |i: usize| text(&items[i]);
@@ -348,6 +396,7 @@ pub(crate) fn parse_claim(
                 Value::Nil => None,
                 v => Some(text(v)?),
             },
+            streams: streams(&items[16]).ok_or_else(corrupt)?,
         },
     })))
 }

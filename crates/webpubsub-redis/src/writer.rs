@@ -21,6 +21,7 @@ use crate::ask::push_answer;
 use crate::liveness::{add_liveness, PRUNE_EVERY};
 use crate::replicas::{query_claim, query_waiting};
 use crate::session::{add_frames, add_lost, add_write, parse_claim, Scripts};
+use crate::streams::{add_fragment, Attached, OpEntry};
 use crate::{
     lock, open, ClaimJob, ClaimRecord, Job, Names, Options, Shared, Unreplicated, WpsRedisError,
     BACKOFF, HEARTBEAT,
@@ -33,7 +34,7 @@ const BATCH: usize = 1024;
 /// operation written twice is recognised by the readers.
 #[derive(Debug)]
 enum Pending {
-    Op(u64, Vec<u8>),
+    Op(u64, Vec<u8>, Option<Box<Attached>>),
     Answer(String, Vec<u8>),
     Flush(std::sync::mpsc::SyncSender<()>),
     Session(String, String, SessionWrite, u64),
@@ -180,7 +181,7 @@ impl Writer {
 
     fn pending(job: Job) -> Pending {
         match job {
-            Job::Broadcast(seq, op) => Pending::Op(seq, op),
+            Job::Broadcast(seq, op, attached) => Pending::Op(seq, op, attached),
             Job::Answer(key, entry) => Pending::Answer(key, entry),
             Job::Flush(done) => Pending::Flush(done),
             Job::Session(hub, id, write, ticket) => Pending::Session(hub, id, write, ticket),
@@ -231,7 +232,7 @@ impl Writer {
                     }
                     self.session(&mut pipe, hub, id, write);
                 }
-                Pending::Op(seq, op) => {
+                Pending::Op(seq, op, None) => {
                     pipe.cmd("XADD")
                         .arg(&self.names.ops)
                         .arg("MAXLEN")
@@ -247,6 +248,12 @@ impl Writer {
                         .arg("o")
                         .arg(op.as_slice())
                         .ignore();
+                }
+                Pending::Op(seq, op, Some(a)) => {
+                    if let Some(run) = frames.remove(&(a.hub.as_str(), a.id.as_str())) {
+                        self.frames(&mut pipe, &a.hub, &a.id, &run);
+                    }
+                    self.fragment(&mut pipe, (*seq, op), a);
                 }
                 Pending::Answer(key, entry) => push_answer(&mut pipe, key, entry),
                 Pending::Flush(_) => {}
@@ -267,6 +274,7 @@ impl Writer {
             .count();
         let mirrored = batch.iter().rev().find_map(|j| match j {
             Pending::Session(_, _, _, ticket) => Some(*ticket),
+            Pending::Op(_, _, Some(a)) => Some(a.ticket),
             _ => None,
         });
         let owed = self.unreplicated.is_some() || self.unmirrored.is_some();
@@ -276,7 +284,7 @@ impl Writer {
         self.count_mirrored(batch);
         self.shared.ops_waiting.fetch_sub(ops, Ordering::Relaxed);
         let last = batch.iter().rev().find_map(|j| match j {
-            Pending::Op(seq, _) => Some(*seq),
+            Pending::Op(seq, ..) => Some(*seq),
             _ => None,
         });
         let enough = self.enough_replicas(wait, acked);
@@ -300,7 +308,7 @@ impl Writer {
         for job in batch {
             match job {
                 Pending::Session(_, _, SessionWrite::Frame { .. }, _) => frames += 1,
-                Pending::Session(..) => changes += 1,
+                Pending::Session(..) | Pending::Op(_, _, Some(_)) => changes += 1,
                 _ => {}
             }
         }
@@ -321,6 +329,23 @@ impl Writer {
             self.pruned = Instant::now();
         }
         add_liveness(pipe, &self.names, &self.node, leaving, prune);
+    }
+
+    /// A client stream's fragment and its publisher's stream state, in one call; the
+    /// state fenced like [`Writer::session`], the operation written regardless.
+    fn fragment(&self, pipe: &mut redis::Pipeline, (seq, op): (u64, &[u8]), a: &Attached) {
+        let key = (a.hub.clone(), a.id.clone());
+        let epoch = self.epochs.get(&key).copied().unwrap_or(0);
+        let keys = self.names.session(&a.hub, &a.id);
+        let entry = OpEntry {
+            ops: &self.names.ops,
+            stream_len: self.stream_len,
+            node: &self.node,
+            incarnation: self.shared.incarnation,
+            seq,
+            op,
+        };
+        add_fragment(pipe, &self.scripts, &keys, epoch, &a.write, &entry);
     }
 
     /// A run of one mirrored session's frames, fenced like [`Writer::session`].

@@ -211,13 +211,18 @@ fn is_json(session: &Session) -> bool {
 }
 
 fn reply(hub: &Hub, session: &Session, out: &Outbox, msg: &Downstream) {
+    reply_held(hub, session, out, msg, 0);
+}
+
+/// [`reply`], reaching the socket only once the mirror write `held` is stored.
+fn reply_held(hub: &Hub, session: &Session, out: &Outbox, msg: &Downstream, held: u64) {
     if let Downstream::Ack { success, .. } = msg {
         hub.stats().ack(*success);
     }
     let Some(frame) = encode_reply(session.protocol(), msg) else {
         return;
     };
-    if let Err(PushError::Full) = out.push(frame) {
+    if let Err(PushError::Full) = out.push_held(frame, held) {
         if session.slow_consumer(out) {
             hub.remove(session.id());
         }
@@ -234,7 +239,7 @@ async fn apply(
 ) {
     hub.stats().message_in();
     for msg in &fx.replies {
-        reply(hub, session, out, msg);
+        reply_held(hub, session, out, msg, fx.held);
     }
     if let Some(timer) = fx.stream_timer {
         crate::hub::stream::spawn_idle_timer(Arc::clone(hub), Arc::clone(session), timer);

@@ -174,7 +174,8 @@ fn send_to_group(
 ) -> Result<u64, AckFailure> {
     check_group(group, session.permissions().can_send(group), "send to")?;
     let payload = payload.map_err(|e| AckFailure::BadRequest(e.to_string()))?;
-    hub.publish_to_group(session, group, no_echo, &payload, None)
+    hub.publish_to_group(session, group, no_echo, &payload, (None, None))
+        .map(|(seq, _)| seq)
         .map_err(|e| AckFailure::Unavailable(e.to_string()))
 }
 

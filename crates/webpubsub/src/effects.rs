@@ -79,6 +79,9 @@ pub(crate) struct Effects {
     pub stream_timer: Option<StreamTimer>,
     /// A send to other nodes whose ack waits until it is written where they read it.
     pub ack_when_written: Option<WrittenAck>,
+    /// The replies wait until the session's mirror write with this ticket is stored
+    /// (0: they do not wait): a stream's state must be in the copy before its ack.
+    pub held: u64,
 }
 
 /// An ack that waits for this node's operation `seq` to reach the other nodes

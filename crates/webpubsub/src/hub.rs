@@ -464,10 +464,11 @@ impl Hub {
             }
             (session, reason)
         };
-        stream::cancel_all(self, &session);
         if !ended {
-            return;
+            // Handed over: its streams go on where it went.
+            return stream::forget_all(&session);
         }
+        stream::cancel_all(self, &session);
         session.mirror_delete();
         if let Some(e) = &self.events {
             e.disconnected(self, &session, reason.as_deref().unwrap_or_default());

@@ -61,7 +61,7 @@ pub use cluster::{Cluster, ClusterError, Mirrored, Written};
 pub use config::hubs::{EventHandler, HubSettings, SystemEvent};
 pub use config::{Config, ConfigError, Limits, MIN_ACCESS_KEY_BYTES};
 use hub::Hub;
-pub use mirror::{ClaimError, Provenance, Restored, SessionWrite};
+pub use mirror::{ClaimError, MirroredStream, Provenance, Restored, SessionWrite};
 /// The protobuf subprotocols' messages (`webpubsub.client.proto`), for clients.
 pub use protocol::proto;
 pub use stats::Counters;

@@ -8,7 +8,8 @@
 //! is also handed to the [`Cluster`] as a [`SessionWrite`] (queued, never waited on):
 //! its creation (the reconnection token's digest, subprotocol, user, roles), each
 //! grant or revoke of the REST API (its permissions as roles, from then on), each
-//! `ce-connectionState` its event handler set, each
+//! `ce-connectionState` its event handler set, each client stream opened, each
+//! fragment a stream accepted (its next expected id) and each stream's end, each
 //! sequenced frame, each trim of the replay buffer (the client's `sequenceAck`, an
 //! eviction), its groups, each processed `ackId`, its deletion. The store's copy is the
 //! replay buffer's copy: it holds what the buffer holds and no more, so the bounds of
@@ -123,6 +124,13 @@ pub enum SessionWrite {
     /// The upstream's `ce-connectionState` for it now (it replaces the last one, so
     /// the copy holds one, bounded by the size of an upstream answer's head).
     State(String),
+    /// One of its client streams opened (it expects fragment 1).
+    StreamOpened(MirroredStream),
+    /// One of its client streams accepted a fragment: it now expects `expected`.
+    /// Only the id and a number, whatever the fragment's size.
+    StreamAccepted { id: String, expected: u64 },
+    /// One of its client streams ended: forget it.
+    StreamClosed(String),
     /// It ended: forget it.
     Delete,
 }
@@ -147,6 +155,21 @@ pub struct Restored {
     pub frames: Vec<(u64, Vec<u8>, u64)>,
     /// The upstream's `ce-connectionState`, if it set one.
     pub connection_state: Option<String>,
+    /// Its open client streams.
+    pub streams: Vec<MirroredStream>,
+}
+
+/// An open client stream of a mirrored session: what a node that takes the session
+/// over needs to go on accepting its fragments where the last node stopped.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct MirroredStream {
+    pub id: String,
+    pub group: String,
+    pub no_echo: bool,
+    /// Its idle timeout in ms.
+    pub idle_ms: u64,
+    /// The next `streamSequenceId` it expects.
+    pub expected: u64,
 }
 
 /// A claim refused.

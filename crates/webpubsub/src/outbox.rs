@@ -190,6 +190,7 @@ pub(crate) fn frame_len(msg: &Message) -> usize {
 }
 
 impl Outbox {
+    #[cfg(test)]
     /// Queues a frame without waiting.
     pub(crate) fn push(&self, msg: Message) -> Result<(), PushError> {
         self.push_until(msg, None)
@@ -221,6 +222,18 @@ impl Outbox {
             msg,
             deadline,
             seq: Some(seq),
+            gate,
+        })
+    }
+
+    /// Queues a reply that reaches the socket only once the mirror write `gate` is
+    /// stored (0: at once), like a sequenced frame but without a sequence id: a
+    /// stream's `streamAck` must not promise more than the session's copy holds.
+    pub(crate) fn push_held(&self, msg: Message, gate: u64) -> Result<(), PushError> {
+        self.push_queued(Queued {
+            msg,
+            deadline: None,
+            seq: None,
             gate,
         })
     }

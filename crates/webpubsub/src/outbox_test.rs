@@ -156,3 +156,21 @@ async fn first_close_wins() {
         }
     );
 }
+
+#[tokio::test]
+async fn a_held_reply_waits_for_its_mirror_write_and_carries_no_sequence_id() {
+    let stored = Arc::new(watch::Sender::new(0));
+    let (out, mut rx) = outbox(8, 100);
+    rx.set_gate(gate(&stored));
+    out.push_held(Message::Text("streamAck".into()), 2).unwrap();
+    out.push(Message::Text("pong".into())).unwrap();
+    assert_eq!(rx.try_frame(), None, "held until ticket 2 is stored");
+    stored.send_replace(2);
+    let first = rx.next().await;
+    assert!(matches!(first, Next::Frame(f) if f.seq.is_none()));
+    assert_eq!(
+        rx.try_frame().map(|f| f.msg),
+        Some(Message::Text("pong".into())),
+        "what was queued behind it follows, in order"
+    );
+}

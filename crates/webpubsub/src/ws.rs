@@ -353,7 +353,10 @@ fn recover(
                 Err(Unrecoverable::Gone) if service.in_cluster() => service
                     .recover_elsewhere(&hub_name, &id, &token, protocol)
                     .await
-                    .map(|(hub, session)| (session, hub)),
+                    .map(|(hub, session)| {
+                        crate::hub::stream::watch_restored(&hub, &session);
+                        (session, hub)
+                    }),
                 other => other.map_err(Elsewhere::Refused),
             };
             service.inner.stats.recovery(found.is_ok());

@@ -43,6 +43,21 @@ pub trait Cluster: Send + Sync + Debug {
     /// Returns the operation's number among this node's (from 1, in the order handed
     /// over).
     fn broadcast(&self, operation: Vec<u8>) -> Result<u64, ClusterError>;
+    /// [`Cluster::broadcast`] of a client stream's fragment (or end) with its stream's
+    /// new state for the publisher's mirrored session ([`Cluster::session`] of `write`,
+    /// a [`SessionWrite::StreamAccepted`] or [`SessionWrite::StreamClosed`]) as one step: the store takes both or neither,
+    /// so a node that takes the session over never publishes the fragment again nor
+    /// skips it. The write is fenced like any session write; the operation goes out
+    /// regardless. Must not block. Returns the operation's number and the write's
+    /// ticket. By default, one after the other.
+    fn broadcast_with(
+        &self,
+        operation: Vec<u8>,
+        (hub, id, write): (&str, &str, SessionWrite),
+    ) -> Result<(u64, u64), ClusterError> {
+        let seq = self.broadcast(operation)?;
+        Ok((seq, self.session(hub, id, write)?))
+    }
     /// Resolves once this node's operations up to `seq` are where the other nodes read
     /// them (they survive this process); `Err` if that cannot be known in time.
     fn written(&self, seq: u64) -> Written;
@@ -247,19 +262,23 @@ impl Hub {
     /// A client's message to `group` (`stream`: a fragment of one of its streams), to
     /// this node's members and, through the cluster, every other node's; `no_echo`
     /// leaves the sender out wherever it is applied (a session taken over by another
-    /// node may be). Returns the operation's number (0 on a single node); `Err` (the
-    /// cluster refused it) before anything was delivered.
+    /// node may be). `state`: the fragment's stream's new state for the sender's
+    /// mirrored session, handed over with the operation as one
+    /// ([`Cluster::broadcast_with`]). Returns the operation's number and the state's
+    /// mirror ticket (0: none; both 0 on a single node); `Err` (the cluster refused
+    /// it, the state included) before anything was delivered.
     pub(crate) fn publish_to_group(
         &self,
         session: &Session,
         group: &str,
         no_echo: bool,
         payload: &Payload,
-        stream: Option<&StreamInfo>,
-    ) -> Result<u64, ClusterError> {
+        (stream, state): (Option<&StreamInfo>, Option<SessionWrite>),
+    ) -> Result<(u64, u64), ClusterError> {
         let _order = self.sending();
         let mut from = Provenance::Unknown;
-        if self.cluster().is_some() {
+        let mut ticket = 0;
+        if let Some(cluster) = self.cluster() {
             let me = [session.id().to_owned()];
             let sel = SentSelection {
                 excluded: if no_echo { &me } else { &[] },
@@ -276,7 +295,19 @@ impl Hub {
             if let Operation::Send { stream: s, .. } = &mut sent {
                 *s = stream.cloned();
             }
-            from = Provenance::Own(self.broadcast(&sent)?);
+            let state = state.filter(|_| session.is_mirrored());
+            let seq = match state {
+                Some(write) => {
+                    let bytes = serde_json::to_vec(&sent)
+                        .map_err(|e| ClusterError::Unavailable(Box::new(e)))?;
+                    let (seq, t) =
+                        cluster.broadcast_with(bytes, (self.name(), session.id(), write))?;
+                    ticket = t;
+                    seq
+                }
+                None => self.broadcast(&sent)?,
+            };
+            from = Provenance::Own(seq);
         }
         let msg = DataMessageRef {
             from: MessageSource::Group,
@@ -288,9 +319,10 @@ impl Hub {
         with_provenance(from, || {
             self.send_to_group(group, &msg, no_echo.then(|| session.id()));
         });
-        Ok(match from {
+        let seq = match from {
             Provenance::Own(seq) => seq,
             _ => 0,
-        })
+        };
+        Ok((seq, ticket))
     }
 }

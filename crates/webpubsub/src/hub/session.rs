@@ -406,9 +406,10 @@ impl Session {
     }
 
     /// Queues a reply (e.g. a `streamClosed` from an idle timer) on the attached
-    /// socket, if any; a full queue closes it as a slow consumer. Returns whether the
-    /// session ended, for the hub to delete it.
-    pub(crate) fn send_reply(&self, msg: &Downstream) -> bool {
+    /// socket, if any, held until the mirror write `held` is stored (0: not held); a
+    /// full queue closes it as a slow consumer. Returns whether the session ended, for
+    /// the hub to delete it.
+    pub(crate) fn send_reply(&self, msg: &Downstream, held: u64) -> bool {
         let Some(frame) = encode_reply(self.protocol, msg) else {
             return false;
         };
@@ -416,7 +417,7 @@ impl Session {
         let Some((_, out)) = &st.link else {
             return false;
         };
-        match out.push(frame) {
+        match out.push_held(frame, held) {
             Err(PushError::Full) => {
                 let out = out.clone();
                 self.close_slow(&mut st, &out)

@@ -73,6 +73,10 @@ impl Session {
             .collect();
         st.sequencer
             .restore((r.next, r.acked, r.evicted_through), frames, Instant::now());
+        self.streams
+            .get_mut()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .restore(&r.streams, Instant::now());
     }
 
     /// Queues `write` for the mirror, if the session has one: its ticket (0: none).
@@ -92,6 +96,19 @@ impl Session {
             Err(lost) => {
                 st.shut(CLOSE_POLICY, &lost.to_string());
                 None
+            }
+        }
+    }
+
+    /// Queues a change of one of its client streams (`hub/stream.rs`): the ticket its
+    /// replies wait for (0: not mirrored). Not under the stream table's lock: a write
+    /// that cannot be queued ends the session, under its own lock.
+    pub(in crate::hub) fn mirror_stream(&self, write: impl FnOnce() -> SessionWrite) -> u64 {
+        match self.mirror(write) {
+            Ok(ticket) => ticket,
+            Err(lost) => {
+                lock(&self.state).shut(CLOSE_POLICY, &lost.to_string());
+                0
             }
         }
     }
@@ -122,7 +139,7 @@ impl Session {
     }
 
     /// Whether the session is mirrored into the cluster (recoverable on another node).
-    pub(in crate::hub) fn is_mirrored(&self) -> bool {
+    pub(crate) fn is_mirrored(&self) -> bool {
         self.mirror.is_some()
     }
 

@@ -1,13 +1,16 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+use serde_json::{json, Value};
 
 use tokio::sync::watch;
 
 use crate::cluster::{Cluster, ClusterError, Mirrored, Written};
 use crate::config::Limits;
+use crate::dispatch::handle_text;
 use crate::hub::Hub;
-use crate::mirror::{ClaimError, SessionWrite};
+use crate::mirror::{ClaimError, MirroredStream, Restored, SessionWrite};
 use crate::outbox::{outbox, Next};
 use crate::protocol::json::{DataMessageRef, MessageSource};
 use crate::protocol::{Payload, Subprotocol};
@@ -19,11 +22,24 @@ struct Store {
     tickets: AtomicU64,
     full: AtomicBool,
     stored: watch::Sender<u64>,
+    /// Every client stream write, in order, with its ticket.
+    streams: Mutex<Vec<(u64, SessionWrite)>>,
+    /// Session writes handed over with an operation, as one.
+    with_operation: AtomicU64,
 }
 
 impl Cluster for Store {
     fn broadcast(&self, _: Vec<u8>) -> Result<u64, ClusterError> {
         Ok(0)
+    }
+    fn broadcast_with(
+        &self,
+        operation: Vec<u8>,
+        (hub, id, write): (&str, &str, SessionWrite),
+    ) -> Result<(u64, u64), ClusterError> {
+        self.with_operation.fetch_add(1, Ordering::Relaxed);
+        let seq = self.broadcast(operation)?;
+        Ok((seq, self.session(hub, id, write)?))
     }
     fn written(&self, _: u64) -> Written {
         Box::pin(async { Ok(()) })
@@ -37,11 +53,18 @@ impl Cluster for Store {
         Ok(Vec::new())
     }
     fn answer(&self, _: &str, _: Vec<u8>) {}
-    fn session(&self, _: &str, _: &str, _: SessionWrite) -> Result<u64, ClusterError> {
+    fn session(&self, _: &str, _: &str, write: SessionWrite) -> Result<u64, ClusterError> {
         if self.full.load(Ordering::Relaxed) {
             return Err(ClusterError::Backlog(0));
         }
-        Ok(self.tickets.fetch_add(1, Ordering::Relaxed) + 1)
+        let ticket = self.tickets.fetch_add(1, Ordering::Relaxed) + 1;
+        if let SessionWrite::StreamOpened(_)
+        | SessionWrite::StreamAccepted { .. }
+        | SessionWrite::StreamClosed(_) = &write
+        {
+            self.streams.lock().unwrap().push((ticket, write));
+        }
+        Ok(ticket)
     }
     fn mirrored(&self, ticket: u64) -> Mirrored {
         let mut stored = self.stored.subscribe();
@@ -119,4 +142,136 @@ async fn a_change_that_cannot_be_queued_ends_the_session_with_1008() {
         Ok(Next::Close(c)) => assert_eq!(c.code, 1008, "{c:?}"),
         other => panic!("expected a close, got {other:?}"),
     }
+}
+
+/// Handles one frame of `session`: its replies (as JSON) and the ticket they wait for.
+fn frame(hub: &Hub, session: &super::Session, frame: Value) -> (Vec<Value>, u64) {
+    let fx = handle_text(hub, session, &frame.to_string());
+    let replies = fx.replies.iter().map(|r| serde_json::to_value(r).unwrap());
+    (replies.collect(), fx.held)
+}
+
+fn stream_writes(store: &Store) -> Vec<(u64, SessionWrite)> {
+    std::mem::take(&mut *store.streams.lock().unwrap())
+}
+
+fn data(seq: u64) -> Value {
+    json!({"type": "streamData", "streamId": "s1", "streamSequenceId": seq,
+           "dataType": "text", "data": format!("f{seq}")})
+}
+
+#[tokio::test]
+async fn a_stream_is_mirrored_as_it_opens_accepts_and_ends_and_its_replies_wait_for_that() {
+    let store = Arc::new(Store::default());
+    let (hub, session, _rx) = setup(&store);
+    session.permissions().grant("webpubsub.sendToGroup");
+    let start = json!({"type": "streamStart", "streamId": "s1", "group": "g2",
+                       "idleTimeoutMs": 5000, "noEcho": true});
+    let (replies, held) = frame(&hub, &session, start);
+    assert_eq!(replies[0]["type"], "streamAck");
+    let opened = MirroredStream {
+        id: "s1".into(),
+        group: "g2".into(),
+        no_echo: true,
+        idle_ms: 5000,
+        expected: 1,
+    };
+    assert_eq!(
+        stream_writes(&store),
+        vec![(held, SessionWrite::StreamOpened(opened))]
+    );
+    let (replies, held) = frame(&hub, &session, data(1));
+    assert_eq!(replies[0]["expectedSequenceId"], 2);
+    let accepted = SessionWrite::StreamAccepted {
+        id: "s1".into(),
+        expected: 2,
+    };
+    assert_eq!(stream_writes(&store), vec![(held, accepted)]);
+    assert_eq!(
+        store.with_operation.load(Ordering::Relaxed),
+        1,
+        "the fragment's state travels with its broadcast, as one"
+    );
+    for repeat in [
+        data(1),
+        json!({"type": "streamData", "streamId": "s1"}),
+        data(3),
+    ] {
+        let (_, held) = frame(&hub, &session, repeat);
+        assert_eq!(held, 0, "a repeat, a keepalive, a nack change nothing");
+    }
+    assert!(stream_writes(&store).is_empty());
+    let (replies, held) = frame(
+        &hub,
+        &session,
+        json!({"type": "streamEnd", "streamId": "s1"}),
+    );
+    assert_eq!(replies[0]["type"], "streamClosed");
+    let closed = SessionWrite::StreamClosed("s1".into());
+    assert_eq!(stream_writes(&store), vec![(held, closed)]);
+    assert_eq!(
+        store.with_operation.load(Ordering::Relaxed),
+        2,
+        "the removal travels with the terminal message's broadcast"
+    );
+}
+
+#[tokio::test]
+async fn a_stream_id_longer_than_the_bound_is_refused_before_anything_is_written() {
+    let store = Arc::new(Store::default());
+    let (hub, session, _rx) = setup(&store);
+    session.permissions().grant("webpubsub.sendToGroup");
+    let long = "x".repeat(crate::hub::stream::MAX_STREAM_ID + 1);
+    let start = json!({"type": "streamStart", "streamId": long, "group": "g"});
+    let (replies, held) = frame(&hub, &session, start);
+    assert_eq!(replies[0]["type"], "streamClosed");
+    assert_eq!(replies[0]["error"]["name"], "BadRequest");
+    assert_eq!((held, stream_writes(&store)), (0, vec![]));
+}
+
+#[tokio::test]
+async fn a_restored_stream_goes_on_from_its_next_expected_id_without_republishing() {
+    let store = Arc::new(Store::default());
+    let hub = Arc::new(Hub::new("chat", Limits::default()).with_cluster(store.clone()));
+    let restored = Restored {
+        hub: "chat".into(),
+        id: "c1".into(),
+        protocol: "json.reliable.webpubsub.azure.v1".into(),
+        roles: vec!["webpubsub.sendToGroup".into()],
+        next: 1,
+        streams: vec![MirroredStream {
+            id: "s1".into(),
+            group: "g".into(),
+            no_echo: false,
+            idle_ms: 60_000,
+            expected: 3,
+        }],
+        ..Restored::default()
+    };
+    let session = hub.adopt(restored, "tok".into(), Subprotocol::JsonReliable, |_| {});
+    let claims = ClientClaims {
+        user_id: None,
+        roles: vec![],
+        groups: vec!["g".into()],
+    };
+    let member = hub.create_session(&claims, Subprotocol::Json);
+    let (out, mut member_rx) = outbox(16, 1 << 20);
+    member.attach(out).unwrap();
+    let (replies, _) = frame(&hub, &session, data(2));
+    assert_eq!(replies[0]["type"], "streamAck", "{replies:?}");
+    assert_eq!(replies[0]["expectedSequenceId"], 3);
+    assert!(
+        member_rx.try_frame().is_none(),
+        "sent before the move: not again"
+    );
+    let (replies, held) = frame(&hub, &session, data(3));
+    assert_eq!(replies[0]["expectedSequenceId"], 4);
+    assert!(held > 0, "its state is mirrored here too");
+    let got = member_rx.try_frame().expect("fragment 3 published");
+    let got: Value = match got.msg {
+        axum::extract::ws::Message::Text(t) => serde_json::from_str(t.as_str()).unwrap(),
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(got["stream"]["streamSequenceId"], 3, "{got}");
+    assert_eq!(got["data"], "f3");
 }

@@ -13,6 +13,16 @@
 //! message (`endOfStream: true`, empty text data, the error if any) and, except when
 //! the session ended, answers the publisher `streamClosed`.
 //!
+//! In a cluster, a reliable session's open streams move with it (`mirror.rs`): each
+//! opening (group, `noEcho`, idle timeout), each accepted fragment (the next expected
+//! id, handed to the cluster with the fragment's broadcast as one) and each end is a
+//! write to its copy,
+//! and the reply it answers waits in the socket's queue until that write is stored
+//! (`Effects::held`), so the publisher is never acked past what a node taking the
+//! session over would expect. That node goes on from there: a fragment the client
+//! sends again (its ack was lost with the old node) is answered `streamAck` without
+//! being published again, so members get it once.
+//!
 //! Locking: a session's stream table is taken alone, never while publishing (a
 //! publisher may be in its own group) nor with its permissions held.
 
@@ -24,6 +34,7 @@ use tokio::time::Instant;
 
 use crate::effects::{check_group, Effects, StreamTimer};
 use crate::hub::{Hub, Session};
+use crate::mirror::{MirroredStream, SessionWrite};
 use crate::protocol::codec::Request;
 use crate::protocol::json::{AckError, Downstream, StreamEndError, StreamError, StreamInfo};
 use crate::protocol::{Payload, ProtocolError};
@@ -32,6 +43,9 @@ use crate::protocol::{Payload, ProtocolError};
 pub(crate) const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_millis(300_000);
 /// Streams one connection may have open at once.
 pub(crate) const MAX_STREAMS_PER_CONNECTION: usize = 100;
+/// Longest `streamId` accepted: the id is written to a reliable session's copy with
+/// every fragment, so it must stay small whatever the frame size.
+pub(crate) const MAX_STREAM_ID: usize = 256;
 
 /// A session's open streams.
 #[derive(Debug, Default)]
@@ -93,12 +107,9 @@ fn start(
     idle_timeout_ms: Option<u64>,
     no_echo: bool,
 ) {
-    if stream_id.is_empty() {
-        fx.replies.push(closed(
-            stream_id,
-            "BadRequest",
-            "streamId must be non-empty",
-        ));
+    if stream_id.is_empty() || stream_id.len() > MAX_STREAM_ID {
+        let message = format!("streamId must be 1 to {MAX_STREAM_ID} bytes");
+        fx.replies.push(closed(stream_id, "BadRequest", message));
         return;
     }
     if idle_timeout_ms == Some(0) {
@@ -133,7 +144,7 @@ fn start(
     streams.active.insert(
         stream_id.clone(),
         OutStream {
-            group,
+            group: group.clone(),
             no_echo,
             expected: 1,
             idle,
@@ -142,6 +153,15 @@ fn start(
         },
     );
     drop(streams);
+    fx.held = session.mirror_stream(|| {
+        SessionWrite::StreamOpened(MirroredStream {
+            id: stream_id.clone(),
+            group,
+            no_echo,
+            idle_ms: u64::try_from(idle.as_millis()).unwrap_or(u64::MAX),
+            expected: 1,
+        })
+    });
     fx.stream_timer = Some(StreamTimer {
         stream_id: stream_id.clone(),
         epoch,
@@ -198,7 +218,7 @@ fn data(
                 message: Some(message.clone()),
                 user_error_code: None,
             };
-            publish_end(hub, session, &stream_id, &s, Some(error));
+            fx.held = publish_end_closing(hub, session, &stream_id, &s, Some(error));
         }
         return fx.replies.push(closed(stream_id, name, message));
     }
@@ -212,7 +232,19 @@ fn data(
             end_of_stream: false,
             error: None,
         };
-        if !publish(hub, session, &group, no_echo, &info, &payload) {
+        // With the broadcast as one: stored, it says the fragment went out.
+        let state = SessionWrite::StreamAccepted {
+            id: stream_id.clone(),
+            expected: seq + 1,
+        };
+        let Some(ticket) = publish(
+            hub,
+            session,
+            (&group, no_echo),
+            &info,
+            &payload,
+            Some(state),
+        ) else {
             // Delivered nowhere: the publisher may send the fragment again.
             if let Some(s) = session.streams().active.get_mut(&stream_id) {
                 s.expected = s.expected.min(seq);
@@ -223,7 +255,8 @@ fn data(
                 name: "InternalServerError".into(),
                 message: "The message could not reach every node; send it again".into(),
             });
-        }
+        };
+        fx.held = ticket;
     }
     fx.replies.push(Downstream::StreamAck {
         stream_id,
@@ -282,28 +315,29 @@ fn end(
         message: e.message,
         user_error_code: e.user_error_code,
     });
-    publish_end(hub, session, &stream_id, &s, error);
+    fx.held = publish_end_closing(hub, session, &stream_id, &s, error);
     fx.replies.push(Downstream::StreamClosed {
         stream_id,
         error: None,
     });
 }
 
-/// Publishes a fragment to the stream's group on every node; `false` when the cluster
+/// Publishes a fragment to the stream's group on every node, with `state` for the
+/// session's copy: the state's mirror ticket (0: none), `None` when the cluster
 /// refused it (nothing was delivered).
 fn publish(
     hub: &Hub,
     session: &Session,
-    group: &str,
-    no_echo: bool,
+    (group, no_echo): (&str, bool),
     info: &StreamInfo,
     payload: &Payload,
-) -> bool {
-    match hub.publish_to_group(session, group, no_echo, payload, Some(info)) {
-        Ok(_) => true,
+    state: Option<SessionWrite>,
+) -> Option<u64> {
+    match hub.publish_to_group(session, group, no_echo, payload, (Some(info), state)) {
+        Ok((_, ticket)) => Some(ticket),
         Err(error) => {
             tracing::warn!(%error, stream = info.stream_id, "web pubsub: a stream fragment could not reach the other nodes");
-            false
+            None
         }
     }
 }
@@ -317,20 +351,48 @@ fn publish_end(
     s: &OutStream,
     error: Option<StreamError>,
 ) {
+    let _ = publish_end_with(hub, session, stream_id, s, error, None);
+}
+
+/// [`publish_end`] with the stream's removal from the session's copy, as one with the
+/// terminal message's broadcast (written alone if the cluster refused that): the
+/// removal's mirror ticket, for the reply to wait on.
+fn publish_end_closing(
+    hub: &Hub,
+    session: &Session,
+    stream_id: &str,
+    s: &OutStream,
+    error: Option<StreamError>,
+) -> u64 {
+    let closed = SessionWrite::StreamClosed(stream_id.to_owned());
+    match publish_end_with(hub, session, stream_id, s, error, Some(closed)) {
+        Some(ticket) => ticket,
+        None => session.mirror_stream(|| SessionWrite::StreamClosed(stream_id.to_owned())),
+    }
+}
+
+fn publish_end_with(
+    hub: &Hub,
+    session: &Session,
+    stream_id: &str,
+    s: &OutStream,
+    error: Option<StreamError>,
+    state: Option<SessionWrite>,
+) -> Option<u64> {
     let info = StreamInfo {
         stream_id: stream_id.to_owned(),
         stream_sequence_id: s.expected,
         end_of_stream: true,
         error,
     };
-    let _ = publish(
+    publish(
         hub,
         session,
-        &s.group,
-        s.no_echo,
+        (&s.group, s.no_echo),
         &info,
         &Payload::Text(String::new()),
-    );
+        state,
+    )
 }
 
 /// Ends every stream of a session that ended: subscribers get a terminal message
@@ -344,6 +406,47 @@ pub(crate) fn cancel_all(hub: &Hub, session: &Session) {
             user_error_code: None,
         };
         publish_end(hub, session, &stream_id, &s, Some(error));
+    }
+}
+
+/// Forgets every stream of a session another node took over, publishing nothing:
+/// they go on there.
+pub(crate) fn forget_all(session: &Session) {
+    session.streams().active.clear();
+}
+
+/// Watches the idle deadline of every stream of a session taken over from another node.
+pub(crate) fn watch_restored(hub: &Arc<Hub>, session: &Arc<Session>) {
+    let timers: Vec<StreamTimer> = (session.streams().active.iter())
+        .map(|(id, s)| StreamTimer {
+            stream_id: id.clone(),
+            epoch: s.epoch,
+        })
+        .collect();
+    for timer in timers {
+        spawn_idle_timer(Arc::clone(hub), Arc::clone(session), timer);
+    }
+}
+
+impl Streams {
+    /// The streams of a session taken over from another node, from its copy; each
+    /// idle deadline starts again now. No more than one connection may open.
+    pub(crate) fn restore(&mut self, streams: &[MirroredStream], now: Instant) {
+        for m in streams.iter().take(MAX_STREAMS_PER_CONNECTION) {
+            self.next_epoch += 1;
+            let idle = Duration::from_millis(m.idle_ms.max(1));
+            self.active.insert(
+                m.id.clone(),
+                OutStream {
+                    group: m.group.clone(),
+                    no_echo: m.no_echo,
+                    expected: m.expected.max(1),
+                    idle,
+                    deadline: now + idle,
+                    epoch: self.next_epoch,
+                },
+            );
+        }
     }
 }
 
@@ -378,8 +481,8 @@ pub(crate) fn spawn_idle_timer(hub: Arc<Hub>, session: Arc<Session>, timer: Stre
                     message: Some(message.clone()),
                     user_error_code: None,
                 };
-                publish_end(&hub, &session, &stream_id, &s, Some(error));
-                if session.send_reply(&closed(stream_id, "IdleTimeout", message)) {
+                let held = publish_end_closing(&hub, &session, &stream_id, &s, Some(error));
+                if session.send_reply(&closed(stream_id, "IdleTimeout", message), held) {
                     hub.remove(session.id());
                 }
             }

@@ -218,3 +218,21 @@ async fn publisher_leaving_cancels_its_streams() {
         "raw clients get no empty terminal frame"
     );
 }
+
+#[tokio::test]
+async fn a_publisher_handed_over_to_another_node_leaves_its_streams_open() {
+    let h = hub();
+    let (pubr, _) = connect(&h, SENDER, &[], Subprotocol::JsonReliable);
+    let (_json_sub, mut jrx) = connect(&h, &[], &["g"], Subprotocol::Json);
+    send(
+        &h,
+        &pubr,
+        json!({"type":"streamStart","streamId":"c","group":"g"}),
+    );
+    h.hand_over(pubr.id());
+    assert!(
+        next(&mut jrx).is_none(),
+        "no terminal message: the stream goes on where the session went"
+    );
+    assert!(pubr.streams().active.is_empty(), "forgotten here");
+}

@@ -1,0 +1,194 @@
+//! A reliable session's open client stream moves with it: a publisher on node A opens
+//! a stream to a group, sends fragments, A is killed (SIGKILL), the publisher recovers
+//! on node B and sends again from its oldest fragment it saw no `streamAck` for, as
+//! `@azure/web-pubsub-client` does; a member on B gets every fragment once, in order,
+//! and the stream's end.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use futures_util::SinkExt;
+use serde_json::{json, Value};
+use statehub_redis_common::test_server::RedisServer;
+use statehub_webpubsub::{issue_client_token, ClientClaims};
+use tokio::net::TcpStream;
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
+
+use common::wps::next_json;
+
+const KEY: &str = "cluster-wps-streams-access-key";
+const HUB: &str = "streams";
+const NAMESPACE: &str = "wpsstreams";
+const GROUP: &str = "live";
+const PATIENCE: Duration = Duration::from_secs(30);
+
+type Ws = WebSocketStream<MaybeTlsStream<TcpStream>>;
+
+fn node(redis: &RedisServer, id: &str) -> common::Server {
+    let toml = format!(
+        "[webpubsub]\naccess_keys = [\"{KEY}\"]\n\
+         [cluster]\nredis_url = \"{}\"\nnode_id = \"{id}\"\nnamespace = \"{NAMESPACE}\"\n",
+        redis.url()
+    );
+    common::start_configured(&toml, &[])
+}
+
+/// A client of `addr` on `protocol`: its socket and its `connected` message.
+async fn open(addr: SocketAddr, claims: &ClientClaims, protocol: &str) -> (Ws, Value) {
+    let token = issue_client_token(KEY, &format!("http://{addr}"), HUB, claims, PATIENCE);
+    let url = format!("ws://{addr}/client/hubs/{HUB}?access_token={token}");
+    let mut ws = common::wps::websocket(&url, protocol).await;
+    let connected = next_json(&mut ws).await;
+    assert_eq!(connected["event"], "connected", "{connected}");
+    (ws, connected)
+}
+
+async fn send(ws: &mut Ws, frame: Value) {
+    ws.send(Message::text(frame.to_string())).await.unwrap();
+}
+
+fn fragment(seq: u64) -> Value {
+    json!({"type": "streamData", "streamId": "s1", "streamSequenceId": seq,
+           "dataType": "text", "data": format!("f{seq}")})
+}
+
+/// Reads the publisher's socket until a stream reply (`streamAck`, `streamNack`,
+/// `streamClosed`) comes; other frames (sequenced messages) are skipped.
+async fn stream_reply(ws: &mut Ws) -> Value {
+    loop {
+        let m = next_json(ws).await;
+        if m["type"].as_str().is_some_and(|t| t.starts_with("stream")) {
+            return m;
+        }
+    }
+}
+
+/// Sends fragment `seq` and waits for its `streamAck`.
+async fn acked(ws: &mut Ws, seq: u64) {
+    send(ws, fragment(seq)).await;
+    let reply = stream_reply(ws).await;
+    assert_eq!(reply["type"], "streamAck", "fragment {seq}: {reply}");
+    assert_eq!(reply["expectedSequenceId"], seq + 1, "{reply}");
+}
+
+/// The member's next stream message: (sequence id, data, end of stream).
+async fn member_next(ws: &mut Ws) -> (u64, String, bool) {
+    let m = next_json(ws).await;
+    assert_eq!(m["type"], "message", "{m}");
+    assert_eq!(m["group"], GROUP, "{m}");
+    let s = &m["stream"];
+    assert_eq!(s["streamId"], "s1", "{m}");
+    (
+        s["streamSequenceId"].as_u64().unwrap(),
+        m["data"].as_str().unwrap_or_default().to_owned(),
+        s["endOfStream"] == true,
+    )
+}
+
+/// The value of `field` in the session's hash in Redis (empty if none).
+fn stored(redis: &RedisServer, id: &str, field: &str) -> String {
+    use std::io::{BufRead, BufReader, Write};
+    let key = format!("{{{NAMESPACE}}}:wps:s:{HUB}:{id}");
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", redis.port())).unwrap();
+    let args = ["HGET", key.as_str(), field];
+    let mut request = format!("*{}\r\n", args.len());
+    for a in args {
+        request.push_str(&format!("${}\r\n{a}\r\n", a.len()));
+    }
+    stream.write_all(request.as_bytes()).unwrap();
+    let mut reader = BufReader::new(stream);
+    let mut line = String::new();
+    reader.read_line(&mut line).unwrap();
+    if line.starts_with("$-1") {
+        return String::new();
+    }
+    line.clear();
+    reader.read_line(&mut line).unwrap();
+    line.trim_end().to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_stream_goes_on_from_its_oldest_unacked_fragment_on_another_node() {
+    let redis = RedisServer::start();
+    let (a, b) = (node(&redis, "a"), node(&redis, "b"));
+    let member = ClientClaims {
+        user_id: Some("member".into()),
+        roles: vec![],
+        groups: vec![GROUP.into()],
+    };
+    let (mut m, _) = open(b.http, &member, "json.webpubsub.azure.v1").await;
+    let publisher = ClientClaims {
+        user_id: Some("publisher".into()),
+        roles: vec!["webpubsub.sendToGroup".into()],
+        groups: vec![],
+    };
+    let (mut p, connected) = open(a.http, &publisher, "json.reliable.webpubsub.azure.v1").await;
+    let id = connected["connectionId"].as_str().unwrap().to_owned();
+    let token = connected["reconnectionToken"].as_str().unwrap().to_owned();
+
+    send(
+        &mut p,
+        json!({"type": "streamStart", "streamId": "s1", "group": GROUP}),
+    )
+    .await;
+    let start = stream_reply(&mut p).await;
+    assert_eq!(start["type"], "streamAck", "{start}");
+    for seq in 1..=3 {
+        acked(&mut p, seq).await;
+    }
+    // Fragments 4 and 5 reach the member and their state the session's copy, but the
+    // publisher reads no ack for them: A dies first, as far as the client knows.
+    send(&mut p, fragment(4)).await;
+    send(&mut p, fragment(5)).await;
+    let mut got = Vec::new();
+    while got.len() < 5 {
+        got.push(member_next(&mut m).await);
+    }
+    let deadline = Instant::now() + PATIENCE;
+    while stored(&redis, &id, "sq:s1") != "6" {
+        assert!(Instant::now() < deadline, "fragment 5's state is stored");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    a.kill();
+    drop(p);
+    let url = format!(
+        "ws://{}/client/hubs/{HUB}?awps_connection_id={id}&awps_reconnection_token={token}",
+        b.http
+    );
+    let mut p = common::wps::websocket(&url, "json.reliable.webpubsub.azure.v1").await;
+    let connected = next_json(&mut p).await;
+    assert_eq!(
+        connected["event"], "connected",
+        "recovered on B: {connected}"
+    );
+    // The oldest unacked fragment again: B acks what A accepted, publishes nothing.
+    for seq in [4, 5] {
+        send(&mut p, fragment(seq)).await;
+        let reply = stream_reply(&mut p).await;
+        assert_eq!(reply["type"], "streamAck", "fragment {seq} again: {reply}");
+        assert_eq!(reply["expectedSequenceId"], 6, "{reply}");
+    }
+    for seq in 6..=7 {
+        acked(&mut p, seq).await;
+    }
+    // A reply reaches the client only once its state is in Redis.
+    assert_eq!(stored(&redis, &id, "sq:s1"), "8", "acked through 7 on B");
+    send(&mut p, json!({"type": "streamEnd", "streamId": "s1"})).await;
+    let closed = stream_reply(&mut p).await;
+    assert_eq!(closed["type"], "streamClosed", "{closed}");
+    assert!(closed["error"].is_null(), "{closed}");
+    assert_eq!(stored(&redis, &id, "sq:s1"), "", "the end removed it");
+    assert_eq!(stored(&redis, &id, "sm:s1"), "", "the end removed it");
+
+    while !got.last().is_some_and(|f| f.2) {
+        got.push(member_next(&mut m).await);
+    }
+    let mut expected: Vec<(u64, String, bool)> =
+        (1..=7).map(|s| (s, format!("f{s}"), false)).collect();
+    expected.push((8, String::new(), true));
+    assert_eq!(got, expected, "every fragment once, in order, then the end");
+}
