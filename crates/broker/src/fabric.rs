@@ -17,6 +17,7 @@ use std::sync::Arc;
 
 use statehub_mqtt_codec::ReasonCode;
 
+use crate::broker::Remote;
 use crate::message::Message;
 use crate::service::BoxFuture;
 use crate::session_store::Gate;
@@ -144,12 +145,21 @@ impl Broker {
     /// how far this node read the other nodes' messages (a subscriber that got a copy
     /// before and lost it with this node would get the message again, under another
     /// packet id, from where the store says this node had read to).
-    pub fn route_remote_gated(&self, msg: Message, picks: &SharedPicks, gate: &Arc<Gate>) -> usize {
+    ///
+    /// The sessions of the client ids in `held_by` get no copy but through a shared
+    /// group picked for this node: they moved here from another node holding it
+    /// already (its forward reached the cluster only after they moved).
+    pub fn route_remote_gated(
+        &self,
+        msg: Message,
+        (picks, held_by): (&SharedPicks, &[Arc<str>]),
+        gate: &Arc<Gate>,
+    ) -> usize {
         let msg = Arc::new(msg);
         if msg.retain {
             self.apply_retained(&msg);
         }
-        self.route_local_gated(&msg, gate, picks)
+        self.route_local_gated(&msg, gate, Remote { picks, held_by })
     }
 
     /// Another node took `client_id`'s session: a connection here is closed with 0x8E
