@@ -30,7 +30,7 @@ use crate::auth::{AllowAll, Authenticator};
 use crate::authz::Rules;
 use crate::clock::Clock;
 use crate::config::BrokerConfig;
-use crate::fabric::{Fabric, FabricError, SharedPicks};
+use crate::fabric::{Fabric, FabricError, Remote, SharedPicks};
 use crate::message::{Delivery, Message, SharedVia};
 use crate::metrics::Metrics;
 use crate::rate::ConnectRate;
@@ -552,24 +552,6 @@ impl Drop for OpenConnection {
 
 /// Each session a message goes to, with its copy.
 type Targets<'t> = SmallVec<[(&'t SubEntry, Delivery); 4]>;
-
-/// How a message from another node is routed here: shared groups as the
-/// publisher's node picked them, and not to the sessions `held_by` names (they moved
-/// here holding it already) but through such a group.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Remote<'a> {
-    pub picks: &'a SharedPicks,
-    pub held_by: &'a [Arc<str>],
-}
-
-impl<'a> Remote<'a> {
-    pub(crate) fn picked(picks: &'a SharedPicks) -> Self {
-        Remote {
-            picks,
-            held_by: &[],
-        }
-    }
-}
 
 /// Where a routed message went.
 pub(crate) struct Routed {

@@ -17,7 +17,6 @@ use std::sync::Arc;
 
 use statehub_mqtt_codec::ReasonCode;
 
-use crate::broker::Remote;
 use crate::message::Message;
 use crate::service::BoxFuture;
 use crate::session_store::Gate;
@@ -78,6 +77,24 @@ impl SharedPicks {
         self.picks
             .iter()
             .any(|p| p.here && &*p.filter == filter && &*p.group == group)
+    }
+}
+
+/// How a message from another node is routed here: shared groups as the
+/// publisher's node picked them, and not to the sessions `held_by` names (they moved
+/// here holding it already) but through such a group.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Remote<'a> {
+    pub picks: &'a SharedPicks,
+    pub held_by: &'a [Arc<str>],
+}
+
+impl<'a> Remote<'a> {
+    pub(crate) fn picked(picks: &'a SharedPicks) -> Self {
+        Remote {
+            picks,
+            held_by: &[],
+        }
     }
 }
 

@@ -19,6 +19,7 @@
 //! cancelled by its acknowledgement with no Redis write at all ([`held`]).
 
 mod adopted;
+mod counters;
 mod fetch;
 mod held;
 mod lua;
@@ -28,7 +29,7 @@ mod sweep;
 mod writer;
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::atomic::AtomicBool;
 use std::sync::mpsc::{self, Sender};
 use std::sync::Arc;
 use std::time::Duration;
@@ -40,6 +41,7 @@ use statehub_broker::{
 };
 use tokio::sync::watch;
 
+pub use counters::SessionCounters;
 pub(crate) use fetch::{stream_id, Cut, Fetcher};
 pub(crate) use origins::origin_of;
 pub use records::RecordError;
@@ -49,34 +51,6 @@ use crate::wire;
 
 /// One change as the apply script reads it: an op code and its arguments.
 pub(crate) type Op = Vec<Vec<u8>>;
-
-/// What the session store counted.
-#[derive(Debug, Default)]
-pub struct SessionCounters {
-    /// Changes refused because another node owns the session now.
-    pub fenced: AtomicU64,
-    /// Sessions moved here from another node (released or dead).
-    pub adopted: AtomicU64,
-    /// Messages replayed from the stream into a session moved here.
-    pub replayed: AtomicU64,
-    /// Stream messages the reader did not deliver to a session moved here because its
-    /// copy held them already (appended late by the node it came from; `origins.rs`).
-    pub not_redelivered: AtomicU64,
-    /// Origins of sessions that moved here forgotten past `adopted::MAX_ADOPTED`.
-    pub adopted_forgotten: AtomicU64,
-    /// Batches that failed to reach Redis (retried).
-    pub failed: AtomicU64,
-    /// Sessions of dead owners whose expiry clock this node's sweeper started.
-    pub expiring: AtomicU64,
-    /// Sessions this node's sweeper forgot at their expiry (their owner was dead or
-    /// nobody claimed them).
-    pub swept: AtomicU64,
-    /// Batches written (one script call each).
-    pub written: AtomicU64,
-    /// Batches fewer replicas acknowledged than `wait_replicas` asks (their barriers
-    /// failed).
-    pub not_replicated: AtomicU64,
-}
 
 /// How far the writer got: batches written, the last batch as many replicas as asked
 /// acknowledged (a `WAIT` covers every earlier write too; without one, `written`), and
