@@ -204,7 +204,11 @@ impl Reader {
         let text = |name: &str| field(name).and_then(|b| std::str::from_utf8(b).ok());
         let ours = text("n") == Some(&*self.shared.node);
         match text("t") {
-            Some("p") if !ours => self.deliver(broker, (field("m"), field("s")), &entry.id, gate),
+            Some("p") if !ours => {
+                let sessions = &self.shared.sessions;
+                let held_by = field("o").map_or_else(Vec::new, |o| sessions.held_by(o));
+                self.deliver(broker, (field("m"), field("s")), &held_by, &entry.id, gate);
+            }
             Some("k") => match (text("c"), ours) {
                 (Some(client), true) => self.shared.announced(client),
                 // A resumed session moves with its stored form (the other node
@@ -243,10 +247,13 @@ impl Reader {
             .flatten()
     }
 
+    /// Delivers another node's message to this node's subscribers but the sessions
+    /// `held_by` names (they moved here holding it: `sessions/adopted.rs`).
     fn deliver(
         &self,
         broker: &Broker,
         (msg, picks): (Option<&[u8]>, Option<&[u8]>),
+        held_by: &[Arc<str>],
         id: &str,
         gate: &Arc<Gate>,
     ) {
@@ -261,7 +268,11 @@ impl Reader {
                     .counters
                     .received
                     .fetch_add(1, Ordering::Relaxed);
-                broker.route_remote_gated(msg, &picks, gate);
+                broker.route_remote_gated(msg, (&picks, held_by), gate);
+                if !held_by.is_empty() {
+                    let skipped = &self.shared.sessions.counters.not_redelivered;
+                    skipped.fetch_add(held_by.len() as u64, Ordering::Relaxed);
+                }
             }
             (Ok(None), _) => {}
             (Err(e), _) => self.malformed(id, &e),

@@ -30,7 +30,7 @@ use crate::auth::{AllowAll, Authenticator};
 use crate::authz::Rules;
 use crate::clock::Clock;
 use crate::config::BrokerConfig;
-use crate::fabric::{Fabric, FabricError, SharedPicks};
+use crate::fabric::{Fabric, FabricError, Remote, SharedPicks};
 use crate::message::{Delivery, Message, SharedVia};
 use crate::metrics::Metrics;
 use crate::rate::ConnectRate;
@@ -412,8 +412,9 @@ impl Broker {
         };
         let _forwarding = self.inner.forwarding.read();
         let picks = fabric.shared_picks(&msg.topic);
+        let remote = Remote::picked(&picks);
         let mut routed =
-            self.route_local(msg, gate, all_or_nothing, blockers, accepted, Some(&picks));
+            self.route_local(msg, gate, all_or_nothing, blockers, accepted, Some(remote));
         if !routed.refused {
             routed.forwarded = Some(fabric.forward(msg, picks));
         }
@@ -423,7 +424,8 @@ impl Broker {
     /// A remote message's routing: this node's subscribers, shared groups as
     /// the publisher's node picked them.
     pub(crate) fn route_picked(&self, msg: &Arc<Message>, picks: &SharedPicks) -> usize {
-        self.route_local(msg, None, false, None, || {}, Some(picks))
+        let remote = Remote::picked(picks);
+        self.route_local(msg, None, false, None, || {}, Some(remote))
             .sessions
     }
 
@@ -432,14 +434,14 @@ impl Broker {
         &self,
         msg: &Arc<Message>,
         gate: &Arc<Gate>,
-        picks: &SharedPicks,
+        remote: Remote<'_>,
     ) -> usize {
-        self.route_local(msg, Some(gate), false, None, || {}, Some(picks))
+        self.route_local(msg, Some(gate), false, None, || {}, Some(remote))
             .sessions
     }
 
-    /// Routes to this node's sessions; with `picks`, a shared group gets the message
-    /// only if it was picked for this node.
+    /// Routes to this node's sessions; with `remote`, a shared group gets the message
+    /// only if it was picked for this node, and the sessions it names get nothing.
     fn route_local(
         &self,
         msg: &Arc<Message>,
@@ -447,7 +449,7 @@ impl Broker {
         all_or_nothing: bool,
         mut blockers: Option<&mut Blockers<'_>>,
         accepted: impl FnOnce(),
-        picks: Option<&SharedPicks>,
+        remote: Option<Remote<'_>>,
     ) -> Routed {
         let accepted = if all_or_nothing {
             Some(accepted)
@@ -459,7 +461,13 @@ impl Broker {
         metrics.messages_in.fetch_add(1, Ordering::Relaxed);
         let trie = self.inner.trie.read();
         let matches = trie.matches(&msg.topic);
-        let targets = self.targets(&matches, msg, gate, picks);
+        let mut targets = self.targets(&matches, msg, gate, remote.map(|r| r.picks));
+        if let Some(held_by) = remote.map(|r| r.held_by).filter(|h| !h.is_empty()) {
+            // A shared group's copy is not one they held: the publisher's node picked
+            // this node for that group.
+            let held = |e: &SubEntry| held_by.iter().any(|c| **c == *e.session.client_id());
+            targets.retain(|(entry, d)| d.shared.is_some() || !held(entry));
+        }
         let sessions = targets.len();
         let mut tickets = SmallVec::<[Option<Ticket>; 4]>::new();
         if all_or_nothing {

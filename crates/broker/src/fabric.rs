@@ -80,6 +80,24 @@ impl SharedPicks {
     }
 }
 
+/// How a message from another node is routed here: shared groups as the
+/// publisher's node picked them, and not to the sessions `held_by` names (they moved
+/// here holding it already) but through such a group.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Remote<'a> {
+    pub picks: &'a SharedPicks,
+    pub held_by: &'a [Arc<str>],
+}
+
+impl<'a> Remote<'a> {
+    pub(crate) fn picked(picks: &'a SharedPicks) -> Self {
+        Remote {
+            picks,
+            held_by: &[],
+        }
+    }
+}
+
 /// The link between this node and the others (see the module docs).
 ///
 /// Contract: calls come from connection tasks and must not block; messages given to
@@ -144,12 +162,21 @@ impl Broker {
     /// how far this node read the other nodes' messages (a subscriber that got a copy
     /// before and lost it with this node would get the message again, under another
     /// packet id, from where the store says this node had read to).
-    pub fn route_remote_gated(&self, msg: Message, picks: &SharedPicks, gate: &Arc<Gate>) -> usize {
+    ///
+    /// The sessions of the client ids in `held_by` get no copy but through a shared
+    /// group picked for this node: they moved here from another node holding it
+    /// already (its forward reached the cluster only after they moved).
+    pub fn route_remote_gated(
+        &self,
+        msg: Message,
+        (picks, held_by): (&SharedPicks, &[Arc<str>]),
+        gate: &Arc<Gate>,
+    ) -> usize {
         let msg = Arc::new(msg);
         if msg.retain {
             self.apply_retained(&msg);
         }
-        self.route_local_gated(&msg, gate, picks)
+        self.route_local_gated(&msg, gate, Remote { picks, held_by })
     }
 
     /// Another node took `client_id`'s session: a connection here is closed with 0x8E

@@ -289,3 +289,50 @@ async fn will_delay_is_capped_by_session_expiry() {
     drop(c);
     assert_eq!(&*w.expect_publish_ack().await.topic, "will/cap");
 }
+
+/// A message from another node that some sessions here held already (they moved
+/// here from its node, and its forward reached this node only after them) goes to
+/// every other matching session, and to those only through a shared group picked for
+/// this node (a copy they never held).
+#[tokio::test]
+async fn a_remote_message_skips_the_sessions_that_held_it_but_not_their_shared_groups() {
+    use statehub_broker::{Gate, Message, SharedPick, SharedPicks};
+    use std::sync::Arc;
+    let (broker, addr) = start_default().await;
+    let mut held = RawClient::connect(addr, V5, "held").await;
+    held.subscribe("r/1", opts(QoS::AtLeastOnce)).await;
+    let mut member = RawClient::connect(addr, V5, "member").await;
+    member
+        .subscribe("$share/g/r/1", opts(QoS::AtLeastOnce))
+        .await;
+    let mut other = RawClient::connect(addr, V5, "other").await;
+    other.subscribe("r/1", opts(QoS::AtLeastOnce)).await;
+    let picks = SharedPicks::new(vec![SharedPick {
+        filter: "r/1".into(),
+        group: "g".into(),
+        node: "here".into(),
+        here: true,
+    }]);
+    let held_by: Vec<Arc<str>> = vec![Arc::from("held"), Arc::from("member")];
+    let gate = Arc::new(Gate::default());
+    gate.open();
+    for (payload, held_by) in [(&b"late"[..], &held_by[..]), (b"next", &[])] {
+        let msg = Message::from_publish(
+            publish("r/1", QoS::AtLeastOnce, payload),
+            None,
+            broker.now(),
+        );
+        broker.route_remote_gated(msg, (&picks, held_by), &gate);
+    }
+    assert_eq!(other.expect_publish_ack().await.payload, &b"late"[..]);
+    assert_eq!(
+        member.expect_publish_ack().await.payload,
+        &b"late"[..],
+        "its group's copy"
+    );
+    assert_eq!(
+        held.expect_publish_ack().await.payload,
+        &b"next"[..],
+        "not `late` again"
+    );
+}

@@ -335,6 +335,9 @@ pub(super) fn install(
         return Ok(true);
     }
     inner.adopted(incarnation, &decoded.body_ids);
+    let held = held_origins(loaded);
+    // Before it joins, under the cut: the reader does not deliver it these either.
+    inner.held_when_adopted(incarnation, client_id, held.iter().copied());
     let read = cut.last_id.as_deref();
     let joined = broker.adopt_session(decoded.session, || {
         if resume.from.is_empty() {
@@ -344,9 +347,11 @@ pub(super) fn install(
         // session joined are on the stream once the writer is flushed, and the reader
         // skips them (this node routed them itself), so the replay gives them.
         flush(f)?;
-        let held = held_origins(loaded);
         replay(inner, broker, con, (client_id, &held), resume, read)
     })?;
+    if !joined {
+        inner.not_joined(incarnation);
+    }
     // The replayed messages were promised to their publishers and this node's position
     // mark is past them already: to the writer now, not held back.
     inner.write_held();

@@ -191,7 +191,7 @@ return fenced
 /// no such session; `{1, owner}`: another node owns it now; `{2, from, fields, bodies,
 /// node, upto}`: taken, with the stream id to replay messages from (where it was
 /// released, or the dead owner's position), the session's hash (with its tombstones,
-/// which only that replay needs: the claim removes them), the bodies its messages
+/// which stay while the new owner keeps them, see `adopted.rs`), the bodies its messages
 /// refer to, and, if the node that released it said, that node and the entry up to
 /// which its own messages are in the session already.
 pub(crate) const CLAIM: &str = concat!(
@@ -222,9 +222,6 @@ if o ~= me then
 end
 redis.call('HDEL', s, '_r', '_xn', '_x')
 local f = redis.call('HGETALL', s)
-for j = 1, #f, 2 do
-  if string.sub(f[j], 1, 2) == 'o:' then redis.call('HDEL', s, f[j]) end
-end
 if o ~= '' then redis.call('SREM', p .. 'conn:' .. o, inc) end
 hold(s, inc, me, true)
 local bodies, seen = {}, {}

@@ -18,6 +18,8 @@
 //! A message queued for a connected session is held in memory first and usually
 //! cancelled by its acknowledgement with no Redis write at all ([`held`]).
 
+mod adopted;
+mod counters;
 mod fetch;
 mod held;
 mod lua;
@@ -27,7 +29,7 @@ mod sweep;
 mod writer;
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::AtomicBool;
 use std::sync::mpsc::{self, Sender};
 use std::sync::Arc;
 use std::time::Duration;
@@ -39,6 +41,7 @@ use statehub_broker::{
 };
 use tokio::sync::watch;
 
+pub use counters::SessionCounters;
 pub(crate) use fetch::{stream_id, Cut, Fetcher};
 pub(crate) use origins::origin_of;
 pub use records::RecordError;
@@ -48,29 +51,6 @@ use crate::wire;
 
 /// One change as the apply script reads it: an op code and its arguments.
 pub(crate) type Op = Vec<Vec<u8>>;
-
-/// What the session store counted.
-#[derive(Debug, Default)]
-pub struct SessionCounters {
-    /// Changes refused because another node owns the session now.
-    pub fenced: AtomicU64,
-    /// Sessions moved here from another node (released or dead).
-    pub adopted: AtomicU64,
-    /// Messages replayed from the stream into a session moved here.
-    pub replayed: AtomicU64,
-    /// Batches that failed to reach Redis (retried).
-    pub failed: AtomicU64,
-    /// Sessions of dead owners whose expiry clock this node's sweeper started.
-    pub expiring: AtomicU64,
-    /// Sessions this node's sweeper forgot at their expiry (their owner was dead or
-    /// nobody claimed them).
-    pub swept: AtomicU64,
-    /// Batches written (one script call each).
-    pub written: AtomicU64,
-    /// Batches fewer replicas acknowledged than `wait_replicas` asks (their barriers
-    /// failed).
-    pub not_replicated: AtomicU64,
-}
 
 /// How far the writer got: batches written, the last batch as many replicas as asked
 /// acknowledged (a `WAIT` covers every earlier write too; without one, `written`), and
@@ -143,6 +123,9 @@ pub(crate) struct Inner {
     pub(crate) fetcher: fetch::Fetcher,
     /// What a session's deadline in Redis adds to its expiry (one sweep period).
     grace_ms: u64,
+    /// Whether a session that moved here held any message (see `adopted.rs`): the
+    /// reader looks nothing up while none did.
+    any_adopted: AtomicBool,
     /// Dropped with the store, which stops the sweeper.
     _sweeper: Sender<()>,
 }
@@ -212,6 +195,7 @@ impl Inner {
             counters,
             fetcher,
             grace_ms: u64::try_from(sweep.as_millis()).unwrap_or(u64::MAX),
+            any_adopted: AtomicBool::new(false),
             _sweeper: stop_sweeper,
         });
         held::start_flusher(&inner)?;
@@ -279,17 +263,19 @@ impl Inner {
         // the order simple) goes first.
         self.flush_held(&mut state);
         state.known.remove(&incarnation);
+        self.forget_adopted(&mut state, incarnation);
         for msg in messages {
             Self::release_body(&mut state, msg);
         }
-        let op = vec![
+        let mut ops = state.origins.quiet_tombstones(incarnation);
+        ops.push(vec![
             b"R".to_vec(),
             num(incarnation),
             at.as_bytes().to_vec(),
             self.fetcher.node.as_bytes().to_vec(),
             upto.unwrap_or_default().as_bytes().to_vec(),
-        ];
-        self.push(&mut state, vec![op]);
+        ]);
+        self.push(&mut state, ops);
     }
 
     /// Another node asked, at stream entry `at`, for the session `incarnation`,
@@ -421,6 +407,7 @@ impl Inner {
                 ..
             } => {
                 state.known.remove(&incarnation);
+                self.forget_adopted(state, incarnation);
                 state.held.retain(|&(inc, _), _| inc != incarnation);
                 for (_, msg) in messages {
                     Self::release_body(state, msg);
@@ -455,6 +442,9 @@ impl Inner {
                 let id = Self::body_id_of(state, msg);
                 Self::release_body(state, msg);
                 if state.held.remove(&(incarnation, seq)).is_some() {
+                    if let Some(id) = id {
+                        state.origins.acknowledged_unwritten(incarnation, &id);
+                    }
                     return Vec::new();
                 }
                 // Acknowledged before the reader read its entry back: a replay from
@@ -576,6 +566,8 @@ pub(crate) fn store_error(why: &str) -> SessionStoreError {
     SessionStoreError(Arc::new(std::io::Error::other(why.to_owned())))
 }
 
+#[cfg(test)]
+mod late_tests;
 #[cfg(test)]
 mod replay_tests;
 #[cfg(test)]

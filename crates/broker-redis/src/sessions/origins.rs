@@ -9,16 +9,20 @@
 //! fields). A message it held and that was acknowledged before this node's reader
 //! had read its entry back (so the position mark does not cover it yet) leaves a
 //! tombstone (`o:{origin}`) with its deletion, removed once the reader reads the entry
-//! back (or by the claim that moves the session). The replay on the node the session
-//! moves to skips every entry whose origin the session names either way: whether the
-//! old node handed it over with a bound, without one (Redis out of reach, a takeover
-//! announcement), or died.
+//! back while the session is still here (one that moved keeps it: `adopted.rs`). A
+//! copy acknowledged while still held back (never written) leaves its tombstone only
+//! if the session is released before that. The replay on the node the session moves
+//! to skips every entry whose origin the session names either way: whether the old
+//! node handed it over with a bound, without one (Redis out of reach, a takeover
+//! announcement), or died; and that node's reader does not deliver such an entry
+//! to the session either, if it comes after the replay (`adopted.rs`).
 
 use std::sync::Arc;
 
 use rustc_hash::FxHashMap;
 use statehub_broker::Message;
 
+use super::adopted::Adopted;
 use super::{key, num, Body, Inner, Op, State};
 
 /// Most origins kept as not read back yet. Past it the oldest are forgotten: an
@@ -35,6 +39,12 @@ pub(super) struct Origins {
     noted: u64,
     /// Tombstones written, by origin: the sessions (incarnations) holding one.
     tombstoned: FxHashMap<u64, Vec<u64>>,
+    /// Copies acknowledged while still held back (never written), by origin: the
+    /// sessions (incarnations) that had them. Their tombstones are written only if
+    /// such a session is handed over before the reader reads the entry back.
+    quiet: FxHashMap<u64, Vec<u64>>,
+    /// What the sessions that moved here held when they came.
+    pub(super) adopted: Adopted,
 }
 
 /// A body id as an origin (body ids are 16 hex digits).
@@ -58,18 +68,56 @@ impl Origins {
             self.unapplied.retain(|_, n| *n > keep_after);
             let unapplied = &self.unapplied;
             self.tombstoned.retain(|o, _| unapplied.contains_key(o));
+            self.quiet.retain(|o, _| unapplied.contains_key(o));
         }
+    }
+
+    /// Session `incarnation`'s copy of the message with body `id` was acknowledged
+    /// while still held back: nothing of it was written, and nothing is unless the
+    /// session is handed over before the reader reads the entry back
+    /// ([`Origins::quiet_tombstones`]).
+    pub(super) fn acknowledged_unwritten(&mut self, incarnation: u64, id: &[u8]) {
+        if let Some(origin) = origin_of(id).filter(|o| self.unapplied.contains_key(o)) {
+            self.quiet.entry(origin).or_default().push(incarnation);
+        }
+    }
+
+    /// The tombstones of session `incarnation`'s copies acknowledged unwritten, as
+    /// changes to write before it is released (without them the next node would
+    /// replay those messages, or its reader deliver them, again).
+    pub(super) fn quiet_tombstones(&mut self, incarnation: u64) -> Vec<Op> {
+        if self.quiet.is_empty() {
+            return Vec::new();
+        }
+        let mut ops = Vec::new();
+        self.quiet.retain(|origin, incarnations| {
+            let before = incarnations.len();
+            incarnations.retain(|i| *i != incarnation);
+            if incarnations.len() < before {
+                ops.push(vec![
+                    b"D".to_vec(),
+                    num(incarnation),
+                    num(0),
+                    body_id(*origin),
+                ]);
+            }
+            !incarnations.is_empty()
+        });
+        ops
     }
 
     /// The tombstone to leave in session `incarnation` when its copy of the message
     /// with body `id` goes, if the reader has not read that message's entry back.
+    /// Also if the session moved here holding that message: the node it moves to
+    /// next must know it had it too (that tombstone stays until the session is
+    /// claimed or ends).
     pub(super) fn tombstone(&mut self, incarnation: u64, id: &[u8]) -> Option<Vec<u8>> {
         let origin = origin_of(id)?;
-        if !self.unapplied.contains_key(&origin) {
-            return None;
+        if self.unapplied.contains_key(&origin) {
+            self.tombstoned.entry(origin).or_default().push(incarnation);
+            return Some(id.to_vec());
         }
-        self.tombstoned.entry(origin).or_default().push(incarnation);
-        Some(id.to_vec())
+        self.adopted.held(origin, incarnation).then(|| id.to_vec())
     }
 }
 
@@ -103,6 +151,7 @@ impl Inner {
         let mut ops: Vec<Op> = Vec::new();
         for origin in origins {
             state.origins.unapplied.remove(origin);
+            state.origins.quiet.remove(origin);
             if let Some(incarnations) = state.origins.tombstoned.remove(origin) {
                 ops.extend(
                     incarnations

@@ -1,0 +1,316 @@
+//! A persistent session handed over while its node cannot append to the message
+//! stream (decision 0005, "Origins": the old node's flush fails, so it releases the
+//! session without a bound), with a message of that node whose append Redis executes
+//! only after the new node took the session (a network that delivered it late): the
+//! subscriber, a QoS 2 receiver, gets every message once. The old node's Redis link is
+//! a proxy in this test that holds back its MQTT stream writer's pipelines and
+//! nothing else (its reader, session writer and liveness go on).
+
+mod common;
+
+use std::collections::HashSet;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use common::cluster::{node, publish_acked};
+use statehub_broker::codec::{Packet, PubResponse, Publish, QoS, ReasonCode};
+use statehub_redis_common::test_server::RedisServer;
+use statehub_test_support::{opts, persistent_connect, publish, Event, RawClient, V5};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+
+/// Every wait of this test is for something that happens within a few Redis
+/// timeouts; this bounds them on a loaded machine.
+const PATIENCE: Duration = Duration::from_secs(60);
+
+/// The first command of every pipeline of the MQTT stream writer, which no other
+/// Redis client of statehub sends.
+const PING: &[u8] = b"$4\r\nPING\r\n";
+
+/// Stands between a node and redis-server. While `stall` is set, a connection that
+/// sends a pipeline starting with PING (the stream writer's) is held: what it sends
+/// from then on waits in the proxy until `stall` is cleared, and is then sent on,
+/// even if the node gave up on it and closed the connection meanwhile.
+struct Proxy {
+    addr: SocketAddr,
+    stall: watch::Sender<bool>,
+}
+
+impl Proxy {
+    async fn start(redis_port: u16) -> Proxy {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (stall, rx) = watch::channel(false);
+        tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                if let Ok(upstream) = TcpStream::connect(("127.0.0.1", redis_port)).await {
+                    tokio::spawn(relay(client, upstream, rx.clone()));
+                }
+            }
+        });
+        Proxy { addr, stall }
+    }
+
+    fn url(&self) -> String {
+        format!("redis://{}", self.addr)
+    }
+}
+
+async fn relay(client: TcpStream, upstream: TcpStream, mut stall: watch::Receiver<bool>) {
+    let (mut from_client, mut to_client) = client.into_split();
+    let (mut from_redis, mut to_redis) = upstream.into_split();
+    tokio::spawn(async move {
+        // Replies go back while the node listens; after that they are read and dropped.
+        let mut buf = vec![0u8; 16 << 10];
+        let mut listening = true;
+        while let Ok(n) = from_redis.read(&mut buf).await {
+            if n == 0 {
+                break;
+            }
+            listening = listening && to_client.write_all(&buf[..n]).await.is_ok();
+        }
+    });
+    let mut held: Option<Vec<u8>> = None;
+    let mut client_open = true;
+    let mut buf = vec![0u8; 16 << 10];
+    loop {
+        let stalling = *stall.borrow_and_update();
+        if !stalling {
+            if let Some(late) = held.take() {
+                if to_redis.write_all(&late).await.is_err() {
+                    return;
+                }
+            }
+        }
+        if !client_open && held.is_none() {
+            // Kept open: Redis reads what was sent late before it sees the close.
+            std::future::pending::<()>().await;
+        }
+        tokio::select! {
+            read = from_client.read(&mut buf), if client_open => {
+                let chunk = match read {
+                    Ok(0) | Err(_) => {
+                        client_open = false;
+                        continue;
+                    }
+                    Ok(n) => &buf[..n],
+                };
+                // As the flag is now: it may have been set while this read waited.
+                let stalling = *stall.borrow();
+                if held.is_none() && stalling && chunk.windows(PING.len()).any(|w| w == PING) {
+                    held = Some(Vec::new());
+                }
+                match &mut held {
+                    Some(late) => late.extend_from_slice(chunk),
+                    None => {
+                        if to_redis.write_all(chunk).await.is_err() {
+                            return;
+                        }
+                    }
+                }
+            }
+            changed = stall.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// Runs one command with `redis-cli`; its output.
+fn redis_cli(redis: &RedisServer, args: &[&str]) -> String {
+    let out = std::process::Command::new("redis-cli")
+        .args(["-p", &redis.port().to_string()])
+        .args(args)
+        .output()
+        .expect("run redis-cli");
+    assert!(out.status.success(), "redis-cli {args:?}: {out:?}");
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+/// How many entries the message stream has.
+fn stream_len(redis: &RedisServer) -> u64 {
+    let feed = redis_cli(redis, &["--scan", "--pattern", "*:mqtt:feed"]);
+    redis_cli(redis, &["XLEN", &feed]).parse().unwrap()
+}
+
+/// Publishes `payload` at QoS 2 and completes the exchange if it is received; the
+/// PUBREC's reason code (waited for as long as the node takes to answer).
+async fn publish_qos2(c: &mut RawClient, payload: &[u8]) -> ReasonCode {
+    let id = c.next_packet_id();
+    let p = Publish {
+        packet_id: Some(id),
+        ..publish("w/1", QoS::ExactlyOnce, payload)
+    };
+    c.send(&Packet::Publish(p)).await;
+    let rec = match c.next_event(PATIENCE).await {
+        Event::Packet(Packet::PubRec(rec)) => rec,
+        other => panic!("expected PUBREC, got {other:?}"),
+    };
+    if rec.reason_code == ReasonCode::SUCCESS {
+        c.send(&Packet::PubRel(PubResponse::ok(id))).await;
+        match c.next_event(PATIENCE).await {
+            Event::Packet(Packet::PubComp(_)) => {}
+            other => panic!("expected PUBCOMP, got {other:?}"),
+        }
+    }
+    rec.reason_code
+}
+
+/// A QoS 2 receiver as the spec has it: a PUBLISH whose packet id it received and
+/// has not seen released is the same message again. Kept across connections, as its
+/// session.
+#[derive(Default)]
+struct Receiver {
+    pending: HashSet<u16>,
+}
+
+impl Receiver {
+    /// Takes part in the exchanges until a new message is delivered; its payload.
+    async fn next(&mut self, c: &mut RawClient) -> String {
+        loop {
+            if let Some(payload) = self.step(c).await {
+                return payload;
+            }
+        }
+    }
+
+    /// Takes part until every message received was released.
+    async fn settle(&mut self, c: &mut RawClient) {
+        while !self.pending.is_empty() {
+            assert_eq!(self.step(c).await, None, "nothing else was sent");
+        }
+    }
+
+    async fn step(&mut self, c: &mut RawClient) -> Option<String> {
+        match c.next_event(PATIENCE).await {
+            Event::Packet(Packet::Publish(p)) => {
+                assert_eq!(p.qos, QoS::ExactlyOnce, "{p:?}");
+                let id = p.packet_id.unwrap();
+                c.send(&Packet::PubRec(PubResponse::ok(id))).await;
+                self.pending
+                    .insert(id)
+                    .then(|| String::from_utf8(p.payload.to_vec()).unwrap())
+            }
+            Event::Packet(Packet::PubRel(r)) => {
+                self.pending.remove(&r.packet_id);
+                c.send(&Packet::PubComp(PubResponse::ok(r.packet_id))).await;
+                None
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+}
+
+/// Connects `id` to `addr` resuming its session, retrying while the node says it is
+/// busy moving it.
+async fn resume(addr: SocketAddr, id: &str) -> RawClient {
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        let mut c = RawClient::open(addr, V5).await;
+        c.send(&Packet::Connect(Box::new(persistent_connect(id, 300))))
+            .await;
+        let ack = match c.next_event(PATIENCE).await {
+            Event::Packet(Packet::ConnAck(ack)) => ack,
+            other => panic!("expected CONNACK, got {other:?}"),
+        };
+        if ack.reason_code == ReasonCode::SUCCESS {
+            assert!(ack.session_present, "the session moved");
+            return c;
+        }
+        assert!(
+            [ReasonCode::SERVER_BUSY, ReasonCode::UNSPECIFIED_ERROR].contains(&ack.reason_code),
+            "{ack:?}"
+        );
+        assert!(tokio::time::Instant::now() < deadline, "never resumed");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_handed_over_while_its_node_cannot_append_gets_each_message_once() {
+    let redis = RedisServer::start();
+    let proxy = Proxy::start(redis.port()).await;
+    // A held pipeline fails after `timeout_ms`: its publisher is refused, and so is the
+    // flush that would give the hand-over its bound.
+    let a = common::start_configured(
+        "[cluster]\ntimeout_ms = 3000\n",
+        &["--redis", &proxy.url(), "--node-id", "a"],
+    );
+    let b = node(&redis, "b");
+    let (mut sub, ack) = RawClient::connect_with(a.mqtt, persistent_connect("mover", 300)).await;
+    assert_eq!(ack.reason_code, ReasonCode::SUCCESS);
+    sub.subscribe("w/#", opts(QoS::ExactlyOnce)).await;
+    let mut on_a = RawClient::connect(a.mqtt, V5, "on-a").await;
+    let mut on_b = RawClient::connect(b.mqtt, V5, "on-b").await;
+    let ok = ReasonCode::SUCCESS;
+    assert_eq!(
+        publish_acked(&mut on_a, "w/1", QoS::ExactlyOnce, b"a-0").await,
+        ok
+    );
+    assert_eq!(
+        publish_acked(&mut on_b, "w/1", QoS::ExactlyOnce, b"b-0").await,
+        ok
+    );
+    let mut receiver = Receiver::default();
+    let mut delivered = vec![receiver.next(&mut sub).await, receiver.next(&mut sub).await];
+
+    proxy.stall.send_replace(true);
+    // Routed to the session's copy on a (its session writer still reaches Redis),
+    // its append held back: refused to its publisher, given to the subscriber.
+    assert_ne!(
+        publish_qos2(&mut on_a, b"a-late").await,
+        ok,
+        "its append is held"
+    );
+    delivered.push(receiver.next(&mut sub).await);
+    receiver.settle(&mut sub).await;
+    sub.disconnect().await;
+    // b asks a for the session; a's flush fails, so it releases it without a bound.
+    let mut sub = resume(b.mqtt, "mover").await;
+    let before = stream_len(&redis);
+    proxy.stall.send_replace(false);
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while stream_len(&redis) == before {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the held append never ran"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // After the late entry: a's writer answers again (a refusal is a message never
+    // acknowledged, which may arrive once or not at all).
+    let mut after = 0;
+    while publish_qos2(&mut on_a, format!("a-after-{after}").as_bytes()).await != ok {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "a never appends again"
+        );
+        after += 1;
+        // Refused until a's writer reached Redis again (it retries every 250 ms).
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        publish_acked(&mut on_b, "w/1", QoS::ExactlyOnce, b"b-after").await,
+        ok
+    );
+    let last = format!("a-after-{after}");
+    let mut seen_b_after = false;
+    while !(delivered.contains(&last) && seen_b_after) {
+        let got = receiver.next(&mut sub).await;
+        seen_b_after |= got == "b-after";
+        delivered.push(got);
+    }
+    let mut each = delivered.clone();
+    each.sort();
+    each.dedup();
+    assert_eq!(each.len(), delivered.len(), "each once: {delivered:?}");
+    for acked in ["a-0", "b-0", "b-after", &last] {
+        assert!(
+            delivered.iter().any(|d| d == acked),
+            "{acked}: {delivered:?}"
+        );
+    }
+}
