@@ -2,14 +2,16 @@
 //! a stream to a group, sends fragments, A is killed (SIGKILL), the publisher recovers
 //! on node B and sends again from its oldest fragment it saw no `streamAck` for, as
 //! `@azure/web-pubsub-client` does; a member on B gets every fragment once, in order,
-//! and the stream's end.
+//! and the stream's end. And a fragment (and an end) that A takes on the session's old
+//! socket after B claimed it is neither published nor answered by A: sent again to B,
+//! it goes out once.
 
 mod common;
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use futures_util::SinkExt;
+use futures_util::{SinkExt, StreamExt};
 use serde_json::{json, Value};
 use statehub_redis_common::test_server::RedisServer;
 use statehub_webpubsub::{issue_client_token, ClientClaims};
@@ -191,4 +193,145 @@ async fn a_client_stream_goes_on_from_its_oldest_unacked_fragment_on_another_nod
         (1..=7).map(|s| (s, format!("f{s}"), false)).collect();
     expected.push((8, String::new(), true));
     assert_eq!(got, expected, "every fragment once, in order, then the end");
+}
+
+/// The length of the operations stream.
+fn ops_len(redis: &RedisServer) -> u64 {
+    let ops = format!("{{{NAMESPACE}}}:wps:ops");
+    let reply = redis.command(&["XLEN", &ops]);
+    reply.trim().trim_start_matches(':').parse().unwrap()
+}
+
+/// The node that wrote the last entry of the operations stream.
+fn last_op_node(redis: &RedisServer) -> String {
+    let ops = format!("{{{NAMESPACE}}}:wps:ops");
+    let last = "return redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)[1][2][2]";
+    redis.command(&["EVAL", last, "1", &ops]).trim().to_owned()
+}
+
+/// `statehub_cluster_webpubsub_lost` on `server`: other nodes' operations it missed.
+fn lost(server: &common::Server) -> u64 {
+    use std::io::{Read, Write};
+    let mut s = common::connect_tcp(server.http);
+    write!(
+        s,
+        "GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    let line = (out.lines())
+        .find(|l| l.starts_with("statehub_cluster_webpubsub_lost"))
+        .unwrap_or_else(|| panic!("no lost counter in {out}"));
+    line.rsplit_once(' ').unwrap().1.parse().unwrap()
+}
+
+/// Every text frame the socket gets until it closes.
+async fn until_closed(ws: &mut Ws) -> Vec<Value> {
+    let mut texts = Vec::new();
+    loop {
+        match tokio::time::timeout(PATIENCE, ws.next()).await {
+            Ok(Some(Ok(Message::Text(t)))) => texts.push(serde_json::from_str(&t).unwrap()),
+            Ok(Some(Ok(Message::Close(_)) | Err(_)) | None) => return texts,
+            Ok(Some(Ok(_))) => {}
+            Err(_) => panic!("the old socket is closed in time; got {texts:?}"),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fragment_the_old_node_takes_after_a_claim_is_neither_published_nor_acked() {
+    let redis = RedisServer::start();
+    let (a, b) = (node(&redis, "a"), node(&redis, "b"));
+    let member = ClientClaims {
+        user_id: Some("member".into()),
+        roles: vec![],
+        groups: vec![GROUP.into()],
+    };
+    let (mut m, _) = open(b.http, &member, "json.webpubsub.azure.v1").await;
+    let publisher = ClientClaims {
+        user_id: Some("publisher".into()),
+        roles: vec!["webpubsub.sendToGroup".into()],
+        groups: vec![],
+    };
+    let (mut p, connected) = open(a.http, &publisher, "json.reliable.webpubsub.azure.v1").await;
+    let id = connected["connectionId"].as_str().unwrap().to_owned();
+    let token = connected["reconnectionToken"].as_str().unwrap().to_owned();
+    send(
+        &mut p,
+        json!({"type": "streamStart", "streamId": "s1", "group": GROUP}),
+    )
+    .await;
+    let start = stream_reply(&mut p).await;
+    assert_eq!(start["type"], "streamAck", "{start}");
+    acked(&mut p, 1).await;
+    assert_eq!(member_next(&mut m).await, (1, "f1".into(), false));
+
+    // Another node's claim as A has not read it yet: the epoch raised, no marker in
+    // the stream, so A goes on serving the old socket.
+    let key = format!("{{{NAMESPACE}}}:wps:s:{HUB}:{id}");
+    assert_eq!(redis.command(&["HINCRBY", &key, "ep", "1"]).trim(), ":2");
+    let before = ops_len(&redis);
+    send(&mut p, fragment(2)).await;
+    send(&mut p, json!({"type": "streamEnd", "streamId": "s1"})).await;
+    let deadline = Instant::now() + PATIENCE;
+    while ops_len(&redis) < before + 2 {
+        assert!(
+            Instant::now() < deadline,
+            "A handles fragment 2 and the end"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        last_op_node(&redis),
+        "a",
+        "A's entries for fragment 2 and the end"
+    );
+    assert_eq!(stored(&redis, &id, "sq:s1"), "2", "their state fenced out");
+    assert_ne!(stored(&redis, &id, "sm:s1"), "", "the stream still open");
+
+    // The client recovers on B; A closes the old socket when it reads B's claim, and
+    // the ack it held for fragment 2 never reaches it.
+    let url = format!(
+        "ws://{}/client/hubs/{HUB}?awps_connection_id={id}&awps_reconnection_token={token}",
+        b.http
+    );
+    let mut p2 = common::wps::websocket(&url, "json.reliable.webpubsub.azure.v1").await;
+    let connected = next_json(&mut p2).await;
+    assert_eq!(connected["event"], "connected", "recovered: {connected}");
+    let old = until_closed(&mut p).await;
+    assert!(
+        !(old.iter()).any(|f| f["type"] == "streamAck" || f["type"] == "streamClosed"),
+        "no reply from A after the claim: {old:?}"
+    );
+    // A's next operation: B counts no operation of A's missing before it.
+    let sender = ClientClaims {
+        user_id: Some("sender".into()),
+        roles: vec!["webpubsub.sendToGroup".into()],
+        groups: vec![],
+    };
+    let (mut s, _) = open(a.http, &sender, "json.webpubsub.azure.v1").await;
+    let text = json!({"type": "sendToGroup", "group": GROUP, "dataType": "text", "data": "after"});
+    send(&mut s, text).await;
+    let after = next_json(&mut m).await;
+    assert_eq!(
+        after["data"], "after",
+        "A's send, and nothing before it: {after}"
+    );
+    assert_eq!(lost(&b), 0, "B counts no gap in A's operations");
+
+    send(&mut p2, fragment(2)).await;
+    let reply = stream_reply(&mut p2).await;
+    assert_eq!(reply["type"], "streamAck", "fragment 2 on B: {reply}");
+    assert_eq!(reply["expectedSequenceId"], 3, "{reply}");
+    send(&mut p2, json!({"type": "streamEnd", "streamId": "s1"})).await;
+    let closed = stream_reply(&mut p2).await;
+    assert_eq!(closed["type"], "streamClosed", "{closed}");
+
+    let mut got = vec![member_next(&mut m).await];
+    while !got.last().is_some_and(|f| f.2) {
+        got.push(member_next(&mut m).await);
+    }
+    let expected = vec![(2, "f2".to_owned(), false), (3, String::new(), true)];
+    assert_eq!(got, expected, "fragment 2 once (from B), then the end");
 }

@@ -255,6 +255,8 @@ pub(crate) struct Shared {
     /// The last ticket given to a session write, under a lock held while one is
     /// queued, so writes are queued in their tickets' order.
     pub(crate) tickets: Mutex<u64>,
+    /// Client stream fragments whose session was claimed elsewhere.
+    pub(crate) fenced: Mutex<streams::Fenced>,
 }
 
 /// The writer's progress, published after every attempt.
@@ -438,10 +440,16 @@ impl Cluster for RedisCluster {
 
     fn mirrored(&self, ticket: u64) -> Mirrored {
         let mut progress = self.shared.progress.subscribe();
+        let shared = Arc::clone(&self.shared);
         Box::pin(async move {
-            match progress.wait_for(|p| p.mirrored >= ticket).await {
+            let reached = match progress.wait_for(|p| p.mirrored >= ticket).await {
                 Ok(p) => p.mirrored,
-                Err(_) => u64::MAX,
+                Err(_) => return u64::MAX,
+            };
+            let released = lock(&shared.fenced).released(ticket, reached);
+            match released {
+                Some(released) => released,
+                None => std::future::pending().await,
             }
         })
     }

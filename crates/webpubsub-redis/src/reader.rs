@@ -13,6 +13,7 @@ use statehub_webpubsub::WebPubSub;
 use tokio::runtime::Handle;
 
 use crate::session::stream_id;
+use crate::streams::is_fenced;
 use crate::{lock, open, ClaimRecord, Job, Names, Options, Shared, WpsRedisError, BACKOFF};
 
 /// How long one read blocks, so that a stop is seen this often.
@@ -158,7 +159,8 @@ impl Reader {
                 let at = stream_id(&id).unwrap_or_default();
                 let entry = parse(&entry)?;
                 if entry.node != self.node {
-                    if self.fresh(&entry) {
+                    // A fenced fragment's entry counts for its number only.
+                    if self.fresh(&entry) && !is_fenced(&entry.op) {
                         service.apply_remote(&entry.op, at);
                     }
                 } else if entry.incarnation == self.shared.incarnation.to_string() {
@@ -255,7 +257,7 @@ impl Reader {
             for e in &page.ids {
                 let entry = parse(e)?;
                 let owner = format!("{}:{}", entry.node, entry.incarnation);
-                if owner == c.old_owner && entry.seq <= c.own_through {
+                if owner == c.old_owner && entry.seq <= c.own_through || is_fenced(&entry.op) {
                     continue;
                 }
                 replay.push((stream_id(&e.id).unwrap_or_default(), entry.op));

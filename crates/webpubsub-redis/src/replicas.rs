@@ -6,19 +6,24 @@ use statehub_redis_common::Wait;
 
 use crate::WpsRedisError;
 
-/// Runs `pipe`, ended with `WAIT` if `wait` is given: how many replicas acknowledged it.
+/// Runs `pipe`, ended with `WAIT` if `wait` is given: the replies of its commands
+/// not ignored, in order, and how many replicas acknowledged it.
 pub(crate) fn query_waiting(
     con: &mut Connection,
     pipe: &mut redis::Pipeline,
     wait: Option<Wait>,
-) -> Result<Option<u32>, WpsRedisError> {
+) -> Result<(Vec<redis::Value>, Option<u32>), WpsRedisError> {
     let Some(wait) = wait else {
-        pipe.query::<()>(con)?;
-        return Ok(None);
+        return Ok((pipe.query(con)?, None));
     };
     add_wait(pipe, wait);
-    let acked: Vec<u32> = pipe.query(con)?;
-    Ok(acked.first().copied())
+    let mut replies: Vec<redis::Value> = pipe.query(con)?;
+    let acked = match replies.pop() {
+        Some(redis::Value::Int(n)) => u32::try_from(n).ok(),
+        _ => None,
+    };
+    let acked = acked.ok_or(WpsRedisError::Corrupt("WAIT reply"))?;
+    Ok((replies, Some(acked)))
 }
 
 /// Runs the claim's `pipe` (its script alone), ended with `WAIT` if `wait` is given.

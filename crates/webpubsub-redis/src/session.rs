@@ -22,17 +22,22 @@ use crate::WpsRedisError;
 const WRITE: &str = r"
 local kind = ARGV[3]
 if kind == 'fragment' then
-  -- A client stream's fragment (or end): the operation into the stream, and the
-  -- stream's next expected id (0: its removal) into the session if this node still
-  -- owns it, in one call.
+  -- A client stream's fragment (or end): the operation into the stream and the
+  -- stream's next expected id (0: its removal) into the session, in one call, if this
+  -- node still owns the session. If not (claimed elsewhere), neither: the entry keeps
+  -- only the operation's number, with no operation, so that readers count no gap.
+  if ARGV[4] ~= '' and redis.call('HGET', KEYS[1], 'ep') ~= ARGV[1] then
+    redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[6], '*', 'n', ARGV[7], 'r', ARGV[8],
+      's', ARGV[9], 'o', '')
+    return 0
+  end
   redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[6], '*', 'n', ARGV[7], 'r', ARGV[8],
     's', ARGV[9], 'o', ARGV[10])
-  if redis.call('HGET', KEYS[1], 'ep') == ARGV[1] then
-    if ARGV[5] == '0' then
-      redis.call('HDEL', KEYS[1], 'sq:' .. ARGV[4], 'sm:' .. ARGV[4])
-    else
-      redis.call('HSET', KEYS[1], 'sq:' .. ARGV[4], ARGV[5])
-    end
+  if ARGV[4] == '' then return 1 end
+  if ARGV[5] == '0' then
+    redis.call('HDEL', KEYS[1], 'sq:' .. ARGV[4], 'sm:' .. ARGV[4])
+  else
+    redis.call('HSET', KEYS[1], 'sq:' .. ARGV[4], ARGV[5])
   end
   return 1
 end

@@ -3,7 +3,7 @@
 //! read back by a claim, and written in the same script call as the operation that
 //! publishes a fragment or an end, so that Redis holds both or neither.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::TrySendError;
 
@@ -86,8 +86,9 @@ pub(crate) struct OpEntry<'a> {
 
 /// Adds a client stream's fragment or end to `pipe`: its operation and its stream's
 /// state (`write`, a `StreamAccepted` or `StreamClosed`; anything else adds the
-/// operation alone) in one script call; the state fenced by `epoch` (0: this node
-/// does not hold the session).
+/// operation alone) in one script call, both fenced by `epoch` (0: this node does not
+/// hold the session). Its reply is not ignored: 1 if written, 0 if fenced (the stream
+/// then has the operation's number with no operation: see [`is_fenced`]).
 pub(crate) fn add_fragment(
     pipe: &mut redis::Pipeline,
     scripts: &Scripts,
@@ -116,7 +117,43 @@ pub(crate) fn add_fragment(
         .arg(entry.incarnation)
         .arg(entry.seq)
         .arg(entry.op);
-    pipe.add_command(cmd).ignore();
+    pipe.add_command(cmd);
+}
+
+/// Whether an operation entry is a fenced fragment's: its number, with nothing to apply.
+pub(crate) fn is_fenced(op: &[u8]) -> bool {
+    op.is_empty()
+}
+
+/// Fenced fragments' tickets kept (see [`Fenced`]).
+const FENCED_KEPT: usize = 1024;
+
+/// The tickets of client stream fragments fenced out (their session was claimed by
+/// another node): never reported mirrored, so the `streamAck` held behind one never
+/// reaches the old socket. At most [`FENCED_KEPT`], the oldest forgotten first: each
+/// one's socket is closed once the reader reaches the claim's marker, which precedes
+/// the fragment's entry in the stream.
+#[derive(Debug, Default)]
+pub(crate) struct Fenced(BTreeSet<u64>);
+
+impl Fenced {
+    pub(crate) fn insert(&mut self, ticket: u64) {
+        self.0.insert(ticket);
+        while self.0.len() > FENCED_KEPT {
+            self.0.pop_first();
+        }
+    }
+
+    /// How far a gate waiting on `ticket` may release, every write up to `reached`
+    /// being in Redis: short of the first fenced one after `ticket`; `None` if
+    /// `ticket`'s own was fenced.
+    pub(crate) fn released(&self, ticket: u64, reached: u64) -> Option<u64> {
+        if self.0.contains(&ticket) {
+            return None;
+        }
+        let next = self.0.range(ticket..).next();
+        Some(next.map_or(reached, |f| reached.min(f - 1)))
+    }
 }
 
 /// A client stream's options in the session's hash (`sm:{streamId}`), written once
@@ -183,6 +220,26 @@ pub(crate) fn streams(value: &Value) -> Option<Vec<MirroredStream>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_fenced_fragments_ticket_is_never_released_nor_passed() {
+        let mut fenced = Fenced::default();
+        assert_eq!(fenced.released(3, 9), Some(9), "none fenced");
+        fenced.insert(5);
+        assert_eq!(fenced.released(5, 9), None, "its own");
+        assert_eq!(
+            fenced.released(3, 9),
+            Some(4),
+            "an earlier one stops short of it"
+        );
+        assert_eq!(fenced.released(3, 4), Some(4));
+        assert_eq!(fenced.released(6, 9), Some(9), "a later one passes");
+        for t in 100..100 + FENCED_KEPT as u64 {
+            fenced.insert(t);
+        }
+        assert_eq!(fenced.released(5, 9), Some(9), "the oldest forgotten");
+        assert_eq!(fenced.released(100, 200), None);
+    }
 
     #[test]
     fn a_claim_restores_the_streams_whose_options_and_next_id_are_stored() {

@@ -221,6 +221,8 @@ impl Writer {
         self.liveness(&mut pipe);
         // A session's frames in one script call, never moved past another of its writes.
         let mut frames: HashMap<(&str, &str), Vec<&SessionWrite>> = HashMap::new();
+        // The tickets of the fragments' script calls, whose replies are read, in order.
+        let mut fragments = Vec::new();
         for job in batch {
             match job {
                 Pending::Session(hub, id, w @ SessionWrite::Frame { .. }, _) => {
@@ -254,6 +256,7 @@ impl Writer {
                         self.frames(&mut pipe, &a.hub, &a.id, &run);
                     }
                     self.fragment(&mut pipe, (*seq, op), a);
+                    fragments.push(a.ticket);
                 }
                 Pending::Answer(key, entry) => push_answer(&mut pipe, key, entry),
                 Pending::Flush(_) => {}
@@ -279,7 +282,8 @@ impl Writer {
         });
         let owed = self.unreplicated.is_some() || self.unmirrored.is_some();
         let wait = self.wait.filter(|_| ops > 0 || mirrored.is_some() || owed);
-        let acked = query_waiting(con, &mut pipe, wait)?;
+        let (replies, acked) = query_waiting(con, &mut pipe, wait)?;
+        self.fenced(&fragments, &replies);
         self.position_written = true;
         self.count_mirrored(batch);
         self.shared.ops_waiting.fetch_sub(ops, Ordering::Relaxed);
@@ -331,8 +335,8 @@ impl Writer {
         add_liveness(pipe, &self.names, &self.node, leaving, prune);
     }
 
-    /// A client stream's fragment and its publisher's stream state, in one call; the
-    /// state fenced like [`Writer::session`], the operation written regardless.
+    /// A client stream's fragment and its publisher's stream state, in one call, both
+    /// fenced like [`Writer::session`].
     fn fragment(&self, pipe: &mut redis::Pipeline, (seq, op): (u64, &[u8]), a: &Attached) {
         let key = (a.hub.clone(), a.id.clone());
         let epoch = self.epochs.get(&key).copied().unwrap_or(0);
@@ -346,6 +350,22 @@ impl Writer {
             op,
         };
         add_fragment(pipe, &self.scripts, &keys, epoch, &a.write, &entry);
+    }
+
+    /// Records the fragments whose script call was fenced (their session was claimed
+    /// by another node): their tickets are never reported mirrored, so the `streamAck`
+    /// held behind one never reaches the old socket, which is closed once the reader
+    /// reaches the claim's marker (before the fragment in the stream).
+    fn fenced(&self, tickets: &[u64], replies: &[redis::Value]) {
+        for (ticket, reply) in tickets.iter().zip(replies) {
+            if matches!(reply, redis::Value::Int(0)) {
+                tracing::debug!(
+                    ticket,
+                    "web pubsub cluster: a stream fragment of a session claimed by another node is not published"
+                );
+                lock(&self.shared.fenced).insert(*ticket);
+            }
+        }
     }
 
     /// A run of one mirrored session's frames, fenced like [`Writer::session`].

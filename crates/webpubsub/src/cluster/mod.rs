@@ -47,9 +47,11 @@ pub trait Cluster: Send + Sync + Debug {
     /// new state for the publisher's mirrored session ([`Cluster::session`] of `write`,
     /// a [`SessionWrite::StreamAccepted`] or [`SessionWrite::StreamClosed`]) as one step: the store takes both or neither,
     /// so a node that takes the session over never publishes the fragment again nor
-    /// skips it. The write is fenced like any session write; the operation goes out
-    /// regardless. Must not block. Returns the operation's number and the write's
-    /// ticket. By default, one after the other.
+    /// skips it. Both are fenced like any session write: once another node claimed the
+    /// session, the operation does not go out either, and the write's ticket is never
+    /// reported [`Cluster::mirrored`] (the reply held behind it never reaches the old
+    /// socket, which is closed when the claim is read). Must not block. Returns the
+    /// operation's number and the write's ticket. By default, one after the other.
     fn broadcast_with(
         &self,
         operation: Vec<u8>,
@@ -88,7 +90,9 @@ pub trait Cluster: Send + Sync + Debug {
     /// are where another node would take the session over from, with the number they
     /// have reached (at least `ticket`; `u64::MAX` if the cluster is gone). A reliable
     /// session's frame reaches its socket only then. Never gives up: what waits for it
-    /// is bounded by the connection's outbound queue.
+    /// is bounded by the connection's outbound queue. Never resolves for a
+    /// [`Cluster::broadcast_with`] write that was fenced, and never reports a number at
+    /// or past one.
     fn mirrored(&self, ticket: u64) -> Mirrored;
     /// Takes the mirrored session `id` over for this node: checks the token's digest
     /// and subprotocol, fences its previous owner and appends `marker` (a `claimed`

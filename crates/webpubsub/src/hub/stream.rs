@@ -342,21 +342,10 @@ fn publish(
     }
 }
 
-/// Publishes the terminal message of a stream: no data (empty text), the next
-/// sequence id, `endOfStream`, and the error if it did not end normally.
-fn publish_end(
-    hub: &Hub,
-    session: &Session,
-    stream_id: &str,
-    s: &OutStream,
-    error: Option<StreamError>,
-) {
-    let _ = publish_end_with(hub, session, stream_id, s, error, None);
-}
-
-/// [`publish_end`] with the stream's removal from the session's copy, as one with the
-/// terminal message's broadcast (written alone if the cluster refused that): the
-/// removal's mirror ticket, for the reply to wait on.
+/// Publishes the terminal message of a stream (see [`publish_end_with`]) with the
+/// stream's removal from the session's copy, as one with the terminal message's
+/// broadcast (written alone if the cluster refused that): the removal's mirror
+/// ticket, for the reply to wait on.
 fn publish_end_closing(
     hub: &Hub,
     session: &Session,
@@ -371,6 +360,9 @@ fn publish_end_closing(
     }
 }
 
+/// Publishes the terminal message of a stream: no data (empty text), the next
+/// sequence id, `endOfStream`, and the error if it did not end normally; with `state`
+/// for the session's copy (see [`publish`]).
 fn publish_end_with(
     hub: &Hub,
     session: &Session,
@@ -396,7 +388,9 @@ fn publish_end_with(
 }
 
 /// Ends every stream of a session that ended: subscribers get a terminal message
-/// with the error `Cancelled`.
+/// with the error `Cancelled`. Each one with the stream's removal from the session's
+/// copy, like any end: if another node claimed the session meanwhile, it is fenced
+/// out and not published (the stream goes on there).
 pub(crate) fn cancel_all(hub: &Hub, session: &Session) {
     let open: Vec<(String, OutStream)> = session.streams().active.drain().collect();
     for (stream_id, s) in open {
@@ -405,7 +399,8 @@ pub(crate) fn cancel_all(hub: &Hub, session: &Session) {
             message: Some("The publisher's connection ended".into()),
             user_error_code: None,
         };
-        publish_end(hub, session, &stream_id, &s, Some(error));
+        let closed = SessionWrite::StreamClosed(stream_id.clone());
+        let _ = publish_end_with(hub, session, &stream_id, &s, Some(error), Some(closed));
     }
 }
 

@@ -59,14 +59,16 @@ impl Hub {
     }
 
     /// Another node took the session over: it is forgotten here without ending (no
-    /// `disconnected` event, the mirror kept), its socket, if any, closed.
+    /// `disconnected` event, the mirror kept, its client streams not ended), then its
+    /// socket, if any, closed. In that order: a socket that closes first would find the
+    /// session still here and end it.
     pub(crate) fn hand_over(&self, id: &str) {
         if let Some(session) = self.session(id) {
+            self.remove_with(id, false);
             session.shut(
                 CLOSE_NORMAL,
                 "Connection replaced by a recovered connection",
             );
-            self.remove_with(id, false);
         }
     }
 
