@@ -1,0 +1,259 @@
+//! The acknowledgements of a connection's QoS 1/2 PUBLISHes, in the order the
+//! PUBLISHes were received [MQTT-4.6.0-2, MQTT-4.6.0-3], each sent only once what it
+//! acknowledges is durable.
+//!
+//! A PUBLISH whose acknowledgement waits for writes elsewhere (the cluster's stream
+//! append, a retained change, the session store's copies) is routed at once and its
+//! acknowledgement queued here with what it waits for; the connection goes on reading
+//! and routing the next PUBLISHes meanwhile, so one publisher's messages share the
+//! writers' round trips instead of paying one each. The queue is polled from the
+//! connection's select loop; an acknowledgement that needs no wait still queues behind
+//! the ones that do. A failed wait at the front decides that PUBLISH's answer (a
+//! refusal code, or the connection closes and nothing behind it is acknowledged);
+//! the ones behind it are answered after it, each by its own outcome.
+//!
+//! Bound: QoS 1/2 PUBLISHes not yet acknowledged are what Receive Maximum counts. An
+//! MQTT 5 client that sends more gets DISCONNECT 0x93; from an MQTT 3.1.1 one (which
+//! has no such limit) the connection stops reading at that many until the front is
+//! acknowledged.
+
+use std::collections::VecDeque;
+use std::task::{Context, Poll};
+
+use bytes::BytesMut;
+use parking_lot::Mutex;
+use statehub_mqtt_codec::{Packet, ProtocolVersion, PubResponse, QoS, ReasonCode};
+
+use super::buffers::Deadlines;
+use super::{Close, Conn};
+
+use crate::fabric::FabricError;
+use crate::retain_store::RetainStoreError;
+use crate::service::BoxFuture;
+use crate::session_store::{Gate, SessionStoreError};
+
+/// Why an acknowledgement's wait failed.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum Failed {
+    #[error(transparent)]
+    Retained(#[from] RetainStoreError),
+    #[error(transparent)]
+    Forward(#[from] FabricError),
+    #[error(transparent)]
+    Session(#[from] SessionStoreError),
+}
+
+/// Opens a gate when the publish that holds it is done with (acknowledged, or failed:
+/// a dead store must not leave messages stuck behind it).
+#[derive(Debug)]
+pub(super) struct OpenOnDrop(pub std::sync::Arc<Gate>);
+
+impl Drop for OpenOnDrop {
+    fn drop(&mut self) {
+        self.0.open();
+    }
+}
+
+/// What a PUBLISH's acknowledgement waits for, in the order it is checked.
+#[derive(Default)]
+pub(super) struct Wait {
+    /// The retained change's write.
+    pub retained: Option<BoxFuture<'static, Result<(), RetainStoreError>>>,
+    /// The hand-over to the other nodes.
+    pub forwarded: Option<BoxFuture<'static, Result<(), FabricError>>>,
+    /// The session store's barrier, taken after the copies were recorded.
+    pub stored: Option<BoxFuture<'static, Result<(), SessionStoreError>>>,
+}
+
+impl Wait {
+    fn is_empty(&self) -> bool {
+        self.retained.is_none() && self.forwarded.is_none() && self.stored.is_none()
+    }
+
+    fn into_future(self) -> BoxFuture<'static, Result<(), Failed>> {
+        Box::pin(async move {
+            if let Some(retained) = self.retained {
+                retained.await?;
+            }
+            if let Some(forwarded) = self.forwarded {
+                forwarded.await?;
+            }
+            if let Some(stored) = self.stored {
+                stored.await?;
+            }
+            Ok(())
+        })
+    }
+}
+
+/// One acknowledgement to send: its PUBLISH's QoS and packet id, the reason code it
+/// says if its wait succeeds, and the gate its message's stored QoS 2 copies wait
+/// behind (opened when this is dropped, sent or not).
+pub(super) struct Ack {
+    pub qos: QoS,
+    pub pid: u16,
+    pub code: ReasonCode,
+    pub gate: Option<OpenOnDrop>,
+}
+
+struct Queued {
+    ack: Ack,
+    /// In a mutex only to make the connection `Sync` (a `&Conn` is held across
+    /// awaits); it is reached through `get_mut`, never locked.
+    wait: Option<Mutex<BoxFuture<'static, Result<(), Failed>>>>,
+    /// The wait's outcome, once it is over.
+    outcome: Option<Result<(), Failed>>,
+}
+
+/// The connection's acknowledgements not yet sent, in the order of their PUBLISHes.
+#[derive(Default)]
+pub(super) struct Acks {
+    queue: VecDeque<Queued>,
+}
+
+impl std::fmt::Debug for Acks {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Acks")
+            .field("pending", &self.queue.len())
+            .finish()
+    }
+}
+
+impl Acks {
+    pub fn len(&self) -> usize {
+        self.queue.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.queue.is_empty()
+    }
+
+    /// Whether `ack` may be sent now: it waits for nothing and nothing is ahead of it.
+    /// Otherwise it is queued.
+    pub fn admit(&mut self, ack: Ack, wait: Wait) -> Option<Ack> {
+        if wait.is_empty() && self.queue.is_empty() {
+            return Some(ack);
+        }
+        let (wait, outcome) = match wait.is_empty() {
+            true => (None, Some(Ok(()))),
+            false => (Some(Mutex::new(wait.into_future())), None),
+        };
+        self.queue.push_back(Queued { ack, wait, outcome });
+        None
+    }
+
+    /// Polls the waits from the front until one is not over (or failed: its answer
+    /// may close the connection, so nothing behind it is taken before that is
+    /// decided); ready once the front one's is over (see [`Acks::pop_ready`]).
+    pub fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        for queued in self.queue.iter_mut() {
+            if queued.outcome.is_none() {
+                let Some(wait) = queued.wait.as_mut() else {
+                    break;
+                };
+                match wait.get_mut().as_mut().poll(cx) {
+                    Poll::Ready(outcome) => {
+                        queued.wait = None;
+                        queued.outcome = Some(outcome);
+                    }
+                    Poll::Pending => break,
+                }
+            }
+            if queued.outcome.as_ref().is_some_and(Result::is_err) {
+                break;
+            }
+        }
+        match self.queue.front().is_some_and(|q| q.outcome.is_some()) {
+            true => Poll::Ready(()),
+            false => Poll::Pending,
+        }
+    }
+
+    /// The front acknowledgement and its wait's outcome, if that wait is over.
+    pub fn pop_ready(&mut self) -> Option<(Ack, Result<(), Failed>)> {
+        let outcome = self.queue.front_mut()?.outcome.take()?;
+        let queued = self.queue.pop_front()?;
+        Some((queued.ack, outcome))
+    }
+}
+
+impl Conn {
+    /// Sends the acknowledgements whose waits are over; then handles what was left
+    /// in the read buffer while too many were pending (see the module docs).
+    pub(super) async fn acknowledged(
+        &mut self,
+        rbuf: &mut BytesMut,
+        deadlines: &mut Deadlines,
+    ) -> Result<(), Close> {
+        self.acknowledge()?;
+        if rbuf.is_empty() || self.paused.is_some() || self.held.full() || self.acks_full() {
+            return Ok(());
+        }
+        let handled = self.handle_buffered(rbuf).await?;
+        if handled > 0 {
+            deadlines.read(self.broker.now(), handled, !rbuf.is_empty());
+        }
+        Ok(())
+    }
+
+    /// Whether an MQTT 3.1.1 client has as many PUBLISHes unacknowledged as Receive
+    /// Maximum would allow: nothing more is read from it until the front one is
+    /// acknowledged (an MQTT 5 one past it is disconnected, see `inbound.rs`).
+    pub(super) fn acks_full(&self) -> bool {
+        self.version != ProtocolVersion::V5
+            && self.acks.len() >= usize::from(self.broker.config().receive_maximum)
+    }
+
+    /// Sends `ack` now if it waits for nothing and nothing is ahead of it; else queues
+    /// it. A QoS 0 PUBLISH has no acknowledgement.
+    pub(super) fn queue_ack(&mut self, ack: Ack, wait: Wait) -> Result<(), Close> {
+        if ack.qos == QoS::AtMostOnce {
+            return Ok(());
+        }
+        match self.acks.admit(ack, wait) {
+            Some(ack) => self.send_ack(ack.qos, ack.pid, ack.code),
+            None => Ok(()),
+        }
+    }
+
+    /// Sends the acknowledgements whose waits are over, in order: a failed forward is
+    /// answered as [`Conn::cluster_refused`] says; any other failure closes the
+    /// connection without the acknowledgement (the client resends), and nothing
+    /// behind it is acknowledged.
+    fn acknowledge(&mut self) -> Result<(), Close> {
+        while let Some((ack, outcome)) = self.acks.pop_ready() {
+            let code = match outcome {
+                Ok(()) => ack.code,
+                Err(Failed::Forward(e)) => self.cluster_refused(ack.qos, ack.pid, &e)?,
+                Err(e) => {
+                    tracing::error!("{e}; closing the connection of {}", self.info.client_id);
+                    let text = match e {
+                        Failed::Retained(_) => "retained message not stored",
+                        _ => "session state not stored",
+                    };
+                    return Err(Close::ByServer(ReasonCode::UNSPECIFIED_ERROR, text));
+                }
+            };
+            self.send_ack(ack.qos, ack.pid, code)?;
+            // The message's stored QoS 2 copies may go to their subscribers now.
+            drop(ack.gate);
+        }
+        Ok(())
+    }
+
+    /// Appends a PUBACK (QoS 1) or PUBREC (QoS 2) with `code`.
+    fn send_ack(&mut self, qos: QoS, pid: u16, code: ReasonCode) -> Result<(), Close> {
+        if code == ReasonCode::SUCCESS {
+            return self.send_success_ack(qos, pid);
+        }
+        let ack = PubResponse {
+            reason_code: code,
+            ..PubResponse::ok(pid)
+        };
+        if qos == QoS::AtLeastOnce {
+            self.send(&Packet::PubAck(ack))
+        } else {
+            self.send(&Packet::PubRec(ack))
+        }
+    }
+}
