@@ -18,6 +18,7 @@
 //! acknowledged.
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use bytes::BytesMut;
@@ -30,7 +31,7 @@ use super::{Close, Conn};
 use crate::fabric::FabricError;
 use crate::retain_store::RetainStoreError;
 use crate::service::BoxFuture;
-use crate::session_store::{Gate, SessionStoreError};
+use crate::session_store::{Gate, SessionStore, SessionStoreError};
 
 /// Why an acknowledgement's wait failed.
 #[derive(Debug, thiserror::Error)]
@@ -46,7 +47,7 @@ pub(super) enum Failed {
 /// Opens a gate when the publish that holds it is done with (acknowledged, or failed:
 /// a dead store must not leave messages stuck behind it).
 #[derive(Debug)]
-pub(super) struct OpenOnDrop(pub std::sync::Arc<Gate>);
+pub(super) struct OpenOnDrop(pub Arc<Gate>);
 
 impl Drop for OpenOnDrop {
     fn drop(&mut self) {
@@ -61,8 +62,10 @@ pub(super) struct Wait {
     pub retained: Option<BoxFuture<'static, Result<(), RetainStoreError>>>,
     /// The hand-over to the other nodes.
     pub forwarded: Option<BoxFuture<'static, Result<(), FabricError>>>,
-    /// The session store's barrier, taken after the copies were recorded.
-    pub stored: Option<BoxFuture<'static, Result<(), SessionStoreError>>>,
+    /// The session store that recorded the copies: its barrier is taken once the
+    /// waits before it are over (a copy its subscriber acknowledged meanwhile may
+    /// then never be written).
+    pub stored: Option<Arc<dyn SessionStore>>,
 }
 
 impl Wait {
@@ -78,8 +81,8 @@ impl Wait {
             if let Some(forwarded) = self.forwarded {
                 forwarded.await?;
             }
-            if let Some(stored) = self.stored {
-                stored.await?;
+            if let Some(store) = self.stored {
+                store.barrier().await?;
             }
             Ok(())
         })
@@ -194,6 +197,17 @@ impl Conn {
             deadlines.read(self.broker.now(), handled, !rbuf.is_empty());
         }
         Ok(())
+    }
+
+    /// Sends every queued acknowledgement as its wait ends, until none is left or one
+    /// failed in a way that closes the connection.
+    pub(super) async fn settle_acks(&mut self) {
+        while !self.acks.is_empty() {
+            std::future::poll_fn(|cx| self.acks.poll_ready(cx)).await;
+            if self.acknowledge().is_err() {
+                return;
+            }
+        }
     }
 
     /// Whether an MQTT 3.1.1 client has as many PUBLISHes unacknowledged as Receive

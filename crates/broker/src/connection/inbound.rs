@@ -30,20 +30,23 @@ pub(super) enum Served {
 }
 
 impl Conn {
-    /// How `p` is handled: whether its handling never waits (no service that may wait,
-    /// no session store, retain store or cluster, and not one of the rare packets whose
-    /// handlers are boxed; such a packet is handled by [`Conn::handle_now`]), and, for a
-    /// PUBLISH, the service that owns its topic, decided here once.
+    /// How `p` is handled: whether its handling never waits (a PUBLISH to no service
+    /// that may wait: what its acknowledgement waits for is queued, see `acks.rs`; a
+    /// PUBREC or PUBREL without session store or cluster; not one of the rare packets
+    /// whose handlers are boxed; such a packet is handled by [`Conn::handle_now`]),
+    /// and, for a PUBLISH, the service that owns its topic, decided here once.
     pub(super) fn handling(&self, p: &Packet) -> (bool, Served) {
-        let broker = &self.broker;
-        let local = broker.session_store().is_none() && broker.fabric().is_none();
         match p {
             Packet::Publish(p) => {
                 let service = self.service_of(p);
                 let in_place = service.as_ref().is_none_or(|s| s.answers_in_place());
-                (local && !p.retain && in_place, Served::Decided(service))
+                (in_place, Served::Decided(service))
             }
-            Packet::PubRec(_) | Packet::PubRel(_) => (local, Served::Undecided),
+            Packet::PubRec(_) | Packet::PubRel(_) => {
+                let broker = &self.broker;
+                let local = broker.session_store().is_none() && broker.fabric().is_none();
+                (local, Served::Undecided)
+            }
             Packet::Subscribe(_) | Packet::Unsubscribe(_) | Packet::Auth(_) => {
                 (false, Served::Undecided)
             }
@@ -436,11 +439,10 @@ impl Conn {
     }
 
     /// What an acknowledgement waits for when the session store recorded what it
-    /// acknowledges (`stored`): a barrier taken now, after those records.
+    /// acknowledges (`stored`): a barrier, after those records.
     fn stored_wait(&self, stored: bool) -> Wait {
-        let store = self.broker.session_store().filter(|_| stored);
         Wait {
-            stored: store.map(|s| s.barrier()),
+            stored: stored.then(|| self.broker.session_store()).flatten(),
             ..Wait::default()
         }
     }
