@@ -223,3 +223,19 @@ async fn pending_acknowledgements_are_bounded_by_receive_maximum() {
         expect_ack(&mut v3, QoS::AtLeastOnce, id, ReasonCode::SUCCESS).await;
     }
 }
+
+/// A client that publishes and disconnects at once still gets the acknowledgements
+/// of what it published before its DISCONNECT, as the writes end.
+#[tokio::test]
+async fn publishes_before_a_disconnect_are_still_acknowledged() {
+    let (_b, held, addr) = cluster(BrokerConfig::default()).await;
+    let mut publ = RawClient::connect(addr, V5, "bye").await;
+    publish_all(&mut publ, "pipe/bye", &[QoS::AtLeastOnce; 2]).await;
+    publ.send(&Packet::Disconnect(Default::default())).await;
+    assert!(wait_until(WAIT, || held.count() == 2).await);
+    held.end(2, Ok(()));
+    held.end(1, Ok(()));
+    expect_ack(&mut publ, QoS::AtLeastOnce, 1, ReasonCode::SUCCESS).await;
+    expect_ack(&mut publ, QoS::AtLeastOnce, 2, ReasonCode::SUCCESS).await;
+    publ.expect_closed().await;
+}

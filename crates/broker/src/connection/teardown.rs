@@ -25,6 +25,11 @@ impl Conn {
     pub(super) async fn finish<S: Transport>(mut self: Box<Self>, stream: &mut S, close: Close) {
         let started = tokio::time::Instant::now();
         let mut flush = Duration::from_secs(1);
+        if matches!(close, Close::ByClient { .. }) {
+            // What the client published before its DISCONNECT is acknowledged as its
+            // writes end, for a while: the PUBLISHes were read before it.
+            let _ = tokio::time::timeout(flush, self.settle_acks()).await;
+        }
         if let Close::ByServer(code, text) = &close {
             if *code == ReasonCode::QUOTA_EXCEEDED {
                 // A slow consumer: its backlog is what it cannot read. The DISCONNECT
