@@ -239,3 +239,20 @@ async fn publishes_before_a_disconnect_are_still_acknowledged() {
     expect_ack(&mut publ, QoS::AtLeastOnce, 2, ReasonCode::SUCCESS).await;
     publ.expect_closed().await;
 }
+
+/// A packet the server closes the connection for (here a second CONNECT) comes after
+/// PUBLISHes still waiting: those are acknowledged first, then the DISCONNECT.
+#[tokio::test]
+async fn publishes_before_a_closing_packet_are_acknowledged_first() {
+    let (_b, held, addr) = cluster(BrokerConfig::default()).await;
+    let mut publ = RawClient::connect(addr, V5, "bad").await;
+    publish_all(&mut publ, "pipe/bad", &[QoS::AtLeastOnce; 2]).await;
+    publ.send(&Packet::Connect(Box::new(connect_packet(V5, "bad"))))
+        .await;
+    assert!(wait_until(WAIT, || held.count() == 2).await);
+    held.end(1, Ok(()));
+    held.end(2, Ok(()));
+    expect_ack(&mut publ, QoS::AtLeastOnce, 1, ReasonCode::SUCCESS).await;
+    expect_ack(&mut publ, QoS::AtLeastOnce, 2, ReasonCode::SUCCESS).await;
+    publ.expect_disconnect(ReasonCode::PROTOCOL_ERROR).await;
+}

@@ -172,6 +172,11 @@ impl Acks {
         }
     }
 
+    /// Forgets every queued acknowledgement (their gates open).
+    pub fn clear(&mut self) {
+        self.queue.clear();
+    }
+
     /// The front acknowledgement and its wait's outcome, if that wait is over.
     pub fn pop_ready(&mut self) -> Option<(Ack, Result<(), Failed>)> {
         let outcome = self.queue.front_mut()?.outcome.take()?;
@@ -236,16 +241,24 @@ impl Conn {
     /// behind it is acknowledged.
     fn acknowledge(&mut self) -> Result<(), Close> {
         while let Some((ack, outcome)) = self.acks.pop_ready() {
-            let code = match outcome {
-                Ok(()) => ack.code,
-                Err(Failed::Forward(e)) => self.cluster_refused(ack.qos, ack.pid, &e)?,
+            let refused = match outcome {
+                Ok(()) => Ok(ack.code),
+                Err(Failed::Forward(e)) => self.cluster_refused(ack.qos, ack.pid, &e),
                 Err(e) => {
                     tracing::error!("{e}; closing the connection of {}", self.info.client_id);
                     let text = match e {
                         Failed::Retained(_) => "retained message not stored",
                         _ => "session state not stored",
                     };
-                    return Err(Close::ByServer(ReasonCode::UNSPECIFIED_ERROR, text));
+                    Err(Close::ByServer(ReasonCode::UNSPECIFIED_ERROR, text))
+                }
+            };
+            let code = match refused {
+                Ok(code) => code,
+                Err(close) => {
+                    // Nothing behind it is acknowledged, not even by the teardown.
+                    self.acks.clear();
+                    return Err(close);
                 }
             };
             self.send_ack(ack.qos, ack.pid, code)?;

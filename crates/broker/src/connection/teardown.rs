@@ -25,9 +25,11 @@ impl Conn {
     pub(super) async fn finish<S: Transport>(mut self: Box<Self>, stream: &mut S, close: Close) {
         let started = tokio::time::Instant::now();
         let mut flush = Duration::from_secs(1);
-        if matches!(close, Close::ByClient { .. }) {
-            // What the client published before its DISCONNECT is acknowledged as its
-            // writes end, for a while: the PUBLISHes were read before it.
+        if !matches!(close, Close::Lost | Close::Expired) {
+            // The PUBLISHes read before what closes the connection (the client's
+            // DISCONNECT, or a packet the server refuses by closing) are acknowledged
+            // first, as their writes end, for a while. One whose write failed already
+            // forgot those behind it (see `acks.rs`).
             let _ = tokio::time::timeout(flush, self.settle_acks()).await;
         }
         if let Close::ByServer(code, text) = &close {
