@@ -2,12 +2,15 @@
 //! earlier ones' forwards to the other nodes are still pending, and the
 //! acknowledgements go out in the order the PUBLISHes came, each once its own forward
 //! is done [MQTT-4.6.0-2, MQTT-4.6.0-3]. A fabric the test holds decides when (and
-//! how) each forward ends.
+//! how) each forward ends; a session store the test holds, when its writes do.
 
 use std::sync::{Arc, Mutex};
 
-use statehub_broker::codec::{Packet, QoS, ReasonCode};
-use statehub_broker::{BoxFuture, Broker, BrokerConfig, Fabric, FabricError, Message, SharedPicks};
+use statehub_broker::codec::{Packet, PubResponse, QoS, ReasonCode};
+use statehub_broker::{
+    BoxFuture, Broker, BrokerConfig, Fabric, FabricError, Message, SessionChange, SessionStore,
+    SessionStoreError, SharedPicks,
+};
 use statehub_test_support::*;
 use tokio::sync::oneshot;
 
@@ -255,4 +258,67 @@ async fn publishes_before_a_closing_packet_are_acknowledged_first() {
     expect_ack(&mut publ, QoS::AtLeastOnce, 1, ReasonCode::SUCCESS).await;
     expect_ack(&mut publ, QoS::AtLeastOnce, 2, ReasonCode::SUCCESS).await;
     publ.expect_disconnect(ReasonCode::PROTOCOL_ERROR).await;
+}
+
+/// A session store whose barriers end at once, or, while held, when the test says.
+#[derive(Debug, Default)]
+struct Barriers {
+    hold: std::sync::atomic::AtomicBool,
+    held: Mutex<Vec<oneshot::Sender<()>>>,
+}
+
+impl Barriers {
+    fn end_held(&self) -> usize {
+        let held = std::mem::take(&mut *self.held.lock().unwrap());
+        let n = held.len();
+        held.into_iter().for_each(|tx| {
+            let _ = tx.send(());
+        });
+        n
+    }
+}
+
+impl SessionStore for Barriers {
+    fn record(&self, _change: SessionChange<'_>) {}
+    fn barrier(&self) -> BoxFuture<'static, Result<(), SessionStoreError>> {
+        if !self.hold.load(std::sync::atomic::Ordering::SeqCst) {
+            return Box::pin(async { Ok(()) });
+        }
+        let (tx, rx) = oneshot::channel();
+        self.held.lock().unwrap().push(tx);
+        Box::pin(async move { rx.await.map_err(|e| SessionStoreError(Arc::new(e))) })
+    }
+    fn begin_group(&self) {}
+    fn end_group(&self) {}
+}
+
+/// A persistent session's PUBCOMP waits until the receipt's release is stored; the
+/// connection reads and routes the next PUBLISH meanwhile, whose PUBACK follows it.
+#[tokio::test]
+async fn a_pubcomp_waiting_for_the_store_holds_back_no_publish() {
+    let broker = Broker::new(BrokerConfig::default());
+    let store = Arc::new(Barriers::default());
+    broker.set_session_store(store.clone(), Vec::new());
+    let addr = listen(&broker).await;
+    let mut sub = RawClient::connect(addr, V5, "q2sub").await;
+    sub.subscribe("q2/t", opts(QoS::AtLeastOnce)).await;
+    let (mut publ, _) = RawClient::connect_with(addr, persistent_connect("q2pub", 300)).await;
+    publish_all(&mut publ, "q2/t", &[QoS::ExactlyOnce]).await;
+    expect_ack(&mut publ, QoS::ExactlyOnce, 1, ReasonCode::SUCCESS).await;
+    assert_eq!(sub.expect_publish_ack().await.payload[..], [1]);
+
+    store.hold.store(true, std::sync::atomic::Ordering::SeqCst);
+    publ.send(&Packet::PubRel(PubResponse::ok(1))).await;
+    let mut p = publish("q2/t", QoS::AtLeastOnce, &[2]);
+    p.packet_id = Some(2);
+    publ.send(&Packet::Publish(p)).await;
+    assert_eq!(
+        sub.expect_publish().await.payload[..],
+        [2],
+        "routed meanwhile"
+    );
+    publ.expect_nothing(QUIET).await;
+    assert_eq!(store.end_held(), 1);
+    assert!(matches!(publ.expect().await, Packet::PubComp(c) if c.packet_id == 1));
+    expect_ack(&mut publ, QoS::AtLeastOnce, 2, ReasonCode::SUCCESS).await;
 }

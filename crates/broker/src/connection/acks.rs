@@ -89,14 +89,33 @@ impl Wait {
     }
 }
 
-/// One acknowledgement to send: its PUBLISH's QoS and packet id, the reason code it
+/// One acknowledgement to send: what it answers and its packet id, the reason code it
 /// says if its wait succeeds, and the gate its message's stored QoS 2 copies wait
 /// behind (opened when this is dropped, sent or not).
 pub(super) struct Ack {
-    pub qos: QoS,
+    pub answers: Answers,
     pub pid: u16,
     pub code: ReasonCode,
     pub gate: Option<OpenOnDrop>,
+}
+
+/// What an acknowledgement answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Answers {
+    /// A PUBLISH of this QoS (PUBACK for 1, PUBREC for 2; nothing for 0).
+    Publish(QoS),
+    /// A PUBREL (PUBCOMP), once the receipt's release is stored.
+    Release,
+}
+
+impl Answers {
+    /// The QoS of the exchange it is part of.
+    fn qos(self) -> QoS {
+        match self {
+            Answers::Publish(qos) => qos,
+            Answers::Release => QoS::ExactlyOnce,
+        }
+    }
 }
 
 struct Queued {
@@ -226,11 +245,11 @@ impl Conn {
     /// Sends `ack` now if it waits for nothing and nothing is ahead of it; else queues
     /// it. A QoS 0 PUBLISH has no acknowledgement.
     pub(super) fn queue_ack(&mut self, ack: Ack, wait: Wait) -> Result<(), Close> {
-        if ack.qos == QoS::AtMostOnce {
+        if ack.answers == Answers::Publish(QoS::AtMostOnce) {
             return Ok(());
         }
         match self.acks.admit(ack, wait) {
-            Some(ack) => self.send_ack(ack.qos, ack.pid, ack.code),
+            Some(ack) => self.send_ack(ack.answers, ack.pid, ack.code),
             None => Ok(()),
         }
     }
@@ -243,7 +262,7 @@ impl Conn {
         while let Some((ack, outcome)) = self.acks.pop_ready() {
             let refused = match outcome {
                 Ok(()) => Ok(ack.code),
-                Err(Failed::Forward(e)) => self.cluster_refused(ack.qos, ack.pid, &e),
+                Err(Failed::Forward(e)) => self.cluster_refused(ack.answers.qos(), ack.pid, &e),
                 Err(e) => {
                     tracing::error!("{e}; closing the connection of {}", self.info.client_id);
                     let text = match e {
@@ -261,26 +280,24 @@ impl Conn {
                     return Err(close);
                 }
             };
-            self.send_ack(ack.qos, ack.pid, code)?;
+            self.send_ack(ack.answers, ack.pid, code)?;
             // The message's stored QoS 2 copies may go to their subscribers now.
             drop(ack.gate);
         }
         Ok(())
     }
 
-    /// Appends a PUBACK (QoS 1) or PUBREC (QoS 2) with `code`.
-    fn send_ack(&mut self, qos: QoS, pid: u16, code: ReasonCode) -> Result<(), Close> {
-        if code == ReasonCode::SUCCESS {
-            return self.send_success_ack(qos, pid);
-        }
+    /// Appends a PUBACK (QoS 1), PUBREC (QoS 2) or PUBCOMP with `code`.
+    fn send_ack(&mut self, answers: Answers, pid: u16, code: ReasonCode) -> Result<(), Close> {
         let ack = PubResponse {
             reason_code: code,
             ..PubResponse::ok(pid)
         };
-        if qos == QoS::AtLeastOnce {
-            self.send(&Packet::PubAck(ack))
-        } else {
-            self.send(&Packet::PubRec(ack))
+        match answers {
+            Answers::Publish(qos) if code == ReasonCode::SUCCESS => self.send_success_ack(qos, pid),
+            Answers::Publish(QoS::AtLeastOnce) => self.send(&Packet::PubAck(ack)),
+            Answers::Publish(_) => self.send(&Packet::PubRec(ack)),
+            Answers::Release => self.send(&Packet::PubComp(ack)),
         }
     }
 }

@@ -11,7 +11,7 @@ use statehub_mqtt_codec::{
     validate, ByteString, Packet, ProtocolVersion, PubResponse, Publish, QoS, ReasonCode,
 };
 
-use super::acks::{Ack, OpenOnDrop, Wait};
+use super::acks::{Ack, Answers, OpenOnDrop, Wait};
 use super::{Close, Conn};
 use crate::broker::{Blockers, Routed};
 use crate::config::QueueFull;
@@ -31,8 +31,8 @@ pub(super) enum Served {
 
 impl Conn {
     /// How `p` is handled: whether its handling never waits (a PUBLISH to no service
-    /// that may wait: what its acknowledgement waits for is queued, see `acks.rs`; a
-    /// PUBREC or PUBREL without session store or cluster; not one of the rare packets
+    /// that may wait, or a PUBREL: what the answer waits for is queued, see `acks.rs`;
+    /// a PUBREC without session store or cluster; not one of the rare packets
     /// whose handlers are boxed; such a packet is handled by [`Conn::handle_now`]),
     /// and, for a PUBLISH, the service that owns its topic, decided here once.
     pub(super) fn handling(&self, p: &Packet) -> (bool, Served) {
@@ -42,7 +42,7 @@ impl Conn {
                 let in_place = service.as_ref().is_none_or(|s| s.answers_in_place());
                 (in_place, Served::Decided(service))
             }
-            Packet::PubRec(_) | Packet::PubRel(_) => {
+            Packet::PubRec(_) => {
                 let broker = &self.broker;
                 let local = broker.session_store().is_none() && broker.fabric().is_none();
                 (local, Served::Undecided)
@@ -103,20 +103,22 @@ impl Conn {
             Packet::PubRec(r) => self.on_pubrec(r).await,
             Packet::PubRel(r) => {
                 let released = self.session.release_qos2(r.packet_id);
-                // A PUBCOMP frees the id for the client's next message: a restart must
-                // not take that one for a duplicate.
-                if released == Some(true) {
-                    self.durable().await?;
-                }
                 let code = if released.is_some() {
                     ReasonCode::SUCCESS
                 } else {
                     ReasonCode::PACKET_IDENTIFIER_NOT_FOUND
                 };
-                self.send(&Packet::PubComp(PubResponse {
-                    reason_code: code,
-                    ..PubResponse::ok(r.packet_id)
-                }))
+                // A PUBCOMP frees the id for the client's next message: a restart must
+                // not take that one for a duplicate. Queued like a PUBACK, so the
+                // connection reads on meanwhile.
+                let ack = Ack {
+                    answers: Answers::Release,
+                    pid: r.packet_id,
+                    code,
+                    gate: None,
+                };
+                let wait = self.stored_wait(released == Some(true));
+                self.queue_ack(ack, wait)
             }
             Packet::PubComp(c) => {
                 self.session.complete(c.packet_id, Stage::Released);
@@ -204,7 +206,7 @@ impl Conn {
             }
         };
         let ack = Ack {
-            qos,
+            answers: Answers::Publish(qos),
             pid,
             code,
             gate: open_when_done,
@@ -429,7 +431,7 @@ impl Conn {
         let gate = None;
         self.queue_ack(
             Ack {
-                qos,
+                answers: Answers::Publish(qos),
                 pid,
                 code,
                 gate,
