@@ -10,7 +10,10 @@
 //! connection's select loop; an acknowledgement that needs no wait still queues behind
 //! the ones that do. A failed wait at the front decides that PUBLISH's answer (a
 //! refusal code, or the connection closes and nothing behind it is acknowledged);
-//! the ones behind it are answered after it, each by its own outcome.
+//! the ones behind it are answered after it, each by its own outcome. A PUBREL's
+//! PUBCOMP, when a persistent session stores the release, queues the same way. When
+//! the connection closes for anything but a lost socket, the teardown first sends
+//! what the queue holds as its waits end, for a while (`teardown.rs`).
 //!
 //! Bound: QoS 1/2 PUBLISHes not yet acknowledged are what Receive Maximum counts. An
 //! MQTT 5 client that sends more gets DISCONNECT 0x93; from an MQTT 3.1.1 one (which
