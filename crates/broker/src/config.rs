@@ -12,7 +12,9 @@ pub struct BrokerConfig {
     /// Largest packet accepted from a client (advertised as Maximum Packet Size).
     pub max_packet_size: u32,
     /// Receive Maximum advertised to clients: QoS 2 messages a client may have
-    /// un-released at once. Exceeding it is DISCONNECT 0x93.
+    /// un-released at once, and QoS 1/2 PUBLISHes whose acknowledgement is not sent
+    /// yet (it waits for a cluster, retain or session store write). Exceeding it is
+    /// DISCONNECT 0x93; an MQTT 3.1.1 connection is not read past the second bound.
     pub receive_maximum: u16,
     /// Topic Alias Maximum advertised to clients (aliases they may use towards us);
     /// also the most aliases we assign to one client (each is a topic kept for the

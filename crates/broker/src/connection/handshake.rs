@@ -433,6 +433,7 @@ impl Conn {
             bandwidth: None,
             paused: None,
             held: Default::default(),
+            acks: Default::default(),
         })
     }
 }

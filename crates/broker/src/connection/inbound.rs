@@ -11,6 +11,7 @@ use statehub_mqtt_codec::{
     validate, ByteString, Packet, ProtocolVersion, PubResponse, Publish, QoS, ReasonCode,
 };
 
+use super::acks::{Ack, Answers, OpenOnDrop, Wait};
 use super::{Close, Conn};
 use crate::broker::{Blockers, Routed};
 use crate::config::QueueFull;
@@ -28,31 +29,24 @@ pub(super) enum Served {
     Undecided,
 }
 
-/// Opens a gate when the publish that holds it is done with (acknowledged, or failed:
-/// a dead store must not leave messages stuck behind it).
-struct OpenOnDrop(Arc<Gate>);
-
-impl Drop for OpenOnDrop {
-    fn drop(&mut self) {
-        self.0.open();
-    }
-}
-
 impl Conn {
-    /// How `p` is handled: whether its handling never waits (no service that may wait,
-    /// no session store, retain store or cluster, and not one of the rare packets whose
-    /// handlers are boxed; such a packet is handled by [`Conn::handle_now`]), and, for a
-    /// PUBLISH, the service that owns its topic, decided here once.
+    /// How `p` is handled: whether its handling never waits (a PUBLISH to no service
+    /// that may wait, or a PUBREL: what the answer waits for is queued, see `acks.rs`;
+    /// a PUBREC without session store or cluster; not one of the rare packets
+    /// whose handlers are boxed; such a packet is handled by [`Conn::handle_now`]),
+    /// and, for a PUBLISH, the service that owns its topic, decided here once.
     pub(super) fn handling(&self, p: &Packet) -> (bool, Served) {
-        let broker = &self.broker;
-        let local = broker.session_store().is_none() && broker.fabric().is_none();
         match p {
             Packet::Publish(p) => {
                 let service = self.service_of(p);
                 let in_place = service.as_ref().is_none_or(|s| s.answers_in_place());
-                (local && !p.retain && in_place, Served::Decided(service))
+                (in_place, Served::Decided(service))
             }
-            Packet::PubRec(_) | Packet::PubRel(_) => (local, Served::Undecided),
+            Packet::PubRec(_) => {
+                let broker = &self.broker;
+                let local = broker.session_store().is_none() && broker.fabric().is_none();
+                (local, Served::Undecided)
+            }
             Packet::Subscribe(_) | Packet::Unsubscribe(_) | Packet::Auth(_) => {
                 (false, Served::Undecided)
             }
@@ -109,20 +103,22 @@ impl Conn {
             Packet::PubRec(r) => self.on_pubrec(r).await,
             Packet::PubRel(r) => {
                 let released = self.session.release_qos2(r.packet_id);
-                // A PUBCOMP frees the id for the client's next message: a restart must
-                // not take that one for a duplicate.
-                if released == Some(true) {
-                    self.durable().await?;
-                }
                 let code = if released.is_some() {
                     ReasonCode::SUCCESS
                 } else {
                     ReasonCode::PACKET_IDENTIFIER_NOT_FOUND
                 };
-                self.send(&Packet::PubComp(PubResponse {
-                    reason_code: code,
-                    ..PubResponse::ok(r.packet_id)
-                }))
+                // A PUBCOMP frees the id for the client's next message: a restart must
+                // not take that one for a duplicate. Queued like a PUBACK, so the
+                // connection reads on meanwhile.
+                let ack = Ack {
+                    answers: Answers::Release,
+                    pid: r.packet_id,
+                    code,
+                    gate: None,
+                };
+                let wait = self.stored_wait(released == Some(true));
+                self.queue_ack(ack, wait)
             }
             Packet::PubComp(c) => {
                 self.session.complete(c.packet_id, Stage::Released);
@@ -170,6 +166,9 @@ impl Conn {
             ));
         }
         let pid = p.packet_id.unwrap_or(0);
+        if p.qos != QoS::AtMostOnce {
+            self.within_receive_maximum()?;
+        }
         if p.qos == QoS::ExactlyOnce && self.qos2_duplicate(pid)? {
             return Ok(());
         }
@@ -179,36 +178,54 @@ impl Conn {
                 return Err(Close::ByServer(ReasonCode::TOPIC_NAME_INVALID, text));
             }
             tracing::debug!(client = %self.info.client_id, "{text}; answering 0x90");
-            return self
-                .ack_publish(p.qos, pid, ReasonCode::TOPIC_NAME_INVALID, false)
-                .await;
+            return self.ack_publish(p.qos, pid, ReasonCode::TOPIC_NAME_INVALID, false);
         }
         if let Err(code) = validate::payload_utf8(&p) {
             if p.qos == QoS::AtMostOnce {
                 return Err(Close::ByServer(code, "payload is not UTF-8 [MQTT-3.3.2-4]"));
             }
-            return self.ack_publish(p.qos, pid, code, false).await;
+            return self.ack_publish(p.qos, pid, code, false);
         }
         if let Some(reason) = self.publish_denied(&p.topic) {
-            return Box::pin(self.deny_publish(p.qos, pid, reason)).await;
+            return self.deny_publish(p.qos, pid, reason);
         }
         let qos = p.qos;
-        // Opened once this publish is acknowledged (after its barrier) or failed.
+        // Opened once this publish is acknowledged (after its waits) or failed.
         let gate =
             (qos == QoS::ExactlyOnce && self.broker.session_store().is_some()).then(Arc::default);
-        let _open_when_done = gate.clone().map(OpenOnDrop);
-        let (code, stored) = if let Some(service) = service {
+        let open_when_done = gate.clone().map(OpenOnDrop);
+        let (code, wait) = if let Some(service) = service {
             self.refresh_service_access();
             service.on_publish(&self.broker, &self.info, &p).await;
             let stored = qos == QoS::ExactlyOnce && self.session.receive_qos2(pid);
-            (ReasonCode::SUCCESS, stored)
+            (ReasonCode::SUCCESS, self.stored_wait(stored))
         } else {
-            match self.route_publish(p, pid, gate.as_ref()).await? {
+            match self.route_publish(p, pid, gate.as_ref())? {
                 Some(routed) => routed,
                 None => return Ok(()),
             }
         };
-        self.ack_publish(qos, pid, code, stored).await
+        let ack = Ack {
+            answers: Answers::Publish(qos),
+            pid,
+            code,
+            gate: open_when_done,
+        };
+        self.queue_ack(ack, wait)
+    }
+
+    /// An MQTT 5 client may have Receive Maximum QoS 1/2 PUBLISHes unacknowledged; one
+    /// more closes its connection with 0x93 (an MQTT 3.1.1 one is not read past that,
+    /// see `acks.rs`).
+    fn within_receive_maximum(&self) -> Result<(), Close> {
+        let maximum = usize::from(self.broker.config().receive_maximum);
+        if self.version != ProtocolVersion::V5 || self.acks.len() < maximum {
+            return Ok(());
+        }
+        Err(Close::ByServer(
+            ReasonCode::RECEIVE_MAXIMUM_EXCEEDED,
+            "receive maximum exceeded [MQTT-3.3.4-9]",
+        ))
     }
 
     /// A QoS 2 PUBLISH whose packet id is still held is a duplicate: answered PUBREC
@@ -218,7 +235,8 @@ impl Conn {
         let maximum = self.broker.config().receive_maximum;
         match self.session.incoming_qos2(pid, maximum) {
             IncomingQos2::Duplicate => {
-                self.send(&Packet::PubRec(PubResponse::ok(pid)))?;
+                // Behind the original's PUBREC if that still waits.
+                self.ack_publish(QoS::ExactlyOnce, pid, ReasonCode::SUCCESS, false)?;
                 Ok(true)
             }
             IncomingQos2::OverMaximum => Err(Close::ByServer(
@@ -230,20 +248,22 @@ impl Conn {
     }
 
     /// Routes a client's PUBLISH to the sessions it matches (and keeps it if retained):
-    /// the acknowledgement's code and whether a persistent session stored it, or `None`
-    /// when `queue_full_policy = "refuse"` refused it (already answered).
-    async fn route_publish(
+    /// the acknowledgement's code and what it waits for (the retained change, the
+    /// other nodes, the copies persistent sessions stored), or `None` when it was
+    /// refused (already answered).
+    fn route_publish(
         &mut self,
         p: Publish,
         pid: u16,
         gate: Option<&Arc<Gate>>,
-    ) -> Result<Option<(ReasonCode, bool)>, Close> {
+    ) -> Result<Option<(ReasonCode, Wait)>, Close> {
         let qos = p.qos;
         if qos != QoS::AtMostOnce && self.broker.fabric().is_some_and(|f| !f.is_available()) {
             // Refused before any node delivers it, so the client's resend duplicates
             // nothing.
             let e = FabricError::Unavailable("not connected".into());
-            Box::pin(self.cluster_refusal(qos, pid, &e)).await?;
+            let code = self.cluster_refused(qos, pid, &e)?;
+            self.ack_publish(qos, pid, code, false)?;
             return Ok(None);
         }
         let msg = Arc::new(Message::from_publish(
@@ -259,41 +279,35 @@ impl Conn {
         });
         self.pause_for(pressed);
         if routed.refused {
-            Box::pin(self.refuse_publish(qos, pid)).await?;
+            self.refuse_publish(qos, pid)?;
             return Ok(None);
         }
-        // With a retain store, the ack waits until the retained change is durable. If it
-        // never will be, no ack: the connection closes and the client resends.
-        if let Some(durable) = durable.filter(|_| qos != QoS::AtMostOnce) {
-            if let Err(e) = durable.await {
-                tracing::error!("{e}; closing the connection of {}", self.info.client_id);
-                return Err(Close::ByServer(
-                    ReasonCode::UNSPECIFIED_ERROR,
-                    "retained message not stored",
-                ));
-            }
+        if qos == QoS::AtMostOnce {
+            return Ok(Some((ReasonCode::SUCCESS, Wait::default())));
         }
-        // In a cluster the ack also waits until the other nodes will get it; whether
-        // any of them has a subscriber is not known here.
-        let forwarded = routed.forwarded.take();
-        if let Some(forwarded) = forwarded.filter(|_| qos != QoS::AtMostOnce) {
-            if let Err(e) = forwarded.await {
-                Box::pin(self.cluster_refusal(qos, pid, &e)).await?;
-                return Ok(None);
-            }
-            return Ok(Some((ReasonCode::SUCCESS, routed.stored)));
-        }
+        // With a retain store, the ack waits until the retained change is durable; in a
+        // cluster, until the other nodes will get it (whether any of them has a
+        // subscriber is not known here).
+        let mut wait = self.stored_wait(routed.stored);
+        wait.retained = durable;
+        wait.forwarded = routed.forwarded.take();
         let code = match routed.sessions {
             0 if self.broker.fabric().is_none() => ReasonCode::NO_MATCHING_SUBSCRIBERS,
             _ => ReasonCode::SUCCESS,
         };
-        Ok(Some((code, routed.stored)))
+        Ok(Some((code, wait)))
     }
 
-    /// Answers a QoS 1/2 PUBLISH the other nodes cannot be given: its reason code to an
-    /// MQTT 5 client; an MQTT 3.1.1 one cannot be told, so its connection closes
-    /// without the acknowledgement and it resends the message when it reconnects.
-    async fn cluster_refusal(&mut self, qos: QoS, pid: u16, e: &FabricError) -> Result<(), Close> {
+    /// A QoS 1/2 PUBLISH the other nodes cannot be given: the reason code an MQTT 5
+    /// client is answered with; an MQTT 3.1.1 one cannot be told, so its connection
+    /// closes without the acknowledgement and it resends the message when it
+    /// reconnects.
+    pub(super) fn cluster_refused(
+        &mut self,
+        qos: QoS,
+        pid: u16,
+        e: &FabricError,
+    ) -> Result<ReasonCode, Close> {
         static LOG: LogLimit = LogLimit::per_secs(10);
         let m = self.broker.metrics();
         m.cluster_refused.fetch_add(1, Ordering::Relaxed);
@@ -305,7 +319,7 @@ impl Conn {
             self.session.release_qos2(pid);
         }
         if self.version == ProtocolVersion::V5 {
-            return self.ack_publish(qos, pid, e.reason_code(), false).await;
+            return Ok(e.reason_code());
         }
         Err(Close::ByServer(
             ReasonCode::IMPLEMENTATION_SPECIFIC_ERROR,
@@ -342,17 +356,14 @@ impl Conn {
     /// Answers a PUBLISH the client may not make, which goes nowhere: PUBACK/PUBREC
     /// 0x87 for MQTT 5 (nothing for QoS 0); for MQTT 3.1.1, which has no way to say so,
     /// the normal acknowledgement [MQTT-3.3.5-2].
-    async fn deny_publish(&mut self, qos: QoS, pid: u16, reason: &str) -> Result<(), Close> {
+    fn deny_publish(&mut self, qos: QoS, pid: u16, reason: &str) -> Result<(), Close> {
         tracing::debug!(client = %self.info.client_id, reason, "PUBLISH dropped");
         if self.version == ProtocolVersion::V5 {
-            return self
-                .ack_publish(qos, pid, ReasonCode::NOT_AUTHORIZED, false)
-                .await;
+            return self.ack_publish(qos, pid, ReasonCode::NOT_AUTHORIZED, false);
         }
         // A QoS 2 receipt is kept, so the client's PUBREL finds it.
         let stored = qos == QoS::ExactlyOnce && self.session.receive_qos2(pid);
         self.ack_publish(qos, pid, ReasonCode::SUCCESS, stored)
-            .await
     }
 
     /// Routes a client's message (`accepted` runs unless it is refused, see
@@ -391,11 +402,9 @@ impl Conn {
     /// Answers a PUBLISH that a full queue refused: 0x97 to an MQTT 5 client. An MQTT
     /// 3.1.1 one cannot be told: its connection closes without the acknowledgement,
     /// and it resends the message when it reconnects.
-    async fn refuse_publish(&mut self, qos: QoS, pid: u16) -> Result<(), Close> {
+    fn refuse_publish(&mut self, qos: QoS, pid: u16) -> Result<(), Close> {
         if self.version == ProtocolVersion::V5 {
-            return self
-                .ack_publish(qos, pid, ReasonCode::QUOTA_EXCEEDED, false)
-                .await;
+            return self.ack_publish(qos, pid, ReasonCode::QUOTA_EXCEEDED, false);
         }
         let m = self.broker.metrics();
         m.refused_quota_closed.fetch_add(1, Ordering::Relaxed);
@@ -405,33 +414,38 @@ impl Conn {
         ))
     }
 
-    /// Acknowledges a PUBLISH once what the acknowledgement promises is durable
-    /// (`stored`): the copies queued for persistent sessions and, for QoS 2, the
-    /// receipt.
-    async fn ack_publish(
+    /// Acknowledges a PUBLISH, once what the acknowledgement promises is durable
+    /// (`stored`: the copies queued for persistent sessions and, for QoS 2, the
+    /// receipt), after the acknowledgements of the PUBLISHes before it.
+    fn ack_publish(
         &mut self,
         qos: QoS,
         pid: u16,
         code: ReasonCode,
         stored: bool,
     ) -> Result<(), Close> {
-        let ack = PubResponse {
-            reason_code: code,
-            ..PubResponse::ok(pid)
+        let wait = match qos {
+            QoS::AtMostOnce => Wait::default(),
+            _ => self.stored_wait(stored),
         };
-        if qos == QoS::AtMostOnce {
-            return Ok(());
-        }
-        if stored {
-            self.durable().await?;
-        }
-        if code == ReasonCode::SUCCESS {
-            return self.send_success_ack(qos, pid);
-        }
-        if qos == QoS::AtLeastOnce {
-            self.send(&Packet::PubAck(ack))
-        } else {
-            self.send(&Packet::PubRec(ack))
+        let gate = None;
+        self.queue_ack(
+            Ack {
+                answers: Answers::Publish(qos),
+                pid,
+                code,
+                gate,
+            },
+            wait,
+        )
+    }
+
+    /// What an acknowledgement waits for when the session store recorded what it
+    /// acknowledges (`stored`): a barrier, after those records.
+    fn stored_wait(&self, stored: bool) -> Wait {
+        Wait {
+            stored: stored.then(|| self.broker.session_store()).flatten(),
+            ..Wait::default()
         }
     }
 

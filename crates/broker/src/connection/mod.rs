@@ -7,6 +7,7 @@
 //! draining the session queue while the write buffer is above its high-water mark;
 //! the queue then fills and the session's bounds decide (see `session/mod.rs`).
 
+mod acks;
 mod authn;
 mod authorize;
 mod buffers;
@@ -124,6 +125,8 @@ pub(crate) struct Conn {
     paused: Option<Box<pressure::Pause>>,
     /// What was read while paused, to be handled when the pause ends.
     held: pressure::Held,
+    /// Acknowledgements of QoS 1/2 PUBLISHes not sent yet, in order (`acks.rs`).
+    acks: acks::Acks,
 }
 
 /// Serves one connection until it closes, with the `[mqtt]` table's bandwidth
@@ -249,8 +252,11 @@ impl Conn {
             }
             self.release_idle(rbuf);
             let writing = !self.wbuf.is_empty() || stream.wants_write();
-            let reading =
-                self.wbuf.len() < 4 * high_water && !deadlines.throttled() && !self.held.full();
+            let reading = self.wbuf.len() < 4 * high_water
+                && !deadlines.throttled()
+                && !self.held.full()
+                && !self.acks_full();
+            let acking = !self.acks.is_empty();
             tokio::select! {
                 biased;
                 // Registers the task with the signal, so the deliveries branch below
@@ -278,6 +284,11 @@ impl Conn {
                     }
                     if let Some(at) = deadlines.next().filter(|at| *at < timer.deadline()) {
                         timer.reset(at);
+                    }
+                }
+                () = poll_fn(|cx| self.acks.poll_ready(cx)), if acking => {
+                    if let Err(close) = self.acknowledged(rbuf, &mut deadlines).await {
+                        return close;
                     }
                 }
                 () = poll_fn(|_| if signal.take_deliveries() { Poll::Ready(()) } else { Poll::Pending }) => {}
@@ -389,8 +400,9 @@ impl Conn {
                 Step::Wait(handling) => handling.await?,
             }
             handled += 1;
-            if self.held.full() {
-                // The rest waits in the buffer until the pause ends.
+            if self.held.full() || self.acks_full() {
+                // The rest waits in the buffer until the pause ends or the
+                // acknowledgements ahead of it are sent.
                 return Ok(handled);
             }
         }

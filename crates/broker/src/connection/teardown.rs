@@ -25,6 +25,13 @@ impl Conn {
     pub(super) async fn finish<S: Transport>(mut self: Box<Self>, stream: &mut S, close: Close) {
         let started = tokio::time::Instant::now();
         let mut flush = Duration::from_secs(1);
+        if !matches!(close, Close::Lost | Close::Expired) {
+            // The PUBLISHes read before what closes the connection (the client's
+            // DISCONNECT, or a packet the server refuses by closing) are acknowledged
+            // first, as their writes end, for a while. One whose write failed already
+            // forgot those behind it (see `acks.rs`).
+            let _ = tokio::time::timeout(flush, self.settle_acks()).await;
+        }
         if let Close::ByServer(code, text) = &close {
             if *code == ReasonCode::QUOTA_EXCEEDED {
                 // A slow consumer: its backlog is what it cannot read. The DISCONNECT

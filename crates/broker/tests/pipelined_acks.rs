@@ -1,0 +1,324 @@
+//! A publisher's QoS 1/2 PUBLISHes in a cluster: each is routed at once while the
+//! earlier ones' forwards to the other nodes are still pending, and the
+//! acknowledgements go out in the order the PUBLISHes came, each once its own forward
+//! is done [MQTT-4.6.0-2, MQTT-4.6.0-3]. A fabric the test holds decides when (and
+//! how) each forward ends; a session store the test holds, when its writes do.
+
+use std::sync::{Arc, Mutex};
+
+use statehub_broker::codec::{Packet, PubResponse, QoS, ReasonCode};
+use statehub_broker::{
+    BoxFuture, Broker, BrokerConfig, Fabric, FabricError, Message, SessionChange, SessionStore,
+    SessionStoreError, SharedPicks,
+};
+use statehub_test_support::*;
+use tokio::sync::oneshot;
+
+type Done = oneshot::Sender<Result<(), FabricError>>;
+
+/// A cluster whose forwards end when the test says, in any order.
+#[derive(Debug, Default)]
+struct Held {
+    forwards: Mutex<Vec<Option<Done>>>,
+}
+
+impl Held {
+    fn count(&self) -> usize {
+        self.forwards.lock().unwrap().len()
+    }
+
+    /// Ends the `n`th forward (from 1) with `result`.
+    fn end(&self, n: usize, result: Result<(), FabricError>) {
+        let done = self.forwards.lock().unwrap()[n - 1].take();
+        let _ = done.expect("ended twice").send(result);
+    }
+}
+
+impl Fabric for Held {
+    fn is_available(&self) -> bool {
+        true
+    }
+    fn shared_picks(&self, _topic: &str) -> SharedPicks {
+        SharedPicks::default()
+    }
+    fn forward(
+        &self,
+        _msg: &Message,
+        _picks: SharedPicks,
+    ) -> BoxFuture<'static, Result<(), FabricError>> {
+        let (tx, rx) = oneshot::channel();
+        self.forwards.lock().unwrap().push(Some(tx));
+        Box::pin(async move {
+            rx.await
+                .unwrap_or_else(|_| Err(FabricError::Unavailable("dropped".into())))
+        })
+    }
+    fn connected(&self, _: &str, _: bool) -> BoxFuture<'static, Result<(), FabricError>> {
+        Box::pin(async { Ok(()) })
+    }
+    fn announcing(&self, _client_id: &str) -> bool {
+        false
+    }
+    fn shared_group_changed(&self, _filter: &str, _group: &str, _present: bool) {}
+}
+
+async fn cluster(cfg: BrokerConfig) -> (Broker, Arc<Held>, std::net::SocketAddr) {
+    let broker = Broker::new(cfg);
+    let held = Arc::new(Held::default());
+    assert!(broker.set_fabric(held.clone()));
+    let addr = listen(&broker).await;
+    (broker, held, addr)
+}
+
+/// Sends PUBLISHes with ids 1..=qos.len() on `topic`, payload the id, without waiting.
+async fn publish_all(c: &mut RawClient, topic: &str, qos: &[QoS]) {
+    for (i, q) in qos.iter().enumerate() {
+        let id = u16::try_from(i + 1).unwrap();
+        let mut p = publish(topic, *q, &[id as u8]);
+        p.packet_id = Some(id);
+        c.send(&Packet::Publish(p)).await;
+    }
+}
+
+/// The next packet is the acknowledgement of `id` (PUBACK for QoS 1, PUBREC for
+/// QoS 2) with `code`.
+async fn expect_ack(c: &mut RawClient, qos: QoS, id: u16, code: ReasonCode) {
+    let (got_id, got_code) = match (qos, c.expect().await) {
+        (QoS::AtLeastOnce, Packet::PubAck(a)) | (QoS::ExactlyOnce, Packet::PubRec(a)) => {
+            (a.packet_id, a.reason_code)
+        }
+        (_, other) => panic!("expected the {qos:?} acknowledgement of {id}, got {other:?}"),
+    };
+    assert_eq!(
+        (got_id, got_code),
+        (id, code),
+        "acknowledgements out of order"
+    );
+}
+
+/// Every PUBLISH is routed to the local subscriber while no forward has ended, and
+/// the acknowledgements follow the PUBLISHes' order, whatever order the forwards end in.
+#[tokio::test]
+async fn publishes_are_routed_while_forwards_wait_and_acknowledged_in_order() {
+    let (_b, held, addr) = cluster(BrokerConfig::default()).await;
+    let mut sub = RawClient::connect(addr, V5, "sub").await;
+    sub.subscribe("pipe/t", opts(QoS::ExactlyOnce)).await;
+    let mut publ = RawClient::connect(addr, V5, "pub").await;
+    let qos = [
+        QoS::AtLeastOnce,
+        QoS::ExactlyOnce,
+        QoS::AtLeastOnce,
+        QoS::ExactlyOnce,
+        QoS::AtLeastOnce,
+    ];
+    publish_all(&mut publ, "pipe/t", &qos).await;
+
+    for id in 1..=5u8 {
+        let p = sub.expect_publish().await;
+        assert_eq!(p.payload[..], [id], "delivered in the publisher's order");
+    }
+    assert!(
+        wait_until(WAIT, || held.count() == 5).await,
+        "all five forwarded"
+    );
+    publ.expect_nothing(QUIET).await;
+
+    held.end(3, Ok(()));
+    held.end(2, Ok(()));
+    publ.expect_nothing(QUIET).await; // the first still waits
+    held.end(1, Ok(()));
+    for id in 1..=3u16 {
+        expect_ack(&mut publ, qos[usize::from(id) - 1], id, ReasonCode::SUCCESS).await;
+    }
+    held.end(5, Ok(()));
+    publ.expect_nothing(QUIET).await;
+    held.end(4, Ok(()));
+    expect_ack(&mut publ, QoS::ExactlyOnce, 4, ReasonCode::SUCCESS).await;
+    expect_ack(&mut publ, QoS::AtLeastOnce, 5, ReasonCode::SUCCESS).await;
+}
+
+/// A failed forward is refused (MQTT 5: 0x80) in its place; the ones behind it are
+/// answered after it, each as its own forward ended.
+#[tokio::test]
+async fn a_failed_forward_is_refused_in_its_place() {
+    let (_b, held, addr) = cluster(BrokerConfig::default()).await;
+    let mut publ = RawClient::connect(addr, V5, "pub5").await;
+    let qos = [QoS::AtLeastOnce, QoS::ExactlyOnce, QoS::AtLeastOnce];
+    publish_all(&mut publ, "pipe/f", &qos).await;
+    assert!(wait_until(WAIT, || held.count() == 3).await);
+    held.end(3, Ok(()));
+    held.end(2, Err(FabricError::Unavailable("down".into())));
+    publ.expect_nothing(QUIET).await;
+    held.end(1, Ok(()));
+    expect_ack(&mut publ, QoS::AtLeastOnce, 1, ReasonCode::SUCCESS).await;
+    expect_ack(
+        &mut publ,
+        QoS::ExactlyOnce,
+        2,
+        ReasonCode::UNSPECIFIED_ERROR,
+    )
+    .await;
+    expect_ack(&mut publ, QoS::AtLeastOnce, 3, ReasonCode::SUCCESS).await;
+    // The refused QoS 2 message was not received: its id may be used again.
+    let mut again = publish("pipe/f", QoS::ExactlyOnce, b"again");
+    again.packet_id = Some(2);
+    publ.send(&Packet::Publish(again)).await;
+    assert!(
+        wait_until(WAIT, || held.count() == 4).await,
+        "routed again, not a duplicate"
+    );
+    held.end(4, Ok(()));
+    expect_ack(&mut publ, QoS::ExactlyOnce, 2, ReasonCode::SUCCESS).await;
+}
+
+/// MQTT 3.1.1 cannot be told of a refusal: its connection closes at the failed one,
+/// and nothing behind it is acknowledged, though its forward succeeded.
+#[tokio::test]
+async fn a_failed_forward_closes_an_mqtt311_connection_before_later_acks() {
+    let (_b, held, addr) = cluster(BrokerConfig::default()).await;
+    let mut publ = RawClient::connect(addr, V311, "pub3").await;
+    publish_all(&mut publ, "pipe/c", &[QoS::AtLeastOnce; 3]).await;
+    assert!(wait_until(WAIT, || held.count() == 3).await);
+    held.end(1, Ok(()));
+    held.end(3, Ok(()));
+    expect_ack(&mut publ, QoS::AtLeastOnce, 1, ReasonCode::SUCCESS).await;
+    publ.expect_nothing(QUIET).await;
+    held.end(2, Err(FabricError::Unavailable("down".into())));
+    publ.expect_closed().await;
+}
+
+/// Receive Maximum bounds what one connection has pending: an MQTT 5 client past it
+/// is disconnected with 0x93, an MQTT 3.1.1 one is not read past it.
+#[tokio::test]
+async fn pending_acknowledgements_are_bounded_by_receive_maximum() {
+    let cfg = BrokerConfig {
+        receive_maximum: 2,
+        ..Default::default()
+    };
+    let (_b, held, addr) = cluster(cfg).await;
+    let mut v5 = RawClient::connect(addr, V5, "rm5").await;
+    publish_all(&mut v5, "pipe/rm5", &[QoS::AtLeastOnce; 3]).await;
+    v5.expect_disconnect(ReasonCode::RECEIVE_MAXIMUM_EXCEEDED)
+        .await;
+    assert_eq!(held.count(), 2, "the third was not routed");
+
+    let mut sub = RawClient::connect(addr, V5, "rmsub").await;
+    sub.subscribe("pipe/rm3", opts(QoS::AtMostOnce)).await;
+    let mut v3 = RawClient::connect(addr, V311, "rm3").await;
+    publish_all(&mut v3, "pipe/rm3", &[QoS::AtLeastOnce; 4]).await;
+    for id in 1..=2u8 {
+        assert_eq!(sub.expect_publish().await.payload[..], [id]);
+    }
+    sub.expect_nothing(QUIET).await;
+    assert_eq!(held.count(), 4, "two routed, not the rest");
+    held.end(1, Ok(()));
+    held.end(2, Ok(()));
+    // Each acknowledgement lets one more in.
+    for id in 1..=2u8 {
+        held.end(usize::from(id) + 2, Ok(()));
+        expect_ack(&mut v3, QoS::AtLeastOnce, id.into(), ReasonCode::SUCCESS).await;
+        assert_eq!(sub.expect_publish().await.payload[..], [id + 2]);
+        sub.expect_nothing(QUIET).await;
+    }
+    held.end(5, Ok(()));
+    held.end(6, Ok(()));
+    for id in 3..=4u16 {
+        expect_ack(&mut v3, QoS::AtLeastOnce, id, ReasonCode::SUCCESS).await;
+    }
+}
+
+/// A client that publishes and disconnects at once still gets the acknowledgements
+/// of what it published before its DISCONNECT, as the writes end.
+#[tokio::test]
+async fn publishes_before_a_disconnect_are_still_acknowledged() {
+    let (_b, held, addr) = cluster(BrokerConfig::default()).await;
+    let mut publ = RawClient::connect(addr, V5, "bye").await;
+    publish_all(&mut publ, "pipe/bye", &[QoS::AtLeastOnce; 2]).await;
+    publ.send(&Packet::Disconnect(Default::default())).await;
+    assert!(wait_until(WAIT, || held.count() == 2).await);
+    held.end(2, Ok(()));
+    held.end(1, Ok(()));
+    expect_ack(&mut publ, QoS::AtLeastOnce, 1, ReasonCode::SUCCESS).await;
+    expect_ack(&mut publ, QoS::AtLeastOnce, 2, ReasonCode::SUCCESS).await;
+    publ.expect_closed().await;
+}
+
+/// A packet the server closes the connection for (here a second CONNECT) comes after
+/// PUBLISHes still waiting: those are acknowledged first, then the DISCONNECT.
+#[tokio::test]
+async fn publishes_before_a_closing_packet_are_acknowledged_first() {
+    let (_b, held, addr) = cluster(BrokerConfig::default()).await;
+    let mut publ = RawClient::connect(addr, V5, "bad").await;
+    publish_all(&mut publ, "pipe/bad", &[QoS::AtLeastOnce; 2]).await;
+    publ.send(&Packet::Connect(Box::new(connect_packet(V5, "bad"))))
+        .await;
+    assert!(wait_until(WAIT, || held.count() == 2).await);
+    held.end(1, Ok(()));
+    held.end(2, Ok(()));
+    expect_ack(&mut publ, QoS::AtLeastOnce, 1, ReasonCode::SUCCESS).await;
+    expect_ack(&mut publ, QoS::AtLeastOnce, 2, ReasonCode::SUCCESS).await;
+    publ.expect_disconnect(ReasonCode::PROTOCOL_ERROR).await;
+}
+
+/// A session store whose barriers end at once, or, while held, when the test says.
+#[derive(Debug, Default)]
+struct Barriers {
+    hold: std::sync::atomic::AtomicBool,
+    held: Mutex<Vec<oneshot::Sender<()>>>,
+}
+
+impl Barriers {
+    fn end_held(&self) -> usize {
+        let held = std::mem::take(&mut *self.held.lock().unwrap());
+        let n = held.len();
+        held.into_iter().for_each(|tx| {
+            let _ = tx.send(());
+        });
+        n
+    }
+}
+
+impl SessionStore for Barriers {
+    fn record(&self, _change: SessionChange<'_>) {}
+    fn barrier(&self) -> BoxFuture<'static, Result<(), SessionStoreError>> {
+        if !self.hold.load(std::sync::atomic::Ordering::SeqCst) {
+            return Box::pin(async { Ok(()) });
+        }
+        let (tx, rx) = oneshot::channel();
+        self.held.lock().unwrap().push(tx);
+        Box::pin(async move { rx.await.map_err(|e| SessionStoreError(Arc::new(e))) })
+    }
+    fn begin_group(&self) {}
+    fn end_group(&self) {}
+}
+
+/// A persistent session's PUBCOMP waits until the receipt's release is stored; the
+/// connection reads and routes the next PUBLISH meanwhile, whose PUBACK follows it.
+#[tokio::test]
+async fn a_pubcomp_waiting_for_the_store_holds_back_no_publish() {
+    let broker = Broker::new(BrokerConfig::default());
+    let store = Arc::new(Barriers::default());
+    broker.set_session_store(store.clone(), Vec::new());
+    let addr = listen(&broker).await;
+    let mut sub = RawClient::connect(addr, V5, "q2sub").await;
+    sub.subscribe("q2/t", opts(QoS::AtLeastOnce)).await;
+    let (mut publ, _) = RawClient::connect_with(addr, persistent_connect("q2pub", 300)).await;
+    publish_all(&mut publ, "q2/t", &[QoS::ExactlyOnce]).await;
+    expect_ack(&mut publ, QoS::ExactlyOnce, 1, ReasonCode::SUCCESS).await;
+    assert_eq!(sub.expect_publish_ack().await.payload[..], [1]);
+
+    store.hold.store(true, std::sync::atomic::Ordering::SeqCst);
+    publ.send(&Packet::PubRel(PubResponse::ok(1))).await;
+    let mut p = publish("q2/t", QoS::AtLeastOnce, &[2]);
+    p.packet_id = Some(2);
+    publ.send(&Packet::Publish(p)).await;
+    assert_eq!(
+        sub.expect_publish().await.payload[..],
+        [2],
+        "routed meanwhile"
+    );
+    publ.expect_nothing(QUIET).await;
+    assert_eq!(store.end_held(), 1);
+    assert!(matches!(publ.expect().await, Packet::PubComp(c) if c.packet_id == 1));
+    expect_ack(&mut publ, QoS::AtLeastOnce, 2, ReasonCode::SUCCESS).await;
+}
