@@ -11,7 +11,7 @@
 # (default 3; 0 skips it), that many statehub nodes on the same redis-server, the
 # CLIENTS spread over them by one load process per node, all started together: their
 # ops/s are summed. No CPU pinning: statehub on Redis needs both processes. Prints one
-# line per run.
+# line per run, with statehub's CPU time per request for the one-node runs.
 #
 # Environment: CLIENTS (64), N (requests per command, 50000), KEYS (10000), VALUE (100),
 # NODES (3).
@@ -44,21 +44,31 @@ redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --dir "$OUT_DIR/redis" --save
 PIDS+=($!)
 wait_port "$REDIS_PORT" "$!"
 
-bench() { # LABEL PORT
-    local label="$1" port="$2" ratio
+cpu_ticks() { # PID: user + system CPU time of the process so far, in clock ticks
+    awk '{ print $14 + $15 }' "/proc/$1/stat"
+}
+
+bench() { # LABEL PORT PID
+    local label="$1" port="$2" pid="$3" ratio before
     for ratio in 0 1; do
         local cmd=SET
         [ "$ratio" = 1 ] && cmd=GET
+        before="$(cpu_ticks "$pid")"
         "$BENCH_BIN" statestore --port "$port" --clients "$CLIENTS" --requests-per-client "$PER_CLIENT" \
             --ratio-get "$ratio" --keys "$KEYS" --value-size "$VALUE" --json --quiet \
             2>"$OUT_DIR/$label-$cmd.txt" >"$OUT_DIR/$label-$cmd.json"
-        echo "$label $cmd $(cat "$OUT_DIR/$label-$cmd.json")"
+        # statehub's CPU per request (the load's setup included), in microseconds.
+        local cpu_us
+        cpu_us="$(python3 -c 'import os, sys
+ticks, requests = int(sys.argv[1]), int(sys.argv[2])
+print(round(ticks * 1e6 / os.sysconf("SC_CLK_TCK") / requests, 1))' "$(($(cpu_ticks "$pid") - before))" "$((PER_CLIENT * CLIENTS))")"
+        echo "$label $cmd statehub_cpu_us_per_request=$cpu_us $(cat "$OUT_DIR/$label-$cmd.json")"
     done
 }
 
 launch_statehub "$OUT_DIR/embedded.log"
 PIDS+=("$STATEHUB_PID")
-bench embedded "$STATEHUB_PORT"
+bench embedded "$STATEHUB_PORT" "$STATEHUB_PID"
 kill "$STATEHUB_PID"
 
 STATEHUB_BIN_REAL="$STATEHUB_BIN"
@@ -67,7 +77,7 @@ printf '#!/bin/sh\nexec "%s" "$@" --redis redis://127.0.0.1:%s --node-id bench\n
 chmod +x "$STATEHUB_BIN"
 launch_statehub "$OUT_DIR/redis-node.log"
 PIDS+=("$STATEHUB_PID")
-bench on-redis "$STATEHUB_PORT"
+bench on-redis "$STATEHUB_PORT" "$STATEHUB_PID"
 kill "$STATEHUB_PID"
 
 NODES="${NODES:-3}"

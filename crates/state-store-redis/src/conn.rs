@@ -40,6 +40,8 @@ pub(crate) struct Link {
     /// Set after a failed connect: no new attempt before then.
     retry_at: Option<Instant>,
     timeout: Duration,
+    /// The connection's name in Redis (`CLIENT LIST`).
+    name: String,
 }
 
 impl fmt::Debug for Link {
@@ -53,13 +55,16 @@ impl fmt::Debug for Link {
 }
 
 impl Link {
-    pub(crate) fn new(client: Client, timeout: Duration) -> Self {
+    /// `name` names the connection in Redis (`CLIENT SETNAME`), so that an operator
+    /// (or a test) tells the store's connections from the node's others.
+    pub(crate) fn new(client: Client, timeout: Duration, name: &str) -> Self {
         Self {
             client,
             counters: Arc::default(),
             connection: None,
             retry_at: None,
             timeout,
+            name: client_name(name),
         }
     }
 
@@ -87,6 +92,10 @@ impl Link {
         }
     }
 
+    pub(crate) fn count_into(&mut self, counters: Arc<Counters>) {
+        self.counters = counters;
+    }
+
     /// What it counted.
     pub(crate) fn counters(&self) -> Arc<Counters> {
         self.counters.clone()
@@ -97,7 +106,14 @@ impl Link {
             if self.retry_at.is_some_and(|at| Instant::now() < at) {
                 return Err(RedisEngineError::Backoff);
             }
-            match open(&self.client, self.timeout) {
+            let named = open(&self.client, self.timeout).and_then(|mut connection| {
+                redis::cmd("CLIENT")
+                    .arg("SETNAME")
+                    .arg(&self.name)
+                    .query::<()>(&mut connection)?;
+                Ok(connection)
+            });
+            match named {
                 Ok(connection) => {
                     self.retry_at = None;
                     self.connection = Some(connection);
@@ -118,4 +134,11 @@ pub(crate) fn open(client: &Client, timeout: Duration) -> RedisResult<Connection
     connection.set_read_timeout(Some(timeout))?;
     connection.set_write_timeout(Some(timeout))?;
     Ok(connection)
+}
+
+/// `name` as a Redis connection name: no spaces or other unprintable bytes.
+fn client_name(name: &str) -> String {
+    name.chars()
+        .map(|c| if c.is_ascii_graphic() { c } else { '_' })
+        .collect()
 }

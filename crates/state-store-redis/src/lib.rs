@@ -175,7 +175,11 @@ impl RedisEngine {
     pub fn open(options: &Options) -> Result<Self, RedisEngineError> {
         let client = Client::open(options.url.as_str())?;
         Ok(Self {
-            link: RefCell::new(Link::new(client, options.timeout)),
+            link: RefCell::new(Link::new(
+                client,
+                options.timeout,
+                &format!("statehub-store:{}", options.node),
+            )),
             scripts: Scripts::new(),
             names: Names::new(&options.namespace),
             node: options.node.clone(),
@@ -186,6 +190,11 @@ impl RedisEngine {
             wait: options.wait,
             shortfalls: RefCell::default(),
         })
+    }
+
+    /// Counts its calls into `counters` (shared by a node's engines) from now on.
+    pub fn count_into(&mut self, counters: Arc<Counters>) {
+        self.link.get_mut().count_into(counters);
     }
 
     /// What it counted of its calls to Redis.

@@ -76,33 +76,37 @@ where
 
     /// Removes the keys that are due: the outcome to send.
     fn expire_due(&self) -> Next {
-        let mut state = self.state.lock();
-        let effects = if state.failed {
-            Vec::new()
-        } else {
-            match state.machine.expire(unix_ms(SystemTime::now())) {
-                Ok(effects) => effects,
-                Err(e) if e.is_unavailable() => {
-                    crate::log_unavailable(&e);
-                    Vec::new()
+        self.shards.run(0, |state| {
+            let effects = if state.failed {
+                Vec::new()
+            } else {
+                match state.machine.expire(unix_ms(SystemTime::now())) {
+                    Ok(effects) => effects,
+                    Err(e) if e.is_unavailable() => {
+                        crate::log_unavailable(&e);
+                        Vec::new()
+                    }
+                    Err(e) => {
+                        state.fail(&e);
+                        Vec::new()
+                    }
                 }
-                Err(e) => {
-                    state.fail(&e);
-                    Vec::new()
-                }
-            }
-        };
-        self.next(None, effects)
+            };
+            self.next(None, effects)
+        })
     }
 
     /// When the next key expires, and whether the engine is shared with other nodes
     /// (it publishes its changes), so that the task polls it too.
+    /// Also notes the store's size for [`StateStoreService::snapshot`], so that it is
+    /// read here, at most a poll apart, rather than where metrics are collected.
     fn next_expiry(&self) -> (Option<u64>, bool) {
-        let mut state = self.state.lock();
+        let mut state = self.shards.lock(0);
         let shared = state.machine.engine().publishes_changes();
         if state.failed {
             return (None, shared);
         }
+        self.shards.note_stats(state.machine.engine().stats());
         match state.machine.next_expiry() {
             Ok(next) => (next, shared),
             Err(e) if e.is_unavailable() => {

@@ -44,29 +44,32 @@ mod on_thread;
 mod refuse;
 mod rpc;
 mod settings;
+mod shards;
+mod snapshot;
 
 use std::fmt::Debug;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant, SystemTime};
 
 use bytes::Bytes;
-use parking_lot::Mutex;
 use statehub_broker::codec::{ByteString, Publish, PublishProperties, QoS};
 use statehub_broker::{BoxFuture, Broker, ClientInfo, LogLimit, Message, Service};
 use statehub_state_store::{
     unix_ms, AllowAll, Effect, FatalError, Machine, MemoryEngine, Request, TIMESTAMP_PROPERTY,
 };
 use statehub_state_store_durable::{is_no_space, Progress};
-use statehub_stats::{Histogram, HistogramSnapshot};
+use statehub_stats::Histogram;
 use tokio::sync::Notify;
 
 use cache::{CacheKey, CachedReply, Lookup, ResponseCache};
 use durable::{Durability, FeedApplied, Next, Tracker};
 use offload::Offload;
+use shards::Shards;
 
 pub use rpc::{is_forbidden_response_topic, CONTENT_TYPE, PROTOCOL_VERSION};
 pub use settings::Settings;
 pub use settings::SettingsError;
+pub use snapshot::Snapshot;
 pub use statehub_state_store::{
     Authorizer, Change, Counts, Engine, Stats, COMMANDS, REQUEST_TOPIC, RESULTS,
 };
@@ -76,7 +79,8 @@ pub use statehub_state_store_durable::DurableEngine;
 /// [`StateStoreService::run_expiry`].
 #[derive(Debug)]
 pub struct StateStoreService<E = MemoryEngine, A = AllowAll> {
-    state: Mutex<State<E, A>>,
+    /// The machines (`shards.rs`): one, or one per Redis connection.
+    shards: Shards<E, A>,
     /// Wakes the expiry task when a key gets a new expiry.
     rearm: Notify,
     /// Set for a persistent engine: replies wait for durability.
@@ -84,25 +88,9 @@ pub struct StateStoreService<E = MemoryEngine, A = AllowAll> {
     /// From a request's arrival to its reply published (durable, with a persistent
     /// engine).
     latency: Histogram,
-    /// Set for an engine that blocks on the network: the thread that makes its calls
-    /// (`offload.rs`).
-    offload: OnceLock<Offload<Self>>,
-}
-
-/// What the metrics endpoint reads: the store's size, what its machine counted, and
-/// the request latency.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct Snapshot {
-    /// Keys and bytes held.
-    pub stats: Stats,
-    /// Requests by command and result, notifications.
-    pub counts: Counts,
-    /// KEYNOTIFY observations now.
-    pub observations: u64,
-    /// Request latency.
-    pub latency: HistogramSnapshot,
-    /// Requests refused because the store's own thread had too many waiting.
-    pub busy_refusals: u64,
+    /// Set for an engine that blocks on the network: the threads that make its calls
+    /// (`offload.rs`), one per shard.
+    offload: OnceLock<Box<[Offload<Self>]>>,
 }
 
 /// The durable store cannot be opened.
@@ -165,15 +153,12 @@ where
 {
     /// A service over an existing machine (another engine, another authorizer).
     pub fn with_machine(machine: Machine<E, A>, settings: &Settings) -> Self {
+        Self::with_machines(machine, Vec::new(), settings)
+    }
+
+    fn with_machines(first: Machine<E, A>, rest: Vec<Machine<E, A>>, settings: &Settings) -> Self {
         Self {
-            state: Mutex::new(State {
-                machine,
-                cache: ResponseCache::new(
-                    settings.response_cache_entries,
-                    settings.response_cache_in_flight,
-                ),
-                failed: false,
-            }),
+            shards: Shards::new(first, rest, settings),
             rearm: Notify::new(),
             durability: None,
             latency: Histogram::default(),
@@ -198,24 +183,33 @@ where
     /// with [`StateStoreService::apply_change`]: a reply to a write that fed a change
     /// waits (up to `bound`) until this node applied it, so that this node's observers
     /// are notified first (`durable.rs`).
-    pub fn with_change_feed(machine: Machine<E, A>, settings: &Settings, bound: Duration) -> Self {
+    ///
+    /// `first` and each machine of `rest` serve their own share of the clients, each on
+    /// its own connection to the engine (`shards.rs`); `first` also runs expiry. Give
+    /// each machine's engine its own name for its observations
+    /// ([`Engine::observe_key`]), as for a node of its own.
+    pub fn with_change_feed(
+        first: Machine<E, A>,
+        rest: Vec<Machine<E, A>>,
+        settings: &Settings,
+        bound: Duration,
+    ) -> Self {
         Self {
             durability: Some(Durability::new(Tracker::Feed(FeedApplied::new(bound)))),
-            ..Self::with_machine(machine, settings)
+            ..Self::with_machines(first, rest, settings)
         }
-    }
-
-    /// How many keys and bytes the store holds.
-    pub fn stats(&self) -> Stats {
-        self.state.lock().machine.engine().stats()
     }
 
     /// Notifies this node's observers of a change that the engine fed (an engine shared
     /// by several nodes, see [`Engine::publishes_changes`]). Call it from one task, in
     /// the feed's order.
     pub fn apply_change(&self, broker: &Broker, change: &Change) {
-        let effects = self.state.lock().machine.apply_change(change);
-        self.carry_out(broker, effects);
+        // Each client observes through its own shard only: one notification per
+        // observer, in the feed's order.
+        for shard in self.shards.iter() {
+            let effects = shard.lock().machine.apply_change(change);
+            self.carry_out(broker, effects);
+        }
         if let Some(durability) = &self.durability {
             if let Tracker::Feed(feed) = durability.progress() {
                 feed.applied(change.seq);
@@ -223,35 +217,18 @@ where
         }
     }
 
-    /// Everything the metrics endpoint shows, read at once.
-    pub fn snapshot(&self) -> Snapshot {
-        let (stats, counts, observations) = {
-            let state = self.state.lock();
-            let machine = &state.machine;
-            (
-                machine.engine().stats(),
-                machine.counts(),
-                machine.observations() as u64,
-            )
-        };
-        Snapshot {
-            stats,
-            counts,
-            observations,
-            latency: self.latency.snapshot(),
-            busy_refusals: self.busy_refusals(),
-        }
-    }
-
     /// Marks the store failed (see [`State::fail`]).
     fn fail(&self, error: &dyn std::error::Error) {
-        self.state.lock().fail(error);
+        for shard in self.shards.iter() {
+            shard.lock().fail(error);
+        }
     }
 
     /// Handles one request; `Some` when its answer is held until that write is durable:
     /// what to wait for, and the request's deadline.
     fn handle(
         &self,
+        shard: usize,
         broker: &Broker,
         from: &ClientInfo,
         publish: &Publish,
@@ -287,8 +264,7 @@ where
             client_id: from.client_id.clone(),
             correlation: props.correlation_data.clone().unwrap_or_default(),
         };
-        let next = {
-            let mut state = self.state.lock();
+        let next = self.shards.run(shard, |state| {
             let (reply, effects) = match state.cache.lookup(&lookup, received) {
                 Lookup::Hit(reply) => {
                     let effects = state.resend_effects(self.durability.is_some());
@@ -322,7 +298,7 @@ where
                 }
             };
             self.next(reply, effects)
-        };
+        });
         self.dispatch(broker, next).map(|seq| (seq, deadline))
     }
 
@@ -540,15 +516,19 @@ where
     ) -> BoxFuture<'a, ()> {
         let received = Instant::now();
         let Some(durability) = &self.durability else {
-            self.handle(broker, from, publish);
+            self.handle(0, broker, from, publish);
             self.latency.record(received.elapsed());
             return statehub_broker::done();
         };
         Box::pin(async move {
             durability.progress().admit().await;
+            let shard = self.shards.index_of(&from.client_id);
             let held = match self.offload.get() {
-                None => self.handle(broker, from, publish),
-                Some(offload) => self.handle_on_thread(offload, broker, from, publish).await,
+                None => self.handle(shard, broker, from, publish),
+                Some(offloads) => {
+                    self.handle_on_thread(offloads, shard, broker, from, publish)
+                        .await
+                }
             };
             if let Some((seq, deadline)) = held {
                 self.finish(broker, durability, seq, Some(deadline)).await;
@@ -562,16 +542,17 @@ where
     }
 
     fn on_connection_closed(&self, _broker: &Broker, client_id: &str) {
-        if let Some(offload) = self.offload.get() {
-            let client_id = client_id.to_owned();
-            // A full queue (already logged) leaves the rare disconnection to this thread.
-            if offload
-                .run(move |service: &Self| service.drop_observations(&client_id))
-                .is_ok()
-            {
-                return;
+        let shard = self.shards.index_of(client_id);
+        match self.offload.get().and_then(|o| o.get(shard)) {
+            // After the client's queued requests, even with its thread's queue full:
+            // never on the MQTT worker that calls this.
+            Some(offload) => {
+                let client_id = client_id.to_owned();
+                offload.run_later(move |service: &Self| {
+                    service.drop_observations(shard, &client_id);
+                });
             }
+            None => self.drop_observations(shard, client_id),
         }
-        self.drop_observations(client_id);
     }
 }

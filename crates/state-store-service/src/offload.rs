@@ -1,21 +1,25 @@
-//! The state store's own thread, for an engine that blocks on the network (Redis).
+//! A thread of the state store's own, for an engine that blocks on the network (Redis).
 //!
-//! Such an engine answers a call only after a round trip, and the store's lock is held
+//! Such an engine answers a call only after a round trip, and a machine's lock is held
 //! across it. Run where the request arrives, that would stall the MQTT worker thread
 //! (every client on it, pub/sub ones included) and, through the lock, the other workers
 //! that receive state store requests, for up to the engine's timeout when its server
 //! stalls. So every call that may reach the network (requests, expiry, a closed
-//! connection's observations) is a job on this one thread, in a bounded FIFO queue;
-//! the caller awaits the job's result. One FIFO thread keeps the order in which the
-//! broker handed requests over (a client's requests are handed over one at a time, its
-//! PUBACK after each answer). The embedded engines never come here: their calls are
-//! short and local, and a thread hop would only add latency.
+//! connection's observations) is a job on a thread of the store's, in a bounded FIFO
+//! queue; the caller awaits the job's result. There is one such thread per machine
+//! (`shards.rs`), and a client's requests all go to its machine's: one FIFO thread per
+//! client keeps the order in which the broker handed its requests over (a client's
+//! requests are handed over one at a time, its PUBACK after each answer). The embedded
+//! engines never come here: their calls are short and local, and a thread hop would
+//! only add latency.
 
+use std::collections::VecDeque;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc::{sync_channel, SyncSender, TrySendError};
-use std::sync::Weak;
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TryRecvError, TrySendError};
+use std::sync::{Arc, Weak};
 
+use parking_lot::Mutex;
 use statehub_broker::LogLimit;
 use tokio::sync::oneshot;
 
@@ -25,6 +29,11 @@ type Job<S> = Box<dyn FnOnce(&S) + Send>;
 /// The queue of the state store's thread: full, a job is refused ([`Busy`]).
 pub(crate) struct Offload<S> {
     jobs: SyncSender<Job<S>>,
+    /// Jobs that must run and found the queue full ([`Offload::run_later`]), in order.
+    /// While any waits here no job is queued, so none overtakes them; the thread runs
+    /// them once it has run every job queued before them. Only closed connections come
+    /// here, so it holds at most one job per connection.
+    later: Arc<Mutex<VecDeque<Job<S>>>>,
     /// Jobs refused because the queue was full.
     refused: AtomicU64,
 }
@@ -44,23 +53,49 @@ pub(crate) struct Busy;
 
 impl<S: Send + Sync + 'static> Offload<S> {
     /// Starts the thread; it holds the service weakly and ends with it (its queue's
-    /// sender lives in the service).
-    pub(crate) fn start(service: Weak<S>, capacity: usize) -> std::io::Result<Self> {
+    /// sender lives in the service). `index` names the thread (one per shard).
+    pub(crate) fn start(service: Weak<S>, capacity: usize, index: usize) -> std::io::Result<Self> {
         let (jobs, queue) = sync_channel::<Job<S>>(capacity.max(1));
+        let later = Arc::new(Mutex::new(VecDeque::new()));
         std::thread::Builder::new()
-            .name("state-store".into())
-            .spawn(move || {
-                while let Ok(job) = queue.recv() {
-                    let Some(service) = service.upgrade() else {
-                        return;
-                    };
-                    job(&service);
+            .name(format!("state-store-{index}"))
+            .spawn({
+                let later = later.clone();
+                move || {
+                    while let Some(job) = next_job(&queue, &later) {
+                        let Some(service) = service.upgrade() else {
+                            return;
+                        };
+                        job(&service);
+                    }
                 }
             })?;
         Ok(Self {
             jobs,
+            later,
             refused: AtomicU64::new(0),
         })
+    }
+
+    /// Queues `f` to run on the thread, even when the queue is full: then it waits
+    /// apart, after every job queued before it, and no new job is queued until it ran.
+    /// Never blocks the caller.
+    pub(crate) fn run_later(&self, f: impl FnOnce(&S) + Send + 'static) {
+        let job: Job<S> = Box::new(f);
+        let mut later = self.later.lock();
+        let job = match later.is_empty() {
+            true => match self.jobs.try_send(job) {
+                Err(TrySendError::Full(job)) => job,
+                // Queued; or the thread is gone with its service: nothing to do.
+                Ok(()) | Err(TrySendError::Disconnected(_)) => return,
+            },
+            false => job,
+        };
+        later.push_back(job);
+        drop(later);
+        // Wakes the thread if it waits on an empty queue; a full queue has it busy,
+        // and it looks here before it waits again.
+        let _ = self.jobs.try_send(Box::new(|_| {}));
     }
 
     /// Queues `f`; its result arrives on the receiver. A full queue is refused,
@@ -75,7 +110,13 @@ impl<S: Send + Sync + 'static> Offload<S> {
             // The caller may have gone (its connection closed): nothing to tell.
             let _ = tx.send(f(service));
         });
-        match self.jobs.try_send(job) {
+        let later = self.later.lock();
+        let queued = match later.is_empty() {
+            true => self.jobs.try_send(job),
+            false => Err(TrySendError::Full(job)),
+        };
+        drop(later);
+        match queued {
             Ok(()) => Ok(rx),
             Err(TrySendError::Full(_)) => {
                 let refused = self.refused.fetch_add(1, Ordering::Relaxed) + 1;
@@ -99,6 +140,20 @@ impl<S: Send + Sync + 'static> Offload<S> {
     }
 }
 
+/// The thread's next job: the queue's, or once it is empty the first that waits apart
+/// ([`Offload::run_later`]); `None` when the service is gone.
+fn next_job<S>(queue: &Receiver<Job<S>>, later: &Mutex<VecDeque<Job<S>>>) -> Option<Job<S>> {
+    match queue.try_recv() {
+        Ok(job) => Some(job),
+        Err(TryRecvError::Disconnected) => None,
+        Err(TryRecvError::Empty) => {
+            // Not in the match below: its lock would be held while waiting.
+            let waiting = later.lock().pop_front();
+            waiting.or_else(|| queue.recv().ok())
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::sync::{mpsc, Arc, Mutex};
@@ -108,7 +163,7 @@ mod tests {
     #[tokio::test]
     async fn a_full_queue_refuses_and_counts_and_jobs_run_in_order() {
         let service = Arc::new(Mutex::new(Vec::new()));
-        let offload = Offload::start(Arc::downgrade(&service), 1).unwrap();
+        let offload = Offload::start(Arc::downgrade(&service), 1, 0).unwrap();
         let (release, hold) = mpsc::channel::<()>();
         let (started_tx, started) = mpsc::channel::<()>();
         // The thread takes this job and waits in it; the queue then holds one more.
@@ -134,5 +189,44 @@ mod tests {
         first.await.unwrap();
         second.await.unwrap();
         assert_eq!(*service.lock().unwrap(), [1, 2]);
+    }
+
+    #[tokio::test]
+    async fn a_job_that_must_run_waits_apart_without_blocking_and_keeps_its_place() {
+        let service = Arc::new(Mutex::new(Vec::new()));
+        let offload = Offload::start(Arc::downgrade(&service), 1, 0).unwrap();
+        let (release, hold) = mpsc::channel::<()>();
+        let (started_tx, started) = mpsc::channel::<()>();
+        let first = offload
+            .run(move |s: &Mutex<Vec<u32>>| {
+                started_tx.send(()).unwrap();
+                hold.recv().unwrap();
+                s.lock().unwrap().push(1);
+            })
+            .unwrap();
+        started.recv().unwrap();
+        let second = offload
+            .run(|s: &Mutex<Vec<u32>>| s.lock().unwrap().push(2))
+            .unwrap();
+        // The queue is full: this returns at once and runs after the queued jobs.
+        offload.run_later(|s: &Mutex<Vec<u32>>| s.lock().unwrap().push(3));
+        // While it waits, nothing overtakes it.
+        assert_eq!(
+            offload
+                .run(|s: &Mutex<Vec<u32>>| s.lock().unwrap().push(4))
+                .err(),
+            Some(Busy)
+        );
+        release.send(()).unwrap();
+        first.await.unwrap();
+        second.await.unwrap();
+        let after = loop {
+            if let Ok(after) = offload.run(|s: &Mutex<Vec<u32>>| s.lock().unwrap().push(5)) {
+                break after;
+            }
+            tokio::task::yield_now().await;
+        };
+        after.await.unwrap();
+        assert_eq!(*service.lock().unwrap(), [1, 2, 3, 5]);
     }
 }

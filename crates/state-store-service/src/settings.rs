@@ -29,10 +29,14 @@ pub struct Settings {
     /// Most responses remembered in all, those still on their way included (at least
     /// `response_cache_entries`).
     pub response_cache_in_flight: usize,
-    /// Requests (and expiry runs) waiting for the state store's own thread, with an
-    /// engine that blocks on the network (`--redis`); past it a request is answered
-    /// `__stat=503` (busy) at once. Unused by the embedded engines.
+    /// Requests (and expiry runs) waiting for each of the state store's own threads,
+    /// with an engine that blocks on the network (`--redis`); past it a request is
+    /// answered `__stat=503` (busy) at once. Unused by the embedded engines.
     pub network_queue: usize,
+    /// With `--redis`: the state store's threads, each with its own Redis connection,
+    /// making round trips at the same time (a client's requests always go to the same
+    /// one). At least 1. Unused by the embedded engines.
+    pub network_threads: usize,
 }
 
 impl Default for Settings {
@@ -42,6 +46,7 @@ impl Default for Settings {
             response_cache_entries: 1_000,
             response_cache_in_flight: 20_000,
             network_queue: 4_096,
+            network_threads: 8,
         }
     }
 }

@@ -282,6 +282,19 @@ pub fn start_state_store(
     };
     let config = settings.machine_config().map_err(|e| invalid(&e))?;
     let engine = RedisEngine::open(options).map_err(|e| invalid(&e))?;
+    // One machine per connection, each observing under a name of its own (`shards.rs`
+    // in the service); their calls counted together.
+    let mut rest = Vec::new();
+    for shard in 1..settings.network_threads.max(1) {
+        let node = format!("{}/{shard}", options.node);
+        let options = Options {
+            node,
+            ..options.clone()
+        };
+        let mut more = RedisEngine::open(&options).map_err(|e| invalid(&e))?;
+        more.count_into(engine.counters());
+        rest.push(Machine::shared(more, AllowAll, config.clone()));
+    }
     let mut feed = RedisEngine::feed(options).map_err(|e| invalid(&e))?;
     metrics.set_state_store(engine.counters(), feed.counters());
     if let Err(e) = feed.start() {
@@ -294,10 +307,11 @@ pub fn start_state_store(
     let machine = Machine::shared(engine, AllowAll, config);
     let service = Arc::new(StateStoreService::with_change_feed(
         machine,
+        rest,
         settings,
         options.timeout,
     ));
-    // Redis calls block: they are made on the store's own thread, never on the MQTT
+    // Redis calls block: they are made on the store's own threads, never on the MQTT
     // workers or the runtime's.
     service.run_engine_on_own_thread(settings.network_queue)?;
     let stop = Arc::new(AtomicBool::new(false));

@@ -1,6 +1,7 @@
 //! With `--redis`, a state store request waiting for Redis holds up no MQTT client: the
 //! node's Redis calls for the state store are made on a thread of the store's own, so
-//! plain pub/sub on the node goes on while Redis stalls the store's requests.
+//! plain pub/sub on the node goes on while Redis stalls the store's requests; and
+//! several clients' requests are in Redis at once, each on a connection of its own.
 
 mod common;
 mod store_client;
@@ -12,25 +13,47 @@ use statehub_redis_common::test_server::RedisServer;
 use statehub_test_support::{opts, publish, RawClient, V5};
 use store_client::{Call, StoreClient, PATIENCE};
 
-/// Waits until some client of `redis` is held by `CLIENT PAUSE` on a script call (a
-/// state store request reached Redis and waits there).
-async fn a_script_call_is_paused(redis: &RedisServer) {
+/// Waits until at least `count` state store connections of `redis` (named
+/// `statehub-store:<node>...`) are held by `CLIENT PAUSE` on a script call at once
+/// (state store requests reached Redis and wait there).
+async fn script_calls_paused(redis: &RedisServer, count: usize) {
     let deadline = tokio::time::Instant::now() + PATIENCE;
     loop {
         let list = redis.command(&["CLIENT", "LIST"]);
-        let paused = list.lines().any(|l| {
-            let flag = l.split(' ').find_map(|f| f.strip_prefix("flags="));
-            l.contains(" cmd=evalsha ") && flag.is_some_and(|f| f.contains('b'))
-        });
-        if paused {
+        let paused = list
+            .lines()
+            .filter(|l| {
+                let flag = l.split(' ').find_map(|f| f.strip_prefix("flags="));
+                l.contains(" name=statehub-store:")
+                    && l.contains(" cmd=evalsha ")
+                    && flag.is_some_and(|f| f.contains('b'))
+            })
+            .count();
+        if paused >= count {
             return;
         }
         assert!(
             tokio::time::Instant::now() < deadline,
-            "no state store request reached the paused Redis:\n{list}"
+            "fewer than {count} state store requests reached the paused Redis at once:\n{list}"
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// `GET /metrics` on `http`: the body (within [`PATIENCE`]).
+fn scrape_metrics(http: std::net::SocketAddr) -> String {
+    use std::io::{Read, Write};
+    let mut s = common::connect_tcp(http);
+    s.set_read_timeout(Some(PATIENCE)).unwrap();
+    write!(
+        s,
+        "GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out)
+        .expect("the scrape, while the store waits for Redis");
+    out
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -63,7 +86,7 @@ async fn pub_sub_on_the_node_goes_on_while_its_state_store_waits_for_redis() {
         "+OK\r\n"
     );
     let stuck = store.send(Call::new(&[b"SET", b"k", b"during"])).await;
-    a_script_call_is_paused(&redis).await;
+    script_calls_paused(&redis, 1).await;
     publisher
         .send(&Packet::Publish(publish(
             "plain/t",
@@ -85,4 +108,60 @@ async fn pub_sub_on_the_node_goes_on_while_its_state_store_waits_for_redis() {
         store.call(&[b"GET", b"k"]).await.payload,
         b"$6\r\nduring\r\n"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn several_clients_requests_wait_in_redis_at_once() {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let node = common::start_configured(
+        "[cluster]\ntimeout_ms = 600000\n",
+        &["--redis", &url, "--node-id", "a"],
+    );
+    let mut clients = Vec::new();
+    for i in 0..8 {
+        let mut client = StoreClient::connect(node.mqtt, &format!("client-{i}")).await;
+        let key = format!("k{i}");
+        let set = client.call(&[b"SET", key.as_bytes(), b"v"]).await;
+        assert_eq!(set.payload, b"+OK\r\n");
+        clients.push(client);
+    }
+
+    // With every script held in Redis, the clients' SETs are sent: more than one of
+    // them reaches Redis and waits there at the same time.
+    assert_eq!(
+        redis.command(&["CLIENT", "PAUSE", "600000", "WRITE"]),
+        "+OK\r\n"
+    );
+    let mut stuck = Vec::new();
+    for (i, client) in clients.iter_mut().enumerate() {
+        let key = format!("k{i}");
+        stuck.push(
+            client
+                .send(Call::new(&[b"SET", key.as_bytes(), b"w"]))
+                .await,
+        );
+    }
+    script_calls_paused(&redis, 2).await;
+    // The metrics endpoint reads the store without waiting for its round trips.
+    let http = node.http;
+    let scrape = tokio::task::spawn_blocking(move || scrape_metrics(http))
+        .await
+        .unwrap();
+    assert!(
+        scrape.contains("statehub_state_store_requests_total{command=\"set\",result=\"ok\"} 8"),
+        "{scrape}"
+    );
+
+    assert_eq!(redis.command(&["CLIENT", "UNPAUSE"]), "+OK\r\n");
+    for (client, id) in clients.iter_mut().zip(stuck) {
+        assert_eq!(client.answers(id, 1).await[0].payload, b"+OK\r\n");
+    }
+    for (i, client) in clients.iter_mut().enumerate() {
+        let key = format!("k{i}");
+        assert_eq!(
+            client.call(&[b"GET", key.as_bytes()]).await.payload,
+            b"$1\r\nw\r\n"
+        );
+    }
 }
