@@ -128,24 +128,7 @@ async fn event(ws: &mut Ws, name: &str, ack_id: u64) {
 
 /// The value of `field` in the session's hash in Redis (empty if none).
 fn stored(redis: &RedisServer, id: &str, field: &str) -> String {
-    use std::io::{BufRead, BufReader, Write};
-    let key = format!("{{{NAMESPACE}}}:wps:s:{HUB}:{id}");
-    let mut stream = std::net::TcpStream::connect(("127.0.0.1", redis.port())).unwrap();
-    let args = ["HGET", key.as_str(), field];
-    let mut request = format!("*{}\r\n", args.len());
-    for a in args {
-        request.push_str(&format!("${}\r\n{a}\r\n", a.len()));
-    }
-    stream.write_all(request.as_bytes()).unwrap();
-    let mut reader = BufReader::new(stream);
-    let mut line = String::new();
-    reader.read_line(&mut line).unwrap();
-    if line.starts_with("$-1") {
-        return String::new();
-    }
-    line.clear();
-    reader.read_line(&mut line).unwrap();
-    line.trim_end().to_owned()
+    common::wps::session_field(redis, (NAMESPACE, HUB), id, field)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

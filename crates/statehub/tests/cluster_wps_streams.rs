@@ -92,36 +92,21 @@ async fn member_next(ws: &mut Ws) -> (u64, String, bool) {
 
 /// The value of `field` in the session's hash in Redis (empty if none).
 fn stored(redis: &RedisServer, id: &str, field: &str) -> String {
-    use std::io::{BufRead, BufReader, Write};
-    let key = format!("{{{NAMESPACE}}}:wps:s:{HUB}:{id}");
-    let mut stream = std::net::TcpStream::connect(("127.0.0.1", redis.port())).unwrap();
-    let args = ["HGET", key.as_str(), field];
-    let mut request = format!("*{}\r\n", args.len());
-    for a in args {
-        request.push_str(&format!("${}\r\n{a}\r\n", a.len()));
-    }
-    stream.write_all(request.as_bytes()).unwrap();
-    let mut reader = BufReader::new(stream);
-    let mut line = String::new();
-    reader.read_line(&mut line).unwrap();
-    if line.starts_with("$-1") {
-        return String::new();
-    }
-    line.clear();
-    reader.read_line(&mut line).unwrap();
-    line.trim_end().to_owned()
+    common::wps::session_field(redis, (NAMESPACE, HUB), id, field)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_client_stream_goes_on_from_its_oldest_unacked_fragment_on_another_node() {
-    let redis = RedisServer::start();
-    let (a, b) = (node(&redis, "a"), node(&redis, "b"));
+/// A member of `GROUP` on `b`, and on `a` a reliable publisher that opened stream `s1`
+/// to it: (member, publisher, the publisher's connection id, its reconnection token).
+async fn member_and_streaming_publisher(
+    a: &common::Server,
+    b: &common::Server,
+) -> (Ws, Ws, String, String) {
     let member = ClientClaims {
         user_id: Some("member".into()),
         roles: vec![],
         groups: vec![GROUP.into()],
     };
-    let (mut m, _) = open(b.http, &member, "json.webpubsub.azure.v1").await;
+    let (m, _) = open(b.http, &member, "json.webpubsub.azure.v1").await;
     let publisher = ClientClaims {
         user_id: Some("publisher".into()),
         roles: vec!["webpubsub.sendToGroup".into()],
@@ -130,7 +115,6 @@ async fn a_client_stream_goes_on_from_its_oldest_unacked_fragment_on_another_nod
     let (mut p, connected) = open(a.http, &publisher, "json.reliable.webpubsub.azure.v1").await;
     let id = connected["connectionId"].as_str().unwrap().to_owned();
     let token = connected["reconnectionToken"].as_str().unwrap().to_owned();
-
     send(
         &mut p,
         json!({"type": "streamStart", "streamId": "s1", "group": GROUP}),
@@ -138,6 +122,14 @@ async fn a_client_stream_goes_on_from_its_oldest_unacked_fragment_on_another_nod
     .await;
     let start = stream_reply(&mut p).await;
     assert_eq!(start["type"], "streamAck", "{start}");
+    (m, p, id, token)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_stream_goes_on_from_its_oldest_unacked_fragment_on_another_node() {
+    let redis = RedisServer::start();
+    let (a, b) = (node(&redis, "a"), node(&redis, "b"));
+    let (mut m, mut p, id, token) = member_and_streaming_publisher(&a, &b).await;
     for seq in 1..=3 {
         acked(&mut p, seq).await;
     }
@@ -243,27 +235,7 @@ async fn until_closed(ws: &mut Ws) -> Vec<Value> {
 async fn a_fragment_the_old_node_takes_after_a_claim_is_neither_published_nor_acked() {
     let redis = RedisServer::start();
     let (a, b) = (node(&redis, "a"), node(&redis, "b"));
-    let member = ClientClaims {
-        user_id: Some("member".into()),
-        roles: vec![],
-        groups: vec![GROUP.into()],
-    };
-    let (mut m, _) = open(b.http, &member, "json.webpubsub.azure.v1").await;
-    let publisher = ClientClaims {
-        user_id: Some("publisher".into()),
-        roles: vec!["webpubsub.sendToGroup".into()],
-        groups: vec![],
-    };
-    let (mut p, connected) = open(a.http, &publisher, "json.reliable.webpubsub.azure.v1").await;
-    let id = connected["connectionId"].as_str().unwrap().to_owned();
-    let token = connected["reconnectionToken"].as_str().unwrap().to_owned();
-    send(
-        &mut p,
-        json!({"type": "streamStart", "streamId": "s1", "group": GROUP}),
-    )
-    .await;
-    let start = stream_reply(&mut p).await;
-    assert_eq!(start["type"], "streamAck", "{start}");
+    let (mut m, mut p, id, token) = member_and_streaming_publisher(&a, &b).await;
     acked(&mut p, 1).await;
     assert_eq!(member_next(&mut m).await, (1, "f1".into(), false));
 

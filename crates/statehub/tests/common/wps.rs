@@ -83,3 +83,20 @@ pub async fn next_text(ws: &mut Ws) -> String {
         }
     }
 }
+
+/// The value of `field` in the Redis copy of session `id` of `hub` under namespace
+/// `ns` (empty if none).
+pub fn session_field(
+    redis: &statehub_redis_common::test_server::RedisServer,
+    (ns, hub): (&str, &str),
+    id: &str,
+    field: &str,
+) -> String {
+    let key = format!("{{{ns}}}:wps:s:{hub}:{id}");
+    let value = redis.command(&["HGET", &key, field]);
+    if value.starts_with("$-1") {
+        String::new()
+    } else {
+        value
+    }
+}
