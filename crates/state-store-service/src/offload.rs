@@ -160,8 +160,20 @@ mod tests {
 
     use super::*;
 
-    #[tokio::test]
-    async fn a_full_queue_refuses_and_counts_and_jobs_run_in_order() {
+    type Service = Arc<Mutex<Vec<u32>>>;
+    type Done = oneshot::Receiver<()>;
+    /// The service, its queue, the sender that lets job 1 end, and jobs 1 and 2.
+    type Held = (
+        Service,
+        Offload<Mutex<Vec<u32>>>,
+        mpsc::Sender<()>,
+        Done,
+        Done,
+    );
+
+    /// A one-job queue whose thread is inside job 1 (it pushes 1 once `release` sends)
+    /// with job 2 queued behind it: the queue is full.
+    fn busy() -> Held {
         let service = Arc::new(Mutex::new(Vec::new()));
         let offload = Offload::start(Arc::downgrade(&service), 1, 0).unwrap();
         let (release, hold) = mpsc::channel::<()>();
@@ -178,6 +190,12 @@ mod tests {
         let second = offload
             .run(|s: &Mutex<Vec<u32>>| s.lock().unwrap().push(2))
             .unwrap();
+        (service, offload, release, first, second)
+    }
+
+    #[tokio::test]
+    async fn a_full_queue_refuses_and_counts_and_jobs_run_in_order() {
+        let (service, offload, release, first, second) = busy();
         assert_eq!(
             offload
                 .run(|s: &Mutex<Vec<u32>>| s.lock().unwrap().push(3))
@@ -193,21 +211,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_job_that_must_run_waits_apart_without_blocking_and_keeps_its_place() {
-        let service = Arc::new(Mutex::new(Vec::new()));
-        let offload = Offload::start(Arc::downgrade(&service), 1, 0).unwrap();
-        let (release, hold) = mpsc::channel::<()>();
-        let (started_tx, started) = mpsc::channel::<()>();
-        let first = offload
-            .run(move |s: &Mutex<Vec<u32>>| {
-                started_tx.send(()).unwrap();
-                hold.recv().unwrap();
-                s.lock().unwrap().push(1);
-            })
-            .unwrap();
-        started.recv().unwrap();
-        let second = offload
-            .run(|s: &Mutex<Vec<u32>>| s.lock().unwrap().push(2))
-            .unwrap();
+        let (service, offload, release, first, second) = busy();
         // The queue is full: this returns at once and runs after the queued jobs.
         offload.run_later(|s: &Mutex<Vec<u32>>| s.lock().unwrap().push(3));
         // While it waits, nothing overtakes it.
