@@ -8,30 +8,13 @@ use std::sync::Arc;
 
 use redis::Commands;
 use statehub_broker::codec::QoS;
-use statehub_broker::{Message, SessionChange, SessionStore};
+use statehub_broker::{SessionChange, SessionStore};
 use statehub_redis_common::test_server::RedisServer;
 
 use super::fetch::{claim, install, Claim, Resume};
+use super::late_tests::{append, payloads};
 use super::tests::{connect, message, queue, save_subscribed, store, PREFIX};
 use super::RedisSessions;
-use crate::wire;
-
-/// Appends a message entry of `node` with `origin`; its id.
-fn append(con: &mut redis::Connection, node: &str, msg: &Message, origin: &[u8]) -> String {
-    let data = wire::encode(msg, wire::Now::at(std::time::Instant::now())).unwrap();
-    redis::cmd("XADD")
-        .arg(format!("{PREFIX}feed"))
-        .arg("*")
-        .arg(&["n", node, "t", "p"])
-        .arg("m")
-        .arg(data)
-        .arg("s")
-        .arg("")
-        .arg("o")
-        .arg(origin)
-        .query(con)
-        .unwrap()
-}
 
 /// How the old node let the session go.
 #[derive(Clone, Copy, Debug)]
@@ -130,15 +113,7 @@ async fn replayed_after(left: Left) -> (RedisSessions, Vec<String>) {
         "the tombstones stay while b holds the session: {fields:?}"
     );
     // What the session holds now, by payload: its copy of `held`, and the replayed.
-    let mut payloads = Vec::new();
-    for field in fields.iter().filter(|f| f.starts_with("b:")) {
-        let id: String = con.hget(format!("{PREFIX}s:7"), field).unwrap();
-        let data: Vec<u8> = con.hget(format!("{PREFIX}b:{id}"), "d").unwrap();
-        let now = wire::Now::at(std::time::Instant::now());
-        let msg = wire::decode(&data, now).unwrap().unwrap();
-        payloads.push(String::from_utf8(msg.payload.to_vec()).unwrap());
-    }
-    payloads.sort();
+    let payloads = payloads(&mut con, 7);
     (b, payloads)
 }
 
