@@ -12,10 +12,11 @@
 //! Why pause the PUBLISHes rather than hold the PUBACKs: every client is then held
 //! back the same way, MQTT 3.1.1 and QoS 0 publishers included, whatever in-flight
 //! window it keeps (a held PUBACK only slows a client that honours a Receive Maximum,
-//! while the broker would go on routing what the others send). The PUBACK of the
-//! message that caused the pause is sent at once: that message is queued for every
-//! subscriber, as the acknowledgement says; the PUBLISHes held are not acknowledged
-//! until they are routed. Why keep reading the acknowledgements: a paused client may
+//! while the broker would go on routing what the others send). The pause does not
+//! hold the PUBACK of the message that caused it: that message is queued for every
+//! subscriber, as the acknowledgement says, so it goes as soon as whatever else it
+//! waits for ends (in a cluster, its write to Redis: `acks.rs`); the PUBLISHes held
+//! are not acknowledged until they are routed. Why keep reading the acknowledgements: a paused client may
 //! subscribe too, and its own session drains only as they are read; two clients
 //! publishing to each other would otherwise wait for each other until one was cut
 //! off. (A client's own session never pauses it, see `broker.rs::Blockers`.)
