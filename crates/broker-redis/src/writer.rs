@@ -7,19 +7,22 @@
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use redis::{Client, Connection, Pipeline, RedisResult};
+use redis::{Client, Connection, Pipeline, RedisResult, Value};
 use statehub_broker::FabricError;
 use statehub_redis_common::ShortfallLog;
 use tokio::sync::oneshot;
 
+use crate::lag::{Lag, APPEND};
 use crate::{Options, Shared};
 
 /// Most commands in one pipeline.
 const BATCH: usize = 256;
 /// How often an idle writer checks that Redis answers (and writes what is pending).
 const RETRY: Duration = Duration::from_millis(250);
+/// How often a writer held back by a slow reader asks again how far it is.
+const HOLD_POLL: Duration = Duration::from_millis(5);
 
 type Reply = oneshot::Sender<Result<(), FabricError>>;
 
@@ -67,6 +70,11 @@ pub(crate) struct Writer {
     wait_timeout: Duration,
     /// Batches fewer replicas acknowledged than asked, logged now and then.
     shortfalls: ShortfallLog,
+    /// How far behind the other nodes' readers are.
+    lag: Lag,
+    node_ttl: Duration,
+    /// When a hold was last logged.
+    hold_logged: Option<Instant>,
 }
 
 impl Writer {
@@ -88,6 +96,9 @@ impl Writer {
             wait_replicas: options.wait_replicas,
             wait_timeout: options.wait_timeout,
             shortfalls: ShortfallLog::default(),
+            lag: Lag::new(options.reader_lag_limit),
+            node_ttl: options.node_ttl,
+            hold_logged: None,
         }
     }
 
@@ -96,8 +107,12 @@ impl Writer {
         loop {
             match self.rx.recv_timeout(RETRY) {
                 Ok(first) => {
+                    if self.lag.room() == 0 && appends(&first) {
+                        self.hold();
+                    }
+                    let most = self.lag.room().clamp(1, BATCH);
                     let mut batch = vec![first];
-                    while batch.len() < BATCH {
+                    while batch.len() < most {
                         match self.rx.try_recv() {
                             Ok(c) => batch.push(c),
                             Err(_) => break,
@@ -123,6 +138,9 @@ impl Writer {
         if groups {
             self.add_groups(&mut pipe);
         }
+        // Before the WAIT, whose reply comes last.
+        let others = self.reader_keys();
+        self.lag.probe(&mut pipe, &self.shared.keys.seq, &others);
         let wait = self.wait_replicas > 0
             && batch
                 .iter()
@@ -152,6 +170,48 @@ impl Writer {
                 self.done(batch, &failed, &failed);
             }
         }
+    }
+
+    /// Waits while another live node's reader is at the lag limit, asking Redis how far
+    /// the readers are every [`HOLD_POLL`]. Bounded: a reader that makes no progress
+    /// stops being waited for once its position lapses (the node TTL).
+    fn hold(&mut self) {
+        let start = Instant::now();
+        let shared = self.shared.clone();
+        shared.counters.held.fetch_add(1, Ordering::Relaxed);
+        let log = self
+            .hold_logged
+            .is_none_or(|at| at.elapsed() >= Duration::from_secs(10));
+        if log {
+            self.hold_logged = Some(start);
+            tracing::warn!(
+                behind = self.lag.behind(),
+                "mqtt cluster: another node's reader is at mqtt_reader_lag_limit; publishers wait"
+            );
+        }
+        // Past the node TTL the slow reader's position has lapsed, or it is moving.
+        let bound = start + self.node_ttl * 2 + self.timeout;
+        while self.lag.room() == 0 && Instant::now() < bound {
+            std::thread::sleep(HOLD_POLL);
+            let mut pipe = redis::pipe();
+            pipe.cmd("PING");
+            let others = self.reader_keys();
+            self.lag.probe(&mut pipe, &self.shared.keys.seq, &others);
+            if self.query(&pipe, false).is_err() {
+                self.connection = None;
+                break;
+            }
+        }
+        let waited = u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX);
+        shared.counters.held_ms.fetch_add(waited, Ordering::Relaxed);
+    }
+
+    /// The position keys of the other nodes' readers.
+    fn reader_keys(&self) -> Vec<String> {
+        let keys = &self.shared.keys;
+        (self.shared.groups.other_nodes().iter())
+            .map(|node| keys.read_position(node))
+            .collect()
     }
 
     /// `Err` (counted, logged at most every 10 s) if fewer replicas than asked
@@ -220,27 +280,39 @@ impl Writer {
         self.xadd(pipe).arg(&["n", node, "t", "g"]).ignore();
     }
 
+    /// An append (numbered: `lag.rs`) to which the entry's fields are added.
     fn xadd<'p>(&self, pipe: &'p mut Pipeline) -> &'p mut Pipeline {
-        pipe.cmd("XADD")
+        pipe.cmd("EVALSHA")
+            .arg(script_hash())
+            .arg(2)
             .arg(&self.shared.keys.feed)
-            .arg("MAXLEN")
-            .arg("~")
+            .arg(&self.shared.keys.seq)
             .arg(self.stream_len)
-            .arg("*")
     }
 
-    /// Runs the pipeline; with `wait`, how many replicas acknowledged it.
+    /// Runs the pipeline (the lag probe's replies go to `lag`); with `wait`, how many
+    /// replicas acknowledged it.
     fn query(&mut self, pipe: &Pipeline, wait: bool) -> RedisResult<Option<u32>> {
         if self.connection.is_none() {
-            self.connection = Some(open(&self.client, self.timeout)?);
+            let mut con = open(&self.client, self.timeout)?;
+            redis::cmd("SCRIPT")
+                .arg("LOAD")
+                .arg(APPEND)
+                .query::<String>(&mut con)?;
+            self.connection = Some(con);
         }
-        match self.connection.as_mut() {
-            Some(con) if wait => pipe
-                .query::<(redis::Value, u32)>(con)
-                .map(|(_, replicas)| Some(replicas)),
-            Some(con) => pipe.query::<()>(con).map(|()| None),
-            None => Ok(None),
+        let Some(con) = self.connection.as_mut() else {
+            return Ok(None);
+        };
+        let mut replies = pipe.query::<Vec<Value>>(con)?.into_iter();
+        // The PING's.
+        replies.next();
+        self.lag.observe(&mut replies);
+        if !wait {
+            return Ok(None);
         }
+        let replicas = replies.next_back().map(|v| redis::from_redis_value(&v));
+        replicas.transpose()
     }
 
     /// Answers the batch's publishers; an announcement that was not appended is
@@ -296,6 +368,17 @@ impl Writer {
             self.down_logged = true;
         }
     }
+}
+
+/// Whether a command appends to the stream.
+fn appends(command: &Command) -> bool {
+    matches!(command, Command::Publish { .. } | Command::Announce { .. })
+}
+
+/// The SHA1 of [`APPEND`], which every writer connection loads first.
+fn script_hash() -> &'static str {
+    static HASH: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    HASH.get_or_init(|| redis::Script::new(APPEND).get_hash().to_owned())
 }
 
 /// A connection whose every read and write is bounded by `timeout`.
