@@ -1,5 +1,6 @@
 //! Flow control between the writers and the slowest reader: every entry carries its
-//! number (`q`, counted in `{ns}:mqtt:seq` by the script that appends it), each reader
+//! number (`q`, counted in `{ns}:mqtt:seq` by the script that appends it,
+//! `append.rs`), each reader
 //! says the number of the last entry it applied (`{ns}:mqtt:read:{node}`, renewed on
 //! every read and lapsing after the node TTL), and a writer appends no more while
 //! another live node's reader is more than `reader_lag_limit` entries behind. Its
@@ -8,16 +9,6 @@
 //! that made no progress for the node TTL is not waited for (its key lapsed).
 
 use redis::{Pipeline, Value};
-
-/// Appends one entry with its number: `KEYS` the stream and the counter, `ARGV` the
-/// stream's length, then the entry's fields. Returns the entry's number.
-pub(crate) const APPEND: &str = r"
-local q = redis.call('INCR', KEYS[2])
-local args = {KEYS[1], 'MAXLEN', '~', ARGV[1], '*', 'q', q}
-for i = 2, #ARGV do args[#args + 1] = ARGV[i] end
-redis.call('XADD', unpack(args))
-return q
-";
 
 /// What the writer knows of how far behind the other nodes' readers are.
 #[derive(Debug)]

@@ -19,6 +19,7 @@
 //!   session of that client id (its connection closed with 0x8E), unless it announced a
 //!   newer one of its own that the stream has not ordered yet.
 
+mod append;
 mod groups;
 mod lag;
 mod liveness;

@@ -14,7 +14,8 @@ use statehub_broker::FabricError;
 use statehub_redis_common::ShortfallLog;
 use tokio::sync::oneshot;
 
-use crate::lag::{Lag, APPEND};
+use crate::append::{self, Appends};
+use crate::lag::Lag;
 use crate::{Options, Shared};
 
 /// Most commands in one pipeline.
@@ -131,13 +132,18 @@ impl Writer {
     fn write(&mut self, batch: Vec<Command>) {
         let mut pipe = redis::pipe();
         pipe.cmd("PING");
-        for command in &batch {
-            self.add(&mut pipe, command);
-        }
         let groups = self.groups_dirty || batch.iter().any(|c| matches!(c, Command::Groups));
-        if groups {
-            self.add_groups(&mut pipe);
+        let encoded_groups = groups.then(|| self.shared.groups.local_encoded());
+        let mut appends = Appends::default();
+        for command in &batch {
+            self.add(&mut pipe, command, &mut appends);
         }
+        if let Some(encoded) = &encoded_groups {
+            let node = &*self.shared.node;
+            pipe.hset(&self.shared.keys.groups, node, encoded).ignore();
+            appends.push(vec![b"n", node.as_bytes(), b"t", b"g"]);
+        }
+        appends.flush(&mut pipe, &self.shared.keys, self.stream_len);
         // Before the WAIT, whose reply comes last.
         let others = self.reader_keys();
         self.lag.probe(&mut pipe, &self.shared.keys.seq, &others);
@@ -237,24 +243,19 @@ impl Writer {
         }
     }
 
-    fn add(&self, pipe: &mut Pipeline, command: &Command) {
+    /// Adds `command` to the batch: its stream entry to `appends`, a retained change to
+    /// `pipe` after the entries before it.
+    fn add<'a>(&'a self, pipe: &mut Pipeline, command: &'a Command, appends: &mut Appends<'a>) {
         let keys = &self.shared.keys;
-        let node = &*self.shared.node;
+        let node = self.shared.node.as_bytes();
         match command {
             Command::Publish {
                 msg, picks, origin, ..
-            } => {
-                self.xadd(pipe)
-                    .arg(&["n", node, "t", "p"])
-                    .arg("m")
-                    .arg(msg)
-                    .arg("s")
-                    .arg(picks)
-                    .arg("o")
-                    .arg(origin)
-                    .ignore();
-            }
+            } => appends.push(vec![
+                b"n", node, b"t", b"p", b"m", msg, b"s", picks, b"o", origin,
+            ]),
             Command::Retain { topic, value, .. } => {
+                appends.flush(pipe, keys, self.stream_len);
                 match value {
                     Some(value) => pipe.hset(&keys.retained, topic, value).ignore(),
                     None => pipe.hdel(&keys.retained, topic).ignore(),
@@ -263,31 +264,20 @@ impl Writer {
             Command::Announce {
                 client, resumed, ..
             } => {
-                let resumed = if *resumed { "1" } else { "0" };
-                self.xadd(pipe)
-                    .arg(&["n", node, "t", "k", "c", client, "r", resumed])
-                    .ignore();
+                let resumed: &[u8] = if *resumed { b"1" } else { b"0" };
+                appends.push(vec![
+                    b"n",
+                    node,
+                    b"t",
+                    b"k",
+                    b"c",
+                    client.as_bytes(),
+                    b"r",
+                    resumed,
+                ]);
             }
             Command::Groups | Command::Flush { .. } => {}
         }
-    }
-
-    fn add_groups(&self, pipe: &mut Pipeline) {
-        let keys = &self.shared.keys;
-        let node = &*self.shared.node;
-        pipe.hset(&keys.groups, node, self.shared.groups.local_encoded())
-            .ignore();
-        self.xadd(pipe).arg(&["n", node, "t", "g"]).ignore();
-    }
-
-    /// An append (numbered: `lag.rs`) to which the entry's fields are added.
-    fn xadd<'p>(&self, pipe: &'p mut Pipeline) -> &'p mut Pipeline {
-        pipe.cmd("EVALSHA")
-            .arg(script_hash())
-            .arg(2)
-            .arg(&self.shared.keys.feed)
-            .arg(&self.shared.keys.seq)
-            .arg(self.stream_len)
     }
 
     /// Runs the pipeline (the lag probe's replies go to `lag`); with `wait`, how many
@@ -297,7 +287,7 @@ impl Writer {
             let mut con = open(&self.client, self.timeout)?;
             redis::cmd("SCRIPT")
                 .arg("LOAD")
-                .arg(APPEND)
+                .arg(append::SCRIPT)
                 .query::<String>(&mut con)?;
             self.connection = Some(con);
         }
@@ -373,12 +363,6 @@ impl Writer {
 /// Whether a command appends to the stream.
 fn appends(command: &Command) -> bool {
     matches!(command, Command::Publish { .. } | Command::Announce { .. })
-}
-
-/// The SHA1 of [`APPEND`], which every writer connection loads first.
-fn script_hash() -> &'static str {
-    static HASH: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-    HASH.get_or_init(|| redis::Script::new(APPEND).get_hash().to_owned())
 }
 
 /// A connection whose every read and write is bounded by `timeout`.
