@@ -19,7 +19,9 @@
 //!   session of that client id (its connection closed with 0x8E), unless it announced a
 //!   newer one of its own that the stream has not ordered yet.
 
+mod append;
 mod groups;
+mod lag;
 mod liveness;
 mod reader;
 mod retain;
@@ -58,6 +60,11 @@ pub struct Options {
     /// The stream is trimmed to about this many entries: how far a node may fall
     /// behind before it misses messages.
     pub stream_len: u64,
+    /// Publishers on this node wait (their PUBACKs are held) while another live
+    /// node's reader is more than this many entries behind the stream's head, so that
+    /// no reader falls past the trim (below `stream_len`; 0: never wait). A node whose
+    /// reader made no progress for `node_ttl` is not waited for.
+    pub reader_lag_limit: u64,
     /// Most messages waiting for the writer: past it QoS 0 messages are not forwarded
     /// (counted) and QoS 1/2 PUBLISHes are refused with 0x97.
     pub queue: usize,
@@ -125,6 +132,11 @@ pub struct Counters {
     pub write_errors: AtomicU64,
     /// Writer batches fewer replicas acknowledged than `wait_replicas` asks.
     pub not_replicated: AtomicU64,
+    /// Writer batches held back because another node's reader was more than
+    /// `reader_lag_limit` entries behind.
+    pub held: AtomicU64,
+    /// Milliseconds the writer spent holding batches back.
+    pub held_ms: AtomicU64,
     /// Liveness renewals that failed (a node that fails them past `node_ttl` passes for
     /// dead).
     pub liveness_failures: AtomicU64,
@@ -138,6 +150,8 @@ pub(crate) struct Keys {
     pub feed: String,
     pub retained: String,
     pub groups: String,
+    /// The count of entries ever appended (each entry carries its number).
+    pub seq: String,
 }
 
 impl Keys {
@@ -147,7 +161,14 @@ impl Keys {
             feed: format!("{{{namespace}}}:mqtt:feed"),
             retained: format!("{{{namespace}}}:mqtt:retained"),
             groups: format!("{{{namespace}}}:mqtt:groups"),
+            seq: format!("{{{namespace}}}:mqtt:seq"),
         }
+    }
+
+    /// Where `node`'s reader says how far it read (the number of the last entry it
+    /// applied); it lapses when the reader makes no progress for the node TTL.
+    pub fn read_position(&self, node: &str) -> String {
+        format!("{}read:{node}", self.prefix)
     }
 }
 

@@ -33,17 +33,25 @@ pub(crate) struct Reader {
     /// Whether entries may have been trimmed before this reader read them: after a
     /// reconnect, or a full batch (it is behind).
     check_gap: bool,
+    /// The number of the last entry read (`lag.rs`), once known.
+    seq: Option<u64>,
+    /// Where this reader says how far it read, and how long that lives unrenewed.
+    position_key: String,
+    position_ttl_ms: u64,
 }
 
 impl Reader {
     pub(crate) fn new(client: Client, shared: Arc<Shared>, options: &Options) -> Self {
         Self {
             client,
-            shared,
             timeout: options.timeout,
             last_id: None,
             loaded: false,
             check_gap: false,
+            seq: None,
+            position_key: shared.keys.read_position(&shared.node),
+            position_ttl_ms: u64::try_from(options.node_ttl.as_millis()).unwrap_or(u64::MAX),
+            shared,
         }
     }
 
@@ -109,10 +117,9 @@ impl Reader {
         if self.last_id.is_none() {
             let last: StreamRangeReply =
                 con.xrevrange_count(&self.shared.keys.feed, "+", "-", 1)?;
-            let last = last
-                .ids
-                .first()
-                .map_or_else(|| "0-0".to_owned(), |e| e.id.clone());
+            let last_entry = last.ids.first();
+            self.seq = Some(last_entry.and_then(entry_number).unwrap_or(0));
+            let last = last_entry.map_or_else(|| "0-0".to_owned(), |e| e.id.clone());
             self.shared.sessions.applied(&last);
             self.shared.cut.lock().last_id = Some(last.clone());
             self.last_id = Some(last);
@@ -158,7 +165,7 @@ impl Reader {
         };
         counters.reader_lag_ms.store(lag, Ordering::Relaxed);
         if entries.is_empty() {
-            return Ok(());
+            return self.report_position(con);
         }
         self.check_gap = entries.len() >= BATCH;
         // Applied under the cut's lock (a session moving here joins between two
@@ -179,6 +186,7 @@ impl Reader {
             }
             own.extend(self.own_origin(&entry));
             counters.entries_read.fetch_add(1, Ordering::Relaxed);
+            self.seq = entry_number(&entry).or(self.seq);
             self.last_id = Some(entry.id);
         }
         sessions.read_back(&own);
@@ -187,7 +195,23 @@ impl Reader {
             cut.last_id = Some(last.clone());
         }
         sessions.end_group_gated(Some(gate));
-        applied
+        drop(cut);
+        applied?;
+        self.report_position(con)
+    }
+
+    /// Tells the writers how far this reader is (`lag.rs`); renewed on every read, so
+    /// it lapses when the reader makes no progress.
+    fn report_position(&self, con: &mut Connection) -> RedisResult<()> {
+        let Some(seq) = self.seq else {
+            return Ok(());
+        };
+        redis::cmd("SET")
+            .arg(&self.position_key)
+            .arg(seq)
+            .arg("PX")
+            .arg(self.position_ttl_ms.max(1))
+            .query(con)
     }
 
     fn apply(
@@ -366,5 +390,15 @@ impl Reader {
             .malformed
             .fetch_add(1, Ordering::Relaxed);
         tracing::warn!("mqtt cluster: entry {what} skipped: {e}");
+    }
+}
+
+/// The number an entry was appended with (`lag.rs`); entries appended otherwise
+/// (a session's hand-off request) have none.
+fn entry_number(entry: &StreamId) -> Option<u64> {
+    match entry.map.get("q") {
+        Some(Value::BulkString(b)) => std::str::from_utf8(b).ok()?.parse().ok(),
+        Some(Value::Int(n)) => u64::try_from(*n).ok(),
+        _ => None,
     }
 }

@@ -7,19 +7,23 @@
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use redis::{Client, Connection, Pipeline, RedisResult};
+use redis::{Client, Connection, Pipeline, RedisResult, Value};
 use statehub_broker::FabricError;
 use statehub_redis_common::ShortfallLog;
 use tokio::sync::oneshot;
 
+use crate::append::{self, Appends};
+use crate::lag::Lag;
 use crate::{Options, Shared};
 
 /// Most commands in one pipeline.
 const BATCH: usize = 256;
 /// How often an idle writer checks that Redis answers (and writes what is pending).
 const RETRY: Duration = Duration::from_millis(250);
+/// How often a writer held back by a slow reader asks again how far it is.
+const HOLD_POLL: Duration = Duration::from_millis(5);
 
 type Reply = oneshot::Sender<Result<(), FabricError>>;
 
@@ -67,6 +71,11 @@ pub(crate) struct Writer {
     wait_timeout: Duration,
     /// Batches fewer replicas acknowledged than asked, logged now and then.
     shortfalls: ShortfallLog,
+    /// How far behind the other nodes' readers are.
+    lag: Lag,
+    node_ttl: Duration,
+    /// When a hold was last logged.
+    hold_logged: Option<Instant>,
 }
 
 impl Writer {
@@ -88,6 +97,9 @@ impl Writer {
             wait_replicas: options.wait_replicas,
             wait_timeout: options.wait_timeout,
             shortfalls: ShortfallLog::default(),
+            lag: Lag::new(options.reader_lag_limit),
+            node_ttl: options.node_ttl,
+            hold_logged: None,
         }
     }
 
@@ -96,8 +108,12 @@ impl Writer {
         loop {
             match self.rx.recv_timeout(RETRY) {
                 Ok(first) => {
+                    if self.lag.room() == 0 && appends(&first) {
+                        self.hold();
+                    }
+                    let most = self.lag.room().clamp(1, BATCH);
                     let mut batch = vec![first];
-                    while batch.len() < BATCH {
+                    while batch.len() < most {
                         match self.rx.try_recv() {
                             Ok(c) => batch.push(c),
                             Err(_) => break,
@@ -116,13 +132,21 @@ impl Writer {
     fn write(&mut self, batch: Vec<Command>) {
         let mut pipe = redis::pipe();
         pipe.cmd("PING");
-        for command in &batch {
-            self.add(&mut pipe, command);
-        }
         let groups = self.groups_dirty || batch.iter().any(|c| matches!(c, Command::Groups));
-        if groups {
-            self.add_groups(&mut pipe);
+        let encoded_groups = groups.then(|| self.shared.groups.local_encoded());
+        let mut appends = Appends::default();
+        for command in &batch {
+            self.add(&mut pipe, command, &mut appends);
         }
+        if let Some(encoded) = &encoded_groups {
+            let node = &*self.shared.node;
+            pipe.hset(&self.shared.keys.groups, node, encoded).ignore();
+            appends.push(vec![b"n", node.as_bytes(), b"t", b"g"]);
+        }
+        appends.flush(&mut pipe, &self.shared.keys, self.stream_len);
+        // Before the WAIT, whose reply comes last.
+        let others = self.reader_keys();
+        self.lag.probe(&mut pipe, &self.shared.keys.seq, &others);
         let wait = self.wait_replicas > 0
             && batch
                 .iter()
@@ -154,6 +178,48 @@ impl Writer {
         }
     }
 
+    /// Waits while another live node's reader is at the lag limit, asking Redis how far
+    /// the readers are every [`HOLD_POLL`]. Bounded: a reader that makes no progress
+    /// stops being waited for once its position lapses (the node TTL).
+    fn hold(&mut self) {
+        let start = Instant::now();
+        let shared = self.shared.clone();
+        shared.counters.held.fetch_add(1, Ordering::Relaxed);
+        let log = self
+            .hold_logged
+            .is_none_or(|at| at.elapsed() >= Duration::from_secs(10));
+        if log {
+            self.hold_logged = Some(start);
+            tracing::warn!(
+                behind = self.lag.behind(),
+                "mqtt cluster: another node's reader is at mqtt_reader_lag_limit; publishers wait"
+            );
+        }
+        // Past the node TTL the slow reader's position has lapsed, or it is moving.
+        let bound = start + self.node_ttl * 2 + self.timeout;
+        while self.lag.room() == 0 && Instant::now() < bound {
+            std::thread::sleep(HOLD_POLL);
+            let mut pipe = redis::pipe();
+            pipe.cmd("PING");
+            let others = self.reader_keys();
+            self.lag.probe(&mut pipe, &self.shared.keys.seq, &others);
+            if self.query(&pipe, false).is_err() {
+                self.connection = None;
+                break;
+            }
+        }
+        let waited = u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX);
+        shared.counters.held_ms.fetch_add(waited, Ordering::Relaxed);
+    }
+
+    /// The position keys of the other nodes' readers.
+    fn reader_keys(&self) -> Vec<String> {
+        let keys = &self.shared.keys;
+        (self.shared.groups.other_nodes().iter())
+            .map(|node| keys.read_position(node))
+            .collect()
+    }
+
     /// `Err` (counted, logged at most every 10 s) if fewer replicas than asked
     /// acknowledged the batch.
     fn replicated(&mut self, replicas: Option<u32>) -> Result<(), FabricError> {
@@ -177,24 +243,19 @@ impl Writer {
         }
     }
 
-    fn add(&self, pipe: &mut Pipeline, command: &Command) {
+    /// Adds `command` to the batch: its stream entry to `appends`, a retained change to
+    /// `pipe` after the entries before it.
+    fn add<'a>(&'a self, pipe: &mut Pipeline, command: &'a Command, appends: &mut Appends<'a>) {
         let keys = &self.shared.keys;
-        let node = &*self.shared.node;
+        let node = self.shared.node.as_bytes();
         match command {
             Command::Publish {
                 msg, picks, origin, ..
-            } => {
-                self.xadd(pipe)
-                    .arg(&["n", node, "t", "p"])
-                    .arg("m")
-                    .arg(msg)
-                    .arg("s")
-                    .arg(picks)
-                    .arg("o")
-                    .arg(origin)
-                    .ignore();
-            }
+            } => appends.push(vec![
+                b"n", node, b"t", b"p", b"m", msg, b"s", picks, b"o", origin,
+            ]),
             Command::Retain { topic, value, .. } => {
+                appends.flush(pipe, keys, self.stream_len);
                 match value {
                     Some(value) => pipe.hset(&keys.retained, topic, value).ignore(),
                     None => pipe.hdel(&keys.retained, topic).ignore(),
@@ -203,44 +264,45 @@ impl Writer {
             Command::Announce {
                 client, resumed, ..
             } => {
-                let resumed = if *resumed { "1" } else { "0" };
-                self.xadd(pipe)
-                    .arg(&["n", node, "t", "k", "c", client, "r", resumed])
-                    .ignore();
+                let resumed: &[u8] = if *resumed { b"1" } else { b"0" };
+                appends.push(vec![
+                    b"n",
+                    node,
+                    b"t",
+                    b"k",
+                    b"c",
+                    client.as_bytes(),
+                    b"r",
+                    resumed,
+                ]);
             }
             Command::Groups | Command::Flush { .. } => {}
         }
     }
 
-    fn add_groups(&self, pipe: &mut Pipeline) {
-        let keys = &self.shared.keys;
-        let node = &*self.shared.node;
-        pipe.hset(&keys.groups, node, self.shared.groups.local_encoded())
-            .ignore();
-        self.xadd(pipe).arg(&["n", node, "t", "g"]).ignore();
-    }
-
-    fn xadd<'p>(&self, pipe: &'p mut Pipeline) -> &'p mut Pipeline {
-        pipe.cmd("XADD")
-            .arg(&self.shared.keys.feed)
-            .arg("MAXLEN")
-            .arg("~")
-            .arg(self.stream_len)
-            .arg("*")
-    }
-
-    /// Runs the pipeline; with `wait`, how many replicas acknowledged it.
+    /// Runs the pipeline (the lag probe's replies go to `lag`); with `wait`, how many
+    /// replicas acknowledged it.
     fn query(&mut self, pipe: &Pipeline, wait: bool) -> RedisResult<Option<u32>> {
         if self.connection.is_none() {
-            self.connection = Some(open(&self.client, self.timeout)?);
+            let mut con = open(&self.client, self.timeout)?;
+            redis::cmd("SCRIPT")
+                .arg("LOAD")
+                .arg(append::SCRIPT)
+                .query::<String>(&mut con)?;
+            self.connection = Some(con);
         }
-        match self.connection.as_mut() {
-            Some(con) if wait => pipe
-                .query::<(redis::Value, u32)>(con)
-                .map(|(_, replicas)| Some(replicas)),
-            Some(con) => pipe.query::<()>(con).map(|()| None),
-            None => Ok(None),
+        let Some(con) = self.connection.as_mut() else {
+            return Ok(None);
+        };
+        let mut replies = pipe.query::<Vec<Value>>(con)?.into_iter();
+        // The PING's.
+        replies.next();
+        self.lag.observe(&mut replies);
+        if !wait {
+            return Ok(None);
         }
+        let replicas = replies.next_back().map(|v| redis::from_redis_value(&v));
+        replicas.transpose()
     }
 
     /// Answers the batch's publishers; an announcement that was not appended is
@@ -296,6 +358,11 @@ impl Writer {
             self.down_logged = true;
         }
     }
+}
+
+/// Whether a command appends to the stream.
+fn appends(command: &Command) -> bool {
+    matches!(command, Command::Publish { .. } | Command::Announce { .. })
 }
 
 /// A connection whose every read and write is bounded by `timeout`.

@@ -70,6 +70,12 @@ pub struct ClusterConfig {
     /// The broker's message stream is trimmed to about this many entries (100000): how
     /// far a node's reader may fall behind before its subscribers miss messages.
     pub mqtt_stream_len: u64,
+    /// Publishers wait (their PUBACKs held) while another live node's stream reader
+    /// is more than this many entries behind the stream's head (half of
+    /// `mqtt_stream_len`; below it; 0: never wait), so no reader that keeps reading
+    /// falls past the trim. A node whose reader made no progress for
+    /// `mqtt_node_ttl_ms` is not waited for.
+    pub mqtt_reader_lag_limit: Option<u64>,
     /// Most messages a node holds for its Redis writer (10000): past it QoS 1/2
     /// PUBLISHes are refused with 0x97 and QoS 0 ones stay on their node.
     pub mqtt_queue: usize,
@@ -110,6 +116,7 @@ impl Default for ClusterConfig {
             webpubsub_stream_len: statehub_webpubsub_redis::defaults::STREAM_LEN,
             webpubsub_queue: statehub_webpubsub_redis::defaults::QUEUE,
             mqtt_stream_len: statehub_broker_redis::defaults::STREAM_LEN,
+            mqtt_reader_lag_limit: None,
             mqtt_queue: statehub_broker_redis::defaults::QUEUE,
             redis_wait_replicas: 0,
             redis_wait_timeout_ms: 500,
@@ -142,6 +149,14 @@ pub fn resolve(
     // Checked with or without a Redis URL, as a table that cannot be used.
     if file.mqtt_stream_len == 0 {
         return Err(ClusterError::Invalid("mqtt_stream_len must be at least 1"));
+    }
+    let lag_limit = file
+        .mqtt_reader_lag_limit
+        .unwrap_or(file.mqtt_stream_len / 2);
+    if lag_limit >= file.mqtt_stream_len {
+        return Err(ClusterError::Invalid(
+            "mqtt_reader_lag_limit must be below mqtt_stream_len",
+        ));
     }
     if file.mqtt_queue == 0 {
         return Err(ClusterError::Invalid("mqtt_queue must be at least 1"));
@@ -206,6 +221,7 @@ pub fn resolve(
         node: node.clone(),
         timeout,
         stream_len: file.mqtt_stream_len,
+        reader_lag_limit: lag_limit,
         queue: file.mqtt_queue,
         wait_replicas: wait.map_or(0, |w| w.replicas),
         wait_timeout: wait.map_or(Duration::ZERO, |w| w.timeout),
@@ -342,6 +358,20 @@ mod tests {
     fn resolved(table: &str) -> Result<Option<Cluster>, ClusterError> {
         let file: ClusterConfig = toml::from_str(table).unwrap();
         resolve(&ClusterArgs::default(), file, "node", false)
+    }
+
+    #[test]
+    fn the_reader_lag_limit_defaults_to_half_the_stream_and_stays_below_it() {
+        let url = "redis_url = \"redis://127.0.0.1:1\"\n";
+        let lag =
+            |t: &str| resolved(&format!("{url}{t}")).map(|c| c.unwrap().mqtt.reader_lag_limit);
+        assert_eq!(lag("mqtt_stream_len = 50\n").unwrap(), 25);
+        assert_eq!(
+            lag("mqtt_stream_len = 50\nmqtt_reader_lag_limit = 20\n").unwrap(),
+            20
+        );
+        assert_eq!(lag("mqtt_reader_lag_limit = 0\n").unwrap(), 0);
+        assert!(lag("mqtt_stream_len = 50\nmqtt_reader_lag_limit = 50\n").is_err());
     }
 
     #[test]

@@ -66,6 +66,7 @@ fn options(redis: &RedisServer, node: &str) -> Options {
         node: node.into(),
         timeout: Duration::from_secs(5),
         stream_len: 1000,
+        reader_lag_limit: 500,
         queue: 64,
         wait_replicas: 0,
         wait_timeout: Duration::from_secs(1),
