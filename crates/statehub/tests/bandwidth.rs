@@ -6,7 +6,6 @@
 
 mod common;
 
-use std::io::{Read as _, Write as _};
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -30,22 +29,6 @@ fn listeners(server: &common::Server) -> Vec<SocketAddr> {
         rest.split_whitespace().next()?.parse().ok()
     });
     addrs.collect()
-}
-
-fn metric(http: SocketAddr, name: &str) -> f64 {
-    let mut s = common::connect_tcp(http);
-    write!(
-        s,
-        "GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut text = String::new();
-    s.read_to_string(&mut text).unwrap();
-    let line = text.lines().find(|l| l.starts_with(&format!("{name} ")));
-    let value = line.and_then(|l| l.split_whitespace().nth(1));
-    value
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| panic!("{name} in /metrics"))
 }
 
 /// The next PUBLISH a subscriber gets, acknowledged.
@@ -153,9 +136,9 @@ async fn a_client_past_its_bandwidth_is_slowed_not_dropped_and_others_are_served
         other => panic!("expected PINGRESP, got {other:?}"),
     }
 
-    let throttles = metric(server.http, "statehub_mqtt_bandwidth_throttles_total");
+    let throttles = common::metric(server.http, "statehub_mqtt_bandwidth_throttles_total");
     assert!(throttles >= 1.0, "throttles counted: {throttles}");
-    let seconds = metric(
+    let seconds = common::metric(
         server.http,
         "statehub_mqtt_bandwidth_throttled_seconds_total",
     );
@@ -178,6 +161,6 @@ async fn a_client_past_its_bandwidth_is_slowed_not_dropped_and_others_are_served
     for _ in 0..MESSAGES {
         assert_eq!(&delivered(&mut sub).await.topic[..], "bw/free");
     }
-    let after = metric(server.http, "statehub_mqtt_bandwidth_throttles_total");
+    let after = common::metric(server.http, "statehub_mqtt_bandwidth_throttles_total");
     assert_eq!(after, throttles, "no pause on the listener without a limit");
 }

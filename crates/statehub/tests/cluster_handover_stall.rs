@@ -13,11 +13,12 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use common::cluster::{node, publish_acked};
+use common::proxy::Proxy;
 use statehub_broker::codec::{Packet, PubResponse, Publish, QoS, ReasonCode};
 use statehub_redis_common::test_server::RedisServer;
 use statehub_test_support::{opts, persistent_connect, publish, Event, RawClient, V5};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpStream;
 use tokio::sync::watch;
 
 /// Every wait of this test is for something that happens within a few Redis
@@ -28,35 +29,10 @@ const PATIENCE: Duration = Duration::from_secs(60);
 /// Redis client of statehub sends.
 const PING: &[u8] = b"$4\r\nPING\r\n";
 
-/// Stands between a node and redis-server. While `stall` is set, a connection that
-/// sends a pipeline starting with PING (the stream writer's) is held: what it sends
-/// from then on waits in the proxy until `stall` is cleared, and is then sent on,
-/// even if the node gave up on it and closed the connection meanwhile.
-struct Proxy {
-    addr: SocketAddr,
-    stall: watch::Sender<bool>,
-}
-
-impl Proxy {
-    async fn start(redis_port: u16) -> Proxy {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let (stall, rx) = watch::channel(false);
-        tokio::spawn(async move {
-            while let Ok((client, _)) = listener.accept().await {
-                if let Ok(upstream) = TcpStream::connect(("127.0.0.1", redis_port)).await {
-                    tokio::spawn(relay(client, upstream, rx.clone()));
-                }
-            }
-        });
-        Proxy { addr, stall }
-    }
-
-    fn url(&self) -> String {
-        format!("redis://{}", self.addr)
-    }
-}
-
+/// The proxy's relay between a node and redis-server: while `stall` is set, a
+/// connection that sends a pipeline starting with PING (the stream writer's) is held:
+/// what it sends from then on waits in the proxy until `stall` is cleared, and is
+/// then sent on, even if the node gave up on it and closed the connection meanwhile.
 async fn relay(client: TcpStream, upstream: TcpStream, mut stall: watch::Receiver<bool>) {
     let (mut from_client, mut to_client) = client.into_split();
     let (mut from_redis, mut to_redis) = upstream.into_split();
@@ -232,7 +208,7 @@ async fn resume(addr: SocketAddr, id: &str) -> RawClient {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_handed_over_while_its_node_cannot_append_gets_each_message_once() {
     let redis = RedisServer::start();
-    let proxy = Proxy::start(redis.port()).await;
+    let proxy = Proxy::start(redis.port(), relay).await;
     // A held pipeline fails after `timeout_ms`: its publisher is refused, and so is the
     // flush that would give the hand-over its bound.
     let a = common::start_configured(

@@ -8,10 +8,9 @@ mod common;
 mod store_client;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::{Read, Write};
 use std::time::{Duration, Instant};
 
-use common::{connect_tcp, Server};
+use common::Server;
 use statehub_broker::codec::{QoS, ReasonCode};
 use statehub_redis_common::test_server::RedisServer;
 use statehub_test_support::{opts, RawClient, V5};
@@ -35,14 +34,7 @@ struct Scrape {
 
 impl Scrape {
     fn take(server: &Server) -> Scrape {
-        let mut s = connect_tcp(server.http);
-        write!(
-            s,
-            "GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
-        )
-        .unwrap();
-        let mut out = String::new();
-        s.read_to_string(&mut out).expect("read the scrape");
+        let out = common::scrape(server.http);
         let (head, body) = out.split_once("\r\n\r\n").expect("a response");
         assert!(head.starts_with("HTTP/1.1 200"), "{head}");
         let mut samples = BTreeMap::new();

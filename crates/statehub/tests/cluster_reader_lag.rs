@@ -9,18 +9,17 @@
 
 mod common;
 
-use std::io::{Read, Write};
-use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{connect_tcp, Server};
+use common::proxy::Proxy;
+use common::Server;
 use statehub_broker::codec::{Packet, QoS, ReasonCode};
 use statehub_redis_common::test_server::RedisServer;
 use statehub_test_support::{opts, publish, RawClient, V5};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpStream;
 use tokio::sync::watch;
 
 /// Every wait of this test is for something that happens within a few Redis
@@ -29,38 +28,13 @@ const PATIENCE: Duration = Duration::from_secs(60);
 const N: u16 = 200;
 const TOPIC: &str = "lag/t";
 
-/// Stands between a node and redis-server. While `stall` is set, a connection that
-/// sends an `XREAD` of the MQTT stream is held: nothing it sends reaches Redis until
-/// `stall` is cleared.
-struct Proxy {
-    addr: SocketAddr,
-    stall: watch::Sender<bool>,
-}
-
-impl Proxy {
-    async fn start(redis_port: u16) -> Proxy {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let (stall, rx) = watch::channel(false);
-        tokio::spawn(async move {
-            while let Ok((client, _)) = listener.accept().await {
-                if let Ok(upstream) = TcpStream::connect(("127.0.0.1", redis_port)).await {
-                    tokio::spawn(relay(client, upstream, rx.clone()));
-                }
-            }
-        });
-        Proxy { addr, stall }
-    }
-
-    fn url(&self) -> String {
-        format!("redis://{}", self.addr)
-    }
-}
-
 fn contains(chunk: &[u8], what: &[u8]) -> bool {
     chunk.windows(what.len()).any(|w| w == what)
 }
 
+/// The proxy's relay between a node and redis-server: while `stall` is set, a
+/// connection that sends an `XREAD` of the MQTT stream is held: nothing it sends
+/// reaches Redis until `stall` is cleared.
 async fn relay(client: TcpStream, upstream: TcpStream, mut stall: watch::Receiver<bool>) {
     let (mut from_client, mut to_client) = client.into_split();
     let (mut from_redis, mut to_redis) = upstream.into_split();
@@ -89,24 +63,6 @@ async fn relay(client: TcpStream, upstream: TcpStream, mut stall: watch::Receive
             return;
         }
     }
-}
-
-/// The value of counter `name` on `server`'s `/metrics`.
-fn metric(server: &Server, name: &str) -> f64 {
-    let mut s = connect_tcp(server.http);
-    write!(
-        s,
-        "GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).expect("read the scrape");
-    out.lines()
-        .find_map(|l| {
-            let (n, v) = l.rsplit_once(' ')?;
-            (n == name || n == format!("{name}_total")).then(|| v.parse().ok())?
-        })
-        .unwrap_or_else(|| panic!("{name} not on /metrics"))
 }
 
 /// Nodes `a` (on Redis directly) and `b` (through `proxy`) with a 50-entry stream and
@@ -179,7 +135,7 @@ async fn until(what: &str, mut done: impl FnMut() -> bool) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_held_reader_holds_the_other_nodes_publishers_and_loses_nothing() {
     let redis = RedisServer::start();
-    let proxy = Proxy::start(redis.port()).await;
+    let proxy = Proxy::start(redis.port(), relay).await;
     // The held reader stays live for the whole test.
     let (a, b) = nodes(
         &redis,
@@ -191,7 +147,7 @@ async fn a_held_reader_holds_the_other_nodes_publishers_and_loses_nothing() {
     proxy.stall.send_replace(true);
     let (acked, acks) = publish_all(publisher).await;
     until("a's writer holds, or every message is acknowledged", || {
-        metric(&a, "statehub_cluster_mqtt_writer_held") >= 1.0
+        common::metric(a.http, "statehub_cluster_mqtt_writer_held") >= 1.0
             || acked.load(Ordering::Relaxed) == usize::from(N)
     })
     .await;
@@ -210,7 +166,10 @@ async fn a_held_reader_holds_the_other_nodes_publishers_and_loses_nothing() {
         sub.ack(&p).await;
     }
     acks.await.unwrap();
-    assert_eq!(metric(&b, "statehub_cluster_mqtt_stream_gaps"), 0.0);
+    assert_eq!(
+        common::metric(b.http, "statehub_cluster_mqtt_stream_gaps"),
+        0.0
+    );
 }
 
 /// With b's reader held for good, a's publishers wait at most until b's position lapses
@@ -218,7 +177,7 @@ async fn a_held_reader_holds_the_other_nodes_publishers_and_loses_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reader_stuck_past_the_node_ttl_is_not_waited_for() {
     let redis = RedisServer::start();
-    let proxy = Proxy::start(redis.port()).await;
+    let proxy = Proxy::start(redis.port(), relay).await;
     let (a, b) = nodes(
         &redis,
         &proxy,

@@ -40,22 +40,6 @@ async fn script_calls_paused(redis: &RedisServer, count: usize) {
     }
 }
 
-/// `GET /metrics` on `http`: the body (within [`PATIENCE`]).
-fn scrape_metrics(http: std::net::SocketAddr) -> String {
-    use std::io::{Read, Write};
-    let mut s = common::connect_tcp(http);
-    s.set_read_timeout(Some(PATIENCE)).unwrap();
-    write!(
-        s,
-        "GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out)
-        .expect("the scrape, while the store waits for Redis");
-    out
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pub_sub_on_the_node_goes_on_while_its_state_store_waits_for_redis() {
     let redis = RedisServer::start();
@@ -145,7 +129,7 @@ async fn several_clients_requests_wait_in_redis_at_once() {
     script_calls_paused(&redis, 2).await;
     // The metrics endpoint reads the store without waiting for its round trips.
     let http = node.http;
-    let scrape = tokio::task::spawn_blocking(move || scrape_metrics(http))
+    let scrape = tokio::task::spawn_blocking(move || common::scrape(http))
         .await
         .unwrap();
     assert!(

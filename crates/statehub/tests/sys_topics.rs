@@ -5,7 +5,7 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Read as _, Write as _};
+use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
@@ -66,14 +66,7 @@ fn until(lines: &mpsc::Receiver<String>, what: &str, want: impl Fn(&str) -> bool
 
 /// A counter of a scrape: the sum of the lines of `name` whose labels contain `labels`.
 fn scraped(addr: SocketAddr, name: &str, labels: &str) -> u64 {
-    let mut s = common::connect_tcp(addr);
-    write!(
-        s,
-        "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut body = String::new();
-    s.read_to_string(&mut body).unwrap();
+    let body = common::scrape(addr);
     body.lines()
         .filter(|l| l.starts_with(name) && l.contains(labels))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())

@@ -10,6 +10,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 pub mod cluster;
+pub mod proxy;
 pub mod wps;
 
 // Not every test file that includes this module uses every helper.
@@ -210,6 +211,33 @@ pub fn connect_tcp(addr: SocketAddr) -> TcpStream {
     let s = TcpStream::connect_timeout(&addr, Duration::from_secs(3)).expect("tcp connect");
     s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
     s
+}
+
+/// `GET /metrics` on `http`: the whole response, head and body (read within 60 s, as a
+/// scrape can wait behind a node's Redis calls on a loaded machine).
+pub fn scrape(http: SocketAddr) -> String {
+    use std::io::Write;
+    let mut s = connect_tcp(http);
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    write!(
+        s,
+        "GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).expect("read the scrape");
+    out
+}
+
+/// The value of sample `name` (or `{name}_total`, a counter's) on `http`'s `/metrics`.
+pub fn metric(http: SocketAddr, name: &str) -> f64 {
+    scrape(http)
+        .lines()
+        .find_map(|l| {
+            let (n, v) = l.rsplit_once(' ')?;
+            (n == name || n == format!("{name}_total")).then(|| v.parse().ok())?
+        })
+        .unwrap_or_else(|| panic!("{name} not on /metrics"))
 }
 
 pub fn run_to_exit(args: &[&str]) -> (ExitStatus, String) {
