@@ -1,16 +1,18 @@
 //! Flow control between the writers and the slowest reader: every entry carries its
 //! number (`q`, counted in `{ns}:mqtt:seq` by the script that appends it,
-//! `append.rs`), each reader
-//! says the number of the last entry it applied (`{ns}:mqtt:read:{node}`, renewed on
-//! every read and lapsing after the node TTL), and a writer appends no more while
-//! another live node's reader is more than `reader_lag_limit` entries behind. Its
-//! PUBACKs then wait, and the connections' bounded in-flight windows hold their
-//! publishers: no reader that keeps reading falls past the stream's trim. A reader
-//! that made no progress for the node TTL is not waited for (its key lapsed).
+//! `append.rs`), each reader says the number of the last entry it applied
+//! (`{ns}:mqtt:read:{node}`, renewed on every read and lapsing after the node TTL),
+//! and a writer appends no more while a live node's reader (its own included: its
+//! reader skips its entries, but they would push the others' out of the stream) is
+//! more than `reader_lag_limit` entries behind. Its PUBACKs then wait, and the
+//! connections' bounded in-flight windows hold their publishers: no reader that keeps
+//! reading falls past the stream's trim. A reader that made no progress for the node
+//! TTL is not waited for (its key lapsed). No reader waits for its own held writer
+//! (`flush.rs`), so no two nodes wait for each other.
 
 use redis::{Pipeline, Value};
 
-/// What the writer knows of how far behind the other nodes' readers are.
+/// What the writer knows of how far behind the nodes' readers are.
 #[derive(Debug)]
 pub(crate) struct Lag {
     limit: u64,

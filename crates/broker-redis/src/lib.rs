@@ -20,6 +20,7 @@
 //!   newer one of its own that the stream has not ordered yet.
 
 mod append;
+mod flush;
 mod groups;
 mod lag;
 mod liveness;
@@ -60,10 +61,12 @@ pub struct Options {
     /// The stream is trimmed to about this many entries: how far a node may fall
     /// behind before it misses messages.
     pub stream_len: u64,
-    /// Publishers on this node wait (their PUBACKs are held) while another live
-    /// node's reader is more than this many entries behind the stream's head, so that
-    /// no reader falls past the trim (below `stream_len`; 0: never wait). A node whose
-    /// reader made no progress for `node_ttl` is not waited for.
+    /// Publishers on this node wait (their PUBACKs are held) while a live node's
+    /// reader (this node's own included) is more than this many entries behind the
+    /// stream's head, so that no reader falls past the trim (at most half of
+    /// `stream_len`: what other writers append within a round trip comes on top; 0:
+    /// never wait). A node whose reader made no progress for `node_ttl` is not waited
+    /// for.
     pub reader_lag_limit: u64,
     /// Most messages waiting for the writer: past it QoS 0 messages are not forwarded
     /// (counted) and QoS 1/2 PUBLISHes are refused with 0x97.
@@ -132,7 +135,7 @@ pub struct Counters {
     pub write_errors: AtomicU64,
     /// Writer batches fewer replicas acknowledged than `wait_replicas` asks.
     pub not_replicated: AtomicU64,
-    /// Writer batches held back because another node's reader was more than
+    /// Writer batches held back because a node's reader was more than
     /// `reader_lag_limit` entries behind.
     pub held: AtomicU64,
     /// Milliseconds the writer spent holding batches back.
@@ -187,6 +190,8 @@ pub(crate) struct Shared {
     pub sessions: Arc<sessions::Inner>,
     /// The reader's position, locked while it applies entries.
     pub cut: Arc<Mutex<sessions::Cut>>,
+    /// The writer's hold, as flushes see it.
+    pub hold: Arc<flush::HoldState>,
 }
 
 impl Shared {
@@ -230,9 +235,11 @@ impl RedisFabric {
         // under the same id is another owner, and its old sessions those of a dead one.
         let owner = format!("{}#{:016x}", options.node, rand::random::<u64>());
         let cut = Arc::new(Mutex::new(sessions::Cut::default()));
+        let hold = Arc::new(flush::HoldState::default());
         let fetcher = sessions::Fetcher {
             client: client.clone(),
             feed: keys.feed.clone(),
+            seq: keys.seq.clone(),
             node: options.node.clone(),
             stream_len: options.stream_len,
             timeout: options.timeout,
@@ -240,6 +247,7 @@ impl RedisFabric {
             cut: cut.clone(),
             pool: Mutex::default(),
             writer: tx.clone(),
+            hold: hold.clone(),
         };
         let wait = (options.wait_replicas > 0).then_some(sessions::Wait {
             replicas: options.wait_replicas,
@@ -263,6 +271,7 @@ impl RedisFabric {
             tx,
             sessions: sessions.clone(),
             cut,
+            hold,
         });
         let fabric = RedisFabric { shared };
         broker.set_fabric(Arc::new(fabric.clone()));

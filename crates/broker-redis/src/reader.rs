@@ -313,8 +313,9 @@ impl Reader {
     /// the session are then all on the stream, up to the stream's last entry, and
     /// those routed after are past it, so the next node skips the former in its
     /// replay (the session has them) and gives the latter. Without that bound (Redis
-    /// out of reach) the next node tells them apart by their origins
-    /// (`sessions/origins.rs`).
+    /// out of reach, or this node's writer holding for a reader elsewhere, which this
+    /// thread never waits for: `flush.rs`) the next node tells them apart by their
+    /// origins (`sessions/origins.rs`).
     fn hand_off(
         &self,
         con: &mut Connection,
@@ -324,7 +325,9 @@ impl Reader {
     ) {
         let sessions = &self.shared.sessions;
         let settle = || {
-            sessions.flush_stream().ok()?;
+            // A writer holding for a slow reader is not waited for: the
+            // session is then released without a bound (`flush.rs`).
+            sessions.flush_stream_unless_held().ok()?;
             let last: StreamRangeReply = con
                 .xrevrange_count(&self.shared.keys.feed, "+", "-", 1)
                 .ok()?;

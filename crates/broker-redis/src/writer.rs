@@ -52,8 +52,9 @@ pub(crate) enum Command {
     },
     /// Write this node's shared groups as they are now.
     Groups,
-    /// Answered once every command before it was written (or failed).
-    Flush { reply: Reply },
+    /// Answered once every command before it was written (or failed); with
+    /// `through_hold`, those are written even while the writer holds (`flush.rs`).
+    Flush { reply: Reply, through_hold: bool },
 }
 
 pub(crate) struct Writer {
@@ -71,7 +72,7 @@ pub(crate) struct Writer {
     wait_timeout: Duration,
     /// Batches fewer replicas acknowledged than asked, logged now and then.
     shortfalls: ShortfallLog,
-    /// How far behind the other nodes' readers are.
+    /// How far behind the nodes' readers are.
     lag: Lag,
     node_ttl: Duration,
     /// When a hold was last logged.
@@ -108,10 +109,15 @@ impl Writer {
         loop {
             match self.rx.recv_timeout(RETRY) {
                 Ok(first) => {
-                    if self.lag.room() == 0 && appends(&first) {
+                    let hold = &self.shared.hold;
+                    if self.lag.room() == 0 && appends(&first) && !hold.urgent() {
                         self.hold();
                     }
-                    let most = self.lag.room().clamp(1, BATCH);
+                    let most = if self.shared.hold.urgent() {
+                        BATCH
+                    } else {
+                        self.lag.room().clamp(1, BATCH)
+                    };
                     let mut batch = vec![first];
                     while batch.len() < most {
                         match self.rx.try_recv() {
@@ -178,12 +184,14 @@ impl Writer {
         }
     }
 
-    /// Waits while another live node's reader is at the lag limit, asking Redis how far
+    /// Waits while a live node's reader is at the lag limit, asking Redis how far
     /// the readers are every [`HOLD_POLL`]. Bounded: a reader that makes no progress
-    /// stops being waited for once its position lapses (the node TTL).
+    /// stops being waited for once its position lapses (the node TTL). A flush that
+    /// must go through a hold ends it (`flush.rs`).
     fn hold(&mut self) {
         let start = Instant::now();
         let shared = self.shared.clone();
+        shared.hold.set_held(true);
         shared.counters.held.fetch_add(1, Ordering::Relaxed);
         let log = self
             .hold_logged
@@ -192,12 +200,12 @@ impl Writer {
             self.hold_logged = Some(start);
             tracing::warn!(
                 behind = self.lag.behind(),
-                "mqtt cluster: another node's reader is at mqtt_reader_lag_limit; publishers wait"
+                "mqtt cluster: a node's reader is at mqtt_reader_lag_limit; publishers wait"
             );
         }
         // Past the node TTL the slow reader's position has lapsed, or it is moving.
         let bound = start + self.node_ttl * 2 + self.timeout;
-        while self.lag.room() == 0 && Instant::now() < bound {
+        while self.lag.room() == 0 && !shared.hold.urgent() && Instant::now() < bound {
             std::thread::sleep(HOLD_POLL);
             let mut pipe = redis::pipe();
             pipe.cmd("PING");
@@ -208,16 +216,20 @@ impl Writer {
                 break;
             }
         }
+        shared.hold.set_held(false);
         let waited = u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX);
         shared.counters.held_ms.fetch_add(waited, Ordering::Relaxed);
     }
 
-    /// The position keys of the other nodes' readers.
+    /// The position keys of every node's reader, this node's own included: its reader
+    /// skips its own entries, but they would push the others' it has not read out of
+    /// the stream.
     fn reader_keys(&self) -> Vec<String> {
         let keys = &self.shared.keys;
-        (self.shared.groups.other_nodes().iter())
-            .map(|node| keys.read_position(node))
-            .collect()
+        let mut positions = vec![keys.read_position(&self.shared.node)];
+        positions
+            .extend((self.shared.groups.other_nodes().iter()).map(|node| keys.read_position(node)));
+        positions
     }
 
     /// `Err` (counted, logged at most every 10 s) if fewer replicas than asked
@@ -335,8 +347,14 @@ impl Writer {
                     }
                     let _ = reply.send(result.clone());
                 }
-                Command::Flush { reply } => {
+                Command::Flush {
+                    reply,
+                    through_hold,
+                } => {
                     let _ = reply.send(result.clone());
+                    if through_hold {
+                        self.shared.hold.served();
+                    }
                 }
                 Command::Groups => {}
             }

@@ -5,65 +5,20 @@
 //! message once its reader reads again; a reader that makes no progress for the node
 //! TTL is not waited for. The held node's Redis link is a proxy in these tests that
 //! holds the MQTT stream reader's connection (the one that sends `XREAD` on the
-//! message stream) and nothing else.
+//! message stream) and nothing else. Three nodes, and two nodes each holding for the
+//! other: `cluster_reader_lag_nodes.rs`.
 
 mod common;
 
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
-use std::time::{Duration, Instant};
-
+use common::lag::{in_order, publish_all, receive_within, relay, until, PATIENCE};
 use common::proxy::Proxy;
 use common::Server;
-use statehub_broker::codec::{Packet, QoS, ReasonCode};
+use statehub_broker::codec::{Packet, QoS};
 use statehub_redis_common::test_server::RedisServer;
 use statehub_test_support::{opts, publish, RawClient, V5};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
-use tokio::sync::watch;
 
-/// Every wait of this test is for something that happens within a few Redis
-/// timeouts; this bounds them on a loaded machine.
-const PATIENCE: Duration = Duration::from_secs(60);
 const N: u16 = 200;
 const TOPIC: &str = "lag/t";
-
-fn contains(chunk: &[u8], what: &[u8]) -> bool {
-    chunk.windows(what.len()).any(|w| w == what)
-}
-
-/// The proxy's relay between a node and redis-server: while `stall` is set, a
-/// connection that sends an `XREAD` of the MQTT stream is held: nothing it sends
-/// reaches Redis until `stall` is cleared.
-async fn relay(client: TcpStream, upstream: TcpStream, mut stall: watch::Receiver<bool>) {
-    let (mut from_client, mut to_client) = client.into_split();
-    let (mut from_redis, mut to_redis) = upstream.into_split();
-    tokio::spawn(async move {
-        let mut buf = vec![0u8; 16 << 10];
-        while let Ok(n) = from_redis.read(&mut buf).await {
-            if n == 0 || to_client.write_all(&buf[..n]).await.is_err() {
-                break;
-            }
-        }
-    });
-    let mut buf = vec![0u8; 16 << 10];
-    while let Ok(n) = from_client.read(&mut buf).await {
-        if n == 0 {
-            return;
-        }
-        let chunk = &buf[..n];
-        if contains(chunk, b"XREAD") && contains(chunk, b"mqtt:feed") {
-            while *stall.borrow_and_update() {
-                if stall.changed().await.is_err() {
-                    return;
-                }
-            }
-        }
-        if to_redis.write_all(chunk).await.is_err() {
-            return;
-        }
-    }
-}
 
 /// Nodes `a` (on Redis directly) and `b` (through `proxy`) with a 50-entry stream and
 /// `settings` besides.
@@ -98,37 +53,6 @@ async fn subscribed(a: &Server, b: &Server) -> (RawClient, RawClient) {
     (publisher, sub)
 }
 
-/// Sends QoS 1 PUBLISHes 1..=N without waiting, then counts their PUBACKs (each
-/// Success) in a task: the count, and the task.
-async fn publish_all(mut publisher: RawClient) -> (Arc<AtomicUsize>, tokio::task::JoinHandle<()>) {
-    for i in 1..=N {
-        let mut p = publish(TOPIC, QoS::AtLeastOnce, i.to_string().as_bytes());
-        p.packet_id = Some(1000 + i);
-        publisher.send(&Packet::Publish(p)).await;
-    }
-    let acked = Arc::new(AtomicUsize::new(0));
-    let count = acked.clone();
-    let task = tokio::spawn(async move {
-        for _ in 0..N {
-            match publisher.expect_within(PATIENCE).await {
-                Packet::PubAck(a) => assert_eq!(a.reason_code, ReasonCode::SUCCESS),
-                other => panic!("expected PUBACK, got {other:?}"),
-            }
-            count.fetch_add(1, Ordering::Relaxed);
-        }
-    });
-    (acked, task)
-}
-
-/// Waits until `done` holds, polling.
-async fn until(what: &str, mut done: impl FnMut() -> bool) {
-    let deadline = Instant::now() + PATIENCE;
-    while !done() {
-        assert!(Instant::now() < deadline, "{what}: not within {PATIENCE:?}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
 /// With b's reader held, a's publisher's 200 QoS 1 messages (4 times the stream's
 /// length) wait at a's writer; once b reads again its subscriber gets all 200 in
 /// order, and b counted no gap.
@@ -145,14 +69,14 @@ async fn a_held_reader_holds_the_other_nodes_publishers_and_loses_nothing() {
     let (publisher, mut sub) = subscribed(&a, &b).await;
 
     proxy.stall.send_replace(true);
-    let (acked, acks) = publish_all(publisher).await;
+    let acks = publish_all(publisher, TOPIC, "", N, PATIENCE).await;
     until("a's writer holds, or every message is acknowledged", || {
         common::metric(a.http, "statehub_cluster_mqtt_writer_held") >= 1.0
-            || acked.load(Ordering::Relaxed) == usize::from(N)
+            || acks.count() == usize::from(N)
     })
     .await;
     assert!(
-        acked.load(Ordering::Relaxed) < usize::from(N),
+        acks.count() < usize::from(N),
         "publishers wait while b's reader is held"
     );
     proxy.stall.send_replace(false);
@@ -165,7 +89,7 @@ async fn a_held_reader_holds_the_other_nodes_publishers_and_loses_nothing() {
         assert_eq!(String::from_utf8_lossy(&p.payload), i.to_string());
         sub.ack(&p).await;
     }
-    acks.await.unwrap();
+    acks.task.await.unwrap();
     assert_eq!(
         common::metric(b.http, "statehub_cluster_mqtt_stream_gaps"),
         0.0
@@ -186,8 +110,59 @@ async fn a_reader_stuck_past_the_node_ttl_is_not_waited_for() {
     let (publisher, _sub) = subscribed(&a, &b).await;
 
     proxy.stall.send_replace(true);
-    let (acked, acks) = publish_all(publisher).await;
-    acks.await.unwrap();
-    assert_eq!(acked.load(Ordering::Relaxed), usize::from(N));
+    let acks = publish_all(publisher, TOPIC, "", N, PATIENCE).await;
+    // The task ends after N PUBACKs, each Success.
+    acks.task.await.unwrap();
     drop(b);
+}
+
+/// With b's reader held and a's writer holding for it, b's own publishers wait too:
+/// b's reader skips b's entries, but 100 of them (twice the stream) would push a's
+/// that it has not read out of the stream. Once b reads again its subscriber gets
+/// both publishers' messages, each once and in order, and b counted no gap.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_reader_holds_its_own_nodes_publishers_too() {
+    const M: u16 = 100;
+    let redis = RedisServer::start();
+    let proxy = Proxy::start(redis.port(), relay).await;
+    let (a, b) = nodes(
+        &redis,
+        &proxy,
+        "mqtt_reader_lag_limit = 20\nmqtt_node_ttl_ms = 60000",
+    );
+    let (publisher, mut sub) = subscribed(&a, &b).await;
+    let local = RawClient::connect(b.mqtt, V5, "local-publisher").await;
+
+    proxy.stall.send_replace(true);
+    let from_a = publish_all(publisher, TOPIC, "a-", M, PATIENCE).await;
+    until("a's writer holds", || {
+        common::metric(a.http, "statehub_cluster_mqtt_writer_held") >= 1.0
+    })
+    .await;
+    let from_b = publish_all(local, TOPIC, "b-", M, PATIENCE).await;
+    until(
+        "b's writer holds, or b's messages are all acknowledged",
+        || {
+            common::metric(b.http, "statehub_cluster_mqtt_writer_held") >= 1.0
+                || from_b.count() == usize::from(M)
+        },
+    )
+    .await;
+    assert!(
+        from_b.count() < usize::from(M),
+        "b's publisher waits for b's own reader"
+    );
+    proxy.stall.send_replace(false);
+
+    let got = receive_within(&mut sub, 2 * usize::from(M), PATIENCE).await;
+    assert!(
+        in_order(&got, "a-", M) && in_order(&got, "b-", M),
+        "{got:?}"
+    );
+    from_a.task.await.unwrap();
+    from_b.task.await.unwrap();
+    assert_eq!(
+        common::metric(b.http, "statehub_cluster_mqtt_stream_gaps"),
+        0.0
+    );
 }

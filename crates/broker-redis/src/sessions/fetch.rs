@@ -25,8 +25,9 @@ use statehub_broker::{BoxFuture, Broker, SessionStoreError};
 
 use super::records::{self, Loaded};
 use super::{lua, store_error, Inner};
-use crate::wire;
+use crate::flush::{self, FlushError, HoldState, Mode};
 use crate::writer::{open, Command};
+use crate::{append, wire};
 
 /// How often a claim is retried when another node claimed the session meanwhile.
 const ATTEMPTS: usize = 4;
@@ -44,6 +45,8 @@ pub(crate) struct Cut {
 pub(crate) struct Fetcher {
     pub client: Client,
     pub feed: String,
+    /// The counter that numbers the stream's entries (`lag.rs`).
+    pub seq: String,
     pub node: String,
     pub stream_len: u64,
     pub timeout: Duration,
@@ -55,6 +58,8 @@ pub(crate) struct Fetcher {
     pub pool: Mutex<Vec<Connection>>,
     /// This node's stream writer, flushed before a replay (see [`install`]).
     pub writer: SyncSender<Command>,
+    /// Its hold (`flush.rs`).
+    pub hold: Arc<HoldState>,
 }
 
 impl std::fmt::Debug for Fetcher {
@@ -96,7 +101,7 @@ pub(super) enum FetchError {
     #[error("another node keeps taking the session")]
     Contended,
     #[error("this node's messages were not appended to the stream: {0}")]
-    Flush(#[from] statehub_broker::FabricError),
+    Flush(#[from] FlushError),
 }
 
 /// The claim script's answer.
@@ -199,23 +204,24 @@ fn alive(con: &mut Connection, p: &str, owner: &str) -> redis::RedisResult<bool>
     con.exists(format!("{p}alive:{owner}"))
 }
 
-fn ask_release(
+pub(super) fn ask_release(
     con: &mut Connection,
     inner: &Inner,
     client_id: &str,
     incarnation: u64,
 ) -> redis::RedisResult<()> {
     let f = &inner.fetcher;
-    redis::cmd("XADD")
-        .arg(&f.feed)
-        .arg("MAXLEN")
-        .arg("~")
+    let incarnation = incarnation.to_string();
+    let fields = ["n", &f.node, "t", "h", "c", client_id, "i", &incarnation];
+    // Numbered like every entry, so that the readers' lag counts it (`lag.rs`).
+    Script::new(append::SCRIPT)
+        .key(&f.feed)
+        .key(&f.seq)
         .arg(f.stream_len)
-        .arg("*")
-        .arg(&["n", &f.node, "t", "h", "c", client_id])
-        .arg("i")
-        .arg(incarnation)
-        .query(con)
+        .arg(1)
+        .arg(fields.len())
+        .arg(&fields[..])
+        .invoke::<()>(con)
 }
 
 pub(super) fn claim(
@@ -315,6 +321,13 @@ pub(super) fn install(
         });
         return Ok(false);
     };
+    // What this node routed so far goes to the stream before the reader's cut is
+    // taken, waiting as long as the writer holds (the reader reads on meanwhile); the
+    // flush under the cut then goes through a hold with the little routed since
+    // (`flush.rs`). Its error, if any, is the second flush's too.
+    if !resume.from.is_empty() {
+        let _ = flush::flush(&f.writer, &f.hold, Mode::Wait);
+    }
     // The reader must be past the entry the owner stopped at, or it would deliver the
     // entries in between a second time; and past the releasing node's last message
     // the session has, or it would deliver that node's messages up to it again.
@@ -346,7 +359,7 @@ pub(super) fn install(
         // Publishers here wait meanwhile: this node's messages routed before the
         // session joined are on the stream once the writer is flushed, and the reader
         // skips them (this node routed them itself), so the replay gives them.
-        flush(f)?;
+        flush::flush(&f.writer, &f.hold, Mode::ThroughHold)?;
         replay(inner, broker, con, (client_id, &held), resume, read)
     })?;
     if !joined {
@@ -381,17 +394,6 @@ fn reader_past<'a>(f: &'a Fetcher, ids: [&str; 2]) -> parking_lot::MutexGuard<'a
         drop(cut);
         std::thread::sleep(Duration::from_millis(5));
     }
-}
-
-/// Waits until this node's writer appended everything handed to it so far.
-pub(super) fn flush(f: &Fetcher) -> Result<(), FetchError> {
-    let stopped = || statehub_broker::FabricError::Unavailable("stopped".into());
-    let (reply, done) = tokio::sync::oneshot::channel();
-    f.writer
-        .send(Command::Flush { reply })
-        .map_err(|_| stopped())?;
-    done.blocking_recv().unwrap_or_else(|_| Err(stopped()))?;
-    Ok(())
 }
 
 /// The origins of the messages a claimed session holds, or held and saw acknowledged

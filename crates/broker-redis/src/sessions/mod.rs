@@ -292,12 +292,11 @@ impl Inner {
         self.released(incarnation, at, &[], None);
     }
 
-    /// Waits until this node's stream writer appended everything handed to it.
-    pub(crate) fn flush_stream(&self) -> Result<(), statehub_broker::FabricError> {
-        fetch::flush(&self.fetcher).map_err(|e| match e {
-            fetch::FetchError::Flush(e) => e,
-            other => statehub_broker::FabricError::Unavailable(other.to_string().into()),
-        })
+    /// Waits until this node's stream writer appended everything handed to it, unless
+    /// it holds for a reader elsewhere (`flush.rs`: the reader thread calls this).
+    pub(crate) fn flush_stream_unless_held(&self) -> Result<(), crate::flush::FlushError> {
+        let f = &self.fetcher;
+        crate::flush::flush(&f.writer, &f.hold, crate::flush::Mode::UnlessHeld)
     }
 
     /// This node applied the message stream up to entry `at`: every change that

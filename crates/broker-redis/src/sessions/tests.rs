@@ -19,6 +19,7 @@ pub(super) fn store(redis: &RedisServer, owner: &str) -> RedisSessions {
     let fetcher = Fetcher {
         client: client.clone(),
         feed: format!("{PREFIX}feed"),
+        seq: format!("{PREFIX}seq"),
         node: owner.into(),
         stream_len: 1000,
         timeout: Duration::from_secs(2),
@@ -26,6 +27,7 @@ pub(super) fn store(redis: &RedisServer, owner: &str) -> RedisSessions {
         cut: Arc::default(),
         pool: Default::default(),
         writer: flushed_writer(),
+        hold: Arc::default(),
     };
     let inner = Inner::start(
         client,
@@ -44,7 +46,7 @@ fn flushed_writer() -> std::sync::mpsc::SyncSender<crate::writer::Command> {
     let (tx, rx) = std::sync::mpsc::sync_channel(16);
     std::thread::spawn(move || {
         while let Ok(command) = rx.recv() {
-            if let crate::writer::Command::Flush { reply } = command {
+            if let crate::writer::Command::Flush { reply, .. } = command {
                 let _ = reply.send(Ok(()));
             }
         }
@@ -507,4 +509,26 @@ async fn a_refused_message_record_leaves_no_body_behind() {
     assert!(barrier.await.is_err(), "no body in Redis, no data: refused");
     let fields: Vec<String> = con.hkeys(format!("{PREFIX}s:8")).unwrap();
     assert!(!fields.contains(&"m:3".to_owned()), "{fields:?}");
+}
+
+/// A hand-off request is numbered like every other entry (`lag.rs`), so the readers'
+/// lag counts it.
+#[test]
+fn a_hand_off_request_is_numbered_like_every_entry() {
+    let redis = RedisServer::start();
+    let mut con = connect(&redis);
+    let store = store(&redis, "b#1");
+    let () = con.set(format!("{PREFIX}seq"), 41).unwrap();
+    super::fetch::ask_release(&mut con, &store.inner, "mover", 7).unwrap();
+    let seq: u64 = con.get(format!("{PREFIX}seq")).unwrap();
+    assert_eq!(seq, 42, "the counter counts it");
+    let last: redis::streams::StreamRangeReply = con
+        .xrevrange_count(format!("{PREFIX}feed"), "+", "-", 1)
+        .unwrap();
+    let entry = &last.ids[0];
+    let field = |name: &str| entry.get::<String>(name);
+    assert_eq!(field("t").as_deref(), Some("h"));
+    assert_eq!(field("c").as_deref(), Some("mover"));
+    assert_eq!(field("i").as_deref(), Some("7"));
+    assert_eq!(field("q").as_deref(), Some("42"), "it carries its number");
 }

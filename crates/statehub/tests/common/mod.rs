@@ -10,6 +10,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 pub mod cluster;
+pub mod lag;
 pub mod proxy;
 pub mod wps;
 

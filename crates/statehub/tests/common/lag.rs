@@ -1,0 +1,136 @@
+//! Helpers of the reader-lag tests (`cluster.mqtt_reader_lag_limit`, decision 0004):
+//! a relay that holds a node's MQTT stream reader, QoS 1 publishers that send without
+//! waiting and count their PUBACKs, and what Redis says of the stream's numbering.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use statehub_broker::codec::{Packet, QoS, ReasonCode};
+use statehub_redis_common::test_server::RedisServer;
+use statehub_test_support::{publish, RawClient};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::sync::watch;
+
+/// Every wait of these tests is for something that happens within a few Redis
+/// timeouts; this bounds them on a loaded machine.
+pub const PATIENCE: Duration = Duration::from_secs(60);
+
+fn contains(chunk: &[u8], what: &[u8]) -> bool {
+    chunk.windows(what.len()).any(|w| w == what)
+}
+
+/// The proxy's relay between a node and redis-server: while `stall` is set, a
+/// connection that sends an `XREAD` of the MQTT stream is held: nothing it sends
+/// reaches Redis until `stall` is cleared.
+pub async fn relay(client: TcpStream, upstream: TcpStream, mut stall: watch::Receiver<bool>) {
+    let (mut from_client, mut to_client) = client.into_split();
+    let (mut from_redis, mut to_redis) = upstream.into_split();
+    tokio::spawn(async move {
+        let mut buf = vec![0u8; 16 << 10];
+        while let Ok(n) = from_redis.read(&mut buf).await {
+            if n == 0 || to_client.write_all(&buf[..n]).await.is_err() {
+                break;
+            }
+        }
+    });
+    let mut buf = vec![0u8; 16 << 10];
+    while let Ok(n) = from_client.read(&mut buf).await {
+        if n == 0 {
+            return;
+        }
+        let chunk = &buf[..n];
+        if contains(chunk, b"XREAD") && contains(chunk, b"mqtt:feed") {
+            while *stall.borrow_and_update() {
+                if stall.changed().await.is_err() {
+                    return;
+                }
+            }
+        }
+        if to_redis.write_all(chunk).await.is_err() {
+            return;
+        }
+    }
+}
+
+/// A publisher's PUBACKs, counted as they come by a task.
+pub struct Acks {
+    pub acked: Arc<AtomicUsize>,
+    pub task: tokio::task::JoinHandle<RawClient>,
+}
+
+impl Acks {
+    pub fn count(&self) -> usize {
+        self.acked.load(Ordering::Relaxed)
+    }
+}
+
+/// Sends QoS 1 PUBLISHes `{prefix}1..={prefix}{n}` on `topic` without waiting, then
+/// counts their PUBACKs (each Success, each within `within`) in a task.
+pub async fn publish_all(
+    mut publisher: RawClient,
+    topic: &str,
+    prefix: &str,
+    n: u16,
+    within: Duration,
+) -> Acks {
+    for i in 1..=n {
+        let mut p = publish(topic, QoS::AtLeastOnce, format!("{prefix}{i}").as_bytes());
+        p.packet_id = Some(1000 + i);
+        publisher.send(&Packet::Publish(p)).await;
+    }
+    let acked = Arc::new(AtomicUsize::new(0));
+    let count = acked.clone();
+    let task = tokio::spawn(async move {
+        for _ in 0..n {
+            match publisher.expect_within(within).await {
+                Packet::PubAck(a) => assert_eq!(a.reason_code, ReasonCode::SUCCESS),
+                other => panic!("expected PUBACK, got {other:?}"),
+            }
+            count.fetch_add(1, Ordering::Relaxed);
+        }
+        publisher
+    });
+    Acks { acked, task }
+}
+
+/// Waits until `done` holds, polling; fails after [`PATIENCE`].
+pub async fn until(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + PATIENCE;
+    while !done() {
+        assert!(Instant::now() < deadline, "{what}: not within {PATIENCE:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The stream's head number (entries ever appended) and `node`'s reader's position,
+/// as Redis has them (default namespace).
+pub fn head_and_position(redis: &RedisServer, node: &str) -> (u64, Option<u64>) {
+    let number = |key: &str| redis.command(&["GET", key]).trim().parse::<u64>().ok();
+    let head = number("{statehub}:mqtt:seq").unwrap_or(0);
+    (head, number(&format!("{{statehub}}:mqtt:read:{node}")))
+}
+
+/// The payloads of the next `n` messages `sub` gets (each acknowledged), within
+/// `within` each.
+pub async fn receive_within(sub: &mut RawClient, n: usize, within: Duration) -> Vec<String> {
+    let mut got = Vec::with_capacity(n);
+    for _ in 0..n {
+        let p = match sub.expect_within(within).await {
+            Packet::Publish(p) => p,
+            other => panic!("expected a message ({} so far), got {other:?}", got.len()),
+        };
+        sub.ack(&p).await;
+        got.push(String::from_utf8_lossy(&p.payload).into_owned());
+    }
+    got
+}
+
+/// Whether `got` has `prefix`1..=`n` each once and in order (other messages between
+/// them aside).
+pub fn in_order(got: &[String], prefix: &str, n: u16) -> bool {
+    let mine: Vec<&String> = got.iter().filter(|p| p.starts_with(prefix)).collect();
+    let want: Vec<String> = (1..=n).map(|i| format!("{prefix}{i}")).collect();
+    mine.len() == want.len() && mine.iter().zip(&want).all(|(a, b)| *a == b)
+}
