@@ -70,10 +70,10 @@ pub struct ClusterConfig {
     /// The broker's message stream is trimmed to about this many entries (100000): how
     /// far a node's reader may fall behind before its subscribers miss messages.
     pub mqtt_stream_len: u64,
-    /// Publishers wait (their PUBACKs held) while another live node's stream reader
-    /// is more than this many entries behind the stream's head (half of
-    /// `mqtt_stream_len`; below it; 0: never wait), so no reader that keeps reading
-    /// falls past the trim. A node whose reader made no progress for
+    /// Publishers wait (their PUBACKs held) while a live node's stream reader (their
+    /// own node's included) is more than this many entries behind the stream's head (half of
+    /// `mqtt_stream_len`, and at most that; 0: never wait), so no reader that keeps
+    /// reading falls past the trim. A node whose reader made no progress for
     /// `mqtt_node_ttl_ms` is not waited for.
     pub mqtt_reader_lag_limit: Option<u64>,
     /// Most messages a node holds for its Redis writer (10000): past it QoS 1/2
@@ -153,9 +153,11 @@ pub fn resolve(
     let lag_limit = file
         .mqtt_reader_lag_limit
         .unwrap_or(file.mqtt_stream_len / 2);
-    if lag_limit >= file.mqtt_stream_len {
+    // What other writers append within one round trip comes on top of the limit
+    // (docs/cluster.md, "A node falls behind"): half the stream is left for it.
+    if lag_limit > file.mqtt_stream_len / 2 {
         return Err(ClusterError::Invalid(
-            "mqtt_reader_lag_limit must be below mqtt_stream_len",
+            "mqtt_reader_lag_limit must be at most half of mqtt_stream_len",
         ));
     }
     if file.mqtt_queue == 0 {
@@ -361,7 +363,7 @@ mod tests {
     }
 
     #[test]
-    fn the_reader_lag_limit_defaults_to_half_the_stream_and_stays_below_it() {
+    fn the_reader_lag_limit_defaults_to_half_the_stream_and_stays_at_most_that() {
         let url = "redis_url = \"redis://127.0.0.1:1\"\n";
         let lag =
             |t: &str| resolved(&format!("{url}{t}")).map(|c| c.unwrap().mqtt.reader_lag_limit);
@@ -371,6 +373,13 @@ mod tests {
             20
         );
         assert_eq!(lag("mqtt_reader_lag_limit = 0\n").unwrap(), 0);
+        assert_eq!(
+            lag("mqtt_stream_len = 50\nmqtt_reader_lag_limit = 25\n").unwrap(),
+            25
+        );
+        // Less than half the stream left above the limit for what other writers
+        // append within a round trip.
+        assert!(lag("mqtt_stream_len = 50\nmqtt_reader_lag_limit = 26\n").is_err());
         assert!(lag("mqtt_stream_len = 50\nmqtt_reader_lag_limit = 50\n").is_err());
     }
 

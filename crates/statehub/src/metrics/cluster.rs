@@ -97,7 +97,7 @@ fn mqtt_stream(e: &mut Enc<'_>, fabric: &RedisFabric) -> Result<(), Error> {
         ("statehub_cluster_mqtt_writer_batches", "Writer pipelines Redis answered", n(&c.batches)),
         ("statehub_cluster_mqtt_writer_errors", "Writer pipelines that failed (their QoS 1/2 PUBLISHes refused with 0x80)", n(&c.write_errors)),
         ("statehub_cluster_mqtt_not_replicated", "Writer batches fewer replicas acknowledged than redis_wait_replicas (their QoS 1/2 PUBLISHes refused with 0x80)", n(&c.not_replicated)),
-        ("statehub_cluster_mqtt_writer_held", "Writer batches held back while another node's reader was more than mqtt_reader_lag_limit entries behind (their PUBACKs waited)", n(&c.held)),
+        ("statehub_cluster_mqtt_writer_held", "Writer batches held back while a node's reader (this node's own included) was more than mqtt_reader_lag_limit entries behind (their PUBACKs waited)", n(&c.held)),
         ("statehub_cluster_mqtt_liveness_failures", "Liveness renewals that failed", n(&c.liveness_failures)),
     ];
     for (name, help, v) in counters {
@@ -106,7 +106,7 @@ fn mqtt_stream(e: &mut Enc<'_>, fabric: &RedisFabric) -> Result<(), Error> {
     let held_ms = n(&c.held_ms);
     e.counter(
         "statehub_cluster_mqtt_writer_held",
-        "Time the writer held batches back for a reader elsewhere past mqtt_reader_lag_limit",
+        "Time the writer held batches back for a reader past mqtt_reader_lag_limit",
         Some(Unit::Seconds),
         held_ms as f64 / 1000.0,
     )?;
