@@ -173,6 +173,8 @@ async fn a_node_killed_while_waited_for_is_waited_for_until_its_position_lapses(
     let (_, position) = head_and_position(&redis, "c");
     assert_eq!(position, None, "they resumed once c's position lapsed");
     eprintln!("writers resumed {resumed:?} after the kill (node TTL {TTL:?})");
+    // No hold lasts more than twice the node TTL plus `timeout_ms` (2 s).
+    assert!(resumed < TTL * 2 + Duration::from_secs(2), "{resumed:?}");
     let [mut sub_a, mut sub_b, _] = subs;
     for sub in [&mut sub_a, &mut sub_b] {
         let got = receive_within(sub, 2 * usize::from(N), PATIENCE).await;
