@@ -224,15 +224,20 @@ fn lost(server: &common::Server) -> u64 {
     line.rsplit_once(' ').unwrap().1.parse().unwrap()
 }
 
-/// Every text frame the socket gets until it closes.
+/// Every text frame the socket gets until it closes (within `PATIENCE` in all).
 async fn until_closed(ws: &mut Ws) -> Vec<Value> {
+    let deadline = tokio::time::Instant::now() + PATIENCE;
     let mut texts = Vec::new();
     loop {
-        match tokio::time::timeout(PATIENCE, ws.next()).await {
+        match tokio::time::timeout_at(deadline, ws.next()).await {
             Ok(Some(Ok(Message::Text(t)))) => texts.push(serde_json::from_str(&t).unwrap()),
             Ok(Some(Ok(Message::Close(_)) | Err(_)) | None) => return texts,
             Ok(Some(Ok(_))) => {}
-            Err(_) => panic!("the old socket is closed in time; got {texts:?}"),
+            Err(_) => panic!(
+                "the old socket is closed in time; got {} frames, first {:?}",
+                texts.len(),
+                &texts[..texts.len().min(5)]
+            ),
         }
     }
 }
