@@ -345,8 +345,8 @@ async fn no_ack_held_for_a_fenced_fragment_is_released_however_many_follow() {
     let (_m, mut p, id, _) = member_and_streaming_publisher(&a, &b).await;
     acked(&mut p, 1).await;
     claim_unseen(&redis, &id);
-    // More fragments than a node once kept fenced tickets for (1,024): the oldest held
-    // ack was then released. The socket may close while they are sent.
+    // Many fenced fragments in flight (more than 1,024), none of whose held acks may
+    // ever be released. The socket may close while they are sent.
     for seq in 2..=1_101 {
         if p.feed(Message::text(fragment(seq).to_string()))
             .await

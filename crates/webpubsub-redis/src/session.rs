@@ -2,8 +2,8 @@
 //! per session a hash `{ns}:wps:s:{hub}:{id}` (epoch, owner, token digest, subprotocol,
 //! user, roles (its permissions, once a grant or revoke changed them), groups, sequence
 //! state, the last operation it reflects, the upstream's `ce-connectionState`, per open
-//! client stream `sq:{streamId}` its next expected id and `sm:{streamId}` its group
-//! and options), a stream `…:f` of the frames its replay
+//! client stream `sq:{streamId}` its next expected id and idle deadline and
+//! `sm:{streamId}` its group and options), a stream `…:f` of the frames its replay
 //! buffer holds (entry id = sequence id, trimmed as the buffer is) and a list `…:a` of
 //! its last processed ackIds. Every write but the creation is one script call that
 //! first checks the epoch: a node that lost the session to a claim writes nothing

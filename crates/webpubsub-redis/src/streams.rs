@@ -163,8 +163,8 @@ pub(crate) fn is_fenced(op: &[u8]) -> bool {
 }
 
 /// A client stream's options in the session's hash (`sm:{streamId}`), written once
-/// when it opens: `{noEcho 0|1}|{idle ms}|{group}`; its next expected id
-/// (`sq:{streamId}`) is written per fragment.
+/// when it opens: `{noEcho 0|1}|{idle ms}|{group}`; its next expected id and idle
+/// deadline (`sq:{streamId}`, [`next_expected`]) per fragment, keepalive, repeat, nack.
 pub(crate) struct StreamMeta {
     pub(crate) group: String,
     pub(crate) no_echo: bool,

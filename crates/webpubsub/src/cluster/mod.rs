@@ -93,9 +93,10 @@ pub trait Cluster: Send + Sync + Debug {
     /// are where another node would take the session over from, with the number they
     /// have reached (at least `ticket`; `u64::MAX` if the cluster is gone). A reliable
     /// session's frame reaches its socket only then. Never gives up: what waits for it
-    /// is bounded by the connection's outbound queue. Never resolves for a
-    /// [`Cluster::broadcast_with`] write that was fenced, and never reports a number at
-    /// or past one.
+    /// is bounded by the connection's outbound queue. A [`Cluster::broadcast_with`]
+    /// write that was fenced is reported like any other, but only after its session was
+    /// handed over here ([`crate::WebPubSub::claimed_elsewhere`]), so its socket's close
+    /// overtakes whatever waits for it.
     fn mirrored(&self, ticket: u64) -> Mirrored;
     /// Takes the mirrored session `id` over for this node: checks the token's digest
     /// and subprotocol, fences its previous owner and appends `marker` (a `claimed`

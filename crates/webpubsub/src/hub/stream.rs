@@ -15,13 +15,15 @@
 //!
 //! In a cluster, a reliable session's open streams move with it (`mirror.rs`): each
 //! opening (group, `noEcho`, idle timeout), each accepted fragment (the next expected
-//! id, handed to the cluster with the fragment's broadcast as one) and each end is a
-//! write to its copy,
-//! and the reply it answers waits in the socket's queue until that write is stored
-//! (`Effects::held`), so the publisher is never acked past what a node taking the
-//! session over would expect. That node goes on from there: a fragment the client
-//! sends again (its ack was lost with the old node) is answered `streamAck` without
-//! being published again, so members get it once.
+//! id and the idle deadline, handed to the cluster with the fragment's broadcast as
+//! one) and each end is a write to its copy, and the reply it answers waits in the
+//! socket's queue until that write is stored (`Effects::held`), so the publisher is
+//! never acked past what a node taking the session over would expect; a keepalive,
+//! repeat or nack writes the moved deadline alone, waited on by nothing. That node
+//! goes on from there, with the same idle deadline: a fragment the client sends again
+//! (its ack was lost with the old node) is answered `streamAck` without being
+//! published again, so members get it once. This node's own members get a fragment
+//! only once the store took it (`hub/lane.rs`).
 //!
 //! Locking: a session's stream table is taken alone, never while publishing (a
 //! publisher may be in its own group) nor with its permissions held.
