@@ -369,3 +369,35 @@ async fn members_here_get_a_fragment_once_the_store_took_it_in_order_and_never_a
     frame(&hub, &publisher, send("later"));
     assert_eq!(next_data(&mut rx).await, "later", "nothing waits any more");
 }
+
+#[tokio::test]
+async fn sends_kept_behind_an_unanswered_fragment_are_bounded_then_refused() {
+    let store = Arc::new(Store {
+        fates: Some(Mutex::default()),
+        ..Store::default()
+    });
+    let hub = crate::hub::shared(Hub::new("chat", Limits::default()).with_cluster(store.clone()));
+    let claims = ClientClaims {
+        user_id: None,
+        roles: vec!["webpubsub.sendToGroup".into()],
+        groups: vec![],
+    };
+    let publisher = hub.create_session(&claims, Subprotocol::JsonReliable);
+    frame(
+        &hub,
+        &publisher,
+        json!({"type": "streamStart", "streamId": "s1", "group": "g"}),
+    );
+    frame(&hub, &publisher, data(1));
+    let send = json!({"type": "sendToGroup", "group": "g", "dataType": "text", "data": "m"});
+    for _ in 1..crate::hub::lane::MAX_KEPT {
+        frame(&hub, &publisher, send.clone());
+    }
+    assert_eq!(hub.stats().counters().kept_refusals, 0, "all kept so far");
+    let mut acked = send.clone();
+    acked["ackId"] = json!(1);
+    let (replies, _) = frame(&hub, &publisher, acked);
+    assert_eq!(replies[0]["success"], false, "{replies:?}");
+    assert_eq!(replies[0]["error"]["name"], "InternalServerError");
+    assert_eq!(hub.stats().counters().kept_refusals, 1);
+}
