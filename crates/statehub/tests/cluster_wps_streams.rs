@@ -95,6 +95,12 @@ fn stored(redis: &RedisServer, id: &str, field: &str) -> String {
     common::wps::session_field(redis, (NAMESPACE, HUB), id, field)
 }
 
+/// Stream `s1`'s next expected id in the session's copy (empty if none).
+fn expected(redis: &RedisServer, id: &str) -> String {
+    let value = stored(redis, id, "sq:s1");
+    value.split('|').next().unwrap_or_default().to_owned()
+}
+
 /// A member of `GROUP` on `b`, and on `a` a reliable publisher that opened stream `s1`
 /// to it: (member, publisher, the publisher's connection id, its reconnection token).
 async fn member_and_streaming_publisher(
@@ -142,7 +148,7 @@ async fn a_client_stream_goes_on_from_its_oldest_unacked_fragment_on_another_nod
         got.push(member_next(&mut m).await);
     }
     let deadline = Instant::now() + PATIENCE;
-    while stored(&redis, &id, "sq:s1") != "6" {
+    while expected(&redis, &id) != "6" {
         assert!(Instant::now() < deadline, "fragment 5's state is stored");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
@@ -170,12 +176,12 @@ async fn a_client_stream_goes_on_from_its_oldest_unacked_fragment_on_another_nod
         acked(&mut p, seq).await;
     }
     // A reply reaches the client only once its state is in Redis.
-    assert_eq!(stored(&redis, &id, "sq:s1"), "8", "acked through 7 on B");
+    assert_eq!(expected(&redis, &id), "8", "acked through 7 on B");
     send(&mut p, json!({"type": "streamEnd", "streamId": "s1"})).await;
     let closed = stream_reply(&mut p).await;
     assert_eq!(closed["type"], "streamClosed", "{closed}");
     assert!(closed["error"].is_null(), "{closed}");
-    assert_eq!(stored(&redis, &id, "sq:s1"), "", "the end removed it");
+    assert_eq!(expected(&redis, &id), "", "the end removed it");
     assert_eq!(stored(&redis, &id, "sm:s1"), "", "the end removed it");
 
     while !got.last().is_some_and(|f| f.2) {
@@ -218,17 +224,50 @@ fn lost(server: &common::Server) -> u64 {
     line.rsplit_once(' ').unwrap().1.parse().unwrap()
 }
 
-/// Every text frame the socket gets until it closes.
+/// Every text frame the socket gets until it closes (within `PATIENCE` in all).
 async fn until_closed(ws: &mut Ws) -> Vec<Value> {
+    let deadline = tokio::time::Instant::now() + PATIENCE;
     let mut texts = Vec::new();
     loop {
-        match tokio::time::timeout(PATIENCE, ws.next()).await {
+        match tokio::time::timeout_at(deadline, ws.next()).await {
             Ok(Some(Ok(Message::Text(t)))) => texts.push(serde_json::from_str(&t).unwrap()),
             Ok(Some(Ok(Message::Close(_)) | Err(_)) | None) => return texts,
             Ok(Some(Ok(_))) => {}
-            Err(_) => panic!("the old socket is closed in time; got {texts:?}"),
+            Err(_) => panic!(
+                "the old socket is closed in time; got {} frames, first {:?}",
+                texts.len(),
+                &texts[..texts.len().min(5)]
+            ),
         }
     }
+}
+
+/// A member of `GROUP` on `server`.
+async fn member(server: &common::Server, name: &str) -> Ws {
+    let claims = ClientClaims {
+        user_id: Some(name.into()),
+        roles: vec![],
+        groups: vec![GROUP.into()],
+    };
+    open(server.http, &claims, "json.webpubsub.azure.v1")
+        .await
+        .0
+}
+
+/// Another node's claim of session `id` as A has not read it yet: the epoch raised,
+/// no marker in the stream.
+fn claim_unseen(redis: &RedisServer, id: &str) {
+    let key = format!("{{{NAMESPACE}}}:wps:s:{HUB}:{id}");
+    assert_eq!(redis.command(&["HINCRBY", &key, "ep", "1"]).trim(), ":2");
+}
+
+/// The member's stream messages up to the end of stream.
+async fn member_until_end(ws: &mut Ws) -> Vec<(u64, String, bool)> {
+    let mut got = vec![member_next(ws).await];
+    while !got.last().is_some_and(|f| f.2) {
+        got.push(member_next(ws).await);
+    }
+    got
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -236,34 +275,26 @@ async fn a_fragment_the_old_node_takes_after_a_claim_is_neither_published_nor_ac
     let redis = RedisServer::start();
     let (a, b) = (node(&redis, "a"), node(&redis, "b"));
     let (mut m, mut p, id, token) = member_and_streaming_publisher(&a, &b).await;
+    let mut here = member(&a, "member-a").await;
     acked(&mut p, 1).await;
     assert_eq!(member_next(&mut m).await, (1, "f1".into(), false));
+    assert_eq!(member_next(&mut here).await, (1, "f1".into(), false));
 
-    // Another node's claim as A has not read it yet: the epoch raised, no marker in
-    // the stream, so A goes on serving the old socket.
-    let key = format!("{{{NAMESPACE}}}:wps:s:{HUB}:{id}");
-    assert_eq!(redis.command(&["HINCRBY", &key, "ep", "1"]).trim(), ":2");
+    claim_unseen(&redis, &id);
     let before = ops_len(&redis);
     send(&mut p, fragment(2)).await;
-    send(&mut p, json!({"type": "streamEnd", "streamId": "s1"})).await;
-    let deadline = Instant::now() + PATIENCE;
-    while ops_len(&redis) < before + 2 {
-        assert!(
-            Instant::now() < deadline,
-            "A handles fragment 2 and the end"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    assert_eq!(
-        last_op_node(&redis),
-        "a",
-        "A's entries for fragment 2 and the end"
+    // A closes the old socket as soon as Redis fenced the fragment out, with no claim
+    // marker to read, and the ack it held never reaches it.
+    let old = until_closed(&mut p).await;
+    assert!(
+        !(old.iter()).any(|f| f["type"] == "streamAck" || f["type"] == "streamClosed"),
+        "no reply from A after the claim: {old:?}"
     );
-    assert_eq!(stored(&redis, &id, "sq:s1"), "2", "their state fenced out");
+    assert_eq!(ops_len(&redis), before + 1, "A's entry for fragment 2");
+    assert_eq!(last_op_node(&redis), "a");
+    assert_eq!(expected(&redis, &id), "2", "its state fenced out");
     assert_ne!(stored(&redis, &id, "sm:s1"), "", "the stream still open");
 
-    // The client recovers on B; A closes the old socket when it reads B's claim, and
-    // the ack it held for fragment 2 never reaches it.
     let url = format!(
         "ws://{}/client/hubs/{HUB}?awps_connection_id={id}&awps_reconnection_token={token}",
         b.http
@@ -271,11 +302,6 @@ async fn a_fragment_the_old_node_takes_after_a_claim_is_neither_published_nor_ac
     let mut p2 = common::wps::websocket(&url, "json.reliable.webpubsub.azure.v1").await;
     let connected = next_json(&mut p2).await;
     assert_eq!(connected["event"], "connected", "recovered: {connected}");
-    let old = until_closed(&mut p).await;
-    assert!(
-        !(old.iter()).any(|f| f["type"] == "streamAck" || f["type"] == "streamClosed"),
-        "no reply from A after the claim: {old:?}"
-    );
     // A's next operation: B counts no operation of A's missing before it.
     let sender = ClientClaims {
         user_id: Some("sender".into()),
@@ -285,11 +311,10 @@ async fn a_fragment_the_old_node_takes_after_a_claim_is_neither_published_nor_ac
     let (mut s, _) = open(a.http, &sender, "json.webpubsub.azure.v1").await;
     let text = json!({"type": "sendToGroup", "group": GROUP, "dataType": "text", "data": "after"});
     send(&mut s, text).await;
-    let after = next_json(&mut m).await;
-    assert_eq!(
-        after["data"], "after",
-        "A's send, and nothing before it: {after}"
-    );
+    for ws in [&mut m, &mut here] {
+        let after = next_json(ws).await;
+        assert_eq!(after["data"], "after", "A's send, nothing before: {after}");
+    }
     assert_eq!(lost(&b), 0, "B counts no gap in A's operations");
 
     send(&mut p2, fragment(2)).await;
@@ -300,10 +325,87 @@ async fn a_fragment_the_old_node_takes_after_a_claim_is_neither_published_nor_ac
     let closed = stream_reply(&mut p2).await;
     assert_eq!(closed["type"], "streamClosed", "{closed}");
 
-    let mut got = vec![member_next(&mut m).await];
-    while !got.last().is_some_and(|f| f.2) {
-        got.push(member_next(&mut m).await);
-    }
     let expected = vec![(2, "f2".to_owned(), false), (3, String::new(), true)];
-    assert_eq!(got, expected, "fragment 2 once (from B), then the end");
+    assert_eq!(
+        member_until_end(&mut m).await,
+        expected,
+        "on B: once, from B"
+    );
+    assert_eq!(
+        member_until_end(&mut here).await,
+        expected,
+        "on A too: A delivered nothing of what Redis fenced out"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_ack_held_for_a_fenced_fragment_is_released_however_many_follow() {
+    let redis = RedisServer::start();
+    let (a, b) = (node(&redis, "a"), node(&redis, "b"));
+    let (_m, mut p, id, _) = member_and_streaming_publisher(&a, &b).await;
+    acked(&mut p, 1).await;
+    claim_unseen(&redis, &id);
+    // Many fenced fragments in flight (more than 1,024), none of whose held acks may
+    // ever be released. The socket may close while they are sent.
+    for seq in 2..=1_101 {
+        if p.feed(Message::text(fragment(seq).to_string()))
+            .await
+            .is_err()
+        {
+            break;
+        }
+    }
+    let _ = p.flush().await;
+    let old = until_closed(&mut p).await;
+    assert!(
+        !(old.iter()).any(|f| f["type"] == "streamAck" || f["type"] == "streamClosed"),
+        "no ack after the claim: {:?}",
+        old.iter().take(5).collect::<Vec<_>>()
+    );
+    assert_eq!(expected(&redis, &id), "2", "nothing after the claim");
+}
+
+/// The publisher's recovery of session `id` on `server`.
+async fn recover(server: &common::Server, id: &str, token: &str) -> Ws {
+    let url = format!(
+        "ws://{}/client/hubs/{HUB}?awps_connection_id={id}&awps_reconnection_token={token}",
+        server.http
+    );
+    let mut ws = common::wps::websocket(&url, "json.reliable.webpubsub.azure.v1").await;
+    let connected = next_json(&mut ws).await;
+    assert_eq!(connected["event"], "connected", "recovered: {connected}");
+    ws
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_send_with_an_ack_id_the_old_node_takes_after_a_claim_goes_out_once() {
+    let redis = RedisServer::start();
+    let (a, b) = (node(&redis, "a"), node(&redis, "b"));
+    let (mut m, mut p, id, token) = member_and_streaming_publisher(&a, &b).await;
+    let mut here = member(&a, "member-a").await;
+    claim_unseen(&redis, &id);
+    let msg = json!({"type": "sendToGroup", "group": GROUP, "ackId": 7,
+                     "dataType": "text", "data": "once"});
+    send(&mut p, msg.clone()).await;
+    // Fenced out with its ackId's record: A publishes nothing, acks nothing, and
+    // closes the old socket.
+    let old = until_closed(&mut p).await;
+    assert!(
+        !old.iter().any(|f| f["type"] == "ack"),
+        "no ack from A after the claim: {old:?}"
+    );
+    // Sent again to B, which knows nothing of ackId 7: published once, everywhere.
+    let mut p2 = recover(&b, &id, &token).await;
+    send(&mut p2, msg).await;
+    let ack = next_json(&mut p2).await;
+    assert_eq!(ack["type"], "ack", "{ack}");
+    assert_eq!(ack["success"], true, "{ack}");
+    let last = json!({"type": "sendToGroup", "group": GROUP, "dataType": "text", "data": "last"});
+    send(&mut p2, last).await;
+    for ws in [&mut m, &mut here] {
+        let first = next_json(ws).await;
+        assert_eq!(first["data"], "once", "{first}");
+        let then = next_json(ws).await;
+        assert_eq!(then["data"], "last", "once, not twice: {then}");
+    }
 }

@@ -41,7 +41,7 @@ use std::time::Duration;
 
 use redis::{Client, Connection, RedisResult};
 use statehub_webpubsub::{
-    ClaimError, Cluster, ClusterError, Mirrored, SessionWrite, WebPubSub, Written,
+    ClaimError, Cluster, ClusterError, Mirrored, SessionWrite, Taken, WebPubSub, Written,
 };
 
 /// How often a node refreshes its liveness key.
@@ -255,8 +255,6 @@ pub(crate) struct Shared {
     /// The last ticket given to a session write, under a lock held while one is
     /// queued, so writes are queued in their tickets' order.
     pub(crate) tickets: Mutex<u64>,
-    /// Client stream fragments whose session was claimed elsewhere.
-    pub(crate) fenced: Mutex<streams::Fenced>,
 }
 
 /// The writer's progress, published after every attempt.
@@ -339,7 +337,8 @@ impl RedisCluster {
             client: client.clone(),
             timeout: options.timeout,
         });
-        writer::Writer::new(options, client.clone(), names.clone(), shared.clone()).spawn(queue)?;
+        let writer = writer::Writer::new(options, client.clone(), names.clone(), shared.clone());
+        writer.spawn(queue, service.clone())?;
         reader::Reader::new(options, client, names, shared, cluster.jobs.clone())
             .spawn(service.clone(), tokio::runtime::Handle::current())?;
         service.join_cluster(cluster.clone());
@@ -383,15 +382,17 @@ pub(crate) struct Unreplicated;
 
 impl Cluster for RedisCluster {
     fn broadcast(&self, operation: Vec<u8>) -> Result<u64, ClusterError> {
-        self.enqueue_op(operation, None).map(|(seq, _)| seq)
+        self.enqueue_op(operation, None).map(|(seq, ..)| seq)
     }
 
     fn broadcast_with(
         &self,
         operation: Vec<u8>,
         attached: (&str, &str, SessionWrite),
-    ) -> Result<(u64, u64), ClusterError> {
-        self.enqueue_op(operation, Some(attached))
+    ) -> Result<(u64, u64, Taken), ClusterError> {
+        let (seq, ticket, taken) = self.enqueue_op(operation, Some(attached))?;
+        let taken = taken.unwrap_or_else(|| Box::pin(std::future::ready(true)));
+        Ok((seq, ticket, taken))
     }
 
     fn written(&self, seq: u64) -> Written {
@@ -440,16 +441,10 @@ impl Cluster for RedisCluster {
 
     fn mirrored(&self, ticket: u64) -> Mirrored {
         let mut progress = self.shared.progress.subscribe();
-        let shared = Arc::clone(&self.shared);
         Box::pin(async move {
-            let reached = match progress.wait_for(|p| p.mirrored >= ticket).await {
+            match progress.wait_for(|p| p.mirrored >= ticket).await {
                 Ok(p) => p.mirrored,
-                Err(_) => return u64::MAX,
-            };
-            let released = lock(&shared.fenced).released(ticket, reached);
-            match released {
-                Some(released) => released,
-                None => std::future::pending().await,
+                Err(_) => u64::MAX,
             }
         })
     }

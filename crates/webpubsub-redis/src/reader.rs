@@ -144,7 +144,7 @@ impl Reader {
         let reply: Option<StreamReadReply> =
             con.xread_options(&[&self.names.ops], &[&last_id], &options)?;
         let _runtime = runtime.enter();
-        let (mut moved, mut own) = (false, false);
+        let (mut moved, mut own) = (false, None);
         let keys = reply.map(|r| r.keys).unwrap_or_default();
         let read: usize = keys.iter().map(|k| k.ids.len()).sum();
         let lag = match keys.last().and_then(|k| k.ids.last()) {
@@ -166,7 +166,7 @@ impl Reader {
                 } else if entry.incarnation == self.shared.incarnation.to_string() {
                     service.answer_own(&entry.op);
                     self.own(con, service, &id, &entry)?;
-                    own = true;
+                    own = Some(entry.seq);
                 }
                 self.last_id = Some(id);
                 self.shared
@@ -180,8 +180,8 @@ impl Reader {
             // The position is queued after the mirror's writes of everything up to it:
             // what the reader applied is queued already; what this node's own sends
             // delivered here, once they have all delivered.
-            if own {
-                service.settled();
+            if let Some(through) = own {
+                service.settled(through);
             }
             if let Some(id) = &self.last_id {
                 let _ = self.jobs.try_send(Job::Position(id.clone()));

@@ -2,8 +2,8 @@
 //! per session a hash `{ns}:wps:s:{hub}:{id}` (epoch, owner, token digest, subprotocol,
 //! user, roles (its permissions, once a grant or revoke changed them), groups, sequence
 //! state, the last operation it reflects, the upstream's `ce-connectionState`, per open
-//! client stream `sq:{streamId}` its next expected id and `sm:{streamId}` its group
-//! and options), a stream `…:f` of the frames its replay
+//! client stream `sq:{streamId}` its next expected id and idle deadline and
+//! `sm:{streamId}` its group and options), a stream `…:f` of the frames its replay
 //! buffer holds (entry id = sequence id, trimmed as the buffer is) and a list `…:a` of
 //! its last processed ackIds. Every write but the creation is one script call that
 //! first checks the epoch: a node that lost the session to a claim writes nothing
@@ -13,7 +13,7 @@
 use redis::{Script, Value};
 use statehub_webpubsub::{Provenance, Restored, SessionWrite};
 
-use crate::streams::{streams, StreamMeta};
+use crate::streams::{next_expected, streams, StreamMeta};
 
 use crate::WpsRedisError;
 
@@ -21,18 +21,25 @@ use crate::WpsRedisError;
 /// stream). ARGV: epoch, ttl (ms), kind, ….
 const WRITE: &str = r"
 local kind = ARGV[3]
-if kind == 'fragment' then
+if kind == 'fragment' or kind == 'sent' then
   -- A client stream's fragment (or end): the operation into the stream and the
   -- stream's next expected id (0: its removal) into the session, in one call, if this
-  -- node still owns the session. If not (claimed elsewhere), neither: the entry keeps
-  -- only the operation's number, with no operation, so that readers count no gap.
-  if ARGV[4] ~= '' and redis.call('HGET', KEYS[1], 'ep') ~= ARGV[1] then
+  -- node still owns the session; a client's send ('sent') with its ackId (ARGV[4], the
+  -- list keeping ARGV[5]) likewise. If not (claimed elsewhere), neither: the entry
+  -- keeps only the operation's number, with no operation, so that readers count no gap.
+  if (kind == 'sent' or ARGV[4] ~= '') and redis.call('HGET', KEYS[1], 'ep') ~= ARGV[1] then
     redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[6], '*', 'n', ARGV[7], 'r', ARGV[8],
       's', ARGV[9], 'o', '')
     return 0
   end
   redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[6], '*', 'n', ARGV[7], 'r', ARGV[8],
     's', ARGV[9], 'o', ARGV[10])
+  if kind == 'sent' then
+    redis.call('RPUSH', KEYS[3], ARGV[4])
+    redis.call('LTRIM', KEYS[3], -tonumber(ARGV[5]), -1)
+    redis.call('PEXPIRE', KEYS[3], ARGV[2])
+    return 1
+  end
   if ARGV[4] == '' then return 1 end
   if ARGV[5] == '0' then
     redis.call('HDEL', KEYS[1], 'sq:' .. ARGV[4], 'sm:' .. ARGV[4])
@@ -248,11 +255,18 @@ pub(crate) fn add_write(
             };
             cmd.arg("stream")
                 .arg(&stream.id)
-                .arg(stream.expected)
+                .arg(next_expected(stream.expected, stream.deadline_ms))
                 .arg(meta.encode());
         }
-        SessionWrite::StreamAccepted { id, expected } => {
-            cmd.arg("stream").arg(id).arg(*expected).arg("");
+        SessionWrite::StreamAccepted {
+            id,
+            expected,
+            deadline_ms,
+        } => {
+            cmd.arg("stream")
+                .arg(id)
+                .arg(next_expected(*expected, *deadline_ms))
+                .arg("");
         }
         SessionWrite::StreamClosed(id) => {
             cmd.arg("unstream").arg(id);

@@ -3,35 +3,39 @@
 //! read back by a claim, and written in the same script call as the operation that
 //! publishes a fragment or an end, so that Redis holds both or neither.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::TrySendError;
 
 use redis::Value;
-use statehub_webpubsub::{ClusterError, MirroredStream, SessionWrite};
+use statehub_webpubsub::{ClusterError, MirroredStream, SessionWrite, Taken};
+use tokio::sync::oneshot;
 
 use crate::session::{Keys, Scripts};
 use crate::{lock, unavailable, Down, Job, RedisCluster};
 
 /// A session write that travels with an operation
 /// ([`statehub_webpubsub::Cluster::broadcast_with`]):
-/// (hub, id), the write and its ticket.
+/// (hub, id), the write and its ticket, and who waits to hear whether the store took
+/// it (`false`: fenced).
 #[derive(Debug)]
 pub(crate) struct Attached {
     pub(crate) hub: String,
     pub(crate) id: String,
     pub(crate) write: SessionWrite,
     pub(crate) ticket: u64,
+    pub(crate) fate: Option<oneshot::Sender<bool>>,
 }
 
 impl RedisCluster {
     /// Queues an operation, with `attached` (hub, id, write) if any: both or neither.
-    /// Returns its number and the write's ticket (0: none).
+    /// Returns its number, the write's ticket (0: none) and, with a write, whether the
+    /// store took both.
     pub(crate) fn enqueue_op(
         &self,
         operation: Vec<u8>,
         attached: Option<(&str, &str, SessionWrite)>,
-    ) -> Result<(u64, u64), ClusterError> {
+    ) -> Result<(u64, u64, Option<Taken>), ClusterError> {
         if !self.shared.up.load(Ordering::Relaxed) {
             return Err(unavailable(Down));
         }
@@ -43,12 +47,16 @@ impl RedisCluster {
         let kept = (assigned.claims > 0).then(|| operation.clone());
         let mut tickets = attached.as_ref().map(|_| lock(&self.shared.tickets));
         let ticket = tickets.as_deref().map_or(0, |t| *t + 1);
+        let mut taken = None;
         let attached = attached.map(|(hub, id, write)| {
+            let (fate, answer) = oneshot::channel();
+            taken = Some(answer);
             Box::new(Attached {
                 hub: hub.to_owned(),
                 id: id.to_owned(),
                 write,
                 ticket,
+                fate: Some(fate),
             })
         });
         match self.jobs.try_send(Job::Broadcast(seq, operation, attached)) {
@@ -65,7 +73,10 @@ impl RedisCluster {
                         assigned.overflow = true;
                     }
                 }
-                Ok((seq, ticket))
+                // A writer gone before answering: the other nodes never get it.
+                let taken =
+                    taken.map(|t| -> Taken { Box::pin(async { t.await.unwrap_or(false) }) });
+                Ok((seq, ticket, taken))
             }
             Err(TrySendError::Full(_)) => Err(ClusterError::Backlog(self.queue)),
             Err(TrySendError::Disconnected(_)) => Err(unavailable(Down)),
@@ -85,33 +96,43 @@ pub(crate) struct OpEntry<'a> {
 }
 
 /// Adds a client stream's fragment or end to `pipe`: its operation and its stream's
-/// state (`write`, a `StreamAccepted` or `StreamClosed`; anything else adds the
-/// operation alone) in one script call, both fenced by `epoch` (0: this node does not
-/// hold the session). Its reply is not ignored: 1 if written, 0 if fenced (the stream
-/// then has the operation's number with no operation: see [`is_fenced`]).
+/// state (`write`, a `StreamAccepted` or `StreamClosed`), or a client's send and its
+/// `ackId`'s record (`write`, an `Ack`), in one script call, both fenced by `epoch`
+/// (0: this node does not hold the session); any other write adds the operation alone.
+/// Its reply is not ignored: 1 if written, 0 if fenced (the stream then has the
+/// operation's number with no operation: see [`is_fenced`]).
 pub(crate) fn add_fragment(
     pipe: &mut redis::Pipeline,
     scripts: &Scripts,
     keys: &Keys,
-    epoch: u64,
+    (epoch, ttl_ms): (u64, u64),
     write: &SessionWrite,
     entry: &OpEntry<'_>,
 ) {
-    let (stream, expected) = match write {
-        SessionWrite::StreamAccepted { id, expected } => (id.as_str(), *expected),
-        SessionWrite::StreamClosed(id) => (id.as_str(), 0),
-        _ => ("", 0),
+    let (kind, first, second) = match write {
+        SessionWrite::StreamAccepted {
+            id,
+            expected,
+            deadline_ms,
+        } => (
+            "fragment",
+            id.clone(),
+            next_expected(*expected, *deadline_ms),
+        ),
+        SessionWrite::StreamClosed(id) => ("fragment", id.clone(), "0".to_owned()),
+        SessionWrite::Ack { ack_id, keep } => ("sent", ack_id.to_string(), keep.to_string()),
+        _ => ("fragment", String::new(), "0".to_owned()),
     };
     let mut cmd = redis::cmd("EVALSHA");
     cmd.arg(scripts.write.get_hash())
         .arg(4)
         .arg(&keys.all()[..])
         .arg(entry.ops)
-        .arg(if stream.is_empty() { 0 } else { epoch })
-        .arg(0)
-        .arg("fragment")
-        .arg(stream)
-        .arg(expected)
+        .arg(if first.is_empty() { 0 } else { epoch })
+        .arg(ttl_ms)
+        .arg(kind)
+        .arg(first)
+        .arg(second)
         .arg(entry.stream_len)
         .arg(entry.node)
         .arg(entry.incarnation)
@@ -120,45 +141,30 @@ pub(crate) fn add_fragment(
     pipe.add_command(cmd);
 }
 
+/// A stream's `sq:{streamId}` value: `{next expected id}|{idle deadline, Unix ms}`
+/// (the deadline rides in the value the fragment's call writes anyway).
+pub(crate) fn next_expected(expected: u64, deadline_ms: u64) -> String {
+    format!("{expected}|{deadline_ms}")
+}
+
+/// Parses [`next_expected`]'s value; a value without a deadline (0: not known) is read
+/// too.
+fn parse_expected(value: &[u8]) -> Option<(u64, u64)> {
+    let text = std::str::from_utf8(value).ok()?;
+    match text.split_once('|') {
+        Some((expected, deadline)) => Some((expected.parse().ok()?, deadline.parse().ok()?)),
+        None => Some((text.parse().ok()?, 0)),
+    }
+}
+
 /// Whether an operation entry is a fenced fragment's: its number, with nothing to apply.
 pub(crate) fn is_fenced(op: &[u8]) -> bool {
     op.is_empty()
 }
 
-/// Fenced fragments' tickets kept (see [`Fenced`]).
-const FENCED_KEPT: usize = 1024;
-
-/// The tickets of client stream fragments fenced out (their session was claimed by
-/// another node): never reported mirrored, so the `streamAck` held behind one never
-/// reaches the old socket. At most [`FENCED_KEPT`], the oldest forgotten first: each
-/// one's socket is closed once the reader reaches the claim's marker, which precedes
-/// the fragment's entry in the stream.
-#[derive(Debug, Default)]
-pub(crate) struct Fenced(BTreeSet<u64>);
-
-impl Fenced {
-    pub(crate) fn insert(&mut self, ticket: u64) {
-        self.0.insert(ticket);
-        while self.0.len() > FENCED_KEPT {
-            self.0.pop_first();
-        }
-    }
-
-    /// How far a gate waiting on `ticket` may release, every write up to `reached`
-    /// being in Redis: short of the first fenced one after `ticket`; `None` if
-    /// `ticket`'s own was fenced.
-    pub(crate) fn released(&self, ticket: u64, reached: u64) -> Option<u64> {
-        if self.0.contains(&ticket) {
-            return None;
-        }
-        let next = self.0.range(ticket..).next();
-        Some(next.map_or(reached, |f| reached.min(f - 1)))
-    }
-}
-
 /// A client stream's options in the session's hash (`sm:{streamId}`), written once
-/// when it opens: `{noEcho 0|1}|{idle ms}|{group}`; its next expected id
-/// (`sq:{streamId}`) is written per fragment.
+/// when it opens: `{noEcho 0|1}|{idle ms}|{group}`; its next expected id and idle
+/// deadline (`sq:{streamId}`, [`next_expected`]) per fragment, keepalive, repeat, nack.
 pub(crate) struct StreamMeta {
     pub(crate) group: String,
     pub(crate) no_echo: bool,
@@ -197,15 +203,17 @@ pub(crate) fn streams(value: &Value) -> Option<Vec<MirroredStream>> {
         };
         let k = std::str::from_utf8(k).ok()?;
         if let Some(id) = k.strip_prefix("sq:") {
-            expected.insert(id.to_owned(), std::str::from_utf8(v).ok()?.parse().ok()?);
+            expected.insert(id.to_owned(), parse_expected(v)?);
         } else if let Some(id) = k.strip_prefix("sm:") {
             meta.insert(id.to_owned(), StreamMeta::decode(v)?);
         }
     }
     let mut out: Vec<MirroredStream> = (meta.into_iter())
         .filter_map(|(id, m)| {
+            let (expected, deadline_ms) = *expected.get(&id)?;
             Some(MirroredStream {
-                expected: *expected.get(&id)?,
+                expected,
+                deadline_ms,
                 id,
                 group: m.group,
                 no_echo: m.no_echo,
@@ -222,26 +230,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_fenced_fragments_ticket_is_never_released_nor_passed() {
-        let mut fenced = Fenced::default();
-        assert_eq!(fenced.released(3, 9), Some(9), "none fenced");
-        fenced.insert(5);
-        assert_eq!(fenced.released(5, 9), None, "its own");
-        assert_eq!(
-            fenced.released(3, 9),
-            Some(4),
-            "an earlier one stops short of it"
-        );
-        assert_eq!(fenced.released(3, 4), Some(4));
-        assert_eq!(fenced.released(6, 9), Some(9), "a later one passes");
-        for t in 100..100 + FENCED_KEPT as u64 {
-            fenced.insert(t);
-        }
-        assert_eq!(fenced.released(5, 9), Some(9), "the oldest forgotten");
-        assert_eq!(fenced.released(100, 200), None);
-    }
-
-    #[test]
     fn a_claim_restores_the_streams_whose_options_and_next_id_are_stored() {
         let bulk = |s: &str| Value::BulkString(s.as_bytes().to_vec());
         let meta = StreamMeta {
@@ -253,7 +241,11 @@ mod tests {
             bulk("sm:a"),
             bulk(&meta.encode()),
             bulk("sq:a"),
-            bulk("7"),
+            bulk(&next_expected(7, 1_700_000_000_000)),
+            bulk("sm:b"),
+            bulk(&meta.encode()),
+            bulk("sq:b"),
+            bulk("4"),
             bulk("sq:orphan"),
             bulk("2"),
         ]);
@@ -263,8 +255,19 @@ mod tests {
             no_echo: true,
             idle_ms: 900,
             expected: 7,
+            deadline_ms: 1_700_000_000_000,
         };
-        assert_eq!(streams(&fields), Some(vec![a]));
+        let b = MirroredStream {
+            id: "b".into(),
+            expected: 4,
+            deadline_ms: 0,
+            ..a.clone()
+        };
+        assert_eq!(
+            streams(&fields),
+            Some(vec![a, b]),
+            "b: no deadline recorded"
+        );
         assert_eq!(streams(&Value::Nil), Some(vec![]), "none stored");
         let bad = Value::Array(vec![bulk("sq:a"), bulk("x")]);
         assert_eq!(streams(&bad), None, "corrupt");

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use redis::{Client, Connection};
 use statehub_redis_common::{ShortfallLog, Wait};
-use statehub_webpubsub::{ClaimError, SessionWrite};
+use statehub_webpubsub::{ClaimError, SessionWrite, WebPubSub};
 
 use crate::ask::push_answer;
 use crate::liveness::{add_liveness, PRUNE_EVERY};
@@ -71,6 +71,8 @@ pub(crate) struct Writer {
     /// The last session write written that too few replicas acknowledged: its frames
     /// stay held, and the next pipeline waits for replicas even without writes.
     unmirrored: Option<u64>,
+    /// The service, told of sessions claimed elsewhere (set when the thread starts).
+    service: Option<WebPubSub>,
 }
 
 impl Writer {
@@ -98,6 +100,7 @@ impl Writer {
             shortfalls: ShortfallLog::default(),
             unreplicated: None,
             unmirrored: None,
+            service: None,
         }
     }
 
@@ -112,7 +115,12 @@ impl Writer {
             .max(1)
     }
 
-    pub(crate) fn spawn(mut self, queue: Receiver<Job>) -> Result<(), WpsRedisError> {
+    pub(crate) fn spawn(
+        mut self,
+        queue: Receiver<Job>,
+        service: WebPubSub,
+    ) -> Result<(), WpsRedisError> {
+        self.service = Some(service);
         // Reach Redis now if it is up, so that broadcasts are taken from the start.
         let mut con = open(&self.client, self.timeout).ok();
         if let Some(c) = con.as_mut() {
@@ -215,15 +223,13 @@ impl Writer {
     fn write_batch(
         &mut self,
         con: &mut Connection,
-        batch: &[Pending],
+        batch: &mut [Pending],
     ) -> Result<(), WpsRedisError> {
         let mut pipe = redis::pipe();
         self.liveness(&mut pipe);
         // A session's frames in one script call, never moved past another of its writes.
         let mut frames: HashMap<(&str, &str), Vec<&SessionWrite>> = HashMap::new();
-        // The tickets of the fragments' script calls, whose replies are read, in order.
-        let mut fragments = Vec::new();
-        for job in batch {
+        for job in batch.iter() {
             match job {
                 Pending::Session(hub, id, w @ SessionWrite::Frame { .. }, _) => {
                     frames.entry((hub, id)).or_default().push(w);
@@ -256,7 +262,6 @@ impl Writer {
                         self.frames(&mut pipe, &a.hub, &a.id, &run);
                     }
                     self.fragment(&mut pipe, (*seq, op), a);
-                    fragments.push(a.ticket);
                 }
                 Pending::Answer(key, entry) => push_answer(&mut pipe, key, entry),
                 Pending::Flush(_) => {}
@@ -283,7 +288,7 @@ impl Writer {
         let owed = self.unreplicated.is_some() || self.unmirrored.is_some();
         let wait = self.wait.filter(|_| ops > 0 || mirrored.is_some() || owed);
         let (replies, acked) = query_waiting(con, &mut pipe, wait)?;
-        self.fenced(&fragments, &replies);
+        self.settle_fragments(batch, &replies);
         self.position_written = true;
         self.count_mirrored(batch);
         self.shared.ops_waiting.fetch_sub(ops, Ordering::Relaxed);
@@ -298,7 +303,7 @@ impl Writer {
         if let Some(ticket) = mirrored.or(self.unmirrored) {
             self.mirrored(enough, ticket);
         }
-        for job in batch {
+        for job in batch.iter() {
             if let Pending::Flush(done) = job {
                 let _ = done.try_send(());
             }
@@ -335,8 +340,8 @@ impl Writer {
         add_liveness(pipe, &self.names, &self.node, leaving, prune);
     }
 
-    /// A client stream's fragment and its publisher's stream state, in one call, both
-    /// fenced like [`Writer::session`].
+    /// A client stream's fragment and its publisher's stream state (or a client's send
+    /// and its `ackId`), in one call, both fenced like [`Writer::session`].
     fn fragment(&self, pipe: &mut redis::Pipeline, (seq, op): (u64, &[u8]), a: &Attached) {
         let key = (a.hub.clone(), a.id.clone());
         let epoch = self.epochs.get(&key).copied().unwrap_or(0);
@@ -349,21 +354,35 @@ impl Writer {
             seq,
             op,
         };
-        add_fragment(pipe, &self.scripts, &keys, epoch, &a.write, &entry);
+        let ttl = self.ttl_ms();
+        add_fragment(pipe, &self.scripts, &keys, (epoch, ttl), &a.write, &entry);
     }
 
-    /// Records the fragments whose script call was fenced (their session was claimed
-    /// by another node): their tickets are never reported mirrored, so the `streamAck`
-    /// held behind one never reaches the old socket, which is closed once the reader
-    /// reaches the claim's marker (before the fragment in the stream).
-    fn fenced(&self, tickets: &[u64], replies: &[redis::Value]) {
-        for (ticket, reply) in tickets.iter().zip(replies) {
-            if matches!(reply, redis::Value::Int(0)) {
+    /// Tells whoever waits whether each fragment's script call was taken (`replies`,
+    /// in order). One fenced out (its session claimed elsewhere) is forgotten among the
+    /// operations kept for claims, and its session handed over here before this
+    /// batch's tickets are reported: its socket's close overtakes what it held.
+    fn settle_fragments(&self, batch: &mut [Pending], replies: &[redis::Value]) {
+        let fragments = batch.iter_mut().filter_map(|j| match j {
+            Pending::Op(seq, _, Some(a)) => Some((*seq, a)),
+            _ => None,
+        });
+        for ((seq, a), reply) in fragments.zip(replies) {
+            let taken = !matches!(reply, redis::Value::Int(0));
+            if !taken {
+                // Not for a session claimed here meanwhile either (`sent_after`).
+                lock(&self.shared.assigned).kept.retain(|(s, _)| *s != seq);
                 tracing::debug!(
-                    ticket,
-                    "web pubsub cluster: a stream fragment of a session claimed by another node is not published"
+                    hub = a.hub,
+                    id = a.id,
+                    "web pubsub cluster: a send of a session claimed by another node is not published"
                 );
-                lock(&self.shared.fenced).insert(*ticket);
+                if let Some(service) = &self.service {
+                    service.claimed_elsewhere(&a.hub, &a.id);
+                }
+            }
+            if let Some(fate) = a.fate.take() {
+                let _ = fate.send(taken);
             }
         }
     }

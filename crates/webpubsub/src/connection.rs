@@ -256,7 +256,7 @@ async fn apply(
         let id = waiting.ack_id;
         let ack = match written {
             Ok(()) => {
-                session.processed(id);
+                session.processed(id, waiting.recorded);
                 Downstream::ack_ok(id)
             }
             Err(e) => {
@@ -314,7 +314,7 @@ async fn user_event(
                 hub.send(target, &Selection::default(), &payload, None);
             }
             if let Some(id) = ack_id {
-                session.processed(id);
+                session.processed(id, false);
                 reply(hub, session, out, &Downstream::ack_ok(id));
             }
         }

@@ -87,7 +87,7 @@ pub(crate) fn handle(
         match (result, fx.ack_when_written.as_mut()) {
             (Ok(()), Some(waiting)) => waiting.ack_id = id,
             (Ok(()), None) => {
-                session.processed(id);
+                session.processed(id, false);
                 fx.replies.push(Downstream::ack_ok(id));
             }
             (Err(e), _) => fx
@@ -130,10 +130,17 @@ fn perform(
             no_echo,
             payload,
             ..
-        } => send_to_group(hub, session, &group, no_echo, payload).map(|seq| {
-            // An acknowledged send must survive this node: the ack waits for Redis.
-            fx.ack_when_written = (seq > 0).then_some(WrittenAck { ack_id: 0, seq });
-        }),
+        } => send_to_group(hub, session, (&group, no_echo), payload, ack_id).map(
+            |(seq, recorded)| {
+                // An acknowledged send must survive this node: the ack waits for Redis.
+                let ack = WrittenAck {
+                    ack_id: 0,
+                    seq,
+                    recorded,
+                };
+                fx.ack_when_written = (seq > 0).then_some(ack);
+            },
+        ),
         Request::Event { event, payload, .. } => {
             return user_event(hub, fx, event, payload, ack_id)
         }
@@ -165,17 +172,25 @@ fn perform(
     })
 }
 
+/// A client's `sendToGroup`: its operation's number, and whether its `ackId` was
+/// recorded in the session's copy with it. A mirrored session's send with an `ackId`
+/// travels with that record as one, fenced like a stream fragment: once another node
+/// claimed the session, neither is written, it reaches no member, and the ack is not
+/// sent (the old socket is closed), so a client that sends it again to the new node
+/// gets it published there once.
 fn send_to_group(
     hub: &Hub,
     session: &Session,
-    group: &str,
-    no_echo: bool,
+    (group, no_echo): (&str, bool),
     payload: Result<Payload, ProtocolError>,
-) -> Result<u64, AckFailure> {
+    ack_id: Option<u64>,
+) -> Result<(u64, bool), AckFailure> {
     check_group(group, session.permissions().can_send(group), "send to")?;
     let payload = payload.map_err(|e| AckFailure::BadRequest(e.to_string()))?;
-    hub.publish_to_group(session, group, no_echo, &payload, (None, None))
-        .map(|(seq, _)| seq)
+    let record = ack_id.and_then(|id| session.ack_record(id));
+    let recorded = record.is_some() && hub.cluster().is_some();
+    hub.publish_to_group(session, group, no_echo, &payload, (None, record))
+        .map(|(seq, _)| (seq, recorded))
         .map_err(|e| AckFailure::Unavailable(e.to_string()))
 }
 

@@ -92,6 +92,8 @@ pub(crate) struct WrittenAck {
     pub ack_id: u64,
     /// The operation's number.
     pub seq: u64,
+    /// The `ackId` went to the session's copy with the operation.
+    pub recorded: bool,
 }
 
 /// Checks a group name and the permission to act on it (`verb`: "join", "send to"…).

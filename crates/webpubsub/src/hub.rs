@@ -27,6 +27,7 @@
 pub(crate) mod admin;
 mod ended;
 mod events;
+mod lane;
 mod session;
 pub(crate) mod stream;
 mod takeover;
@@ -34,7 +35,7 @@ pub(crate) mod view;
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, Weak};
 
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine as _;
@@ -49,6 +50,7 @@ use crate::protocol::frames::DataFrames;
 use crate::protocol::json::DataMessageRef;
 use crate::stats::Stats;
 pub(crate) use events::{EventError, Events, UserEventFuture};
+pub(crate) use lane::{shared, Delivery, Numbered};
 pub(crate) use session::{Gone, NewSession, Session};
 
 /// Close code: policy violation; for reliable clients it means "the session is gone".
@@ -114,6 +116,10 @@ pub(crate) struct Hub {
     /// while a session taken over from another node becomes reachable: so each send
     /// either reaches it here or is applied to it by the reader (`mirror.rs`).
     order: RwLock<()>,
+    /// This node's own sends waiting for their turn to reach its members (`lane.rs`).
+    lane: Mutex<lane::Lane>,
+    /// Itself, once shared ([`shared`]).
+    me: Weak<Hub>,
     shutdown: CancellationToken,
     stats: Arc<Stats>,
 }
@@ -168,6 +174,8 @@ impl Hub {
             events: None,
             cluster: None,
             order: RwLock::new(()),
+            lane: Mutex::default(),
+            me: Weak::new(),
             shutdown: CancellationToken::new(),
             stats: Arc::default(),
         }
@@ -300,11 +308,6 @@ impl Hub {
     /// Held by a send across its broadcast and its local delivery (see `order`).
     pub(crate) fn sending(&self) -> RwLockReadGuard<'_, ()> {
         self.order.read().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// Waits for the sends between their broadcast and their delivery (see `order`).
-    pub(crate) fn settled(&self) {
-        drop(self.order.write().unwrap_or_else(PoisonError::into_inner));
     }
 
     /// Reserves a place for a new connection, unless the hub already holds (or has

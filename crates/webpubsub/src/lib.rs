@@ -57,7 +57,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 pub use admin::{ConnectionSummary, GroupSummary, HubSummary, HubView, ViewFrom};
-pub use cluster::{Cluster, ClusterError, Mirrored, Written};
+pub use cluster::{Cluster, ClusterError, Mirrored, Taken, Written};
 pub use config::hubs::{EventHandler, HubSettings, SystemEvent};
 pub use config::{Config, ConfigError, Limits, MIN_ACCESS_KEY_BYTES};
 use hub::Hub;
@@ -143,7 +143,7 @@ impl WebPubSub {
                 if let Some(cluster) = self.inner.cluster.get() {
                     hub = hub.with_cluster(Arc::clone(cluster));
                 }
-                Arc::new(hub)
+                hub::shared(hub)
             })
             .clone()
     }

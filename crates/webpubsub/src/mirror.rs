@@ -126,9 +126,15 @@ pub enum SessionWrite {
     State(String),
     /// One of its client streams opened (it expects fragment 1).
     StreamOpened(MirroredStream),
-    /// One of its client streams accepted a fragment: it now expects `expected`.
-    /// Only the id and a number, whatever the fragment's size.
-    StreamAccepted { id: String, expected: u64 },
+    /// One of its client streams accepted a fragment (or a keepalive, a repeat, a nack
+    /// moved its idle deadline): it now expects `expected`, and ends idle at
+    /// `deadline_ms` (Unix ms). Only the id and two numbers, whatever the fragment's
+    /// size.
+    StreamAccepted {
+        id: String,
+        expected: u64,
+        deadline_ms: u64,
+    },
     /// One of its client streams ended: forget it.
     StreamClosed(String),
     /// It ended: forget it.
@@ -170,6 +176,9 @@ pub struct MirroredStream {
     pub idle_ms: u64,
     /// The next `streamSequenceId` it expects.
     pub expected: u64,
+    /// When it ends idle unless a fragment or keepalive comes first (Unix ms; 0: not
+    /// known, a full idle timeout from its restoration).
+    pub deadline_ms: u64,
 }
 
 /// A claim refused.
@@ -194,7 +203,7 @@ pub(crate) fn token_digest(token: &str) -> String {
         .collect()
 }
 
-fn unix_ms(deadline: Option<Instant>) -> u64 {
+pub(crate) fn unix_ms(deadline: Option<Instant>) -> u64 {
     let Some(d) = deadline else { return 0 };
     let left = d.saturating_duration_since(Instant::now());
     let at = SystemTime::now() + left;
@@ -203,7 +212,7 @@ fn unix_ms(deadline: Option<Instant>) -> u64 {
     })
 }
 
-fn instant(ms: u64) -> Option<Instant> {
+pub(crate) fn instant(ms: u64) -> Option<Instant> {
     if ms == 0 {
         return None;
     }
@@ -347,7 +356,8 @@ impl crate::WebPubSub {
             }
             match cluster.and_then(|c| c.sent_after(claim)) {
                 Some(own) => {
-                    for (seq, op) in own {
+                    // One still waiting for its turn here reaches it live.
+                    for (seq, op) in own.into_iter().filter(|(seq, _)| !hub.keeps(*seq)) {
                         crate::cluster::apply_to(&hub, session, &op, Provenance::Own(seq));
                     }
                 }

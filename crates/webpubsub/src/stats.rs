@@ -61,6 +61,9 @@ pub struct Counters {
     /// Group joins refused (a client's `joinGroup`, a REST add, a token's or `connect`
     /// answer's groups) because the connection was in `max_groups_per_connection` groups.
     pub group_limit_refusals: u64,
+    /// Own sends refused because their hub kept `MAX_KEPT` sends waiting behind a
+    /// client stream fragment's answer from the cluster (`hub/lane.rs`).
+    pub kept_refusals: u64,
 }
 
 /// The service's counters.
@@ -79,6 +82,7 @@ pub(crate) struct Stats {
     replay_lost_sessions: Counter,
     hub_full_refusals: Counter,
     group_limit_refusals: Counter,
+    kept_refusals: Counter,
 }
 
 impl Stats {
@@ -166,6 +170,17 @@ impl Stats {
         });
     }
 
+    /// An own send was refused because its hub keeps `max` sends waiting.
+    pub(crate) fn kept_full(&self, hub: &str, max: usize) {
+        self.kept_refusals.note(|n| {
+            tracing::warn!(
+                "web pubsub: refused {n} send(s) since the last report (latest: hub {hub} \
+                 keeps {max} sends waiting for a client stream fragment's answer from the \
+                 cluster)"
+            );
+        });
+    }
+
     /// The counts so far.
     pub(crate) fn counters(&self) -> Counters {
         let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
@@ -183,6 +198,7 @@ impl Stats {
             replay_lost_sessions: self.replay_lost_sessions.total(),
             hub_full_refusals: self.hub_full_refusals.total(),
             group_limit_refusals: self.group_limit_refusals.total(),
+            kept_refusals: self.kept_refusals.total(),
             ..Counters::default()
         }
     }

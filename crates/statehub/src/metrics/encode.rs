@@ -479,12 +479,13 @@ fn webpubsub_traffic(e: &mut Enc<'_>, c: &Counters) -> Result<(), Error> {
     )?;
     e.counters(
         "statehub_webpubsub_limit_refusals",
-        "Refusals by a [webpubsub.limits] bound: connections_per_hub (handshake 429), groups_per_connection (join or handshake refused)",
+        "Refusals by a bound: connections_per_hub (handshake 429), groups_per_connection (join or handshake refused), kept_sends (a send refused while its hub keeps 10,000 waiting behind a client stream fragment's answer from the cluster)",
         None,
         &["limit"],
         &[
             (["connections_per_hub"], c.hub_full_refusals),
             (["groups_per_connection"], c.group_limit_refusals),
+            (["kept_sends"], c.kept_refusals),
         ],
     )?;
     let written = c

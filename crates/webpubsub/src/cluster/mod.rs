@@ -26,7 +26,7 @@ use std::{future::Future, pin::Pin};
 use serde::{Deserialize, Serialize};
 
 use crate::hub::admin::Target;
-use crate::hub::{Hub, Session};
+use crate::hub::{Delivery, Hub, Numbered, Session};
 use crate::mirror::{with_provenance, ClaimError, Provenance, SessionWrite};
 use crate::protocol::json::{DataMessageRef, MessageSource, StreamInfo};
 use crate::protocol::Payload;
@@ -45,20 +45,23 @@ pub trait Cluster: Send + Sync + Debug {
     fn broadcast(&self, operation: Vec<u8>) -> Result<u64, ClusterError>;
     /// [`Cluster::broadcast`] of a client stream's fragment (or end) with its stream's
     /// new state for the publisher's mirrored session ([`Cluster::session`] of `write`,
-    /// a [`SessionWrite::StreamAccepted`] or [`SessionWrite::StreamClosed`]) as one step: the store takes both or neither,
-    /// so a node that takes the session over never publishes the fragment again nor
-    /// skips it. Both are fenced like any session write: once another node claimed the
-    /// session, the operation does not go out either, and the write's ticket is never
-    /// reported [`Cluster::mirrored`] (the reply held behind it never reaches the old
-    /// socket, which is closed when the claim is read). Must not block. Returns the
-    /// operation's number and the write's ticket. By default, one after the other.
+    /// a [`SessionWrite::StreamAccepted`] or [`SessionWrite::StreamClosed`]) as one
+    /// step: the store takes both or neither, so a node that takes the session over
+    /// never publishes the fragment again nor skips it. Both are fenced like any session
+    /// write: once another node claimed the session, the operation does not go out
+    /// either, the write's ticket is never released to the old socket (which is closed
+    /// first, as a handed-over session's), and the returned [`Taken`] resolves `false`
+    /// (`true` once the store has both), for this node's members, who get the fragment
+    /// only then. Must not block. Returns the operation's number and the write's
+    /// ticket. By default, one after the other, always taken.
     fn broadcast_with(
         &self,
         operation: Vec<u8>,
         (hub, id, write): (&str, &str, SessionWrite),
-    ) -> Result<(u64, u64), ClusterError> {
+    ) -> Result<(u64, u64, Taken), ClusterError> {
         let seq = self.broadcast(operation)?;
-        Ok((seq, self.session(hub, id, write)?))
+        let ticket = self.session(hub, id, write)?;
+        Ok((seq, ticket, Box::pin(std::future::ready(true))))
     }
     /// Resolves once this node's operations up to `seq` are where the other nodes read
     /// them (they survive this process); `Err` if that cannot be known in time.
@@ -90,9 +93,10 @@ pub trait Cluster: Send + Sync + Debug {
     /// are where another node would take the session over from, with the number they
     /// have reached (at least `ticket`; `u64::MAX` if the cluster is gone). A reliable
     /// session's frame reaches its socket only then. Never gives up: what waits for it
-    /// is bounded by the connection's outbound queue. Never resolves for a
-    /// [`Cluster::broadcast_with`] write that was fenced, and never reports a number at
-    /// or past one.
+    /// is bounded by the connection's outbound queue. A [`Cluster::broadcast_with`]
+    /// write that was fenced is reported like any other, but only after its session was
+    /// handed over here ([`crate::WebPubSub::claimed_elsewhere`]), so its socket's close
+    /// overtakes whatever waits for it.
     fn mirrored(&self, ticket: u64) -> Mirrored;
     /// Takes the mirrored session `id` over for this node: checks the token's digest
     /// and subprotocol, fences its previous owner and appends `marker` (a `claimed`
@@ -129,6 +133,10 @@ pub type Written = Pin<Box<dyn Future<Output = Result<(), ClusterError>> + Send>
 /// What [`Cluster::mirrored`] returns.
 pub type Mirrored = Pin<Box<dyn Future<Output = u64> + Send>>;
 
+/// Whether the store took a [`Cluster::broadcast_with`] (`false`: fenced out, or it
+/// will never be written).
+pub type Taken = Pin<Box<dyn Future<Output = bool> + Send>>;
+
 /// The other nodes cannot be reached.
 #[derive(Debug, thiserror::Error)]
 pub enum ClusterError {
@@ -163,7 +171,7 @@ impl To {
         }
     }
 
-    fn target(&self) -> Target<'_> {
+    pub(crate) fn target(&self) -> Target<'_> {
         match self {
             To::All => Target::All,
             To::Group(g) => Target::Group(g),
@@ -204,6 +212,16 @@ impl crate::WebPubSub {
         }
     }
 
+    /// The store fenced out a write of session `id` of `hub` (another node claimed
+    /// it): it is handed over here at once, as when the claim is read, so its socket is
+    /// closed before anything held behind that write could be released to it. Call it
+    /// before the cluster reports the write stored.
+    pub fn claimed_elsewhere(&self, hub: &str, id: &str) {
+        if let Some(hub) = self.existing_hub(hub) {
+            hub.hand_over(id);
+        }
+    }
+
     /// Answers this node's own question (an operation of this node, read back from the
     /// cluster in its order; anything else is ignored): so its answer, like the other
     /// nodes', reflects every operation before the question.
@@ -223,13 +241,13 @@ impl crate::WebPubSub {
         }
     }
 
-    /// Returns once every send of this node that was between its broadcast and its
-    /// local delivery has delivered: what this node's own operations read back from the
-    /// cluster produced here is then queued for the mirror, before anything the caller
-    /// queues next.
-    pub fn settled(&self) {
+    /// Returns once every send of this node numbered up to `through` has delivered
+    /// here (or was fenced out) and none is between its broadcast and its local
+    /// delivery: what this node's own operations read back from the cluster produced
+    /// here is then queued for the mirror, before anything the caller queues next.
+    pub fn settled(&self, through: u64) {
         for hub in self.hubs_now() {
-            hub.settled();
+            hub.settled_through(through);
         }
     }
 }
@@ -268,7 +286,8 @@ impl Hub {
     /// leaves the sender out wherever it is applied (a session taken over by another
     /// node may be). `state`: the fragment's stream's new state for the sender's
     /// mirrored session, handed over with the operation as one
-    /// ([`Cluster::broadcast_with`]). Returns the operation's number and the state's
+    /// ([`Cluster::broadcast_with`]); this node's members then get it once the store
+    /// took both (see `hub/lane.rs`). Returns the operation's number and the state's
     /// mirror ticket (0: none; both 0 on a single node); `Err` (the cluster refused
     /// it, the state included) before anything was delivered.
     pub(crate) fn publish_to_group(
@@ -280,53 +299,79 @@ impl Hub {
         (stream, state): (Option<&StreamInfo>, Option<SessionWrite>),
     ) -> Result<(u64, u64), ClusterError> {
         let _order = self.sending();
-        let mut from = Provenance::Unknown;
-        let mut ticket = 0;
-        if let Some(cluster) = self.cluster() {
-            let me = [session.id().to_owned()];
-            let sel = SentSelection {
-                excluded: if no_echo { &me } else { &[] },
-                filter: None,
-            };
-            let mut sent = Operation::send(
-                self,
-                Target::Group(group),
-                &sel,
+        let exclude = no_echo.then(|| session.id());
+        let user = session.user_id();
+        let now = || {
+            let msg = DataMessageRef {
+                from: MessageSource::Group,
+                group: Some(group),
+                from_user_id: user,
                 payload,
-                None,
-                session.user_id(),
-            );
-            if let Operation::Send { stream: s, .. } = &mut sent {
-                *s = stream.cloned();
-            }
-            let state = state.filter(|_| session.is_mirrored());
-            let seq = match state {
-                Some(write) => {
-                    let bytes = serde_json::to_vec(&sent)
-                        .map_err(|e| ClusterError::Unavailable(Box::new(e)))?;
-                    let (seq, t) =
-                        cluster.broadcast_with(bytes, (self.name(), session.id(), write))?;
-                    ticket = t;
-                    seq
-                }
-                None => self.broadcast(&sent)?,
+                stream,
             };
-            from = Provenance::Own(seq);
-        }
-        let msg = DataMessageRef {
-            from: MessageSource::Group,
-            group: Some(group),
-            from_user_id: session.user_id(),
+            self.send_to_group(group, &msg, exclude);
+        };
+        let later = || -> Delivery {
+            let (group, payload) = (group.to_owned(), payload.clone());
+            let (stream, user) = (stream.cloned(), user.map(str::to_owned));
+            let exclude = exclude.map(str::to_owned);
+            Box::new(move |hub: &Hub| {
+                let msg = DataMessageRef {
+                    from: MessageSource::Group,
+                    group: Some(&group),
+                    from_user_id: user.as_deref(),
+                    payload: &payload,
+                    stream: stream.as_ref(),
+                };
+                hub.send_to_group(&group, &msg, exclude.as_deref());
+            })
+        };
+        let number = || self.number_group_send(session, (group, no_echo), payload, stream, state);
+        self.send_own(number, now, later)
+    }
+
+    /// Hands a client's message to `group` to the other nodes (see
+    /// [`Hub::publish_to_group`]): its numbers, its frames' origin, and whether the
+    /// store took it when it may be fenced out.
+    fn number_group_send(
+        &self,
+        session: &Session,
+        (group, no_echo): (&str, bool),
+        payload: &Payload,
+        stream: Option<&StreamInfo>,
+        state: Option<SessionWrite>,
+    ) -> Result<Numbered<(u64, u64)>, ClusterError> {
+        let Some(cluster) = self.cluster() else {
+            return Ok(((0, 0), Provenance::Unknown, None));
+        };
+        let me = [session.id().to_owned()];
+        let sel = SentSelection {
+            excluded: if no_echo { &me } else { &[] },
+            filter: None,
+        };
+        let mut sent = Operation::send(
+            self,
+            Target::Group(group),
+            &sel,
             payload,
-            stream,
-        };
-        with_provenance(from, || {
-            self.send_to_group(group, &msg, no_echo.then(|| session.id()));
-        });
-        let seq = match from {
-            Provenance::Own(seq) => seq,
-            _ => 0,
-        };
-        Ok((seq, ticket))
+            None,
+            session.user_id(),
+        );
+        if let Operation::Send { stream: s, .. } = &mut sent {
+            *s = stream.cloned();
+        }
+        match state.filter(|_| session.is_mirrored()) {
+            Some(write) => {
+                let bytes = serde_json::to_vec(&sent)
+                    .map_err(|e| ClusterError::Unavailable(Box::new(e)))?;
+                let (seq, ticket, taken) =
+                    cluster.broadcast_with(bytes, (self.name(), session.id(), write))?;
+                Ok(((seq, ticket), Provenance::Own(seq), Some(taken)))
+            }
+            None => {
+                let seq = self.broadcast(&sent)?;
+                Ok(((seq, 0), Provenance::Own(seq), None))
+            }
+        }
     }
 }

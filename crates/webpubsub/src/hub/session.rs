@@ -388,16 +388,26 @@ impl Session {
         lock(&self.state).acks.contains(ack_id)
     }
 
-    /// Records a processed `ack_id`.
-    pub(crate) fn processed(&self, ack_id: u64) {
+    /// Records a processed `ack_id` (`recorded`: its copy has it already, written with
+    /// the send it acknowledges, [`Session::ack_record`]).
+    pub(crate) fn processed(&self, ack_id: u64, recorded: bool) {
         let mut st = lock(&self.state);
         if !st.acks.contains(ack_id) {
             st.acks.insert(ack_id);
             let keep = st.acks.capacity();
-            if self.mirror.is_some() {
+            if self.mirror.is_some() && !recorded {
                 self.mirror_or_end(&mut st, SessionWrite::Ack { ack_id, keep });
             }
         }
+    }
+
+    /// The record of `ack_id` for a mirrored session's copy, to be written with the
+    /// send it acknowledges, fenced as one (`None`: not mirrored).
+    pub(crate) fn ack_record(&self, ack_id: u64) -> Option<SessionWrite> {
+        let keep = lock(&self.state).acks.capacity();
+        self.mirror
+            .is_some()
+            .then_some(SessionWrite::Ack { ack_id, keep })
     }
 
     /// The session's open client streams.

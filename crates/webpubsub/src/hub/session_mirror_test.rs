@@ -6,7 +6,7 @@ use serde_json::{json, Value};
 
 use tokio::sync::watch;
 
-use crate::cluster::{Cluster, ClusterError, Mirrored, Written};
+use crate::cluster::{Cluster, ClusterError, Mirrored, Taken, Written};
 use crate::config::Limits;
 use crate::dispatch::handle_text;
 use crate::hub::Hub;
@@ -26,6 +26,8 @@ struct Store {
     streams: Mutex<Vec<(u64, SessionWrite)>>,
     /// Session writes handed over with an operation, as one.
     with_operation: AtomicU64,
+    /// Whether the store took each one, answered by the test when set.
+    fates: Option<Mutex<Vec<tokio::sync::oneshot::Sender<bool>>>>,
 }
 
 impl Cluster for Store {
@@ -36,10 +38,20 @@ impl Cluster for Store {
         &self,
         operation: Vec<u8>,
         (hub, id, write): (&str, &str, SessionWrite),
-    ) -> Result<(u64, u64), ClusterError> {
+    ) -> Result<(u64, u64, Taken), ClusterError> {
         self.with_operation.fetch_add(1, Ordering::Relaxed);
         let seq = self.broadcast(operation)?;
-        Ok((seq, self.session(hub, id, write)?))
+        let ticket = self.session(hub, id, write)?;
+        let Some(fates) = &self.fates else {
+            return Ok((seq, ticket, Box::pin(std::future::ready(true))));
+        };
+        let (fate, taken) = tokio::sync::oneshot::channel();
+        fates.lock().unwrap().push(fate);
+        Ok((
+            seq,
+            ticket,
+            Box::pin(async { taken.await.unwrap_or(false) }),
+        ))
     }
     fn written(&self, _: u64) -> Written {
         Box::pin(async { Ok(()) })
@@ -151,8 +163,20 @@ fn frame(hub: &Hub, session: &super::Session, frame: Value) -> (Vec<Value>, u64)
     (replies.collect(), fx.held)
 }
 
+/// The client stream writes since the last call, each idle deadline checked to be
+/// set, then left out (0) for comparison.
 fn stream_writes(store: &Store) -> Vec<(u64, SessionWrite)> {
-    std::mem::take(&mut *store.streams.lock().unwrap())
+    let mut writes = std::mem::take(&mut *store.streams.lock().unwrap());
+    for (_, w) in &mut writes {
+        let deadline = match w {
+            SessionWrite::StreamOpened(MirroredStream { deadline_ms, .. })
+            | SessionWrite::StreamAccepted { deadline_ms, .. } => deadline_ms,
+            _ => continue,
+        };
+        assert!(*deadline > 0, "{w:?} carries its idle deadline");
+        *deadline = 0;
+    }
+    writes
 }
 
 fn data(seq: u64) -> Value {
@@ -175,6 +199,7 @@ async fn a_stream_is_mirrored_as_it_opens_accepts_and_ends_and_its_replies_wait_
         no_echo: true,
         idle_ms: 5000,
         expected: 1,
+        deadline_ms: 0,
     };
     assert_eq!(
         stream_writes(&store),
@@ -185,8 +210,9 @@ async fn a_stream_is_mirrored_as_it_opens_accepts_and_ends_and_its_replies_wait_
     let accepted = SessionWrite::StreamAccepted {
         id: "s1".into(),
         expected: 2,
+        deadline_ms: 0,
     };
-    assert_eq!(stream_writes(&store), vec![(held, accepted)]);
+    assert_eq!(stream_writes(&store), vec![(held, accepted.clone())]);
     assert_eq!(
         store.with_operation.load(Ordering::Relaxed),
         1,
@@ -198,9 +224,11 @@ async fn a_stream_is_mirrored_as_it_opens_accepts_and_ends_and_its_replies_wait_
         data(3),
     ] {
         let (_, held) = frame(&hub, &session, repeat);
-        assert_eq!(held, 0, "a repeat, a keepalive, a nack change nothing");
+        assert_eq!(held, 0, "a repeat, a keepalive, a nack wait for nothing");
+        let writes = stream_writes(&store);
+        assert_eq!(writes.len(), 1, "only their idle deadline: {writes:?}");
+        assert_eq!(writes[0].1, accepted);
     }
-    assert!(stream_writes(&store).is_empty());
     let (replies, held) = frame(
         &hub,
         &session,
@@ -245,6 +273,7 @@ async fn a_restored_stream_goes_on_from_its_next_expected_id_without_republishin
             no_echo: false,
             idle_ms: 60_000,
             expected: 3,
+            deadline_ms: 0,
         }],
         ..Restored::default()
     };
@@ -274,4 +303,101 @@ async fn a_restored_stream_goes_on_from_its_next_expected_id_without_republishin
     };
     assert_eq!(got["stream"]["streamSequenceId"], 3, "{got}");
     assert_eq!(got["data"], "f3");
+}
+
+/// The member's next message's data, waiting for it.
+async fn next_data(rx: &mut crate::outbox::OutboxReceiver) -> Value {
+    let next = tokio::time::timeout(Duration::from_secs(10), rx.next()).await;
+    let Ok(Next::Frame(f)) = next else {
+        panic!("a message for the member, got {next:?}");
+    };
+    let axum::extract::ws::Message::Text(t) = f.msg else {
+        panic!("a text frame");
+    };
+    serde_json::from_str::<Value>(t.as_str()).unwrap()["data"].clone()
+}
+
+#[tokio::test]
+async fn members_here_get_a_fragment_once_the_store_took_it_in_order_and_never_a_fenced_one() {
+    let store = Arc::new(Store {
+        fates: Some(Mutex::default()),
+        ..Store::default()
+    });
+    let hub = crate::hub::shared(Hub::new("chat", Limits::default()).with_cluster(store.clone()));
+    let claims = |groups: Vec<String>| ClientClaims {
+        user_id: None,
+        roles: vec![],
+        groups,
+    };
+    let publisher = hub.create_session(&claims(vec![]), Subprotocol::JsonReliable);
+    publisher.permissions().grant("webpubsub.sendToGroup");
+    let member = claims(vec!["g".into()]);
+    let member = hub.create_session(&member, Subprotocol::Json);
+    let (out, mut rx) = outbox(16, 1 << 20);
+    member.attach(out).unwrap();
+    let send =
+        |text: &str| json!({"type": "sendToGroup", "group": "g", "dataType": "text", "data": text});
+    frame(
+        &hub,
+        &publisher,
+        json!({"type": "streamStart", "streamId": "s1", "group": "g"}),
+    );
+    frame(&hub, &publisher, data(1));
+    frame(&hub, &publisher, send("after f1"));
+    frame(&hub, &publisher, data(2));
+    frame(&hub, &publisher, send("after f2"));
+    assert!(rx.try_frame().is_none(), "nothing before the store answers");
+    let fates: Vec<_> = std::mem::take(&mut *store.fates.as_ref().unwrap().lock().unwrap());
+    let [f1, f2] = <[_; 2]>::try_from(fates).expect("two fragments");
+    f2.send(false).unwrap();
+    assert!(
+        rx.try_frame().is_none(),
+        "fragment 2's answer does not pass 1"
+    );
+    f1.send(true).unwrap();
+    assert_eq!(next_data(&mut rx).await, "f1");
+    assert_eq!(
+        next_data(&mut rx).await,
+        "after f1",
+        "the publisher's order"
+    );
+    assert_eq!(
+        next_data(&mut rx).await,
+        "after f2",
+        "fragment 2 fenced out"
+    );
+    frame(&hub, &publisher, send("later"));
+    assert_eq!(next_data(&mut rx).await, "later", "nothing waits any more");
+}
+
+#[tokio::test]
+async fn sends_kept_behind_an_unanswered_fragment_are_bounded_then_refused() {
+    let store = Arc::new(Store {
+        fates: Some(Mutex::default()),
+        ..Store::default()
+    });
+    let hub = crate::hub::shared(Hub::new("chat", Limits::default()).with_cluster(store.clone()));
+    let claims = ClientClaims {
+        user_id: None,
+        roles: vec!["webpubsub.sendToGroup".into()],
+        groups: vec![],
+    };
+    let publisher = hub.create_session(&claims, Subprotocol::JsonReliable);
+    frame(
+        &hub,
+        &publisher,
+        json!({"type": "streamStart", "streamId": "s1", "group": "g"}),
+    );
+    frame(&hub, &publisher, data(1));
+    let send = json!({"type": "sendToGroup", "group": "g", "dataType": "text", "data": "m"});
+    for _ in 1..crate::hub::lane::MAX_KEPT {
+        frame(&hub, &publisher, send.clone());
+    }
+    assert_eq!(hub.stats().counters().kept_refusals, 0, "all kept so far");
+    let mut acked = send.clone();
+    acked["ackId"] = json!(1);
+    let (replies, _) = frame(&hub, &publisher, acked);
+    assert_eq!(replies[0]["success"], false, "{replies:?}");
+    assert_eq!(replies[0]["error"]["name"], "InternalServerError");
+    assert_eq!(hub.stats().counters().kept_refusals, 1);
 }

@@ -15,13 +15,15 @@
 //!
 //! In a cluster, a reliable session's open streams move with it (`mirror.rs`): each
 //! opening (group, `noEcho`, idle timeout), each accepted fragment (the next expected
-//! id, handed to the cluster with the fragment's broadcast as one) and each end is a
-//! write to its copy,
-//! and the reply it answers waits in the socket's queue until that write is stored
-//! (`Effects::held`), so the publisher is never acked past what a node taking the
-//! session over would expect. That node goes on from there: a fragment the client
-//! sends again (its ack was lost with the old node) is answered `streamAck` without
-//! being published again, so members get it once.
+//! id and the idle deadline, handed to the cluster with the fragment's broadcast as
+//! one) and each end is a write to its copy, and the reply it answers waits in the
+//! socket's queue until that write is stored (`Effects::held`), so the publisher is
+//! never acked past what a node taking the session over would expect; a keepalive,
+//! repeat or nack writes the moved deadline alone, waited on by nothing. That node
+//! goes on from there, with the same idle deadline: a fragment the client sends again
+//! (its ack was lost with the old node) is answered `streamAck` without being
+//! published again, so members get it once. This node's own members get a fragment
+//! only once the store took it (`hub/lane.rs`).
 //!
 //! Locking: a session's stream table is taken alone, never while publishing (a
 //! publisher may be in its own group) nor with its permissions held.
@@ -34,7 +36,7 @@ use tokio::time::Instant;
 
 use crate::effects::{check_group, Effects, StreamTimer};
 use crate::hub::{Hub, Session};
-use crate::mirror::{MirroredStream, SessionWrite};
+use crate::mirror::{instant, unix_ms, MirroredStream, SessionWrite};
 use crate::protocol::codec::Request;
 use crate::protocol::json::{AckError, Downstream, StreamEndError, StreamError, StreamInfo};
 use crate::protocol::{Payload, ProtocolError};
@@ -141,6 +143,7 @@ fn start(
     }
     streams.next_epoch += 1;
     let epoch = streams.next_epoch;
+    let deadline = Instant::now() + idle;
     streams.active.insert(
         stream_id.clone(),
         OutStream {
@@ -148,7 +151,7 @@ fn start(
             no_echo,
             expected: 1,
             idle,
-            deadline: Instant::now() + idle,
+            deadline,
             epoch,
         },
     );
@@ -160,6 +163,7 @@ fn start(
             no_echo,
             idle_ms: u64::try_from(idle.as_millis()).unwrap_or(u64::MAX),
             expected: 1,
+            deadline_ms: unix_ms(Some(deadline)),
         })
     });
     fx.stream_timer = Some(StreamTimer {
@@ -179,10 +183,10 @@ fn data(
     stream_id: String,
     fragment: Option<(u64, Result<Payload, ProtocolError>)>,
 ) {
-    let group = match session.streams().active.get_mut(&stream_id) {
+    let (group, deadline) = match session.streams().active.get_mut(&stream_id) {
         Some(s) => {
             s.deadline = Instant::now() + s.idle;
-            s.group.clone()
+            (s.group.clone(), unix_ms(Some(s.deadline)))
         }
         None => return fx.replies.push(not_found(stream_id)),
     };
@@ -193,6 +197,7 @@ fn data(
             .active
             .get(&stream_id)
             .map_or(1, |s| s.expected);
+        touch(session, &stream_id, expected, deadline);
         return fx.replies.push(Downstream::StreamAck {
             stream_id,
             expected_sequence_id: expected,
@@ -207,6 +212,7 @@ fn data(
     if seq != s.expected {
         let expected = s.expected;
         drop(streams);
+        touch(session, &stream_id, expected, deadline);
         return fx.replies.push(out_of_order(stream_id, seq, expected));
     }
     if let Some((name, group_error, message)) = failure {
@@ -236,6 +242,7 @@ fn data(
         let state = SessionWrite::StreamAccepted {
             id: stream_id.clone(),
             expected: seq + 1,
+            deadline_ms: deadline,
         };
         let Some(ticket) = publish(
             hub,
@@ -261,6 +268,17 @@ fn data(
     fx.replies.push(Downstream::StreamAck {
         stream_id,
         expected_sequence_id: seq + 1,
+    });
+}
+
+/// A stream's idle deadline moved without a fragment accepted (a keepalive, a repeat,
+/// a nack): the session's copy gets it (a small write, waited on by nothing), so a
+/// node that takes the session over keeps the same deadline.
+fn touch(session: &Session, stream_id: &str, expected: u64, deadline_ms: u64) {
+    session.mirror_stream(|| SessionWrite::StreamAccepted {
+        id: stream_id.to_owned(),
+        expected,
+        deadline_ms,
     });
 }
 
@@ -424,12 +442,15 @@ pub(crate) fn watch_restored(hub: &Arc<Hub>, session: &Arc<Session>) {
 }
 
 impl Streams {
-    /// The streams of a session taken over from another node, from its copy; each
-    /// idle deadline starts again now. No more than one connection may open.
+    /// The streams of a session taken over from another node, from its copy, each
+    /// with the idle deadline it had there (by the wall clock: the nodes' clocks are
+    /// assumed close; one not recorded starts again at `now`). No more than one
+    /// connection may open.
     pub(crate) fn restore(&mut self, streams: &[MirroredStream], now: Instant) {
         for m in streams.iter().take(MAX_STREAMS_PER_CONNECTION) {
             self.next_epoch += 1;
             let idle = Duration::from_millis(m.idle_ms.max(1));
+            let deadline = instant(m.deadline_ms).map_or(now + idle, |d| d.min(now + idle));
             self.active.insert(
                 m.id.clone(),
                 OutStream {
@@ -437,7 +458,7 @@ impl Streams {
                     no_echo: m.no_echo,
                     expected: m.expected.max(1),
                     idle,
-                    deadline: now + idle,
+                    deadline,
                     epoch: self.next_epoch,
                 },
             );

@@ -236,3 +236,32 @@ async fn a_publisher_handed_over_to_another_node_leaves_its_streams_open() {
     );
     assert!(pubr.streams().active.is_empty(), "forgotten here");
 }
+
+#[tokio::test]
+async fn a_restored_stream_keeps_the_idle_deadline_it_had_on_its_last_node() {
+    use crate::mirror::{unix_ms, MirroredStream};
+    let now = tokio::time::Instant::now();
+    let stream = |id: &str, deadline_ms| MirroredStream {
+        id: id.into(),
+        group: "g".into(),
+        no_echo: false,
+        idle_ms: 60_000,
+        expected: 3,
+        deadline_ms,
+    };
+    let copy = [
+        stream("due-soon", unix_ms(Some(now + Duration::from_secs(10)))),
+        stream("past", unix_ms(Some(now)) - 5_000),
+        stream("unknown", 0),
+    ];
+    let mut streams = super::Streams::default();
+    streams.restore(&copy, now);
+    let left = |id: &str| streams.active[id].deadline.saturating_duration_since(now);
+    assert!(
+        (Duration::from_secs(9)..=Duration::from_secs(11)).contains(&left("due-soon")),
+        "the deadline it had, not a full timeout again: {:?}",
+        left("due-soon")
+    );
+    assert!(left("past") <= Duration::from_secs(1), "{:?}", left("past"));
+    assert_eq!(left("unknown"), Duration::from_secs(60), "none recorded");
+}

@@ -16,7 +16,8 @@ use axum::http::{header, HeaderMap, StatusCode};
 use super::{ApiError, ApiResult, Params};
 use crate::cluster::{Operation, SentSelection, To};
 use crate::hub::admin::{Selection, Target};
-use crate::mirror::{with_provenance, Provenance};
+use crate::hub::{Delivery, Hub};
+use crate::mirror::Provenance;
 use crate::protocol::Payload;
 use crate::WebPubSub;
 
@@ -123,20 +124,35 @@ pub(super) async fn send(
         filter: filter.as_ref(),
     };
     let hub = state.hub(hub);
-    let mut seq = 0;
-    {
+    let seq = {
         let _order = hub.sending();
-        let mut from = Provenance::Unknown;
-        if !is_local(&hub, target) {
+        let number = || {
+            if is_local(&hub, target) {
+                return Ok((0, Provenance::Unknown, None));
+            }
             let sent = SentSelection {
                 excluded: &excluded,
                 filter: filter.is_some().then(|| params.get("filter")).flatten(),
             };
-            seq = hub.broadcast(&Operation::send(&hub, target, &sent, &payload, ttl, None))?;
-            from = Provenance::Own(seq);
-        }
-        with_provenance(from, || hub.send(target, &sel, &payload, ttl));
-    }
+            let seq = hub.broadcast(&Operation::send(&hub, target, &sent, &payload, ttl, None))?;
+            Ok((seq, Provenance::Own(seq), None))
+        };
+        let now = || {
+            hub.send(target, &sel, &payload, ttl);
+        };
+        let later = || -> Delivery {
+            let (to, excluded, filter) = (To::from(target), excluded.clone(), filter.clone());
+            let payload = payload.clone();
+            Box::new(move |hub: &Hub| {
+                let sel = Selection {
+                    excluded: &excluded,
+                    filter: filter.as_ref(),
+                };
+                hub.send(to.target(), &sel, &payload, ttl);
+            })
+        };
+        hub.send_own(number, now, later)?
+    };
     // 202 promises the other nodes get it even if this node dies now.
     hub.written(seq).await?;
     Ok(StatusCode::ACCEPTED)
