@@ -322,3 +322,91 @@ async fn a_pubcomp_waiting_for_the_store_holds_back_no_publish() {
     assert!(matches!(publ.expect().await, Packet::PubComp(c) if c.packet_id == 1));
     expect_ack(&mut publ, QoS::AtLeastOnce, 2, ReasonCode::SUCCESS).await;
 }
+
+/// A persistent subscriber's PUBREL waits until the session store holds that the
+/// message was released; the connection serves the subscriber's next packets
+/// meanwhile (here a PINGREQ and a second PUBREC), and the PUBRELs follow in the
+/// order of the PUBRECs [MQTT-4.6.0-4].
+#[tokio::test]
+async fn a_pubrel_waiting_for_the_store_holds_back_no_packet() {
+    let broker = Broker::new(BrokerConfig::default());
+    let store = Arc::new(Barriers::default());
+    broker.set_session_store(store.clone(), Vec::new());
+    let addr = listen(&broker).await;
+    let (mut sub, _) = RawClient::connect_with(addr, persistent_connect("relsub", 300)).await;
+    sub.subscribe("rel/t", opts(QoS::ExactlyOnce)).await;
+    let mut publ = RawClient::connect(addr, V5, "relpub").await;
+    for id in 1..=2u8 {
+        assert_eq!(
+            publ.publish_simple("rel/t", QoS::ExactlyOnce, &[id]).await,
+            ReasonCode::SUCCESS
+        );
+    }
+    let first = sub.expect_publish().await;
+    let second = sub.expect_publish().await;
+    assert_eq!(
+        (&first.payload[..], &second.payload[..]),
+        (&[1u8][..], &[2u8][..])
+    );
+
+    store.hold.store(true, std::sync::atomic::Ordering::SeqCst);
+    for p in [&first, &second] {
+        let id = p.packet_id.unwrap();
+        sub.send(&Packet::PubRec(PubResponse::ok(id))).await;
+    }
+    sub.ping().await; // answered while the releases wait for the store
+    sub.expect_nothing(QUIET).await;
+    for p in [&first, &second] {
+        let id = p.packet_id.unwrap();
+        // The first one's write is waited for, then the second's.
+        assert!(wait_until(WAIT, || store.end_held() > 0).await);
+        match sub.expect().await {
+            Packet::PubRel(r) => assert_eq!(r.packet_id, id, "PUBRELs in PUBREC order"),
+            other => panic!("expected PUBREL {id}, got {other:?}"),
+        }
+        sub.send(&Packet::PubComp(PubResponse::ok(id))).await;
+    }
+}
+
+/// PUBRELs waiting for the store are not counted by Receive Maximum (the client did
+/// not exceed it), but everything a connection has queued is bounded: at twice
+/// Receive Maximum it is not read until the oldest goes.
+#[tokio::test]
+async fn waiting_pubrels_are_bounded_apart_from_receive_maximum() {
+    let broker = Broker::new(BrokerConfig {
+        receive_maximum: 2,
+        ..Default::default()
+    });
+    let store = Arc::new(Barriers::default());
+    broker.set_session_store(store.clone(), Vec::new());
+    let addr = listen(&broker).await;
+    let (mut sub, _) = RawClient::connect_with(addr, persistent_connect("bndsub", 300)).await;
+    sub.subscribe("bnd/t", opts(QoS::ExactlyOnce)).await;
+    let mut publ = RawClient::connect(addr, V5, "bndpub").await;
+    for id in 1..=3u8 {
+        publ.publish_simple("bnd/t", QoS::ExactlyOnce, &[id]).await;
+    }
+    let mut ids = Vec::new();
+    for _ in 0..3 {
+        ids.push(sub.expect_publish().await.packet_id.unwrap());
+    }
+    store.hold.store(true, std::sync::atomic::Ordering::SeqCst);
+    for id in &ids {
+        sub.send(&Packet::PubRec(PubResponse::ok(*id))).await;
+    }
+    // Three PUBRELs wait: the first PUBLISH is taken (four queued), the second is
+    // not read yet; no DISCONNECT 0x93.
+    let mut watch = RawClient::connect(addr, V5, "bndwatch").await;
+    watch.subscribe("bnd/other", opts(QoS::AtMostOnce)).await;
+    publish_all(&mut sub, "bnd/other", &[QoS::AtLeastOnce; 2]).await;
+    assert_eq!(watch.expect_publish().await.payload[..], [1]);
+    watch.expect_nothing(QUIET).await;
+    sub.expect_nothing(QUIET).await;
+    for id in &ids {
+        assert!(wait_until(WAIT, || store.end_held() > 0).await);
+        assert!(matches!(sub.expect().await, Packet::PubRel(r) if r.packet_id == *id));
+    }
+    assert_eq!(watch.expect_publish().await.payload[..], [2], "read on");
+    expect_ack(&mut sub, QoS::AtLeastOnce, 1, ReasonCode::SUCCESS).await;
+    expect_ack(&mut sub, QoS::AtLeastOnce, 2, ReasonCode::SUCCESS).await;
+}

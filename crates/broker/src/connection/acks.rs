@@ -3,7 +3,8 @@
 //! acknowledges is durable.
 //!
 //! A PUBLISH whose acknowledgement waits for writes elsewhere (the cluster's stream
-//! append, a retained change, the session store's copies) is routed at once and its
+//! append, a retained change, the session store's copies, a built-in service's
+//! answer that takes a round trip) is routed (or handed to the service) at once and its
 //! acknowledgement queued here with what it waits for; the connection goes on reading
 //! and routing the next PUBLISHes meanwhile, so one publisher's messages share the
 //! writers' round trips instead of paying one each. The queue is polled from the
@@ -11,7 +12,9 @@
 //! the ones that do. A failed wait at the front decides that PUBLISH's answer (a
 //! refusal code, or the connection closes and nothing behind it is acknowledged);
 //! the ones behind it are answered after it, each by its own outcome. A PUBREL's
-//! PUBCOMP, when a persistent session stores the release, queues the same way. When
+//! PUBCOMP, when a persistent session stores the release, queues the same way, and
+//! so does the PUBREL answering a client's PUBREC of our QoS 2 PUBLISH while a
+//! persistent session stores that the message was released. When
 //! the connection closes for anything but a lost socket, the teardown first sends
 //! what the queue holds as its waits end, for a while (`teardown.rs`).
 //!
@@ -61,6 +64,8 @@ impl Drop for OpenOnDrop {
 /// What a PUBLISH's acknowledgement waits for, in the order it is checked.
 #[derive(Default)]
 pub(super) struct Wait {
+    /// A built-in service's answer ([`crate::Service::start_publish`]).
+    pub served: Option<BoxFuture<'static, ()>>,
     /// The retained change's write.
     pub retained: Option<BoxFuture<'static, Result<(), RetainStoreError>>>,
     /// The hand-over to the other nodes.
@@ -73,11 +78,17 @@ pub(super) struct Wait {
 
 impl Wait {
     fn is_empty(&self) -> bool {
-        self.retained.is_none() && self.forwarded.is_none() && self.stored.is_none()
+        self.served.is_none()
+            && self.retained.is_none()
+            && self.forwarded.is_none()
+            && self.stored.is_none()
     }
 
     fn into_future(self) -> BoxFuture<'static, Result<(), Failed>> {
         Box::pin(async move {
+            if let Some(served) = self.served {
+                served.await;
+            }
             if let Some(retained) = self.retained {
                 retained.await?;
             }
@@ -109,6 +120,10 @@ pub(super) enum Answers {
     Publish(QoS),
     /// A PUBREL (PUBCOMP), once the receipt's release is stored.
     Release,
+    /// A PUBREC of one of our QoS 2 PUBLISHes (PUBREL), once a persistent session
+    /// stored that it was released. Not counted by Receive Maximum: what bounds these
+    /// is the client's own window of our messages in flight (see [`Acks::full`]).
+    Received,
 }
 
 impl Answers {
@@ -116,7 +131,7 @@ impl Answers {
     fn qos(self) -> QoS {
         match self {
             Answers::Publish(qos) => qos,
-            Answers::Release => QoS::ExactlyOnce,
+            Answers::Release | Answers::Received => QoS::ExactlyOnce,
         }
     }
 }
@@ -134,6 +149,8 @@ struct Queued {
 #[derive(Default)]
 pub(super) struct Acks {
     queue: VecDeque<Queued>,
+    /// How many of the queued are PUBRELs ([`Answers::Received`]).
+    received: usize,
 }
 
 impl std::fmt::Debug for Acks {
@@ -145,8 +162,18 @@ impl std::fmt::Debug for Acks {
 }
 
 impl Acks {
-    pub fn len(&self) -> usize {
-        self.queue.len()
+    /// Acknowledgements of the client's own QoS 1/2 exchanges queued (what Receive
+    /// Maximum counts; PUBRELs are not).
+    pub fn inbound(&self) -> usize {
+        self.queue.len() - self.received
+    }
+
+    /// Whether the queue holds `bound` entries of any kind: the connection then reads
+    /// nothing more until the front goes. Only PUBRELs can take it there past Receive
+    /// Maximum, as a client that answers our QoS 2 PUBLISHes (or sends PUBRECs for
+    /// ids it never got) faster than the session store writes their release.
+    pub fn full(&self, bound: usize) -> bool {
+        self.queue.len() >= bound
     }
 
     pub fn is_empty(&self) -> bool {
@@ -163,6 +190,7 @@ impl Acks {
             true => (None, Some(Ok(()))),
             false => (Some(Mutex::new(wait.into_future())), None),
         };
+        self.received += usize::from(ack.answers == Answers::Received);
         self.queue.push_back(Queued { ack, wait, outcome });
         None
     }
@@ -197,12 +225,14 @@ impl Acks {
     /// Forgets every queued acknowledgement (their gates open).
     pub fn clear(&mut self) {
         self.queue.clear();
+        self.received = 0;
     }
 
     /// The front acknowledgement and its wait's outcome, if that wait is over.
     pub fn pop_ready(&mut self) -> Option<(Ack, Result<(), Failed>)> {
         let outcome = self.queue.front_mut()?.outcome.take()?;
         let queued = self.queue.pop_front()?;
+        self.received -= usize::from(queued.ack.answers == Answers::Received);
         Some((queued.ack, outcome))
     }
 }
@@ -238,11 +268,13 @@ impl Conn {
     }
 
     /// Whether an MQTT 3.1.1 client has as many PUBLISHes unacknowledged as Receive
-    /// Maximum would allow: nothing more is read from it until the front one is
-    /// acknowledged (an MQTT 5 one past it is disconnected, see `inbound.rs`).
+    /// Maximum would allow (an MQTT 5 one past it is disconnected, see `inbound.rs`),
+    /// or any client has twice that many acknowledgements of any kind queued: nothing
+    /// more is read from it until the front one is sent.
     pub(super) fn acks_full(&self) -> bool {
-        self.version != ProtocolVersion::V5
-            && self.acks.len() >= usize::from(self.broker.config().receive_maximum)
+        let maximum = usize::from(self.broker.config().receive_maximum);
+        (self.version != ProtocolVersion::V5 && self.acks.inbound() >= maximum)
+            || self.acks.full(2 * maximum)
     }
 
     /// Sends `ack` now if it waits for nothing and nothing is ahead of it; else queues
@@ -301,6 +333,7 @@ impl Conn {
             Answers::Publish(QoS::AtLeastOnce) => self.send(&Packet::PubAck(ack)),
             Answers::Publish(_) => self.send(&Packet::PubRec(ack)),
             Answers::Release => self.send(&Packet::PubComp(ack)),
+            Answers::Received => self.send(&Packet::PubRel(ack)),
         }
     }
 }
