@@ -6,7 +6,7 @@
 
 use std::sync::{Arc, Mutex};
 
-use statehub_broker::codec::{Packet, PubResponse, QoS, ReasonCode};
+use statehub_broker::codec::{Packet, PubResponse, QoS, ReasonCode, Subscribe, Unsubscribe};
 use statehub_broker::{
     BoxFuture, Broker, BrokerConfig, Fabric, FabricError, Message, SessionChange, SessionStore,
     SessionStoreError, SharedPicks,
@@ -409,4 +409,44 @@ async fn waiting_pubrels_are_bounded_apart_from_receive_maximum() {
     assert_eq!(watch.expect_publish().await.payload[..], [2], "read on");
     expect_ack(&mut sub, QoS::AtLeastOnce, 1, ReasonCode::SUCCESS).await;
     expect_ack(&mut sub, QoS::AtLeastOnce, 2, ReasonCode::SUCCESS).await;
+}
+
+/// A persistent session's SUBACK and UNSUBACK wait until the session store has the
+/// change; the connection serves the client's next packets meanwhile (a PINGREQ), the
+/// SUBACK comes before its subscription's retained message, and the UNSUBACK after
+/// the SUBACK, in the order of the packets.
+#[tokio::test]
+async fn a_suback_waiting_for_the_store_holds_back_no_packet() {
+    let broker = Broker::new(BrokerConfig::default());
+    let store = Arc::new(Barriers::default());
+    broker.set_session_store(store.clone(), Vec::new());
+    let addr = listen(&broker).await;
+    let mut publ = RawClient::connect(addr, V5, "subret").await;
+    let mut kept = publish("sub/kept", QoS::AtMostOnce, b"kept");
+    kept.retain = true;
+    publ.send(&Packet::Publish(kept)).await;
+    publ.ping().await;
+    let (mut c, _) = RawClient::connect_with(addr, persistent_connect("subber", 300)).await;
+
+    store.hold.store(true, std::sync::atomic::Ordering::SeqCst);
+    c.send(&Packet::Subscribe(Subscribe {
+        packet_id: 1,
+        filters: vec![(bs("sub/kept"), opts(QoS::AtLeastOnce))],
+        ..Default::default()
+    }))
+    .await;
+    c.send(&Packet::Unsubscribe(Unsubscribe {
+        packet_id: 2,
+        filters: vec![bs("sub/kept")],
+        ..Default::default()
+    }))
+    .await;
+    c.ping().await; // answered while both wait for the store
+    c.expect_nothing(QUIET).await;
+    assert!(wait_until(WAIT, || store.end_held() > 0).await);
+    assert!(matches!(c.expect().await, Packet::SubAck(a) if a.packet_id == 1));
+    let retained = c.expect_publish().await;
+    assert_eq!(&retained.payload[..], b"kept");
+    assert!(wait_until(WAIT, || store.end_held() > 0).await);
+    assert!(matches!(c.expect().await, Packet::UnsubAck(a) if a.packet_id == 2));
 }

@@ -13,8 +13,10 @@
 //! refusal code, or the connection closes and nothing behind it is acknowledged);
 //! the ones behind it are answered after it, each by its own outcome. A PUBREL's
 //! PUBCOMP, when a persistent session stores the release, queues the same way, and
-//! so does the PUBREL answering a client's PUBREC of our QoS 2 PUBLISH while a
-//! persistent session stores that the message was released. When
+//! so do the PUBREL answering a client's PUBREC of our QoS 2 PUBLISH while a
+//! persistent session stores that the message was released, and a persistent
+//! session's SUBACK or UNSUBACK while the store writes the change (a SUBACK's
+//! retained messages are offered once it is sent). When
 //! the connection closes for anything but a lost socket, the teardown first sends
 //! what the queue holds as its waits end, for a while (`teardown.rs`).
 //!
@@ -35,6 +37,7 @@ use super::buffers::Deadlines;
 use super::{Close, Conn};
 
 use crate::fabric::FabricError;
+use crate::message::Delivery;
 use crate::retain_store::RetainStoreError;
 use crate::service::BoxFuture;
 use crate::session_store::{Gate, SessionStore, SessionStoreError};
@@ -111,6 +114,15 @@ pub(super) struct Ack {
     pub pid: u16,
     pub code: ReasonCode,
     pub gate: Option<OpenOnDrop>,
+    /// For [`Answers::Subscription`]: the packet, and what follows it.
+    pub reply: Option<Box<Reply>>,
+}
+
+/// A SUBACK or UNSUBACK waiting for the session store, and the retained messages its
+/// new subscriptions get, offered once it is sent.
+pub(super) struct Reply {
+    pub packet: Packet,
+    pub retained: Vec<Delivery>,
 }
 
 /// What an acknowledgement answers.
@@ -124,6 +136,16 @@ pub(super) enum Answers {
     /// stored that it was released. Not counted by Receive Maximum: what bounds these
     /// is the client's own window of our messages in flight (see [`Acks::full`]).
     Received,
+    /// A SUBSCRIBE or UNSUBSCRIBE ([`Ack::reply`]), once a persistent session stored
+    /// the change. Not counted by Receive Maximum either.
+    Subscription,
+}
+
+impl Answers {
+    /// Whether Receive Maximum counts it (it answers a QoS 1/2 PUBLISH or PUBREL).
+    fn counted(self) -> bool {
+        matches!(self, Answers::Publish(_) | Answers::Release)
+    }
 }
 
 impl Answers {
@@ -131,7 +153,7 @@ impl Answers {
     fn qos(self) -> QoS {
         match self {
             Answers::Publish(qos) => qos,
-            Answers::Release | Answers::Received => QoS::ExactlyOnce,
+            Answers::Release | Answers::Received | Answers::Subscription => QoS::ExactlyOnce,
         }
     }
 }
@@ -149,8 +171,8 @@ struct Queued {
 #[derive(Default)]
 pub(super) struct Acks {
     queue: VecDeque<Queued>,
-    /// How many of the queued are PUBRELs ([`Answers::Received`]).
-    received: usize,
+    /// How many of the queued Receive Maximum does not count ([`Answers::counted`]).
+    uncounted: usize,
 }
 
 impl std::fmt::Debug for Acks {
@@ -163,15 +185,15 @@ impl std::fmt::Debug for Acks {
 
 impl Acks {
     /// Acknowledgements of the client's own QoS 1/2 exchanges queued (what Receive
-    /// Maximum counts; PUBRELs are not).
+    /// Maximum counts; PUBRELs, SUBACKs and UNSUBACKs are not).
     pub fn inbound(&self) -> usize {
-        self.queue.len() - self.received
+        self.queue.len() - self.uncounted
     }
 
     /// Whether the queue holds `bound` entries of any kind: the connection then reads
-    /// nothing more until the front goes. Only PUBRELs can take it there past Receive
-    /// Maximum, as a client that answers our QoS 2 PUBLISHes (or sends PUBRECs for
-    /// ids it never got) faster than the session store writes their release.
+    /// nothing more until the front goes. Only what Receive Maximum does not count can
+    /// take it there: a client that answers our QoS 2 PUBLISHes (or sends PUBRECs for
+    /// ids it never got), or subscribes, faster than the session store writes.
     pub fn full(&self, bound: usize) -> bool {
         self.queue.len() >= bound
     }
@@ -190,7 +212,7 @@ impl Acks {
             true => (None, Some(Ok(()))),
             false => (Some(Mutex::new(wait.into_future())), None),
         };
-        self.received += usize::from(ack.answers == Answers::Received);
+        self.uncounted += usize::from(!ack.answers.counted());
         self.queue.push_back(Queued { ack, wait, outcome });
         None
     }
@@ -225,14 +247,14 @@ impl Acks {
     /// Forgets every queued acknowledgement (their gates open).
     pub fn clear(&mut self) {
         self.queue.clear();
-        self.received = 0;
+        self.uncounted = 0;
     }
 
     /// The front acknowledgement and its wait's outcome, if that wait is over.
     pub fn pop_ready(&mut self) -> Option<(Ack, Result<(), Failed>)> {
         let outcome = self.queue.front_mut()?.outcome.take()?;
         let queued = self.queue.pop_front()?;
-        self.received -= usize::from(queued.ack.answers == Answers::Received);
+        self.uncounted -= usize::from(!queued.ack.answers.counted());
         Some((queued.ack, outcome))
     }
 }
@@ -284,7 +306,7 @@ impl Conn {
             return Ok(());
         }
         match self.acks.admit(ack, wait) {
-            Some(ack) => self.send_ack(ack.answers, ack.pid, ack.code),
+            Some(ack) => self.send_answer(ack),
             None => Ok(()),
         }
     }
@@ -315,10 +337,25 @@ impl Conn {
                     return Err(close);
                 }
             };
-            self.send_ack(ack.answers, ack.pid, code)?;
-            // The message's stored QoS 2 copies may go to their subscribers now.
-            drop(ack.gate);
+            self.send_answer(Ack { code, ..ack })?;
         }
+        Ok(())
+    }
+
+    /// Sends an acknowledgement whose wait is over (with `ack.code`); then a
+    /// message's stored QoS 2 copies may go to their subscribers, and a SUBACK's
+    /// retained messages are offered.
+    fn send_answer(&mut self, ack: Ack) -> Result<(), Close> {
+        match ack.reply {
+            None => self.send_ack(ack.answers, ack.pid, ack.code)?,
+            Some(reply) => {
+                self.send(&reply.packet)?;
+                for d in reply.retained {
+                    self.broker.offer(&self.session, d);
+                }
+            }
+        }
+        drop(ack.gate);
         Ok(())
     }
 
@@ -334,6 +371,8 @@ impl Conn {
             Answers::Publish(_) => self.send(&Packet::PubRec(ack)),
             Answers::Release => self.send(&Packet::PubComp(ack)),
             Answers::Received => self.send(&Packet::PubRel(ack)),
+            // Sent by `send_answer` from its reply.
+            Answers::Subscription => Ok(()),
         }
     }
 }

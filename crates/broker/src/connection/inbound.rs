@@ -111,6 +111,7 @@ impl Conn {
                     pid: r.packet_id,
                     code,
                     gate: None,
+                    reply: None,
                 };
                 let wait = self.stored_wait(released == Some(true));
                 self.queue_ack(ack, wait)
@@ -215,6 +216,7 @@ impl Conn {
             pid,
             code,
             gate: open_when_done,
+            reply: None,
         };
         self.queue_ack(ack, wait)
     }
@@ -440,6 +442,7 @@ impl Conn {
                 pid,
                 code,
                 gate,
+                reply: None,
             },
             wait,
         )
@@ -507,18 +510,10 @@ impl Conn {
             pid: r.packet_id,
             code,
             gate: None,
+            reply: None,
         };
         let wait = self.stored_wait(stored);
         self.queue_ack(ack, wait)
-    }
-
-    /// Waits until every session change recorded so far is durable; if it never will
-    /// be, the connection closes without the acknowledgement (the client resends).
-    pub(super) async fn durable(&self) -> Result<(), Close> {
-        super::barrier(&self.broker).await.map_err(|e| {
-            tracing::error!("{e}; closing the connection of {}", self.info.client_id);
-            Close::ByServer(ReasonCode::UNSPECIFIED_ERROR, "session state not stored")
-        })
     }
 
     fn on_disconnect(&mut self, code: ReasonCode, expiry: Option<u32>) -> Close {
