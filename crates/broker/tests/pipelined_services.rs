@@ -77,32 +77,6 @@ async fn with_service(cfg: BrokerConfig) -> (Broker, Arc<Held>, std::net::Socket
     (broker, held, addr)
 }
 
-/// Sends requests with ids 1..=qos.len() on `topic`, payload the id, without waiting.
-async fn request_all(c: &mut RawClient, topic: &str, qos: &[QoS]) {
-    for (i, q) in qos.iter().enumerate() {
-        let id = u16::try_from(i + 1).unwrap();
-        let mut p = publish(topic, *q, &[id as u8]);
-        p.packet_id = Some(id);
-        c.send(&Packet::Publish(p)).await;
-    }
-}
-
-/// The next packet is the acknowledgement of `id` (PUBACK for QoS 1, PUBREC for
-/// QoS 2) with success.
-async fn expect_ack(c: &mut RawClient, qos: QoS, id: u16) {
-    let got = match (qos, c.expect().await) {
-        (QoS::AtLeastOnce, Packet::PubAck(a)) | (QoS::ExactlyOnce, Packet::PubRec(a)) => {
-            (a.packet_id, a.reason_code)
-        }
-        (_, other) => panic!("expected the {qos:?} acknowledgement of {id}, got {other:?}"),
-    };
-    assert_eq!(
-        got,
-        (id, ReasonCode::SUCCESS),
-        "acknowledgements out of order"
-    );
-}
-
 /// Every request reaches the service, in order, while none is answered; the
 /// connection serves other packets meanwhile; the acknowledgements follow the
 /// requests' order whatever order the answers come in.
@@ -116,7 +90,7 @@ async fn requests_are_taken_while_earlier_ones_wait_and_acknowledged_in_order() 
         QoS::AtLeastOnce,
         QoS::AtLeastOnce,
     ];
-    request_all(&mut c, "svc/req", &qos).await;
+    c.publish_numbered("svc/req", &qos).await;
     assert!(
         wait_until(WAIT, || held.count() == 4).await,
         "the service took {} of 4 requests while the first was unanswered",
@@ -132,10 +106,12 @@ async fn requests_are_taken_while_earlier_ones_wait_and_acknowledged_in_order() 
     c.expect_nothing(QUIET).await; // the first still waits
     held.answer(1);
     for id in 1..=3u16 {
-        expect_ack(&mut c, qos[usize::from(id) - 1], id).await;
+        c.expect_pub_ack(qos[usize::from(id) - 1], id, ReasonCode::SUCCESS)
+            .await;
     }
     held.answer(4);
-    expect_ack(&mut c, QoS::AtLeastOnce, 4).await;
+    c.expect_pub_ack(QoS::AtLeastOnce, 4, ReasonCode::SUCCESS)
+        .await;
 }
 
 /// Receive Maximum bounds the requests one connection has waiting for the service: an
@@ -149,23 +125,26 @@ async fn waiting_requests_are_bounded_by_receive_maximum() {
     };
     let (_b, held, addr) = with_service(cfg).await;
     let mut v5 = RawClient::connect(addr, V5, "rm5").await;
-    request_all(&mut v5, "svc/rm5", &[QoS::AtLeastOnce; 3]).await;
+    v5.publish_numbered("svc/rm5", &[QoS::AtLeastOnce; 3]).await;
     v5.expect_disconnect(ReasonCode::RECEIVE_MAXIMUM_EXCEEDED)
         .await;
     assert_eq!(held.count(), 2, "the third was not taken");
 
     let mut v3 = RawClient::connect(addr, V311, "rm3").await;
-    request_all(&mut v3, "svc/rm3", &[QoS::AtLeastOnce; 3]).await;
+    v3.publish_numbered("svc/rm3", &[QoS::AtLeastOnce; 3]).await;
     assert!(wait_until(WAIT, || held.count() == 4).await);
     v3.expect_nothing(QUIET).await;
     assert_eq!(held.count(), 4, "not read past two waiting");
     held.answer(3);
-    expect_ack(&mut v3, QoS::AtLeastOnce, 1).await;
+    v3.expect_pub_ack(QoS::AtLeastOnce, 1, ReasonCode::SUCCESS)
+        .await;
     assert!(wait_until(WAIT, || held.count() == 5).await, "read on");
     held.answer(4);
     held.answer(5);
-    expect_ack(&mut v3, QoS::AtLeastOnce, 2).await;
-    expect_ack(&mut v3, QoS::AtLeastOnce, 3).await;
+    v3.expect_pub_ack(QoS::AtLeastOnce, 2, ReasonCode::SUCCESS)
+        .await;
+    v3.expect_pub_ack(QoS::AtLeastOnce, 3, ReasonCode::SUCCESS)
+        .await;
 }
 
 /// A client that sends requests and disconnects at once still gets their
@@ -174,12 +153,14 @@ async fn waiting_requests_are_bounded_by_receive_maximum() {
 async fn requests_before_a_disconnect_are_still_acknowledged() {
     let (_b, held, addr) = with_service(BrokerConfig::default()).await;
     let mut c = RawClient::connect(addr, V5, "bye").await;
-    request_all(&mut c, "svc/bye", &[QoS::AtLeastOnce; 2]).await;
+    c.publish_numbered("svc/bye", &[QoS::AtLeastOnce; 2]).await;
     c.send(&Packet::Disconnect(Default::default())).await;
     assert!(wait_until(WAIT, || held.count() == 2).await);
     held.answer(2);
     held.answer(1);
-    expect_ack(&mut c, QoS::AtLeastOnce, 1).await;
-    expect_ack(&mut c, QoS::AtLeastOnce, 2).await;
+    c.expect_pub_ack(QoS::AtLeastOnce, 1, ReasonCode::SUCCESS)
+        .await;
+    c.expect_pub_ack(QoS::AtLeastOnce, 2, ReasonCode::SUCCESS)
+        .await;
     c.expect_closed().await;
 }
