@@ -265,6 +265,14 @@ impl Barriers {
     }
 }
 
+/// A broker on a [`Barriers`] session store, listening.
+async fn with_barriers(cfg: BrokerConfig) -> (Arc<Barriers>, std::net::SocketAddr) {
+    let broker = Broker::new(cfg);
+    let store = Arc::new(Barriers::default());
+    broker.set_session_store(store.clone(), Vec::new());
+    (store, listen(&broker).await)
+}
+
 impl SessionStore for Barriers {
     fn record(&self, _change: SessionChange<'_>) {}
     fn barrier(&self) -> BoxFuture<'static, Result<(), SessionStoreError>> {
@@ -283,10 +291,7 @@ impl SessionStore for Barriers {
 /// connection reads and routes the next PUBLISH meanwhile, whose PUBACK follows it.
 #[tokio::test]
 async fn a_pubcomp_waiting_for_the_store_holds_back_no_publish() {
-    let broker = Broker::new(BrokerConfig::default());
-    let store = Arc::new(Barriers::default());
-    broker.set_session_store(store.clone(), Vec::new());
-    let addr = listen(&broker).await;
+    let (store, addr) = with_barriers(BrokerConfig::default()).await;
     let mut sub = RawClient::connect(addr, V5, "q2sub").await;
     sub.subscribe("q2/t", opts(QoS::AtLeastOnce)).await;
     let (mut publ, _) = RawClient::connect_with(addr, persistent_connect("q2pub", 300)).await;
@@ -318,10 +323,7 @@ async fn a_pubcomp_waiting_for_the_store_holds_back_no_publish() {
 /// order of the PUBRECs [MQTT-4.6.0-4].
 #[tokio::test]
 async fn a_pubrel_waiting_for_the_store_holds_back_no_packet() {
-    let broker = Broker::new(BrokerConfig::default());
-    let store = Arc::new(Barriers::default());
-    broker.set_session_store(store.clone(), Vec::new());
-    let addr = listen(&broker).await;
+    let (store, addr) = with_barriers(BrokerConfig::default()).await;
     let (mut sub, _) = RawClient::connect_with(addr, persistent_connect("relsub", 300)).await;
     sub.subscribe("rel/t", opts(QoS::ExactlyOnce)).await;
     let mut publ = RawClient::connect(addr, V5, "relpub").await;
@@ -362,13 +364,11 @@ async fn a_pubrel_waiting_for_the_store_holds_back_no_packet() {
 /// Receive Maximum it is not read until the oldest goes.
 #[tokio::test]
 async fn waiting_pubrels_are_bounded_apart_from_receive_maximum() {
-    let broker = Broker::new(BrokerConfig {
+    let cfg = BrokerConfig {
         receive_maximum: 2,
         ..Default::default()
-    });
-    let store = Arc::new(Barriers::default());
-    broker.set_session_store(store.clone(), Vec::new());
-    let addr = listen(&broker).await;
+    };
+    let (store, addr) = with_barriers(cfg).await;
     let (mut sub, _) = RawClient::connect_with(addr, persistent_connect("bndsub", 300)).await;
     sub.subscribe("bnd/t", opts(QoS::ExactlyOnce)).await;
     let mut publ = RawClient::connect(addr, V5, "bndpub").await;
@@ -409,10 +409,7 @@ async fn waiting_pubrels_are_bounded_apart_from_receive_maximum() {
 /// the SUBACK, in the order of the packets.
 #[tokio::test]
 async fn a_suback_waiting_for_the_store_holds_back_no_packet() {
-    let broker = Broker::new(BrokerConfig::default());
-    let store = Arc::new(Barriers::default());
-    broker.set_session_store(store.clone(), Vec::new());
-    let addr = listen(&broker).await;
+    let (store, addr) = with_barriers(BrokerConfig::default()).await;
     let mut publ = RawClient::connect(addr, V5, "subret").await;
     let mut kept = publish("sub/kept", QoS::AtMostOnce, b"kept");
     kept.retain = true;
