@@ -191,20 +191,7 @@ impl Conn {
             (qos == QoS::ExactlyOnce && self.broker.session_store().is_some()).then(Arc::default);
         let open_when_done = gate.clone().map(OpenOnDrop);
         let (code, wait) = if let Some(service) = service {
-            self.refresh_service_access();
-            // Taken over at once where the service can: the connection reads on, and
-            // the acknowledgement waits in order for the service's answer.
-            let served = match qos == QoS::AtMostOnce || service.answers_in_place() {
-                true => None,
-                false => service.clone().start_publish(&self.broker, &self.info, &p),
-            };
-            if served.is_none() {
-                service.on_publish(&self.broker, &self.info, &p).await;
-            }
-            let stored = qos == QoS::ExactlyOnce && self.session.receive_qos2(pid);
-            let mut wait = self.stored_wait(stored);
-            wait.served = served;
-            (ReasonCode::SUCCESS, wait)
+            (ReasonCode::SUCCESS, self.serve(service, &p, pid).await)
         } else {
             match self.route_publish(p, pid, gate.as_ref())? {
                 Some(routed) => routed,
@@ -219,6 +206,26 @@ impl Conn {
             reply: None,
         };
         self.queue_ack(ack, wait)
+    }
+
+    /// Hands a PUBLISH to the service that owns its topic; what its acknowledgement
+    /// waits for. Taken over at once where the service can (the connection reads on,
+    /// and the acknowledgement waits in order for the service's answer), else awaited
+    /// here.
+    async fn serve(&mut self, service: Arc<dyn Service>, p: &Publish, pid: u16) -> Wait {
+        self.refresh_service_access();
+        let served = match p.qos == QoS::AtMostOnce || service.answers_in_place() {
+            true => None,
+            false => service.clone().start_publish(&self.broker, &self.info, p),
+        };
+        if served.is_none() {
+            service.on_publish(&self.broker, &self.info, p).await;
+        }
+        let stored = p.qos == QoS::ExactlyOnce && self.session.receive_qos2(pid);
+        Wait {
+            served,
+            ..self.stored_wait(stored)
+        }
     }
 
     /// An MQTT 5 client may have Receive Maximum QoS 1/2 PUBLISHes unacknowledged; one
