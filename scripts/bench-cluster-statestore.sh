@@ -4,8 +4,8 @@
 #
 #   scripts/bench-cluster-statestore.sh      (builds in release first unless SKIP_BUILD=1)
 #
-# statehub-bench statestore (CLIENTS MQTT 5 clients, SDK-style requests at QoS 1, one
-# outstanding request each) against: statehub with its in-memory engine; statehub with
+# statehub-bench statestore (CLIENTS MQTT 5 clients, SDK-style requests at QoS 1,
+# PIPELINE outstanding requests each) against: statehub with its in-memory engine; statehub with
 # --redis on a redis-server of its own (no persistence); and redis-benchmark straight
 # against that redis-server (-c CLIENTS -t set,get -d VALUE -r KEYS); and, with NODES
 # (default 3; 0 skips it), that many statehub nodes on the same redis-server, the
@@ -14,7 +14,8 @@
 # line per run, with statehub's CPU time per request for the one-node runs.
 #
 # Environment: CLIENTS (64), N (requests per command, 50000), KEYS (10000), VALUE (100),
-# NODES (3).
+# NODES (3), PIPELINE (requests each client keeps outstanding, 1: an SDK caller that
+# awaits every call; the SDKs send concurrent calls' requests at once).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -26,6 +27,7 @@ CLIENTS="${CLIENTS:-64}"
 N="${N:-50000}"
 KEYS="${KEYS:-10000}"
 VALUE="${VALUE:-100}"
+PIPELINE="${PIPELINE:-1}"
 OUT_DIR="${OUT_DIR:-$(mktemp -d /tmp/statehub-bench-cluster.XXXXXX)}"
 PER_CLIENT=$(((N + CLIENTS - 1) / CLIENTS))
 
@@ -55,8 +57,8 @@ bench() { # LABEL PORT PID
         [ "$ratio" = 1 ] && cmd=GET
         before="$(cpu_ticks "$pid")"
         "$BENCH_BIN" statestore --port "$port" --clients "$CLIENTS" --requests-per-client "$PER_CLIENT" \
-            --ratio-get "$ratio" --keys "$KEYS" --value-size "$VALUE" --json --quiet \
-            2>"$OUT_DIR/$label-$cmd.txt" >"$OUT_DIR/$label-$cmd.json"
+            --ratio-get "$ratio" --keys "$KEYS" --value-size "$VALUE" --pipeline "$PIPELINE" \
+            --json --quiet 2>"$OUT_DIR/$label-$cmd.txt" >"$OUT_DIR/$label-$cmd.json"
         # statehub's CPU per request (the load's setup included), in microseconds.
         local cpu_us
         cpu_us="$(python3 -c 'import os, sys
@@ -101,7 +103,7 @@ if [ "$NODES" -ge 2 ]; then
         for i in $(seq "$NODES"); do
             "$BENCH_BIN" statestore --port "${ports[$((i - 1))]}" --clients "$per_node" \
                 --requests-per-client "$PER_CLIENT" --ratio-get "$ratio" --keys "$KEYS" \
-                --value-size "$VALUE" --json --quiet \
+                --value-size "$VALUE" --pipeline "$PIPELINE" --json --quiet \
                 2>"$OUT_DIR/nodes-$cmd-$i.txt" >"$OUT_DIR/nodes-$cmd-$i.json" &
             load+=($!)
         done

@@ -10,7 +10,9 @@
 //! `on_publish` is awaited by the publisher's connection task before it acknowledges
 //! the PUBLISH (PUBACK/PUBREC), so a service that must make a write durable before
 //! the client hears "done" can do so, and a slow service back-pressures only the
-//! clients that use it.
+//! clients that use it. A service that can take a request over at once and answer it
+//! later ([`Service::start_publish`]) lets the connection read on meanwhile: the
+//! acknowledgement still waits for the service, in the order of the PUBLISHes.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -70,6 +72,22 @@ pub trait Service: Send + Sync + std::fmt::Debug + 'static {
         from: &'a ClientInfo,
         publish: &'a Publish,
     ) -> BoxFuture<'a, ()>;
+
+    /// Takes a QoS 1/2 PUBLISH over without holding up its connection: what the service
+    /// must do in the order its client sent the requests (queue it, say) is done before
+    /// this returns, and the returned future, which borrows nothing, ends once the
+    /// PUBLISH may be acknowledged. The connection reads its next packets meanwhile;
+    /// the acknowledgement waits for the future, behind those of earlier PUBLISHes
+    /// (bounded by Receive Maximum, see `connection/acks.rs`). `None` (the default):
+    /// [`Service::on_publish`] is awaited in place instead.
+    fn start_publish(
+        self: Arc<Self>,
+        _broker: &Broker,
+        _from: &ClientInfo,
+        _publish: &Publish,
+    ) -> Option<BoxFuture<'static, ()>> {
+        None
+    }
 
     /// Whether every future [`Service::on_publish`] returns is ready at once (it answers
     /// in place, as [`done`] does): the connection then handles the PUBLISH on its

@@ -6,7 +6,7 @@
 
 use std::sync::{Arc, Mutex};
 
-use statehub_broker::codec::{Packet, PubResponse, QoS, ReasonCode};
+use statehub_broker::codec::{Packet, PubResponse, QoS, ReasonCode, Subscribe, Unsubscribe};
 use statehub_broker::{
     BoxFuture, Broker, BrokerConfig, Fabric, FabricError, Message, SessionChange, SessionStore,
     SessionStoreError, SharedPicks,
@@ -70,32 +70,6 @@ async fn cluster(cfg: BrokerConfig) -> (Broker, Arc<Held>, std::net::SocketAddr)
     (broker, held, addr)
 }
 
-/// Sends PUBLISHes with ids 1..=qos.len() on `topic`, payload the id, without waiting.
-async fn publish_all(c: &mut RawClient, topic: &str, qos: &[QoS]) {
-    for (i, q) in qos.iter().enumerate() {
-        let id = u16::try_from(i + 1).unwrap();
-        let mut p = publish(topic, *q, &[id as u8]);
-        p.packet_id = Some(id);
-        c.send(&Packet::Publish(p)).await;
-    }
-}
-
-/// The next packet is the acknowledgement of `id` (PUBACK for QoS 1, PUBREC for
-/// QoS 2) with `code`.
-async fn expect_ack(c: &mut RawClient, qos: QoS, id: u16, code: ReasonCode) {
-    let (got_id, got_code) = match (qos, c.expect().await) {
-        (QoS::AtLeastOnce, Packet::PubAck(a)) | (QoS::ExactlyOnce, Packet::PubRec(a)) => {
-            (a.packet_id, a.reason_code)
-        }
-        (_, other) => panic!("expected the {qos:?} acknowledgement of {id}, got {other:?}"),
-    };
-    assert_eq!(
-        (got_id, got_code),
-        (id, code),
-        "acknowledgements out of order"
-    );
-}
-
 /// Every PUBLISH is routed to the local subscriber while no forward has ended, and
 /// the acknowledgements follow the PUBLISHes' order, whatever order the forwards end in.
 #[tokio::test]
@@ -111,7 +85,7 @@ async fn publishes_are_routed_while_forwards_wait_and_acknowledged_in_order() {
         QoS::ExactlyOnce,
         QoS::AtLeastOnce,
     ];
-    publish_all(&mut publ, "pipe/t", &qos).await;
+    publ.publish_numbered("pipe/t", &qos).await;
 
     for id in 1..=5u8 {
         let p = sub.expect_publish().await;
@@ -128,13 +102,16 @@ async fn publishes_are_routed_while_forwards_wait_and_acknowledged_in_order() {
     publ.expect_nothing(QUIET).await; // the first still waits
     held.end(1, Ok(()));
     for id in 1..=3u16 {
-        expect_ack(&mut publ, qos[usize::from(id) - 1], id, ReasonCode::SUCCESS).await;
+        publ.expect_pub_ack(qos[usize::from(id) - 1], id, ReasonCode::SUCCESS)
+            .await;
     }
     held.end(5, Ok(()));
     publ.expect_nothing(QUIET).await;
     held.end(4, Ok(()));
-    expect_ack(&mut publ, QoS::ExactlyOnce, 4, ReasonCode::SUCCESS).await;
-    expect_ack(&mut publ, QoS::AtLeastOnce, 5, ReasonCode::SUCCESS).await;
+    publ.expect_pub_ack(QoS::ExactlyOnce, 4, ReasonCode::SUCCESS)
+        .await;
+    publ.expect_pub_ack(QoS::AtLeastOnce, 5, ReasonCode::SUCCESS)
+        .await;
 }
 
 /// A failed forward is refused (MQTT 5: 0x80) in its place; the ones behind it are
@@ -144,21 +121,18 @@ async fn a_failed_forward_is_refused_in_its_place() {
     let (_b, held, addr) = cluster(BrokerConfig::default()).await;
     let mut publ = RawClient::connect(addr, V5, "pub5").await;
     let qos = [QoS::AtLeastOnce, QoS::ExactlyOnce, QoS::AtLeastOnce];
-    publish_all(&mut publ, "pipe/f", &qos).await;
+    publ.publish_numbered("pipe/f", &qos).await;
     assert!(wait_until(WAIT, || held.count() == 3).await);
     held.end(3, Ok(()));
     held.end(2, Err(FabricError::Unavailable("down".into())));
     publ.expect_nothing(QUIET).await;
     held.end(1, Ok(()));
-    expect_ack(&mut publ, QoS::AtLeastOnce, 1, ReasonCode::SUCCESS).await;
-    expect_ack(
-        &mut publ,
-        QoS::ExactlyOnce,
-        2,
-        ReasonCode::UNSPECIFIED_ERROR,
-    )
-    .await;
-    expect_ack(&mut publ, QoS::AtLeastOnce, 3, ReasonCode::SUCCESS).await;
+    publ.expect_pub_ack(QoS::AtLeastOnce, 1, ReasonCode::SUCCESS)
+        .await;
+    publ.expect_pub_ack(QoS::ExactlyOnce, 2, ReasonCode::UNSPECIFIED_ERROR)
+        .await;
+    publ.expect_pub_ack(QoS::AtLeastOnce, 3, ReasonCode::SUCCESS)
+        .await;
     // The refused QoS 2 message was not received: its id may be used again.
     let mut again = publish("pipe/f", QoS::ExactlyOnce, b"again");
     again.packet_id = Some(2);
@@ -168,7 +142,8 @@ async fn a_failed_forward_is_refused_in_its_place() {
         "routed again, not a duplicate"
     );
     held.end(4, Ok(()));
-    expect_ack(&mut publ, QoS::ExactlyOnce, 2, ReasonCode::SUCCESS).await;
+    publ.expect_pub_ack(QoS::ExactlyOnce, 2, ReasonCode::SUCCESS)
+        .await;
 }
 
 /// MQTT 3.1.1 cannot be told of a refusal: its connection closes at the failed one,
@@ -177,11 +152,13 @@ async fn a_failed_forward_is_refused_in_its_place() {
 async fn a_failed_forward_closes_an_mqtt311_connection_before_later_acks() {
     let (_b, held, addr) = cluster(BrokerConfig::default()).await;
     let mut publ = RawClient::connect(addr, V311, "pub3").await;
-    publish_all(&mut publ, "pipe/c", &[QoS::AtLeastOnce; 3]).await;
+    publ.publish_numbered("pipe/c", &[QoS::AtLeastOnce; 3])
+        .await;
     assert!(wait_until(WAIT, || held.count() == 3).await);
     held.end(1, Ok(()));
     held.end(3, Ok(()));
-    expect_ack(&mut publ, QoS::AtLeastOnce, 1, ReasonCode::SUCCESS).await;
+    publ.expect_pub_ack(QoS::AtLeastOnce, 1, ReasonCode::SUCCESS)
+        .await;
     publ.expect_nothing(QUIET).await;
     held.end(2, Err(FabricError::Unavailable("down".into())));
     publ.expect_closed().await;
@@ -197,7 +174,8 @@ async fn pending_acknowledgements_are_bounded_by_receive_maximum() {
     };
     let (_b, held, addr) = cluster(cfg).await;
     let mut v5 = RawClient::connect(addr, V5, "rm5").await;
-    publish_all(&mut v5, "pipe/rm5", &[QoS::AtLeastOnce; 3]).await;
+    v5.publish_numbered("pipe/rm5", &[QoS::AtLeastOnce; 3])
+        .await;
     v5.expect_disconnect(ReasonCode::RECEIVE_MAXIMUM_EXCEEDED)
         .await;
     assert_eq!(held.count(), 2, "the third was not routed");
@@ -205,7 +183,8 @@ async fn pending_acknowledgements_are_bounded_by_receive_maximum() {
     let mut sub = RawClient::connect(addr, V5, "rmsub").await;
     sub.subscribe("pipe/rm3", opts(QoS::AtMostOnce)).await;
     let mut v3 = RawClient::connect(addr, V311, "rm3").await;
-    publish_all(&mut v3, "pipe/rm3", &[QoS::AtLeastOnce; 4]).await;
+    v3.publish_numbered("pipe/rm3", &[QoS::AtLeastOnce; 4])
+        .await;
     for id in 1..=2u8 {
         assert_eq!(sub.expect_publish().await.payload[..], [id]);
     }
@@ -216,14 +195,16 @@ async fn pending_acknowledgements_are_bounded_by_receive_maximum() {
     // Each acknowledgement lets one more in.
     for id in 1..=2u8 {
         held.end(usize::from(id) + 2, Ok(()));
-        expect_ack(&mut v3, QoS::AtLeastOnce, id.into(), ReasonCode::SUCCESS).await;
+        v3.expect_pub_ack(QoS::AtLeastOnce, id.into(), ReasonCode::SUCCESS)
+            .await;
         assert_eq!(sub.expect_publish().await.payload[..], [id + 2]);
         sub.expect_nothing(QUIET).await;
     }
     held.end(5, Ok(()));
     held.end(6, Ok(()));
     for id in 3..=4u16 {
-        expect_ack(&mut v3, QoS::AtLeastOnce, id, ReasonCode::SUCCESS).await;
+        v3.expect_pub_ack(QoS::AtLeastOnce, id, ReasonCode::SUCCESS)
+            .await;
     }
 }
 
@@ -233,13 +214,16 @@ async fn pending_acknowledgements_are_bounded_by_receive_maximum() {
 async fn publishes_before_a_disconnect_are_still_acknowledged() {
     let (_b, held, addr) = cluster(BrokerConfig::default()).await;
     let mut publ = RawClient::connect(addr, V5, "bye").await;
-    publish_all(&mut publ, "pipe/bye", &[QoS::AtLeastOnce; 2]).await;
+    publ.publish_numbered("pipe/bye", &[QoS::AtLeastOnce; 2])
+        .await;
     publ.send(&Packet::Disconnect(Default::default())).await;
     assert!(wait_until(WAIT, || held.count() == 2).await);
     held.end(2, Ok(()));
     held.end(1, Ok(()));
-    expect_ack(&mut publ, QoS::AtLeastOnce, 1, ReasonCode::SUCCESS).await;
-    expect_ack(&mut publ, QoS::AtLeastOnce, 2, ReasonCode::SUCCESS).await;
+    publ.expect_pub_ack(QoS::AtLeastOnce, 1, ReasonCode::SUCCESS)
+        .await;
+    publ.expect_pub_ack(QoS::AtLeastOnce, 2, ReasonCode::SUCCESS)
+        .await;
     publ.expect_closed().await;
 }
 
@@ -249,14 +233,17 @@ async fn publishes_before_a_disconnect_are_still_acknowledged() {
 async fn publishes_before_a_closing_packet_are_acknowledged_first() {
     let (_b, held, addr) = cluster(BrokerConfig::default()).await;
     let mut publ = RawClient::connect(addr, V5, "bad").await;
-    publish_all(&mut publ, "pipe/bad", &[QoS::AtLeastOnce; 2]).await;
+    publ.publish_numbered("pipe/bad", &[QoS::AtLeastOnce; 2])
+        .await;
     publ.send(&Packet::Connect(Box::new(connect_packet(V5, "bad"))))
         .await;
     assert!(wait_until(WAIT, || held.count() == 2).await);
     held.end(1, Ok(()));
     held.end(2, Ok(()));
-    expect_ack(&mut publ, QoS::AtLeastOnce, 1, ReasonCode::SUCCESS).await;
-    expect_ack(&mut publ, QoS::AtLeastOnce, 2, ReasonCode::SUCCESS).await;
+    publ.expect_pub_ack(QoS::AtLeastOnce, 1, ReasonCode::SUCCESS)
+        .await;
+    publ.expect_pub_ack(QoS::AtLeastOnce, 2, ReasonCode::SUCCESS)
+        .await;
     publ.expect_disconnect(ReasonCode::PROTOCOL_ERROR).await;
 }
 
@@ -278,6 +265,14 @@ impl Barriers {
     }
 }
 
+/// A broker on a [`Barriers`] session store, listening.
+async fn with_barriers(cfg: BrokerConfig) -> (Arc<Barriers>, std::net::SocketAddr) {
+    let broker = Broker::new(cfg);
+    let store = Arc::new(Barriers::default());
+    broker.set_session_store(store.clone(), Vec::new());
+    (store, listen(&broker).await)
+}
+
 impl SessionStore for Barriers {
     fn record(&self, _change: SessionChange<'_>) {}
     fn barrier(&self) -> BoxFuture<'static, Result<(), SessionStoreError>> {
@@ -296,15 +291,13 @@ impl SessionStore for Barriers {
 /// connection reads and routes the next PUBLISH meanwhile, whose PUBACK follows it.
 #[tokio::test]
 async fn a_pubcomp_waiting_for_the_store_holds_back_no_publish() {
-    let broker = Broker::new(BrokerConfig::default());
-    let store = Arc::new(Barriers::default());
-    broker.set_session_store(store.clone(), Vec::new());
-    let addr = listen(&broker).await;
+    let (store, addr) = with_barriers(BrokerConfig::default()).await;
     let mut sub = RawClient::connect(addr, V5, "q2sub").await;
     sub.subscribe("q2/t", opts(QoS::AtLeastOnce)).await;
     let (mut publ, _) = RawClient::connect_with(addr, persistent_connect("q2pub", 300)).await;
-    publish_all(&mut publ, "q2/t", &[QoS::ExactlyOnce]).await;
-    expect_ack(&mut publ, QoS::ExactlyOnce, 1, ReasonCode::SUCCESS).await;
+    publ.publish_numbered("q2/t", &[QoS::ExactlyOnce]).await;
+    publ.expect_pub_ack(QoS::ExactlyOnce, 1, ReasonCode::SUCCESS)
+        .await;
     assert_eq!(sub.expect_publish_ack().await.payload[..], [1]);
 
     store.hold.store(true, std::sync::atomic::Ordering::SeqCst);
@@ -320,5 +313,129 @@ async fn a_pubcomp_waiting_for_the_store_holds_back_no_publish() {
     publ.expect_nothing(QUIET).await;
     assert_eq!(store.end_held(), 1);
     assert!(matches!(publ.expect().await, Packet::PubComp(c) if c.packet_id == 1));
-    expect_ack(&mut publ, QoS::AtLeastOnce, 2, ReasonCode::SUCCESS).await;
+    publ.expect_pub_ack(QoS::AtLeastOnce, 2, ReasonCode::SUCCESS)
+        .await;
+}
+
+/// A persistent subscriber's PUBREL waits until the session store holds that the
+/// message was released; the connection serves the subscriber's next packets
+/// meanwhile (here a PINGREQ and a second PUBREC), and the PUBRELs follow in the
+/// order of the PUBRECs [MQTT-4.6.0-4].
+#[tokio::test]
+async fn a_pubrel_waiting_for_the_store_holds_back_no_packet() {
+    let (store, addr) = with_barriers(BrokerConfig::default()).await;
+    let (mut sub, _) = RawClient::connect_with(addr, persistent_connect("relsub", 300)).await;
+    sub.subscribe("rel/t", opts(QoS::ExactlyOnce)).await;
+    let mut publ = RawClient::connect(addr, V5, "relpub").await;
+    for id in 1..=2u8 {
+        assert_eq!(
+            publ.publish_simple("rel/t", QoS::ExactlyOnce, &[id]).await,
+            ReasonCode::SUCCESS
+        );
+    }
+    let first = sub.expect_publish().await;
+    let second = sub.expect_publish().await;
+    assert_eq!(
+        (&first.payload[..], &second.payload[..]),
+        (&[1u8][..], &[2u8][..])
+    );
+
+    store.hold.store(true, std::sync::atomic::Ordering::SeqCst);
+    for p in [&first, &second] {
+        let id = p.packet_id.unwrap();
+        sub.send(&Packet::PubRec(PubResponse::ok(id))).await;
+    }
+    sub.ping().await; // answered while the releases wait for the store
+    sub.expect_nothing(QUIET).await;
+    for p in [&first, &second] {
+        let id = p.packet_id.unwrap();
+        // The first one's write is waited for, then the second's.
+        assert!(wait_until(WAIT, || store.end_held() > 0).await);
+        match sub.expect().await {
+            Packet::PubRel(r) => assert_eq!(r.packet_id, id, "PUBRELs in PUBREC order"),
+            other => panic!("expected PUBREL {id}, got {other:?}"),
+        }
+        sub.send(&Packet::PubComp(PubResponse::ok(id))).await;
+    }
+}
+
+/// PUBRELs waiting for the store are not counted by Receive Maximum (the client did
+/// not exceed it), but everything a connection has queued is bounded: at twice
+/// Receive Maximum it is not read until the oldest goes.
+#[tokio::test]
+async fn waiting_pubrels_are_bounded_apart_from_receive_maximum() {
+    let cfg = BrokerConfig {
+        receive_maximum: 2,
+        ..Default::default()
+    };
+    let (store, addr) = with_barriers(cfg).await;
+    let (mut sub, _) = RawClient::connect_with(addr, persistent_connect("bndsub", 300)).await;
+    sub.subscribe("bnd/t", opts(QoS::ExactlyOnce)).await;
+    let mut publ = RawClient::connect(addr, V5, "bndpub").await;
+    for id in 1..=3u8 {
+        publ.publish_simple("bnd/t", QoS::ExactlyOnce, &[id]).await;
+    }
+    let mut ids = Vec::new();
+    for _ in 0..3 {
+        ids.push(sub.expect_publish().await.packet_id.unwrap());
+    }
+    store.hold.store(true, std::sync::atomic::Ordering::SeqCst);
+    for id in &ids {
+        sub.send(&Packet::PubRec(PubResponse::ok(*id))).await;
+    }
+    // Three PUBRELs wait: the first PUBLISH is taken (four queued), the second is
+    // not read yet; no DISCONNECT 0x93.
+    let mut watch = RawClient::connect(addr, V5, "bndwatch").await;
+    watch.subscribe("bnd/other", opts(QoS::AtMostOnce)).await;
+    sub.publish_numbered("bnd/other", &[QoS::AtLeastOnce; 2])
+        .await;
+    assert_eq!(watch.expect_publish().await.payload[..], [1]);
+    watch.expect_nothing(QUIET).await;
+    sub.expect_nothing(QUIET).await;
+    for id in &ids {
+        assert!(wait_until(WAIT, || store.end_held() > 0).await);
+        assert!(matches!(sub.expect().await, Packet::PubRel(r) if r.packet_id == *id));
+    }
+    assert_eq!(watch.expect_publish().await.payload[..], [2], "read on");
+    sub.expect_pub_ack(QoS::AtLeastOnce, 1, ReasonCode::SUCCESS)
+        .await;
+    sub.expect_pub_ack(QoS::AtLeastOnce, 2, ReasonCode::SUCCESS)
+        .await;
+}
+
+/// A persistent session's SUBACK and UNSUBACK wait until the session store has the
+/// change; the connection serves the client's next packets meanwhile (a PINGREQ), the
+/// SUBACK comes before its subscription's retained message, and the UNSUBACK after
+/// the SUBACK, in the order of the packets.
+#[tokio::test]
+async fn a_suback_waiting_for_the_store_holds_back_no_packet() {
+    let (store, addr) = with_barriers(BrokerConfig::default()).await;
+    let mut publ = RawClient::connect(addr, V5, "subret").await;
+    let mut kept = publish("sub/kept", QoS::AtMostOnce, b"kept");
+    kept.retain = true;
+    publ.send(&Packet::Publish(kept)).await;
+    publ.ping().await;
+    let (mut c, _) = RawClient::connect_with(addr, persistent_connect("subber", 300)).await;
+
+    store.hold.store(true, std::sync::atomic::Ordering::SeqCst);
+    c.send(&Packet::Subscribe(Subscribe {
+        packet_id: 1,
+        filters: vec![(bs("sub/kept"), opts(QoS::AtLeastOnce))],
+        ..Default::default()
+    }))
+    .await;
+    c.send(&Packet::Unsubscribe(Unsubscribe {
+        packet_id: 2,
+        filters: vec![bs("sub/kept")],
+        ..Default::default()
+    }))
+    .await;
+    c.ping().await; // answered while both wait for the store
+    c.expect_nothing(QUIET).await;
+    assert!(wait_until(WAIT, || store.end_held() > 0).await);
+    assert!(matches!(c.expect().await, Packet::SubAck(a) if a.packet_id == 1));
+    let retained = c.expect_publish().await;
+    assert_eq!(&retained.payload[..], b"kept");
+    assert!(wait_until(WAIT, || store.end_held() > 0).await);
+    assert!(matches!(c.expect().await, Packet::UnsubAck(a) if a.packet_id == 2));
 }

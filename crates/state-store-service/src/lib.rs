@@ -537,6 +537,15 @@ where
         })
     }
 
+    fn start_publish(
+        self: Arc<Self>,
+        broker: &Broker,
+        from: &ClientInfo,
+        publish: &Publish,
+    ) -> Option<BoxFuture<'static, ()>> {
+        self.start_on_thread(broker, from, publish)
+    }
+
     fn answers_in_place(&self) -> bool {
         self.durability.is_none()
     }

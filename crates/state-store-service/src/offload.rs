@@ -8,8 +8,9 @@
 //! connection's observations) is a job on a thread of the store's, in a bounded FIFO
 //! queue; the caller awaits the job's result. There is one such thread per machine
 //! (`shards.rs`), and a client's requests all go to its machine's: one FIFO thread per
-//! client keeps the order in which the broker handed its requests over (a client's
-//! requests are handed over one at a time, its PUBACK after each answer). The embedded
+//! client keeps the order in which the broker handed its requests over (with `--redis` a
+//! connection hands each request over as it reads it, several of one client may be
+//! queued at once, and they still run in that order). The embedded
 //! engines never come here: their calls are short and local, and a thread hop would
 //! only add latency.
 

@@ -5,9 +5,12 @@ use std::fmt::Debug;
 use std::sync::Arc;
 
 use statehub_broker::codec::Publish;
-use statehub_broker::{Broker, ClientInfo};
+use statehub_broker::{BoxFuture, Broker, ClientInfo};
+use statehub_state_store::WriteSeq;
 use std::time::Instant;
+use tokio::sync::oneshot;
 
+use crate::durable::Tracker;
 use crate::offload::{Busy, Offload};
 use crate::{refuse, Authorizer, Engine, StateStoreService};
 
@@ -59,18 +62,65 @@ where
         broker: &Broker,
         from: &ClientInfo,
         publish: &Publish,
-    ) -> Option<(statehub_state_store::WriteSeq, Instant)> {
+    ) -> Option<(WriteSeq, Instant)> {
+        let handled = self.queue_request(offloads, shard, broker, from, publish)?;
+        // No answer only if the thread ended, with the service.
+        handled.await.ok().flatten()
+    }
+
+    /// Queues [`StateStoreService::handle`] on the thread of the requester's shard,
+    /// behind the client's earlier requests; `None` when it had no room (the request
+    /// was answered 503 at once).
+    fn queue_request(
+        &self,
+        offloads: &[Offload<Self>],
+        shard: usize,
+        broker: &Broker,
+        from: &ClientInfo,
+        publish: &Publish,
+    ) -> Option<oneshot::Receiver<Option<(WriteSeq, Instant)>>> {
         let job = (broker.clone(), from.clone(), publish.clone());
         let run = move |service: &Self| service.handle(shard, &job.0, &job.1, &job.2);
-        let queued = offloads.get(shard).ok_or(Busy).and_then(|o| o.run(run));
-        match queued {
-            // No answer only if the thread ended, with the service.
-            Ok(handled) => handled.await.ok().flatten(),
+        match offloads.get(shard).ok_or(Busy).and_then(|o| o.run(run)) {
+            Ok(handled) => Some(handled),
             Err(Busy) => {
                 refuse::busy(broker, from, publish);
                 None
             }
         }
+    }
+
+    /// [`Service::start_publish`](statehub_broker::Service::start_publish) for a store
+    /// on threads of its own whose replies wait for the change feed (Redis): the
+    /// request is queued on its client's thread now, in the order the connection
+    /// received it, and the future waits for its answer (and for the feed, as
+    /// [`StateStoreService::on_publish`] does). `None` for any other store (a disk's
+    /// admission may have to wait before a request is taken).
+    pub(crate) fn start_on_thread(
+        self: Arc<Self>,
+        broker: &Broker,
+        from: &ClientInfo,
+        publish: &Publish,
+    ) -> Option<BoxFuture<'static, ()>> {
+        let offloads = self.offload.get()?;
+        let durability = self.durability.as_ref()?;
+        if !matches!(durability.progress(), Tracker::Feed(_)) {
+            return None;
+        }
+        let received = Instant::now();
+        let shard = self.shards.index_of(&from.client_id);
+        let handled = self.queue_request(offloads, shard, broker, from, publish);
+        let broker = broker.clone();
+        Some(Box::pin(async move {
+            let held = match handled {
+                Some(handled) => handled.await.ok().flatten(),
+                None => None,
+            };
+            if let (Some((seq, deadline)), Some(durability)) = (held, &self.durability) {
+                self.finish(&broker, durability, seq, Some(deadline)).await;
+            }
+            self.latency.record(received.elapsed());
+        }))
     }
 
     /// Drops a closed connection's observations (the engine is told which keys lost

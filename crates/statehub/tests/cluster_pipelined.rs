@@ -7,11 +7,13 @@ mod common;
 
 use std::time::Duration;
 
-use common::cluster::{node, node_with_settings};
+use common::cluster::{node, node_with_settings, publish_acked};
 use common::Server;
-use statehub_broker::codec::{Packet, PubResponse, QoS, ReasonCode};
+use statehub_broker::codec::{Packet, PubResponse, QoS, ReasonCode, Subscribe};
 use statehub_redis_common::test_server::RedisServer;
-use statehub_test_support::{opts, publish, v4c, v5c, v5pub, RawClient, QUIET, V5};
+use statehub_test_support::{
+    bs, opts, persistent_connect, publish, v4c, v5c, v5pub, RawClient, QUIET, V5,
+};
 
 /// Unpauses Redis's writes when dropped, so a failing test leaves no paused server.
 struct Paused<'a>(&'a RedisServer);
@@ -209,4 +211,43 @@ async fn rumqttc_with_many_in_flight_across_nodes_in_order() {
             "MQTT 3.1.1 subscriber, in order"
         );
     }
+}
+
+/// A persistent subscriber's PUBREL and SUBACK wait for the session writer's Redis
+/// write, and its connection is read meanwhile: with Redis refusing to write, its
+/// PUBREC and a SUBSCRIBE are taken and a PINGREQ behind them is answered; once Redis
+/// writes again the PUBREL, then the SUBACK, come. (Awaited in the read loop, the
+/// PINGREQ was not read before Redis wrote.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_persistent_subscribers_pubrel_and_suback_wait_for_redis_while_it_is_read() {
+    let redis = RedisServer::start();
+    let a = node_with_settings(&redis, "a", "timeout_ms = 60000");
+    let (mut sub, _) = RawClient::connect_with(a.mqtt, persistent_connect("rsub", 300)).await;
+    sub.subscribe("rel/t", opts(QoS::ExactlyOnce)).await;
+    let mut publisher = RawClient::connect(a.mqtt, V5, "rpub").await;
+    let code = publish_acked(&mut publisher, "rel/t", QoS::ExactlyOnce, b"m").await;
+    assert_eq!(code, ReasonCode::SUCCESS);
+    let id = sub.expect_publish().await.packet_id.unwrap();
+
+    let paused = Paused::writes(&redis);
+    sub.send(&Packet::PubRec(PubResponse::ok(id))).await;
+    sub.send(&Packet::Subscribe(Subscribe {
+        packet_id: 77,
+        filters: vec![(bs("rel/other"), opts(QoS::AtLeastOnce))],
+        ..Default::default()
+    }))
+    .await;
+    sub.ping().await;
+    sub.expect_nothing(QUIET).await;
+    drop(paused);
+
+    match sub.expect().await {
+        Packet::PubRel(r) => assert_eq!(r.packet_id, id),
+        other => panic!("expected the PUBREL of {id}, got {other:?}"),
+    }
+    match sub.expect().await {
+        Packet::SubAck(s) => assert_eq!(s.packet_id, 77),
+        other => panic!("expected the SUBACK, got {other:?}"),
+    }
+    sub.send(&Packet::PubComp(PubResponse::ok(id))).await;
 }

@@ -1,17 +1,20 @@
 //! With `--redis`, a state store request waiting for Redis holds up no MQTT client: the
 //! node's Redis calls for the state store are made on a thread of the store's own, so
-//! plain pub/sub on the node goes on while Redis stalls the store's requests; and
-//! several clients' requests are in Redis at once, each on a connection of its own.
+//! plain pub/sub on the node goes on while Redis stalls the store's requests; several
+//! clients' requests are in Redis at once, each on a connection of its own; and one
+//! client's pipelined requests are all taken while its first waits in Redis, and
+//! answered and acknowledged in its order.
 
 mod common;
 mod store_client;
 
 use std::time::Duration;
 
-use statehub_broker::codec::{Packet, QoS};
+use bytes::Bytes;
+use statehub_broker::codec::{ByteString, Packet, PubResponse, QoS};
 use statehub_redis_common::test_server::RedisServer;
-use statehub_test_support::{opts, publish, RawClient, V5};
-use store_client::{Call, StoreClient, PATIENCE};
+use statehub_test_support::{opts, publish, resp, RawClient, V5};
+use store_client::{now_ts, Call, StoreClient, PATIENCE, REQUEST_TOPIC};
 
 /// Waits until at least `count` state store connections of `redis` (named
 /// `statehub-store:<node>...`) are held by `CLIENT PAUSE` on a script call at once
@@ -147,5 +150,80 @@ async fn several_clients_requests_wait_in_redis_at_once() {
             client.call(&[b"GET", key.as_bytes()]).await.payload,
             b"$1\r\nw\r\n"
         );
+    }
+}
+
+/// A state store request as the SDKs send it, from a raw client: QoS 1, packet id and
+/// Correlation Data `id`, answered on `clients/{client}/response`.
+fn request(client: &str, id: u16, args: &[&[u8]]) -> Packet {
+    let mut p = publish(REQUEST_TOPIC, QoS::AtLeastOnce, &resp(args));
+    p.packet_id = Some(id);
+    let props = &mut p.properties;
+    props.response_topic = Some(ByteString::from(format!("clients/{client}/response")));
+    props.correlation_data = Some(Bytes::copy_from_slice(&id.to_be_bytes()));
+    props.message_expiry_interval = Some(60);
+    props.user_properties = vec![
+        ("__protVer".into(), "1.0".into()),
+        ("__ts".into(), now_ts().into()),
+    ];
+    Packet::Publish(p)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_clients_pipelined_requests_are_taken_while_its_first_waits_in_redis() {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let node = common::start_configured(
+        "[cluster]\ntimeout_ms = 600000\n",
+        &["--redis", &url, "--node-id", "a"],
+    );
+    let mut c = RawClient::connect(node.mqtt, V5, "piper").await;
+    c.subscribe("clients/piper/response", opts(QoS::AtLeastOnce))
+        .await;
+    // SET k1, GET k1, SET k2, GET k2, ...: each GET must see its SET.
+    let keys: Vec<String> = (1..=4).map(|i| format!("k{i}")).collect();
+    let mut calls: Vec<Vec<&[u8]>> = Vec::new();
+    for key in &keys {
+        calls.push(vec![b"SET", key.as_bytes(), key.as_bytes()]);
+        calls.push(vec![b"GET", key.as_bytes()]);
+    }
+
+    assert_eq!(
+        redis.command(&["CLIENT", "PAUSE", "600000", "WRITE"]),
+        "+OK\r\n"
+    );
+    for (i, args) in calls.iter().enumerate() {
+        let id = u16::try_from(i + 1).unwrap();
+        c.send(&request("piper", id, args)).await;
+    }
+    script_calls_paused(&redis, 1).await;
+    // The connection read them all (and this PINGREQ behind them) while the first
+    // waits in Redis; nothing is acknowledged before its answer.
+    c.ping().await;
+    c.expect_nothing(Duration::from_millis(300)).await;
+
+    assert_eq!(redis.command(&["CLIENT", "UNPAUSE"]), "+OK\r\n");
+    let mut acked = Vec::new();
+    let mut answers = std::collections::BTreeMap::new();
+    while acked.len() < calls.len() || answers.len() < calls.len() {
+        match c.expect_within(PATIENCE).await {
+            Packet::PubAck(a) => acked.push(a.packet_id),
+            Packet::Publish(p) => {
+                let id = p.properties.correlation_data.as_deref().unwrap();
+                let id = u16::from_be_bytes(id.try_into().unwrap());
+                answers.insert(id, p.payload.to_vec());
+                c.send(&Packet::PubAck(PubResponse::ok(p.packet_id.unwrap())))
+                    .await;
+            }
+            other => panic!("expected PUBACKs and answers, got {other:?}"),
+        }
+    }
+    let ids: Vec<u16> = (1..=u16::try_from(calls.len()).unwrap()).collect();
+    assert_eq!(acked, ids, "PUBACKs in the order of the requests");
+    for (i, key) in keys.iter().enumerate() {
+        let set = u16::try_from(2 * i + 1).unwrap();
+        assert_eq!(answers[&set], b"+OK\r\n");
+        let got = format!("${}\r\n{key}\r\n", key.len());
+        assert_eq!(answers[&(set + 1)], got.as_bytes(), "the GET saw its SET");
     }
 }

@@ -445,6 +445,29 @@ impl RawClient {
         self.publish(publish(topic, qos, payload)).await
     }
 
+    /// Sends PUBLISHes with packet ids 1..=qos.len() on `topic`, each with its id as
+    /// its one-byte payload, without waiting for any acknowledgement.
+    pub async fn publish_numbered(&mut self, topic: &str, qos: &[QoS]) {
+        for (i, q) in qos.iter().enumerate() {
+            let id = u16::try_from(i + 1).expect("at most 65,535");
+            let mut p = publish(topic, *q, &[id as u8]);
+            p.packet_id = Some(id);
+            self.send(&Packet::Publish(p)).await;
+        }
+    }
+
+    /// The next packet is the acknowledgement of `id` (PUBACK for QoS 1, PUBREC for
+    /// QoS 2) with `code`.
+    pub async fn expect_pub_ack(&mut self, qos: QoS, id: u16, code: ReasonCode) {
+        let got = match (qos, self.expect().await) {
+            (QoS::AtLeastOnce, Packet::PubAck(a)) | (QoS::ExactlyOnce, Packet::PubRec(a)) => {
+                (a.packet_id, a.reason_code)
+            }
+            (_, other) => panic!("expected the {qos:?} acknowledgement of {id}, got {other:?}"),
+        };
+        assert_eq!(got, (id, code), "acknowledgements out of order");
+    }
+
     /// A round trip (PINGREQ/PINGRESP): everything sent before was processed.
     pub async fn ping(&mut self) {
         self.send(&Packet::PingReq).await;

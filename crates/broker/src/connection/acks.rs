@@ -3,7 +3,8 @@
 //! acknowledges is durable.
 //!
 //! A PUBLISH whose acknowledgement waits for writes elsewhere (the cluster's stream
-//! append, a retained change, the session store's copies) is routed at once and its
+//! append, a retained change, the session store's copies, a built-in service's
+//! answer that takes a round trip) is routed (or handed to the service) at once and its
 //! acknowledgement queued here with what it waits for; the connection goes on reading
 //! and routing the next PUBLISHes meanwhile, so one publisher's messages share the
 //! writers' round trips instead of paying one each. The queue is polled from the
@@ -11,7 +12,11 @@
 //! the ones that do. A failed wait at the front decides that PUBLISH's answer (a
 //! refusal code, or the connection closes and nothing behind it is acknowledged);
 //! the ones behind it are answered after it, each by its own outcome. A PUBREL's
-//! PUBCOMP, when a persistent session stores the release, queues the same way. When
+//! PUBCOMP, when a persistent session stores the release, queues the same way, and
+//! so do the PUBREL answering a client's PUBREC of our QoS 2 PUBLISH while a
+//! persistent session stores that the message was released, and a persistent
+//! session's SUBACK or UNSUBACK while the store writes the change (a SUBACK's
+//! retained messages are offered once it is sent). When
 //! the connection closes for anything but a lost socket, the teardown first sends
 //! what the queue holds as its waits end, for a while (`teardown.rs`).
 //!
@@ -32,6 +37,7 @@ use super::buffers::Deadlines;
 use super::{Close, Conn};
 
 use crate::fabric::FabricError;
+use crate::message::Delivery;
 use crate::retain_store::RetainStoreError;
 use crate::service::BoxFuture;
 use crate::session_store::{Gate, SessionStore, SessionStoreError};
@@ -61,6 +67,8 @@ impl Drop for OpenOnDrop {
 /// What a PUBLISH's acknowledgement waits for, in the order it is checked.
 #[derive(Default)]
 pub(super) struct Wait {
+    /// A built-in service's answer ([`crate::Service::start_publish`]).
+    pub served: Option<BoxFuture<'static, ()>>,
     /// The retained change's write.
     pub retained: Option<BoxFuture<'static, Result<(), RetainStoreError>>>,
     /// The hand-over to the other nodes.
@@ -73,11 +81,17 @@ pub(super) struct Wait {
 
 impl Wait {
     fn is_empty(&self) -> bool {
-        self.retained.is_none() && self.forwarded.is_none() && self.stored.is_none()
+        self.served.is_none()
+            && self.retained.is_none()
+            && self.forwarded.is_none()
+            && self.stored.is_none()
     }
 
     fn into_future(self) -> BoxFuture<'static, Result<(), Failed>> {
         Box::pin(async move {
+            if let Some(served) = self.served {
+                served.await;
+            }
             if let Some(retained) = self.retained {
                 retained.await?;
             }
@@ -100,6 +114,15 @@ pub(super) struct Ack {
     pub pid: u16,
     pub code: ReasonCode,
     pub gate: Option<OpenOnDrop>,
+    /// For [`Answers::Subscription`]: the packet, and what follows it.
+    pub reply: Option<Box<Reply>>,
+}
+
+/// A SUBACK or UNSUBACK waiting for the session store, and the retained messages its
+/// new subscriptions get, offered once it is sent.
+pub(super) struct Reply {
+    pub packet: Packet,
+    pub retained: Vec<Delivery>,
 }
 
 /// What an acknowledgement answers.
@@ -109,6 +132,20 @@ pub(super) enum Answers {
     Publish(QoS),
     /// A PUBREL (PUBCOMP), once the receipt's release is stored.
     Release,
+    /// A PUBREC of one of our QoS 2 PUBLISHes (PUBREL), once a persistent session
+    /// stored that it was released. Not counted by Receive Maximum: what bounds these
+    /// is the client's own window of our messages in flight (see [`Acks::full`]).
+    Received,
+    /// A SUBSCRIBE or UNSUBSCRIBE ([`Ack::reply`]), once a persistent session stored
+    /// the change. Not counted by Receive Maximum either.
+    Subscription,
+}
+
+impl Answers {
+    /// Whether Receive Maximum counts it (it answers a QoS 1/2 PUBLISH or PUBREL).
+    fn counted(self) -> bool {
+        matches!(self, Answers::Publish(_) | Answers::Release)
+    }
 }
 
 impl Answers {
@@ -116,7 +153,7 @@ impl Answers {
     fn qos(self) -> QoS {
         match self {
             Answers::Publish(qos) => qos,
-            Answers::Release => QoS::ExactlyOnce,
+            Answers::Release | Answers::Received | Answers::Subscription => QoS::ExactlyOnce,
         }
     }
 }
@@ -134,6 +171,8 @@ struct Queued {
 #[derive(Default)]
 pub(super) struct Acks {
     queue: VecDeque<Queued>,
+    /// How many of the queued Receive Maximum does not count ([`Answers::counted`]).
+    uncounted: usize,
 }
 
 impl std::fmt::Debug for Acks {
@@ -145,8 +184,18 @@ impl std::fmt::Debug for Acks {
 }
 
 impl Acks {
-    pub fn len(&self) -> usize {
-        self.queue.len()
+    /// Acknowledgements of the client's own QoS 1/2 exchanges queued (what Receive
+    /// Maximum counts; PUBRELs, SUBACKs and UNSUBACKs are not).
+    pub fn inbound(&self) -> usize {
+        self.queue.len() - self.uncounted
+    }
+
+    /// Whether the queue holds `bound` entries of any kind: the connection then reads
+    /// nothing more until the front goes. Only what Receive Maximum does not count can
+    /// take it there: a client that answers our QoS 2 PUBLISHes (or sends PUBRECs for
+    /// ids it never got), or subscribes, faster than the session store writes.
+    pub fn full(&self, bound: usize) -> bool {
+        self.queue.len() >= bound
     }
 
     pub fn is_empty(&self) -> bool {
@@ -163,6 +212,7 @@ impl Acks {
             true => (None, Some(Ok(()))),
             false => (Some(Mutex::new(wait.into_future())), None),
         };
+        self.uncounted += usize::from(!ack.answers.counted());
         self.queue.push_back(Queued { ack, wait, outcome });
         None
     }
@@ -197,12 +247,14 @@ impl Acks {
     /// Forgets every queued acknowledgement (their gates open).
     pub fn clear(&mut self) {
         self.queue.clear();
+        self.uncounted = 0;
     }
 
     /// The front acknowledgement and its wait's outcome, if that wait is over.
     pub fn pop_ready(&mut self) -> Option<(Ack, Result<(), Failed>)> {
         let outcome = self.queue.front_mut()?.outcome.take()?;
         let queued = self.queue.pop_front()?;
+        self.uncounted -= usize::from(!queued.ack.answers.counted());
         Some((queued.ack, outcome))
     }
 }
@@ -238,11 +290,13 @@ impl Conn {
     }
 
     /// Whether an MQTT 3.1.1 client has as many PUBLISHes unacknowledged as Receive
-    /// Maximum would allow: nothing more is read from it until the front one is
-    /// acknowledged (an MQTT 5 one past it is disconnected, see `inbound.rs`).
+    /// Maximum would allow (an MQTT 5 one past it is disconnected, see `inbound.rs`),
+    /// or any client has twice that many acknowledgements of any kind queued: nothing
+    /// more is read from it until the front one is sent.
     pub(super) fn acks_full(&self) -> bool {
-        self.version != ProtocolVersion::V5
-            && self.acks.len() >= usize::from(self.broker.config().receive_maximum)
+        let maximum = usize::from(self.broker.config().receive_maximum);
+        (self.version != ProtocolVersion::V5 && self.acks.inbound() >= maximum)
+            || self.acks.full(2 * maximum)
     }
 
     /// Sends `ack` now if it waits for nothing and nothing is ahead of it; else queues
@@ -252,7 +306,7 @@ impl Conn {
             return Ok(());
         }
         match self.acks.admit(ack, wait) {
-            Some(ack) => self.send_ack(ack.answers, ack.pid, ack.code),
+            Some(ack) => self.send_answer(ack),
             None => Ok(()),
         }
     }
@@ -283,10 +337,25 @@ impl Conn {
                     return Err(close);
                 }
             };
-            self.send_ack(ack.answers, ack.pid, code)?;
-            // The message's stored QoS 2 copies may go to their subscribers now.
-            drop(ack.gate);
+            self.send_answer(Ack { code, ..ack })?;
         }
+        Ok(())
+    }
+
+    /// Sends an acknowledgement whose wait is over (with `ack.code`); then a
+    /// message's stored QoS 2 copies may go to their subscribers, and a SUBACK's
+    /// retained messages are offered.
+    fn send_answer(&mut self, ack: Ack) -> Result<(), Close> {
+        match ack.reply {
+            None => self.send_ack(ack.answers, ack.pid, ack.code)?,
+            Some(reply) => {
+                self.send(&reply.packet)?;
+                for d in reply.retained {
+                    self.broker.offer(&self.session, d);
+                }
+            }
+        }
+        drop(ack.gate);
         Ok(())
     }
 
@@ -301,6 +370,9 @@ impl Conn {
             Answers::Publish(QoS::AtLeastOnce) => self.send(&Packet::PubAck(ack)),
             Answers::Publish(_) => self.send(&Packet::PubRec(ack)),
             Answers::Release => self.send(&Packet::PubComp(ack)),
+            Answers::Received => self.send(&Packet::PubRel(ack)),
+            // Sent by `send_answer` from its reply.
+            Answers::Subscription => Ok(()),
         }
     }
 }

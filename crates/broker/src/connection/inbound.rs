@@ -31,8 +31,8 @@ pub(super) enum Served {
 
 impl Conn {
     /// How `p` is handled: whether its handling never waits (a PUBLISH to no service
-    /// that may wait, or a PUBREL: what the answer waits for is queued, see `acks.rs`;
-    /// a PUBREC without session store or cluster; not one of the rare packets
+    /// that may wait, or a PUBREL or PUBREC: what the answer waits for is queued, see
+    /// `acks.rs`; not one of the rare packets
     /// whose handlers are boxed; such a packet is handled by [`Conn::handle_now`]),
     /// and, for a PUBLISH, the service that owns its topic, decided here once.
     pub(super) fn handling(&self, p: &Packet) -> (bool, Served) {
@@ -41,11 +41,6 @@ impl Conn {
                 let service = self.service_of(p);
                 let in_place = service.as_ref().is_none_or(|s| s.answers_in_place());
                 (in_place, Served::Decided(service))
-            }
-            Packet::PubRec(_) => {
-                let broker = &self.broker;
-                let local = broker.session_store().is_none() && broker.fabric().is_none();
-                (local, Served::Undecided)
             }
             Packet::Subscribe(_) | Packet::Unsubscribe(_) | Packet::Auth(_) => {
                 (false, Served::Undecided)
@@ -100,7 +95,7 @@ impl Conn {
                 self.session.complete(a.packet_id, Stage::Qos1Sent);
                 Ok(())
             }
-            Packet::PubRec(r) => self.on_pubrec(r).await,
+            Packet::PubRec(r) => self.on_pubrec(r),
             Packet::PubRel(r) => {
                 let released = self.session.release_qos2(r.packet_id);
                 let code = if released.is_some() {
@@ -116,6 +111,7 @@ impl Conn {
                     pid: r.packet_id,
                     code,
                     gate: None,
+                    reply: None,
                 };
                 let wait = self.stored_wait(released == Some(true));
                 self.queue_ack(ack, wait)
@@ -195,10 +191,7 @@ impl Conn {
             (qos == QoS::ExactlyOnce && self.broker.session_store().is_some()).then(Arc::default);
         let open_when_done = gate.clone().map(OpenOnDrop);
         let (code, wait) = if let Some(service) = service {
-            self.refresh_service_access();
-            service.on_publish(&self.broker, &self.info, &p).await;
-            let stored = qos == QoS::ExactlyOnce && self.session.receive_qos2(pid);
-            (ReasonCode::SUCCESS, self.stored_wait(stored))
+            (ReasonCode::SUCCESS, self.serve(service, &p, pid).await)
         } else {
             match self.route_publish(p, pid, gate.as_ref())? {
                 Some(routed) => routed,
@@ -210,8 +203,29 @@ impl Conn {
             pid,
             code,
             gate: open_when_done,
+            reply: None,
         };
         self.queue_ack(ack, wait)
+    }
+
+    /// Hands a PUBLISH to the service that owns its topic; what its acknowledgement
+    /// waits for. Taken over at once where the service can (the connection reads on,
+    /// and the acknowledgement waits in order for the service's answer), else awaited
+    /// here.
+    async fn serve(&mut self, service: Arc<dyn Service>, p: &Publish, pid: u16) -> Wait {
+        self.refresh_service_access();
+        let served = match p.qos == QoS::AtMostOnce || service.answers_in_place() {
+            true => None,
+            false => service.clone().start_publish(&self.broker, &self.info, p),
+        };
+        if served.is_none() {
+            service.on_publish(&self.broker, &self.info, p).await;
+        }
+        let stored = p.qos == QoS::ExactlyOnce && self.session.receive_qos2(pid);
+        Wait {
+            served,
+            ..self.stored_wait(stored)
+        }
     }
 
     /// An MQTT 5 client may have Receive Maximum QoS 1/2 PUBLISHes unacknowledged; one
@@ -219,7 +233,7 @@ impl Conn {
     /// see `acks.rs`).
     fn within_receive_maximum(&self) -> Result<(), Close> {
         let maximum = usize::from(self.broker.config().receive_maximum);
-        if self.version != ProtocolVersion::V5 || self.acks.len() < maximum {
+        if self.version != ProtocolVersion::V5 || self.acks.inbound() < maximum {
             return Ok(());
         }
         Err(Close::ByServer(
@@ -435,6 +449,7 @@ impl Conn {
                 pid,
                 code,
                 gate,
+                reply: None,
             },
             wait,
         )
@@ -484,34 +499,28 @@ impl Conn {
         Ok(())
     }
 
-    async fn on_pubrec(&mut self, r: PubResponse) -> Result<(), Close> {
-        let code =
-            match self
-                .session
-                .pubrec(r.packet_id, r.reason_code.is_success(), self.broker.now())
-            {
-                PubRec::Refused => return Ok(()),
-                PubRec::Unknown => ReasonCode::PACKET_IDENTIFIER_NOT_FOUND,
-                PubRec::Released { stored } => {
-                    if stored {
-                        self.durable().await?;
-                    }
-                    ReasonCode::SUCCESS
-                }
-            };
-        self.send(&Packet::PubRel(PubResponse {
-            reason_code: code,
-            ..PubResponse::ok(r.packet_id)
-        }))
-    }
-
-    /// Waits until every session change recorded so far is durable; if it never will
-    /// be, the connection closes without the acknowledgement (the client resends).
-    pub(super) async fn durable(&self) -> Result<(), Close> {
-        super::barrier(&self.broker).await.map_err(|e| {
-            tracing::error!("{e}; closing the connection of {}", self.info.client_id);
-            Close::ByServer(ReasonCode::UNSPECIFIED_ERROR, "session state not stored")
-        })
+    /// Answers a PUBREC of our QoS 2 PUBLISH with a PUBREL, queued like a PUBACK (in
+    /// the order of the PUBRECs [MQTT-4.6.0-4]) while a persistent session stores that
+    /// the message was released, so the connection reads on meanwhile.
+    fn on_pubrec(&mut self, r: PubResponse) -> Result<(), Close> {
+        let accepted = r.reason_code.is_success();
+        let (code, stored) = match self
+            .session
+            .pubrec(r.packet_id, accepted, self.broker.now())
+        {
+            PubRec::Refused => return Ok(()),
+            PubRec::Unknown => (ReasonCode::PACKET_IDENTIFIER_NOT_FOUND, false),
+            PubRec::Released { stored } => (ReasonCode::SUCCESS, stored),
+        };
+        let ack = Ack {
+            answers: Answers::Received,
+            pid: r.packet_id,
+            code,
+            gate: None,
+            reply: None,
+        };
+        let wait = self.stored_wait(stored);
+        self.queue_ack(ack, wait)
     }
 
     fn on_disconnect(&mut self, code: ReasonCode, expiry: Option<u32>) -> Close {

@@ -15,6 +15,7 @@ use statehub_mqtt_codec::{
     Unsubscribe,
 };
 
+use super::acks::{Ack, Answers, Reply, Wait};
 use super::{Close, Conn};
 use crate::broker::split_shared;
 use crate::message::{Delivery, Message};
@@ -99,15 +100,18 @@ impl Conn {
             };
             retained.done(work + 1).await;
         }
-        // A SUBACK holds across a restart.
-        if stored {
-            self.durable().await?;
-        }
-        self.send(&Packet::SubAck(SubAck {
+        let suback = Packet::SubAck(SubAck {
             packet_id: s.packet_id,
             reason_codes: codes,
             ..Default::default()
-        }))?;
+        });
+        if stored {
+            // A SUBACK holds across a restart: it waits for the session store, queued
+            // with the connection's acknowledgements while the connection reads on;
+            // the retained messages follow it.
+            return self.queue_reply(s.packet_id, suback, retained.deliveries);
+        }
+        self.send(&suback)?;
         for (i, d) in retained.deliveries.into_iter().enumerate() {
             if i > 0 && i % OFFER_BATCH == 0 {
                 tokio::task::yield_now().await;
@@ -212,14 +216,38 @@ impl Conn {
                 codes[*i] = ReasonCode::NO_SUBSCRIPTION_EXISTED;
             }
         }
-        // An UNSUBACK holds across a restart.
-        if stored {
-            self.durable().await?;
-        }
-        self.send(&Packet::UnsubAck(UnsubAck {
+        let unsuback = Packet::UnsubAck(UnsubAck {
             packet_id: u.packet_id,
             reason_codes: codes,
             ..Default::default()
-        }))
+        });
+        // An UNSUBACK holds across a restart (queued as a SUBACK is).
+        if stored {
+            return self.queue_reply(u.packet_id, unsuback, Vec::new());
+        }
+        self.send(&unsuback)
+    }
+
+    /// Queues a SUBACK or UNSUBACK until the session store has the change (it closes
+    /// the connection if it never will), behind the acknowledgements before it; then
+    /// `retained` is offered to the session.
+    fn queue_reply(
+        &mut self,
+        pid: u16,
+        packet: Packet,
+        retained: Vec<Delivery>,
+    ) -> Result<(), Close> {
+        let ack = Ack {
+            answers: Answers::Subscription,
+            pid,
+            code: ReasonCode::SUCCESS,
+            gate: None,
+            reply: Some(Box::new(Reply { packet, retained })),
+        };
+        let wait = Wait {
+            stored: self.broker.session_store(),
+            ..Wait::default()
+        };
+        self.queue_ack(ack, wait)
     }
 }
