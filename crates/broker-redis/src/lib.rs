@@ -360,6 +360,10 @@ impl Fabric for RedisFabric {
         })
     }
 
+    fn withdraw(&self, msg: &Message, clients: &[Arc<str>]) -> bool {
+        self.shared.sessions.withdraw(msg, clients)
+    }
+
     fn connected(
         &self,
         client_id: &str,

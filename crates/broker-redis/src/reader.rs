@@ -177,19 +177,32 @@ impl Reader {
         // The QoS 2 copies this batch stores wait until the group is written.
         let gate = Arc::new(Gate::default());
         let mut applied = Ok(());
-        // This node's messages read back: covered by the position mark from now on.
-        let mut own = Vec::new();
-        for entry in entries {
-            applied = self.apply(con, broker, &entry, &gate);
+        // This node's messages read back: covered by the position mark from now on
+        // (their origins, and where each is in `entries`).
+        let (mut own, mut own_at) = (Vec::new(), Vec::new());
+        let mut done = 0usize;
+        for entry in &entries {
+            applied = self.apply(con, broker, entry, &gate);
             if applied.is_err() {
                 break;
             }
-            own.extend(self.own_origin(&entry));
+            if let Some(origin) = self.own_origin(entry) {
+                own.push(origin);
+                own_at.push(done);
+            }
             counters.entries_read.fetch_add(1, Ordering::Relaxed);
-            self.seq = entry_number(&entry).or(self.seq);
-            self.last_id = Some(entry.id);
+            self.seq = entry_number(entry).or(self.seq);
+            done += 1;
         }
-        sessions.read_back(&own);
+        if let Some(last) = done.checked_sub(1).and_then(|i| entries.get(i)) {
+            self.last_id = Some(last.id.clone());
+        }
+        for (origin, clients) in sessions.read_back(&own) {
+            let at = own.iter().position(|o| *o == origin).map(|i| own_at[i]);
+            if let Some(entry) = at.and_then(|i| entries.get(i)) {
+                self.give_withdrawn(broker, entry, (origin, &clients), &gate);
+            }
+        }
         if let Some(last) = &self.last_id {
             sessions.applied(last);
             cut.last_id = Some(last.clone());
@@ -269,6 +282,39 @@ impl Reader {
         (ours && field("t") == Some(b"p"))
             .then(|| field("o").and_then(crate::sessions::origin_of))
             .flatten()
+    }
+
+    /// This node's own message, refused to its publisher, reached the stream after
+    /// all: the sessions whose QoS 2 copies were taken back then get it now, once
+    /// (`Broker::withdraw_refused`), stored under its origin like a replayed copy.
+    fn give_withdrawn(
+        &self,
+        broker: &Broker,
+        entry: &StreamId,
+        (origin, clients): (u64, &[Arc<str>]),
+        gate: &Arc<Gate>,
+    ) {
+        let now = wire::Now::at(broker.now());
+        let msg = match entry.map.get("m") {
+            Some(Value::BulkString(m)) => wire::decode(m, now),
+            _ => Err(wire::WireError::Malformed("no message")),
+        };
+        let msg = match msg {
+            Ok(Some(msg)) => msg,
+            Ok(None) => return,
+            Err(e) => return self.malformed(&entry.id, &e),
+        };
+        let sessions = &self.shared.sessions;
+        let mut named = None;
+        let routed = broker.route_withdrawn(msg, clients, gate, |copy| {
+            sessions.name(copy, &crate::sessions::body_id(origin), false);
+            named = Some(copy.clone());
+        });
+        if let Some(copy) = named {
+            sessions.unname(&copy);
+        }
+        let given = &sessions.counters.withdrawn_given;
+        given.fetch_add(routed as u64, Ordering::Relaxed);
     }
 
     /// Delivers another node's message to this node's subscribers but the sessions

@@ -468,6 +468,10 @@ impl Broker {
             let held = |e: &SubEntry| held_by.iter().any(|c| **c == *e.session.client_id());
             targets.retain(|(entry, d)| d.shared.is_some() || !held(entry));
         }
+        if let Some(only) = remote.and_then(|r| r.only) {
+            let named = |e: &SubEntry| only.iter().any(|c| **c == *e.session.client_id());
+            targets.retain(|(entry, d)| d.shared.is_none() && named(entry));
+        }
         let sessions = targets.len();
         let mut tickets = SmallVec::<[Option<Ticket>; 4]>::new();
         if all_or_nothing {

@@ -13,6 +13,7 @@
 //! [`Broker::route_remote_gated`] (and never forward it again). A QoS 1/2 PUBLISH is
 //! acknowledged once the forward is accepted.
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use statehub_mqtt_codec::ReasonCode;
@@ -82,11 +83,13 @@ impl SharedPicks {
 
 /// How a message from another node is routed here: shared groups as the
 /// publisher's node picked them, and not to the sessions `held_by` names (they moved
-/// here holding it already) but through such a group.
+/// here holding it already) but through such a group; with `only`, to the sessions
+/// it names and no other (not through a shared group).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Remote<'a> {
     pub picks: &'a SharedPicks,
     pub held_by: &'a [Arc<str>],
+    pub only: Option<&'a [Arc<str>]>,
 }
 
 impl<'a> Remote<'a> {
@@ -94,6 +97,7 @@ impl<'a> Remote<'a> {
         Remote {
             picks,
             held_by: &[],
+            only: None,
         }
     }
 }
@@ -137,6 +141,16 @@ pub trait Fabric: Send + Sync + std::fmt::Debug {
 
     /// This node's first member of `group` on `filter` arrived, or its last left.
     fn shared_group_changed(&self, filter: &str, group: &str, present: bool);
+
+    /// `msg` was refused to its publisher (its forward failed) and the QoS 2 copies
+    /// that `clients`' sessions hold back for it may be taken back: true if the fabric
+    /// takes that on, i.e. should the message reach the other nodes after all, this
+    /// node gives it to those sessions then, once; false (it reached them already, or
+    /// the fabric cannot tell) and the copies go to their subscribers.
+    fn withdraw(&self, msg: &Message, clients: &[Arc<str>]) -> bool {
+        let _ = (msg, clients);
+        false
+    }
 }
 
 /// A persistent session that left this node: its incarnation and the messages its
@@ -176,7 +190,60 @@ impl Broker {
         if msg.retain {
             self.apply_retained(&msg);
         }
-        self.route_local_gated(&msg, gate, Remote { picks, held_by })
+        let remote = Remote {
+            picks,
+            held_by,
+            only: None,
+        };
+        self.route_local_gated(&msg, gate, remote)
+    }
+
+    /// Delivers `msg`, published on this node and refused to its publisher, to the
+    /// sessions of `clients` only (as their subscriptions match it), behind `gate`:
+    /// their copies were taken back ([`Broker::withdraw_refused`]) and its entry
+    /// reached the other nodes after all. `before` sees the copy before it is stored
+    /// (a store names its body after the message's origin).
+    pub fn route_withdrawn(
+        &self,
+        msg: Message,
+        clients: &[Arc<str>],
+        gate: &Arc<Gate>,
+        before: impl FnOnce(&Arc<Message>),
+    ) -> usize {
+        let msg = Arc::new(msg);
+        before(&msg);
+        let remote = Remote {
+            picks: &SharedPicks::default(),
+            held_by: &[],
+            only: Some(clients),
+        };
+        self.route_local_gated(&msg, gate, remote)
+    }
+
+    /// The QoS 2 PUBLISH whose stored copies wait behind `gate` was refused to its
+    /// publisher (its forward failed): the copies that persistent sessions hold back
+    /// are taken back if the fabric will give the message to them should it reach
+    /// the other nodes after all ([`Fabric::withdraw`]); so such a session gets it
+    /// once, whichever way it goes, even if it moves to another node meanwhile (no
+    /// record names the message). Then the gate opens (for what stays behind it).
+    pub(crate) fn withdraw_refused(&self, gate: &Arc<Gate>) {
+        let holders: Vec<_> = gate
+            .holders()
+            .into_iter()
+            .filter_map(|s| s.message_behind(gate).map(|msg| (s, msg)))
+            .collect();
+        let msg = holders.first().map(|(_, msg)| msg.clone());
+        if let (Some(fabric), Some(msg)) = (self.fabric(), msg) {
+            let clients: Vec<Arc<str>> =
+                holders.iter().map(|(s, _)| s.client_id().into()).collect();
+            if fabric.withdraw(&msg, &clients) {
+                let taken: usize = holders.iter().map(|(s, _)| s.withdraw(gate)).sum();
+                let m = self.metrics();
+                m.cluster_withdrawn
+                    .fetch_add(taken as u64, Ordering::Relaxed);
+            }
+        }
+        gate.open();
     }
 
     /// Another node took `client_id`'s session: a connection here is closed with 0x8E

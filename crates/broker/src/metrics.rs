@@ -47,6 +47,9 @@ pub struct Metrics {
     /// not be given them (see `fabric.rs`): the reason code to MQTT 5, the connection
     /// closed for 3.1.1.
     pub cluster_refused: AtomicU64,
+    /// QoS 2 copies of such a refused PUBLISH taken back from persistent sessions
+    /// before they were sent (`Broker::withdraw_refused`).
+    pub cluster_withdrawn: AtomicU64,
     /// Messages over a client's Maximum Packet Size, discarded as the spec says.
     pub oversize_dropped: AtomicU64,
     /// Connections closed with 0x97 because they did not keep up: past their

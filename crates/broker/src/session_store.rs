@@ -63,6 +63,13 @@ pub enum SessionChange<'a> {
         seq: u64,
         msg: &'a Arc<Message>,
     },
+    /// The message was taken back before it reached the client (its publisher was
+    /// refused: [`Gate`]): its record goes, and nothing may say the session had it.
+    MessageWithdrawn {
+        incarnation: u64,
+        seq: u64,
+        msg: &'a Arc<Message>,
+    },
     /// A QoS 2 PUBLISH from the client was received (PUBREC sent) or released.
     IncomingQos2 {
         incarnation: u64,
@@ -184,7 +191,9 @@ pub fn packet_id_for(seq: u64) -> u16 {
 /// id of its sequence number), the server die before the copy reached the disk, the
 /// publisher resend the message, and the new copy arrive under another packet id: a
 /// QoS 2 receiver would deliver it twice. The publisher's connection opens the gate
-/// after the barrier that precedes its PUBREC; a fabric opens the gate of a message
+/// after the barrier that precedes its PUBREC (if its forward to the other nodes
+/// failed, the copies still behind it are taken back first, when the fabric can give
+/// them again: `Broker::withdraw_refused`); a fabric opens the gate of a message
 /// from another node once the copies, and how far it read, are stored
 /// ([`Broker::route_remote_gated`](crate::Broker::route_remote_gated)).
 #[derive(Debug, Default)]
@@ -201,6 +210,11 @@ impl Gate {
 
     pub(crate) fn hold(&self, session: Arc<Session>) {
         self.waiting.lock().push(session);
+    }
+
+    /// The sessions that took a copy behind it while it was shut.
+    pub(crate) fn holders(&self) -> Vec<Arc<Session>> {
+        self.waiting.lock().clone()
     }
 
     /// Lets the copies behind it go to their subscribers.

@@ -1,10 +1,11 @@
-//! A persistent session handed over while its node cannot append to the message
-//! stream (decision 0005, "Origins": the old node's flush fails, so it releases the
-//! session without a bound), with a message of that node whose append Redis executes
-//! only after the new node took the session (a network that delivered it late): the
-//! subscriber, a QoS 2 receiver, gets every message once. The old node's Redis link is
-//! a proxy in this test that holds back its MQTT stream writer's pipelines and
-//! nothing else (its reader, session writer and liveness go on).
+//! A persistent session handed over while its node cannot reach Redis (decision
+//! 0005, "Origins" and "A refused QoS 2 copy"), with a message of that node whose
+//! append Redis executes only after the new node took the session (a network that
+//! delivered it late): the subscriber, a QoS 2 receiver, gets every message once. The
+//! old node's Redis link is a proxy in this test that holds back its MQTT stream
+//! writer's pipelines only (its reader, session writer and liveness go on), or
+//! those of its stream writer, session writer and liveness once they carry a given
+//! message (the node lost Redis for what matters).
 
 mod common;
 
@@ -12,7 +13,7 @@ use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use common::cluster::{node, publish_acked};
+use common::cluster::{node, node_with_settings, publish_acked};
 use common::proxy::Proxy;
 use statehub_broker::codec::{Packet, PubResponse, Publish, QoS, ReasonCode};
 use statehub_redis_common::test_server::RedisServer;
@@ -33,7 +34,25 @@ const PING: &[u8] = b"$4\r\nPING\r\n";
 /// connection that sends a pipeline starting with PING (the stream writer's) is held:
 /// what it sends from then on waits in the proxy until `stall` is cleared, and is
 /// then sent on, even if the node gave up on it and closed the connection meanwhile.
-async fn relay(client: TcpStream, upstream: TcpStream, mut stall: watch::Receiver<bool>) {
+async fn relay(client: TcpStream, upstream: TcpStream, stall: watch::Receiver<bool>) {
+    relay_holding(client, upstream, stall, &[PING]).await;
+}
+
+/// As [`relay`], holding the connections that carry the message `a-late` (node a's
+/// stream writer's append of it, its session writer's copy of it) and the one that
+/// renews a's liveness key: a has lost Redis for everything that matters here.
+async fn relay_late(client: TcpStream, upstream: TcpStream, stall: watch::Receiver<bool>) {
+    relay_holding(client, upstream, stall, &[b"a-late", ALIVE_A]).await;
+}
+
+/// The relay; `markers`: what a chunk must contain (one of them) for its connection
+/// to be held.
+async fn relay_holding(
+    client: TcpStream,
+    upstream: TcpStream,
+    mut stall: watch::Receiver<bool>,
+    markers: &'static [&'static [u8]],
+) {
     let (mut from_client, mut to_client) = client.into_split();
     let (mut from_redis, mut to_redis) = upstream.into_split();
     tokio::spawn(async move {
@@ -74,7 +93,10 @@ async fn relay(client: TcpStream, upstream: TcpStream, mut stall: watch::Receive
                 };
                 // As the flag is now: it may have been set while this read waited.
                 let stalling = *stall.borrow();
-                if held.is_none() && stalling && chunk.windows(PING.len()).any(|w| w == PING) {
+                let marked = markers
+                    .iter()
+                    .any(|m| chunk.windows(m.len()).any(|w| w == *m));
+                if held.is_none() && stalling && marked {
                     held = Some(Vec::new());
                 }
                 match &mut held {
@@ -162,6 +184,9 @@ impl Receiver {
 
     async fn step(&mut self, c: &mut RawClient) -> Option<String> {
         match c.next_event(PATIENCE).await {
+            Event::Packet(Packet::Publish(p)) if p.qos == QoS::AtMostOnce => {
+                Some(String::from_utf8(p.payload.to_vec()).unwrap())
+            }
             Event::Packet(Packet::Publish(p)) => {
                 assert_eq!(p.qos, QoS::ExactlyOnce, "{p:?}");
                 let id = p.packet_id.unwrap();
@@ -175,7 +200,8 @@ impl Receiver {
                 c.send(&Packet::PubComp(PubResponse::ok(r.packet_id))).await;
                 None
             }
-            other => panic!("unexpected {other:?}"),
+            Event::Packet(Packet::Disconnect(_)) | Event::Closed => Some(CLOSED.to_owned()),
+            other => panic!("unexpected {other:?} (pending {:?})", self.pending),
         }
     }
 }
@@ -235,13 +261,15 @@ async fn a_session_handed_over_while_its_node_cannot_append_gets_each_message_on
 
     proxy.stall.send_replace(true);
     // Routed to the session's copy on a (its session writer still reaches Redis),
-    // its append held back: refused to its publisher, given to the subscriber.
+    // its append held back: refused to its publisher, and its copy taken back.
     assert_ne!(
         publish_qos2(&mut on_a, b"a-late").await,
         ok,
         "its append is held"
     );
-    delivered.push(receiver.next(&mut sub).await);
+    let (on_a_after, closed) = until_marker(&mut receiver, &mut sub, &mut on_a).await;
+    assert!(!closed);
+    delivered.extend(on_a_after);
     receiver.settle(&mut sub).await;
     sub.disconnect().await;
     // b asks a for the session; a's flush fails, so it releases it without a bound.
@@ -256,8 +284,9 @@ async fn a_session_handed_over_while_its_node_cannot_append_gets_each_message_on
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    // After the late entry: a's writer answers again (a refusal is a message never
-    // acknowledged, which may arrive once or not at all).
+    // After the late entry (which b's reader gives the session, once): a's writer
+    // answers again (a refusal is a message never acknowledged, which may arrive
+    // once or not at all).
     let mut after = 0;
     while publish_qos2(&mut on_a, format!("a-after-{after}").as_bytes()).await != ok {
         assert!(
@@ -283,10 +312,174 @@ async fn a_session_handed_over_while_its_node_cannot_append_gets_each_message_on
     each.sort();
     each.dedup();
     assert_eq!(each.len(), delivered.len(), "each once: {delivered:?}");
-    for acked in ["a-0", "b-0", "b-after", &last] {
+    for acked in ["a-0", "b-0", "a-late", "b-after", &last] {
         assert!(
             delivered.iter().any(|d| d == acked),
             "{acked}: {delivered:?}"
         );
     }
+}
+
+/// What [`Receiver::next`] says when the connection is closed.
+const CLOSED: &str = "(closed)";
+
+/// Publishes a QoS 0 marker on the subscriber's node and takes what the subscriber
+/// gets until it (a copy of a refused message given then would come before it), or
+/// until its connection is closed: the payloads, marker left out, and whether it was
+/// closed.
+async fn until_marker(
+    receiver: &mut Receiver,
+    sub: &mut RawClient,
+    publisher: &mut RawClient,
+) -> (Vec<String>, bool) {
+    let ok = ReasonCode::SUCCESS;
+    assert_eq!(
+        publish_acked(publisher, "w/1", QoS::AtMostOnce, b"marker").await,
+        ok
+    );
+    let mut got = Vec::new();
+    loop {
+        match receiver.next(sub).await {
+            marker if marker == "marker" => return (got, false),
+            closed if closed == CLOSED => return (got, true),
+            payload => got.push(payload),
+        }
+    }
+}
+
+/// The old node lost Redis: a QoS 2 message published there is refused, and its
+/// copy for the session cannot be written, nor can anything after it; the session
+/// is taken from the node as from a dead one (its liveness lapses). Had the copy
+/// been given to the subscriber with the refusal, no record would say so, and the
+/// message's late entry would reach it a second time through the new node's reader.
+/// It is taken back instead, and the late entry gives it once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_qos_2_copy_is_taken_back_and_given_once_when_its_entry_lands_late() {
+    let redis = RedisServer::start();
+    let proxy = Proxy::start(redis.port(), relay_late).await;
+    let ttl = "mqtt_node_ttl_ms = 2000";
+    let a = common::start_configured(
+        &format!("[cluster]\ntimeout_ms = 1000\n{ttl}\n"),
+        &["--redis", &proxy.url(), "--node-id", "a"],
+    );
+    let b = node_with_settings(&redis, "b", ttl);
+    let (mut sub, ack) = RawClient::connect_with(a.mqtt, persistent_connect("mover", 300)).await;
+    assert_eq!(ack.reason_code, ReasonCode::SUCCESS);
+    sub.subscribe("w/#", opts(QoS::ExactlyOnce)).await;
+    let mut on_a = RawClient::connect(a.mqtt, V5, "on-a").await;
+    let ok = ReasonCode::SUCCESS;
+    assert_eq!(
+        publish_acked(&mut on_a, "w/1", QoS::ExactlyOnce, b"a-0").await,
+        ok
+    );
+    let mut receiver = Receiver::default();
+    let mut delivered = vec![receiver.next(&mut sub).await];
+    receiver.settle(&mut sub).await;
+
+    proxy.stall.send_replace(true);
+    assert_ne!(
+        publish_qos2(&mut on_a, b"a-late").await,
+        ok,
+        "its append is held"
+    );
+    // Before, the copy went to the subscriber with the refusal (and its connection
+    // was closed when the release of it could not be stored).
+    let (on_a_after, closed) = until_marker(&mut receiver, &mut sub, &mut on_a).await;
+    delivered.extend(on_a_after);
+    if !closed {
+        sub.disconnect().await;
+    }
+    // a's liveness lapses; b takes the session as Redis has it.
+    let mut sub = resume(b.mqtt, "mover").await;
+    let mut on_b = RawClient::connect(b.mqtt, V5, "on-b").await;
+    // b numbers the session's messages from what Redis has: one of these goes under
+    // the packet id a gave the refused copy, if a gave it (a QoS 2 receiver takes it
+    // for that message again), and the late entry then comes under another one.
+    for payload in [&b"b-first"[..], b"b-second"] {
+        assert_eq!(
+            publish_acked(&mut on_b, "w/1", QoS::ExactlyOnce, payload).await,
+            ok
+        );
+    }
+    let before = stream_len(&redis);
+    proxy.stall.send_replace(false);
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while stream_len(&redis) == before {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the held append never ran"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        publish_acked(&mut on_b, "w/1", QoS::ExactlyOnce, b"b-after").await,
+        ok
+    );
+    while !delivered.iter().any(|d| d == "b-after") {
+        delivered.push(receiver.next(&mut sub).await);
+    }
+    for each in ["a-0", "a-late", "b-first", "b-second", "b-after"] {
+        let n = delivered.iter().filter(|d| *d == each).count();
+        assert_eq!(n, 1, "{each} once: {delivered:?}");
+    }
+}
+
+/// The chunk that renews node a's liveness key (`{ns}:mqtt:alive:a#{run}`).
+const ALIVE_A: &[u8] = b"alive:a";
+
+/// As [`relay`], holding the connection that renews node a's liveness key.
+async fn relay_liveness(client: TcpStream, upstream: TcpStream, stall: watch::Receiver<bool>) {
+    relay_holding(client, upstream, stall, &[ALIVE_A]).await;
+}
+
+/// Decision 0005, "Origins", case 1: a node that still holds a session ends its copy
+/// on another node's takeover announcement (the new node took it as from a dead
+/// node: a's liveness key lapsed while a went on). The old connection is closed with
+/// 0x8E; what a published afterwards reaches the session once, on the new node; the
+/// message its copy had given and not seen acknowledged is resent there once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_ends_its_copy_of_a_session_taken_as_from_a_dead_node_on_the_announcement() {
+    let redis = RedisServer::start();
+    let proxy = Proxy::start(redis.port(), relay_liveness).await;
+    let ttl = "mqtt_node_ttl_ms = 2000";
+    let a = common::start_configured(
+        &format!("[cluster]\n{ttl}\n"),
+        &["--redis", &proxy.url(), "--node-id", "a"],
+    );
+    let b = node_with_settings(&redis, "b", ttl);
+    let (mut old, ack) = RawClient::connect_with(a.mqtt, persistent_connect("mover", 300)).await;
+    assert_eq!(ack.reason_code, ReasonCode::SUCCESS);
+    old.subscribe("w/#", opts(QoS::ExactlyOnce)).await;
+    let mut on_a = RawClient::connect(a.mqtt, V5, "on-a").await;
+    let ok = ReasonCode::SUCCESS;
+    assert_eq!(
+        publish_acked(&mut on_a, "w/1", QoS::ExactlyOnce, b"a-0").await,
+        ok
+    );
+    // Received on a and never acknowledged there.
+    let first = old.expect_publish().await;
+    assert_eq!(&first.payload[..], b"a-0");
+
+    proxy.stall.send_replace(true);
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while !redis_cli(&redis, &["--scan", "--pattern", "*alive:a#*"]).is_empty() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "a's liveness key never lapsed"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // b takes the session without asking a (a passes for dead), then announces it.
+    let mut new = resume(b.mqtt, "mover").await;
+    old.expect_disconnect_within(ReasonCode::SESSION_TAKEN_OVER, PATIENCE)
+        .await;
+    let mut receiver = Receiver::default();
+    receiver.pending.insert(first.packet_id.unwrap());
+    assert_eq!(
+        publish_acked(&mut on_a, "w/1", QoS::ExactlyOnce, b"a-1").await,
+        ok
+    );
+    assert_eq!(receiver.next(&mut new).await, "a-1", "a-0 resent, not new");
+    receiver.settle(&mut new).await;
+    proxy.stall.send_replace(false);
 }

@@ -243,6 +243,11 @@ impl SessionTable {
                 incarnation,
                 seq,
                 msg,
+            }
+            | SessionChange::MessageWithdrawn {
+                incarnation,
+                seq,
+                msg,
             } => self.stage_done(batch, (held, bodies), (incarnation, seq), msg),
             SessionChange::Ended {
                 incarnation,
@@ -294,6 +299,7 @@ impl SessionTable {
             // The message changes are staged by `apply`.
             SessionChange::Message { .. }
             | SessionChange::MessageDone { .. }
+            | SessionChange::MessageWithdrawn { .. }
             | SessionChange::Ended { .. } => Ok(()),
         }
     }

@@ -14,6 +14,9 @@ pub struct SessionCounters {
     /// Stream messages the reader did not deliver to a session moved here because its
     /// copy held them already (appended late by the node it came from; `origins.rs`).
     pub not_redelivered: AtomicU64,
+    /// Copies taken back because their publisher was refused, given by this node's
+    /// reader when the message's entry reached the stream after all (`origins.rs`).
+    pub withdrawn_given: AtomicU64,
     /// Origins of sessions that moved here forgotten past `adopted::MAX_ADOPTED`.
     pub adopted_forgotten: AtomicU64,
     /// Batches that failed to reach Redis (retried).

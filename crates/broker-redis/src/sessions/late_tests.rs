@@ -286,3 +286,50 @@ async fn a_late_append_is_not_delivered_again_after_two_moves() {
     assert_eq!(late.bystander, ["acked", "held", "late", "other"]);
     assert_eq!(skipped(&late), 2);
 }
+
+/// A QoS 2 copy taken back because its publisher was refused leaves no trace in the
+/// session (so a node it moves to gives the message, should its entry land late),
+/// and this node's reader is told to give it when it reads the entry back; once it
+/// read the entry back, nothing is taken back (the copy must go: nobody else would
+/// give it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_withdrawn_copy_leaves_no_trace_and_is_left_to_the_reader_until_it_read_the_entry() {
+    let redis = RedisServer::start();
+    let mut con = connect(&redis);
+    let a = store(&redis, "a#1");
+    save_subscribed(&a, "mover", 7, QoS::ExactlyOnce);
+    let (refused, given, acked) = (message(b"refused"), message(b"given"), message(b"acked"));
+    a.begin_group();
+    queue(&a, 7, 1, &refused);
+    queue(&a, 7, 2, &given);
+    queue(&a, 7, 3, &acked);
+    a.end_group();
+    let origins = [&refused, &given, &acked].map(|m| a.inner.origin(m));
+    let origin = |i: usize| super::origin_of(&origins[i]).unwrap();
+    let clients: Vec<Arc<str>> = vec!["mover".into()];
+
+    assert!(a.inner.withdraw(&refused, &clients), "not read back yet");
+    a.record(SessionChange::MessageWithdrawn {
+        incarnation: 7,
+        seq: 1,
+        msg: &refused,
+    });
+    // An acknowledged copy, for comparison, leaves its tombstone.
+    a.record(SessionChange::MessageDone {
+        incarnation: 7,
+        seq: 3,
+        msg: &acked,
+    });
+    a.barrier().await.unwrap();
+    let fields: Vec<String> = con.hkeys(format!("{PREFIX}s:7")).unwrap();
+    let tombstones: Vec<&String> = fields.iter().filter(|f| f.starts_with("o:")).collect();
+    let acked_tomb = format!("o:{}", String::from_utf8_lossy(&origins[2]));
+    assert_eq!(tombstones, [&acked_tomb], "none for the withdrawn copy");
+    assert_eq!(payloads(&mut con, 7), ["given"]);
+
+    // The reader reads back the entries of `given` (before the refusal was handled)
+    // and `refused`: it gives `refused` to the session it was taken from.
+    let back = a.inner.read_back(&[origin(1), origin(0)]);
+    assert_eq!(back, [(origin(0), clients.clone())]);
+    assert!(!a.inner.withdraw(&given, &clients), "read back already");
+}

@@ -43,7 +43,7 @@ use tokio::sync::watch;
 
 pub use counters::SessionCounters;
 pub(crate) use fetch::{stream_id, Cut, Fetcher};
-pub(crate) use origins::origin_of;
+pub(crate) use origins::{body_id, origin_of};
 pub use records::RecordError;
 pub(crate) use statehub_redis_common::Wait;
 
@@ -452,6 +452,21 @@ impl Inner {
                     .and_then(|id| state.origins.tombstone(incarnation, &id))
                     .unwrap_or_default();
                 vec![vec![b"D".to_vec(), num(incarnation), num(seq), tomb]]
+            }
+            // Never sent: no tombstone, so that the message, should its entry reach
+            // the stream after all, is given to the session then (here by this
+            // node's reader, `origins.rs`; by the replay or reader of a node it
+            // moved to).
+            SessionChange::MessageWithdrawn {
+                incarnation,
+                seq,
+                msg,
+            } => {
+                Self::release_body(state, msg);
+                if state.held.remove(&(incarnation, seq)).is_some() {
+                    return Vec::new();
+                }
+                vec![vec![b"D".to_vec(), num(incarnation), num(seq), Vec::new()]]
             }
             SessionChange::IncomingQos2 {
                 incarnation,

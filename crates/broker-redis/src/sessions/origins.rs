@@ -43,6 +43,10 @@ pub(super) struct Origins {
     /// sessions (incarnations) that had them. Their tombstones are written only if
     /// such a session is handed over before the reader reads the entry back.
     quiet: FxHashMap<u64, Vec<u64>>,
+    /// Copies taken back because their publisher was refused, by origin: the client
+    /// ids of the sessions that had them, to be given the message by the reader if
+    /// its entry reaches the stream after all ([`Inner::withdraw`]).
+    withdrawn: FxHashMap<u64, Vec<Arc<str>>>,
     /// What the sessions that moved here held when they came.
     pub(super) adopted: Adopted,
 }
@@ -69,6 +73,7 @@ impl Origins {
             let unapplied = &self.unapplied;
             self.tombstoned.retain(|o, _| unapplied.contains_key(o));
             self.quiet.retain(|o, _| unapplied.contains_key(o));
+            self.withdrawn.retain(|o, _| unapplied.contains_key(o));
         }
     }
 
@@ -141,17 +146,39 @@ impl Inner {
         }
     }
 
+    /// The QoS 2 copies that `clients`' sessions hold of `msg`, published here, are
+    /// taken back because its publisher was refused: true if this node's reader has
+    /// not read its entry back yet, and will then give it to those sessions (if it
+    /// ever comes); false if it did (the copies must go: no one else will give it).
+    pub(crate) fn withdraw(&self, msg: &Message, clients: &[Arc<str>]) -> bool {
+        let k = msg as *const Message as usize;
+        let mut state = self.state.lock();
+        let origin = state.bodies.get(&k).and_then(|b| origin_of(&b.id));
+        let Some(origin) = origin.filter(|o| state.origins.unapplied.contains_key(o)) else {
+            return false;
+        };
+        let holders = state.origins.withdrawn.entry(origin).or_default();
+        holders.extend(clients.iter().cloned());
+        true
+    }
+
     /// This node's reader read back its own entries with these origins (in the
-    /// group that marks its position past them): their tombstones can go.
-    pub(crate) fn read_back(&self, origins: &[u64]) {
+    /// group that marks its position past them): their tombstones can go. Returns
+    /// the client ids whose copies of these messages were taken back, by origin
+    /// ([`Inner::withdraw`]): the reader gives them the message now.
+    pub(crate) fn read_back(&self, origins: &[u64]) -> Vec<(u64, Vec<Arc<str>>)> {
         if origins.is_empty() {
-            return;
+            return Vec::new();
         }
         let mut state = self.state.lock();
         let mut ops: Vec<Op> = Vec::new();
+        let mut withdrawn = Vec::new();
         for origin in origins {
             state.origins.unapplied.remove(origin);
             state.origins.quiet.remove(origin);
+            if let Some(clients) = state.origins.withdrawn.remove(origin) {
+                withdrawn.push((*origin, clients));
+            }
             if let Some(incarnations) = state.origins.tombstoned.remove(origin) {
                 ops.extend(
                     incarnations
@@ -161,6 +188,7 @@ impl Inner {
             }
         }
         self.push(&mut state, ops);
+        withdrawn
     }
 
     /// A copy about to be replayed into a session moved here: stored under the

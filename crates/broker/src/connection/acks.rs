@@ -54,13 +54,31 @@ pub(super) enum Failed {
 }
 
 /// Opens a gate when the publish that holds it is done with (acknowledged, or failed:
-/// a dead store must not leave messages stuck behind it).
+/// a dead store must not leave messages stuck behind it), unless its copies are
+/// taken back first ([`OpenOnDrop::refused`]).
 #[derive(Debug)]
-pub(super) struct OpenOnDrop(pub Arc<Gate>);
+pub(super) struct OpenOnDrop(Option<Arc<Gate>>);
+
+impl OpenOnDrop {
+    pub fn new(gate: Arc<Gate>) -> Self {
+        Self(Some(gate))
+    }
+
+    /// The PUBLISH was refused because the other nodes could not be given it: its
+    /// copies behind the gate are taken back if they can be given again should it
+    /// reach them after all (`Broker::withdraw_refused`).
+    fn refused(mut self, broker: &crate::Broker) {
+        if let Some(gate) = self.0.take() {
+            broker.withdraw_refused(&gate);
+        }
+    }
+}
 
 impl Drop for OpenOnDrop {
     fn drop(&mut self) {
-        self.0.open();
+        if let Some(gate) = self.0.take() {
+            gate.open();
+        }
     }
 }
 
@@ -312,14 +330,20 @@ impl Conn {
     }
 
     /// Sends the acknowledgements whose waits are over, in order: a failed forward is
-    /// answered as [`Conn::cluster_refused`] says; any other failure closes the
+    /// answered as [`Conn::cluster_refused`] says (and the QoS 2 copies it held back
+    /// are taken back, see [`OpenOnDrop::refused`]); any other failure closes the
     /// connection without the acknowledgement (the client resends), and nothing
     /// behind it is acknowledged.
     fn acknowledge(&mut self) -> Result<(), Close> {
-        while let Some((ack, outcome)) = self.acks.pop_ready() {
+        while let Some((mut ack, outcome)) = self.acks.pop_ready() {
             let refused = match outcome {
                 Ok(()) => Ok(ack.code),
-                Err(Failed::Forward(e)) => self.cluster_refused(ack.answers.qos(), ack.pid, &e),
+                Err(Failed::Forward(e)) => {
+                    if let Some(gate) = ack.gate.take() {
+                        gate.refused(&self.broker);
+                    }
+                    self.cluster_refused(ack.answers.qos(), ack.pid, &e)
+                }
                 Err(e) => {
                     tracing::error!("{e}; closing the connection of {}", self.info.client_id);
                     let text = match e {

@@ -189,7 +189,7 @@ impl Conn {
         // Opened once this publish is acknowledged (after its waits) or failed.
         let gate =
             (qos == QoS::ExactlyOnce && self.broker.session_store().is_some()).then(Arc::default);
-        let open_when_done = gate.clone().map(OpenOnDrop);
+        let open_when_done = gate.clone().map(OpenOnDrop::new);
         let (code, wait) = if let Some(service) = service {
             (ReasonCode::SUCCESS, self.serve(service, &p, pid).await)
         } else {

@@ -22,6 +22,7 @@ mod outbox;
 mod pressure;
 mod snapshot;
 mod usage;
+mod withdraw;
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -130,6 +130,7 @@ fn mqtt_sessions(e: &mut Enc<'_>, fabric: &RedisFabric) -> Result<(), Error> {
         ("statehub_cluster_mqtt_sessions_adopted", "Persistent sessions claimed by this node from another (released or dead)", n(&c.adopted)),
         ("statehub_cluster_mqtt_session_replayed", "Messages replayed from the stream into sessions that moved here", n(&c.replayed)),
         ("statehub_cluster_mqtt_session_not_redelivered", "Stream messages the reader did not deliver to sessions that moved here holding them already (appended late by the node they came from)", n(&c.not_redelivered)),
+        ("statehub_cluster_mqtt_session_withdrawn_given", "This node's own refused messages whose entry reached the stream after all, given by its reader to the sessions their QoS 2 copies were taken back from", n(&c.withdrawn_given)),
         ("statehub_cluster_mqtt_session_origins_forgotten", "Origins of sessions that moved here forgotten past the bound on them (a late message of the node one came from would reach it again; logged)", n(&c.adopted_forgotten)),
         ("statehub_cluster_mqtt_sessions_expiring", "Sessions of dead nodes whose expiry clock this node's sweeper started", n(&c.expiring)),
         ("statehub_cluster_mqtt_sessions_swept", "Sessions no live node held that this node's sweeper forgot at their expiry, with their messages", n(&c.swept)),

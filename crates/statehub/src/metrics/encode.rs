@@ -165,6 +165,7 @@ fn mqtt_deliveries(e: &mut Enc<'_>, m: &Metrics) -> Result<(), Error> {
     )?;
     e.counter("statehub_mqtt_publishes_refused_quota", "PUBLISHes refused because an offline session's queue was full (queue_full_policy = refuse)", None, m.refused_quota.load(Relaxed))?;
     e.counter("statehub_mqtt_publishes_refused_cluster", "QoS 1/2 PUBLISHes refused because the other nodes of the cluster (Redis) could not be given them", None, m.cluster_refused.load(Relaxed))?;
+    e.counter("statehub_mqtt_copies_withdrawn_cluster", "QoS 2 copies of a PUBLISH refused because the cluster could not be given it, taken back from persistent sessions before they were sent (given once if the message reaches the cluster after all)", None, m.cluster_withdrawn.load(Relaxed))?;
     e.counter(
         "statehub_mqtt_broker_queue_full",
         "Deliveries that met the broker-wide queue bound (max_total_queued_*)",
