@@ -19,6 +19,7 @@ use statehub_redis_common::{ShortfallLog, Wait};
 use statehub_webpubsub::{ClaimError, SessionWrite, WebPubSub};
 
 use crate::ask::push_answer;
+use crate::held::HeldCheck;
 use crate::liveness::{add_liveness, PRUNE_EVERY};
 use crate::replicas::{query_claim, query_waiting};
 use crate::session::{parse_claim, Scripts};
@@ -44,6 +45,7 @@ enum Pending {
     Position(String),
     /// Always the last of a batch: it is answered once the batch before it is written.
     Claim(Box<ClaimJob>),
+    Held(Box<HeldCheck>),
 }
 
 pub(crate) struct Writer {
@@ -198,6 +200,7 @@ impl Writer {
             Job::Session(hub, id, write, ticket) => Pending::Session(hub, id, write, ticket),
             Job::Position(id) => Pending::Position(id),
             Job::Claim(claim) => Pending::Claim(claim),
+            Job::Held(check) => Pending::Held(check),
         }
     }
 
@@ -230,6 +233,7 @@ impl Writer {
     ) -> Result<(), WpsRedisError> {
         let mut pipe = redis::pipe();
         self.liveness(&mut pipe);
+        self.epochs_to_check(batch);
         // A session's frames in one script call, never moved past another of its writes.
         let mut frames: HashMap<(&str, &str), Vec<&SessionWrite>> = HashMap::new();
         for job in batch.iter() {
@@ -272,6 +276,9 @@ impl Writer {
                     self.position.clone_from(id);
                     self.position_written = false;
                 }
+                Pending::Held(check) => {
+                    check.add(&mut pipe, &self.names.session(&check.hub, &check.id).hash);
+                }
                 Pending::Claim(_) => {}
             }
         }
@@ -291,7 +298,21 @@ impl Writer {
         let owed = self.unreplicated.is_some() || self.unmirrored.is_some();
         let wait = self.wait.filter(|_| ops > 0 || mirrored.is_some() || owed);
         let (replies, acked) = query_waiting(con, &mut pipe, wait)?;
-        self.settle_fragments(batch, &replies);
+        self.settle_fenced(batch, &replies);
+        self.written_batch(batch, (ops, mirrored), (wait, acked));
+        Ok(())
+    }
+
+    /// After `batch` (with `ops` operations, its last session write's ticket
+    /// `mirrored`) was written and `acked` replicas of `wait` acknowledged it: reports
+    /// the operations and session writes written (or owed to replicas) and answers
+    /// the flushes.
+    fn written_batch(
+        &mut self,
+        batch: &[Pending],
+        (ops, mirrored): (usize, Option<u64>),
+        (wait, acked): (Option<Wait>, Option<u32>),
+    ) {
         self.position_written = true;
         self.count_mirrored(batch);
         self.shared.ops_waiting.fetch_sub(ops, Ordering::Relaxed);
@@ -311,7 +332,6 @@ impl Writer {
                 let _ = done.try_send(());
             }
         }
-        Ok(())
     }
 
     /// This node's liveness key and its place among the nodes (see `liveness.rs`).

@@ -61,32 +61,67 @@ impl Writer {
         add_fragment(pipe, &self.scripts, &keys, (epoch, ttl), &a.write, &entry);
     }
 
-    /// Tells whoever waits whether each fragment's script call was taken (`replies`,
-    /// in order). One fenced out (its session claimed elsewhere) is forgotten among the
-    /// operations kept for claims, and its session handed over here before this
-    /// batch's tickets are reported: its socket's close overtakes what it held.
-    pub(super) fn settle_fragments(&self, batch: &mut [Pending], replies: &[redis::Value]) {
-        let fragments = batch.iter_mut().filter_map(|j| match j {
-            Pending::Op(seq, _, Some(a)) => Some((*seq, a)),
-            _ => None,
-        });
-        for ((seq, a), reply) in fragments.zip(replies) {
-            let taken = !matches!(reply, redis::Value::Int(0));
-            if !taken {
-                // Not for a session claimed here meanwhile either (`sent_after`).
-                lock(&self.shared.assigned).kept.retain(|(s, _)| *s != seq);
-                tracing::debug!(
-                    hub = a.hub,
-                    id = a.id,
-                    "web pubsub cluster: a send of a session claimed by another node is not published"
-                );
-                if let Some(service) = &self.service {
-                    service.claimed_elsewhere(&a.hub, &a.id);
+    /// The epoch each check of `batch` compares with: the one this node holds the
+    /// session at as the batch is written.
+    pub(super) fn epochs_to_check(&self, batch: &mut [Pending]) {
+        for job in batch.iter_mut() {
+            if let Pending::Held(check) = job {
+                let key = (check.hub.clone(), check.id.clone());
+                check.epoch = self.epochs.get(&key).copied();
+            }
+        }
+    }
+
+    /// Tells whoever waits whether each fragment's script call was taken, and whether
+    /// each checked session is still this node's (`replies`, in order). A fragment
+    /// fenced out (its session claimed elsewhere) is forgotten among the operations
+    /// kept for claims; a session claimed elsewhere is handed over here before this
+    /// batch's tickets are reported, so its socket's close overtakes what it held.
+    pub(super) fn settle_fenced(&self, batch: &mut [Pending], replies: &[redis::Value]) {
+        let mut replies = replies.iter();
+        for job in batch.iter_mut() {
+            match job {
+                Pending::Op(seq, _, Some(a)) => {
+                    let Some(reply) = replies.next() else { return };
+                    let taken = !matches!(reply, redis::Value::Int(0));
+                    if !taken {
+                        // Not for a session claimed here meanwhile either (`sent_after`).
+                        lock(&self.shared.assigned).kept.retain(|(s, _)| s != seq);
+                        self.claimed_elsewhere(&a.hub, &a.id, "a send");
+                    }
+                    if let Some(fate) = a.fate.take() {
+                        let _ = fate.send(taken);
+                    }
                 }
+                Pending::Held(check) => {
+                    let held = match check.epoch {
+                        Some(_) => {
+                            let Some(reply) = replies.next() else { return };
+                            check.held(reply)
+                        }
+                        None => true,
+                    };
+                    if !held {
+                        self.claimed_elsewhere(&check.hub, &check.id, "an upstream event");
+                    }
+                    check.answer(held);
+                }
+                _ => {}
             }
-            if let Some(fate) = a.fate.take() {
-                let _ = fate.send(taken);
-            }
+        }
+    }
+
+    /// Hands session `id` of `hub` over here: another node claimed it, and `what` of it
+    /// is not published.
+    fn claimed_elsewhere(&self, hub: &str, id: &str, what: &str) {
+        tracing::debug!(
+            hub,
+            id,
+            what,
+            "web pubsub cluster: not published, the session was claimed by another node"
+        );
+        if let Some(service) = &self.service {
+            service.claimed_elsewhere(hub, id);
         }
     }
 
