@@ -3,7 +3,8 @@
 //! client stream's fragment or a `sendToGroup` with its `ackId` handed over with its
 //! operation as one script call, every one fenced by the epoch this node holds the
 //! session at (`Writer::epochs`, raised by a claim elsewhere); the answers to the fenced
-//! calls (a session claimed by another node is handed over at once), the reader's
+//! calls and to the checks that a session is still this node's (`held.rs`; a session
+//! claimed by another node is handed over at once), the reader's
 //! recorded position, the sessions marked lost and their expiry's refresh. The
 //! scripts themselves are in `session.rs` and `streams.rs`; the pipeline, its
 //! replicas and its progress in `writer.rs`.
