@@ -1,13 +1,15 @@
 //! The upstream's `ce-connectionState` moves with a reliable session: set on node A
 //! (by the `connect` event, then replaced by a user event's answer), the session
 //! recovered on node B after A's SIGKILL, B's next upstream event carries the state.
+//! A user event with an `ackId` that A takes after B claimed the session is posted
+//! once, by B.
 
 mod common;
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use futures_util::SinkExt;
+use futures_util::{SinkExt, StreamExt};
 use statehub_redis_common::test_server::RedisServer;
 use statehub_webpubsub::{issue_client_token, ClientClaims};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
@@ -182,4 +184,74 @@ async fn the_upstream_connection_state_moves_with_a_session_recovered_on_another
         Some("from-e1"),
         "B's event carries the state A's handler set"
     );
+}
+
+/// Reads the old socket until it closes; every text frame it got.
+async fn until_closed(ws: &mut Ws) -> Vec<serde_json::Value> {
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    let mut texts = Vec::new();
+    loop {
+        match tokio::time::timeout_at(deadline, ws.next()).await {
+            Ok(Some(Ok(Message::Text(t)))) => {
+                let frame: serde_json::Value = serde_json::from_str(&t).unwrap();
+                assert_ne!(frame["type"], "ack", "no ack from the old node: {frame}");
+                texts.push(frame);
+            }
+            Ok(Some(Ok(Message::Close(_)) | Err(_)) | None) => return texts,
+            Ok(Some(Ok(_))) => {}
+            Err(_) => panic!("the old socket is closed in time; got {texts:?}"),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_the_old_node_takes_after_a_claim_is_posted_once() {
+    let redis = RedisServer::start();
+    let (up, mut events) = upstream().await;
+    let (a, b) = (node(&redis, "a", up), node(&redis, "b", up));
+    let claims = ClientClaims {
+        user_id: Some("u".into()),
+        roles: vec![],
+        groups: vec![],
+    };
+    let token = issue_client_token(KEY, &format!("http://{}", a.http), HUB, &claims, PATIENCE);
+    let mut ws = websocket(&format!(
+        "ws://{}/client/hubs/{HUB}?access_token={token}",
+        a.http
+    ))
+    .await;
+    let connected = next_json(&mut ws).await;
+    let id = connected["connectionId"].as_str().unwrap().to_owned();
+    let reconnection = connected["reconnectionToken"].as_str().unwrap().to_owned();
+    assert_eq!(
+        next_event(&mut events).await.kind,
+        "azure.webpubsub.sys.connect"
+    );
+    let deadline = Instant::now() + PATIENCE;
+    while stored(&redis, &id, "ep") != "1" {
+        assert!(Instant::now() < deadline, "the session's copy is written");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // A claim's fence, which A's reader never hears of: only the store tells A.
+    let key = format!("{{{NAMESPACE}}}:wps:s:{HUB}:{id}");
+    assert_eq!(redis.command(&["HINCRBY", &key, "ep", "1"]).trim(), ":2");
+    let e3 = serde_json::json!({"type": "event", "event": "e3", "ackId": 3,
+        "dataType": "text", "data": "x"});
+    ws.send(Message::text(e3.to_string())).await.unwrap();
+    // Neither posted nor acked by A, whose socket closes.
+    until_closed(&mut ws).await;
+
+    let url = format!(
+        "ws://{}/client/hubs/{HUB}?awps_connection_id={id}&awps_reconnection_token={reconnection}",
+        b.http
+    );
+    let mut ws = websocket(&url).await;
+    event(&mut ws, "e3", 3).await;
+    event(&mut ws, "e4", 4).await;
+    assert_eq!(
+        next_event(&mut events).await.kind,
+        "azure.webpubsub.user.e3"
+    );
+    let next = next_event(&mut events).await;
+    assert_eq!(next.kind, "azure.webpubsub.user.e4", "e3 once, not twice");
 }

@@ -25,6 +25,7 @@
 //!   Redis is back.
 
 mod ask;
+mod held;
 mod liveness;
 mod reader;
 mod replicas;
@@ -150,6 +151,8 @@ pub(crate) enum Job {
     Position(String),
     /// Take a session over (see [`Cluster::claim`]).
     Claim(Box<ClaimJob>),
+    /// Is the session still this node's? (see [`Cluster::still_held`]).
+    Held(Box<held::HeldCheck>),
 }
 
 /// A claim for the writer, answered on `reply`.
@@ -393,6 +396,10 @@ impl Cluster for RedisCluster {
         let (seq, ticket, taken) = self.enqueue_op(operation, Some(attached))?;
         let taken = taken.unwrap_or_else(|| Box::pin(std::future::ready(true)));
         Ok((seq, ticket, taken))
+    }
+
+    fn still_held(&self, hub: &str, id: &str) -> Taken {
+        self.check_held(hub, id)
     }
 
     fn written(&self, seq: u64) -> Written {

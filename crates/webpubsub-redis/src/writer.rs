@@ -5,7 +5,8 @@
 //! reliable session's write ends with `WAIT`, and so does a claim: too few replicas and
 //! the operations waiting are refused as when Redis is out of reach (what was written
 //! stays written: it is on the primary), and the session writes are not published as
-//! mirrored until a later `WAIT` covers them, so their frames stay held.
+//! mirrored until a later `WAIT` covers them, so their frames stay held. What a
+//! pipeline writes for the mirrored sessions, fenced, is in `writer/fenced.rs`.
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
@@ -18,14 +19,17 @@ use statehub_redis_common::{ShortfallLog, Wait};
 use statehub_webpubsub::{ClaimError, SessionWrite, WebPubSub};
 
 use crate::ask::push_answer;
+use crate::held::HeldCheck;
 use crate::liveness::{add_liveness, PRUNE_EVERY};
 use crate::replicas::{query_claim, query_waiting};
-use crate::session::{add_frames, add_lost, add_write, parse_claim, Scripts};
-use crate::streams::{add_fragment, Attached, OpEntry};
+use crate::session::{parse_claim, Scripts};
+use crate::streams::Attached;
 use crate::{
     lock, open, ClaimJob, ClaimRecord, Job, Names, Options, Shared, Unreplicated, WpsRedisError,
     BACKOFF, HEARTBEAT,
 };
+
+mod fenced;
 
 /// Most jobs written in one round trip.
 const BATCH: usize = 1024;
@@ -41,6 +45,7 @@ enum Pending {
     Position(String),
     /// Always the last of a batch: it is answered once the batch before it is written.
     Claim(Box<ClaimJob>),
+    Held(Box<HeldCheck>),
 }
 
 pub(crate) struct Writer {
@@ -195,6 +200,7 @@ impl Writer {
             Job::Session(hub, id, write, ticket) => Pending::Session(hub, id, write, ticket),
             Job::Position(id) => Pending::Position(id),
             Job::Claim(claim) => Pending::Claim(claim),
+            Job::Held(check) => Pending::Held(check),
         }
     }
 
@@ -227,6 +233,7 @@ impl Writer {
     ) -> Result<(), WpsRedisError> {
         let mut pipe = redis::pipe();
         self.liveness(&mut pipe);
+        self.epochs_to_check(batch);
         // A session's frames in one script call, never moved past another of its writes.
         let mut frames: HashMap<(&str, &str), Vec<&SessionWrite>> = HashMap::new();
         for job in batch.iter() {
@@ -269,6 +276,9 @@ impl Writer {
                     self.position.clone_from(id);
                     self.position_written = false;
                 }
+                Pending::Held(check) => {
+                    check.add(&mut pipe, &self.names.session(&check.hub, &check.id).hash);
+                }
                 Pending::Claim(_) => {}
             }
         }
@@ -288,7 +298,21 @@ impl Writer {
         let owed = self.unreplicated.is_some() || self.unmirrored.is_some();
         let wait = self.wait.filter(|_| ops > 0 || mirrored.is_some() || owed);
         let (replies, acked) = query_waiting(con, &mut pipe, wait)?;
-        self.settle_fragments(batch, &replies);
+        self.settle_fenced(batch, &replies);
+        self.written_batch(batch, (ops, mirrored), (wait, acked));
+        Ok(())
+    }
+
+    /// After `batch` (with `ops` operations, its last session write's ticket
+    /// `mirrored`) was written and `acked` replicas of `wait` acknowledged it: reports
+    /// the operations and session writes written (or owed to replicas) and answers
+    /// the flushes.
+    fn written_batch(
+        &mut self,
+        batch: &[Pending],
+        (ops, mirrored): (usize, Option<u64>),
+        (wait, acked): (Option<Wait>, Option<u32>),
+    ) {
         self.position_written = true;
         self.count_mirrored(batch);
         self.shared.ops_waiting.fetch_sub(ops, Ordering::Relaxed);
@@ -308,26 +332,6 @@ impl Writer {
                 let _ = done.try_send(());
             }
         }
-        Ok(())
-    }
-
-    /// Counts the mirrored session changes of a batch Redis took.
-    fn count_mirrored(&self, batch: &[Pending]) {
-        let (mut frames, mut changes) = (0, 0);
-        for job in batch {
-            match job {
-                Pending::Session(_, _, SessionWrite::Frame { .. }, _) => frames += 1,
-                Pending::Session(..) | Pending::Op(_, _, Some(_)) => changes += 1,
-                _ => {}
-            }
-        }
-        let counters = &self.shared.counters;
-        counters
-            .mirrored_frames
-            .fetch_add(frames, Ordering::Relaxed);
-        counters
-            .mirrored_changes
-            .fetch_add(changes, Ordering::Relaxed);
     }
 
     /// This node's liveness key and its place among the nodes (see `liveness.rs`).
@@ -338,136 +342,6 @@ impl Writer {
             self.pruned = Instant::now();
         }
         add_liveness(pipe, &self.names, &self.node, leaving, prune);
-    }
-
-    /// A client stream's fragment and its publisher's stream state (or a client's send
-    /// and its `ackId`), in one call, both fenced like [`Writer::session`].
-    fn fragment(&self, pipe: &mut redis::Pipeline, (seq, op): (u64, &[u8]), a: &Attached) {
-        let key = (a.hub.clone(), a.id.clone());
-        let epoch = self.epochs.get(&key).copied().unwrap_or(0);
-        let keys = self.names.session(&a.hub, &a.id);
-        let entry = OpEntry {
-            ops: &self.names.ops,
-            stream_len: self.stream_len,
-            node: &self.node,
-            incarnation: self.shared.incarnation,
-            seq,
-            op,
-        };
-        let ttl = self.ttl_ms();
-        add_fragment(pipe, &self.scripts, &keys, (epoch, ttl), &a.write, &entry);
-    }
-
-    /// Tells whoever waits whether each fragment's script call was taken (`replies`,
-    /// in order). One fenced out (its session claimed elsewhere) is forgotten among the
-    /// operations kept for claims, and its session handed over here before this
-    /// batch's tickets are reported: its socket's close overtakes what it held.
-    fn settle_fragments(&self, batch: &mut [Pending], replies: &[redis::Value]) {
-        let fragments = batch.iter_mut().filter_map(|j| match j {
-            Pending::Op(seq, _, Some(a)) => Some((*seq, a)),
-            _ => None,
-        });
-        for ((seq, a), reply) in fragments.zip(replies) {
-            let taken = !matches!(reply, redis::Value::Int(0));
-            if !taken {
-                // Not for a session claimed here meanwhile either (`sent_after`).
-                lock(&self.shared.assigned).kept.retain(|(s, _)| *s != seq);
-                tracing::debug!(
-                    hub = a.hub,
-                    id = a.id,
-                    "web pubsub cluster: a send of a session claimed by another node is not published"
-                );
-                if let Some(service) = &self.service {
-                    service.claimed_elsewhere(&a.hub, &a.id);
-                }
-            }
-            if let Some(fate) = a.fate.take() {
-                let _ = fate.send(taken);
-            }
-        }
-    }
-
-    /// A run of one mirrored session's frames, fenced like [`Writer::session`].
-    fn frames(&self, pipe: &mut redis::Pipeline, hub: &str, id: &str, run: &[&SessionWrite]) {
-        let Some(epoch) = self.epochs.get(&(hub.to_owned(), id.to_owned())) else {
-            return;
-        };
-        let keys = self.names.session(hub, id);
-        add_frames(pipe, &self.scripts, &keys, (*epoch, self.ttl_ms()), run);
-    }
-
-    /// One mirrored session's change, fenced by the epoch this node holds it at.
-    fn session(&mut self, pipe: &mut redis::Pipeline, hub: &str, id: &str, write: &SessionWrite) {
-        let key = (hub.to_owned(), id.to_owned());
-        let epoch = match write {
-            SessionWrite::Open { .. } => {
-                self.epochs.insert(key, 1);
-                1
-            }
-            SessionWrite::Delete => {
-                lock(&self.shared.broken).remove(&key);
-                self.marked.remove(&key);
-                match self.epochs.remove(&key) {
-                    Some(epoch) => epoch,
-                    None => return,
-                }
-            }
-            _ => match self.epochs.get(&key) {
-                Some(epoch) => *epoch,
-                None => return,
-            },
-        };
-        let keys = self.names.session(hub, id);
-        let owner = self.owner();
-        let ttl = self.ttl_ms();
-        add_write(
-            pipe,
-            &self.scripts,
-            &keys,
-            (epoch, ttl),
-            write,
-            (&owner, &self.position),
-        );
-    }
-
-    /// The reader's position (when it moved), sessions whose writes were dropped, and
-    /// the owned sessions' expiry, refreshed a few times per retention window.
-    fn sessions_upkeep(&mut self, pipe: &mut redis::Pipeline) {
-        let ttl = self.ttl_ms();
-        let pos = format!("{}{}", self.names.positions(), self.owner());
-        if !self.position_written {
-            pipe.cmd("SET")
-                .arg(&pos)
-                .arg(&self.position)
-                .arg("PX")
-                .arg(ttl)
-                .ignore();
-        }
-        let broken: Vec<_> = (lock(&self.shared.broken).iter())
-            .filter(|k| !self.marked.contains(*k))
-            .cloned()
-            .collect();
-        for key in broken {
-            if let Some(epoch) = self.epochs.get(&key) {
-                add_lost(
-                    pipe,
-                    &self.scripts,
-                    &self.names.session(&key.0, &key.1),
-                    *epoch,
-                );
-            }
-            self.marked.insert(key);
-        }
-        if self.refreshed.elapsed() < self.shared.session_ttl / 4 {
-            return;
-        }
-        self.refreshed = Instant::now();
-        pipe.cmd("PEXPIRE").arg(&pos).arg(ttl).ignore();
-        for (hub, id) in self.epochs.keys() {
-            for key in self.names.session(hub, id).all() {
-                pipe.cmd("PEXPIRE").arg(key).arg(ttl).ignore();
-            }
-        }
     }
 
     /// Whether `acked` replicas are enough for `wait`; counts and logs a shortfall.

@@ -284,6 +284,9 @@ async fn user_event(
     let Some(events) = hub.events() else {
         return;
     };
+    if event.ack_id.is_some() && !still_held(hub, session, close_watch).await {
+        return;
+    }
     let call = events.user_event(hub, session, &event.event, &event.payload);
     let result = tokio::select! {
         biased;
@@ -336,6 +339,29 @@ async fn user_event(
             let reason = format!("The event handler failed: {e}");
             hub.close(session.id(), session.close_code(CLOSE_INTERNAL), &reason);
         }
+    }
+}
+
+/// Whether a mirrored session is still this node's in the store (no other node claimed
+/// it), before an event with an `ackId` is posted; `true` for any other session. A
+/// client sends such an event again, on its next socket, until it is acked: one this
+/// node took after another node claimed the session would reach the upstream twice.
+/// When the store says no, the session is handed over here (its socket closes) and the
+/// event is neither posted nor acked. A claim between the answer and the post can
+/// still let both nodes post it, as when a socket drops between a post and its ack.
+async fn still_held(
+    hub: &Hub,
+    session: &Session,
+    close_watch: &mut watch::Receiver<Option<CloseRequest>>,
+) -> bool {
+    let Some(cluster) = hub.cluster().filter(|_| session.is_mirrored()) else {
+        return true;
+    };
+    let held = cluster.still_held(hub.name(), session.id());
+    tokio::select! {
+        biased;
+        _ = close_watch.changed() => false,
+        held = held => held,
     }
 }
 

@@ -28,6 +28,7 @@ pub(crate) mod admin;
 mod ended;
 mod events;
 mod lane;
+mod order;
 mod session;
 pub(crate) mod stream;
 mod takeover;
@@ -35,7 +36,7 @@ pub(crate) mod view;
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine as _;
@@ -114,8 +115,8 @@ pub(crate) struct Hub {
     cluster: Option<Arc<dyn Cluster>>,
     /// Held for reading by a send from its broadcast to its local delivery, for writing
     /// while a session taken over from another node becomes reachable: so each send
-    /// either reaches it here or is applied to it by the reader (`mirror.rs`).
-    order: RwLock<()>,
+    /// either reaches it here or is applied to it by the reader (`order.rs`).
+    order: order::SendOrder,
     /// This node's own sends waiting for their turn to reach its members (`lane.rs`).
     lane: Mutex<lane::Lane>,
     /// Itself, once shared ([`shared`]).
@@ -173,7 +174,7 @@ impl Hub {
             reserved: AtomicUsize::new(0),
             events: None,
             cluster: None,
-            order: RwLock::new(()),
+            order: order::SendOrder::default(),
             lane: Mutex::default(),
             me: Weak::new(),
             shutdown: CancellationToken::new(),
@@ -305,9 +306,10 @@ impl Hub {
         })
     }
 
-    /// Held by a send across its broadcast and its local delivery (see `order`).
-    pub(crate) fn sending(&self) -> RwLockReadGuard<'_, ()> {
-        self.order.read().unwrap_or_else(PoisonError::into_inner)
+    /// Held by a send across its broadcast and its local delivery (see `order`);
+    /// re-entrant on its thread: a delivery may send again (`order.rs`).
+    pub(crate) fn sending(&self) -> order::Sending<'_> {
+        self.order.read()
     }
 
     /// Reserves a place for a new connection, unless the hub already holds (or has

@@ -63,6 +63,16 @@ pub trait Cluster: Send + Sync + Debug {
         let ticket = self.session(hub, id, write)?;
         Ok((seq, ticket, Box::pin(std::future::ready(true))))
     }
+    /// Whether this node still holds mirrored session `id` of `hub`, asked of the store
+    /// after every write handed over before: `false` once another node claimed it (the
+    /// session is then handed over here first, as for a fenced write). An upstream
+    /// event with an `ackId` is posted only after `true`: one the old node takes after
+    /// the claim would be posted there and again where the client sends it next. Must
+    /// not block. By default, always held.
+    fn still_held(&self, hub: &str, id: &str) -> Taken {
+        let _ = (hub, id);
+        Box::pin(std::future::ready(true))
+    }
     /// Resolves once this node's operations up to `seq` are where the other nodes read
     /// them (they survive this process); `Err` if that cannot be known in time.
     fn written(&self, seq: u64) -> Written;

@@ -23,7 +23,7 @@
 //! takes it for writing sees no delivery in progress.
 
 use std::collections::VecDeque;
-use std::sync::{Arc, PoisonError};
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::cluster::{ClusterError, Taken};
@@ -209,7 +209,7 @@ impl Hub {
             }
             std::thread::sleep(Duration::from_millis(1));
         }
-        drop(self.order.write().unwrap_or_else(PoisonError::into_inner));
+        drop(self.order.write());
     }
 }
 

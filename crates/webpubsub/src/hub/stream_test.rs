@@ -265,3 +265,73 @@ async fn a_restored_stream_keeps_the_idle_deadline_it_had_on_its_last_node() {
     assert!(left("past") <= Duration::from_secs(1), "{:?}", left("past"));
     assert_eq!(left("unknown"), Duration::from_secs(60), "none recorded");
 }
+
+/// A send delivers under the hub's send order lock; a slow consumer it finds is
+/// removed there, and the removal publishes the end of the consumer's open stream,
+/// which takes that lock again on the same thread. A takeover waiting for the lock
+/// for writing between the two must not make that thread wait for itself.
+#[test]
+fn a_slow_consumer_with_an_open_stream_removed_while_a_takeover_waits_does_not_deadlock() {
+    let h = hub();
+    let claims = ClientClaims {
+        user_id: Some("p".into()),
+        roles: vec![SENDER[0].into()],
+        groups: vec!["g".into()],
+    };
+    let pubr = h.create_session(&claims, Subprotocol::Json);
+    let (out, _prx) = outbox(1, 1 << 20);
+    pubr.attach(out).unwrap();
+    let start = json!({"type":"streamStart","streamId":"s","group":"g"});
+    let fx = handle_text(&h, &pubr, &start.to_string());
+    assert_eq!(fx.replies.len(), 1, "acked");
+    let (_sub, mut rx) = connect(&h, &[], &["g"], Subprotocol::Json);
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    let hub = Arc::clone(&h);
+    let sender = std::thread::spawn(move || {
+        let order = hub.sending();
+        let takeover = {
+            let hub = Arc::clone(&hub);
+            std::thread::spawn(move || hub.settled_through(0))
+        };
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while !hub.order.writer_waits() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the writer never waited"
+            );
+            std::thread::yield_now();
+        }
+        let payload = crate::protocol::Payload::Text("x".into());
+        let msg = crate::protocol::json::DataMessageRef {
+            from: crate::protocol::json::MessageSource::Group,
+            group: Some("g"),
+            from_user_id: None,
+            payload: &payload,
+            stream: None,
+        };
+        // The first fills the publisher's queue, the second finds it full.
+        hub.send_to_group("g", &msg, None);
+        hub.send_to_group("g", &msg, None);
+        let _ = done_tx.send(());
+        drop(order);
+        takeover.join().unwrap();
+    });
+    let done = done_rx.recv_timeout(Duration::from_secs(30));
+    assert!(
+        done.is_ok(),
+        "the send under the lock did not finish ({done:?}): the removal's stream end \
+         waited for the writer, which waited for the send"
+    );
+    sender.join().unwrap();
+    assert!(h.session(pubr.id()).is_none(), "removed as a slow consumer");
+    // The member gets both sends and the stream's end, in whichever order the group
+    // lists the two sessions (by their random ids).
+    let got: Vec<Value> = (0..3).map(|_| next(&mut rx).unwrap()).collect();
+    let sends = got.iter().filter(|m| m["data"] == json!("x")).count();
+    let cancelled = |m: &&Value| m["stream"]["error"]["name"] == json!("Cancelled");
+    assert_eq!(
+        (sends, got.iter().filter(cancelled).count()),
+        (2, 1),
+        "{got:?}"
+    );
+}

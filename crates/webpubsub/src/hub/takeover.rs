@@ -1,6 +1,6 @@
 //! Sessions taken over from another node and handed over to one (see `mirror.rs`).
 
-use std::sync::{Arc, PoisonError};
+use std::sync::Arc;
 
 use super::{lock, Hub, NewSession, Session, TooManyGroups, CLOSE_NORMAL, CLOSE_SERVICE_RESTART};
 use crate::mirror::Restored;
@@ -31,7 +31,7 @@ impl Hub {
         let mut session = Session::new(r.id.clone(), new, &self.limits, env);
         session.restore(&r, token, self.mirror());
         let session = Arc::new(session);
-        let _order = self.order.write().unwrap_or_else(PoisonError::into_inner);
+        let _order = self.order.write();
         replay(&session);
         let mut hub = lock(&self.state);
         self.insert(&mut hub, &session);
@@ -79,7 +79,7 @@ impl Hub {
     /// Their sockets stay open until [`Hub::release`] closes them, once the mirror is
     /// written.
     pub(crate) fn release_mirrored(&self) -> Vec<Arc<Session>> {
-        let _order = self.order.write().unwrap_or_else(PoisonError::into_inner);
+        let _order = self.order.write();
         let mirrored: Vec<Arc<Session>> = (lock(&self.state).sessions.values())
             .filter(|s| s.is_mirrored())
             .cloned()
