@@ -20,7 +20,7 @@ use statehub_mqtt_codec::ReasonCode;
 
 use crate::message::Message;
 use crate::service::BoxFuture;
-use crate::session_store::Gate;
+use crate::session_store::{Gate, SessionStore};
 use crate::Broker;
 
 /// Why a message could not be handed to the other nodes.
@@ -225,8 +225,10 @@ impl Broker {
     /// are taken back if the fabric will give the message to them should it reach
     /// the other nodes after all ([`Fabric::withdraw`]); so such a session gets it
     /// once, whichever way it goes, even if it moves to another node meanwhile (no
-    /// record names the message). Then the gate opens (for what stays behind it).
-    pub(crate) fn withdraw_refused(&self, gate: &Arc<Gate>) {
+    /// record names the message). What stays behind the gate (a copy that came
+    /// through a shared group, one the fabric already read back) goes once `store`
+    /// has it: the forward's failure says nothing of the copies' records.
+    pub(crate) fn withdraw_refused(&self, gate: &Arc<Gate>, store: &Arc<dyn SessionStore>) {
         let holders: Vec<_> = gate
             .holders()
             .into_iter()
@@ -243,7 +245,7 @@ impl Broker {
                     .fetch_add(taken as u64, Ordering::Relaxed);
             }
         }
-        gate.open();
+        store.open_when_stored(gate.clone());
     }
 
     /// Another node took `client_id`'s session: a connection here is closed with 0x8E

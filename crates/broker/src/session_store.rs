@@ -112,6 +112,15 @@ pub trait SessionStore: Send + Sync + std::fmt::Debug {
     fn barrier(&self) -> BoxFuture<'static, Result<(), SessionStoreError>>;
     fn begin_group(&self);
     fn end_group(&self);
+    /// Opens `gate` once every change recorded before the call is stored, or never
+    /// will be because another node owns its session now (its client left this
+    /// one), however long the store is out of reach: the QoS 2 copies behind a gate
+    /// whose publisher's barrier failed reach their subscribers only with their
+    /// records (see [`Gate`]). A store that does not move sessions between nodes
+    /// may open it at once.
+    fn open_when_stored(&self, gate: Arc<Gate>) {
+        gate.open();
+    }
     fn fetch(
         &self,
         _broker: &crate::Broker,
@@ -191,9 +200,12 @@ pub fn packet_id_for(seq: u64) -> u16 {
 /// id of its sequence number), the server die before the copy reached the disk, the
 /// publisher resend the message, and the new copy arrive under another packet id: a
 /// QoS 2 receiver would deliver it twice. The publisher's connection opens the gate
-/// after the barrier that precedes its PUBREC (if its forward to the other nodes
-/// failed, the copies still behind it are taken back first, when the fabric can give
-/// them again: `Broker::withdraw_refused`); a fabric opens the gate of a message
+/// after the barrier that precedes its PUBREC. If that barrier or the forward to the
+/// other nodes failed (the copies still behind it are then taken back first, when
+/// the fabric can give them again: `Broker::withdraw_refused`), the store opens it
+/// once the copies' records are stored ([`SessionStore::open_when_stored`]): a copy
+/// given unstored would carry a packet id that a node its session moves to gives to
+/// another message, which a QoS 2 receiver still holding the id drops. A fabric opens the gate of a message
 /// from another node once the copies, and how far it read, are stored
 /// ([`Broker::route_remote_gated`](crate::Broker::route_remote_gated)).
 #[derive(Debug, Default)]

@@ -497,6 +497,10 @@ impl SessionStore for RedisSessions {
         self.inner.barrier()
     }
 
+    fn open_when_stored(&self, gate: Arc<Gate>) {
+        self.inner.open_when_stored(gate);
+    }
+
     fn fetch(
         &self,
         broker: &Broker,

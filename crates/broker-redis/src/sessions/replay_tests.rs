@@ -214,3 +214,53 @@ async fn a_gated_group_opens_its_gate_once_it_is_written() {
     a.end_group();
     assert!(open_within(&overlapped).await);
 }
+
+/// A publisher's gate whose barrier failed is left to the store: it opens only once
+/// every change recorded before is written (the copies behind it with their packet
+/// ids), not while Redis does not answer; with the open group's changes if that holds
+/// any; and after the writer's next turn if nothing waits.
+#[tokio::test(flavor = "current_thread")]
+async fn a_gate_left_to_the_store_opens_once_what_was_recorded_before_is_written() {
+    use statehub_broker::Gate;
+    let open_within = |gate: &Arc<Gate>| {
+        let gate = gate.clone();
+        async move {
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+            while !gate.is_open() && std::time::Instant::now() < deadline {
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+            }
+            gate.is_open()
+        }
+    };
+    let mut redis = RedisServer::start();
+    let a = store(&redis, "a#1");
+    save_subscribed(&a, "c", 5, QoS::ExactlyOnce);
+    a.barrier().await.unwrap();
+
+    redis.kill();
+    let gate = Arc::new(Gate::default());
+    a.begin_group();
+    queue(&a, 5, 1, &message(b"unstored"));
+    a.end_group();
+    assert!(a.barrier().await.is_err(), "redis is down");
+    a.open_when_stored(gate.clone());
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert!(!gate.is_open(), "not written: the copy waits");
+    redis.restart();
+    assert!(open_within(&gate).await, "written once redis is back");
+    let fields: Vec<String> = connect(&redis).hkeys(format!("{PREFIX}s:5")).unwrap();
+    assert!(fields.iter().any(|f| f == "m:1"), "{fields:?}");
+
+    let grouped = Arc::new(Gate::default());
+    a.begin_group();
+    queue(&a, 5, 2, &message(b"grouped"));
+    a.open_when_stored(grouped.clone());
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    assert!(!grouped.is_open(), "its change waits in the open group");
+    a.end_group();
+    assert!(open_within(&grouped).await);
+
+    let idle = Arc::new(Gate::default());
+    a.open_when_stored(idle.clone());
+    assert!(open_within(&idle).await, "nothing to wait for");
+}

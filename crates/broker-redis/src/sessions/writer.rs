@@ -16,7 +16,9 @@ use redis::{Client, Connection, Script};
 use statehub_redis_common::{ShortfallLog, Wait};
 use tokio::sync::watch;
 
-use super::{lua, Batch, Op, Progress, SessionCounters};
+use statehub_broker::Gate;
+
+use super::{lua, Batch, Inner, Op, Progress, SessionCounters};
 use crate::writer::open;
 
 /// Most changes in one script call.
@@ -57,6 +59,17 @@ impl Writer {
                     }
                     Err(_) => break,
                 }
+            }
+            if ops.is_empty() {
+                // Only gates: every change before them is applied (see `open_when_stored`).
+                gates.iter().for_each(|g| g.open());
+                self.progress.send_modify(|p| {
+                    if p.replicated == p.written {
+                        p.replicated = last;
+                    }
+                    p.written = last;
+                });
+                continue;
             }
             loop {
                 match self.apply(&script, &mut connection, &ops) {
@@ -144,5 +157,19 @@ impl Writer {
             }
         }
         statehub_redis_common::invoke(con, &invocation, self.wait)
+    }
+}
+
+impl Inner {
+    /// Opens `gate` once the writer is past every change recorded so far: with the
+    /// open group's if it holds any, else after what was handed to the writer (it
+    /// retries a batch until Redis answers it, in order).
+    pub(crate) fn open_when_stored(&self, gate: Arc<Gate>) {
+        let mut state = self.state.lock();
+        if state.open > 0 && !state.group.is_empty() {
+            state.gates.push(gate);
+            return;
+        }
+        self.submit_gated(&mut state, Vec::new(), vec![gate]);
     }
 }

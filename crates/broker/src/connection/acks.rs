@@ -53,31 +53,55 @@ pub(super) enum Failed {
     Session(#[from] SessionStoreError),
 }
 
-/// Opens a gate when the publish that holds it is done with (acknowledged, or failed:
-/// a dead store must not leave messages stuck behind it), unless its copies are
-/// taken back first ([`OpenOnDrop::refused`]).
-#[derive(Debug)]
-pub(super) struct OpenOnDrop(Option<Arc<Gate>>);
+/// Opens a gate when the publish that holds it is done with. Acknowledged (its
+/// barrier passed: the copies behind it are stored), at once; failed or dropped
+/// unanswered, only once the store has every change recorded so far
+/// ([`SessionStore::open_when_stored`]): a copy given before its record is stored has
+/// a packet id no node the session moves to knows about, which it would give to
+/// another message that a QoS 2 receiver still holding the id then drops.
+pub(super) struct OpenOnDrop {
+    gate: Option<Arc<Gate>>,
+    store: Arc<dyn SessionStore>,
+}
+
+impl std::fmt::Debug for OpenOnDrop {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OpenOnDrop")
+            .field("gate", &self.gate)
+            .finish()
+    }
+}
 
 impl OpenOnDrop {
-    pub fn new(gate: Arc<Gate>) -> Self {
-        Self(Some(gate))
+    pub fn new(gate: Arc<Gate>, store: Arc<dyn SessionStore>) -> Self {
+        Self {
+            gate: Some(gate),
+            store,
+        }
+    }
+
+    /// The PUBLISH was acknowledged after the store's barrier: its copies are stored.
+    fn stored(mut self) {
+        if let Some(gate) = self.gate.take() {
+            gate.open();
+        }
     }
 
     /// The PUBLISH was refused because the other nodes could not be given it: its
     /// copies behind the gate are taken back if they can be given again should it
-    /// reach them after all (`Broker::withdraw_refused`).
+    /// reach them after all (`Broker::withdraw_refused`), the others wait until
+    /// they are stored.
     fn refused(mut self, broker: &crate::Broker) {
-        if let Some(gate) = self.0.take() {
-            broker.withdraw_refused(&gate);
+        if let Some(gate) = self.gate.take() {
+            broker.withdraw_refused(&gate, &self.store);
         }
     }
 }
 
 impl Drop for OpenOnDrop {
     fn drop(&mut self) {
-        if let Some(gate) = self.0.take() {
-            gate.open();
+        if let Some(gate) = self.gate.take() {
+            self.store.open_when_stored(gate);
         }
     }
 }
@@ -379,7 +403,9 @@ impl Conn {
                 }
             }
         }
-        drop(ack.gate);
+        if let Some(gate) = ack.gate {
+            gate.stored();
+        }
         Ok(())
     }
 

@@ -187,9 +187,14 @@ impl Conn {
         }
         let qos = p.qos;
         // Opened once this publish is acknowledged (after its waits) or failed.
-        let gate =
-            (qos == QoS::ExactlyOnce && self.broker.session_store().is_some()).then(Arc::default);
-        let open_when_done = gate.clone().map(OpenOnDrop::new);
+        let store = self
+            .broker
+            .session_store()
+            .filter(|_| qos == QoS::ExactlyOnce);
+        let gate = store.as_ref().map(|_| Arc::<Gate>::default());
+        let open_when_done = (gate.clone())
+            .zip(store)
+            .map(|(g, s)| OpenOnDrop::new(g, s));
         let (code, wait) = if let Some(service) = service {
             (ReasonCode::SUCCESS, self.serve(service, &p, pid).await)
         } else {
