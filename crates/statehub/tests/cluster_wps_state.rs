@@ -128,6 +128,24 @@ async fn event(ws: &mut Ws, name: &str, ack_id: u64) {
     }
 }
 
+/// A reliable client of user `u` on `node`; its socket and `connected` message.
+async fn connect(node: &common::Server) -> (Ws, serde_json::Value) {
+    let claims = ClientClaims {
+        user_id: Some("u".into()),
+        roles: vec![],
+        groups: vec![],
+    };
+    let url = format!("http://{}", node.http);
+    let token = issue_client_token(KEY, &url, HUB, &claims, PATIENCE);
+    let mut ws = websocket(&format!(
+        "ws://{}/client/hubs/{HUB}?access_token={token}",
+        node.http
+    ))
+    .await;
+    let connected = next_json(&mut ws).await;
+    (ws, connected)
+}
+
 /// The value of `field` in the session's hash in Redis (empty if none).
 fn stored(redis: &RedisServer, id: &str, field: &str) -> String {
     common::wps::session_field(redis, (NAMESPACE, HUB), id, field)
@@ -138,21 +156,10 @@ async fn the_upstream_connection_state_moves_with_a_session_recovered_on_another
     let redis = RedisServer::start();
     let (up, mut events) = upstream().await;
     let (a, b) = (node(&redis, "a", up), node(&redis, "b", up));
-    let claims = ClientClaims {
-        user_id: Some("u".into()),
-        roles: vec![],
-        groups: vec![],
-    };
-    let token = issue_client_token(KEY, &format!("http://{}", a.http), HUB, &claims, PATIENCE);
-    let mut ws = websocket(&format!(
-        "ws://{}/client/hubs/{HUB}?access_token={token}",
-        a.http
-    ))
-    .await;
-    let connected = next_json(&mut ws).await;
+    let (mut ws, connected) = connect(&a).await;
     assert_eq!(connected["event"], "connected", "{connected}");
-    let id = connected["connectionId"].as_str().unwrap().to_owned();
-    let reconnection = connected["reconnectionToken"].as_str().unwrap().to_owned();
+    let (id, reconnection) = (&connected["connectionId"], &connected["reconnectionToken"]);
+    let (id, reconnection) = (id.as_str().unwrap(), reconnection.as_str().unwrap());
     assert_eq!(next_event(&mut events).await.state, None, "connect");
 
     // A user event on A carries the connect's state; its answer replaces it.
@@ -161,7 +168,7 @@ async fn the_upstream_connection_state_moves_with_a_session_recovered_on_another
     assert_eq!(e1.state.as_deref(), Some("from-connect"), "{e1:?}");
     // The copy in Redis has it before A dies (the mirror is written behind).
     let deadline = Instant::now() + PATIENCE;
-    while stored(&redis, &id, "cst") != "from-e1" {
+    while stored(&redis, id, "cst") != "from-e1" {
         assert!(
             Instant::now() < deadline,
             "the state reaches the session's copy"
@@ -209,26 +216,15 @@ async fn an_event_the_old_node_takes_after_a_claim_is_posted_once() {
     let redis = RedisServer::start();
     let (up, mut events) = upstream().await;
     let (a, b) = (node(&redis, "a", up), node(&redis, "b", up));
-    let claims = ClientClaims {
-        user_id: Some("u".into()),
-        roles: vec![],
-        groups: vec![],
-    };
-    let token = issue_client_token(KEY, &format!("http://{}", a.http), HUB, &claims, PATIENCE);
-    let mut ws = websocket(&format!(
-        "ws://{}/client/hubs/{HUB}?access_token={token}",
-        a.http
-    ))
-    .await;
-    let connected = next_json(&mut ws).await;
-    let id = connected["connectionId"].as_str().unwrap().to_owned();
-    let reconnection = connected["reconnectionToken"].as_str().unwrap().to_owned();
+    let (mut ws, connected) = connect(&a).await;
+    let (id, reconnection) = (&connected["connectionId"], &connected["reconnectionToken"]);
+    let (id, reconnection) = (id.as_str().unwrap(), reconnection.as_str().unwrap());
     assert_eq!(
         next_event(&mut events).await.kind,
         "azure.webpubsub.sys.connect"
     );
     let deadline = Instant::now() + PATIENCE;
-    while stored(&redis, &id, "ep") != "1" {
+    while stored(&redis, id, "ep") != "1" {
         assert!(Instant::now() < deadline, "the session's copy is written");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }

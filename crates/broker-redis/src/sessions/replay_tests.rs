@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use redis::Commands;
 use statehub_broker::codec::QoS;
-use statehub_broker::{SessionChange, SessionStore};
+use statehub_broker::{Gate, SessionChange, SessionStore};
 use statehub_redis_common::test_server::RedisServer;
 
 use super::fetch::{claim, install, Claim, Resume};
@@ -168,23 +168,21 @@ async fn a_tombstone_goes_once_its_entry_is_read_back() {
     assert!(tombstones(&mut con).is_empty());
 }
 
+/// Whether `gate` opens within 20 s.
+async fn open_within(gate: &Arc<Gate>) -> bool {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !gate.is_open() && std::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    gate.is_open()
+}
+
 /// The QoS 2 copies the reader stores for messages from other nodes wait behind the
 /// gate of its group until the group (with the position mark past them) is written:
 /// not while Redis does not answer, at once for a group with nothing to write, and
 /// for overlapping groups once the last one closes and is written.
 #[tokio::test(flavor = "current_thread")]
 async fn a_gated_group_opens_its_gate_once_it_is_written() {
-    use statehub_broker::Gate;
-    let open_within = |gate: &Arc<Gate>| {
-        let gate = gate.clone();
-        async move {
-            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-            while !gate.is_open() && std::time::Instant::now() < deadline {
-                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-            }
-            gate.is_open()
-        }
-    };
     let mut redis = RedisServer::start();
     let a = store(&redis, "a#1");
     save_subscribed(&a, "c", 5, QoS::ExactlyOnce);
@@ -221,17 +219,6 @@ async fn a_gated_group_opens_its_gate_once_it_is_written() {
 /// any; and after the writer's next turn if nothing waits.
 #[tokio::test(flavor = "current_thread")]
 async fn a_gate_left_to_the_store_opens_once_what_was_recorded_before_is_written() {
-    use statehub_broker::Gate;
-    let open_within = |gate: &Arc<Gate>| {
-        let gate = gate.clone();
-        async move {
-            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-            while !gate.is_open() && std::time::Instant::now() < deadline {
-                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-            }
-            gate.is_open()
-        }
-    };
     let mut redis = RedisServer::start();
     let a = store(&redis, "a#1");
     save_subscribed(&a, "c", 5, QoS::ExactlyOnce);
