@@ -41,7 +41,7 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 use rustc_hash::FxHashMap;
 use statehub_broker::{
-    BoxFuture, Message, QueuedRef, SessionChange, SessionStore, SessionStoreError,
+    BoxFuture, Gate, Message, QueuedRef, SessionChange, SessionStore, SessionStoreError,
 };
 use statehub_storage::{Batch, StorageError, Store, Table};
 use tokio::sync::watch;
@@ -384,6 +384,26 @@ impl SessionStore for SessionTable {
                 .await
                 .map_err(|e| SessionStoreError(Arc::new(e)))
         })
+    }
+
+    /// Opens `gate` once every change recorded so far is durable: a barrier taken now,
+    /// awaited in the background. While writes wait for disk space the gate waits with
+    /// them (and the subscriber's queue behind its copy). If the store failed or closed
+    /// (it never writes again) the gate stays shut: the copy's record is not on disk, so
+    /// after a restart its packet id may be given to another message, which a QoS 2
+    /// receiver still holding the id would drop; its publisher was not acknowledged.
+    fn open_when_stored(&self, gate: Arc<Gate>) {
+        let stored = self.barrier();
+        let opener = async move {
+            match stored.await {
+                Ok(()) => gate.open(),
+                Err(e) => tracing::warn!("a QoS 2 copy stays undelivered, never stored: {e}"),
+            }
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => drop(runtime.spawn(opener)),
+            Err(_) => tracing::warn!("no runtime to open a gate when stored; it stays shut"),
+        }
     }
 }
 

@@ -2,6 +2,7 @@
 //! and when it is written (`table.rs`), message bodies stored once (`bodies.rs`).
 
 mod bodies;
+mod gates;
 mod records;
 mod table;
 
