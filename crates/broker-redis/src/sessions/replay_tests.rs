@@ -13,8 +13,8 @@ use statehub_redis_common::test_server::RedisServer;
 
 use super::fetch::{claim, install, Claim, Resume};
 use super::late_tests::{append, payloads};
-use super::tests::{connect, message, queue, save_subscribed, store, PREFIX};
-use super::RedisSessions;
+use super::tests::{connect, message, queue, save_subscribed, store, store_with, PREFIX};
+use super::{RedisSessions, Wait};
 
 /// How the old node let the session go.
 #[derive(Clone, Copy, Debug)]
@@ -250,4 +250,49 @@ async fn a_gate_left_to_the_store_opens_once_what_was_recorded_before_is_written
     let idle = Arc::new(Gate::default());
     a.open_when_stored(idle.clone());
     assert!(open_within(&idle).await, "nothing to wait for");
+}
+
+/// Under `--redis-wait-replicas` a gate left to the store opens only once enough
+/// replicas have every change recorded before it, whether the writer's batch carried
+/// changes or gates only: not while no replica is attached (`WAIT 1` never succeeds),
+/// a failover could lose the copy's record; once a replica attaches, without any
+/// further change recorded.
+#[tokio::test(flavor = "current_thread")]
+async fn under_wait_a_gate_left_to_the_store_opens_only_once_replicas_have_its_record() {
+    let redis = RedisServer::start();
+    let wait = Wait {
+        replicas: 1,
+        timeout: std::time::Duration::from_millis(20),
+    };
+    let a = store_with(&redis, "a#1", Some(wait));
+    save_subscribed(&a, "c", 5, QoS::ExactlyOnce);
+    assert!(a.barrier().await.is_err(), "no replica has it");
+
+    let with_changes = Arc::new(Gate::default());
+    a.begin_group();
+    queue(&a, 5, 1, &message(b"copy"));
+    a.open_when_stored(with_changes.clone());
+    a.end_group();
+    let gates_only = Arc::new(Gate::default());
+    a.open_when_stored(gates_only.clone());
+    let submitted = a.inner.state.lock().submitted;
+    let mut progress = a.inner.progress.clone();
+    progress.wait_for(|p| p.written >= submitted).await.unwrap();
+    assert!(
+        !with_changes.is_open(),
+        "opened with its record on no replica"
+    );
+    assert!(
+        !gates_only.is_open(),
+        "opened with the record before on no replica"
+    );
+
+    let replica = RedisServer::start_replica_of(&redis);
+    replica.wait_in_sync();
+    assert!(
+        open_within(&with_changes).await,
+        "opens once a replica has it"
+    );
+    assert!(open_within(&gates_only).await);
+    a.barrier().await.unwrap();
 }

@@ -10,11 +10,16 @@ use statehub_broker::codec::{ByteString, Publish, QoS};
 use statehub_broker::{Message, QueuedRef, SessionChange, SessionStore, Subscription};
 use statehub_redis_common::test_server::RedisServer;
 
-use super::{Fetcher, Inner, RedisSessions};
+use super::{Fetcher, Inner, RedisSessions, Wait};
 
 pub(super) const PREFIX: &str = "{t}:mqtt:";
 
 pub(super) fn store(redis: &RedisServer, owner: &str) -> RedisSessions {
+    store_with(redis, owner, None)
+}
+
+/// [`store`], its batches followed by `WAIT` as `wait` asks.
+pub(super) fn store_with(redis: &RedisServer, owner: &str, wait: Option<Wait>) -> RedisSessions {
     let client = redis::Client::open(redis.url()).unwrap();
     let fetcher = Fetcher {
         client: client.clone(),
@@ -35,7 +40,7 @@ pub(super) fn store(redis: &RedisServer, owner: &str) -> RedisSessions {
         owner.into(),
         fetcher,
         (Duration::from_secs(2), Duration::from_secs(1)),
-        None,
+        wait,
     )
     .unwrap();
     RedisSessions { inner }

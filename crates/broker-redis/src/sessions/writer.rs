@@ -5,7 +5,10 @@
 //! resends after reconnecting). With a [`Wait`], each batch is followed by one `WAIT`
 //! in the same pipeline; a batch fewer replicas acknowledged is on the primary but not
 //! safe from a failover, so the barriers waiting for it fail (the broker refuses their
-//! acknowledgements with 0x80) and it is not written again.
+//! acknowledgements with 0x80) and it is not written again. Its gates (QoS 2 copies)
+//! stay shut until a later `WAIT` sees enough replicas (one is asked every [`RETRY`]
+//! while any waits): a copy given before its record is safe from a failover has a
+//! packet id the new primary does not know, which it may give to another message.
 
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
@@ -44,10 +47,17 @@ impl Writer {
         let mut connection: Option<Connection> = None;
         let mut down_logged = false;
         let mut shortfalls = ShortfallLog::default();
+        // Gates of copies written but not on enough replicas yet (with a `Wait` only).
+        let mut unreplicated: Vec<Arc<Gate>> = Vec::new();
         loop {
             let (mut last, mut ops, mut gates) = match self.rx.recv_timeout(RETRY) {
                 Ok(first) => first,
-                Err(RecvTimeoutError::Timeout) => continue,
+                Err(RecvTimeoutError::Timeout) => {
+                    if !unreplicated.is_empty() {
+                        self.catch_up(&mut connection, &mut unreplicated);
+                    }
+                    continue;
+                }
                 Err(RecvTimeoutError::Disconnected) => return,
             };
             while ops.len() < MOST {
@@ -61,43 +71,18 @@ impl Writer {
                 }
             }
             if ops.is_empty() {
-                // Only gates: every change before them is applied (see `open_when_stored`).
-                gates.iter().for_each(|g| g.open());
-                self.progress.send_modify(|p| {
-                    if p.replicated == p.written {
-                        p.replicated = last;
-                    }
-                    p.written = last;
-                });
+                self.gates_only(last, gates, &mut connection, &mut unreplicated);
                 continue;
             }
             loop {
                 match self.apply(&script, &mut connection, &ops) {
                     Ok((fenced, acked)) => {
                         let replicated = self.replicated(acked, &mut shortfalls);
-                        self.counters.written.fetch_add(1, Ordering::Relaxed);
                         if down_logged {
                             tracing::info!("mqtt sessions: redis is back; storing again");
                             down_logged = false;
                         }
-                        if fenced > 0 {
-                            self.counters.fenced.fetch_add(fenced, Ordering::Relaxed);
-                            tracing::warn!(
-                                fenced,
-                                "mqtt sessions: changes to sessions another node owns now (or records of a message whose body only such a change carried) were not stored"
-                            );
-                        }
-                        // The QoS 2 copies these changes stored may go now.
-                        gates.iter().for_each(|g| g.open());
-                        self.progress.send_modify(|p| {
-                            p.written = last;
-                            if replicated {
-                                p.replicated = last;
-                            }
-                            if fenced > 0 || !replicated {
-                                p.failures += 1;
-                            }
-                        });
+                        self.written(last, (fenced, replicated), gates, &mut unreplicated);
                         break;
                     }
                     Err(e) => {
@@ -114,6 +99,109 @@ impl Writer {
                     }
                 }
             }
+        }
+    }
+
+    /// A batch was written (`fenced` of its changes refused, `replicated` or not):
+    /// counts it, opens its gates if it is safe from a failover, moves the progress.
+    fn written(
+        &self,
+        last: u64,
+        (fenced, replicated): (u64, bool),
+        gates: Vec<Arc<Gate>>,
+        unreplicated: &mut Vec<Arc<Gate>>,
+    ) {
+        self.counters.written.fetch_add(1, Ordering::Relaxed);
+        if fenced > 0 {
+            self.counters.fenced.fetch_add(fenced, Ordering::Relaxed);
+            tracing::warn!(
+                fenced,
+                "mqtt sessions: changes to sessions another node owns now (or records of a message whose body only such a change carried) were not stored"
+            );
+        }
+        // The QoS 2 copies these changes stored may go now (with every earlier one: a
+        // WAIT covers all writes before it).
+        if replicated {
+            unreplicated.drain(..).for_each(|g| g.open());
+            gates.iter().for_each(|g| g.open());
+        } else {
+            unreplicated.extend(gates);
+        }
+        self.progress.send_modify(|p| {
+            p.written = last;
+            if replicated {
+                p.replicated = last;
+            }
+            if fenced > 0 || !replicated {
+                p.failures += 1;
+            }
+        });
+    }
+
+    /// A batch of gates only: every change before them is applied (see
+    /// `open_when_stored`), so they open at once unless some of it is not on enough
+    /// replicas yet; then they wait with the others for a `WAIT` that sees it there.
+    fn gates_only(
+        &self,
+        last: u64,
+        gates: Vec<Arc<Gate>>,
+        connection: &mut Option<Connection>,
+        unreplicated: &mut Vec<Arc<Gate>>,
+    ) {
+        let behind = {
+            let p = self.progress.borrow();
+            p.replicated != p.written
+        };
+        if !behind && unreplicated.is_empty() {
+            gates.iter().for_each(|g| g.open());
+            self.progress.send_modify(|p| {
+                p.replicated = last;
+                p.written = last;
+            });
+            return;
+        }
+        unreplicated.extend(gates);
+        self.progress.send_modify(|p| p.written = last);
+        self.catch_up(connection, unreplicated);
+    }
+
+    /// Asks whether enough replicas have everything written so far: a small write of
+    /// this writer's own mark, then `WAIT` (which covers every write before it, on any
+    /// connection; a fresh connection's `WAIT` without a write of its own would count
+    /// replicas that have nothing). If they do, the waiting gates open and everything
+    /// written counts as replicated.
+    fn catch_up(&self, connection: &mut Option<Connection>, unreplicated: &mut Vec<Arc<Gate>>) {
+        let Some(wait) = self.wait else {
+            unreplicated.drain(..).for_each(|g| g.open());
+            return;
+        };
+        let con = match connection {
+            Some(con) => con,
+            None => match open(&self.client, self.timeout) {
+                Ok(con) => connection.insert(con),
+                Err(_) => return,
+            },
+        };
+        let millis = u64::try_from(wait.timeout.as_millis())
+            .unwrap_or(u64::MAX)
+            .max(1);
+        let mut pipe = redis::pipe();
+        pipe.cmd("SET")
+            .arg(format!("{}wait-mark:{}", self.prefix, self.owner))
+            .arg(1)
+            .arg("PX")
+            .arg(60_000)
+            .ignore()
+            .cmd("WAIT")
+            .arg(wait.replicas)
+            .arg(millis);
+        match pipe.query::<(u32,)>(con) {
+            Ok((acked,)) if acked >= wait.replicas => {
+                unreplicated.drain(..).for_each(|g| g.open());
+                self.progress.send_modify(|p| p.replicated = p.written);
+            }
+            Ok(_) => {}
+            Err(_) => *connection = None,
         }
     }
 
