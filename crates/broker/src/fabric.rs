@@ -245,7 +245,7 @@ impl Broker {
                     .fetch_add(taken as u64, Ordering::Relaxed);
             }
         }
-        store.open_when_stored(gate.clone());
+        gate.clone().leave_to(&**store);
     }
 
     /// Another node took `client_id`'s session: a connection here is closed with 0x8E

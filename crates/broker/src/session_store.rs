@@ -229,6 +229,20 @@ impl Gate {
         self.waiting.lock().clone()
     }
 
+    /// Leaves the gate to `store` to open once every change recorded so far is stored
+    /// ([`SessionStore::open_when_stored`]), unless no session still holds a copy
+    /// behind it: then nothing behind it can go out unstored, and it opens now. So what
+    /// a failing store keeps is bounded by the copies sessions queue (their queues'
+    /// bounds), not by how many PUBLISHes were refused meanwhile.
+    pub(crate) fn leave_to(self: Arc<Self>, store: &dyn SessionStore) {
+        let held = self.holders().iter().any(|s| s.holds_behind(&self));
+        if held {
+            store.open_when_stored(self);
+        } else {
+            self.open();
+        }
+    }
+
     /// Lets the copies behind it go to their subscribers.
     pub fn open(&self) {
         self.open.store(true, Ordering::Release);

@@ -47,10 +47,11 @@ impl Fabric for Refusing {
     }
 }
 
-/// Counts the copies recorded and taken back.
+/// Counts the copies recorded and taken back, and the gates left to it.
 #[derive(Debug, Default)]
 struct Counting {
     withdrawn: Mutex<Vec<u64>>,
+    left: std::sync::atomic::AtomicUsize,
 }
 
 impl SessionStore for Counting {
@@ -64,6 +65,10 @@ impl SessionStore for Counting {
     }
     fn begin_group(&self) {}
     fn end_group(&self) {}
+    fn open_when_stored(&self, gate: Arc<Gate>) {
+        self.left.fetch_add(1, Ordering::SeqCst);
+        gate.open();
+    }
 }
 
 struct Setup {
@@ -164,4 +169,23 @@ async fn a_refused_qos2_copy_the_fabric_cannot_give_again_is_given() {
     marker(&mut s.publ).await;
     assert_eq!(&s.kept.expect_publish().await.payload[..], b"refused");
     assert!(s.store.withdrawn.lock().unwrap().is_empty());
+}
+
+/// Once its copies are taken back no session holds one behind the gate: it opens at
+/// once instead of being left to the store, so a store that cannot write keeps
+/// nothing for the PUBLISHes refused meanwhile (only for copies sessions queue).
+#[tokio::test]
+async fn a_gate_whose_copies_were_all_taken_back_is_not_left_to_the_store() {
+    let mut s = setup(true).await;
+    assert_eq!(refused(&mut s.publ, b"refused").await, ReasonCode(0x80));
+    assert_eq!(
+        s.store.withdrawn.lock().unwrap().len(),
+        1,
+        "kept's copy taken back"
+    );
+    assert_eq!(
+        s.store.left.load(Ordering::SeqCst),
+        0,
+        "nothing behind the gate: not left to the store"
+    );
 }

@@ -101,7 +101,7 @@ impl OpenOnDrop {
 impl Drop for OpenOnDrop {
     fn drop(&mut self) {
         if let Some(gate) = self.gate.take() {
-            self.store.open_when_stored(gate);
+            gate.leave_to(&*self.store);
         }
     }
 }

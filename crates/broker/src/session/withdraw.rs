@@ -16,6 +16,12 @@ impl Session {
         Some(d.msg.clone())
     }
 
+    /// Whether a copy behind `gate` (of any kind) still waits in the queue.
+    pub(crate) fn holds_behind(&self, gate: &Arc<Gate>) -> bool {
+        let st = self.state.lock();
+        (st.queue.iter()).any(|d| d.gate.as_ref().is_some_and(|g| Arc::ptr_eq(g, gate)))
+    }
+
     /// Takes the copies behind `gate` out of the queue, with their stored records
     /// (which leave no trace that the session had them); how many went.
     pub(crate) fn withdraw(&self, gate: &Arc<Gate>) -> usize {
