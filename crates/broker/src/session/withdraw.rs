@@ -19,7 +19,7 @@ impl Session {
     /// Whether a copy behind `gate` (of any kind) still waits in the queue.
     pub(crate) fn holds_behind(&self, gate: &Arc<Gate>) -> bool {
         let st = self.state.lock();
-        (st.queue.iter()).any(|d| d.gate.as_ref().is_some_and(|g| Arc::ptr_eq(g, gate)))
+        st.queue.iter().any(|d| behind(d, gate))
     }
 
     /// Takes the copies behind `gate` out of the queue, with their stored records
@@ -53,5 +53,9 @@ impl Session {
 }
 
 fn withdrawable(d: &crate::message::Delivery, gate: &Arc<Gate>) -> bool {
-    d.shared.is_none() && d.gate.as_ref().is_some_and(|g| Arc::ptr_eq(g, gate))
+    d.shared.is_none() && behind(d, gate)
+}
+
+fn behind(d: &crate::message::Delivery, gate: &Arc<Gate>) -> bool {
+    d.gate.as_ref().is_some_and(|g| Arc::ptr_eq(g, gate))
 }
