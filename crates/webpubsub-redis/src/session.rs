@@ -196,12 +196,7 @@ pub(crate) fn add_write(
     write: &SessionWrite,
     (owner, position): (&str, &str),
 ) {
-    let mut cmd = redis::cmd("EVALSHA");
-    cmd.arg(scripts.write.get_hash())
-        .arg(3)
-        .arg(&keys.all()[..])
-        .arg(epoch)
-        .arg(ttl_ms);
+    let mut cmd = write_call(scripts, keys, (epoch, ttl_ms));
     match write {
         SessionWrite::Open {
             token,
@@ -209,11 +204,10 @@ pub(crate) fn add_write(
             user,
             roles,
         } => {
-            let roles = serde_json::to_string(roles).unwrap_or_else(|_| "[]".into());
             cmd.arg("open")
                 .arg(token)
                 .arg(protocol)
-                .arg(roles)
+                .arg(json_list(roles))
                 .arg(owner)
                 .arg(position)
                 .arg(if user.is_some() { "1" } else { "" })
@@ -234,12 +228,10 @@ pub(crate) fn add_write(
                 .arg(*evicted_through);
         }
         SessionWrite::Groups(groups) => {
-            let groups = serde_json::to_string(groups).unwrap_or_else(|_| "[]".into());
-            cmd.arg("groups").arg(groups);
+            cmd.arg("groups").arg(json_list(groups));
         }
         SessionWrite::Roles(roles) => {
-            let roles = serde_json::to_string(roles).unwrap_or_else(|_| "[]".into());
-            cmd.arg("roles").arg(roles);
+            cmd.arg("roles").arg(json_list(roles));
         }
         SessionWrite::Ack { ack_id, keep } => {
             cmd.arg("ack").arg(*ack_id).arg(*keep);
@@ -247,6 +239,37 @@ pub(crate) fn add_write(
         SessionWrite::State(state) => {
             cmd.arg("state").arg(state);
         }
+        SessionWrite::StreamOpened(_)
+        | SessionWrite::StreamAccepted { .. }
+        | SessionWrite::StreamClosed(_) => add_stream(&mut cmd, write),
+        SessionWrite::Delete => {
+            cmd.arg("delete");
+        }
+    }
+    pipe.add_command(cmd).ignore();
+}
+
+/// A call of the session's write script on its three keys, before the write's kind and
+/// arguments.
+fn write_call(scripts: &Scripts, keys: &Keys, (epoch, ttl_ms): (u64, u64)) -> redis::Cmd {
+    let mut cmd = redis::cmd("EVALSHA");
+    cmd.arg(scripts.write.get_hash())
+        .arg(3)
+        .arg(&keys.all()[..])
+        .arg(epoch)
+        .arg(ttl_ms);
+    cmd
+}
+
+/// Groups or roles as the session's hash keeps them: a JSON array.
+fn json_list(list: &[String]) -> String {
+    serde_json::to_string(list).unwrap_or_else(|_| "[]".into())
+}
+
+/// A client stream's change: its next expected id and idle deadline, with its group
+/// and options when it opens; its removal when it closes.
+fn add_stream(cmd: &mut redis::Cmd, write: &SessionWrite) {
+    match write {
         SessionWrite::StreamOpened(stream) => {
             let meta = StreamMeta {
                 group: stream.group.clone(),
@@ -271,11 +294,8 @@ pub(crate) fn add_write(
         SessionWrite::StreamClosed(id) => {
             cmd.arg("unstream").arg(id);
         }
-        SessionWrite::Delete => {
-            cmd.arg("delete");
-        }
+        _ => {}
     }
-    pipe.add_command(cmd).ignore();
 }
 
 /// Adds a session's consecutive frames to `pipe` as one script call.
@@ -286,13 +306,8 @@ pub(crate) fn add_frames(
     (epoch, ttl_ms): (u64, u64),
     frames: &[&SessionWrite],
 ) {
-    let mut cmd = redis::cmd("EVALSHA");
-    cmd.arg(scripts.write.get_hash())
-        .arg(3)
-        .arg(&keys.all()[..])
-        .arg(epoch)
-        .arg(ttl_ms)
-        .arg("frame");
+    let mut cmd = write_call(scripts, keys, (epoch, ttl_ms));
+    cmd.arg("frame");
     for frame in frames {
         add_frame(&mut cmd, frame);
     }
@@ -323,13 +338,8 @@ fn add_frame(cmd: &mut redis::Cmd, write: &SessionWrite) {
 
 /// Marks a session whose writes could not all be queued: no other node may serve it.
 pub(crate) fn add_lost(pipe: &mut redis::Pipeline, scripts: &Scripts, keys: &Keys, epoch: u64) {
-    let mut cmd = redis::cmd("EVALSHA");
-    cmd.arg(scripts.write.get_hash())
-        .arg(3)
-        .arg(&keys.all()[..])
-        .arg(epoch)
-        .arg(0)
-        .arg("lost");
+    let mut cmd = write_call(scripts, keys, (epoch, 0));
+    cmd.arg("lost");
     pipe.add_command(cmd).ignore();
 }
 

@@ -191,17 +191,7 @@ fn data(
         None => return fx.replies.push(not_found(stream_id)),
     };
     let Some((seq, payload)) = fragment else {
-        // A keepalive.
-        let expected = session
-            .streams()
-            .active
-            .get(&stream_id)
-            .map_or(1, |s| s.expected);
-        touch(session, &stream_id, expected, deadline);
-        return fx.replies.push(Downstream::StreamAck {
-            stream_id,
-            expected_sequence_id: expected,
-        });
+        return keepalive(session, fx, stream_id, deadline);
     };
     let failure = data_failure(&payload, session.permissions().can_send(&group), &group);
     let mut streams = session.streams();
@@ -215,53 +205,19 @@ fn data(
         touch(session, &stream_id, expected, deadline);
         return fx.replies.push(out_of_order(stream_id, seq, expected));
     }
-    if let Some((name, group_error, message)) = failure {
+    if let Some(failure) = failure {
         let s = streams.active.remove(&stream_id);
         drop(streams);
-        if let Some(s) = s {
-            let error = StreamError {
-                name: group_error.into(),
-                message: Some(message.clone()),
-                user_error_code: None,
-            };
-            fx.held = publish_end_closing(hub, session, &stream_id, &s, Some(error));
-        }
-        return fx.replies.push(closed(stream_id, name, message));
+        return end_failed(hub, session, fx, (stream_id, s), failure);
     }
     s.expected += 1;
     let no_echo = s.no_echo;
     drop(streams);
     if let Ok(payload) = payload {
-        let info = StreamInfo {
-            stream_id: stream_id.clone(),
-            stream_sequence_id: seq,
-            end_of_stream: false,
-            error: None,
-        };
-        // With the broadcast as one: stored, it says the fragment went out.
-        let state = SessionWrite::StreamAccepted {
-            id: stream_id.clone(),
-            expected: seq + 1,
-            deadline_ms: deadline,
-        };
-        let Some(ticket) = publish(
-            hub,
-            session,
-            (&group, no_echo),
-            &info,
-            &payload,
-            Some(state),
-        ) else {
-            // Delivered nowhere: the publisher may send the fragment again.
-            if let Some(s) = session.streams().active.get_mut(&stream_id) {
-                s.expected = s.expected.min(seq);
-            }
-            return fx.replies.push(Downstream::StreamNack {
-                stream_id,
-                expected_sequence_id: seq,
-                name: "InternalServerError".into(),
-                message: "The message could not reach every node; send it again".into(),
-            });
+        let target = (group.as_str(), no_echo);
+        let fragment = (seq, &payload, deadline);
+        let Some(ticket) = publish_fragment(hub, session, &stream_id, target, fragment) else {
+            return fx.replies.push(unsent(session, stream_id, seq));
         };
         fx.held = ticket;
     }
@@ -269,6 +225,80 @@ fn data(
         stream_id,
         expected_sequence_id: seq + 1,
     });
+}
+
+/// A `streamData` without a fragment: the idle deadline moved, answered with the id
+/// expected.
+fn keepalive(session: &Session, fx: &mut Effects, stream_id: String, deadline: u64) {
+    let expected = session
+        .streams()
+        .active
+        .get(&stream_id)
+        .map_or(1, |s| s.expected);
+    touch(session, &stream_id, expected, deadline);
+    fx.replies.push(Downstream::StreamAck {
+        stream_id,
+        expected_sequence_id: expected,
+    });
+}
+
+/// A fragment that ends its stream (see [`data_failure`]): its members get the
+/// terminal message with the group's error, the publisher `streamClosed`.
+fn end_failed(
+    hub: &Hub,
+    session: &Session,
+    fx: &mut Effects,
+    (stream_id, removed): (String, Option<OutStream>),
+    (name, group_error, message): (&'static str, &'static str, String),
+) {
+    if let Some(s) = removed {
+        let error = StreamError {
+            name: group_error.into(),
+            message: Some(message.clone()),
+            user_error_code: None,
+        };
+        fx.held = publish_end_closing(hub, session, &stream_id, &s, Some(error));
+    }
+    fx.replies.push(closed(stream_id, name, message));
+}
+
+/// Publishes an accepted fragment `(seq, payload, idle deadline)` to the stream's
+/// group, its new state for the session's copy with it: the mirror ticket, `None`
+/// when it reached no node.
+fn publish_fragment(
+    hub: &Hub,
+    session: &Session,
+    stream_id: &str,
+    target: (&str, bool),
+    (seq, payload, deadline_ms): (u64, &Payload, u64),
+) -> Option<u64> {
+    let info = StreamInfo {
+        stream_id: stream_id.to_owned(),
+        stream_sequence_id: seq,
+        end_of_stream: false,
+        error: None,
+    };
+    // With the broadcast as one: stored, it says the fragment went out.
+    let state = SessionWrite::StreamAccepted {
+        id: stream_id.to_owned(),
+        expected: seq + 1,
+        deadline_ms,
+    };
+    publish(hub, session, target, &info, payload, Some(state))
+}
+
+/// A fragment delivered nowhere: the publisher may send it again, so the id expected
+/// goes back to it.
+fn unsent(session: &Session, stream_id: String, seq: u64) -> Downstream {
+    if let Some(s) = session.streams().active.get_mut(&stream_id) {
+        s.expected = s.expected.min(seq);
+    }
+    Downstream::StreamNack {
+        stream_id,
+        expected_sequence_id: seq,
+        name: "InternalServerError".into(),
+        message: "The message could not reach every node; send it again".into(),
+    }
 }
 
 /// A stream's idle deadline moved without a fragment accepted (a keepalive, a repeat,
