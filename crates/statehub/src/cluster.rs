@@ -147,6 +147,42 @@ pub fn resolve(
     data_dir: bool,
 ) -> Result<Option<Cluster>, ClusterError> {
     // Checked with or without a Redis URL, as a table that cannot be used.
+    let lag_limit = check_mqtt(&file)?;
+    let Some(url) = args.redis_url.clone().or_else(|| file.redis_url.clone()) else {
+        return Ok(None);
+    };
+    if data_dir {
+        return Err(ClusterError::WithDataDir);
+    }
+    check_redis(&file)?;
+    let wait = wait(
+        args.redis_wait_replicas.unwrap_or(file.redis_wait_replicas),
+        file.redis_wait_timeout_ms,
+        file.timeout_ms,
+    )?;
+    let node = args.node_id.clone().or_else(|| file.node_id.clone());
+    let node = node.unwrap_or_else(|| {
+        let started = statehub_state_store::unix_ms(std::time::SystemTime::now());
+        format!("node-{}-{started}", std::process::id())
+    });
+    if node.is_empty() {
+        return Err(ClusterError::Invalid("node_id must be non-empty"));
+    }
+    let store = Options {
+        url,
+        namespace: file.namespace.clone(),
+        node,
+        version_node_id: version_node_id.to_owned(),
+        timeout: Duration::from_millis(file.timeout_ms),
+        feed_len: file.feed_len,
+        wait,
+    };
+    Ok(Some(Cluster::new(store, lag_limit, &file)))
+}
+
+/// The broker's bounds, which a table must keep with or without a Redis URL; returns
+/// the reader lag limit.
+fn check_mqtt(file: &ClusterConfig) -> Result<u64, ClusterError> {
     if file.mqtt_stream_len == 0 {
         return Err(ClusterError::Invalid("mqtt_stream_len must be at least 1"));
     }
@@ -173,12 +209,11 @@ pub fn resolve(
             "mqtt_session_sweep_ms must be at least 100",
         ));
     }
-    let Some(url) = args.redis_url.clone().or(file.redis_url) else {
-        return Ok(None);
-    };
-    if data_dir {
-        return Err(ClusterError::WithDataDir);
-    }
+    Ok(lag_limit)
+}
+
+/// The bounds the state store and Web PubSub on Redis need.
+fn check_redis(file: &ClusterConfig) -> Result<(), ClusterError> {
     if file.timeout_ms == 0 {
         return Err(ClusterError::Invalid("timeout_ms must be at least 1"));
     }
@@ -195,55 +230,41 @@ pub fn resolve(
             "namespace must be non-empty, without braces",
         ));
     }
-    let wait = wait(
-        args.redis_wait_replicas.unwrap_or(file.redis_wait_replicas),
-        file.redis_wait_timeout_ms,
-        file.timeout_ms,
-    )?;
-    let node = args.node_id.clone().or(file.node_id).unwrap_or_else(|| {
-        let started = statehub_state_store::unix_ms(std::time::SystemTime::now());
-        format!("node-{}-{started}", std::process::id())
-    });
-    if node.is_empty() {
-        return Err(ClusterError::Invalid("node_id must be non-empty"));
+    Ok(())
+}
+
+impl Cluster {
+    /// Web PubSub's and the broker's options beside the state store's, from a table
+    /// [`check_mqtt`] and [`check_redis`] passed.
+    fn new(store: Options, lag_limit: u64, file: &ClusterConfig) -> Self {
+        let webpubsub = statehub_webpubsub_redis::Options {
+            url: store.url.clone(),
+            namespace: store.namespace.clone(),
+            node: store.node.clone(),
+            timeout: store.timeout,
+            stream_len: file.webpubsub_stream_len,
+            queue: file.webpubsub_queue,
+            wait: store.wait,
+        };
+        let mqtt = statehub_broker_redis::Options {
+            url: store.url.clone(),
+            namespace: store.namespace.clone(),
+            node: store.node.clone(),
+            timeout: store.timeout,
+            stream_len: file.mqtt_stream_len,
+            reader_lag_limit: lag_limit,
+            queue: file.mqtt_queue,
+            wait_replicas: store.wait.map_or(0, |w| w.replicas),
+            wait_timeout: store.wait.map_or(Duration::ZERO, |w| w.timeout),
+            node_ttl: Duration::from_millis(file.mqtt_node_ttl_ms),
+            session_sweep: Duration::from_millis(file.mqtt_session_sweep_ms),
+        };
+        Self {
+            store,
+            webpubsub,
+            mqtt,
+        }
     }
-    let timeout = Duration::from_millis(file.timeout_ms);
-    let webpubsub = statehub_webpubsub_redis::Options {
-        url: url.clone(),
-        namespace: file.namespace.clone(),
-        node: node.clone(),
-        timeout,
-        stream_len: file.webpubsub_stream_len,
-        queue: file.webpubsub_queue,
-        wait,
-    };
-    let mqtt = statehub_broker_redis::Options {
-        url: url.clone(),
-        namespace: file.namespace.clone(),
-        node: node.clone(),
-        timeout,
-        stream_len: file.mqtt_stream_len,
-        reader_lag_limit: lag_limit,
-        queue: file.mqtt_queue,
-        wait_replicas: wait.map_or(0, |w| w.replicas),
-        wait_timeout: wait.map_or(Duration::ZERO, |w| w.timeout),
-        node_ttl: Duration::from_millis(file.mqtt_node_ttl_ms),
-        session_sweep: Duration::from_millis(file.mqtt_session_sweep_ms),
-    };
-    let store = Options {
-        url,
-        namespace: file.namespace,
-        node,
-        version_node_id: version_node_id.to_owned(),
-        timeout,
-        feed_len: file.feed_len,
-        wait,
-    };
-    Ok(Some(Cluster {
-        store,
-        webpubsub,
-        mqtt,
-    }))
 }
 
 /// The replicas a write (state store, MQTT, Web PubSub) waits for, if any, and for how long (less
