@@ -13,8 +13,9 @@ use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use common::cluster::{node, node_with_settings, publish_acked};
+use common::cluster::{publish_acked, Pair};
 use common::proxy::Proxy;
+use common::Server;
 use statehub_broker::codec::{Packet, PubResponse, Publish, QoS, ReasonCode};
 use statehub_redis_common::test_server::RedisServer;
 use statehub_test_support::{opts, persistent_connect, publish, Event, RawClient, V5};
@@ -214,6 +215,30 @@ impl Receiver {
     }
 }
 
+/// The persistent subscriber `mover` on node `a`, subscribed to `filter` at QoS 2.
+async fn mover(a: &Server, filter: &str) -> RawClient {
+    let (mut sub, ack) = RawClient::connect_with(a.mqtt, persistent_connect("mover", 300)).await;
+    assert_eq!(ack.reason_code, ReasonCode::SUCCESS);
+    sub.subscribe(filter, opts(QoS::ExactlyOnce)).await;
+    sub
+}
+
+/// Lets the proxy send on what it held and waits until the held append ran (the
+/// stream grew); the deadline of that wait, which the test's next waits share.
+async fn release_held_append(redis: &RedisServer, proxy: &Proxy) -> tokio::time::Instant {
+    let before = stream_len(redis);
+    proxy.stall.send_replace(false);
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while stream_len(redis) == before {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the held append never ran"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    deadline
+}
+
 /// Connects `id` to `addr` resuming its session, retrying while the node says it is
 /// busy moving it.
 async fn resume(addr: SocketAddr, id: &str) -> RawClient {
@@ -241,18 +266,10 @@ async fn resume(addr: SocketAddr, id: &str) -> RawClient {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_handed_over_while_its_node_cannot_append_gets_each_message_once() {
-    let redis = RedisServer::start();
-    let proxy = Proxy::start(redis.port(), relay).await;
     // A held pipeline fails after `timeout_ms`: its publisher is refused, and so is the
     // flush that would give the hand-over its bound.
-    let a = common::start_configured(
-        "[cluster]\ntimeout_ms = 3000\n",
-        &["--redis", &proxy.url(), "--node-id", "a"],
-    );
-    let b = node(&redis, "b");
-    let (mut sub, ack) = RawClient::connect_with(a.mqtt, persistent_connect("mover", 300)).await;
-    assert_eq!(ack.reason_code, ReasonCode::SUCCESS);
-    sub.subscribe("w/#", opts(QoS::ExactlyOnce)).await;
+    let Pair { a, b, proxy, redis } = Pair::builder().a("timeout_ms = 3000").start(relay).await;
+    let mut sub = mover(&a, "w/#").await;
     let mut on_a = RawClient::connect(a.mqtt, V5, "on-a").await;
     let mut on_b = RawClient::connect(b.mqtt, V5, "on-b").await;
     let ok = ReasonCode::SUCCESS;
@@ -282,16 +299,7 @@ async fn a_session_handed_over_while_its_node_cannot_append_gets_each_message_on
     sub.disconnect().await;
     // b asks a for the session; a's flush fails, so it releases it without a bound.
     let mut sub = resume(b.mqtt, "mover").await;
-    let before = stream_len(&redis);
-    proxy.stall.send_replace(false);
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    while stream_len(&redis) == before {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the held append never ran"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let deadline = release_held_append(&redis, &proxy).await;
     // After the late entry (which b's reader gives the session, once): a's writer
     // answers again (a refusal is a message never acknowledged, which may arrive
     // once or not at all).
@@ -400,17 +408,12 @@ async fn a_refused_shared_qos_2_copy_is_given_only_once_stored_so_its_id_is_neve
 /// `quiet`: how long the subscriber on a is listened to without anything coming.
 /// What the subscriber was given, in order.
 async fn refused_copy_moves(filter: &str, quiet: Duration) -> Vec<String> {
-    let redis = RedisServer::start();
-    let proxy = Proxy::start(redis.port(), relay_late).await;
-    let ttl = "mqtt_node_ttl_ms = 2000";
-    let a = common::start_configured(
-        &format!("[cluster]\ntimeout_ms = 1000\n{ttl}\n"),
-        &["--redis", &proxy.url(), "--node-id", "a"],
-    );
-    let b = node_with_settings(&redis, "b", ttl);
-    let (mut sub, ack) = RawClient::connect_with(a.mqtt, persistent_connect("mover", 300)).await;
-    assert_eq!(ack.reason_code, ReasonCode::SUCCESS);
-    sub.subscribe(filter, opts(QoS::ExactlyOnce)).await;
+    let Pair { a, b, proxy, redis } = Pair::builder()
+        .a("timeout_ms = 1000")
+        .both("mqtt_node_ttl_ms = 2000")
+        .start(relay_late)
+        .await;
+    let mut sub = mover(&a, filter).await;
     let mut on_a = RawClient::connect(a.mqtt, V5, "on-a").await;
     let ok = ReasonCode::SUCCESS;
     assert_eq!(
@@ -446,16 +449,7 @@ async fn refused_copy_moves(filter: &str, quiet: Duration) -> Vec<String> {
             ok
         );
     }
-    let before = stream_len(&redis);
-    proxy.stall.send_replace(false);
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    while stream_len(&redis) == before {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the held append never ran"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    release_held_append(&redis, &proxy).await;
     assert_eq!(
         publish_acked(&mut on_b, "w/1", QoS::ExactlyOnce, b"b-after").await,
         ok
@@ -481,17 +475,11 @@ async fn relay_liveness(client: TcpStream, upstream: TcpStream, stall: watch::Re
 /// message its copy had given and not seen acknowledged is resent there once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_ends_its_copy_of_a_session_taken_as_from_a_dead_node_on_the_announcement() {
-    let redis = RedisServer::start();
-    let proxy = Proxy::start(redis.port(), relay_liveness).await;
-    let ttl = "mqtt_node_ttl_ms = 2000";
-    let a = common::start_configured(
-        &format!("[cluster]\n{ttl}\n"),
-        &["--redis", &proxy.url(), "--node-id", "a"],
-    );
-    let b = node_with_settings(&redis, "b", ttl);
-    let (mut old, ack) = RawClient::connect_with(a.mqtt, persistent_connect("mover", 300)).await;
-    assert_eq!(ack.reason_code, ReasonCode::SUCCESS);
-    old.subscribe("w/#", opts(QoS::ExactlyOnce)).await;
+    let Pair { a, b, proxy, redis } = Pair::builder()
+        .both("mqtt_node_ttl_ms = 2000")
+        .start(relay_liveness)
+        .await;
+    let mut old = mover(&a, "w/#").await;
     let mut on_a = RawClient::connect(a.mqtt, V5, "on-a").await;
     let ok = ReasonCode::SUCCESS;
     assert_eq!(

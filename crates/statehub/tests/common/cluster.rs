@@ -1,10 +1,15 @@
 //! Helpers of the cross-node tests: statehub nodes on one redis-server, and the QoS
 //! exchanges they check.
 
+use std::future::Future;
+
 use statehub_broker::codec::{Packet, PubResponse, Publish, QoS, ReasonCode};
 use statehub_redis_common::test_server::RedisServer;
 use statehub_test_support::{publish, RawClient};
+use tokio::net::TcpStream;
+use tokio::sync::watch;
 
+use super::proxy::Proxy;
 use super::{Server, LOCAL};
 
 /// A node on `redis` with id `id`.
@@ -72,4 +77,62 @@ pub fn node_with_settings(redis: &RedisServer, id: &str, settings: &str) -> Serv
     let url = redis.url();
     let toml = format!("[cluster]\n{settings}\n");
     super::start_configured(&toml, &["--redis", &url, "--node-id", id])
+}
+
+/// Two nodes on one redis-server: `a` reaches it through a [`Proxy`] whose relay the
+/// test chooses (to hold back what it wants of a's Redis traffic), `b` directly.
+/// Built with [`Pair::builder`], each test naming what its nodes' `[cluster]` tables
+/// add.
+pub struct Pair {
+    pub a: Server,
+    pub b: Server,
+    pub proxy: Proxy,
+    pub redis: RedisServer,
+}
+
+/// The `[cluster]` lines of a [`Pair`]'s nodes.
+#[derive(Default)]
+pub struct PairBuilder {
+    a: Vec<String>,
+    both: Vec<String>,
+}
+
+impl Pair {
+    pub fn builder() -> PairBuilder {
+        PairBuilder::default()
+    }
+}
+
+impl PairBuilder {
+    /// A `[cluster]` line (TOML) for node a only.
+    pub fn a(mut self, line: &str) -> Self {
+        self.a.push(line.to_owned());
+        self
+    }
+
+    /// A `[cluster]` line (TOML) for both nodes.
+    pub fn both(mut self, line: &str) -> Self {
+        self.both.push(line.to_owned());
+        self
+    }
+
+    /// Starts redis-server, the proxy relaying a's connections with `relay` (see
+    /// [`Proxy::start`]), and the nodes `a` and `b`.
+    pub async fn start<R, F>(self, relay: R) -> Pair
+    where
+        R: Fn(TcpStream, TcpStream, watch::Receiver<bool>) -> F + Send + 'static,
+        F: Future<Output = ()> + Send + 'static,
+    {
+        let redis = RedisServer::start();
+        let proxy = Proxy::start(redis.port(), relay).await;
+        let lines = |lines: &[String]| lines.iter().map(|l| format!("{l}\n")).collect::<String>();
+        let a_table = format!("[cluster]\n{}{}", lines(&self.a), lines(&self.both));
+        let a = super::start_configured(&a_table, &["--redis", &proxy.url(), "--node-id", "a"]);
+        let b = if self.both.is_empty() {
+            node(&redis, "b")
+        } else {
+            node_with_settings(&redis, "b", &self.both.join("\n"))
+        };
+        Pair { a, b, proxy, redis }
+    }
 }
