@@ -20,9 +20,11 @@ use std::time::{Duration, Instant};
 
 use clap::Args;
 
+use tokio::task::JoinHandle;
+
 use crate::common::progress;
 use crate::report::{new_histogram, Latency, Report, Value};
-use client::Shared;
+use client::{Shared, SubResult};
 pub use wire::Target;
 
 #[derive(Debug, Args)]
@@ -92,25 +94,7 @@ pub(crate) fn client_url(
 
 pub async fn run(args: FanoutArgs) -> Result<Report, String> {
     let shared = Arc::new(Shared::default());
-    let sub_url = ws_url(&args, "sub")?;
-    progress(
-        args.quiet,
-        format!(
-            "connecting {} subscribers to {}",
-            args.subscribers, args.url
-        ),
-    );
-    let mut subs = Vec::with_capacity(args.subscribers as usize);
-    for _ in 0..args.subscribers {
-        let ws = client::connect(args.target, &sub_url, "sub").await?;
-        let ack_every = Duration::from_millis(args.ack_interval_ms.max(1));
-        subs.push(tokio::spawn(client::subscribe(
-            args.target,
-            ws,
-            Arc::clone(&shared),
-            ack_every,
-        )));
-    }
+    let subs = start_subscribers(&args, &shared).await?;
     let pub_ws = client::connect(args.target, &ws_url(&args, "pub")?, "pub").await?;
     let stop_publishing = Arc::new(AtomicBool::new(false));
     let padding = "x".repeat(args.payload_bytes.saturating_sub(40));
@@ -151,6 +135,58 @@ pub async fn run(args: FanoutArgs) -> Result<Report, String> {
     shared.stop.store(true, Ordering::Relaxed);
 
     let mut report = Report::new("fanout");
+    add_params(&mut report, &args, elapsed);
+    let subs = Received::collect(&mut report, subs).await?;
+    if let Some(e) = published.error {
+        report.error(format!("publisher: {e}"));
+    }
+    let lost = expected_total.saturating_sub(subs.received);
+    report.result(
+        "delivered_per_s",
+        "delivered msg/s",
+        Value::Float(measured as f64 / elapsed),
+    );
+    report.result(
+        "published",
+        "publishes acknowledged",
+        Value::Int(published.acked),
+    );
+    subs.add_results(&mut report, lost);
+    if lost > 0 || subs.out_of_order > 0 {
+        report.fail();
+    }
+    Ok(report)
+}
+
+/// Connects the subscribers one after the other, each then receiving on a task.
+async fn start_subscribers(
+    args: &FanoutArgs,
+    shared: &Arc<Shared>,
+) -> Result<Vec<JoinHandle<SubResult>>, String> {
+    let sub_url = ws_url(args, "sub")?;
+    progress(
+        args.quiet,
+        format!(
+            "connecting {} subscribers to {}",
+            args.subscribers, args.url
+        ),
+    );
+    let mut subs = Vec::with_capacity(args.subscribers as usize);
+    for _ in 0..args.subscribers {
+        let ws = client::connect(args.target, &sub_url, "sub").await?;
+        let ack_every = Duration::from_millis(args.ack_interval_ms.max(1));
+        subs.push(tokio::spawn(client::subscribe(
+            args.target,
+            ws,
+            Arc::clone(shared),
+            ack_every,
+        )));
+    }
+    Ok(subs)
+}
+
+/// The run's parameters, with the time measured.
+fn add_params(report: &mut Report, args: &FanoutArgs, elapsed: f64) {
     report.param(
         "target",
         "target",
@@ -168,57 +204,65 @@ pub async fn run(args: FanoutArgs) -> Result<Report, String> {
         Value::Int(args.payload_bytes as u64),
     );
     report.param("duration_s", "measured seconds", Value::Float(elapsed));
-    let mut latency = new_histogram();
-    let (mut received, mut out_of_order, mut errors) = (0u64, 0u64, 0u64);
-    for sub in subs {
-        let r = sub.await.map_err(|e| format!("subscriber task: {e}"))?;
-        received += r.received;
-        out_of_order += r.out_of_order;
-        let _ = latency.add(&r.latency);
-        if let Some(e) = r.error {
-            errors += 1;
-            if errors <= 3 {
-                report.error(format!("subscriber: {e}"));
+}
+
+/// What the subscribers received, all together.
+struct Received {
+    received: u64,
+    out_of_order: u64,
+    /// Subscribers that failed.
+    errors: u64,
+    latency: hdrhistogram::Histogram<u64>,
+}
+
+impl Received {
+    /// Waits for every subscriber's result; the first three failures are reported.
+    async fn collect(
+        report: &mut Report,
+        subs: Vec<JoinHandle<SubResult>>,
+    ) -> Result<Self, String> {
+        let mut all = Received {
+            received: 0,
+            out_of_order: 0,
+            errors: 0,
+            latency: new_histogram(),
+        };
+        for sub in subs {
+            let r = sub.await.map_err(|e| format!("subscriber task: {e}"))?;
+            all.received += r.received;
+            all.out_of_order += r.out_of_order;
+            let _ = all.latency.add(&r.latency);
+            if let Some(e) = r.error {
+                all.errors += 1;
+                if all.errors <= 3 {
+                    report.error(format!("subscriber: {e}"));
+                }
             }
         }
+        Ok(all)
     }
-    if let Some(e) = published.error {
-        report.error(format!("publisher: {e}"));
+
+    fn add_results(&self, report: &mut Report, lost: u64) {
+        report.result(
+            "received",
+            "messages received (all subscribers)",
+            Value::Int(self.received),
+        );
+        report.result("lost", "acknowledged but not received", Value::Int(lost));
+        report.result(
+            "out_of_order",
+            "out of order or duplicated",
+            Value::Int(self.out_of_order),
+        );
+        report.result(
+            "subscriber_errors",
+            "subscribers that failed",
+            Value::Int(self.errors),
+        );
+        report.latency(
+            "latency",
+            "end-to-end latency",
+            Latency::from_histogram(&self.latency),
+        );
     }
-    let lost = expected_total.saturating_sub(received);
-    report.result(
-        "delivered_per_s",
-        "delivered msg/s",
-        Value::Float(measured as f64 / elapsed),
-    );
-    report.result(
-        "published",
-        "publishes acknowledged",
-        Value::Int(published.acked),
-    );
-    report.result(
-        "received",
-        "messages received (all subscribers)",
-        Value::Int(received),
-    );
-    report.result("lost", "acknowledged but not received", Value::Int(lost));
-    report.result(
-        "out_of_order",
-        "out of order or duplicated",
-        Value::Int(out_of_order),
-    );
-    report.result(
-        "subscriber_errors",
-        "subscribers that failed",
-        Value::Int(errors),
-    );
-    report.latency(
-        "latency",
-        "end-to-end latency",
-        Latency::from_histogram(&latency),
-    );
-    if lost > 0 || out_of_order > 0 {
-        report.fail();
-    }
-    Ok(report)
 }

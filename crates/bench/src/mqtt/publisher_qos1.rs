@@ -150,9 +150,19 @@ pub(super) async fn publish_qos1(
     }
     let done_publishing_ns = now_ns();
 
-    // Every packet id is either free (in the channel or `spare`) or in flight:
-    // wait until all are free again, as long as PUBACKs keep coming.
-    let mut free = usize::from(spare.is_some());
+    drain(&mut id_rx, usize::from(spare.is_some()), &plan).await;
+    let _ = stop_tx.send(());
+    let acks = match tokio::time::timeout(Duration::from_secs(2), reader).await {
+        Ok(Ok(a)) => Some(a),
+        _ => None,
+    };
+    disconnect(wr).await;
+    with_acks(PubStats::new(seq, done_publishing_ns, error), acks)
+}
+
+/// Every packet id is either free (in the channel, or `free` of them taken out) or
+/// in flight: waits until all are free again, as long as PUBACKs keep coming.
+async fn drain(id_rx: &mut mpsc::UnboundedReceiver<u16>, mut free: usize, plan: &PubPlan) {
     let mut drain_deadline = Instant::now() + plan.drain;
     while free < usize::from(plan.window) {
         match timeout_at(drain_deadline.into(), id_rx.recv()).await {
@@ -163,13 +173,11 @@ pub(super) async fn publish_qos1(
             Ok(None) | Err(_) => break,
         }
     }
-    let _ = stop_tx.send(());
-    let acks = match tokio::time::timeout(Duration::from_secs(2), reader).await {
-        Ok(Ok(a)) => Some(a),
-        _ => None,
-    };
-    disconnect(wr).await;
-    let mut st = PubStats::new(seq, done_publishing_ns, error);
+}
+
+/// The publisher's statistics with what its PUBACK reader counted (`None`: it did
+/// not stop, an error unless publishing had one).
+fn with_acks(mut st: PubStats, acks: Option<AckStats>) -> PubStats {
     if let Some(a) = acks {
         st.acked = a.acked;
         st.ack_failures = a.failures;

@@ -27,6 +27,47 @@ pub(super) struct SubStats {
     pub(super) error: Option<String>,
 }
 
+impl SubStats {
+    fn new() -> Self {
+        SubStats {
+            received: 0,
+            duplicates: 0,
+            gaps: 0,
+            foreign: 0,
+            last_recv_ns: 0,
+            hist: new_histogram(),
+            error: None,
+        }
+    }
+
+    /// A message received at `now`: its latency, and whether it is its publisher's next
+    /// (`next_seq`, per publisher), after a gap, again, or not the benchmark's.
+    fn record(&mut self, pl: &[u8], now: u64, next_seq: &mut [u64]) {
+        self.last_recv_ns = now;
+        if pl.len() < HEADER_LEN {
+            self.foreign += 1;
+            return;
+        }
+        let pub_id = u32::from_le_bytes([pl[0], pl[1], pl[2], pl[3]]) as usize;
+        let seq = u64::from_le_bytes(pl[4..12].try_into().unwrap_or_default());
+        let ts = u64::from_le_bytes(pl[12..20].try_into().unwrap_or_default());
+        match next_seq.get_mut(pub_id) {
+            None => self.foreign += 1,
+            Some(next) => {
+                self.hist.saturating_record(now.saturating_sub(ts).max(1));
+                if seq == *next {
+                    *next += 1;
+                } else if seq > *next {
+                    self.gaps += seq - *next;
+                    *next = seq + 1;
+                } else {
+                    self.duplicates += 1;
+                }
+            }
+        }
+    }
+}
+
 pub(super) async fn run_subscriber(
     conn: Conn,
     v: Version,
@@ -36,15 +77,7 @@ pub(super) async fn run_subscriber(
 ) -> SubStats {
     let (mut rd, mut wr) = tokio::io::split(conn.stream);
     let mut buf = conn.buf;
-    let mut st = SubStats {
-        received: 0,
-        duplicates: 0,
-        gaps: 0,
-        foreign: 0,
-        last_recv_ns: 0,
-        hist: new_histogram(),
-        error: None,
-    };
+    let mut st = SubStats::new();
     let mut next_seq = vec![0u64; n_publishers];
     let mut acks: Vec<u8> = Vec::with_capacity(4096);
 
@@ -61,31 +94,8 @@ pub(super) async fn run_subscriber(
                 if p.qos == 1 {
                     proto::encode_puback(&mut acks, p.packet_id);
                 }
-                let now = now_ns();
                 n += 1;
-                st.last_recv_ns = now;
-                let pl = p.payload;
-                if pl.len() < HEADER_LEN {
-                    st.foreign += 1;
-                } else {
-                    let pub_id = u32::from_le_bytes([pl[0], pl[1], pl[2], pl[3]]) as usize;
-                    let seq = u64::from_le_bytes(pl[4..12].try_into().unwrap_or_default());
-                    let ts = u64::from_le_bytes(pl[12..20].try_into().unwrap_or_default());
-                    match next_seq.get_mut(pub_id) {
-                        None => st.foreign += 1,
-                        Some(next) => {
-                            st.hist.saturating_record(now.saturating_sub(ts).max(1));
-                            if seq == *next {
-                                *next += 1;
-                            } else if seq > *next {
-                                st.gaps += seq - *next;
-                                *next = seq + 1;
-                            } else {
-                                st.duplicates += 1;
-                            }
-                        }
-                    }
-                }
+                st.record(p.payload, now_ns(), &mut next_seq);
             }
             Ok(())
         });

@@ -36,59 +36,106 @@ pub(super) struct Outcome {
 
 /// Adds the parameters, results and warnings of a finished run to `report`.
 pub(super) fn summarize(mut report: Report, args: &MqttArgs, o: Outcome) -> Report {
-    let qos = args.qos;
-    let n_pub = args.publishers as usize;
-    let n_sub = args.subscribers as usize;
-    let received: u64 = o.subs.iter().map(|s| s.received).sum();
-    let duplicates: u64 = o.subs.iter().map(|s| s.duplicates).sum();
-    let foreign: u64 = o.subs.iter().map(|s| s.foreign).sum();
-    let gaps: u64 = o.subs.iter().map(|s| s.gaps).sum();
-    let unique = received.saturating_sub(duplicates).saturating_sub(foreign);
-    let lost = o.expected.saturating_sub(unique);
-    let acked: u64 = o.pubs.iter().map(|p| p.acked).sum();
-    let ack_failures: u64 = o.pubs.iter().map(|p| p.ack_failures).sum();
-    let secs_since_t0 = |ns: u64| ns.saturating_sub(o.t0_ns) as f64 / 1e9;
-    let publish_secs = secs_since_t0(
-        o.pubs
-            .iter()
-            .map(|p| p.done_publishing_ns)
-            .max()
-            .unwrap_or(o.t0_ns),
-    );
-    let delivery_secs = secs_since_t0(
-        o.subs
-            .iter()
-            .map(|s| s.last_recv_ns)
-            .max()
-            .unwrap_or(o.t0_ns),
-    );
-    let ack_secs = secs_since_t0(
-        o.pubs
-            .iter()
-            .map(|p| p.last_ack_ns)
-            .max()
-            .unwrap_or(o.t0_ns),
-    );
-    let rate = |n: u64, s: f64| if s > 0.0 { n as f64 / s } else { 0.0 };
-
+    let t = Totals::of(&o);
+    add_params(&mut report, args, &o);
+    add_results(&mut report, args.qos, &o, &t);
     let mut e2e = new_histogram();
     for s in &o.subs {
         let _ = e2e.add(&s.hist);
     }
-    let mut ack_hist = new_histogram();
-    for p in &o.pubs {
-        let _ = ack_hist.add(&p.ack_hist);
+    report.latency(
+        "latency",
+        "latency publish->receive",
+        Latency::from_histogram(&e2e),
+    );
+    if args.qos == 1 {
+        let mut ack_hist = new_histogram();
+        for p in &o.pubs {
+            let _ = ack_hist.add(&p.ack_hist);
+        }
+        report.latency(
+            "ack_latency",
+            "latency publish->PUBACK",
+            Latency::from_histogram(&ack_hist),
+        );
     }
+    if t.foreign > 0 {
+        report.warn(format!(
+            "{} messages without a valid benchmark header",
+            t.foreign
+        ));
+    }
+    if t.gaps > t.lost {
+        report.warn(format!("{} sequence gaps (out-of-order delivery)", t.gaps));
+    }
+    let missing_acks = args.qos == 1 && t.acked < o.published;
+    if missing_acks {
+        report.warn(format!("{} PUBACKs missing", o.published - t.acked));
+    }
+    if args.fail_on_loss && (t.lost > 0 || missing_acks || t.ack_failures > 0) {
+        report.fail();
+    }
+    report
+}
 
+/// The publishers' and subscribers' statistics added up.
+struct Totals {
+    received: u64,
+    duplicates: u64,
+    foreign: u64,
+    gaps: u64,
+    lost: u64,
+    acked: u64,
+    ack_failures: u64,
+    /// Seconds from the start of publishing to the last message published, received
+    /// and acknowledged.
+    publish_secs: f64,
+    delivery_secs: f64,
+    ack_secs: f64,
+}
+
+impl Totals {
+    fn of(o: &Outcome) -> Self {
+        let received: u64 = o.subs.iter().map(|s| s.received).sum();
+        let duplicates: u64 = o.subs.iter().map(|s| s.duplicates).sum();
+        let foreign: u64 = o.subs.iter().map(|s| s.foreign).sum();
+        let unique = received.saturating_sub(duplicates).saturating_sub(foreign);
+        let secs_since_t0 =
+            |last: Option<u64>| last.unwrap_or(o.t0_ns).saturating_sub(o.t0_ns) as f64 / 1e9;
+        Totals {
+            received,
+            duplicates,
+            foreign,
+            gaps: o.subs.iter().map(|s| s.gaps).sum(),
+            lost: o.expected.saturating_sub(unique),
+            acked: o.pubs.iter().map(|p| p.acked).sum(),
+            ack_failures: o.pubs.iter().map(|p| p.ack_failures).sum(),
+            publish_secs: secs_since_t0(o.pubs.iter().map(|p| p.done_publishing_ns).max()),
+            delivery_secs: secs_since_t0(o.subs.iter().map(|s| s.last_recv_ns).max()),
+            ack_secs: secs_since_t0(o.pubs.iter().map(|p| p.last_ack_ns).max()),
+        }
+    }
+}
+
+/// The run's parameters.
+fn add_params(report: &mut Report, args: &MqttArgs, o: &Outcome) {
     report.param("broker", "broker", Value::Str(o.addr.to_string()));
     report.param(
         "protocol",
         "protocol",
         Value::Str(if args.v311 { "3.1.1" } else { "5" }.into()),
     );
-    report.param("qos", "QoS", Value::Int(u64::from(qos)));
-    report.param("publishers", "publishers", Value::Int(n_pub as u64));
-    report.param("subscribers", "subscribers", Value::Int(n_sub as u64));
+    report.param("qos", "QoS", Value::Int(u64::from(args.qos)));
+    report.param(
+        "publishers",
+        "publishers",
+        Value::Int(u64::from(args.publishers)),
+    );
+    report.param(
+        "subscribers",
+        "subscribers",
+        Value::Int(u64::from(args.subscribers)),
+    );
     report.param(
         "topic_mode",
         "topic mode",
@@ -117,7 +164,7 @@ pub(super) fn summarize(mut report: Report, args: &MqttArgs, o: Outcome) -> Repo
         }
         _ => {}
     }
-    if qos == 1 {
+    if args.qos == 1 {
         report.param(
             "inflight",
             "in-flight window",
@@ -131,96 +178,73 @@ pub(super) fn summarize(mut report: Report, args: &MqttArgs, o: Outcome) -> Repo
             Value::Float(args.rate),
         );
     }
+}
 
+/// The run's results: what was published, acknowledged (QoS 1) and delivered, at
+/// which rates, and the broker's CPU time if known.
+fn add_results(report: &mut Report, qos: u8, o: &Outcome, t: &Totals) {
+    let rate = |n: u64, s: f64| if s > 0.0 { n as f64 / s } else { 0.0 };
     let mut results = vec![
         ("published", "messages published", Value::Int(o.published)),
         (
             "publish_seconds",
             "publish time (s)",
-            Value::Float(publish_secs),
+            Value::Float(t.publish_secs),
         ),
         (
             "publish_per_sec",
             "published msg/s",
-            Value::Float(rate(o.published, publish_secs)),
+            Value::Float(rate(o.published, t.publish_secs)),
         ),
     ];
     if qos == 1 {
         results.extend([
-            ("acked", "PUBACKs received", Value::Int(acked)),
+            ("acked", "PUBACKs received", Value::Int(t.acked)),
             (
                 "ack_failures",
                 "PUBACK failure codes",
-                Value::Int(ack_failures),
+                Value::Int(t.ack_failures),
             ),
             (
                 "acks_per_sec",
                 "PUBACKs/s",
-                Value::Float(rate(acked, ack_secs)),
+                Value::Float(rate(t.acked, t.ack_secs)),
             ),
         ]);
     }
     let loss_pct = if o.expected > 0 {
-        lost as f64 * 100.0 / o.expected as f64
+        t.lost as f64 * 100.0 / o.expected as f64
     } else {
         0.0
     };
     results.extend([
         ("expected", "messages expected", Value::Int(o.expected)),
-        ("received", "messages received", Value::Int(received)),
-        ("duplicates", "duplicates", Value::Int(duplicates)),
-        ("lost", "lost", Value::Int(lost)),
+        ("received", "messages received", Value::Int(t.received)),
+        ("duplicates", "duplicates", Value::Int(t.duplicates)),
+        ("lost", "lost", Value::Int(t.lost)),
         ("loss_pct", "lost %", Value::Float(loss_pct)),
         (
             "delivery_seconds",
             "delivery time (s)",
-            Value::Float(delivery_secs),
+            Value::Float(t.delivery_secs),
         ),
         (
             "delivered_per_sec",
             "delivered msg/s",
-            Value::Float(rate(received, delivery_secs)),
+            Value::Float(rate(t.received, t.delivery_secs)),
         ),
     ]);
     if let Some(cpu) = o.broker_cpu_s {
         results.push(("broker_cpu_s", "broker CPU (s)", Value::Float(cpu)));
-        if received > 0 {
+        if t.received > 0 {
             results.push((
                 "broker_cpu_us_per_msg",
                 "broker CPU per delivered message (µs)",
-                Value::Float(cpu * 1e6 / received as f64),
+                Value::Float(cpu * 1e6 / t.received as f64),
             ));
         }
     }
     for (key, label, value) in results {
         report.result(key, label, value);
     }
-    report.latency(
-        "latency",
-        "latency publish->receive",
-        Latency::from_histogram(&e2e),
-    );
-    if qos == 1 {
-        report.latency(
-            "ack_latency",
-            "latency publish->PUBACK",
-            Latency::from_histogram(&ack_hist),
-        );
-    }
-    if foreign > 0 {
-        report.warn(format!(
-            "{foreign} messages without a valid benchmark header"
-        ));
-    }
-    if gaps > lost {
-        report.warn(format!("{gaps} sequence gaps (out-of-order delivery)"));
-    }
-    let missing_acks = qos == 1 && acked < o.published;
-    if missing_acks {
-        report.warn(format!("{} PUBACKs missing", o.published - acked));
-    }
-    if args.fail_on_loss && (lost > 0 || missing_acks || ack_failures > 0) {
-        report.fail();
-    }
-    report
 }

@@ -38,6 +38,7 @@ impl Rng {
 }
 
 /// How a phase chooses requests and when it ends.
+#[derive(Clone)]
 pub(super) struct Phase {
     /// Populate: SET these keys in order (then stop).
     pub(super) populate: Option<Vec<u64>>,
@@ -49,6 +50,32 @@ pub(super) struct Phase {
     pub(super) keys: u64,
     /// No response for this long: the outstanding requests are given up.
     pub(super) response_timeout: Duration,
+}
+
+impl Phase {
+    /// How many requests the phase sends (`None`: until its time is up).
+    fn requests(&self) -> Option<u64> {
+        match &self.populate {
+            Some(keys) => Some(keys.len() as u64),
+            None => self.count,
+        }
+    }
+
+    /// The phase's request number `sent` (from 0): the next key to populate, or a GET
+    /// (with the phase's ratio) or SET of a random key.
+    fn request(&self, sent: u64, rng: &mut Rng) -> (Op, u64) {
+        match &self.populate {
+            Some(keys) => (Op::Set, keys[sent as usize]),
+            None => {
+                let op = if self.ratio_get > 0.0 && rng.unit() < self.ratio_get {
+                    Op::Get
+                } else {
+                    Op::Set
+                };
+                (op, rng.below(self.keys))
+            }
+        }
+    }
 }
 
 /// Runs one phase on a connection (a connection failure ends it with `error` set).
@@ -68,10 +95,7 @@ pub(super) async fn run_phase(
     let mut acks: Vec<u8> = Vec::with_capacity(1024);
     let mut sent = 0u64;
     let mut last_progress = Instant::now();
-    let total = match &ph.populate {
-        Some(keys) => Some(keys.len() as u64),
-        None => ph.count,
-    };
+    let total = ph.requests();
     loop {
         // Issue requests up to the pipeline depth.
         out.clear();
@@ -79,17 +103,7 @@ pub(super) async fn run_phase(
         acks.clear();
         let now = Instant::now();
         while c.outstanding.len() < ph.pipeline && total.is_none_or(|t| sent < t) && now < until {
-            let (op, key) = match &ph.populate {
-                Some(keys) => (Op::Set, keys[sent as usize]),
-                None => {
-                    let op = if ph.ratio_get > 0.0 && rng.unit() < ph.ratio_get {
-                        Op::Get
-                    } else {
-                        Op::Set
-                    };
-                    (op, rng.below(ph.keys))
-                }
-            };
+            let (op, key) = ph.request(sent, rng);
             c.encode(&mut out, op, key);
             sent += 1;
         }

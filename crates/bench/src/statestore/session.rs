@@ -38,8 +38,7 @@ pub(super) async fn run_client(
     mut c: Client,
     populate: Option<Phase>,
     measure: Phase,
-    populated: Arc<Barrier>,
-    go: Arc<Barrier>,
+    (populated, go): (Arc<Barrier>, Arc<Barrier>),
     seed: u64,
 ) -> ClientResult {
     let mut rng = Rng(seed | 1);

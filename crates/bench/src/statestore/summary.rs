@@ -38,16 +38,52 @@ pub(super) struct Outcome {
 /// Adds the parameters, results and warnings of a finished run to `report`.
 pub(super) fn summarize(mut report: Report, args: &StateStoreArgs, o: Outcome) -> Report {
     let n = args.clients as usize;
-    let rate = |k: u64| {
-        if o.elapsed > 0.0 {
-            k as f64 / o.elapsed
-        } else {
-            0.0
+    add_params(&mut report, args, &o);
+    if o.populate {
+        let done = o.pop_total.completed[Op::Set as usize];
+        report.result(
+            "populated",
+            "keys populated (SET before measuring)",
+            Value::Int(done),
+        );
+        if o.pop_total.failures() > 0 {
+            report.error(format!(
+                "{} populate requests failed (first: {})",
+                o.pop_total.failures(),
+                o.pop_total.first_error.as_deref().unwrap_or("?")
+            ));
         }
-    };
+    }
+    let (completed, errors) = add_results(&mut report, &o);
+    add_latency(&mut report, &o.total);
+    if o.total.puback_no_subscribers > 0 {
+        report.warn(format!(
+            "{} request PUBACKs said \"no matching subscribers\": is a state store running?",
+            o.total.puback_no_subscribers
+        ));
+    }
+    if let Some(e) = &o.total.first_error {
+        report.warn(format!("first failure: {e}"));
+    }
+    if let Some(k) = o.count {
+        if completed < k * n as u64 {
+            report.warn(format!(
+                "{} of {} requests were not completed",
+                k * n as u64 - completed,
+                k * n as u64
+            ));
+        }
+    }
+    if args.fail_on_error && errors > 0 {
+        report.fail();
+    }
+    report
+}
 
+/// The run's parameters.
+fn add_params(report: &mut Report, args: &StateStoreArgs, o: &Outcome) {
     report.param("broker", "broker", Value::Str(o.addr.to_string()));
-    report.param("clients", "clients", Value::Int(n as u64));
+    report.param("clients", "clients", Value::Int(u64::from(args.clients)));
     report.param(
         "pipeline",
         "pipeline (requests outstanding per client)",
@@ -67,21 +103,18 @@ pub(super) fn summarize(mut report: Report, args: &StateStoreArgs, o: Outcome) -
         }
         _ => {}
     }
-    if o.populate {
-        let done = o.pop_total.completed[Op::Set as usize];
-        report.result(
-            "populated",
-            "keys populated (SET before measuring)",
-            Value::Int(done),
-        );
-        if o.pop_total.failures() > 0 {
-            report.error(format!(
-                "{} populate requests failed (first: {})",
-                o.pop_total.failures(),
-                o.pop_total.first_error.as_deref().unwrap_or("?")
-            ));
+}
+
+/// The measured phase's counts and rates, each kind of failure, and the bench's CPU
+/// time: the requests completed and the errors.
+fn add_results(report: &mut Report, o: &Outcome) -> (u64, u64) {
+    let rate = |k: u64| {
+        if o.elapsed > 0.0 {
+            k as f64 / o.elapsed
+        } else {
+            0.0
         }
-    }
+    };
     let sets = o.total.completed[Op::Set as usize];
     let gets = o.total.completed[Op::Get as usize];
     report.result("seconds", "measured time (s)", Value::Float(o.elapsed));
@@ -125,21 +158,27 @@ pub(super) fn summarize(mut report: Report, args: &StateStoreArgs, o: Outcome) -
             }),
         );
     }
+    (sets + gets, errors)
+}
+
+/// Latency of all requests and per command, and how many others were answered while
+/// one waited.
+fn add_latency(report: &mut Report, total: &OpStats) {
     let mut both = new_histogram();
-    let _ = both.add(&o.total.hist[0]);
-    let _ = both.add(&o.total.hist[1]);
+    let _ = both.add(&total.hist[0]);
+    let _ = both.add(&total.hist[1]);
     report.latency("latency", "latency (all)", Latency::from_histogram(&both));
     report.latency(
         "set_latency",
         "latency SET",
-        Latency::from_histogram(&o.total.hist[Op::Set as usize]),
+        Latency::from_histogram(&total.hist[Op::Set as usize]),
     );
     report.latency(
         "get_latency",
         "latency GET",
-        Latency::from_histogram(&o.total.hist[Op::Get as usize]),
+        Latency::from_histogram(&total.hist[Op::Get as usize]),
     );
-    let m = &o.total.meanwhile;
+    let m = &total.meanwhile;
     if !m.is_empty() {
         for (key, label, q) in [
             ("answered_meanwhile_p50", "answered meanwhile p50", 0.5),
@@ -149,27 +188,4 @@ pub(super) fn summarize(mut report: Report, args: &StateStoreArgs, o: Outcome) -
             report.result(key, label, Value::Int(m.value_at_quantile(q)));
         }
     }
-
-    if o.total.puback_no_subscribers > 0 {
-        report.warn(format!(
-            "{} request PUBACKs said \"no matching subscribers\": is a state store running?",
-            o.total.puback_no_subscribers
-        ));
-    }
-    if let Some(e) = &o.total.first_error {
-        report.warn(format!("first failure: {e}"));
-    }
-    if let Some(k) = o.count {
-        if sets + gets < k * n as u64 {
-            report.warn(format!(
-                "{} of {} requests were not completed",
-                k * n as u64 - sets - gets,
-                k * n as u64
-            ));
-        }
-    }
-    if args.fail_on_error && errors > 0 {
-        report.fail();
-    }
-    report
 }
