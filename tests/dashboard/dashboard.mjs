@@ -6,18 +6,14 @@
 //
 // Env: STATEHUB_URL, STATEHUB_ADMIN_KEY, CHROMIUM (default /usr/bin/chromium),
 // SCREENSHOT_DIR (optional: one PNG per page).
-import fs from 'node:fs';
-import os from 'node:os';
 import path from 'node:path';
 import readline from 'node:readline';
-import { chromium } from 'playwright-core';
+import { T, check, openBrowser, until } from './lib.mjs';
 
 const BASE = process.env.STATEHUB_URL;
 const KEY = process.env.STATEHUB_ADMIN_KEY;
 const SHOTS = process.env.SCREENSHOT_DIR;
-const T = 30_000; // generous: a loaded machine is slow
 const answers = readline.createInterface({ input: process.stdin })[Symbol.asyncIterator]();
-const passed = [];
 
 async function step(name, data = {}) {
   console.log(`STEP ${name} ${JSON.stringify(data)}`);
@@ -25,33 +21,8 @@ async function step(name, data = {}) {
   if (done || value !== 'OK') throw new Error(`step ${name}: ${done ? 'no answer' : value}`);
 }
 
-async function check(name, f) {
-  try { await f(); } catch (e) { throw new Error(`${name}: ${e.message}`); }
-  passed.push(name);
-}
+const { page, errors, finish } = await openBrowser();
 
-const userDataDir = fs.mkdtempSync(path.join(os.tmpdir(), 'statehub-chromium-'));
-const context = await chromium.launchPersistentContext(userDataDir, {
-  executablePath: process.env.CHROMIUM || '/usr/bin/chromium',
-  headless: true,
-  viewport: { width: 1280, height: 800 },
-  args: ['--headless', '--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run',
-    '--disable-background-networking', '--disable-component-update', '--disable-sync'],
-});
-const page = context.pages()[0] || await context.newPage();
-const errors = [];
-page.on('pageerror', (e) => errors.push(e.message));
-
-// Polled from here: waitForFunction evaluates strings in the page, which the
-// dashboard's Content-Security-Policy (script-src 'self') rightly forbids.
-async function until(what, f) {
-  const deadline = Date.now() + T;
-  for (;;) {
-    if (await f()) return;
-    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 100));
-  }
-}
 const text = (sel) => page.evaluate((s) => document.querySelector(s)?.textContent ?? '', sel);
 const has = (sel, t) => until(`"${t}" in ${sel}`, async () => (await text(sel)).includes(t));
 const visible = (sel) => page.locator(sel).waitFor({ state: 'visible', timeout: T });
@@ -208,7 +179,5 @@ try {
   failure = e.message;
   await shot('failure').catch(() => {});
 }
-await context.close();
-fs.rmSync(userDataDir, { recursive: true, force: true });
-console.log('RESULT ' + JSON.stringify({ passed: passed.length, checks: passed, failed: failure ? [failure] : [] }));
+await finish(failure);
 process.exit(failure ? 1 : 0);

@@ -6,42 +6,13 @@
 // before running this. Ends with `RESULT {"passed":n,"failed":[...]}`.
 //
 // Env: STATEHUB_URL, STATEHUB_ADMIN_KEY, CHROMIUM (default /usr/bin/chromium).
-import fs from 'node:fs';
-import os from 'node:os';
-import path from 'node:path';
-import { chromium } from 'playwright-core';
+import { T, check, openBrowser, until } from './lib.mjs';
 
 const BASE = process.env.STATEHUB_URL;
 const KEY = process.env.STATEHUB_ADMIN_KEY;
-const T = 30_000; // generous: a loaded machine is slow
-const passed = [];
 
-async function check(name, f) {
-  try { await f(); } catch (e) { throw new Error(`${name}: ${e.message}`); }
-  passed.push(name);
-}
+const { page, errors, finish } = await openBrowser();
 
-const userDataDir = fs.mkdtempSync(path.join(os.tmpdir(), 'statehub-chromium-'));
-const context = await chromium.launchPersistentContext(userDataDir, {
-  executablePath: process.env.CHROMIUM || '/usr/bin/chromium',
-  headless: true,
-  viewport: { width: 1280, height: 800 },
-  args: ['--headless', '--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run',
-    '--disable-background-networking', '--disable-component-update', '--disable-sync'],
-});
-const page = context.pages()[0] || await context.newPage();
-const errors = [];
-page.on('pageerror', (e) => errors.push(e.message));
-
-// Polled from here: the dashboard's Content-Security-Policy forbids evaluated strings.
-async function until(what, f) {
-  const deadline = Date.now() + T;
-  for (;;) {
-    if (await f()) return;
-    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 100));
-  }
-}
 /// The first cells of a table's rows.
 const firsts = (table) => page.evaluate((t) =>
   [...document.querySelectorAll(`#${t} tbody tr`)].map((tr) => tr.firstChild.textContent), table);
@@ -104,7 +75,5 @@ try {
 } catch (e) {
   failure = e.message;
 }
-await context.close();
-fs.rmSync(userDataDir, { recursive: true, force: true });
-console.log('RESULT ' + JSON.stringify({ passed: passed.length, checks: passed, failed: failure ? [failure] : [] }));
+await finish(failure);
 process.exit(failure ? 1 : 0);

@@ -13,19 +13,7 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{connect_tcp, run_to_exit, start, wait_exit, LOCAL};
-
-fn http_get(addr: SocketAddr, path: &str) -> String {
-    let mut s = connect_tcp(addr);
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).expect("read HTTP response");
-    out
-}
+use common::{connect_tcp, http_get, run_to_exit, start, wait_exit, LOCAL};
 
 /// Opens an MQTT 5 connection (keep alive 60) and returns it with the CONNACK bytes.
 fn mqtt5_connect(addr: SocketAddr, client_id: &str) -> (TcpStream, Vec<u8>) {

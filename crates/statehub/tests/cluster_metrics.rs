@@ -37,17 +37,7 @@ impl Scrape {
         let out = common::scrape(server.http);
         let (head, body) = out.split_once("\r\n\r\n").expect("a response");
         assert!(head.starts_with("HTTP/1.1 200"), "{head}");
-        let mut samples = BTreeMap::new();
-        let mut types = BTreeMap::new();
-        for line in body.lines() {
-            if let Some(rest) = line.strip_prefix("# TYPE ") {
-                let (name, kind) = rest.split_once(' ').unwrap();
-                types.insert(name.to_owned(), kind.to_owned());
-            } else if !line.starts_with('#') && !line.is_empty() {
-                let (name, value) = line.rsplit_once(' ').unwrap();
-                samples.insert(name.to_owned(), value.parse().unwrap());
-            }
-        }
+        let (samples, types) = common::parse_metrics(body);
         Scrape { samples, types }
     }
 

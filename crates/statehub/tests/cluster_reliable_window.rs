@@ -18,13 +18,12 @@ use std::time::Duration;
 use futures_util::{SinkExt, StreamExt};
 use statehub_redis_common::test_server::RedisServer;
 use statehub_webpubsub::{issue_client_token, issue_token, ClientClaims};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::time::timeout;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 
-use common::wps::next_json;
+use common::wps::{http_exchange, next_json};
 use common::Server;
 
 const KEY: &str = "cluster-window-access-key";
@@ -128,17 +127,7 @@ async fn rest_send(addr: SocketAddr, group: &str, text: &str) -> u16 {
          Content-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{text}",
         text.len()
     );
-    let exchange = async {
-        let mut stream = TcpStream::connect(addr).await.unwrap();
-        stream.write_all(request.as_bytes()).await.unwrap();
-        let mut response = Vec::new();
-        stream.read_to_end(&mut response).await.unwrap();
-        String::from_utf8_lossy(&response).into_owned()
-    };
-    let text = timeout(PATIENCE, exchange)
-        .await
-        .expect("an answer in time");
-    text.split_whitespace().nth(1).unwrap().parse().unwrap()
+    http_exchange(addr, &request, PATIENCE).await.0
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

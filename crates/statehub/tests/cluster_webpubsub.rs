@@ -15,13 +15,11 @@ use std::time::Duration;
 use futures_util::SinkExt;
 use statehub_redis_common::test_server::RedisServer;
 use statehub_webpubsub::{issue_client_token, issue_token, ClientClaims};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tokio::time::timeout;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 
-use common::wps::{next_json, websocket};
+use common::wps::{http_exchange, next_json, websocket};
 use common::Server;
 
 const KEY: &str = "cluster-webpubsub-access-key";
@@ -55,17 +53,7 @@ async fn rest(addr: SocketAddr, method: &str, path: &str) -> (u16, String) {
         "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {token}\r\n\
          Content-Length: 0\r\nConnection: close\r\n\r\n"
     );
-    let exchange = async {
-        let mut stream = TcpStream::connect(addr).await.unwrap();
-        stream.write_all(request.as_bytes()).await.unwrap();
-        let mut response = Vec::new();
-        stream.read_to_end(&mut response).await.unwrap();
-        String::from_utf8_lossy(&response).into_owned()
-    };
-    let text = timeout(PATIENCE, exchange)
-        .await
-        .expect("REST answer in time");
-    let status = text.split_whitespace().nth(1).unwrap().parse().unwrap();
+    let (status, text) = http_exchange(addr, &request, PATIENCE).await;
     let body = text.split("\r\n\r\n").nth(1).unwrap_or_default().to_owned();
     (status, body)
 }

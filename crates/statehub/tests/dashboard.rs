@@ -383,30 +383,10 @@ fn dashboard_is_off_without_a_key_and_refuses_a_wrong_one() {
     assert!(log.contains("at least 16 are required"), "{log}");
 }
 
-/// Opens `GET path` with the admin key and returns the socket once the response
-/// head is in, with the head.
+/// Opens `GET path` with the admin key: the socket once the response head is in, with
+/// the head.
 async fn open_stream(addr: SocketAddr, path: &str) -> (tokio::net::TcpStream, String) {
-    use tokio::io::AsyncReadExt;
-    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let request =
-        format!("GET {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {ADMIN_KEY}\r\n\r\n");
-    stream.write_all(request.as_bytes()).await.unwrap();
-    let mut head = Vec::new();
-    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
-        let mut byte = [0u8; 1];
-        let n = timeout(PATIENCE, stream.read(&mut byte))
-            .await
-            .unwrap()
-            .unwrap();
-        assert_eq!(
-            n,
-            1,
-            "closed before the head: {}",
-            String::from_utf8_lossy(&head)
-        );
-        head.push(byte[0]);
-    }
-    (stream, String::from_utf8(head).unwrap())
+    common::admin::open_stream(addr, path, ADMIN_KEY, PATIENCE).await
 }
 
 /// A topic-tail viewer that stops reading is dropped once it is `tail_buffer_messages`

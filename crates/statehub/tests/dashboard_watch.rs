@@ -39,24 +39,10 @@ fn rand_suffix() -> u128 {
         .as_nanos()
 }
 
-/// Opens `GET path` with the admin key and returns the socket once the response head
-/// is in, with the head.
-async fn open_stream(addr: SocketAddr, path: &str) -> (TcpStream, String) {
-    let mut stream = TcpStream::connect(addr).await.unwrap();
-    let request =
-        format!("GET {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {ADMIN_KEY}\r\n\r\n");
-    stream.write_all(request.as_bytes()).await.unwrap();
-    let mut head = Vec::new();
-    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
-        let mut byte = [0u8; 1];
-        let n = timeout(PATIENCE, stream.read(&mut byte))
-            .await
-            .unwrap()
-            .unwrap();
-        assert_eq!(n, 1, "closed: {}", String::from_utf8_lossy(&head));
-        head.push(byte[0]);
-    }
-    (stream, String::from_utf8(head).unwrap())
+/// Opens `GET path` with the admin key: the socket once the response head is in, with
+/// the head.
+async fn open_stream(addr: SocketAddr, path: &str) -> (tokio::net::TcpStream, String) {
+    common::admin::open_stream(addr, path, ADMIN_KEY, PATIENCE).await
 }
 
 /// The `statehub_state_store_observations` gauge from `/metrics`.

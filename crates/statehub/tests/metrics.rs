@@ -7,10 +7,9 @@ mod common;
 mod store_client;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::{Read, Write};
 use std::net::SocketAddr;
 
-use common::{connect_tcp, start, Server};
+use common::{start, Server};
 use statehub_test_support::{connect_packet, publish, RawClient, V5};
 use store_client::StoreClient;
 
@@ -38,14 +37,7 @@ fn start_full(dir: &std::path::Path) -> Server {
 
 /// (status code, body) of a GET.
 fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
-    let mut s = connect_tcp(addr);
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).expect("read HTTP response");
+    let out = common::http_get(addr, path);
     let status = out
         .split_whitespace()
         .nth(1)
@@ -67,17 +59,7 @@ impl Scrape {
         let (status, text) = http_get(server.http, "/metrics");
         assert_eq!(status, 200, "{text}");
         assert!(text.ends_with("# EOF\n"), "OpenMetrics ends with # EOF");
-        let mut samples = BTreeMap::new();
-        let mut types = BTreeMap::new();
-        for line in text.lines() {
-            if let Some(rest) = line.strip_prefix("# TYPE ") {
-                let (name, kind) = rest.split_once(' ').unwrap();
-                types.insert(name.to_owned(), kind.to_owned());
-            } else if !line.starts_with('#') {
-                let (name, value) = line.rsplit_once(' ').unwrap();
-                samples.insert(name.to_owned(), value.parse().unwrap());
-            }
-        }
+        let (samples, types) = common::parse_metrics(&text);
         Scrape {
             samples,
             types,

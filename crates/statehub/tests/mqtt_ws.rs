@@ -7,6 +7,7 @@ mod common;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
+use common::mqtt_ws::*;
 use common::{start, Server};
 use futures_util::{SinkExt, StreamExt};
 use tokio::net::TcpStream;
@@ -16,22 +17,6 @@ use tokio_tungstenite::tungstenite::{Error as WsError, Message};
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 
 type Ws = WebSocketStream<MaybeTlsStream<TcpStream>>;
-
-/// Generous: a loaded machine runs everything several times slower.
-const WAIT: Duration = Duration::from_secs(30);
-
-/// MQTT 3.1.1 CONNECT, clean session, keep alive 60, client id "c1".
-const CONNECT: [u8; 16] = [
-    0x10, 14, 0, 4, b'M', b'Q', b'T', b'T', 4, 0x02, 0, 60, 0, 2, b'c', b'1',
-];
-const CONNACK: [u8; 4] = [0x20, 2, 0, 0];
-/// SUBSCRIBE id 1 to "t" QoS 0.
-const SUBSCRIBE: [u8; 8] = [0x82, 6, 0, 1, 0, 1, b't', 0];
-const SUBACK: [u8; 5] = [0x90, 3, 0, 1, 0];
-/// PUBLISH QoS 0 "t" "hi".
-const PUBLISH: [u8; 7] = [0x30, 5, 0, 1, b't', b'h', b'i'];
-const PINGREQ: [u8; 2] = [0xC0, 0];
-const PINGRESP: [u8; 2] = [0xD0, 0];
 
 /// The binary on port 0, with `config` as its TOML file if not empty.
 fn start_with(name: &str, config: &str) -> Server {
@@ -68,40 +53,9 @@ async fn open(addr: SocketAddr, protocols: &str) -> Result<(Ws, Option<String>),
     Ok((ws, answered))
 }
 
-/// Reads binary messages until `want` bytes came, then checks they are exactly `want`.
-async fn expect_bytes(ws: &mut Ws, want: &[u8]) {
-    let mut got = Vec::new();
-    while got.len() < want.len() {
-        let next = tokio::time::timeout(WAIT, ws.next()).await;
-        match next
-            .expect("no answer from the server")
-            .expect("stream ended")
-        {
-            Ok(Message::Binary(b)) => got.extend_from_slice(&b),
-            Ok(Message::Ping(_) | Message::Pong(_)) => {}
-            other => panic!("expected binary MQTT bytes, got {other:?}"),
-        }
-    }
-    assert_eq!(got, want);
-}
-
-/// Reads until the server's close frame: its code; `None` if the connection ends
-/// without one.
-async fn close_code(ws: &mut Ws) -> Option<u16> {
-    loop {
-        let next = tokio::time::timeout(WAIT, ws.next()).await;
-        match next.expect("the server did not close the connection") {
-            Some(Ok(Message::Close(frame))) => return frame.map(|f| u16::from(f.code)),
-            Some(Ok(_)) => continue,
-            Some(Err(_)) | None => return None,
-        }
-    }
-}
-
 async fn connected(addr: SocketAddr) -> Ws {
     let (mut ws, _) = open(addr, "mqtt").await.unwrap();
-    ws.send(Message::binary(CONNECT.to_vec())).await.unwrap();
-    expect_bytes(&mut ws, &CONNACK).await;
+    mqtt_connect(&mut ws).await;
     ws
 }
 

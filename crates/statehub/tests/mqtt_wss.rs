@@ -12,8 +12,9 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use common::mqtt_ws::*;
 use common::Server;
-use futures_util::{SinkExt, StreamExt};
+use futures_util::SinkExt;
 use rustls::pki_types::pem::PemObject as _;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use statehub_auth::testing::{Pem, TestCa};
@@ -25,21 +26,6 @@ use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::WebSocketStream;
 
 type Wss = WebSocketStream<TlsStream<TcpStream>>;
-
-/// Generous: a loaded machine runs everything several times slower.
-const WAIT: Duration = Duration::from_secs(30);
-
-/// MQTT 3.1.1 CONNECT, clean session, keep alive 60, client id "c1".
-const CONNECT: [u8; 16] = [
-    0x10, 14, 0, 4, b'M', b'Q', b'T', b'T', 4, 0x02, 0, 60, 0, 2, b'c', b'1',
-];
-const CONNACK: [u8; 4] = [0x20, 2, 0, 0];
-/// SUBSCRIBE id 1 to "t" QoS 0, PUBLISH QoS 0 "t" "hi", PINGREQ.
-const SUBSCRIBE: [u8; 8] = [0x82, 6, 0, 1, 0, 1, b't', 0];
-const SUBACK: [u8; 5] = [0x90, 3, 0, 1, 0];
-const PUBLISH: [u8; 7] = [0x30, 5, 0, 1, b't', b'h', b'i'];
-const PINGREQ: [u8; 2] = [0xC0, 0];
-const PINGRESP: [u8; 2] = [0xD0, 0];
 
 /// The server's certificates, and a client certificate from the same CA.
 struct Pki {
@@ -126,40 +112,9 @@ async fn open(
     Ok(ws)
 }
 
-/// Reads binary messages until `want` bytes came, then checks they are exactly `want`.
-async fn expect_bytes(ws: &mut Wss, want: &[u8]) {
-    let mut got = Vec::new();
-    while got.len() < want.len() {
-        let next = tokio::time::timeout(WAIT, ws.next()).await;
-        match next
-            .expect("no answer from the server")
-            .expect("stream ended")
-        {
-            Ok(Message::Binary(b)) => got.extend_from_slice(&b),
-            Ok(Message::Ping(_) | Message::Pong(_)) => {}
-            other => panic!("expected binary MQTT bytes, got {other:?}"),
-        }
-    }
-    assert_eq!(got, want);
-}
-
-/// Reads until the server's close frame: its code; `None` if the connection ends
-/// without one.
-async fn close_code(ws: &mut Wss) -> Option<u16> {
-    loop {
-        let next = tokio::time::timeout(WAIT, ws.next()).await;
-        match next.expect("the server did not close the connection") {
-            Some(Ok(Message::Close(frame))) => return frame.map(|f| u16::from(f.code)),
-            Some(Ok(_)) => continue,
-            Some(Err(_)) | None => return None,
-        }
-    }
-}
-
 async fn connected(addr: SocketAddr, tls: &tokio_rustls::TlsConnector) -> Wss {
     let mut ws = open(addr, tls).await.unwrap();
-    ws.send(Message::binary(CONNECT.to_vec())).await.unwrap();
-    expect_bytes(&mut ws, &CONNACK).await;
+    mqtt_connect(&mut ws).await;
     ws
 }
 

@@ -9,10 +9,10 @@ import subprocess
 import time
 
 from azure.messaging.webpubsubclient import WebPubSubClient
-from azure.messaging.webpubsubclient.models import WebPubSubDataType
 from azure.messaging.webpubsubservice import WebPubSubServiceClient
 
-from harness import ACK_TIMEOUT, Proxy, Statehub, close_all, scenario, until, watch
+from harness import (ACK_TIMEOUT, Proxy, Statehub, close_all, numbered_publisher, scenario,
+                     until, watch)
 
 
 def free_port():
@@ -61,17 +61,7 @@ def body(t):
         sub.open()
         until(10, "connected", lambda: len(connected) == 1)
 
-        pub_token = svc.get_client_access_token(user_id="pub", roles=["webpubsub.sendToGroup"])
-        pub = WebPubSubClient(pub_token["url"], ack_timeout=ACK_TIMEOUT)
-        clients.append(pub)
-        pub.open()
-        counter = {"next": 1}
-
-        def publish(n):
-            for _ in range(n):
-                pub.send_to_group("g", {"i": counter["next"]}, WebPubSubDataType.JSON)
-                counter["next"] += 1
-
+        _, publish = numbered_publisher(svc, clients)
         publish(30)
         until(10, "30 before the kill", lambda: len(got) >= 30)
         proxy.target = b.port

@@ -217,6 +217,27 @@ def watch(client, on_disconnected=lambda e: e.message):
     return got, connected, disconnected
 
 
+def numbered_publisher(svc, clients):
+    """A client allowed to send to groups, opened and added to `clients`. Returns it
+    and publish(n), which sends the next n numbered JSON messages ({"i": 1},
+    {"i": 2}, ...) to group "g", each awaiting its ack."""
+    from azure.messaging.webpubsubclient import WebPubSubClient
+    from azure.messaging.webpubsubclient.models import WebPubSubDataType
+
+    token = svc.get_client_access_token(user_id="pub", roles=["webpubsub.sendToGroup"])
+    pub = WebPubSubClient(token["url"], ack_timeout=ACK_TIMEOUT)
+    clients.append(pub)
+    pub.open()
+    counter = {"next": 1}
+
+    def publish(n):
+        for _ in range(n):
+            pub.send_to_group("g", {"i": counter["next"]}, WebPubSubDataType.JSON)
+            counter["next"] += 1
+
+    return pub, publish
+
+
 def until(seconds, what, cond):
     """Polls cond every 20 ms; `what` may be a callable giving the state on failure."""
     deadline = time.monotonic() + seconds

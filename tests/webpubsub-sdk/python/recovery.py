@@ -10,7 +10,7 @@ import time
 from azure.messaging.webpubsubclient import WebPubSubClient
 from azure.messaging.webpubsubclient.models import CallbackType, WebPubSubDataType
 
-from harness import ACK_TIMEOUT, running, scenario, until, watch
+from harness import ACK_TIMEOUT, numbered_publisher, running, scenario, until, watch
 
 CONFIG = "[webpubsub.limits]\nsession_retention_secs = 2\n"
 
@@ -30,17 +30,7 @@ def body(t):
         until(5, "connected", lambda: len(connected) == 1)
         first = connected[0]
 
-        pub_token = svc.get_client_access_token(user_id="pub", roles=["webpubsub.sendToGroup"])
-        pub = WebPubSubClient(pub_token["url"], ack_timeout=ACK_TIMEOUT)
-        clients.append(pub)
-        pub.open()
-        counter = {"next": 1}
-
-        def publish(n):
-            for _ in range(n):
-                pub.send_to_group("g", {"i": counter["next"]}, WebPubSubDataType.JSON)
-                counter["next"] += 1
-
+        pub, publish = numbered_publisher(svc, clients)
         publish(30)
         until(5, "30 before the drop", lambda: len(got) >= 30)
         proxy.drop_all()

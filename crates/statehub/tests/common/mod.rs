@@ -9,8 +9,10 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+pub mod admin;
 pub mod cluster;
 pub mod lag;
+pub mod mqtt_ws;
 pub mod proxy;
 pub mod wps;
 
@@ -214,20 +216,54 @@ pub fn connect_tcp(addr: SocketAddr) -> TcpStream {
     s
 }
 
+/// `GET path` on `addr` (HTTP/1.1, the connection closed after it): the whole
+/// response, head and body, read within [`connect_tcp`]'s read timeout.
+pub fn http_get(addr: SocketAddr, path: &str) -> String {
+    get_within(addr, path, None)
+}
+
 /// `GET /metrics` on `http`: the whole response, head and body (read within 60 s, as a
 /// scrape can wait behind a node's Redis calls on a loaded machine).
 pub fn scrape(http: SocketAddr) -> String {
+    get_within(http, "/metrics", Some(Duration::from_secs(60)))
+}
+
+fn get_within(addr: SocketAddr, path: &str, read_timeout: Option<Duration>) -> String {
     use std::io::Write;
-    let mut s = connect_tcp(http);
-    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    let mut s = connect_tcp(addr);
+    if read_timeout.is_some() {
+        s.set_read_timeout(read_timeout).unwrap();
+    }
     write!(
         s,
-        "GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
+        "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
     )
     .unwrap();
     let mut out = String::new();
-    s.read_to_string(&mut out).expect("read the scrape");
+    s.read_to_string(&mut out).expect("read the HTTP response");
     out
+}
+
+/// A `/metrics` body (OpenMetrics text): every sample's value by `name{labels}` as
+/// written, and every family's type by name.
+pub fn parse_metrics(
+    text: &str,
+) -> (
+    std::collections::BTreeMap<String, f64>,
+    std::collections::BTreeMap<String, String>,
+) {
+    let mut samples = std::collections::BTreeMap::new();
+    let mut types = std::collections::BTreeMap::new();
+    for line in text.lines() {
+        if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let (name, kind) = rest.split_once(' ').unwrap();
+            types.insert(name.to_owned(), kind.to_owned());
+        } else if !line.starts_with('#') {
+            let (name, value) = line.rsplit_once(' ').unwrap();
+            samples.insert(name.to_owned(), value.parse().unwrap());
+        }
+    }
+    (samples, types)
 }
 
 /// The value of sample `name` (or `{name}_total`, a counter's) on `http`'s `/metrics`.

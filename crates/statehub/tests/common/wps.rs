@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use futures_util::{SinkExt, StreamExt};
 use statehub_webpubsub::{issue_client_token, ClientClaims};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::http::HeaderValue;
@@ -99,4 +100,21 @@ pub fn session_field(
     } else {
         value
     }
+}
+
+/// Sends `request`, a whole HTTP/1.1 request that asks to close the connection, to
+/// `addr` and reads the response to its end within `within`: its status and its text.
+pub async fn http_exchange(addr: SocketAddr, request: &str, within: Duration) -> (u16, String) {
+    let exchange = async {
+        let mut stream = TcpStream::connect(addr).await.unwrap();
+        stream.write_all(request.as_bytes()).await.unwrap();
+        let mut response = Vec::new();
+        stream.read_to_end(&mut response).await.unwrap();
+        String::from_utf8_lossy(&response).into_owned()
+    };
+    let text = tokio::time::timeout(within, exchange)
+        .await
+        .expect("an HTTP answer in time");
+    let status = text.split_whitespace().nth(1).unwrap().parse().unwrap();
+    (status, text)
 }
