@@ -16,11 +16,9 @@
 # SINGLE_MESSAGES (for the 1-publisher runs, 20000), INFLIGHT (64), PAYLOAD (64).
 set -euo pipefail
 
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-cd "$ROOT"
-TARGET="${CARGO_TARGET_DIR:-$ROOT/target}"
-BENCH_BIN="${BENCH_BIN:-$TARGET/release/statehub-bench}"
-STATEHUB_BIN="${STATEHUB_BIN:-$TARGET/release/statehub}"
+log() { printf '[bench-cluster-mqtt] %s\n' "$*" >&2; }
+source "$(dirname "${BASH_SOURCE[0]}")/lib/common.sh"
+bench_paths
 NODES="${NODES:-2}"
 PUBLISHERS="${PUBLISHERS:-8}"
 MESSAGES="${MESSAGES:-5000}"
@@ -30,13 +28,9 @@ PAYLOAD="${PAYLOAD:-64}"
 OUT_DIR="${OUT_DIR:-$(mktemp -d /tmp/statehub-bench-cluster-mqtt.XXXXXX)}"
 mkdir -p "$OUT_DIR"
 
-log() { printf '[bench-cluster-mqtt] %s\n' "$*" >&2; }
-source "$(dirname "${BASH_SOURCE[0]}")/lib/common.sh"
 kill_tracked_on_exit
 
-if [ "${SKIP_BUILD:-0}" != 1 ]; then
-    cargo build --release -j 2 -p statehub -p statehub-bench
-fi
+build_release statehub statehub-bench
 
 # mqtt LABEL PUB_PORT SUB_PORT PUBLISHERS MESSAGES: one load process.
 mqtt() {

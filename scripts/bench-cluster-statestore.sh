@@ -18,11 +18,9 @@
 # awaits every call; the SDKs send concurrent calls' requests at once).
 set -euo pipefail
 
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-cd "$ROOT"
-TARGET="${CARGO_TARGET_DIR:-$ROOT/target}"
-BENCH_BIN="${BENCH_BIN:-$TARGET/release/statehub-bench}"
-STATEHUB_BIN="${STATEHUB_BIN:-$TARGET/release/statehub}"
+log() { printf '[bench-cluster-statestore] %s\n' "$*" >&2; }
+source "$(dirname "${BASH_SOURCE[0]}")/lib/common.sh"
+bench_paths
 CLIENTS="${CLIENTS:-64}"
 N="${N:-50000}"
 KEYS="${KEYS:-10000}"
@@ -31,24 +29,16 @@ PIPELINE="${PIPELINE:-1}"
 OUT_DIR="${OUT_DIR:-$(mktemp -d /tmp/statehub-bench-cluster.XXXXXX)}"
 PER_CLIENT=$(((N + CLIENTS - 1) / CLIENTS))
 
-log() { printf '[bench-cluster-statestore] %s\n' "$*" >&2; }
-source "$(dirname "${BASH_SOURCE[0]}")/lib/common.sh"
 kill_tracked_on_exit
 
-if [ "${SKIP_BUILD:-0}" != 1 ]; then
-    cargo build --release -j 2 -p statehub -p statehub-bench
-fi
+build_release statehub statehub-bench
 
-REDIS_PORT="$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
+REDIS_PORT="$(free_port)"
 mkdir -p "$OUT_DIR/redis"
 redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --dir "$OUT_DIR/redis" --save '' --appendonly no \
     >"$OUT_DIR/redis.log" 2>&1 &
 PIDS+=($!)
 wait_port "$REDIS_PORT" "$!"
-
-cpu_ticks() { # PID: user + system CPU time of the process so far, in clock ticks
-    awk '{ print $14 + $15 }' "/proc/$1/stat"
-}
 
 bench() { # LABEL PORT PID
     local label="$1" port="$2" pid="$3" ratio before

@@ -45,11 +45,9 @@
 #   BENCH_BIN, STATEHUB_BIN, DATA_ROOT, OUT_DIR (logs and raw results; printed)
 set -euo pipefail
 
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-cd "$ROOT"
-TARGET="${CARGO_TARGET_DIR:-$ROOT/target}"
-BENCH_BIN="${BENCH_BIN:-$TARGET/release/statehub-bench}"
-STATEHUB_BIN="${STATEHUB_BIN:-$TARGET/release/statehub}"
+log() { printf '[bench-durable] %s\n' "$*" >&2; }
+source "$(dirname "${BASH_SOURCE[0]}")/lib/common.sh"
+bench_paths
 SERVERS="${SERVERS:-statehub redis}"
 SERVER_CPU="${SERVER_CPU:-0}"
 BENCH_CPU="${BENCH_CPU:-1}"
@@ -68,8 +66,6 @@ RESULTS="$OUT_DIR/results.jsonl"
 : >"$RESULTS"
 PER_CLIENT=$(((N + CLIENTS - 1) / CLIENTS))
 
-log() { printf '[bench-durable] %s\n' "$*" >&2; }
-source "$(dirname "${BASH_SOURCE[0]}")/lib/common.sh"
 
 kill_tracked_on_exit
 pin_cpus "$SERVER_CPU" "$BENCH_CPU"
@@ -83,10 +79,7 @@ cpu_s() { awk -v hz="$(getconf CLK_TCK)" '{ sub(/^.*\) /, ""); print ($12 + $13)
 if has_server redis && [ "${SKIP_INSTALL:-0}" != 1 ]; then
     install_packages redis-server redis-tools || log "WARNING: could not install redis-server / redis-tools"
 fi
-if [ "${SKIP_BUILD:-0}" != 1 ]; then
-    log "building statehub and statehub-bench (release)"
-    cargo build --release -j 2 -p statehub -p statehub-bench
-fi
+build_release statehub statehub-bench
 [ -x "$BENCH_BIN" ] && [ -x "$STATEHUB_BIN" ] || { log "missing binaries under $TARGET/release"; exit 1; }
 if has_server redis && ! { command -v redis-server && command -v redis-benchmark && command -v redis-cli; } >/dev/null 2>&1; then
     log "WARNING: redis-server / redis-benchmark / redis-cli not installed; redis skipped"

@@ -28,11 +28,9 @@
 #   SERVER_CPU (0), BENCH_CPU (1), SKIP_BUILD=1, OUT_DIR, RMQTTD_BIN (see scripts/lib/rmqttd.sh)
 set -euo pipefail
 
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-cd "$ROOT"
-TARGET="${CARGO_TARGET_DIR:-$ROOT/target}"
-BENCH_BIN="${BENCH_BIN:-$TARGET/release/statehub-bench}"
-STATEHUB_BIN="${STATEHUB_BIN:-$TARGET/release/statehub}"
+log() { printf '[bench-idle] %s\n' "$*" >&2; }
+source "$(dirname "${BASH_SOURCE[0]}")/lib/common.sh"
+bench_paths
 BROKERS="${BROKERS:-statehub mosquitto rmqttd}"
 MQTT_SIZES="${MQTT_SIZES:-10000 50000}"
 SUBSCRIBE="${SUBSCRIBE:-0 1}"
@@ -48,8 +46,6 @@ mkdir -p "$OUT_DIR"
 RESULTS="$OUT_DIR/results.jsonl"
 : >"$RESULTS"
 
-log() { printf '[bench-idle] %s\n' "$*" >&2; }
-source "$(dirname "${BASH_SOURCE[0]}")/lib/common.sh"
 source "$(dirname "${BASH_SOURCE[0]}")/lib/rmqttd.sh"
 kill_tracked_on_exit
 pin_cpus "$SERVER_CPU" "$BENCH_CPU"
@@ -61,10 +57,7 @@ ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 if [[ " $WS_SERVERS " == *" socketio "* ]]; then
     install_socketio "$SIO_DIR"
 fi
-if [ "${SKIP_BUILD:-0}" != 1 ]; then
-    log "building statehub and statehub-bench (release)"
-    cargo build --release -j 2 -p statehub -p statehub-bench
-fi
+build_release statehub statehub-bench
 
 rss_kib() { awk '/^VmRSS:/ { print $2 }' "/proc/$1/status" 2>/dev/null || echo 0; }
 

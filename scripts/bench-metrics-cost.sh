@@ -19,10 +19,9 @@
 #   SERVER_CPU, BENCH_CPU (defaults 0 and 1), OUT_DIR
 set -euo pipefail
 
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-cd "$ROOT"
-TARGET="${CARGO_TARGET_DIR:-$ROOT/target}"
-BENCH_BIN="${BENCH_BIN:-$TARGET/release/statehub-bench}"
+log() { printf '[bench-metrics-cost] %s\n' "$*" >&2; }
+source "$(dirname "${BASH_SOURCE[0]}")/lib/common.sh"
+bench_paths
 : "${A_BIN:?set A_BIN to the statehub binary without metrics}"
 : "${B_BIN:?set B_BIN to the statehub binary with metrics}"
 REPEAT="${REPEAT:-5}"
@@ -34,14 +33,9 @@ mkdir -p "$OUT_DIR"
 RESULTS="$OUT_DIR/results.jsonl"
 : >"$RESULTS"
 
-log() { printf '[bench-metrics-cost] %s\n' "$*" >&2; }
-source "$(dirname "${BASH_SOURCE[0]}")/lib/common.sh"
 kill_tracked_on_exit
 pin_cpus "${SERVER_CPU:-0}" "${BENCH_CPU:-1}"
 
-cpu_ticks() { # utime + stime of PID in clock ticks
-    awk '{ sub(/^.*\) /, ""); print $12 + $13 }' "/proc/$1/stat" 2>/dev/null || echo 0
-}
 
 declare -A PORT=() SPID=()
 for side in A B; do

@@ -48,11 +48,9 @@
 #   OUT_DIR       where logs and raw JSON go (default: a fresh temp dir, printed)
 set -euo pipefail
 
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-cd "$ROOT"
-TARGET="${CARGO_TARGET_DIR:-$ROOT/target}"
-BENCH_BIN="${BENCH_BIN:-$TARGET/release/statehub-bench}"
-STATEHUB_BIN="${STATEHUB_BIN:-$TARGET/release/statehub}"
+log() { printf '[bench-mqtt] %s\n' "$*" >&2; }
+source "$(dirname "${BASH_SOURCE[0]}")/lib/common.sh"
+bench_paths
 BROKERS="${BROKERS:-statehub mosquitto rmqttd}"
 BROKER_CPU="${BROKER_CPU:-0}"
 BENCH_CPU="${BENCH_CPU:-1}"
@@ -69,8 +67,6 @@ mkdir -p "$OUT_DIR"
 RESULTS="$OUT_DIR/results.jsonl"
 : >"$RESULTS"
 
-log() { printf '[bench-mqtt] %s\n' "$*" >&2; }
-source "$(dirname "${BASH_SOURCE[0]}")/lib/common.sh"
 source "$(dirname "${BASH_SOURCE[0]}")/lib/rmqttd.sh"
 
 kill_tracked_on_exit
@@ -85,14 +81,9 @@ ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 # ---- build ------------------------------------------------------------------
 has_broker() { [[ " $BROKERS " == *" $1 "* ]]; }
 
-if [ "${SKIP_BUILD:-0}" != 1 ]; then
-    log "building statehub-bench (release)"
-    cargo build --release -j 2 -p statehub-bench
-    if has_broker statehub || has_broker statehub-persub; then
-        log "building statehub (release)"
-        cargo build --release -j 2 -p statehub ||
-            log "WARNING: statehub did not build; it will be skipped"
-    fi
+build_release statehub-bench
+if has_broker statehub || has_broker statehub-persub; then
+    build_release statehub || log "WARNING: statehub did not build; it will be skipped"
 fi
 [ -x "$BENCH_BIN" ] || { log "no statehub-bench binary at $BENCH_BIN"; exit 1; }
 

@@ -23,11 +23,9 @@
 #   OUT_DIR       where logs and raw JSON go (default: a fresh temp dir, printed)
 set -euo pipefail
 
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-cd "$ROOT"
-TARGET="${CARGO_TARGET_DIR:-$ROOT/target}"
-BENCH_BIN="${BENCH_BIN:-$TARGET/release/statehub-bench}"
-STATEHUB_BIN="${STATEHUB_BIN:-$TARGET/release/statehub}"
+log() { printf '[bench-security] %s\n' "$*" >&2; }
+source "$(dirname "${BASH_SOURCE[0]}")/lib/common.sh"
+bench_paths
 BROKER_CPU="${BROKER_CPU:-0}"
 BENCH_CPU="${BENCH_CPU:-1}"
 CLIENTS="${CLIENTS:-4}"
@@ -40,16 +38,11 @@ mkdir -p "$OUT_DIR"
 RESULTS="$OUT_DIR/results.jsonl"
 : >"$RESULTS"
 
-log() { printf '[bench-security] %s\n' "$*" >&2; }
-source "$(dirname "${BASH_SOURCE[0]}")/lib/common.sh"
 
 kill_tracked_on_exit
 pin_cpus "$BROKER_CPU" "$BENCH_CPU"
 
-if [ "${SKIP_BUILD:-0}" != 1 ]; then
-    log "building statehub-bench and statehub (release)"
-    cargo build --release -j 2 -p statehub-bench -p statehub
-fi
+build_release statehub-bench statehub
 [ -x "$BENCH_BIN" ] && [ -x "$STATEHUB_BIN" ] || { log "missing binaries"; exit 1; }
 
 # ---- certificates -------------------------------------------------------------

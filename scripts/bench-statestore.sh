@@ -48,11 +48,9 @@
 #   OUT_DIR       where logs and raw results go (default: a fresh temp dir, printed)
 set -euo pipefail
 
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-cd "$ROOT"
-TARGET="${CARGO_TARGET_DIR:-$ROOT/target}"
-BENCH_BIN="${BENCH_BIN:-$TARGET/release/statehub-bench}"
-STATEHUB_BIN="${STATEHUB_BIN:-$TARGET/release/statehub}"
+log() { printf '[bench-statestore] %s\n' "$*" >&2; }
+source "$(dirname "${BASH_SOURCE[0]}")/lib/common.sh"
+bench_paths
 SERVERS="${SERVERS:-statehub redis}"
 SERVER_CPU="${SERVER_CPU:-0}"
 BENCH_CPU="${BENCH_CPU:-1}"
@@ -69,9 +67,6 @@ RESULTS="$OUT_DIR/results.jsonl"
 : >"$RESULTS"
 PER_CLIENT=$(((N + CLIENTS - 1) / CLIENTS))
 
-log() { printf '[bench-statestore] %s\n' "$*" >&2; }
-source "$(dirname "${BASH_SOURCE[0]}")/lib/common.sh"
-
 kill_tracked_on_exit
 has_server() { [[ " $SERVERS " == *" $1 "* ]]; }
 pin_cpus "$SERVER_CPU" "$BENCH_CPU"
@@ -82,11 +77,6 @@ else
     TIMER=()
 fi
 
-
-
-cpu_ticks() { # utime + stime of PID in clock ticks
-    awk '{ sub(/^.*\) /, ""); print $12 + $13 }' "/proc/$1/stat" 2>/dev/null || echo 0
-}
 now_s() { date +%s.%N; }
 
 # ---- dependencies -----------------------------------------------------------
@@ -96,10 +86,7 @@ if has_server redis && [ "${SKIP_INSTALL:-0}" != 1 ]; then
 fi
 
 # ---- build ------------------------------------------------------------------
-if [ "${SKIP_BUILD:-0}" != 1 ]; then
-    log "building statehub and statehub-bench (release)"
-    cargo build --release -j 2 -p statehub -p statehub-bench
-fi
+build_release statehub statehub-bench
 [ -x "$BENCH_BIN" ] || { log "no statehub-bench binary at $BENCH_BIN"; exit 1; }
 
 # ---- servers ----------------------------------------------------------------

@@ -26,11 +26,9 @@
 # SERVER_CPU (0), BENCH_CPU (1), SKIP_BUILD=1, OUT_DIR.
 set -euo pipefail
 
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-cd "$ROOT"
-TARGET="${CARGO_TARGET_DIR:-$ROOT/target}"
-BENCH_BIN="${BENCH_BIN:-$TARGET/release/statehub-bench}"
-STATEHUB_BIN="${STATEHUB_BIN:-$TARGET/release/statehub}"
+log() { printf '[bench-webpubsub] %s\n' "$*" >&2; }
+source "$(dirname "${BASH_SOURCE[0]}")/lib/common.sh"
+bench_paths
 SERVERS="${SERVERS:-statehub socketio}"
 SUBSCRIBERS="${SUBSCRIBERS:-1000}"
 WINDOW="${WINDOW:-100}"
@@ -49,8 +47,6 @@ mkdir -p "$OUT_DIR"
 RESULTS="$OUT_DIR/results.jsonl"
 : >"$RESULTS"
 
-log() { printf '[bench-webpubsub] %s\n' "$*" >&2; }
-source "$(dirname "${BASH_SOURCE[0]}")/lib/common.sh"
 kill_tracked_on_exit
 pin_cpus "$SERVER_CPU" "$BENCH_CPU"
 ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)"
@@ -59,12 +55,7 @@ ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)"
 if [[ " $SERVERS " == *" socketio "* ]]; then
     install_socketio "$SIO_DIR"
 fi
-if [ "${SKIP_BUILD:-0}" != 1 ]; then
-    log "building statehub and statehub-bench (release)"
-    cargo build --release -j 2 -p statehub -p statehub-bench
-fi
-
-cpu_ticks() { awk '{ sub(/^.*\) /, ""); print $12 + $13 }' "/proc/$1/stat" 2>/dev/null || echo 0; }
+build_release statehub statehub-bench
 
 # start_server NAME: sets URL and SPID.
 start_server() {

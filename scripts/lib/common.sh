@@ -1,6 +1,35 @@
 # Helpers shared by the project's scripts; source it, do not run it.
 # Each script defines its own log() before sourcing.
 
+# bench_paths: what every benchmark script starts from: ROOT (the repository, made the
+# working directory), TARGET (CARGO_TARGET_DIR, else ROOT/target), and the binaries
+# BENCH_BIN and STATEHUB_BIN (the release builds under TARGET unless already set).
+bench_paths() {
+    ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+    cd "$ROOT"
+    TARGET="${CARGO_TARGET_DIR:-$ROOT/target}"
+    BENCH_BIN="${BENCH_BIN:-$TARGET/release/statehub-bench}"
+    STATEHUB_BIN="${STATEHUB_BIN:-$TARGET/release/statehub}"
+}
+
+# build_release PACKAGE...: builds these cargo packages in release (2 jobs), unless
+# SKIP_BUILD=1 (then the binaries already there, or BENCH_BIN / STATEHUB_BIN, are used).
+build_release() {
+    [ "${SKIP_BUILD:-0}" = 1 ] && return 0
+    local args=() pkg
+    for pkg in "$@"; do
+        args+=(-p "$pkg")
+    done
+    log "building $* (release)"
+    cargo build --release -j 2 "${args[@]}"
+}
+
+# cpu_ticks PID: the user and system CPU time PID has used, in clock ticks (0 if it
+# is gone).
+cpu_ticks() {
+    awk '{ sub(/^.*\) /, ""); print $12 + $13 }' "/proc/$1/stat" 2>/dev/null || echo 0
+}
+
 as_root() {
     if [ "$(id -u)" -eq 0 ]; then
         "$@"

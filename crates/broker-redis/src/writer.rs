@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use redis::{Client, Connection, Pipeline, RedisResult, Value};
 use statehub_broker::FabricError;
-use statehub_redis_common::ShortfallLog;
+use statehub_redis_common::{ShortfallLog, Wait};
 use tokio::sync::oneshot;
 
 use crate::append::{self, Appends};
@@ -158,8 +158,11 @@ impl Writer {
                 .iter()
                 .any(|c| matches!(c, Command::Publish { .. } | Command::Retain { .. }));
         if wait {
-            let millis = u64::try_from(self.wait_timeout.as_millis()).unwrap_or(u64::MAX);
-            pipe.cmd("WAIT").arg(self.wait_replicas).arg(millis.max(1));
+            Wait {
+                replicas: self.wait_replicas,
+                timeout: self.wait_timeout,
+            }
+            .add_to(&mut pipe);
         }
         match self.query(&pipe, wait) {
             Ok(replicas) => {

@@ -22,6 +22,21 @@ pub struct Wait {
     pub timeout: Duration,
 }
 
+impl Wait {
+    /// Ends `pipe` with `WAIT replicas timeout`, whose reply is how many replicas have
+    /// every write of the connection so far.
+    pub fn add_to(self, pipe: &mut redis::Pipeline) {
+        pipe.cmd("WAIT").arg(self.replicas).arg(self.millis());
+    }
+
+    /// The timeout in whole milliseconds, at least 1 (`WAIT` with 0 blocks for ever).
+    pub fn millis(self) -> u64 {
+        u64::try_from(self.timeout.as_millis())
+            .unwrap_or(u64::MAX)
+            .max(1)
+    }
+}
+
 /// The replicas that have a write, when fewer than asked.
 #[derive(Debug, Clone, Copy, thiserror::Error)]
 #[error("redis WAIT: {acked} of {wanted} replicas acknowledged the write within {timeout:?}; it may be lost in a failover")]
@@ -41,14 +56,9 @@ pub fn invoke<T: FromRedisValue>(
     let Some(wait) = wait else {
         return Ok((invocation.invoke(con)?, None));
     };
-    let millis = u64::try_from(wait.timeout.as_millis())
-        .unwrap_or(u64::MAX)
-        .max(1);
     let mut pipe = redis::pipe();
-    pipe.invoke_script(invocation)
-        .cmd("WAIT")
-        .arg(wait.replicas)
-        .arg(millis);
+    pipe.invoke_script(invocation);
+    wait.add_to(&mut pipe);
     let (reply, acked): (T, u32) = match pipe.query(con) {
         // A pipeline does not load a script Redis lost (a restart): load it, run again.
         Err(e) if e.kind() == ErrorKind::NoScriptError => {

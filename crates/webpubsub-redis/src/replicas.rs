@@ -16,7 +16,7 @@ pub(crate) fn query_waiting(
     let Some(wait) = wait else {
         return Ok((pipe.query(con)?, None));
     };
-    add_wait(pipe, wait);
+    wait.add_to(pipe);
     let mut replies: Vec<redis::Value> = pipe.query(con)?;
     let acked = match replies.pop() {
         Some(redis::Value::Int(n)) => u32::try_from(n).ok(),
@@ -36,14 +36,7 @@ pub(crate) fn query_claim(
         let (reply,): (redis::Value,) = pipe.query(con)?;
         return Ok((reply, None));
     };
-    add_wait(pipe, wait);
+    wait.add_to(pipe);
     let (reply, acked): (redis::Value, u32) = pipe.query(con)?;
     Ok((reply, Some(acked)))
-}
-
-fn add_wait(pipe: &mut redis::Pipeline, wait: Wait) {
-    let millis = u64::try_from(wait.timeout.as_millis())
-        .unwrap_or(u64::MAX)
-        .max(1);
-    pipe.cmd("WAIT").arg(wait.replicas).arg(millis);
 }
