@@ -166,27 +166,7 @@ async fn a_reliable_sessions_frames_are_counted_as_mirrored() {
 /// docs/metrics.md's rows of `statehub_cluster_` metrics: (name as queried, type,
 /// label names).
 fn documented() -> Vec<(String, String, BTreeSet<String>)> {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/metrics.md");
-    let text = std::fs::read_to_string(path).expect("docs/metrics.md");
-    let mut rows = Vec::new();
-    for line in text
-        .lines()
-        .filter(|l| l.starts_with("| `statehub_cluster_"))
-    {
-        let cells: Vec<&str> = line.split('|').map(str::trim).collect();
-        let labels = cells[3]
-            .split(',')
-            .map(|l| l.trim().trim_matches('`'))
-            .filter(|l| !l.is_empty() && *l != "-")
-            .map(str::to_owned)
-            .collect();
-        rows.push((
-            cells[1].trim_matches('`').to_owned(),
-            cells[2].to_owned(),
-            labels,
-        ));
-    }
-    rows
+    common::documented_metrics("statehub_cluster_")
 }
 
 #[test]

@@ -27,13 +27,11 @@ use futures_util::StreamExt;
 use rumqttc::v5::mqttbytes::v5::{ConnectProperties, DisconnectReasonCode, Packet};
 use rumqttc::v5::mqttbytes::QoS;
 use rumqttc::v5::{AsyncClient, ConnectionError, Event, MqttOptions, StateError};
-use statehub_webpubsub::{issue_client_token, ClientClaims};
+use statehub_webpubsub::ClientClaims;
 use store_client::{StoreClient, PATIENCE};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::sync::mpsc;
 use tokio::time::timeout;
-use tokio_tungstenite::tungstenite::client::IntoClientRequest;
-use tokio_tungstenite::tungstenite::http::HeaderValue;
 use tokio_tungstenite::tungstenite::Message;
 
 const ADMIN_KEY: &str = "dashboard-admin-key-0123456789";
@@ -107,22 +105,7 @@ async fn wps_client(addr: SocketAddr) -> mpsc::UnboundedReceiver<String> {
         roles: vec![],
         groups: vec!["room".into()],
     };
-    let endpoint = format!("http://{addr}");
-    let token = issue_client_token(
-        WPS_KEY,
-        &endpoint,
-        "dash",
-        &claims,
-        Duration::from_secs(600),
-    );
-    let mut req = format!("ws://{addr}/client/hubs/dash?access_token={token}")
-        .into_client_request()
-        .unwrap();
-    req.headers_mut().insert(
-        "Sec-WebSocket-Protocol",
-        HeaderValue::from_static("json.webpubsub.azure.v1"),
-    );
-    let (mut ws, _) = tokio_tungstenite::connect_async(req).await.unwrap();
+    let mut ws = common::wps::json_client(addr, WPS_KEY, "dash", &claims).await;
     let (tx, rx) = mpsc::unbounded_channel();
     let first = timeout(PATIENCE, ws.next())
         .await

@@ -10,11 +10,9 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use statehub_webpubsub::{issue_client_token, ClientClaims};
+use statehub_webpubsub::ClientClaims;
 use tokio::net::TcpStream;
 use tokio::time::timeout;
-use tokio_tungstenite::tungstenite::client::IntoClientRequest;
-use tokio_tungstenite::tungstenite::http::HeaderValue;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 
@@ -38,16 +36,7 @@ async fn wps_client(
         roles: vec![],
         groups: groups.iter().map(|g| (*g).to_owned()).collect(),
     };
-    let endpoint = format!("http://{addr}");
-    let token = issue_client_token(WPS_KEY, &endpoint, hub, &claims, Duration::from_secs(600));
-    let mut req = format!("ws://{addr}/client/hubs/{hub}?access_token={token}")
-        .into_client_request()
-        .unwrap();
-    req.headers_mut().insert(
-        "Sec-WebSocket-Protocol",
-        HeaderValue::from_static("json.webpubsub.azure.v1"),
-    );
-    let (mut ws, _) = tokio_tungstenite::connect_async(req).await.unwrap();
+    let mut ws = common::wps::json_client(addr, WPS_KEY, hub, &claims).await;
     let first = timeout(PATIENCE, ws.next())
         .await
         .expect("connected message");

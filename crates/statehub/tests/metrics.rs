@@ -219,23 +219,9 @@ async fn wps_roundtrip(http: SocketAddr) -> common::wps::Ws {
 
 /// docs/metrics.md's table, row by row: (name as queried, type, label names).
 fn documented() -> Vec<(String, String, BTreeSet<String>)> {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/metrics.md");
-    let text = std::fs::read_to_string(path).expect("docs/metrics.md");
-    let mut rows = Vec::new();
     // A cluster node's rows are held to its scrape by tests/cluster_metrics.rs.
-    let lines = text.lines().filter(|l| l.starts_with("| `statehub_"));
-    for line in lines.filter(|l| !l.starts_with("| `statehub_cluster_")) {
-        let cells: Vec<&str> = line.split('|').map(str::trim).collect();
-        let name = cells[1].trim_matches('`').to_owned();
-        let kind = cells[2].to_owned();
-        let labels = cells[3]
-            .split(',')
-            .map(|l| l.trim().trim_matches('`'))
-            .filter(|l| !l.is_empty() && *l != "-")
-            .map(str::to_owned)
-            .collect();
-        rows.push((name, kind, labels));
-    }
+    let mut rows = common::documented_metrics("statehub_");
+    rows.retain(|(name, _, _)| !name.starts_with("statehub_cluster_"));
     rows
 }
 

@@ -79,17 +79,7 @@ async fn the_subprotocol_is_answered_and_others_are_refused() {
 async fn a_packet_split_over_three_frames_and_three_packets_in_one_frame() {
     let server = start_with("split", "");
     let (mut ws, _) = open(server.http, "mqtt").await.unwrap();
-    // CONNECT in three messages: inside the fixed header, inside the protocol name.
-    for part in [&CONNECT[..1], &CONNECT[1..6], &CONNECT[6..]] {
-        ws.send(Message::binary(part.to_vec())).await.unwrap();
-    }
-    expect_bytes(&mut ws, &CONNACK).await;
-    // SUBSCRIBE, PUBLISH (to itself) and PINGREQ in one message: all three are
-    // handled before the delivery is written.
-    let three = [&SUBSCRIBE[..], &PUBLISH[..], &PINGREQ[..]].concat();
-    ws.send(Message::binary(three)).await.unwrap();
-    let answers = [&SUBACK[..], &PINGRESP[..], &PUBLISH[..]].concat();
-    expect_bytes(&mut ws, &answers).await;
+    split_and_packed(&mut ws).await;
     // A packet split across one WebSocket message's fragments (continuation frames).
     let (head, tail) = PINGREQ.split_at(1);
     let first = tokio_tungstenite::tungstenite::protocol::frame::Frame::message(

@@ -124,14 +124,7 @@ async fn packets_split_over_frames_and_packed_in_one_over_wss() {
     let server = pki.start("", &[]);
     let tls = tls_client(&pki.ca, None);
     let mut ws = open(server.http, &tls).await.unwrap();
-    for part in [&CONNECT[..1], &CONNECT[1..6], &CONNECT[6..]] {
-        ws.send(Message::binary(part.to_vec())).await.unwrap();
-    }
-    expect_bytes(&mut ws, &CONNACK).await;
-    let three = [&SUBSCRIBE[..], &PUBLISH[..], &PINGREQ[..]].concat();
-    ws.send(Message::binary(three)).await.unwrap();
-    let answers = [&SUBACK[..], &PINGRESP[..], &PUBLISH[..]].concat();
-    expect_bytes(&mut ws, &answers).await;
+    split_and_packed(&mut ws).await;
     // More than one TLS record each way (16 KiB each): 100 KiB to itself.
     // Remaining length 100 003 (topic "t" and 100 000 bytes), as a variable integer.
     let mut big = vec![0x30, 0xA3, 0x8D, 0x06, 0, 1, b't'];

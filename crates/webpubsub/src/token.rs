@@ -183,13 +183,14 @@ pub fn issue_token(key: &str, audience: &str, claims: &ClientClaims, ttl: Durati
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use serde_json::json;
 
     const KEY: &str = "secret-key";
 
-    fn sign(claims: serde_json::Value, key: &str) -> String {
+    /// `claims` as an HS256 token signed with `key`.
+    pub(crate) fn sign(claims: serde_json::Value, key: &str) -> String {
         jsonwebtoken::encode(
             &Header::new(Algorithm::HS256),
             &claims,

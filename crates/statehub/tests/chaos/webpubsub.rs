@@ -5,12 +5,10 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use statehub_webpubsub::{issue_client_token, issue_token, ClientClaims};
+use statehub_webpubsub::{issue_token, ClientClaims};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::time::timeout;
-use tokio_tungstenite::tungstenite::client::IntoClientRequest;
-use tokio_tungstenite::tungstenite::http::HeaderValue;
 use tokio_tungstenite::tungstenite::Message;
 
 use super::mqtt::Received;
@@ -28,16 +26,7 @@ pub async fn member(addr: SocketAddr, user: &str) -> (Received, tokio::task::Joi
         roles: vec![],
         groups: vec![GROUP.to_owned()],
     };
-    let endpoint = format!("http://{addr}");
-    let token = issue_client_token(KEY, &endpoint, HUB, &claims, Duration::from_secs(600));
-    let mut req = format!("ws://{addr}/client/hubs/{HUB}?access_token={token}")
-        .into_client_request()
-        .unwrap();
-    req.headers_mut().insert(
-        "Sec-WebSocket-Protocol",
-        HeaderValue::from_static("json.webpubsub.azure.v1"),
-    );
-    let (mut ws, _) = tokio_tungstenite::connect_async(req).await.unwrap();
+    let mut ws = crate::common::wps::json_client(addr, KEY, HUB, &claims).await;
     match timeout(PATIENCE, ws.next()).await {
         Ok(Some(Ok(Message::Text(t)))) => assert!(t.contains("\"connected\""), "{t}"),
         other => panic!("expected the connected message, got {other:?}"),

@@ -244,6 +244,30 @@ fn get_within(addr: SocketAddr, path: &str, read_timeout: Option<Duration>) -> S
     out
 }
 
+/// docs/metrics.md's table rows whose metric name starts with `prefix`, row by row:
+/// (name as queried, type, label names).
+pub fn documented_metrics(
+    prefix: &str,
+) -> Vec<(String, String, std::collections::BTreeSet<String>)> {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/metrics.md");
+    let text = std::fs::read_to_string(path).expect("docs/metrics.md");
+    let start = format!("| `{prefix}");
+    let mut rows = Vec::new();
+    for line in text.lines().filter(|l| l.starts_with(&start)) {
+        let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+        let name = cells[1].trim_matches('`').to_owned();
+        let kind = cells[2].to_owned();
+        let labels = cells[3]
+            .split(',')
+            .map(|l| l.trim().trim_matches('`'))
+            .filter(|l| !l.is_empty() && *l != "-")
+            .map(str::to_owned)
+            .collect();
+        rows.push((name, kind, labels));
+    }
+    rows
+}
+
 /// A `/metrics` body (OpenMetrics text): every sample's value by `name{labels}` as
 /// written, and every family's type by name.
 pub fn parse_metrics(

@@ -64,3 +64,17 @@ pub async fn mqtt_connect<S: AsyncRead + AsyncWrite + Unpin>(ws: &mut WebSocketS
     ws.send(Message::binary(CONNECT.to_vec())).await.unwrap();
     expect_bytes(ws, &CONNACK).await;
 }
+
+/// CONNECT split over three messages (inside the fixed header, inside the protocol
+/// name), then SUBSCRIBE, PUBLISH (to itself) and PINGREQ packed in one message: all
+/// three are handled before the delivery is written.
+pub async fn split_and_packed<S: AsyncRead + AsyncWrite + Unpin>(ws: &mut WebSocketStream<S>) {
+    for part in [&CONNECT[..1], &CONNECT[1..6], &CONNECT[6..]] {
+        ws.send(Message::binary(part.to_vec())).await.unwrap();
+    }
+    expect_bytes(ws, &CONNACK).await;
+    let three = [&SUBSCRIBE[..], &PUBLISH[..], &PINGREQ[..]].concat();
+    ws.send(Message::binary(three)).await.unwrap();
+    let answers = [&SUBACK[..], &PINGRESP[..], &PUBLISH[..]].concat();
+    expect_bytes(ws, &answers).await;
+}

@@ -39,6 +39,15 @@ pub async fn client(http: SocketAddr, key: &str, hub: &str, protocol: Option<&st
     ws
 }
 
+/// Connects to `hub` on `http` with `claims` in a token signed by `key` (valid for
+/// 10 minutes), on the subprotocol `json.webpubsub.azure.v1`.
+pub async fn json_client(http: SocketAddr, key: &str, hub: &str, claims: &ClientClaims) -> Ws {
+    let endpoint = format!("http://{http}");
+    let token = issue_client_token(key, &endpoint, hub, claims, Duration::from_secs(600));
+    let url = format!("ws://{http}/client/hubs/{hub}?access_token={token}");
+    websocket(&url, "json.webpubsub.azure.v1").await
+}
+
 /// Joins group `g` (ack 1) and sends `hi` to it (ack 2) on a JSON subprotocol.
 pub async fn join_and_send(ws: &mut Ws) {
     let frames = [

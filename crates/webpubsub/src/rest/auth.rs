@@ -110,17 +110,8 @@ fn same(a: &str, b: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use jsonwebtoken::{Algorithm, EncodingKey, Header};
+    use crate::token::tests::sign;
     use serde_json::json;
-
-    fn sign(claims: serde_json::Value, key: &str) -> String {
-        jsonwebtoken::encode(
-            &Header::new(Algorithm::HS256),
-            &claims,
-            &EncodingKey::from_secret(key.as_bytes()),
-        )
-        .unwrap()
-    }
 
     fn exp() -> u64 {
         std::time::SystemTime::now()
