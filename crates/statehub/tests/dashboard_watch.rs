@@ -17,26 +17,7 @@ use tokio::time::timeout;
 const ADMIN_KEY: &str = "dashboard-admin-key-0123456789";
 
 fn start(config: &str) -> common::Server {
-    let name = format!("dashboard-watch-{:x}.toml", rand_suffix());
-    let path = store_client::config_file(&name, config);
-    common::start(
-        &[
-            "--mqtt-listen",
-            "127.0.0.1:0",
-            "--http-listen",
-            "127.0.0.1:0",
-            "--config",
-            path.to_str().unwrap(),
-        ],
-        &[],
-    )
-}
-
-fn rand_suffix() -> u128 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos()
+    common::start_configured(config, &[])
 }
 
 /// Opens `GET path` with the admin key: the socket once the response head is in, with

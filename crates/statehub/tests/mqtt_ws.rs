@@ -8,7 +8,7 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use common::mqtt_ws::*;
-use common::{start, Server};
+use common::{start, start_configured, Server};
 use futures_util::{SinkExt, StreamExt};
 use tokio::net::TcpStream;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
@@ -18,24 +18,9 @@ use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 
 type Ws = WebSocketStream<MaybeTlsStream<TcpStream>>;
 
-/// The binary on port 0, with `config` as its TOML file if not empty.
-fn start_with(name: &str, config: &str) -> Server {
-    let path = std::env::temp_dir().join(format!(
-        "statehub-mqttws-{}-{name}.toml",
-        std::process::id()
-    ));
-    std::fs::write(&path, config).unwrap();
-    let args = [
-        "--mqtt-listen",
-        "127.0.0.1:0",
-        "--http-listen",
-        "127.0.0.1:0",
-        "--config",
-        path.to_str().unwrap(),
-    ];
-    let server = start(&args, &[]);
-    let _ = std::fs::remove_file(&path);
-    server
+/// The binary on port 0 with `config` as its TOML file.
+fn start_with(config: &str) -> Server {
+    start_configured(config, &[])
 }
 
 /// Opens `ws://addr/mqtt` offering `protocols`; the subprotocol answered too.
@@ -61,7 +46,7 @@ async fn connected(addr: SocketAddr) -> Ws {
 
 #[tokio::test]
 async fn the_subprotocol_is_answered_and_others_are_refused() {
-    let server = start_with("subprotocols", "");
+    let server = start_with("");
     let (_ws, answered) = open(server.http, "mqtt").await.unwrap();
     assert_eq!(answered.as_deref(), Some("mqtt"));
     let (_ws, answered) = open(server.http, "mqttv3.1").await.unwrap();
@@ -77,7 +62,7 @@ async fn the_subprotocol_is_answered_and_others_are_refused() {
 
 #[tokio::test]
 async fn a_packet_split_over_three_frames_and_three_packets_in_one_frame() {
-    let server = start_with("split", "");
+    let server = start_with("");
     let (mut ws, _) = open(server.http, "mqtt").await.unwrap();
     split_and_packed(&mut ws).await;
     // A packet split across one WebSocket message's fragments (continuation frames).
@@ -103,7 +88,7 @@ async fn a_packet_split_over_three_frames_and_three_packets_in_one_frame() {
 
 #[tokio::test]
 async fn a_text_frame_is_refused_with_1003() {
-    let server = start_with("text", "");
+    let server = start_with("");
     let mut ws = connected(server.http).await;
     ws.send(Message::text("hello")).await.unwrap();
     assert_eq!(close_code(&mut ws).await, Some(1003));
@@ -116,7 +101,7 @@ async fn a_text_frame_is_refused_with_1003() {
 #[tokio::test]
 async fn an_oversize_frame_is_refused_with_1009() {
     // Messages may hold max_packet_size + 16 KiB.
-    let server = start_with("oversize", "[mqtt]\nmax_packet_size = 1024\n");
+    let server = start_with("[mqtt]\nmax_packet_size = 1024\n");
     let mut ws = connected(server.http).await;
     // Just within the bound: a whole PUBLISH of 1024 bytes and 15 KiB of PINGREQs.
     let mut fits = vec![0x30, 0xFD, 0x07, 0, 1, b't'];
@@ -139,7 +124,7 @@ async fn an_oversize_frame_is_refused_with_1009() {
 
 #[tokio::test]
 async fn a_websocket_that_never_sends_connect_is_closed_after_the_connect_timeout() {
-    let server = start_with("silent", "[mqtt]\nconnect_timeout_secs = 1\n");
+    let server = start_with("[mqtt]\nconnect_timeout_secs = 1\n");
     let opened = Instant::now();
     let (mut ws, _) = open(server.http, "mqtt").await.unwrap();
     // Another client is served meanwhile.
@@ -154,7 +139,7 @@ async fn a_websocket_that_never_sends_connect_is_closed_after_the_connect_timeou
 #[tokio::test]
 async fn websockets_without_connect_are_bounded_per_address() {
     let config = "[mqtt]\nmax_pending_per_address = 2\nconnect_timeout_secs = 600\n";
-    let server = start_with("pending", config);
+    let server = start_with(config);
     let mut silent = Vec::new();
     for _ in 0..3 {
         silent.push(open(server.http, "mqtt").await.unwrap().0);
@@ -183,7 +168,7 @@ async fn websockets_without_connect_are_bounded_per_address() {
 
 #[tokio::test]
 async fn each_websocket_holds_an_http_connection_until_it_closes() {
-    let server = start_with("httpcap", "[http]\nmax_connections = 2\n");
+    let server = start_with("[http]\nmax_connections = 2\n");
     let mut first = connected(server.http).await;
     let _second = connected(server.http).await;
     match open(server.http, "mqtt").await {
@@ -207,7 +192,7 @@ async fn each_websocket_holds_an_http_connection_until_it_closes() {
 
 #[tokio::test]
 async fn a_plain_get_is_told_to_upgrade() {
-    let server = start_with("plain", "");
+    let server = start_with("");
     let mut tcp = common::connect_tcp(server.http);
     use std::io::{Read, Write};
     tcp.write_all(b"GET /mqtt HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
@@ -220,7 +205,7 @@ async fn a_plain_get_is_told_to_upgrade() {
 
 #[tokio::test]
 async fn off_in_the_config_file() {
-    let server = start_with("off", "[http]\nmqtt_websocket = false\n");
+    let server = start_with("[http]\nmqtt_websocket = false\n");
     match open(server.http, "mqtt").await {
         Err(WsError::Http(response)) => assert_eq!(response.status(), 404),
         other => panic!("expected 404, got {:?}", other.map(|(_, p)| p)),
