@@ -54,7 +54,10 @@ pub(crate) enum Command {
     Groups,
     /// Answered once every command before it was written (or failed); with
     /// `through_hold`, those are written even while the writer holds (`flush.rs`).
-    Flush { reply: Reply, through_hold: bool },
+    Flush {
+        reply: crate::flush::FlushReply,
+        through_hold: bool,
+    },
 }
 
 pub(crate) struct Writer {
