@@ -1,7 +1,8 @@
 //! The reader: one thread reads the stream strictly after the last entry it read and
 //! applies each entry in stream order: another node's message is delivered to this
 //! node's subscribers, another node's connection ends this node's session of the same
-//! client id, a change of any node's shared groups reloads the groups hash.
+//! client id, a change of any node's shared groups reloads the groups hash, a retained
+//! change written after Redis was out of reach (`retain.rs`) is applied.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -263,6 +264,7 @@ impl Reader {
                 (None, _) => self.malformed(&entry.id, &"no client id"),
             },
             Some("g") => self.reload_groups(con)?,
+            Some("r") => self.retained(broker, (text("c"), field("m")), &entry.id),
             Some("h") if !ours => match text("c") {
                 Some(client) => self.hand_off(con, broker, client, (text("i"), &entry.id)),
                 None => self.malformed(&entry.id, &"no client id"),
@@ -270,6 +272,22 @@ impl Reader {
             _ => {}
         }
         Ok(())
+    }
+
+    /// A retained change written once Redis was back (`retain.rs`), of any node, this
+    /// one included: applied in stream order, but not over a change this node made to
+    /// the topic that is still on its way to Redis (its entry comes later).
+    fn retained(&self, broker: &Broker, (topic, value): (Option<&str>, Option<&[u8]>), id: &str) {
+        let Some(topic) = topic else {
+            return self.malformed(id, &"no topic");
+        };
+        match crate::retain::from_entry(topic, value, wire::Now::at(broker.now())) {
+            Ok(msg) => {
+                let unwritten = &self.shared.unwritten;
+                broker.apply_retained_unless(&msg, |topic| unwritten.holds(topic));
+            }
+            Err(e) => self.malformed(id, &e),
+        }
     }
 
     /// The origin of a message this node published (see `sessions/origins.rs`).
