@@ -11,10 +11,11 @@
 mod common;
 
 use common::lag::{
-    in_order, lag_nodes, publish_all, receive_within, until, LagNode, Link, PATIENCE,
+    head_and_position, in_order, lag_nodes, publish_all, receive_within, until, LagNode, Link,
+    PATIENCE,
 };
 use common::Server;
-use statehub_broker::codec::{Packet, QoS};
+use statehub_broker::codec::{Packet, Publish, QoS};
 use statehub_redis_common::test_server::RedisServer;
 use statehub_test_support::{opts, publish, RawClient, V5};
 
@@ -149,4 +150,42 @@ async fn a_held_reader_holds_its_own_nodes_publishers_too() {
         common::metric(b.http, "statehub_cluster_mqtt_stream_gaps"),
         0.0
     );
+}
+
+/// With b's reader stuck past the node TTL, a's retained change and then enough
+/// messages to trim it from the stream before b read it: once b reads again it counts
+/// the gap and reloads the retained hash, so a new subscriber on b gets the retained
+/// message whose entry it never read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reader_past_a_gap_reloads_the_retained_messages() {
+    const RETAINED: &str = "lag/retained";
+    let redis = RedisServer::start();
+    let [a, b] = nodes(&redis, 1000).await;
+    let (mut publisher, _sub) = subscribed(&a, &b).await;
+
+    b.hold_reader(true);
+    let p = Publish {
+        retain: true,
+        packet_id: Some(publisher.next_packet_id()),
+        ..publish(RETAINED, QoS::AtLeastOnce, b"kept")
+    };
+    publisher.send(&Packet::Publish(p)).await;
+    publisher
+        .expect_reply("PUBACK", |p| matches!(p, Packet::PubAck(_)))
+        .await;
+    // All acknowledged once b's position lapsed: the stream is trimmed past b.
+    let acks = publish_all(publisher, TOPIC, "", N, PATIENCE).await;
+    acks.task.await.unwrap();
+    b.hold_reader(false);
+    until("b read on past the gap", || {
+        let (head, at) = head_and_position(&redis, "b");
+        common::metric(b.http, "statehub_cluster_mqtt_stream_gaps") >= 1.0 && at == Some(head)
+    })
+    .await;
+
+    let mut late = RawClient::connect(b.mqtt, V5, "late").await;
+    late.subscribe(RETAINED, opts(QoS::AtLeastOnce)).await;
+    let got = late.expect_publish_ack().await;
+    assert!(got.retain, "{got:?}");
+    assert_eq!(&got.payload[..], b"kept");
 }
