@@ -20,15 +20,15 @@
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::{SyncSender, TrySendError};
-use std::time::Duration;
+use std::sync::Arc;
 
+use parking_lot::{Condvar, Mutex};
 use statehub_broker::FabricError;
 use tokio::sync::oneshot::{self, error::TryRecvError};
 
 use crate::writer::Command;
 
-/// How often a flush that gives up on a hold looks whether the writer holds.
-const LOOK: Duration = Duration::from_millis(1);
+type Answer = Result<(), FabricError>;
 
 /// What the writer says of its hold, and what it must write through one.
 #[derive(Debug, Default)]
@@ -37,11 +37,19 @@ pub(crate) struct HoldState {
     held: AtomicBool,
     /// Flushes queued that the writer serves through a hold.
     through: AtomicUsize,
+    /// Flushes waiting with [`Mode::UnlessHeld`]: woken through `changed` once the
+    /// writer holds or answers (or drops) a flush. A waiter looks at both under this
+    /// lock, and a notifier takes it after changing either, so no wake-up is lost.
+    waiting: Mutex<usize>,
+    changed: Condvar,
 }
 
 impl HoldState {
     pub(crate) fn set_held(&self, held: bool) {
         self.held.store(held, Ordering::SeqCst);
+        if held {
+            self.wake();
+        }
     }
 
     pub(crate) fn is_held(&self) -> bool {
@@ -56,6 +64,62 @@ impl HoldState {
     /// The writer answered a flush queued with [`Mode::ThroughHold`].
     pub(crate) fn served(&self) {
         self.through.fetch_sub(1, Ordering::SeqCst);
+    }
+
+    /// Wakes the flushes waiting with [`Mode::UnlessHeld`], after what they wait for
+    /// changed.
+    fn wake(&self) {
+        let waiting = self.waiting.lock();
+        if *waiting > 0 {
+            self.changed.notify_all();
+        }
+    }
+
+    /// Waits until the writer answers `done` (or drops it), or holds.
+    fn unless_held(&self, done: &mut oneshot::Receiver<Answer>) -> Result<(), FlushError> {
+        let mut waiting = self.waiting.lock();
+        loop {
+            match done.try_recv() {
+                Ok(result) => return result.map_err(FlushError::from),
+                Err(TryRecvError::Closed) => return Err(stopped()),
+                Err(TryRecvError::Empty) if self.is_held() => return Err(FlushError::Held),
+                Err(TryRecvError::Empty) => {
+                    *waiting += 1;
+                    self.changed.wait(&mut waiting);
+                    *waiting -= 1;
+                }
+            }
+        }
+    }
+
+    #[cfg(test)]
+    fn waiters(&self) -> usize {
+        *self.waiting.lock()
+    }
+}
+
+/// The writer's answer to a flush. Sent, or dropped unsent (the writer stopped), it
+/// wakes a flush waiting with [`Mode::UnlessHeld`].
+#[derive(Debug)]
+pub(crate) struct FlushReply {
+    reply: Option<oneshot::Sender<Answer>>,
+    hold: Arc<HoldState>,
+}
+
+impl FlushReply {
+    /// Answers the flush; `Err(result)` if nobody waits for it any more.
+    pub(crate) fn send(mut self, result: Answer) -> Result<(), Answer> {
+        match self.reply.take() {
+            Some(reply) => reply.send(result),
+            None => Err(result),
+        }
+    }
+}
+
+impl Drop for FlushReply {
+    fn drop(&mut self) {
+        self.reply = None;
+        self.hold.wake();
     }
 }
 
@@ -86,12 +150,15 @@ fn stopped() -> FlushError {
 /// Waits until the writer behind `writer` appended everything handed to it so far.
 pub(crate) fn flush(
     writer: &SyncSender<Command>,
-    hold: &HoldState,
+    hold: &Arc<HoldState>,
     mode: Mode,
 ) -> Result<(), FlushError> {
     let (reply, mut done) = oneshot::channel();
     let command = Command::Flush {
-        reply,
+        reply: FlushReply {
+            reply: Some(reply),
+            hold: hold.clone(),
+        },
         through_hold: mode == Mode::ThroughHold,
     };
     match mode {
@@ -105,14 +172,7 @@ pub(crate) fn flush(
             }
         }
         Mode::UnlessHeld => match writer.try_send(command) {
-            Ok(()) => loop {
-                match done.try_recv() {
-                    Ok(result) => return result.map_err(FlushError::from),
-                    Err(TryRecvError::Closed) => return Err(stopped()),
-                    Err(TryRecvError::Empty) if hold.is_held() => return Err(FlushError::Held),
-                    Err(TryRecvError::Empty) => std::thread::sleep(LOOK),
-                }
-            },
+            Ok(()) => return hold.unless_held(&mut done),
             Err(TrySendError::Full(_)) => return Err(FlushError::Held),
             Err(TrySendError::Disconnected(_)) => return Err(stopped()),
         },
@@ -125,10 +185,14 @@ pub(crate) fn flush(
 
 #[cfg(test)]
 mod tests {
-    use std::sync::mpsc::sync_channel;
-    use std::sync::Arc;
+    use std::sync::mpsc::{channel, sync_channel, Receiver};
+    use std::time::Duration;
 
     use super::*;
+
+    /// Far longer than any wake-up takes, even on a loaded machine: a waiter that is not
+    /// woken waits for ever.
+    const BOUND: Duration = Duration::from_secs(30);
 
     /// A writer that takes one command, then does `then` with it and the hold.
     fn writer(
@@ -162,11 +226,76 @@ mod tests {
 
     #[test]
     fn a_flush_that_gives_up_on_a_hold_does_not_wait_for_room_in_the_queue() {
-        let hold = HoldState::default();
+        let hold = Arc::new(HoldState::default());
         let (tx, _rx) = sync_channel(1);
         tx.send(Command::Groups).unwrap();
         let flushed = flush(&tx, &hold, Mode::UnlessHeld);
         assert!(matches!(flushed, Err(FlushError::Held)), "{flushed:?}");
+    }
+
+    /// Runs a flush that gives up on a hold on its own thread; its result comes on the
+    /// returned channel.
+    fn waiting_flush(
+        tx: SyncSender<Command>,
+        hold: &Arc<HoldState>,
+    ) -> Receiver<Result<(), FlushError>> {
+        let (result, done) = channel();
+        let hold = hold.clone();
+        std::thread::spawn(move || {
+            let _ = result.send(flush(&tx, &hold, Mode::UnlessHeld));
+        });
+        done
+    }
+
+    /// A writer that keeps the flush it takes, and hands it to the test once the flush
+    /// waits for it (nothing more will change unless the test does something).
+    fn kept_until_waiting(hold: &Arc<HoldState>) -> (SyncSender<Command>, Receiver<Command>) {
+        let (kept, keep) = channel();
+        let (tx, _thread) = writer(hold, move |command, hold| {
+            while hold.waiters() == 0 {
+                std::thread::yield_now();
+            }
+            let _ = kept.send(command);
+        });
+        (tx, keep)
+    }
+
+    #[test]
+    fn a_waiting_flush_is_woken_once_the_writer_holds() {
+        let hold = Arc::new(HoldState::default());
+        let (tx, keep) = kept_until_waiting(&hold);
+        let done = waiting_flush(tx, &hold);
+        let _command = keep.recv().unwrap();
+        assert!(done.try_recv().is_err(), "still waiting");
+        hold.set_held(true);
+        let flushed = done
+            .recv_timeout(BOUND)
+            .expect("woken when the writer holds");
+        assert!(matches!(flushed, Err(FlushError::Held)), "{flushed:?}");
+    }
+
+    #[test]
+    fn a_waiting_flush_is_woken_once_the_writer_answers() {
+        let hold = Arc::new(HoldState::default());
+        let (tx, keep) = kept_until_waiting(&hold);
+        let done = waiting_flush(tx, &hold);
+        let Command::Flush { reply, .. } = keep.recv().unwrap() else {
+            panic!("expected a flush");
+        };
+        assert!(done.try_recv().is_err(), "still waiting");
+        reply.send(Ok(())).unwrap();
+        let flushed = done.recv_timeout(BOUND).expect("woken by the answer");
+        assert!(flushed.is_ok(), "{flushed:?}");
+    }
+
+    #[test]
+    fn a_waiting_flush_is_woken_when_the_writer_drops_it() {
+        let hold = Arc::new(HoldState::default());
+        let (tx, keep) = kept_until_waiting(&hold);
+        let done = waiting_flush(tx, &hold);
+        drop(keep.recv().unwrap());
+        let flushed = done.recv_timeout(BOUND).expect("woken by the drop");
+        assert!(matches!(flushed, Err(FlushError::Fabric(_))), "{flushed:?}");
     }
 
     #[test]

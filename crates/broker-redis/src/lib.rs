@@ -143,6 +143,12 @@ pub struct Counters {
     /// Liveness renewals that failed (a node that fails them past `node_ttl` passes for
     /// dead).
     pub liveness_failures: AtomicU64,
+    /// Retained changes made here while Redis was out of reach, written once it was
+    /// back (`retain.rs`).
+    pub retained_restored: AtomicU64,
+    /// Those past the writer's bound on them (`queue` topics): they stay on this node
+    /// only (logged).
+    pub retained_unrestored: AtomicU64,
 }
 
 /// The Redis keys of one namespace.
@@ -192,6 +198,8 @@ pub(crate) struct Shared {
     pub cut: Arc<Mutex<sessions::Cut>>,
     /// The writer's hold, as flushes see it.
     pub hold: Arc<flush::HoldState>,
+    /// Retained changes made here that the writer has not written yet.
+    pub unwritten: retain::Unwritten,
 }
 
 impl Shared {
@@ -272,6 +280,7 @@ impl RedisFabric {
             sessions: sessions.clone(),
             cut,
             hold,
+            unwritten: retain::Unwritten::default(),
         });
         let fabric = RedisFabric { shared };
         broker.set_fabric(Arc::new(fabric.clone()));

@@ -1,7 +1,8 @@
 //! The reader: one thread reads the stream strictly after the last entry it read and
 //! applies each entry in stream order: another node's message is delivered to this
 //! node's subscribers, another node's connection ends this node's session of the same
-//! client id, a change of any node's shared groups reloads the groups hash.
+//! client id, a change of any node's shared groups reloads the groups hash, a retained
+//! change written after Redis was out of reach (`retain.rs`) is applied.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -126,11 +127,15 @@ impl Reader {
         }
         if !self.loaded {
             // After positioning: a change made meanwhile is read from the stream again.
+            // Not over a change of this node's own on its way to Redis (`retain.rs`).
             let retained: Vec<(String, Vec<u8>)> = con.hgetall(&self.shared.keys.retained)?;
             let now = wire::Now::at(broker.now());
+            let unwritten = &self.shared.unwritten;
             for (topic, value) in retained {
                 match wire::decode(&value, now) {
-                    Ok(Some(msg)) => broker.apply_retained(&Arc::new(msg)),
+                    Ok(Some(msg)) => {
+                        broker.apply_retained_unless(&Arc::new(msg), |t| unwritten.holds(t));
+                    }
                     Ok(None) => {}
                     Err(e) => self.malformed(&topic, &e),
                 }
@@ -158,6 +163,7 @@ impl Reader {
             .into_iter()
             .flat_map(|k| k.ids)
             .collect();
+        self.skipped(&entries, &last_id);
         let counters = &self.shared.counters;
         let lag = match entries.last() {
             Some(last) if entries.len() >= BATCH => statehub_redis_common::stream_age_ms(&last.id),
@@ -263,6 +269,7 @@ impl Reader {
                 (None, _) => self.malformed(&entry.id, &"no client id"),
             },
             Some("g") => self.reload_groups(con)?,
+            Some("r") => self.retained(broker, (text("c"), field("m")), &entry.id),
             Some("h") if !ours => match text("c") {
                 Some(client) => self.hand_off(con, broker, client, (text("i"), &entry.id)),
                 None => self.malformed(&entry.id, &"no client id"),
@@ -270,6 +277,22 @@ impl Reader {
             _ => {}
         }
         Ok(())
+    }
+
+    /// A retained change written once Redis was back (`retain.rs`), of any node, this
+    /// one included: applied in stream order, but not over a change this node made to
+    /// the topic that is still on its way to Redis (its entry comes later).
+    fn retained(&self, broker: &Broker, (topic, value): (Option<&str>, Option<&[u8]>), id: &str) {
+        let Some(topic) = topic else {
+            return self.malformed(id, &"no topic");
+        };
+        match crate::retain::from_entry(topic, value, wire::Now::at(broker.now())) {
+            Ok(msg) => {
+                let unwritten = &self.shared.unwritten;
+                broker.apply_retained_unless(&msg, |topic| unwritten.holds(topic));
+            }
+            Err(e) => self.malformed(id, &e),
+        }
     }
 
     /// The origin of a message this node published (see `sessions/origins.rs`).
@@ -391,9 +414,33 @@ impl Reader {
         }
     }
 
+    /// Counts (and logs) entries trimmed after `last_id` before this reader read them,
+    /// seen by the numbers of the entries read: the next read reloads the retained
+    /// hash, which has the trimmed entries' changes (the entries read after it are
+    /// applied again, in order).
+    fn skipped(&mut self, entries: &[StreamId], last_id: &str) {
+        let first = entries.first().and_then(entry_number);
+        // Positioned on an empty stream (0), the counter may be further on.
+        if let (true, Some(seq @ 1..), Some(first)) = (self.loaded, self.seq, first) {
+            if first > seq + 1 {
+                self.gap(last_id, &entries[0].id);
+            }
+        }
+    }
+
+    fn gap(&mut self, last_read: &str, trimmed_up_to: &str) {
+        self.shared.counters.gaps.fetch_add(1, Ordering::Relaxed);
+        tracing::warn!(
+            last_read,
+            trimmed_up_to,
+            "mqtt cluster reader: entries were trimmed from the stream before this node read them (mqtt_stream_len); their messages are lost for this node's subscribers, its retained messages are reloaded"
+        );
+        self.loaded = false;
+    }
+
     /// Counts (and logs) entries trimmed after `last_id` before this reader read them:
     /// the stream's largest deleted id is past it.
-    fn count_gap(&self, con: &mut Connection, last_id: &str) -> RedisResult<()> {
+    fn count_gap(&mut self, con: &mut Connection, last_id: &str) -> RedisResult<()> {
         let info: Value = redis::cmd("XINFO")
             .arg("STREAM")
             .arg(&self.shared.keys.feed)
@@ -416,12 +463,7 @@ impl Reader {
         if let Some(deleted) = deleted {
             use crate::sessions::stream_id;
             if stream_id(&deleted) > stream_id(last_id) {
-                self.shared.counters.gaps.fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(
-                    last_read = last_id,
-                    trimmed_up_to = %deleted,
-                    "mqtt cluster reader: entries were trimmed from the stream before this node read them (mqtt_stream_len); their messages are lost for this node's subscribers"
-                );
+                self.gap(last_id, &deleted);
             }
         }
         Ok(())

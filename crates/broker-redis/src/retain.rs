@@ -2,15 +2,29 @@
 //! the retained hash through the writer, in order with the stream, and the PUBLISH is
 //! acknowledged once Redis has it. The other nodes learn of the change from the stream
 //! (the message carries its RETAIN flag) and a node that starts loads the hash.
+//!
+//! While Redis is out of reach a change still takes effect on its node at once (a QoS
+//! 0 one is not refused; a QoS 1/2 one already delivered when its write failed was
+//! answered 0x80). So that every node holds the same retained messages once Redis is
+//! back, the writer keeps the changes it failed to write ([`Backlog`]: the latest per
+//! topic, in the order made) and writes them first when Redis answers again, each in
+//! one script call that sets the hash and appends an `r` entry. Every node (this one
+//! included) applies `r` entries in stream order, so the last one in the stream, which
+//! is the hash's value, wins everywhere; but a node does not let one replace a change
+//! of its own still on its way to Redis ([`Unwritten`]), whose entry comes later.
 
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
+use parking_lot::Mutex;
+use redis::Pipeline;
 use statehub_broker::{BoxFuture, FabricError, Message, RetainStore, RetainStoreError};
 use tokio::sync::oneshot;
 
 use crate::writer::Command;
-use crate::{wire, Shared};
+use crate::{wire, Counters, Keys, Shared};
 
 /// The retained-message store of a node in a cluster.
 #[derive(Debug, Clone)]
@@ -29,6 +43,7 @@ fn failed(e: impl std::error::Error + Send + Sync + 'static) -> RetainStoreError
 }
 
 impl RetainStore for RedisRetain {
+    /// Called under the broker's retained lock, right after the change took effect here.
     fn record(
         &self,
         msg: &Message,
@@ -43,12 +58,15 @@ impl RetainStore for RedisRetain {
             }
         };
         let (reply, done) = oneshot::channel();
+        let topic = msg.topic.to_string();
+        self.shared.unwritten.add(&topic);
         let command = Command::Retain {
-            topic: msg.topic.to_string(),
+            topic: topic.clone(),
             value,
             reply,
         };
         if !self.shared.send(command) {
+            self.shared.unwritten.written(&topic);
             return Box::pin(async { Err(failed(FabricError::Full)) });
         }
         Box::pin(async move {
@@ -57,5 +75,243 @@ impl RetainStore for RedisRetain {
                 Err(_) => Err(failed(FabricError::Unavailable("stopped".into()))),
             }
         })
+    }
+}
+
+/// This node's retained changes not written to Redis yet, counted per topic from the
+/// moment they take effect here (under the broker's retained lock) until the writer
+/// wrote them, or gave up on them. While a topic has one, no stream entry replaces it
+/// here: the change's own entry comes later in the stream.
+#[derive(Debug, Default)]
+pub(crate) struct Unwritten {
+    topics: Mutex<HashMap<String, u32>>,
+}
+
+impl Unwritten {
+    fn add(&self, topic: &str) {
+        *self.topics.lock().entry(topic.to_owned()).or_default() += 1;
+    }
+
+    /// One change of `topic` was written (or will never be).
+    pub(crate) fn written(&self, topic: &str) {
+        let mut topics = self.topics.lock();
+        if let Some(n) = topics.get_mut(topic) {
+            *n -= 1;
+            if *n == 0 {
+                topics.remove(topic);
+            }
+        }
+    }
+
+    /// Whether a change of `topic` made here is still on its way to Redis.
+    pub(crate) fn holds(&self, topic: &str) -> bool {
+        self.topics.lock().contains_key(topic)
+    }
+}
+
+/// Sets (or clears) a topic's retained message and appends its `r` entry, numbered like
+/// every entry (`append.rs`), in one call: the hash and the stream order agree.
+/// `KEYS` the stream, the counter, the hash; `ARGV` the stream's length, the node, the
+/// topic, and the value unless cleared.
+const SCRIPT: &str = r"
+local q = redis.call('INCR', KEYS[2])
+if ARGV[4] then
+  redis.call('HSET', KEYS[3], ARGV[3], ARGV[4])
+  redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[1], '*', 'q', q, 'n', ARGV[2], 't', 'r',
+    'c', ARGV[3], 'm', ARGV[4])
+else
+  redis.call('HDEL', KEYS[3], ARGV[3])
+  redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[1], '*', 'q', q, 'n', ARGV[2], 't', 'r',
+    'c', ARGV[3])
+end
+return q
+";
+
+/// The retained changes of the writer's failed batches, the latest per topic, in the
+/// order they were made; at most `limit` topics (past it a change stays on this node
+/// only: counted, logged).
+#[derive(Debug)]
+pub(crate) struct Backlog {
+    /// By when each was kept.
+    changes: BTreeMap<u64, (String, Option<Vec<u8>>)>,
+    at: HashMap<String, u64>,
+    next: u64,
+    limit: usize,
+    logged: Option<Instant>,
+}
+
+impl Backlog {
+    pub(crate) fn new(limit: usize) -> Self {
+        Self {
+            changes: BTreeMap::new(),
+            at: HashMap::new(),
+            next: 0,
+            limit: limit.max(1),
+            logged: None,
+        }
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.changes.is_empty()
+    }
+
+    /// Keeps a change whose write failed, after (and instead of) any kept for its topic.
+    pub(crate) fn keep(
+        &mut self,
+        (topic, value): (&str, Option<&Vec<u8>>),
+        unwritten: &Unwritten,
+        counters: &Counters,
+    ) {
+        let replaced = self.at.remove(topic);
+        if let Some(at) = replaced {
+            self.changes.remove(&at);
+            // The change it replaces will never be written.
+            unwritten.written(topic);
+        } else if self.changes.len() >= self.limit {
+            unwritten.written(topic);
+            counters.retained_unrestored.fetch_add(1, Ordering::Relaxed);
+            let log = self
+                .logged
+                .is_none_or(|at| at.elapsed() >= Duration::from_secs(10));
+            if log {
+                self.logged = Some(Instant::now());
+                tracing::warn!(
+                    topic,
+                    limit = self.limit,
+                    "mqtt cluster: too many retained changes made while redis was out of reach; this one stays on this node only"
+                );
+            }
+            return;
+        }
+        self.next += 1;
+        self.at.insert(topic.to_owned(), self.next);
+        self.changes
+            .insert(self.next, (topic.to_owned(), value.cloned()));
+    }
+
+    /// Adds the calls writing every kept change, in order, to `pipe`.
+    pub(crate) fn add_to(&self, pipe: &mut Pipeline, keys: &Keys, node: &str, stream_len: u64) {
+        for (topic, value) in self.changes.values() {
+            pipe.cmd("EVAL")
+                .arg(SCRIPT)
+                .arg(3)
+                .arg(&keys.feed)
+                .arg(&keys.seq)
+                .arg(&keys.retained)
+                .arg(stream_len)
+                .arg(node)
+                .arg(topic);
+            if let Some(value) = value {
+                pipe.arg(value);
+            }
+            pipe.ignore();
+        }
+    }
+
+    /// Every kept change was written.
+    pub(crate) fn written(&mut self, unwritten: &Unwritten, counters: &Counters) {
+        let restored = self.changes.len() as u64;
+        for (topic, _) in std::mem::take(&mut self.changes).into_values() {
+            unwritten.written(&topic);
+        }
+        self.at.clear();
+        if restored > 0 {
+            counters
+                .retained_restored
+                .fetch_add(restored, Ordering::Relaxed);
+            tracing::info!(
+                restored,
+                "mqtt cluster: retained changes made while redis was out of reach written"
+            );
+        }
+    }
+}
+
+/// The retained message an `r` entry sets, or one clearing `topic` (no value).
+pub(crate) fn from_entry(
+    topic: &str,
+    value: Option<&[u8]>,
+    now: wire::Now,
+) -> Result<Arc<Message>, wire::WireError> {
+    let decoded = value.map(|v| wire::decode(v, now)).transpose()?.flatten();
+    let msg = decoded.unwrap_or_else(|| {
+        // Cleared, or expired meanwhile: either way no retained message.
+        let clear = statehub_broker::codec::Publish {
+            dup: false,
+            qos: statehub_broker::codec::QoS::AtMostOnce,
+            retain: true,
+            topic: topic.into(),
+            packet_id: None,
+            payload: bytes::Bytes::new(),
+            properties: statehub_broker::codec::PublishProperties::default(),
+        };
+        Message::from_publish(clear, None, now.instant)
+    });
+    Ok(Arc::new(msg))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn keys() -> Keys {
+        Keys::new("t")
+    }
+
+    /// The topics `backlog` writes, in order.
+    fn written_order(backlog: &Backlog) -> Vec<String> {
+        let mut pipe = redis::pipe();
+        backlog.add_to(&mut pipe, &keys(), "n", 100);
+        let packed = String::from_utf8_lossy(&pipe.get_packed_pipeline()).into_owned();
+        let mut at: Vec<(usize, String)> = ["t1", "t2", "t3"]
+            .iter()
+            .filter_map(|t| {
+                packed
+                    .find(&format!("\r\nrt/{t}\r\n"))
+                    .map(|i| (i, format!("rt/{t}")))
+            })
+            .collect();
+        at.sort();
+        at.into_iter().map(|(_, t)| t).collect()
+    }
+
+    #[test]
+    fn a_backlog_keeps_the_latest_change_per_topic_in_the_order_made() {
+        let (unwritten, counters) = (Unwritten::default(), Counters::default());
+        let mut backlog = Backlog::new(10);
+        for (topic, value) in [("rt/t1", "a"), ("rt/t2", "b"), ("rt/t1", "c")] {
+            unwritten.add(topic);
+            backlog.keep(
+                (topic, Some(&value.as_bytes().to_vec())),
+                &unwritten,
+                &counters,
+            );
+        }
+        assert_eq!(written_order(&backlog), ["rt/t2", "rt/t1"]);
+        assert!(unwritten.holds("rt/t1") && unwritten.holds("rt/t2"));
+        backlog.written(&unwritten, &counters);
+        assert!(backlog.is_empty());
+        assert!(
+            !unwritten.holds("rt/t1"),
+            "the replaced change counted off too"
+        );
+        assert!(!unwritten.holds("rt/t2"));
+        assert_eq!(counters.retained_restored.load(Ordering::Relaxed), 2);
+    }
+
+    #[test]
+    fn a_full_backlog_keeps_changes_of_its_topics_and_counts_a_new_topics() {
+        let (unwritten, counters) = (Unwritten::default(), Counters::default());
+        let mut backlog = Backlog::new(1);
+        for topic in ["rt/t1", "rt/t2", "rt/t1"] {
+            unwritten.add(topic);
+            backlog.keep((topic, None), &unwritten, &counters);
+        }
+        assert_eq!(written_order(&backlog), ["rt/t1"]);
+        assert!(
+            !unwritten.holds("rt/t2"),
+            "not kept: no entry of it will come"
+        );
+        assert_eq!(counters.retained_unrestored.load(Ordering::Relaxed), 1);
     }
 }

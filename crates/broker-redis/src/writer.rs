@@ -16,6 +16,7 @@ use tokio::sync::oneshot;
 
 use crate::append::{self, Appends};
 use crate::lag::Lag;
+use crate::retain::Backlog;
 use crate::{Options, Shared};
 
 /// Most commands in one pipeline.
@@ -54,7 +55,10 @@ pub(crate) enum Command {
     Groups,
     /// Answered once every command before it was written (or failed); with
     /// `through_hold`, those are written even while the writer holds (`flush.rs`).
-    Flush { reply: Reply, through_hold: bool },
+    Flush {
+        reply: crate::flush::FlushReply,
+        through_hold: bool,
+    },
 }
 
 pub(crate) struct Writer {
@@ -77,6 +81,8 @@ pub(crate) struct Writer {
     node_ttl: Duration,
     /// When a hold was last logged.
     hold_logged: Option<Instant>,
+    /// Retained changes of failed batches, written first once Redis answers again.
+    backlog: Backlog,
 }
 
 impl Writer {
@@ -101,6 +107,7 @@ impl Writer {
             lag: Lag::new(options.reader_lag_limit),
             node_ttl: options.node_ttl,
             hold_logged: None,
+            backlog: Backlog::new(options.queue),
         }
     }
 
@@ -140,6 +147,10 @@ impl Writer {
         pipe.cmd("PING");
         let groups = self.groups_dirty || batch.iter().any(|c| matches!(c, Command::Groups));
         let encoded_groups = groups.then(|| self.shared.groups.local_encoded());
+        // Before this batch's changes, which are newer.
+        let backlog = !self.backlog.is_empty();
+        let (keys, node) = (&self.shared.keys, &*self.shared.node);
+        self.backlog.add_to(&mut pipe, keys, node, self.stream_len);
         let mut appends = Appends::default();
         for command in &batch {
             self.add(&mut pipe, command, &mut appends);
@@ -169,6 +180,7 @@ impl Writer {
                 self.shared.counters.batches.fetch_add(1, Ordering::Relaxed);
                 self.groups_dirty &= !groups;
                 self.set_available(true, None);
+                self.retained_written(&batch, backlog, true);
                 let replicated = self.replicated(replicas);
                 self.done(batch, &Ok(()), &replicated);
             }
@@ -181,6 +193,7 @@ impl Writer {
                 self.groups_dirty |= groups;
                 let reason: Arc<str> = Arc::from(e.to_string());
                 self.set_available(false, Some(&reason));
+                self.retained_written(&batch, backlog, false);
                 let failed = Err(FabricError::Unavailable(reason));
                 self.done(batch, &failed, &failed);
             }
@@ -222,6 +235,25 @@ impl Writer {
         shared.hold.set_held(false);
         let waited = u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX);
         shared.counters.held_ms.fetch_add(waited, Ordering::Relaxed);
+    }
+
+    /// Accounts for the retained changes of a batch (and of the backlog, if `backlog`
+    /// went with it): written, or kept in the backlog for the next attempt.
+    fn retained_written(&mut self, batch: &[Command], backlog: bool, ok: bool) {
+        let (unwritten, counters) = (&self.shared.unwritten, &self.shared.counters);
+        if ok && backlog {
+            self.backlog.written(unwritten, counters);
+        }
+        for command in batch {
+            if let Command::Retain { topic, value, .. } = command {
+                if ok {
+                    unwritten.written(topic);
+                } else {
+                    self.backlog
+                        .keep((topic, value.as_ref()), unwritten, counters);
+                }
+            }
+        }
     }
 
     /// The position keys of every node's reader, this node's own included: its reader

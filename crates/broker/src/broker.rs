@@ -344,7 +344,17 @@ impl Broker {
     /// Makes `msg` its topic's retained message (an empty payload clears it) in memory
     /// only, telling no [`RetainStore`]: another node of a cluster stored it.
     pub fn apply_retained(&self, msg: &Arc<Message>) {
+        self.apply_retained_unless(msg, |_| false);
+    }
+
+    /// [`Broker::apply_retained`] unless `skip(topic)`, asked under the lock that every
+    /// change of the retained messages takes (a [`RetainStore`] is told of this node's
+    /// own changes under it too).
+    pub fn apply_retained_unless(&self, msg: &Arc<Message>, skip: impl FnOnce(&str) -> bool) {
         let mut retained = self.inner.retained.write();
+        if skip(&msg.topic) {
+            return;
+        }
         if msg.payload.is_empty() {
             retained.remove(&msg.topic);
         } else {

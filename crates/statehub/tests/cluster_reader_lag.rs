@@ -10,24 +10,24 @@
 
 mod common;
 
-use common::lag::{in_order, publish_all, receive_within, relay, until, PATIENCE};
-use common::proxy::Proxy;
+use common::lag::{
+    head_and_position, in_order, lag_nodes, publish_all, receive_within, until, LagNode, Link,
+    PATIENCE,
+};
 use common::Server;
-use statehub_broker::codec::{Packet, QoS};
+use statehub_broker::codec::{Packet, Publish, QoS};
 use statehub_redis_common::test_server::RedisServer;
 use statehub_test_support::{opts, publish, RawClient, V5};
 
 const N: u16 = 200;
 const TOPIC: &str = "lag/t";
 
-/// Nodes `a` (on Redis directly) and `b` (through `proxy`) with a 50-entry stream and
-/// `settings` besides.
-fn nodes(redis: &RedisServer, proxy: &Proxy, settings: &str) -> (Server, Server) {
-    let toml = format!("[cluster]\nmqtt_stream_len = 50\n{settings}\n");
-    // b first: a finds it in the groups hash as it starts.
-    let b = common::start_configured(&toml, &["--redis", &proxy.url(), "--node-id", "b"]);
-    let a = common::start_configured(&toml, &["--redis", &redis.url(), "--node-id", "a"]);
-    (a, b)
+/// Nodes `a` (on Redis directly) and `b` (whose reader can be held) with a 50-entry
+/// stream, a lag limit of 20, and a node TTL of `ttl_ms`.
+async fn nodes(redis: &RedisServer, ttl_ms: u64) -> [LagNode; 2] {
+    let settings =
+        format!("mqtt_stream_len = 50\nmqtt_reader_lag_limit = 20\nmqtt_node_ttl_ms = {ttl_ms}");
+    lag_nodes(redis, &settings, [("a", Link::Direct), ("b", Link::Held)]).await
 }
 
 /// A subscriber on `b` that got a first message from `a` (both readers are reading).
@@ -59,16 +59,11 @@ async fn subscribed(a: &Server, b: &Server) -> (RawClient, RawClient) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_held_reader_holds_the_other_nodes_publishers_and_loses_nothing() {
     let redis = RedisServer::start();
-    let proxy = Proxy::start(redis.port(), relay).await;
     // The held reader stays live for the whole test.
-    let (a, b) = nodes(
-        &redis,
-        &proxy,
-        "mqtt_reader_lag_limit = 20\nmqtt_node_ttl_ms = 60000",
-    );
+    let [a, b] = nodes(&redis, 60_000).await;
     let (publisher, mut sub) = subscribed(&a, &b).await;
 
-    proxy.stall.send_replace(true);
+    b.hold_reader(true);
     let acks = publish_all(publisher, TOPIC, "", N, PATIENCE).await;
     until("a's writer holds, or every message is acknowledged", || {
         common::metric(a.http, "statehub_cluster_mqtt_writer_held") >= 1.0
@@ -79,7 +74,7 @@ async fn a_held_reader_holds_the_other_nodes_publishers_and_loses_nothing() {
         acks.count() < usize::from(N),
         "publishers wait while b's reader is held"
     );
-    proxy.stall.send_replace(false);
+    b.hold_reader(false);
 
     for i in 1..=N {
         let p = match sub.expect_within(PATIENCE).await {
@@ -101,15 +96,10 @@ async fn a_held_reader_holds_the_other_nodes_publishers_and_loses_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reader_stuck_past_the_node_ttl_is_not_waited_for() {
     let redis = RedisServer::start();
-    let proxy = Proxy::start(redis.port(), relay).await;
-    let (a, b) = nodes(
-        &redis,
-        &proxy,
-        "mqtt_reader_lag_limit = 20\nmqtt_node_ttl_ms = 1000",
-    );
+    let [a, b] = nodes(&redis, 1000).await;
     let (publisher, _sub) = subscribed(&a, &b).await;
 
-    proxy.stall.send_replace(true);
+    b.hold_reader(true);
     let acks = publish_all(publisher, TOPIC, "", N, PATIENCE).await;
     // The task ends after N PUBACKs, each Success.
     acks.task.await.unwrap();
@@ -124,16 +114,11 @@ async fn a_reader_stuck_past_the_node_ttl_is_not_waited_for() {
 async fn a_held_reader_holds_its_own_nodes_publishers_too() {
     const M: u16 = 100;
     let redis = RedisServer::start();
-    let proxy = Proxy::start(redis.port(), relay).await;
-    let (a, b) = nodes(
-        &redis,
-        &proxy,
-        "mqtt_reader_lag_limit = 20\nmqtt_node_ttl_ms = 60000",
-    );
+    let [a, b] = nodes(&redis, 60_000).await;
     let (publisher, mut sub) = subscribed(&a, &b).await;
     let local = RawClient::connect(b.mqtt, V5, "local-publisher").await;
 
-    proxy.stall.send_replace(true);
+    b.hold_reader(true);
     let from_a = publish_all(publisher, TOPIC, "a-", M, PATIENCE).await;
     until("a's writer holds", || {
         common::metric(a.http, "statehub_cluster_mqtt_writer_held") >= 1.0
@@ -152,7 +137,7 @@ async fn a_held_reader_holds_its_own_nodes_publishers_too() {
         from_b.count() < usize::from(M),
         "b's publisher waits for b's own reader"
     );
-    proxy.stall.send_replace(false);
+    b.hold_reader(false);
 
     let got = receive_within(&mut sub, 2 * usize::from(M), PATIENCE).await;
     assert!(
@@ -165,4 +150,42 @@ async fn a_held_reader_holds_its_own_nodes_publishers_too() {
         common::metric(b.http, "statehub_cluster_mqtt_stream_gaps"),
         0.0
     );
+}
+
+/// With b's reader stuck past the node TTL, a's retained change and then enough
+/// messages to trim it from the stream before b read it: once b reads again it counts
+/// the gap and reloads the retained hash, so a new subscriber on b gets the retained
+/// message whose entry it never read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reader_past_a_gap_reloads_the_retained_messages() {
+    const RETAINED: &str = "lag/retained";
+    let redis = RedisServer::start();
+    let [a, b] = nodes(&redis, 1000).await;
+    let (mut publisher, _sub) = subscribed(&a, &b).await;
+
+    b.hold_reader(true);
+    let p = Publish {
+        retain: true,
+        packet_id: Some(publisher.next_packet_id()),
+        ..publish(RETAINED, QoS::AtLeastOnce, b"kept")
+    };
+    publisher.send(&Packet::Publish(p)).await;
+    publisher
+        .expect_reply("PUBACK", |p| matches!(p, Packet::PubAck(_)))
+        .await;
+    // All acknowledged once b's position lapsed: the stream is trimmed past b.
+    let acks = publish_all(publisher, TOPIC, "", N, PATIENCE).await;
+    acks.task.await.unwrap();
+    b.hold_reader(false);
+    until("b read on past the gap", || {
+        let (head, at) = head_and_position(&redis, "b");
+        common::metric(b.http, "statehub_cluster_mqtt_stream_gaps") >= 1.0 && at == Some(head)
+    })
+    .await;
+
+    let mut late = RawClient::connect(b.mqtt, V5, "late").await;
+    late.subscribe(RETAINED, opts(QoS::AtLeastOnce)).await;
+    let got = late.expect_publish_ack().await;
+    assert!(got.retain, "{got:?}");
+    assert_eq!(&got.payload[..], b"kept");
 }

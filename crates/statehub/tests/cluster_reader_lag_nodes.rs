@@ -1,10 +1,11 @@
 //! The reader-lag flow control (`cluster.mqtt_reader_lag_limit`, decision 0004) with
 //! more than one writer holding: three nodes with one reader held (both other
 //! writers hold, nothing is trimmed, and how far past the limit they went is
-//! measured), a node killed while it is waited for, and two nodes each past the limit
-//! for the other's reader while each must hand a persistent session to the other
-//! (they must not wait for each other). A held node's Redis link is a proxy that
-//! holds only its MQTT stream reader's connection (`common::lag::relay`).
+//! measured), a node killed while it is waited for, and two (or three, in a cycle)
+//! nodes each past the limit for another's reader while each must hand a persistent
+//! session to the next (they must not wait for each other). A held node's Redis link
+//! is a proxy that holds only its MQTT stream reader's connection
+//! (`common::lag::relay`).
 
 mod common;
 
@@ -12,21 +13,16 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use common::lag::{
-    head_and_position, in_order, publish_all, receive_within, relay, until, PATIENCE,
+    head_and_position, in_order, lag_nodes, publish_all, receive_within, until, warm_up, LagNode,
+    Link, PATIENCE,
 };
-use common::proxy::Proxy;
 use common::Server;
 use statehub_broker::codec::{Packet, QoS, ReasonCode};
 use statehub_redis_common::test_server::RedisServer;
-use statehub_test_support::{opts, persistent_connect, publish, RawClient, V5};
+use statehub_test_support::{opts, persistent_connect, RawClient, V5};
 
 const TOPIC: &str = "lag3/t";
 const LIMIT: u64 = 20;
-
-fn node(url: &str, id: &str, settings: &str) -> Server {
-    let toml = format!("[cluster]\nmqtt_reader_lag_limit = {LIMIT}\n{settings}\n");
-    common::start_configured(&toml, &["--redis", url, "--node-id", id])
-}
 
 /// A clean-session subscriber to [`TOPIC`] on `node`.
 async fn subscriber(node: &Server, id: &str) -> RawClient {
@@ -35,38 +31,28 @@ async fn subscriber(node: &Server, id: &str) -> RawClient {
     sub
 }
 
-/// Publishes `payload` at QoS 1 from `publisher` and waits for its PUBACK.
-async fn publish_one(publisher: &mut RawClient, payload: &str) {
-    let mut p = publish(TOPIC, QoS::AtLeastOnce, payload.as_bytes());
-    p.packet_id = Some(publisher.next_packet_id());
-    publisher.send(&Packet::Publish(p)).await;
-    publisher
-        .expect_reply("PUBACK", |p| matches!(p, Packet::PubAck(_)))
-        .await;
+/// `[cluster]` settings with the lag limit, a `stream_len` stream and a node TTL of
+/// `ttl`.
+fn settings(stream_len: u64, ttl: Duration) -> String {
+    format!(
+        "mqtt_reader_lag_limit = {LIMIT}\nmqtt_stream_len = {stream_len}\nmqtt_node_ttl_ms = {}",
+        ttl.as_millis()
+    )
 }
 
-/// Every subscriber got `payload` (so every reader read up to it).
-async fn everyone_got(subs: &mut [&mut RawClient], payload: &str) {
-    for sub in subs.iter_mut() {
-        let got = receive_within(sub, 1, PATIENCE).await;
-        assert_eq!(got, [payload]);
-    }
-}
-
-/// Three nodes, a and b on Redis, c through `proxy`, and a subscriber on each.
+/// Three nodes, a and b on Redis, c's reader can be held, and a subscriber on each.
 struct Three {
-    a: Server,
-    b: Server,
-    c: Server,
+    a: LagNode,
+    b: LagNode,
+    c: LagNode,
     subs: [RawClient; 3],
 }
 
 /// [`Three`], and publishers on a and b, after a first message from each publisher
 /// reached every subscriber.
-async fn three(redis: &RedisServer, proxy: &Proxy, settings: &str) -> (Three, [RawClient; 2]) {
-    let c = node(&proxy.url(), "c", settings);
-    let b = node(&redis.url(), "b", settings);
-    let a = node(&redis.url(), "a", settings);
+async fn three(redis: &RedisServer, ttl: Duration) -> (Three, [RawClient; 2]) {
+    let nodes = [("a", Link::Direct), ("b", Link::Direct), ("c", Link::Held)];
+    let [a, b, c] = lag_nodes(redis, &settings(100, ttl), nodes).await;
     let mut subs = [
         subscriber(&a, "sub-a").await,
         subscriber(&b, "sub-b").await,
@@ -76,12 +62,8 @@ async fn three(redis: &RedisServer, proxy: &Proxy, settings: &str) -> (Three, [R
         RawClient::connect(a.mqtt, V5, "pub-a").await,
         RawClient::connect(b.mqtt, V5, "pub-b").await,
     ];
-    for (i, p) in pubs.iter_mut().enumerate() {
-        let warm = format!("warm-{i}");
-        publish_one(p, &warm).await;
-        let [sa, sb, sc] = &mut subs;
-        everyone_got(&mut [sa, sb, sc], &warm).await;
-    }
+    let [sa, sb, sc] = &mut subs;
+    warm_up(&mut pubs, &mut [sa, sb, sc], TOPIC).await;
     (Three { a, b, c, subs }, pubs)
 }
 
@@ -109,11 +91,9 @@ async fn both_held(t: &Three, [pa, pb]: [RawClient; 2], n: u16) -> [common::lag:
 async fn with_one_reader_held_both_other_writers_hold_and_nothing_is_trimmed() {
     const N: u16 = 100;
     let redis = RedisServer::start();
-    let proxy = Proxy::start(redis.port(), relay).await;
-    let settings = "mqtt_stream_len = 100\nmqtt_node_ttl_ms = 60000";
-    let (mut t, pubs) = three(&redis, &proxy, settings).await;
+    let (mut t, pubs) = three(&redis, Duration::from_secs(60)).await;
 
-    proxy.stall.send_replace(true);
+    t.c.hold_reader(true);
     let acks = both_held(&t, pubs, N).await;
     let (head, position) = head_and_position(&redis, "c");
     let position = position.expect("c's reader is live");
@@ -127,7 +107,7 @@ async fn with_one_reader_held_both_other_writers_hold_and_nothing_is_trimmed() {
     assert!(behind <= 2 * LIMIT, "overshoot: {behind} behind");
     let acked = acks[0].count() + acks[1].count();
     assert!(acked < 2 * usize::from(N), "publishers wait: {acked} acked");
-    proxy.stall.send_replace(false);
+    t.c.hold_reader(false);
 
     for sub in &mut t.subs {
         let got = receive_within(sub, 2 * usize::from(N), PATIENCE).await;
@@ -152,20 +132,15 @@ async fn a_node_killed_while_waited_for_is_waited_for_until_its_position_lapses(
     // Long enough for c's position to outlive the set-up below.
     const TTL: Duration = Duration::from_secs(15);
     let redis = RedisServer::start();
-    let proxy = Proxy::start(redis.port(), relay).await;
-    let settings = format!(
-        "mqtt_stream_len = 100\nmqtt_node_ttl_ms = {}",
-        TTL.as_millis()
-    );
-    let (t, pubs) = three(&redis, &proxy, &settings).await;
+    let (t, pubs) = three(&redis, TTL).await;
 
-    proxy.stall.send_replace(true);
+    t.c.hold_reader(true);
     let acks = both_held(&t, pubs, N).await;
     let acked = acks[0].count() + acks[1].count();
     assert!(acked < 2 * usize::from(N), "publishers wait: {acked} acked");
     let Three { a, b, c, subs, .. } = t;
     let killed = Instant::now();
-    c.kill();
+    c.server.kill();
     for acks in acks {
         acks.task.await.unwrap();
     }
@@ -220,71 +195,83 @@ async fn resume(addr: SocketAddr, client_id: &str, within: Duration) -> RawClien
 /// sessions come well before, and each session gets every message once, in order.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_nodes_past_the_limit_for_each_other_do_not_wait_for_each_other() {
-    const N: u16 = 60;
+    sessions_handed_round_a_ring(["a", "b"], 60).await;
+}
+
+/// The same with three nodes in a cycle: a's writer waits for b's reader, b's for
+/// c's, c's for a's (each writer waits for every reader past the limit, so for these
+/// too), with sessions handed a to b, b to c and c to a at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_nodes_waiting_for_each_other_in_a_cycle_do_not_wait_for_ever() {
+    sessions_handed_round_a_ring(["a", "b", "c"], 40).await;
+}
+
+/// Nodes `ids`, every reader held and a publisher on each sending `n` messages, each
+/// node holding a persistent session (`s{id}`) that the next node in `ids` (the last's:
+/// the first) is asked for while every writer holds; then the readers are released.
+/// Every PUBACK and every session comes within half the node TTL (90 s), and each
+/// session gets every publisher's messages once, in order.
+async fn sessions_handed_round_a_ring<const K: usize>(ids: [&str; K], n: u16) {
     const TTL: Duration = Duration::from_secs(90);
     let bound = TTL / 2;
     let redis = RedisServer::start();
-    let (pa, pb) = (
-        Proxy::start(redis.port(), relay).await,
-        Proxy::start(redis.port(), relay).await,
-    );
-    let settings = format!(
-        "mqtt_stream_len = 200\nmqtt_node_ttl_ms = {}",
-        TTL.as_millis()
-    );
-    let b = node(&pb.url(), "b", &settings);
-    let a = node(&pa.url(), "a", &settings);
-    let (mut sa, mut sb) = (persistent(&a, "sa").await, persistent(&b, "sb").await);
-    let mut pubs = [
-        RawClient::connect(a.mqtt, V5, "pub-a").await,
-        RawClient::connect(b.mqtt, V5, "pub-b").await,
-    ];
-    for (i, p) in pubs.iter_mut().enumerate() {
-        let warm = format!("warm-{i}");
-        publish_one(p, &warm).await;
-        everyone_got(&mut [&mut sa, &mut sb], &warm).await;
+    let nodes = lag_nodes(&redis, &settings(200, TTL), ids.map(|id| (id, Link::Held))).await;
+    let mut sessions = Vec::with_capacity(K);
+    let mut pubs = Vec::with_capacity(K);
+    for (node, id) in nodes.iter().zip(ids) {
+        sessions.push(persistent(node, &format!("s{id}")).await);
+        pubs.push(RawClient::connect(node.mqtt, V5, &format!("pub-{id}")).await);
     }
+    warm_up(
+        &mut pubs,
+        &mut sessions.iter_mut().collect::<Vec<_>>(),
+        TOPIC,
+    )
+    .await;
 
-    pa.stall.send_replace(true);
-    pb.stall.send_replace(true);
-    let [p1, p2] = pubs;
-    let acks = [
-        publish_all(p1, TOPIC, "a-", N, bound).await,
-        publish_all(p2, TOPIC, "b-", N, bound).await,
-    ];
-    until("both writers hold", || {
-        common::metric(a.http, "statehub_cluster_mqtt_writer_held") >= 1.0
-            && common::metric(b.http, "statehub_cluster_mqtt_writer_held") >= 1.0
+    nodes.iter().for_each(|node| node.hold_reader(true));
+    let mut acks = Vec::with_capacity(K);
+    for (p, id) in pubs.into_iter().zip(ids) {
+        acks.push(publish_all(p, TOPIC, &format!("{id}-"), n, bound).await);
+    }
+    until("every writer holds", || {
+        (nodes.iter())
+            .all(|node| common::metric(node.http, "statehub_cluster_mqtt_writer_held") >= 1.0)
     })
     .await;
     let started = Instant::now();
     // Each CONNECT appends its hand-off request at once, then waits for the owner.
-    let (a_mqtt, b_mqtt) = (a.mqtt, b.mqtt);
-    let moved_sa = tokio::spawn(async move { resume(b_mqtt, "sa", bound).await });
-    let moved_sb = tokio::spawn(async move { resume(a_mqtt, "sb", bound).await });
-    until("both CONNECTs wait for the owners' hand-offs", || {
-        waiting_for_hand_offs(&redis) >= 2
+    let mut moved = Vec::with_capacity(K);
+    for (i, id) in ids.iter().enumerate() {
+        let next = nodes[(i + 1) % K].mqtt;
+        let client = format!("s{id}");
+        moved.push(tokio::spawn(
+            async move { resume(next, &client, bound).await },
+        ));
+    }
+    until("every CONNECT waits for its owner's hand-off", || {
+        waiting_for_hand_offs(&redis) >= K
     })
     .await;
-    pa.stall.send_replace(false);
-    pb.stall.send_replace(false);
+    nodes.iter().for_each(|node| node.hold_reader(false));
 
     for acks in acks {
         acks.task.await.unwrap();
     }
-    let (mut sa, mut sb) = (moved_sa.await.unwrap(), moved_sb.await.unwrap());
+    let mut sessions = Vec::with_capacity(K);
+    for session in moved {
+        sessions.push(session.await.unwrap());
+    }
     eprintln!(
-        "all acknowledged and both sessions moved {:?} after the requests",
+        "all acknowledged and all {K} sessions moved {:?} after the requests",
         started.elapsed()
     );
-    for sub in [&mut sa, &mut sb] {
-        let got = receive_within(sub, 2 * usize::from(N), bound).await;
-        assert!(
-            in_order(&got, "a-", N) && in_order(&got, "b-", N),
-            "{got:?}"
-        );
+    for session in &mut sessions {
+        let got = receive_within(session, K * usize::from(n), bound).await;
+        let each = ids.iter().all(|id| in_order(&got, &format!("{id}-"), n));
+        assert!(each, "{got:?}");
     }
-    drop((sa, sb, a, b));
+    drop((sessions, nodes));
 }
 
 /// How many session fetches wait for an owner's hand-off (`BLPOP`), each after

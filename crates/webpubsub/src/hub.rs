@@ -118,7 +118,7 @@ pub(crate) struct Hub {
     /// either reaches it here or is applied to it by the reader (`order.rs`).
     order: order::SendOrder,
     /// This node's own sends waiting for their turn to reach its members (`lane.rs`).
-    lane: Mutex<lane::Lane>,
+    lane: lane::Lane,
     /// Itself, once shared ([`shared`]).
     me: Weak<Hub>,
     shutdown: CancellationToken,
@@ -175,7 +175,7 @@ impl Hub {
             events: None,
             cluster: None,
             order: order::SendOrder::default(),
-            lane: Mutex::default(),
+            lane: lane::Lane::default(),
             me: Weak::new(),
             shutdown: CancellationToken::new(),
             stats: Arc::default(),

@@ -99,6 +99,8 @@ fn mqtt_stream(e: &mut Enc<'_>, fabric: &RedisFabric) -> Result<(), Error> {
         ("statehub_cluster_mqtt_not_replicated", "Writer batches fewer replicas acknowledged than redis_wait_replicas (their QoS 1/2 PUBLISHes refused with 0x80)", n(&c.not_replicated)),
         ("statehub_cluster_mqtt_writer_held", "Writer batches held back while a node's reader (this node's own included) was more than mqtt_reader_lag_limit entries behind (their PUBACKs waited)", n(&c.held)),
         ("statehub_cluster_mqtt_liveness_failures", "Liveness renewals that failed", n(&c.liveness_failures)),
+        ("statehub_cluster_mqtt_retained_restored", "Retained changes made here while Redis was out of reach, written once it was back", n(&c.retained_restored)),
+        ("statehub_cluster_mqtt_retained_unrestored", "Retained changes made here while Redis was out of reach past the bound on them (mqtt_queue topics): they stay on this node only", n(&c.retained_unrestored)),
     ];
     for (name, help, v) in counters {
         e.counter(name, help, None, v)?;

@@ -134,3 +134,82 @@ pub fn in_order(got: &[String], prefix: &str, n: u16) -> bool {
     let want: Vec<String> = (1..=n).map(|i| format!("{prefix}{i}")).collect();
     mine.len() == want.len() && mine.iter().zip(&want).all(|(a, b)| *a == b)
 }
+
+/// How a node of these tests reaches Redis.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Link {
+    Direct,
+    /// Through a proxy of its own that can hold its MQTT stream reader ([`relay`]).
+    Held,
+}
+
+/// A node of these tests, with the proxy its reader can be held at.
+pub struct LagNode {
+    pub server: super::Server,
+    pub proxy: Option<super::proxy::Proxy>,
+}
+
+impl LagNode {
+    /// Holds (`true`) or releases this node's MQTT stream reader.
+    pub fn hold_reader(&self, held: bool) {
+        let proxy = self
+            .proxy
+            .as_ref()
+            .expect("a node whose reader can be held");
+        proxy.stall.send_replace(held);
+    }
+}
+
+impl std::ops::Deref for LagNode {
+    type Target = super::Server;
+    fn deref(&self) -> &super::Server {
+        &self.server
+    }
+}
+
+/// Starts `nodes` (id and link) on `redis` with `[cluster]` `settings`, the last first:
+/// each finds the ones after it in the groups hash as it starts.
+pub async fn lag_nodes<const N: usize>(
+    redis: &RedisServer,
+    settings: &str,
+    nodes: [(&str, Link); N],
+) -> [LagNode; N] {
+    let toml = format!("[cluster]\n{settings}\n");
+    let mut started = Vec::with_capacity(N);
+    for (id, link) in nodes.into_iter().rev() {
+        let proxy = match link {
+            Link::Direct => None,
+            Link::Held => Some(super::proxy::Proxy::start(redis.port(), relay).await),
+        };
+        let url = proxy.as_ref().map_or_else(|| redis.url(), |p| p.url());
+        let server = super::start_configured(&toml, &["--redis", &url, "--node-id", id]);
+        started.push(LagNode { server, proxy });
+    }
+    started.reverse();
+    started
+        .try_into()
+        .unwrap_or_else(|_| unreachable!("one node per id"))
+}
+
+/// Publishes `payload` on `topic` at QoS 1 from `publisher` and waits for its PUBACK.
+pub async fn publish_one(publisher: &mut RawClient, topic: &str, payload: &str) {
+    let mut p = publish(topic, QoS::AtLeastOnce, payload.as_bytes());
+    p.packet_id = Some(publisher.next_packet_id());
+    publisher.send(&Packet::Publish(p)).await;
+    publisher
+        .expect_reply("PUBACK", |p| matches!(p, Packet::PubAck(_)))
+        .await;
+}
+
+/// A first message from each of `publishers` reached each of `subs` (every reader
+/// reads).
+pub async fn warm_up(publishers: &mut [RawClient], subs: &mut [&mut RawClient], topic: &str) {
+    for (i, p) in publishers.iter_mut().enumerate() {
+        let warm = format!("warm-{i}");
+        publish_one(p, topic, &warm).await;
+        for sub in subs.iter_mut() {
+            let got = receive_within(sub, 1, PATIENCE).await;
+            assert_eq!(got, [warm.as_str()]);
+        }
+    }
+}

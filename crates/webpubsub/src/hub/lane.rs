@@ -20,11 +20,12 @@
 //! Locking: the lane's mutex is held while a send is numbered (so the queue is in
 //! number order) and never while delivering; one caller at a time delivers
 //! (`draining`), with the hub's send order lock held for reading, so a reader that
-//! takes it for writing sees no delivery in progress.
+//! takes it for writing sees no delivery in progress. [`Hub::settled_through`] waits
+//! on the lane's condition variable, notified whenever a kept send leaves the queue.
 
 use std::collections::VecDeque;
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 use crate::cluster::{ClusterError, Taken};
 use crate::hub::{lock, Hub};
@@ -58,20 +59,32 @@ struct Kept {
     deliver: Delivery,
 }
 
-/// The hub's own sends that wait for their turn, in number order.
-#[derive(Default)]
+/// The hub's own sends that wait for their turn, and what wakes a caller of
+/// [`Hub::settled_through`] when one leaves.
+#[derive(Debug, Default)]
 pub(crate) struct Lane {
+    sends: Mutex<Sends>,
+    /// Notified (while `Sends::settling` is not 0) when a kept send leaves the queue.
+    left: Condvar,
+}
+
+/// The kept sends, in number order.
+#[derive(Default)]
+struct Sends {
     queue: VecDeque<Kept>,
     /// A caller is delivering (it takes whatever is queued meanwhile).
     draining: bool,
     next_id: u64,
+    /// Callers of [`Hub::settled_through`] waiting on [`Lane::left`].
+    settling: usize,
 }
 
-impl std::fmt::Debug for Lane {
+impl std::fmt::Debug for Sends {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Lane")
+        f.debug_struct("Sends")
             .field("kept", &self.queue.len())
             .field("draining", &self.draining)
+            .field("settling", &self.settling)
             .finish_non_exhaustive()
     }
 }
@@ -92,7 +105,7 @@ impl Hub {
         now: impl FnOnce(),
         later: impl FnOnce() -> Delivery,
     ) -> Result<T, ClusterError> {
-        let mut lane = lock(&self.lane);
+        let mut lane = lock(&self.lane.sends);
         if lane.queue.len() >= MAX_KEPT {
             drop(lane);
             self.stats.kept_full(&self.name, MAX_KEPT);
@@ -150,7 +163,7 @@ impl Hub {
     }
 
     fn settle(&self, id: u64, fate: Fate) {
-        let mut lane = lock(&self.lane);
+        let mut lane = lock(&self.lane.sends);
         if let Some(kept) = lane.queue.iter_mut().find(|k| k.id == id) {
             kept.fate = fate;
         }
@@ -161,7 +174,7 @@ impl Hub {
     fn drain(&self, mut owner: bool) {
         loop {
             let kept = {
-                let mut lane = lock(&self.lane);
+                let mut lane = lock(&self.lane.sends);
                 if !owner {
                     if lane.draining {
                         return;
@@ -174,7 +187,13 @@ impl Hub {
                         lane.draining = false;
                         return;
                     }
-                    Some(_) => lane.queue.pop_front(),
+                    Some(_) => {
+                        let kept = lane.queue.pop_front();
+                        if lane.settling > 0 {
+                            self.lane.left.notify_all();
+                        }
+                        kept
+                    }
                 }
             };
             if let Some(k) = kept.filter(|k| k.fate == Fate::Taken) {
@@ -185,7 +204,7 @@ impl Hub {
 
     /// Whether this node's own operation `seq` waits here, not yet delivered.
     pub(crate) fn keeps(&self, seq: u64) -> bool {
-        let lane = lock(&self.lane);
+        let lane = lock(&self.lane.sends);
         let held = lane.queue.iter().any(|k| k.from == Provenance::Own(seq));
         held
     }
@@ -196,10 +215,17 @@ impl Hub {
     /// send order lock is taken once, at the end (a kept send numbered up to
     /// `through` is never added again, and one being delivered holds it for reading).
     pub(crate) fn settled_through(&self, through: u64) {
-        let deadline = std::time::Instant::now() + SETTLE_BOUND;
+        self.settled_within(through, SETTLE_BOUND);
+    }
+
+    /// [`Hub::settled_through`], going on (logged) after `bound`.
+    fn settled_within(&self, through: u64, bound: Duration) {
+        let deadline = Instant::now() + bound;
         let waits = |k: &Kept| matches!(k.from, Provenance::Own(seq) if seq <= through);
-        while lock(&self.lane).queue.iter().any(waits) {
-            if std::time::Instant::now() >= deadline {
+        let mut lane = lock(&self.lane.sends);
+        while lane.queue.iter().any(waits) {
+            let now = Instant::now();
+            if now >= deadline {
                 tracing::warn!(
                     hub = %self.name,
                     through,
@@ -207,8 +233,13 @@ impl Hub {
                 );
                 break;
             }
-            std::thread::sleep(Duration::from_millis(1));
+            lane.settling += 1;
+            lane = (self.lane.left.wait_timeout(lane, deadline - now))
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
+            lane.settling -= 1;
         }
+        drop(lane);
         drop(self.order.write());
     }
 }
@@ -220,4 +251,65 @@ pub(crate) fn shared(hub: Hub) -> Arc<Hub> {
         hub.me = me.clone();
         hub
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::mpsc::channel;
+
+    use super::*;
+    use crate::config::Limits;
+
+    /// Far longer than any wake-up takes, even on a loaded machine.
+    const BOUND: Duration = Duration::from_secs(30);
+    /// What the waiter is given: a waiter that is not woken waits this long.
+    const LONG: Duration = Duration::from_secs(3600);
+
+    /// A caller of `settled_within` waits for own send 1 until the store answers
+    /// `taken` for it, and returns once it answered; whether the send was delivered.
+    fn settle_waits_for_the_answer(taken: bool) -> bool {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .build()
+            .unwrap();
+        let hub = shared(Hub::new("chat", Limits::default()));
+        let (fate, answer) = tokio::sync::oneshot::channel::<bool>();
+        let delivered = Arc::new(AtomicBool::new(false));
+        {
+            let _runtime = runtime.enter();
+            let _order = hub.sending();
+            let answer: crate::cluster::Taken = Box::pin(async { answer.await.unwrap_or(false) });
+            let flag = delivered.clone();
+            let later =
+                move || -> Delivery { Box::new(move |_| flag.store(true, Ordering::SeqCst)) };
+            (hub.send_own(|| Ok(((), Provenance::Own(1), Some(answer))), || {}, later)).unwrap();
+        }
+        let (settled, done) = channel();
+        let waiter = hub.clone();
+        std::thread::spawn(move || {
+            waiter.settled_within(1, LONG);
+            let _ = settled.send(());
+        });
+        let deadline = Instant::now() + BOUND;
+        while lock(&hub.lane.sends).settling == 0 {
+            assert!(Instant::now() < deadline, "the caller never waited");
+            std::thread::yield_now();
+        }
+        assert!(done.try_recv().is_err(), "waits for the store's answer");
+        fate.send(taken).unwrap();
+        done.recv_timeout(BOUND)
+            .expect("woken once the send left the lane");
+        delivered.load(Ordering::SeqCst)
+    }
+
+    #[test]
+    fn a_settle_is_woken_once_the_send_it_waits_for_is_delivered() {
+        assert!(settle_waits_for_the_answer(true), "delivered");
+    }
+
+    #[test]
+    fn a_settle_is_woken_once_the_send_it_waits_for_is_fenced_out() {
+        assert!(!settle_waits_for_the_answer(false), "not delivered");
+    }
 }
