@@ -69,7 +69,8 @@ struct Body {
     refs: u64,
     /// Its data was sent to Redis with a record.
     sent: bool,
-    /// Keeps the address (the map's key) valid.
+    /// Keeps the address (the map's key) valid, and the data a record refused for
+    /// want of its body is written again with (`writer.rs`).
     _msg: Arc<Message>,
 }
 
@@ -158,6 +159,7 @@ impl Inner {
         let (tx, rx) = mpsc::channel();
         let (progress_tx, progress) = watch::channel(Progress::default());
         let counters = Arc::new(SessionCounters::default());
+        let store = Arc::new(std::sync::OnceLock::new());
         let writer = writer::Writer {
             client,
             prefix: prefix.clone(),
@@ -167,6 +169,7 @@ impl Inner {
             progress: progress_tx,
             counters: counters.clone(),
             wait,
+            store: store.clone(),
         };
         std::thread::Builder::new()
             .name("mqtt-session-writer".into())
@@ -197,6 +200,7 @@ impl Inner {
             any_adopted: AtomicBool::new(false),
             _sweeper: stop_sweeper,
         });
+        let _ = store.set(Arc::downgrade(&inner));
         held::start_flusher(&inner)?;
         Ok(inner)
     }

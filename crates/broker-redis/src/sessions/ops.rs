@@ -37,6 +37,16 @@ impl Inner {
         })
     }
 
+    /// The data of the body with id `id`, if a record here still refers to it.
+    pub(super) fn body_data(&self, id: &[u8]) -> Option<Vec<u8>> {
+        let msg = {
+            let state = self.state.lock();
+            let body = state.bodies.values().find(|b| b.id == id)?;
+            body._msg.clone()
+        };
+        wire::encode(&msg, wire::Now::at(std::time::Instant::now())).ok()
+    }
+
     /// The `M` op writing `record` for `msg` (its body's id, and its data the first
     /// time one is handed to the writer, or with `resend`).
     pub(super) fn message_op(
