@@ -142,8 +142,8 @@ pub trait Fabric: Send + Sync + std::fmt::Debug {
     /// This node's first member of `group` on `filter` arrived, or its last left.
     fn shared_group_changed(&self, filter: &str, group: &str, present: bool);
 
-    /// `msg` was refused to its publisher (its forward failed) and the QoS 2 copies
-    /// that `clients`' sessions hold back for it may be taken back: true if the fabric
+    /// `msg` was refused to its publisher (its forward failed) and the copies that
+    /// `clients`' sessions hold back for it may be taken back: true if the fabric
     /// takes that on, i.e. should the message reach the other nodes after all, this
     /// node gives it to those sessions then, once; false (it reached them already, or
     /// the fabric cannot tell) and the copies go to their subscribers.
@@ -220,14 +220,15 @@ impl Broker {
         self.route_local_gated(&msg, gate, remote)
     }
 
-    /// The QoS 2 PUBLISH whose stored copies wait behind `gate` was refused to its
-    /// publisher (its forward failed): the copies that persistent sessions hold back
-    /// are taken back if the fabric will give the message to them should it reach
-    /// the other nodes after all ([`Fabric::withdraw`]); so such a session gets it
-    /// once, whichever way it goes, even if it moves to another node meanwhile (no
-    /// record names the message). What stays behind the gate (a copy that came
-    /// through a shared group, one the fabric already read back) goes once `store`
-    /// has it: the forward's failure says nothing of the copies' records.
+    /// The QoS 1/2 PUBLISH whose local copies wait behind `gate` was refused to its
+    /// publisher (its forward failed): the copies sessions hold back (persistent or
+    /// not, of any QoS) are taken back if the fabric will give the message to them
+    /// should it reach the other nodes after all ([`Fabric::withdraw`]); so such a
+    /// session gets it once, whichever way it goes, even if it moves to another node
+    /// meanwhile (no record names the message), and none if it never lands. What
+    /// stays behind the gate (a copy that came through a shared group, one the
+    /// fabric already read back) goes once `store` has it: the forward's failure
+    /// says nothing of the copies' records.
     pub(crate) fn withdraw_refused(&self, gate: &Arc<Gate>, store: &Arc<dyn SessionStore>) {
         let holders: Vec<_> = gate
             .holders()

@@ -208,14 +208,34 @@ pub fn packet_id_for(seq: u64) -> u16 {
 /// another message, which a QoS 2 receiver still holding the id drops. A fabric opens the gate of a message
 /// from another node once the copies, and how far it read, are stored
 /// ([`Broker::route_remote_gated`](crate::Broker::route_remote_gated)).
+///
+/// In a cluster a QoS 1/2 PUBLISH's gate holds every local copy, whatever its
+/// session and QoS ([`Gate::every_copy`]): none goes before the other nodes took the
+/// message, so a PUBLISH the cluster refused reaches no subscriber here either.
 #[derive(Debug, Default)]
 pub struct Gate {
     open: AtomicBool,
+    /// Holds every copy, not only the stored QoS 2 ones.
+    every_copy: bool,
     /// Sessions holding a copy, woken when the gate opens.
     waiting: parking_lot::Mutex<Vec<Arc<Session>>>,
 }
 
 impl Gate {
+    /// A gate every local copy of the message waits behind, until its forward's
+    /// outcome is known (and, for a persistent session's copy, its record stored).
+    pub fn every_copy() -> Self {
+        Self {
+            every_copy: true,
+            ..Self::default()
+        }
+    }
+
+    /// Whether a copy of `qos` for a session with or without a store waits behind it.
+    pub(crate) fn holds(&self, qos: QoS, persistent: bool) -> bool {
+        self.every_copy || (persistent && qos == QoS::ExactlyOnce)
+    }
+
     pub fn is_open(&self) -> bool {
         self.open.load(Ordering::Acquire)
     }

@@ -8,63 +8,14 @@ use std::sync::{Arc, Mutex};
 
 use statehub_broker::codec::{Packet, PubResponse, QoS, ReasonCode, Subscribe, Unsubscribe};
 use statehub_broker::{
-    BoxFuture, Broker, BrokerConfig, Fabric, FabricError, Message, SessionChange, SessionStore,
-    SessionStoreError, SharedPicks,
+    BoxFuture, Broker, BrokerConfig, FabricError, SessionChange, SessionStore, SessionStoreError,
 };
 use statehub_test_support::*;
 use tokio::sync::oneshot;
 
-type Done = oneshot::Sender<Result<(), FabricError>>;
-
-/// A cluster whose forwards end when the test says, in any order.
-#[derive(Debug, Default)]
-struct Held {
-    forwards: Mutex<Vec<Option<Done>>>,
-}
-
-impl Held {
-    fn count(&self) -> usize {
-        self.forwards.lock().unwrap().len()
-    }
-
-    /// Ends the `n`th forward (from 1) with `result`.
-    fn end(&self, n: usize, result: Result<(), FabricError>) {
-        let done = self.forwards.lock().unwrap()[n - 1].take();
-        let _ = done.expect("ended twice").send(result);
-    }
-}
-
-impl Fabric for Held {
-    fn is_available(&self) -> bool {
-        true
-    }
-    fn shared_picks(&self, _topic: &str) -> SharedPicks {
-        SharedPicks::default()
-    }
-    fn forward(
-        &self,
-        _msg: &Message,
-        _picks: SharedPicks,
-    ) -> BoxFuture<'static, Result<(), FabricError>> {
-        let (tx, rx) = oneshot::channel();
-        self.forwards.lock().unwrap().push(Some(tx));
-        Box::pin(async move {
-            rx.await
-                .unwrap_or_else(|_| Err(FabricError::Unavailable("dropped".into())))
-        })
-    }
-    fn connected(&self, _: &str, _: bool) -> BoxFuture<'static, Result<(), FabricError>> {
-        Box::pin(async { Ok(()) })
-    }
-    fn announcing(&self, _client_id: &str) -> bool {
-        false
-    }
-    fn shared_group_changed(&self, _filter: &str, _group: &str, _present: bool) {}
-}
-
-async fn cluster(cfg: BrokerConfig) -> (Broker, Arc<Held>, std::net::SocketAddr) {
+async fn cluster(cfg: BrokerConfig) -> (Broker, Arc<FakeFabric>, std::net::SocketAddr) {
     let broker = Broker::new(cfg);
-    let held = Arc::new(Held::default());
+    let held = FakeFabric::new(ForwardOutcome::Hold);
     assert!(broker.set_fabric(held.clone()));
     let addr = listen(&broker).await;
     (broker, held, addr)
@@ -92,7 +43,7 @@ async fn publishes_are_routed_while_forwards_wait_and_acknowledged_in_order() {
         assert_eq!(p.payload[..], [id], "delivered in the publisher's order");
     }
     assert!(
-        wait_until(WAIT, || held.count() == 5).await,
+        wait_until(WAIT, || held.held() == 5).await,
         "all five forwarded"
     );
     publ.expect_nothing(QUIET).await;
@@ -122,7 +73,7 @@ async fn a_failed_forward_is_refused_in_its_place() {
     let mut publ = RawClient::connect(addr, V5, "pub5").await;
     let qos = [QoS::AtLeastOnce, QoS::ExactlyOnce, QoS::AtLeastOnce];
     publ.publish_numbered("pipe/f", &qos).await;
-    assert!(wait_until(WAIT, || held.count() == 3).await);
+    assert!(wait_until(WAIT, || held.held() == 3).await);
     held.end(3, Ok(()));
     held.end(2, Err(FabricError::Unavailable("down".into())));
     publ.expect_nothing(QUIET).await;
@@ -138,7 +89,7 @@ async fn a_failed_forward_is_refused_in_its_place() {
     again.packet_id = Some(2);
     publ.send(&Packet::Publish(again)).await;
     assert!(
-        wait_until(WAIT, || held.count() == 4).await,
+        wait_until(WAIT, || held.held() == 4).await,
         "routed again, not a duplicate"
     );
     held.end(4, Ok(()));
@@ -154,7 +105,7 @@ async fn a_failed_forward_closes_an_mqtt311_connection_before_later_acks() {
     let mut publ = RawClient::connect(addr, V311, "pub3").await;
     publ.publish_numbered("pipe/c", &[QoS::AtLeastOnce; 3])
         .await;
-    assert!(wait_until(WAIT, || held.count() == 3).await);
+    assert!(wait_until(WAIT, || held.held() == 3).await);
     held.end(1, Ok(()));
     held.end(3, Ok(()));
     publ.expect_pub_ack(QoS::AtLeastOnce, 1, ReasonCode::SUCCESS)
@@ -178,7 +129,7 @@ async fn pending_acknowledgements_are_bounded_by_receive_maximum() {
         .await;
     v5.expect_disconnect(ReasonCode::RECEIVE_MAXIMUM_EXCEEDED)
         .await;
-    assert_eq!(held.count(), 2, "the third was not routed");
+    assert_eq!(held.held(), 2, "the third was not routed");
 
     let mut sub = RawClient::connect(addr, V5, "rmsub").await;
     sub.subscribe("pipe/rm3", opts(QoS::AtMostOnce)).await;
@@ -189,7 +140,7 @@ async fn pending_acknowledgements_are_bounded_by_receive_maximum() {
         assert_eq!(sub.expect_publish().await.payload[..], [id]);
     }
     sub.expect_nothing(QUIET).await;
-    assert_eq!(held.count(), 4, "two routed, not the rest");
+    assert_eq!(held.held(), 4, "two routed, not the rest");
     held.end(1, Ok(()));
     held.end(2, Ok(()));
     // Each acknowledgement lets one more in.
@@ -217,7 +168,7 @@ async fn publishes_before_a_disconnect_are_still_acknowledged() {
     publ.publish_numbered("pipe/bye", &[QoS::AtLeastOnce; 2])
         .await;
     publ.send(&Packet::Disconnect(Default::default())).await;
-    assert!(wait_until(WAIT, || held.count() == 2).await);
+    assert!(wait_until(WAIT, || held.held() == 2).await);
     held.end(2, Ok(()));
     held.end(1, Ok(()));
     publ.expect_pub_ack(QoS::AtLeastOnce, 1, ReasonCode::SUCCESS)
@@ -237,7 +188,7 @@ async fn publishes_before_a_closing_packet_are_acknowledged_first() {
         .await;
     publ.send(&Packet::Connect(Box::new(connect_packet(V5, "bad"))))
         .await;
-    assert!(wait_until(WAIT, || held.count() == 2).await);
+    assert!(wait_until(WAIT, || held.held() == 2).await);
     held.end(1, Ok(()));
     held.end(2, Ok(()));
     publ.expect_pub_ack(QoS::AtLeastOnce, 1, ReasonCode::SUCCESS)

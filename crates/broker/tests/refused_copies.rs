@@ -1,51 +1,17 @@
-//! A QoS 2 PUBLISH whose forward to the other nodes fails is refused (0x80), and the
-//! copies persistent sessions held back for it are taken back rather than given:
-//! the fabric gives them again should the message reach the other nodes after all
-//! (docs/decisions/0005, "A refused QoS 2 copy"). A fabric the test holds decides
-//! how each forward ends and whether it takes the copies on.
+//! A QoS 1/2 PUBLISH whose forward to the other nodes fails is refused (0x80), and
+//! the copies local sessions held back for it (persistent or not, of any QoS) are
+//! taken back rather than given: the fabric gives them again should the message
+//! reach the other nodes after all (docs/decisions/0005, "A refused copy"). A fabric
+//! the test holds decides how each forward ends and whether it takes the copies on.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
 use statehub_broker::codec::{Packet, QoS, ReasonCode};
 use statehub_broker::{
-    BoxFuture, Broker, BrokerConfig, Fabric, FabricError, Gate, Message, SessionChange,
-    SessionStore, SessionStoreError, SharedPicks,
+    BoxFuture, Broker, BrokerConfig, Gate, Message, SessionChange, SessionStore, SessionStoreError,
 };
 use statehub_test_support::*;
-
-/// Fails every forward; takes withdrawn copies on if `takes` is set.
-#[derive(Debug, Default)]
-struct Refusing {
-    takes: AtomicBool,
-    /// What each `withdraw` was asked: the message's payload and the client ids.
-    asked: Mutex<Vec<(Vec<u8>, Vec<String>)>>,
-}
-
-impl Fabric for Refusing {
-    fn is_available(&self) -> bool {
-        true
-    }
-    fn shared_picks(&self, _topic: &str) -> SharedPicks {
-        SharedPicks::default()
-    }
-    fn forward(&self, _: &Message, _: SharedPicks) -> BoxFuture<'static, Result<(), FabricError>> {
-        Box::pin(async { Err(FabricError::Unavailable("timed out".into())) })
-    }
-    fn connected(&self, _: &str, _: bool) -> BoxFuture<'static, Result<(), FabricError>> {
-        Box::pin(async { Ok(()) })
-    }
-    fn announcing(&self, _client_id: &str) -> bool {
-        false
-    }
-    fn shared_group_changed(&self, _filter: &str, _group: &str, _present: bool) {}
-    fn withdraw(&self, msg: &Message, clients: &[Arc<str>]) -> bool {
-        let clients = clients.iter().map(|c| c.to_string()).collect();
-        let asked = (msg.payload.to_vec(), clients);
-        self.asked.lock().unwrap().push(asked);
-        self.takes.load(Ordering::SeqCst)
-    }
-}
 
 /// Counts the copies recorded and taken back, and the gates left to it.
 #[derive(Debug, Default)]
@@ -73,7 +39,7 @@ impl SessionStore for Counting {
 
 struct Setup {
     broker: Broker,
-    fabric: Arc<Refusing>,
+    fabric: Arc<FakeFabric>,
     store: Arc<Counting>,
     /// Persistent, QoS 2.
     kept: RawClient,
@@ -86,8 +52,8 @@ async fn setup(takes: bool) -> Setup {
     let broker = Broker::new(BrokerConfig::default());
     let store = Arc::new(Counting::default());
     broker.set_session_store(store.clone(), Vec::new());
-    let fabric = Arc::new(Refusing::default());
-    fabric.takes.store(takes, Ordering::SeqCst);
+    let fabric = FakeFabric::new(ForwardOutcome::Refuse);
+    fabric.set_takes(takes);
     assert!(broker.set_fabric(fabric.clone()));
     let addr = listen(&broker).await;
     let (mut kept, _) = RawClient::connect_with(addr, persistent_connect("kept", 300)).await;
@@ -141,18 +107,20 @@ async fn a_refused_qos2_copy_held_back_is_taken_back_and_its_queue_goes_on() {
         1,
         "its record goes"
     );
-    let asked = s.fabric.asked.lock().unwrap().clone();
-    assert_eq!(asked, [(b"refused".to_vec(), vec!["kept".to_owned()])]);
-    // A session that is not persistent had its copy at once (nothing held it).
-    assert_eq!(&s.clean.expect_publish_ack().await.payload[..], b"refused");
+    let asked = s.fabric.asked();
+    let both = vec!["clean".to_owned(), "kept".to_owned()];
+    assert_eq!(asked, [(b"refused".to_vec(), both)]);
+    // A session that is not persistent had its copy held back and taken back too.
     assert_eq!(&s.clean.expect_publish().await.payload[..], b"marker");
 
     // The message reached the other nodes after all: the fabric gives it once.
     let gate = Arc::new(Gate::default());
     let p = publish("r/1", QoS::ExactlyOnce, b"refused");
     let msg = Message::from_publish(p, Some("publ".into()), std::time::Instant::now());
-    let clients: Vec<Arc<str>> = vec!["kept".into()];
-    assert_eq!(s.broker.route_withdrawn(msg, &clients, &gate, |_| {}), 1);
+    let clients: Vec<Arc<str>> = vec!["kept".into(), "clean".into()];
+    assert_eq!(s.broker.route_withdrawn(msg, &clients, &gate, |_| {}), 2);
+    // The clean session's copy is not stored: only a stored QoS 2 copy waits.
+    assert_eq!(&s.clean.expect_publish_ack().await.payload[..], b"refused");
     s.kept.expect_nothing(QUIET).await;
     gate.open();
     assert_eq!(&s.kept.expect_publish().await.payload[..], b"refused");
@@ -188,4 +156,73 @@ async fn a_gate_whose_copies_were_all_taken_back_is_not_left_to_the_store() {
         0,
         "nothing behind the gate: not left to the store"
     );
+}
+
+/// Publishes `payload` at QoS 1 under packet id `id`; the PUBACK's reason code.
+async fn published_qos1(publ: &mut RawClient, payload: &[u8], id: u16) -> ReasonCode {
+    let mut p = publish("r/1", QoS::AtLeastOnce, payload);
+    p.packet_id = Some(id);
+    publ.send(&Packet::Publish(p)).await;
+    match publ.expect().await {
+        Packet::PubAck(ack) => ack.reason_code,
+        other => panic!("expected PUBACK, got {other:?}"),
+    }
+}
+
+/// In a cluster every local copy of a QoS 1 PUBLISH waits for its forward's outcome:
+/// refused, none reaches a subscriber, whether its session is persistent or not and
+/// whatever the copy's QoS, and what was queued behind it goes on.
+#[tokio::test]
+async fn a_refused_qos1_publish_reaches_no_local_subscriber_and_their_queues_go_on() {
+    let mut s = setup(true).await;
+    let addr = listen(&s.broker).await;
+    let mut zero = RawClient::connect(addr, V5, "zero").await;
+    zero.subscribe("r/#", opts(QoS::AtMostOnce)).await;
+    let code = published_qos1(&mut s.publ, b"refused", 1).await;
+    assert_eq!(code, ReasonCode::UNSPECIFIED_ERROR);
+    marker(&mut s.publ).await;
+    for (name, sub) in [
+        ("kept", &mut s.kept),
+        ("clean", &mut s.clean),
+        ("zero", &mut zero),
+    ] {
+        let first = sub.expect_publish().await;
+        assert_eq!(&first.payload[..], b"marker", "{name} got the refused copy");
+    }
+    assert_eq!(
+        s.store.withdrawn.lock().unwrap().len(),
+        1,
+        "kept's record goes"
+    );
+    let all = ["clean", "kept", "zero"].map(str::to_owned).to_vec();
+    assert_eq!(s.fabric.asked(), [(b"refused".to_vec(), all)]);
+
+    // Resent and accepted: each gets it once.
+    s.fabric.set_outcome(ForwardOutcome::Accept);
+    let code = published_qos1(&mut s.publ, b"again", 2).await;
+    assert_eq!(code, ReasonCode::SUCCESS);
+    for sub in [&mut s.kept, &mut s.clean, &mut zero] {
+        assert_eq!(&sub.expect_publish_ack().await.payload[..], b"again");
+        sub.expect_nothing(QUIET).await;
+    }
+}
+
+/// The copies wait while the forward is pending and go once it is accepted.
+#[tokio::test]
+async fn copies_of_a_qos1_publish_wait_for_its_forward_and_go_once_it_is_accepted() {
+    let mut s = setup(true).await;
+    s.fabric.set_outcome(ForwardOutcome::Hold);
+    let mut p = publish("r/1", QoS::AtLeastOnce, b"held");
+    p.packet_id = Some(1);
+    s.publ.send(&Packet::Publish(p)).await;
+    assert!(wait_until(WAIT, || s.fabric.held() == 1).await);
+    s.kept.expect_nothing(QUIET).await;
+    s.clean.expect_nothing(QUIET).await;
+    s.fabric.end(1, Ok(()));
+    s.publ
+        .expect_pub_ack(QoS::AtLeastOnce, 1, ReasonCode::SUCCESS)
+        .await;
+    assert_eq!(&s.kept.expect_publish_ack().await.payload[..], b"held");
+    assert_eq!(&s.clean.expect_publish_ack().await.payload[..], b"held");
+    assert!(s.store.withdrawn.lock().unwrap().is_empty());
 }

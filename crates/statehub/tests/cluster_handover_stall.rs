@@ -1,5 +1,5 @@
 //! A persistent session handed over while its node cannot reach Redis (decision
-//! 0005, "Origins" and "A refused QoS 2 copy"), with a message of that node whose
+//! 0005, "Origins" and "A refused copy"), with a message of that node whose
 //! append Redis executes only after the new node took the session (a network that
 //! delivered it late): the subscriber, a QoS 2 receiver, gets every message once. The
 //! old node's Redis link is a proxy in this test that holds back its MQTT stream

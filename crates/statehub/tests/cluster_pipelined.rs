@@ -81,10 +81,11 @@ fn numbers(n: u16) -> Vec<String> {
 }
 
 /// With Redis refusing to write (`CLIENT PAUSE WRITE`), a publisher's K PUBLISHes are
-/// all read and routed to its node's subscriber, and none is acknowledged; once Redis
-/// writes again, the K acknowledgements come in order and the other node gets the K
-/// messages in order. (One at a time, the second PUBLISH was not read before the
-/// first one's append came back.)
+/// all read (a PINGREQ behind them is answered), none is acknowledged, and none
+/// reaches its node's subscriber before its append's outcome is known (decision
+/// 0005, "A refused copy"); once Redis writes again, the K acknowledgements come in
+/// order and both nodes' subscribers get the K messages in order. (One at a time,
+/// the second PUBLISH was not read before the first one's append came back.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_publishers_messages_are_routed_while_redis_writes_wait_and_acked_in_order() {
     const K: u16 = 8;
@@ -103,18 +104,23 @@ async fn a_publishers_messages_are_routed_while_redis_writes_wait_and_acked_in_o
 
     let paused = Paused::writes(&redis);
     let qos = publish_burst(&mut publisher, "pipe/t", K).await;
-    assert_eq!(
-        received(&mut near, K).await,
-        numbers(K),
-        "all routed here, in order"
+    publisher.send(&Packet::PingReq).await;
+    assert!(
+        matches!(publisher.expect().await, Packet::PingResp),
+        "read on while every append waits"
     );
-    publisher.expect_nothing(QUIET).await;
+    near.expect_nothing(QUIET).await;
     far.expect_nothing(QUIET).await;
     drop(paused);
 
     for (i, q) in qos.iter().enumerate() {
         expect_ack(&mut publisher, *q, u16::try_from(i + 1).unwrap()).await;
     }
+    assert_eq!(
+        received(&mut near, K).await,
+        numbers(K),
+        "this node, in order"
+    );
     assert_eq!(
         received(&mut far, K).await,
         numbers(K),

@@ -519,6 +519,8 @@ pub async fn wait_until(within: Duration, mut cond: impl FnMut() -> bool) -> boo
     }
 }
 
+mod fabric;
 mod rumqtt;
+pub use fabric::{FakeFabric, ForwardOutcome};
 pub use rumqtt::{v4c, v5c, v5pub};
 pub mod tmpfs;

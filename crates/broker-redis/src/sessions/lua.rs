@@ -80,7 +80,9 @@ end
 }
 
 /// Applies a batch of changes. ARGV: prefix, owner, then the changes (see
-/// `sessions/mod.rs::Op`). Returns how many were fenced.
+/// `sessions/mod.rs::Op`). Returns how many were fenced, then the ordinals (from 1)
+/// of the message records among them refused only because their body is not in
+/// Redis (the writer sends those again with it).
 pub(crate) const APPLY: &str = concat!(
     r"
 local p, me = ARGV[1], ARGV[2]
@@ -88,11 +90,14 @@ local p, me = ARGV[1], ARGV[2]
     common!(),
     r"
 local fenced = 0
+local bodiless = {}
 -- Bodies carried by refused records, for a later record of this batch that needs one.
 local spare = {}
 local i = 3
+local n = 0
 while i <= #ARGV do
   local op = ARGV[i]
+  n = n + 1
   if op == 'P' then
     redis.call('SET', p .. 'pos:' .. me, ARGV[i + 1])
     redis.call('HINCRBY', p .. 'owned', me, 0)
@@ -131,8 +136,9 @@ while i <= #ARGV do
       elseif not data and redis.call('HEXISTS', b, 'd') == 0 then
         -- Its body is not in Redis (only a refused record carried it): a record
         -- without it would lose the message, so it is refused too, and what waits
-        -- for it is refused and resent.
+        -- for it is refused, unless the writer can send it again with its body.
         fenced = fenced + 1
+        bodiless[#bodiless + 1] = n
       else
         if data then redis.call('HSETNX', b, 'd', data) end
         if redis.call('HSETNX', s, 'b:' .. ARGV[i + 2], bid) == 1 then
@@ -182,7 +188,9 @@ while i <= #ARGV do
     end
   end
 end
-return fenced
+local out = {fenced}
+for _, k in ipairs(bodiless) do out[#out + 1] = k end
+return out
 "
 );
 

@@ -23,6 +23,7 @@ mod counters;
 mod fetch;
 mod held;
 mod lua;
+mod ops;
 mod origins;
 mod records;
 mod sweep;
@@ -47,8 +48,6 @@ pub(crate) use origins::{body_id, origin_of};
 pub use records::RecordError;
 pub(crate) use statehub_redis_common::Wait;
 
-use crate::wire;
-
 /// One change as the apply script reads it: an op code and its arguments.
 pub(crate) type Op = Vec<Vec<u8>>;
 
@@ -70,7 +69,8 @@ struct Body {
     refs: u64,
     /// Its data was sent to Redis with a record.
     sent: bool,
-    /// Keeps the address (the map's key) valid.
+    /// Keeps the address (the map's key) valid, and the data a record refused for
+    /// want of its body is written again with (`writer.rs`).
     _msg: Arc<Message>,
 }
 
@@ -159,6 +159,7 @@ impl Inner {
         let (tx, rx) = mpsc::channel();
         let (progress_tx, progress) = watch::channel(Progress::default());
         let counters = Arc::new(SessionCounters::default());
+        let store = Arc::new(std::sync::OnceLock::new());
         let writer = writer::Writer {
             client,
             prefix: prefix.clone(),
@@ -168,6 +169,7 @@ impl Inner {
             progress: progress_tx,
             counters: counters.clone(),
             wait,
+            store: store.clone(),
         };
         std::thread::Builder::new()
             .name("mqtt-session-writer".into())
@@ -198,6 +200,7 @@ impl Inner {
             any_adopted: AtomicBool::new(false),
             _sweeper: stop_sweeper,
         });
+        let _ = store.set(Arc::downgrade(&inner));
         held::start_flusher(&inner)?;
         Ok(inner)
     }
@@ -307,176 +310,6 @@ impl Inner {
             &mut state,
             vec![vec![b"P".to_vec(), at.as_bytes().to_vec()]],
         );
-    }
-
-    /// A record of `msg` is gone from this node's sessions.
-    fn release_body(state: &mut State, msg: &Arc<Message>) {
-        let k = key(msg);
-        if let Some(body) = state.bodies.get_mut(&k) {
-            body.refs = body.refs.saturating_sub(1);
-            if body.refs == 0 {
-                state.bodies.remove(&k);
-            }
-        }
-    }
-
-    /// A record of `msg` refers to its body (a new one, or the first since adoption).
-    fn refer(state: &mut State, msg: &Arc<Message>, refer: bool) {
-        let body = Self::body(state, msg);
-        if refer || body.refs == 0 {
-            body.refs += 1;
-        }
-    }
-
-    fn body<'a>(state: &'a mut State, msg: &Arc<Message>) -> &'a mut Body {
-        state.bodies.entry(key(msg)).or_insert_with(|| Body {
-            id: num(format_args!("{:016x}", rand::random::<u64>())),
-            refs: 0,
-            sent: false,
-            _msg: msg.clone(),
-        })
-    }
-
-    /// The `M` op writing `record` for `msg` (its body's id, and its data the first
-    /// time one is handed to the writer, or with `resend`).
-    fn message_op(
-        state: &mut State,
-        (incarnation, seq): (u64, u64),
-        msg: &Arc<Message>,
-        record: Vec<u8>,
-        resend: bool,
-    ) -> Option<Op> {
-        let body = Self::body(state, msg);
-        let data = if body.sent && !resend {
-            Vec::new()
-        } else {
-            match wire::encode(msg, wire::Now::at(std::time::Instant::now())) {
-                Ok(data) => data,
-                Err(e) => {
-                    tracing::warn!("message not stored for a persistent session: {e}");
-                    return None;
-                }
-            }
-        };
-        body.sent = true;
-        let id = body.id.clone();
-        Some(vec![
-            b"M".to_vec(),
-            num(incarnation),
-            num(seq),
-            record,
-            id,
-            data,
-        ])
-    }
-
-    fn ops(&self, state: &mut State, change: SessionChange<'_>) -> Vec<Op> {
-        match change {
-            SessionChange::Saved {
-                client_id,
-                incarnation,
-                expiry_interval,
-                disconnected,
-                subscriptions,
-            } => {
-                let new = state.known.insert(incarnation);
-                let meta = records::encode_session(expiry_interval, disconnected, &subscriptions);
-                // How long Redis keeps it once no live node holds it connected: its
-                // expiry, and a sweep period more, so that an owner alive forgets it
-                // first (its own clock ends it at its expiry).
-                let life = match expiry_interval {
-                    u32::MAX => 0,
-                    secs => u64::from(secs) * 1000 + self.grace_ms,
-                };
-                let new = if new { b"1" } else { b"0" };
-                let down = if disconnected { b"1" } else { b"0" };
-                vec![vec![
-                    b"S".to_vec(),
-                    num(incarnation),
-                    new.to_vec(),
-                    client_id.as_bytes().to_vec(),
-                    meta,
-                    num(life),
-                    down.to_vec(),
-                ]]
-            }
-            SessionChange::Ended {
-                incarnation,
-                messages,
-                ..
-            } => {
-                state.known.remove(&incarnation);
-                self.forget_adopted(state, incarnation);
-                state.held.retain(|&(inc, _), _| inc != incarnation);
-                for (_, msg) in messages {
-                    Self::release_body(state, msg);
-                }
-                vec![vec![b"E".to_vec(), num(incarnation)]]
-            }
-            SessionChange::Message {
-                incarnation,
-                seq,
-                message,
-                released,
-                ..
-            } => {
-                Self::refer(state, message.msg, !released);
-                let record = records::encode_message(message, released);
-                let at = (incarnation, seq);
-                if !released && state.open == 0 {
-                    let msg = message.msg.clone();
-                    Self::hold(state, at, held::Held { record, msg });
-                    return Vec::new();
-                }
-                state.held.remove(&at);
-                Self::message_op(state, at, message.msg, record, false)
-                    .into_iter()
-                    .collect()
-            }
-            SessionChange::MessageDone {
-                incarnation,
-                seq,
-                msg,
-            } => {
-                let id = Self::body_id_of(state, msg);
-                Self::release_body(state, msg);
-                if state.held.remove(&(incarnation, seq)).is_some() {
-                    if let Some(id) = id {
-                        state.origins.acknowledged_unwritten(incarnation, &id);
-                    }
-                    return Vec::new();
-                }
-                // Acknowledged before the reader read its entry back: a replay from
-                // before that entry must still know the session had it.
-                let tomb = id
-                    .and_then(|id| state.origins.tombstone(incarnation, &id))
-                    .unwrap_or_default();
-                vec![vec![b"D".to_vec(), num(incarnation), num(seq), tomb]]
-            }
-            // Never sent: no tombstone, so that the message, should its entry reach
-            // the stream after all, is given to the session then (here by this
-            // node's reader, `origins.rs`; by the replay or reader of a node it
-            // moved to).
-            SessionChange::MessageWithdrawn {
-                incarnation,
-                seq,
-                msg,
-            } => {
-                Self::release_body(state, msg);
-                if state.held.remove(&(incarnation, seq)).is_some() {
-                    return Vec::new();
-                }
-                vec![vec![b"D".to_vec(), num(incarnation), num(seq), Vec::new()]]
-            }
-            SessionChange::IncomingQos2 {
-                incarnation,
-                packet_id,
-                pending,
-            } => {
-                let code = if pending { b"Q" } else { b"q" };
-                vec![vec![code.to_vec(), num(incarnation), num(packet_id)]]
-            }
-        }
     }
 }
 

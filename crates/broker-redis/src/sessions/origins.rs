@@ -20,6 +20,7 @@
 use std::sync::Arc;
 
 use rustc_hash::FxHashMap;
+use statehub_broker::codec::QoS;
 use statehub_broker::Message;
 
 use super::adopted::Adopted;
@@ -47,6 +48,14 @@ pub(super) struct Origins {
     /// ids of the sessions that had them, to be given the message by the reader if
     /// its entry reaches the stream after all ([`Inner::withdraw`]).
     withdrawn: FxHashMap<u64, Vec<Arc<str>>>,
+    /// This node's QoS 1/2 messages that no session here stores (no body names
+    /// them), while their entries are not read back: their origins by address, and
+    /// back. So the copies of one refused to its publisher can be taken back as
+    /// well ([`Inner::withdraw`]). An address is that of a message whose copies keep
+    /// it alive while they may be taken back, and the next message forwarded from
+    /// it replaces its entry.
+    bodiless: FxHashMap<usize, u64>,
+    bodiless_at: FxHashMap<u64, usize>,
     /// What the sessions that moved here held when they came.
     pub(super) adopted: Adopted,
 }
@@ -74,6 +83,31 @@ impl Origins {
             self.tombstoned.retain(|o, _| unapplied.contains_key(o));
             self.quiet.retain(|o, _| unapplied.contains_key(o));
             self.withdrawn.retain(|o, _| unapplied.contains_key(o));
+            self.bodiless_at.retain(|o, _| unapplied.contains_key(o));
+            self.bodiless.retain(|_, o| unapplied.contains_key(o));
+        }
+    }
+
+    /// The message at `address`, which no session here stores, is forwarded under
+    /// `origin`; `noted`: it may be taken back (QoS 1/2), so its origin is kept until
+    /// its entry is read back.
+    fn forwarded_bodiless(&mut self, address: usize, origin: u64, noted: bool) {
+        if let Some(old) = self.bodiless.remove(&address) {
+            self.bodiless_at.remove(&old);
+        }
+        if noted {
+            self.note(origin);
+            self.bodiless.insert(address, origin);
+            self.bodiless_at.insert(origin, address);
+        }
+    }
+
+    /// This node's reader read `origin`'s entry back.
+    fn read_back(&mut self, origin: u64) {
+        self.unapplied.remove(&origin);
+        self.quiet.remove(&origin);
+        if let Some(address) = self.bodiless_at.remove(&origin) {
+            self.bodiless.remove(&address);
         }
     }
 
@@ -140,20 +174,25 @@ impl Inner {
                 id
             }
             None => {
-                drop(state);
-                body_id(rand::random())
+                let origin = rand::random();
+                let noted = msg.qos != QoS::AtMostOnce;
+                state.origins.forwarded_bodiless(k, origin, noted);
+                body_id(origin)
             }
         }
     }
 
-    /// The QoS 2 copies that `clients`' sessions hold of `msg`, published here, are
-    /// taken back because its publisher was refused: true if this node's reader has
-    /// not read its entry back yet, and will then give it to those sessions (if it
-    /// ever comes); false if it did (the copies must go: no one else will give it).
+    /// The copies that `clients`' sessions hold of `msg`, published here, are taken
+    /// back because its publisher was refused: true if this node's reader has not
+    /// read its entry back yet, and will then give it to those sessions (if it ever
+    /// comes); false if it did (the copies must go: no one else will give it).
     pub(crate) fn withdraw(&self, msg: &Message, clients: &[Arc<str>]) -> bool {
         let k = msg as *const Message as usize;
         let mut state = self.state.lock();
-        let origin = state.bodies.get(&k).and_then(|b| origin_of(&b.id));
+        let origin = match state.bodies.get(&k) {
+            Some(b) => origin_of(&b.id),
+            None => state.origins.bodiless.get(&k).copied(),
+        };
         let Some(origin) = origin.filter(|o| state.origins.unapplied.contains_key(o)) else {
             return false;
         };
@@ -174,8 +213,7 @@ impl Inner {
         let mut ops: Vec<Op> = Vec::new();
         let mut withdrawn = Vec::new();
         for origin in origins {
-            state.origins.unapplied.remove(origin);
-            state.origins.quiet.remove(origin);
+            state.origins.read_back(*origin);
             if let Some(clients) = state.origins.withdrawn.remove(origin) {
                 withdrawn.push((*origin, clients));
             }

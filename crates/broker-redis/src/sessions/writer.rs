@@ -12,7 +12,7 @@
 
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock, Weak};
 use std::time::Duration;
 
 use redis::{Client, Connection, Script};
@@ -38,7 +38,14 @@ pub(super) struct Writer {
     pub progress: watch::Sender<Progress>,
     pub counters: Arc<SessionCounters>,
     pub wait: Option<Wait>,
+    /// The store, for the bodies of records Redis refused for want of one.
+    pub store: Arc<OnceLock<Weak<Inner>>>,
 }
+
+/// What a batch's script call gave: how many changes were fenced, the ordinals of
+/// the message records refused only for want of a body, how many replicas
+/// acknowledged it.
+type Applied = (u64, Vec<u64>, Option<u32>);
 
 impl Writer {
     /// Runs until the store is dropped.
@@ -76,7 +83,14 @@ impl Writer {
             }
             loop {
                 match self.apply(&script, &mut connection, &ops) {
-                    Ok((fenced, acked)) => {
+                    Ok((fenced, bodiless, acked)) => {
+                        let (fenced, acked) = match bodiless.is_empty() {
+                            true => (fenced, acked),
+                            false => {
+                                let refused = (fenced, &bodiless[..]);
+                                self.with_bodies(&script, &mut connection, &ops, refused)
+                            }
+                        };
                         let replicated = self.replicated(acked, &mut shortfalls);
                         if down_logged {
                             tracing::info!("mqtt sessions: redis is back; storing again");
@@ -225,14 +239,63 @@ impl Writer {
         false
     }
 
-    /// Runs the batch (and `WAIT`, with [`Writer::wait`]): how many changes were fenced,
-    /// and how many replicas acknowledged.
+    /// The message records at `bodiless` (ordinals from 1) of the batch `ops` were
+    /// refused only because Redis has no body for them (the record that carried it
+    /// was for a session another node owns now, and refused). They are sent again
+    /// with their bodies, until Redis answers, so that the copy a gate of this batch
+    /// holds back is stored before it goes: one given unstored has a packet id a
+    /// node its session moves to gives to another message (decision 0005, "No QoS 2
+    /// copy goes out unstored"). A record a later change of the batch deletes, or
+    /// whose body this node let go (no session here holds the message), is left.
+    /// Returns how many changes stay fenced and the replicas of the last call.
+    fn with_bodies(
+        &self,
+        script: &Script,
+        connection: &mut Option<Connection>,
+        ops: &[Op],
+        (fenced, bodiless): (u64, &[u64]),
+    ) -> (u64, Option<u32>) {
+        let store = self.store.get().and_then(Weak::upgrade);
+        let mut again = Vec::new();
+        for at in bodiless
+            .iter()
+            .filter_map(|n| usize::try_from(*n).ok()?.checked_sub(1))
+        {
+            let Some(op) = ops.get(at) else { continue };
+            let deleted = ops[at + 1..].iter().any(|later| deletes(later, op));
+            let data = store.as_ref().and_then(|s| s.body_data(&op[4]));
+            if let Some(data) = data.filter(|_| !deleted && op.len() == 6) {
+                let mut op = op.clone();
+                op[5] = data;
+                again.push(op);
+            }
+        }
+        let left = fenced.saturating_sub(bodiless.len() as u64);
+        if again.is_empty() {
+            return (left, None);
+        }
+        loop {
+            match self.apply(script, connection, &again) {
+                Ok((still, _, acked)) => return (left + still, acked),
+                Err(_) => {
+                    *connection = None;
+                    self.counters.failed.fetch_add(1, Ordering::Relaxed);
+                    self.progress.send_modify(|p| p.failures += 1);
+                    std::thread::sleep(RETRY);
+                }
+            }
+        }
+    }
+
+    /// Runs the batch (and `WAIT`, with [`Writer::wait`]): how many changes were
+    /// fenced, the records refused for want of a body, how many replicas
+    /// acknowledged.
     fn apply(
         &self,
         script: &Script,
         connection: &mut Option<Connection>,
         ops: &[Op],
-    ) -> redis::RedisResult<(u64, Option<u32>)> {
+    ) -> redis::RedisResult<Applied> {
         let con = match connection {
             Some(con) => con,
             None => connection.insert(open(&self.client, self.timeout)?),
@@ -244,7 +307,19 @@ impl Writer {
                 invocation.arg(arg.as_slice());
             }
         }
-        statehub_redis_common::invoke(con, &invocation, self.wait)
+        let (out, acked): (Vec<u64>, _) =
+            statehub_redis_common::invoke(con, &invocation, self.wait)?;
+        let fenced = out.first().copied().unwrap_or(0);
+        Ok((fenced, out.get(1..).unwrap_or_default().to_vec(), acked))
+    }
+}
+
+/// Whether change `later` deletes the message record `op` (`M`, incarnation, seq).
+fn deletes(later: &Op, op: &Op) -> bool {
+    match later.first().map(Vec::as_slice) {
+        Some(b"D") => later.get(1..3) == op.get(1..3),
+        Some(b"E") => later.get(1) == op.get(1),
+        _ => false,
     }
 }
 

@@ -187,11 +187,10 @@ impl Conn {
         }
         let qos = p.qos;
         // Opened once this publish is acknowledged (after its waits) or failed.
-        let store = self
-            .broker
-            .session_store()
-            .filter(|_| qos == QoS::ExactlyOnce);
-        let gate = store.as_ref().map(|_| Arc::<Gate>::default());
+        let gate = (self.publish_gate(qos))
+            .filter(|_| service.is_none())
+            .map(Arc::new);
+        let store = self.broker.session_store().filter(|_| gate.is_some());
         let open_when_done = (gate.clone())
             .zip(store)
             .map(|(g, s)| OpenOnDrop::new(g, s));
@@ -211,6 +210,19 @@ impl Conn {
             reply: None,
         };
         self.queue_ack(ack, wait)
+    }
+
+    /// The gate this PUBLISH's local copies wait behind ([`Gate`]): in a cluster every
+    /// copy of a QoS 1/2 message, until the other nodes took it (or were refused it:
+    /// then the copies are taken back, `Broker::withdraw_refused`); with a session
+    /// store, a QoS 2 message's stored copies, until they are durable.
+    fn publish_gate(&self, qos: QoS) -> Option<Gate> {
+        self.broker.session_store()?;
+        match (qos, self.broker.fabric().is_some()) {
+            (QoS::AtMostOnce, _) | (QoS::AtLeastOnce, false) => None,
+            (_, true) => Some(Gate::every_copy()),
+            (QoS::ExactlyOnce, false) => Some(Gate::default()),
+        }
     }
 
     /// Hands a PUBLISH to the service that owns its topic; what its acknowledgement
@@ -403,7 +415,7 @@ impl Conn {
         let pressure = (msg.qos != QoS::AtMostOnce && self.slow_consumer_timeout().is_some())
             .then_some(&mut blockers);
         if msg.qos != QoS::ExactlyOnce {
-            let routed = (self.broker).route_with(msg, None, all_or_nothing, pressure, accepted);
+            let routed = (self.broker).route_with(msg, gate, all_or_nothing, pressure, accepted);
             return (routed, blockers.pressed);
         }
         let store = self

@@ -194,63 +194,20 @@ async fn run<S: Transport>(
 impl Conn {
     async fn pump<S: Transport>(&mut self, stream: &mut S, rbuf: &mut BytesMut) -> Close {
         let signal = self.signal.clone();
-        let cfg = self.broker.config();
-        let high_water = cfg.socket_write_high_water;
-        let packet_timeout = Duration::from_secs(cfg.packet_read_timeout_secs);
+        let high_water = self.broker.config().socket_write_high_water;
         let clock = self.broker.clock().clone();
-        let mut deadlines =
-            Deadlines::new(self.keep_alive.mul_f32(1.5), packet_timeout, clock.now());
-        deadlines.credential(self.credential_at);
-        // Shutdown reaches connections through their signals (the listener asks every
-        // attached one to close); one that attached after that sees the token here.
-        if self.broker.is_shutting_down() {
-            return Close::ByServer(ReasonCode::SERVER_SHUTTING_DOWN, "server shutting down");
-        }
-        // Packets the client pipelined behind CONNECT are already in the buffer.
-        match self.handle_buffered(rbuf).await {
-            Ok(n) => deadlines.read(clock.now(), n, !rbuf.is_empty()),
+        let (mut deadlines, mut timer, far) = match self.start_pump(rbuf).await {
+            Ok(started) => started,
             Err(close) => return close,
-        }
-        // One timer for the connection's life (keep alive and packet deadline), moved
-        // only when it fires early or a packet deadline comes before it: a fresh
-        // `sleep_until` per turn of the loop inserted into and removed from the timer
-        // wheel for every packet.
-        let far = clock.now() + Duration::from_secs(86_400 * 365);
-        let mut timer = Timer::new(clock.clone(), deadlines.next().unwrap_or(far));
+        };
         // Whether to let the worker's other tasks run before reading again.
         let mut yield_turn = false;
         loop {
-            if self.paused.is_some() {
-                // Boxed: a task's future is as large as its largest state (see `serve`).
-                let settled = Box::pin(self.settle_pause(rbuf, &mut deadlines, &mut timer));
-                if let Err(close) = settled.await {
-                    return close;
-                }
+            let turn = self.turn(stream, rbuf, (&mut deadlines, &mut timer), yield_turn);
+            if let Err(close) = turn.await {
+                return close;
             }
-            // A wake-up that came before this drain is covered by it: drop it, so that a
-            // delivery this task queued itself (a service's reply to this client) does not
-            // cost another turn of the loop. One that comes after is kept for the select.
-            signal.take_deliveries();
-            if self.wbuf.len() < high_water {
-                self.drain();
-            }
-            // Write what is buffered now, while the socket is known to be writable: the
-            // common case (a request's PUBACK and reply) then needs no turn of the select
-            // for its write. The select below waits when the socket is full.
-            if !self.wbuf.is_empty() {
-                if let Err(close) = self.write_some(stream) {
-                    return close;
-                }
-            }
-            if std::mem::take(&mut yield_turn) {
-                // The packets just read are answered above; the worker's other
-                // connections get their turn before this one reads again. Without it, a
-                // client that kept its socket full (more pipelined requests than one
-                // read takes) was served read after read for a whole cooperative
-                // budget while the others waited.
-                tokio::task::yield_now().await;
-            }
-            self.release_idle(rbuf);
+            yield_turn = false;
             let writing = !self.wbuf.is_empty() || stream.wants_write();
             let reading = self.wbuf.len() < 4 * high_water
                 && !deadlines.throttled()
@@ -301,6 +258,78 @@ impl Conn {
                 }
             }
         }
+    }
+
+    /// The connection's deadlines, its one timer and the far deadline that timer
+    /// rests at, once the packets the client pipelined behind CONNECT are handled.
+    async fn start_pump(
+        &mut self,
+        rbuf: &mut BytesMut,
+    ) -> Result<(Deadlines, Timer, std::time::Instant), Close> {
+        let cfg = self.broker.config();
+        let packet_timeout = Duration::from_secs(cfg.packet_read_timeout_secs);
+        let clock = self.broker.clock().clone();
+        let mut deadlines =
+            Deadlines::new(self.keep_alive.mul_f32(1.5), packet_timeout, clock.now());
+        deadlines.credential(self.credential_at);
+        // Shutdown reaches connections through their signals (the listener asks every
+        // attached one to close); one that attached after that sees the token here.
+        if self.broker.is_shutting_down() {
+            return Err(Close::ByServer(
+                ReasonCode::SERVER_SHUTTING_DOWN,
+                "server shutting down",
+            ));
+        }
+        // Packets the client pipelined behind CONNECT are already in the buffer.
+        let n = self.handle_buffered(rbuf).await?;
+        deadlines.read(clock.now(), n, !rbuf.is_empty());
+        // One timer for the connection's life (keep alive and packet deadline), moved
+        // only when it fires early or a packet deadline comes before it: a fresh
+        // `sleep_until` per turn of the loop inserted into and removed from the timer
+        // wheel for every packet.
+        let far = clock.now() + Duration::from_secs(86_400 * 365);
+        let timer = Timer::new(clock, deadlines.next().unwrap_or(far));
+        Ok((deadlines, timer, far))
+    }
+
+    /// What a turn of [`Connection::pump`] does before it waits: a pause settled,
+    /// the queued deliveries drained and written while the socket is known to be
+    /// writable, and (`yield_turn`, after a read that filled its room) the worker's
+    /// other tasks let run.
+    async fn turn<S: Transport>(
+        &mut self,
+        stream: &mut S,
+        rbuf: &mut BytesMut,
+        (deadlines, timer): (&mut Deadlines, &mut Timer),
+        yield_turn: bool,
+    ) -> Result<(), Close> {
+        if self.paused.is_some() {
+            // Boxed: a task's future is as large as its largest state (see `serve`).
+            Box::pin(self.settle_pause(rbuf, deadlines, timer)).await?;
+        }
+        // A wake-up that came before this drain is covered by it: drop it, so that a
+        // delivery this task queued itself (a service's reply to this client) does not
+        // cost another turn of the loop. One that comes after is kept for the select.
+        self.signal.take_deliveries();
+        if self.wbuf.len() < self.broker.config().socket_write_high_water {
+            self.drain();
+        }
+        // Write what is buffered now, while the socket is known to be writable: the
+        // common case (a request's PUBACK and reply) then needs no turn of the select
+        // for its write. The select below waits when the socket is full.
+        if !self.wbuf.is_empty() {
+            self.write_some(stream)?;
+        }
+        if yield_turn {
+            // The packets just read are answered above; the worker's other
+            // connections get their turn before this one reads again. Without it, a
+            // client that kept its socket full (more pipelined requests than one
+            // read takes) was served read after read for a whole cooperative
+            // budget while the others waited.
+            tokio::task::yield_now().await;
+        }
+        self.release_idle(rbuf);
+        Ok(())
     }
 
     /// Writes what the socket takes now of the write buffer (and of what the transport

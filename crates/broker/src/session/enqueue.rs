@@ -188,7 +188,10 @@ impl Session {
     }
 
     /// Queues `d`, whose room is taken, and wakes the connection; `over`: the session
-    /// is connected but past a bound. A connected session that reaches its high-water
+    /// is connected but past a bound. The copy waits behind `gate` if the gate holds
+    /// copies like it ([`Gate::holds`]): a stored QoS 2 copy until it is durable, in a
+    /// cluster every copy until its PUBLISH's forward is done with; the gate wakes the
+    /// session when it opens. A connected session that reaches its high-water
     /// mark is pressed (see `pressure.rs`).
     fn queue(
         self: &Arc<Self>,
@@ -198,7 +201,11 @@ impl Session {
         (limits, now): (&QueueLimits, Instant),
         over: Option<Bound>,
     ) -> Enqueued {
-        let stored = st.store_copy(self, &mut d, gate, now);
+        d.gate = gate.filter(|g| g.holds(d.qos, st.persist.is_some()));
+        if let Some(g) = &d.gate {
+            g.hold(self.clone());
+        }
+        let stored = st.store_copy(&mut d, now);
         st.push_queue(d);
         if let Some(bound) = over {
             // The consumer is not keeping up: from now on the session is treated as
@@ -280,21 +287,10 @@ impl SessionState {
     }
 
     /// Records a persistent session's QoS 1/2 copy in the session store (true if it
-    /// did). Only a stored QoS 2 copy needs to wait until the message is durable: it
-    /// keeps the `gate`, which wakes `session` when it opens.
-    fn store_copy(
-        &mut self,
-        session: &Arc<Session>,
-        d: &mut Delivery,
-        gate: Option<Arc<Gate>>,
-        now: Instant,
-    ) -> bool {
+    /// did).
+    fn store_copy(&mut self, d: &mut Delivery, now: Instant) -> bool {
         if self.persist.is_none() || d.qos == QoS::AtMostOnce {
             return false;
-        }
-        d.gate = gate.filter(|_| d.qos == QoS::ExactlyOnce);
-        if let Some(g) = &d.gate {
-            g.hold(session.clone());
         }
         self.next_seq += 1;
         d.seq = self.next_seq;

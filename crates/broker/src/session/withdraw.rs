@@ -1,5 +1,5 @@
-//! Taking back the QoS 2 copies of a message whose publisher was refused, before
-//! they reach the client (see [`Broker::withdraw_refused`](crate::Broker)).
+//! Taking back the copies of a message whose publisher was refused, before they
+//! reach the client (see [`Broker::withdraw_refused`](crate::Broker)).
 
 use std::sync::Arc;
 
@@ -22,8 +22,9 @@ impl Session {
         st.queue.iter().any(|d| behind(d, gate))
     }
 
-    /// Takes the copies behind `gate` out of the queue, with their stored records
-    /// (which leave no trace that the session had them); how many went.
+    /// Takes the copies behind `gate` out of the queue, with their stored records if
+    /// the session is persistent (which leave no trace that it had them); how many
+    /// went.
     pub(crate) fn withdraw(&self, gate: &Arc<Gate>) -> usize {
         let mut st = self.state.lock();
         let before = st.queue.len();
