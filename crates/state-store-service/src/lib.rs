@@ -36,6 +36,7 @@
 //!   on, and the store takes writes again by itself once there is room.
 //! * [`Settings`] (`settings.rs`) is the `[state_store]` table of the configuration file.
 
+mod batch;
 mod cache;
 mod durable;
 mod expiry;
@@ -90,7 +91,7 @@ pub struct StateStoreService<E = MemoryEngine, A = AllowAll> {
     latency: Histogram,
     /// Set for an engine that blocks on the network: the threads that make its calls
     /// (`offload.rs`), one per shard.
-    offload: OnceLock<Box<[Offload<Self>]>>,
+    offload: OnceLock<Box<[Offload<Self, batch::Queued>]>>,
 }
 
 /// The durable store cannot be opened.
@@ -282,18 +283,7 @@ where
                         access: from.access.as_deref().map(|a| a as &dyn Authorizer),
                     };
                     let (answer, effects) = state.execute(&call, publish.payload.clone());
-                    let reply = match answer {
-                        Answer::Ok(ok) => {
-                            let reply = ok.message_for(from.client_id.clone());
-                            state
-                                .cache
-                                .insert(at, lookup.client_id, ok, &reply, received);
-                            reply
-                        }
-                        // A failed store answers so for good, a full disk until there is
-                        // room: a resent request is answered anew, without the cache.
-                        Answer::Fault(fault) => Arc::new(fault.for_client(from.client_id.clone())),
-                    };
+                    let reply = state.record(answer, at, lookup, received);
                     (Some(reply), effects)
                 }
             };
@@ -415,6 +405,27 @@ impl<E, A> State<E, A> {
 }
 
 impl<E: Engine, A: Authorizer> State<E, A> {
+    /// The reply message of `answer` to the request whose cache lookup missed at `at`;
+    /// a `__stat=200` answer is cached.
+    fn record(
+        &mut self,
+        answer: Answer,
+        at: cache::Vacancy,
+        key: CacheKey,
+        received: Instant,
+    ) -> Arc<Message> {
+        match answer {
+            Answer::Ok(ok) => {
+                let reply = ok.message_for(key.client_id.clone());
+                self.cache.insert(at, key.client_id, ok, &reply, received);
+                reply
+            }
+            // A failed store answers so for good, a full disk until there is room: a
+            // resent request is answered anew, without the cache.
+            Answer::Fault(fault) => Arc::new(fault.for_client(key.client_id)),
+        }
+    }
+
     /// A cached reply re-sent reveals the current state: with a persistent engine it
     /// waits for whatever is in flight.
     fn resend_effects(&mut self, durable: bool) -> Vec<Effect> {
@@ -476,13 +487,35 @@ impl<E: Engine, A: Authorizer> State<E, A> {
             fencing_token: user.fencing_token,
             access,
         };
-        match self.machine.handle(request, now) {
+        let outcome = self.machine.handle(request, now);
+        self.conclude(call, outcome, expiry)
+    }
+
+    /// The response to a request the machine handled (`outcome`), after the effects of
+    /// an expiry run before it.
+    fn conclude(
+        &mut self,
+        call: &Call<'_>,
+        outcome: Result<statehub_state_store::Outcome, FatalError>,
+        expiry: Vec<Effect>,
+    ) -> (Answer, Vec<Effect>) {
+        let correlation = call.props.correlation_data.as_deref();
+        let fault = |fault: rpc::Fault| {
+            Answer::Fault(Box::new(rpc::fault_response(
+                call.topic.into(),
+                correlation.map(Bytes::copy_from_slice),
+                &fault,
+                call.deadline,
+            )))
+        };
+        match outcome {
             Ok(outcome) => {
-                let parts = rpc::OkParts::new(topic, correlation, outcome.reply.version.as_ref());
+                let version = outcome.reply.version.as_ref();
+                let parts = rpc::OkParts::new(call.topic, correlation, version);
                 let reply = CachedReply {
                     parts,
                     payload: outcome.reply.payload,
-                    deadline,
+                    deadline: call.deadline,
                 };
                 (Answer::Ok(reply), durable::merge(expiry, outcome.effects))
             }

@@ -10,6 +10,7 @@ use statehub_state_store::WriteSeq;
 use std::time::Instant;
 use tokio::sync::oneshot;
 
+use crate::batch::Queued;
 use crate::durable::Tracker;
 use crate::offload::{Busy, Offload};
 use crate::{refuse, Authorizer, Engine, StateStoreService};
@@ -57,7 +58,7 @@ where
     /// it has no room for is answered 503 at once.
     pub(crate) async fn handle_on_thread(
         &self,
-        offloads: &[Offload<Self>],
+        offloads: &[Offload<Self, Queued>],
         shard: usize,
         broker: &Broker,
         from: &ClientInfo,
@@ -73,16 +74,22 @@ where
     /// was answered 503 at once).
     fn queue_request(
         &self,
-        offloads: &[Offload<Self>],
+        offloads: &[Offload<Self, Queued>],
         shard: usize,
         broker: &Broker,
         from: &ClientInfo,
         publish: &Publish,
     ) -> Option<oneshot::Receiver<Option<(WriteSeq, Instant)>>> {
-        let job = (broker.clone(), from.clone(), publish.clone());
-        let run = move |service: &Self| service.handle(shard, &job.0, &job.1, &job.2);
-        match offloads.get(shard).ok_or(Busy).and_then(|o| o.run(run)) {
-            Ok(handled) => Some(handled),
+        let (answer, handled) = oneshot::channel();
+        let item = Queued {
+            shard,
+            broker: broker.clone(),
+            from: from.clone(),
+            publish: publish.clone(),
+            answer,
+        };
+        match offloads.get(shard).ok_or(Busy).and_then(|o| o.submit(item)) {
+            Ok(()) => Some(handled),
             Err(Busy) => {
                 refuse::busy(broker, from, publish);
                 None
