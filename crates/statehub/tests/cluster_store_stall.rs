@@ -13,35 +13,8 @@ use std::time::Duration;
 use statehub_broker::codec::{Packet, QoS};
 use statehub_redis_common::test_server::RedisServer;
 use statehub_test_support::{opts, publish, RawClient, V5};
-use store_client::raw::{acks_and_answers, request};
+use store_client::raw::{acks_and_answers, request, script_calls_paused};
 use store_client::{Call, StoreClient, PATIENCE};
-
-/// Waits until at least `count` state store connections of `redis` (named
-/// `statehub-store:<node>...`) are held by `CLIENT PAUSE` on a script call at once
-/// (state store requests reached Redis and wait there).
-async fn script_calls_paused(redis: &RedisServer, count: usize) {
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    loop {
-        let list = redis.command(&["CLIENT", "LIST"]);
-        let paused = list
-            .lines()
-            .filter(|l| {
-                let flag = l.split(' ').find_map(|f| f.strip_prefix("flags="));
-                l.contains(" name=statehub-store:")
-                    && l.contains(" cmd=evalsha ")
-                    && flag.is_some_and(|f| f.contains('b'))
-            })
-            .count();
-        if paused >= count {
-            return;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "fewer than {count} state store requests reached the paused Redis at once:\n{list}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pub_sub_on_the_node_goes_on_while_its_state_store_waits_for_redis() {

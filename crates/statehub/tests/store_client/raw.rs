@@ -2,9 +2,11 @@
 //! for tests that pipeline them and look at each packet that comes back.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use bytes::Bytes;
 use statehub_broker::codec::{ByteString, Packet, PubResponse, QoS};
+use statehub_redis_common::test_server::RedisServer;
 use statehub_test_support::{publish, resp, RawClient};
 
 use super::{now_ts, PATIENCE, REQUEST_TOPIC};
@@ -48,4 +50,31 @@ pub async fn acks_and_answers(
         }
     }
     (acked, answers)
+}
+
+/// Waits until at least `count` state store connections of `redis` (named
+/// `statehub-store:<node>...`) are held by `CLIENT PAUSE` on a script call at once
+/// (state store requests reached Redis and wait there).
+pub async fn script_calls_paused(redis: &RedisServer, count: usize) {
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        let list = redis.command(&["CLIENT", "LIST"]);
+        let paused = list
+            .lines()
+            .filter(|l| {
+                let flag = l.split(' ').find_map(|f| f.strip_prefix("flags="));
+                l.contains(" name=statehub-store:")
+                    && l.contains(" cmd=evalsha ")
+                    && flag.is_some_and(|f| f.contains('b'))
+            })
+            .count();
+        if paused >= count {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "fewer than {count} state store requests reached the paused Redis at once:\n{list}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
