@@ -186,6 +186,11 @@ impl Progress {
         self.store.admit().await;
     }
 
+    /// Whether [`Progress::admit`] would return at once.
+    pub fn admits(&self) -> bool {
+        self.store.admits()
+    }
+
     /// Whether writes wait for disk space (client writes are refused meanwhile).
     pub fn stalled(&self) -> bool {
         self.store.stall_error().is_some()

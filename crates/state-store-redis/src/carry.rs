@@ -35,6 +35,39 @@ struct Sweep {
     stamps: usize,
 }
 
+/// What one queued script carries (see [`Carry::take`]).
+#[derive(Debug, Clone)]
+pub(crate) struct Carried {
+    sweep: Option<Sweep>,
+    pending: Vec<Observation>,
+}
+
+impl Carried {
+    /// Appends the sweep's three arguments and the stamps, as [`Carry::append_args`].
+    pub(crate) fn append_args(&self, invocation: &mut ScriptInvocation<'_>) {
+        append(self.sweep, &self.pending, invocation);
+    }
+}
+
+/// The sweep's three arguments (`''` for none), then each stamp's three.
+fn append(sweep: Option<Sweep>, pending: &[Observation], invocation: &mut ScriptInvocation<'_>) {
+    match sweep {
+        Some(sweep) => invocation
+            .arg(sweep.now_ms)
+            .arg(sweep.limit)
+            .arg(sweep.stamps),
+        None => invocation.arg("").arg(0).arg(0),
+    };
+    for observation in pending {
+        let stamp = observation.stamp;
+        invocation.arg(stamp.wall_ms).arg(stamp.counter).arg(
+            observation
+                .now_ms
+                .map_or_else(String::new, |now| now.to_string()),
+        );
+    }
+}
+
 /// The stamps and the sweep for the next script, and what the scripts fed.
 #[derive(Debug, Default)]
 pub(crate) struct Carry {
@@ -64,9 +97,13 @@ impl Carry {
             }
             _ => self.pending.push(observation),
         }
-        // Many reads in a row without a write: keep them as one merge of the greatest,
-        // merged after any sweep. Versions still exceed every stamp; only a step's choice
-        // between a new millisecond and a new counter may differ from the single node's.
+        self.bound();
+    }
+
+    /// Many reads in a row without a write: keep them as one merge of the greatest,
+    /// merged after any sweep. Versions still exceed every stamp; only a step's choice
+    /// between a new millisecond and a new counter may differ from the single node's.
+    fn bound(&mut self) {
         if self.pending.len() > MAX_PENDING {
             let greatest = self.pending.iter().map(|o| o.stamp).max();
             self.pending.clear();
@@ -103,21 +140,37 @@ impl Carry {
 
     /// Appends the sweep's three arguments (`''` for none) and the pending stamps.
     pub(crate) fn append_args(&self, invocation: &mut ScriptInvocation<'_>) {
-        match self.sweep {
-            Some(sweep) => invocation
-                .arg(sweep.now_ms)
-                .arg(sweep.limit)
-                .arg(sweep.stamps),
-            None => invocation.arg("").arg(0).arg(0),
-        };
-        for observation in &self.pending {
-            let stamp = observation.stamp;
-            invocation.arg(stamp.wall_ms).arg(stamp.counter).arg(
-                observation
-                    .now_ms
-                    .map_or_else(String::new, |now| now.to_string()),
-            );
+        append(self.sweep, &self.pending, invocation);
+    }
+
+    /// What the next script carries, taken for a script queued now (to run after the
+    /// scripts queued before it): as if it ran and wrote (`write`: every stamp merged)
+    /// or only read (the sweep ran; the stamps wait for the next write, which merges
+    /// them again if the sweep already did: a merge of a stamp the clock has passed
+    /// changes nothing).
+    pub(crate) fn take(&mut self, write: bool) -> Carried {
+        Carried {
+            sweep: self.sweep.take(),
+            pending: match write {
+                true => std::mem::take(&mut self.pending),
+                false => self.pending.clone(),
+            },
         }
+    }
+
+    /// A queued write that carried `carried` failed: its stamps wait for the next script
+    /// again, before those queued since (plain merges: each is below what follows).
+    pub(crate) fn restore(&mut self, carried: &Carried) {
+        let stamps = carried.pending.iter().map(|o| Observation {
+            stamp: o.stamp,
+            now_ms: None,
+        });
+        let n = carried.pending.len();
+        self.pending.splice(0..0, stamps);
+        if let Some(sweep) = &mut self.sweep {
+            sweep.stamps += n;
+        }
+        self.bound();
     }
 
     /// A script that writes (or refused to) ran with [`Carry::append_args`]: it ran the

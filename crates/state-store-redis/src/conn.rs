@@ -42,6 +42,9 @@ pub(crate) struct Link {
     timeout: Duration,
     /// The connection's name in Redis (`CLIENT LIST`).
     name: String,
+    /// Whether scripts may be missing from the server: a connection made since they
+    /// were last loaded (a restarted server lost them), or a `NOSCRIPT` seen.
+    unloaded: bool,
 }
 
 impl fmt::Debug for Link {
@@ -65,6 +68,7 @@ impl Link {
             retry_at: None,
             timeout,
             name: client_name(name),
+            unloaded: true,
         }
     }
 
@@ -75,21 +79,46 @@ impl Link {
         &mut self,
         call: impl FnOnce(&mut Connection) -> RedisResult<T>,
     ) -> Result<T, RedisEngineError> {
+        self.counters.calls.fetch_add(1, Ordering::Relaxed);
+        let result = call(self.connected()?);
+        self.ended(result)
+    }
+
+    /// Whether the scripts that pipelines send by their hash are known to be loaded
+    /// on the current connection (see [`Link::scripts_loaded`]): not before a
+    /// connection is made (a restarted server lost them), nor after a `NOSCRIPT`.
+    pub(crate) fn has_scripts(&self) -> bool {
+        self.connection.is_some() && !self.unloaded
+    }
+
+    /// A call that loaded them succeeded on the current connection.
+    pub(crate) fn scripts_loaded(&mut self) {
+        self.unloaded = false;
+    }
+
+    /// The connection, connecting first if needed (a failure counted).
+    fn connected(&mut self) -> Result<&mut Connection, RedisEngineError> {
         let counters = self.counters.clone();
-        counters.calls.fetch_add(1, Ordering::Relaxed);
-        let connection = self.connect().inspect_err(|_| {
+        self.connect().inspect_err(|_| {
             counters.errors.fetch_add(1, Ordering::Relaxed);
-        })?;
-        match call(connection) {
-            Ok(value) => Ok(value),
-            Err(error) => {
-                counters.errors.fetch_add(1, Ordering::Relaxed);
-                if error.is_io_error() || error.is_timeout() || error.is_unrecoverable_error() {
-                    self.connection = None;
-                }
-                Err(error.into())
+        })
+    }
+
+    /// A call's result: a failure that may have broken the connection (I/O, a timeout)
+    /// drops it, so the next call connects anew.
+    fn ended<T>(&mut self, result: RedisResult<T>) -> Result<T, RedisEngineError> {
+        result.map_err(|error| {
+            self.counters.errors.fetch_add(1, Ordering::Relaxed);
+            if error.is_io_error() || error.is_timeout() || error.is_unrecoverable_error() {
+                self.connection = None;
             }
-        }
+            error.into()
+        })
+    }
+
+    /// The server answered `NOSCRIPT`: the next pipeline loads them first.
+    pub(crate) fn scripts_missing(&mut self) {
+        self.unloaded = true;
     }
 
     pub(crate) fn count_into(&mut self, counters: Arc<Counters>) {
@@ -116,6 +145,7 @@ impl Link {
             match named {
                 Ok(connection) => {
                     self.retry_at = None;
+                    self.unloaded = true;
                     self.connection = Some(connection);
                 }
                 Err(error) => {

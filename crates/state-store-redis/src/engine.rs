@@ -244,50 +244,8 @@ impl Engine for RedisEngine {
         request: &SetRequest<'_>,
         limits: &Limits,
     ) -> Result<SetOutcome, EngineError> {
-        let condition: &[u8] = match request.condition {
-            SetCondition::Always => b"A",
-            SetCondition::IfAbsent => b"N",
-            SetCondition::IfAbsentOrEqual => b"E",
-        };
-        let x = request
-            .expires_at_ms()
-            .map_or_else(Vec::new, |x| x.to_string().into_bytes());
-        let [fw, fc, fnode] = token_args(request.fencing_token);
-        let numbers = [
-            request.now_ms.to_string(),
-            limits.max_keys.to_string(),
-            limits.max_bytes.to_string(),
-            limits.max_key_len.min(MAX_KEY_LEN).to_string(),
-            limits.max_value_bytes.to_string(),
-            self.feed_len.to_string(),
-        ];
-        let version_node = self.version_node.clone();
-        let reply = self.write(
-            |s| &s.set,
-            request.key,
-            &[
-                request.key,
-                request.value,
-                condition,
-                &x,
-                &fw,
-                &fc,
-                &fnode,
-                numbers[0].as_bytes(),
-                numbers[1].as_bytes(),
-                numbers[2].as_bytes(),
-                numbers[3].as_bytes(),
-                numbers[4].as_bytes(),
-                version_node.as_bytes(),
-                numbers[5].as_bytes(),
-            ],
-        )?;
-        match reply.first().map(Vec::as_slice) {
-            Some(b"W") => Ok(SetOutcome::Written(self.written(&reply)?)),
-            Some(b"K") => Ok(SetOutcome::Kept(self.versioned(&reply)?)),
-            Some(b"R") if reply.len() == 2 => Ok(SetOutcome::Refused(refusal(&reply[1])?)),
-            _ => Err(corrupt("SET script reply")),
-        }
+        let reply = self.write(self.set_invocation(request, limits))?;
+        self.set_outcome(&reply)
     }
 
     fn delete_checked(
@@ -298,29 +256,9 @@ impl Engine for RedisEngine {
         fencing_token: Option<&Hlc>,
         now_ms: u64,
     ) -> Result<DelOutcome, EngineError> {
-        let [fw, fc, fnode] = token_args(fencing_token);
-        let (now, feed_len) = (now_ms.to_string(), self.feed_len.to_string());
-        let reply = self.write(
-            |s| &s.delete,
-            key,
-            &[
-                key,
-                if expected.is_some() { b"1" } else { b"0" },
-                expected.unwrap_or_default(),
-                &fw,
-                &fc,
-                &fnode,
-                now.as_bytes(),
-                feed_len.as_bytes(),
-            ],
-        )?;
-        match reply.first().map(Vec::as_slice) {
-            Some(b"A") => Ok(DelOutcome::Absent),
-            Some(b"D") => Ok(DelOutcome::Deleted(self.written(&reply)?)),
-            Some(b"K") => Ok(DelOutcome::Kept(self.versioned(&reply)?)),
-            Some(b"R") if reply.len() == 2 => Ok(DelOutcome::Refused(refusal(&reply[1])?)),
-            _ => Err(corrupt("DEL script reply")),
-        }
+        let invocation = self.delete_invocation(key, expected, fencing_token, now_ms);
+        let reply = self.write(invocation)?;
+        self.delete_outcome(&reply)
     }
 
     fn remove_expired(
@@ -330,11 +268,12 @@ impl Engine for RedisEngine {
         now_ms: u64,
     ) -> Result<Option<Hlc>, EngineError> {
         let (now, feed_len) = (now_ms.to_string(), self.feed_len.to_string());
-        let reply = self.write(
-            |s| &s.expire,
+        let invocation = self.write_invocation(
+            &self.scripts.expire,
             key,
             &[key, now.as_bytes(), feed_len.as_bytes()],
-        )?;
+        );
+        let reply = self.write(invocation)?;
         match reply.as_slice() {
             [] => Ok(None),
             [wall, counter, fed] => {
@@ -347,6 +286,14 @@ impl Engine for RedisEngine {
 
     fn publishes_changes(&self) -> bool {
         true
+    }
+
+    fn queue(&mut self, op: &statehub_state_store::Op) -> bool {
+        self.queue_op(op)
+    }
+
+    fn run_queued(&mut self) -> Vec<Result<statehub_state_store::OpOutcome, EngineError>> {
+        self.run_pipeline()
     }
 
     fn observe_key(&mut self, key: &[u8]) -> Result<u64, EngineError> {
@@ -365,5 +312,99 @@ impl Engine for RedisEngine {
                 .arg(&self.node)
                 .query(con)
         })
+    }
+}
+
+impl RedisEngine {
+    /// The SET script's invocation, before the sweep and stamps.
+    pub(crate) fn set_invocation(
+        &self,
+        request: &SetRequest<'_>,
+        limits: &Limits,
+    ) -> redis::ScriptInvocation<'_> {
+        let condition: &[u8] = match request.condition {
+            SetCondition::Always => b"A",
+            SetCondition::IfAbsent => b"N",
+            SetCondition::IfAbsentOrEqual => b"E",
+        };
+        let x = request
+            .expires_at_ms()
+            .map_or_else(Vec::new, |x| x.to_string().into_bytes());
+        let [fw, fc, fnode] = token_args(request.fencing_token);
+        let numbers = [
+            request.now_ms.to_string(),
+            limits.max_keys.to_string(),
+            limits.max_bytes.to_string(),
+            limits.max_key_len.min(MAX_KEY_LEN).to_string(),
+            limits.max_value_bytes.to_string(),
+            self.feed_len.to_string(),
+        ];
+        self.write_invocation(
+            &self.scripts.set,
+            request.key,
+            &[
+                request.key,
+                request.value,
+                condition,
+                &x,
+                &fw,
+                &fc,
+                &fnode,
+                numbers[0].as_bytes(),
+                numbers[1].as_bytes(),
+                numbers[2].as_bytes(),
+                numbers[3].as_bytes(),
+                numbers[4].as_bytes(),
+                self.version_node.as_bytes(),
+                numbers[5].as_bytes(),
+            ],
+        )
+    }
+
+    /// The SET script's reply (after the sweep's two fields) as its outcome.
+    pub(crate) fn set_outcome(&self, reply: &[Vec<u8>]) -> Result<SetOutcome, EngineError> {
+        match reply.first().map(Vec::as_slice) {
+            Some(b"W") => Ok(SetOutcome::Written(self.written(reply)?)),
+            Some(b"K") => Ok(SetOutcome::Kept(self.versioned(reply)?)),
+            Some(b"R") if reply.len() == 2 => Ok(SetOutcome::Refused(refusal(&reply[1])?)),
+            _ => Err(corrupt("SET script reply")),
+        }
+    }
+
+    /// The DEL (VDEL with `expected`) script's invocation, before the sweep and stamps.
+    pub(crate) fn delete_invocation(
+        &self,
+        key: &[u8],
+        expected: Option<&[u8]>,
+        fencing_token: Option<&Hlc>,
+        now_ms: u64,
+    ) -> redis::ScriptInvocation<'_> {
+        let [fw, fc, fnode] = token_args(fencing_token);
+        let (now, feed_len) = (now_ms.to_string(), self.feed_len.to_string());
+        self.write_invocation(
+            &self.scripts.delete,
+            key,
+            &[
+                key,
+                if expected.is_some() { b"1" } else { b"0" },
+                expected.unwrap_or_default(),
+                &fw,
+                &fc,
+                &fnode,
+                now.as_bytes(),
+                feed_len.as_bytes(),
+            ],
+        )
+    }
+
+    /// The DEL script's reply (after the sweep's two fields) as its outcome.
+    pub(crate) fn delete_outcome(&self, reply: &[Vec<u8>]) -> Result<DelOutcome, EngineError> {
+        match reply.first().map(Vec::as_slice) {
+            Some(b"A") => Ok(DelOutcome::Absent),
+            Some(b"D") => Ok(DelOutcome::Deleted(self.written(reply)?)),
+            Some(b"K") => Ok(DelOutcome::Kept(self.versioned(reply)?)),
+            Some(b"R") if reply.len() == 2 => Ok(DelOutcome::Refused(refusal(&reply[1])?)),
+            _ => Err(corrupt("DEL script reply")),
+        }
     }
 }

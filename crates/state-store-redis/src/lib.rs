@@ -37,6 +37,7 @@ mod carry;
 mod conn;
 mod feed;
 mod lua;
+mod queued;
 
 use std::borrow::Cow;
 use std::cell::{Cell, RefCell};
@@ -50,7 +51,7 @@ use statehub_state_store::{
     SetCondition, SetOutcome, SetRequest, Stamp, Stats, Value, WriteSeq,
 };
 
-use carry::Carry;
+use carry::{Carried, Carry};
 use conn::Link;
 pub use conn::{Counters, RECONNECT_BACKOFF};
 pub use feed::{ChangeFeed, FeedCounters};
@@ -168,6 +169,8 @@ pub struct RedisEngine {
     wait: Option<Wait>,
     /// Writes fewer replicas acknowledged than `wait` asks, logged now and then.
     shortfalls: RefCell<ShortfallLog>,
+    /// Calls queued for one pipeline (`queued.rs`), with what each carries.
+    queued: Vec<(statehub_state_store::Op, Carried)>,
 }
 
 impl RedisEngine {
@@ -189,6 +192,7 @@ impl RedisEngine {
             stats: Cell::new(Stats::default()),
             wait: options.wait,
             shortfalls: RefCell::default(),
+            queued: Vec::new(),
         })
     }
 
@@ -272,17 +276,16 @@ impl RedisEngine {
         number(removed)
     }
 
-    /// Runs a write script with the six keys every one takes, then the sweep and the
-    /// pending stamps after `args`, and forgets what it merged. Returns the reply after
-    /// the sweep's two.
-    fn write(
-        &self,
-        script: fn(&Scripts) -> &Script,
+    /// A write script's invocation: the six keys every one takes, then `args` (the
+    /// sweep and the stamps go after them).
+    fn write_invocation<'s>(
+        &'s self,
+        script: &'s Script,
         key: &[u8],
         args: &[&[u8]],
-    ) -> Result<Vec<Vec<u8>>, EngineError> {
+    ) -> redis::ScriptInvocation<'s> {
         let names = &self.names;
-        let mut invocation = script(&self.scripts).prepare_invoke();
+        let mut invocation = script.prepare_invoke();
         invocation
             .key(names.entry(key))
             .key(&names.idx)
@@ -293,17 +296,33 @@ impl RedisEngine {
         for arg in args {
             invocation.arg(*arg);
         }
+        invocation
+    }
+
+    /// Runs a write script ([`RedisEngine::write_invocation`]) with the sweep and the
+    /// pending stamps, and forgets what it merged. Returns the reply after the sweep's
+    /// two.
+    fn write(
+        &self,
+        mut invocation: redis::ScriptInvocation<'_>,
+    ) -> Result<Vec<Vec<u8>>, EngineError> {
         self.carry.borrow().append_args(&mut invocation);
         let wait = self.wait;
-        let (mut reply, acked): (Vec<Vec<u8>>, _) =
+        let (reply, acked): (Vec<Vec<u8>>, _) =
             self.call(|con| wait::invoke(con, &invocation, wait))?;
         self.carry.borrow_mut().merged_all();
+        let reply = self.after_sweep(reply)?;
+        self.check_replicated(acked)?;
+        Ok(reply)
+    }
+
+    /// A write script's reply after the sweep's two fields, whose feed number it notes.
+    fn after_sweep(&self, mut reply: Vec<Vec<u8>>) -> Result<Vec<Vec<u8>>, EngineError> {
         match reply.get(..2) {
             Some([fed, removed]) => self.swept(fed, removed)?,
             _ => return Err(corrupt("sweep reply")),
         };
         reply.drain(..2);
-        self.check_replicated(acked)?;
         Ok(reply)
     }
 

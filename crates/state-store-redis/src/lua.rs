@@ -326,6 +326,9 @@ pub(crate) struct Scripts {
     pub(crate) observe: Script,
     pub(crate) get: Script,
     pub(crate) sweep: Script,
+    /// The code of the scripts pipelines send by their hash (`queued.rs`): set,
+    /// delete, get.
+    pub(crate) pipelined: [String; 3],
 }
 
 impl Scripts {
@@ -340,6 +343,7 @@ impl Scripts {
             observe: Script::new(OBSERVE),
             get: with_prelude(GET),
             sweep: with_prelude(SWEEP),
+            pipelined: [SET, DELETE, GET].map(|body| format!("{PRELUDE}{body}")),
         }
     }
 }

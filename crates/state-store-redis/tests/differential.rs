@@ -6,7 +6,8 @@
 //!
 //! A node runs several machines on one store, each on its own connection (the service's
 //! shards, one per `network_threads`): random sequences spread over several such
-//! machines answer as one memory machine does too.
+//! machines answer as one memory machine does too; and requests begun several at a
+//! time, their scripts in one pipeline, answer as one at a time.
 
 mod common;
 
@@ -198,5 +199,64 @@ proptest! {
             prop_assert_eq!(&got, &expected, "op {} on machine {} {:?}", i, shard, op);
         }
         prop_assert_eq!(shards[2].engine().stats(), memory.engine().stats());
+    }
+}
+
+/// Finishes what `redis` began, as (reply, version) pairs in order.
+fn finish(
+    redis: &mut Machine<statehub_state_store_redis::RedisEngine>,
+    begun: &mut Vec<statehub_state_store::Pending>,
+) -> Vec<(Vec<u8>, Option<String>)> {
+    redis
+        .finish(std::mem::take(begun))
+        .into_iter()
+        .map(|outcome| {
+            let reply = outcome.expect("finish").reply;
+            (reply.payload.to_vec(), reply.version.map(|v| v.to_string()))
+        })
+        .collect()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    /// One client's requests begun several at a time (their scripts sent in one
+    /// pipeline, before any answer) answer exactly as one at a time on the memory
+    /// engine: every reply and version, in order, whatever the runs' lengths (`cut`
+    /// ends one), a GET after a SET of its key in the same run included. Some SETs
+    /// carry no `__ts` and are refused before any call, in their place.
+    #[test]
+    fn requests_begun_together_answer_as_one_at_a_time(
+        ops in prop::collection::vec((op(), stamp(), any::<bool>(), 0..8u8), 1..40),
+    ) {
+        static SERVER: std::sync::OnceLock<RedisServer> = std::sync::OnceLock::new();
+        let server = SERVER.get_or_init(RedisServer::start);
+        let mut memory = Machine::in_memory(config());
+        let mut redis = machine(server, &fresh_namespace("pipelined"), "node-a", config());
+        let (mut expected, mut got, mut begun) = (Vec::new(), Vec::new(), Vec::new());
+        let mut now = T0;
+        for (op, (skew, counter), cut, unstamped) in &ops {
+            if *cut || matches!(op, Op::Advance(_) | Op::Expire) {
+                got.extend(finish(&mut redis, &mut begun));
+            }
+            match op {
+                Op::Advance(ms) => now += ms,
+                Op::Expire => {
+                    memory.expire(now).expect("expire");
+                    redis.expire(now).expect("expire");
+                }
+                _ => {}
+            }
+            let Some((args, ft)) = args(op) else { continue };
+            let stamp = ts(now.saturating_add_signed(*skew), *counter);
+            let stamp = (*unstamped != 0).then_some(stamp.as_str());
+            expected.push(reply(&mut memory, &args, stamp, ft.as_deref(), now));
+            let args: Vec<&[u8]> = args.iter().map(Vec::as_slice).collect();
+            let request = request("client", &args, stamp, ft.as_deref());
+            begun.push(redis.begin(&request, now).expect("begin").expect("begins"));
+        }
+        got.extend(finish(&mut redis, &mut begun));
+        prop_assert_eq!(&got, &expected);
+        prop_assert_eq!(redis.engine().stats(), memory.engine().stats());
     }
 }

@@ -83,7 +83,7 @@ where
                 match state.machine.expire(unix_ms(SystemTime::now())) {
                     Ok(effects) => effects,
                     Err(e) if e.is_unavailable() => {
-                        crate::log_unavailable(&e);
+                        crate::state::log_unavailable(&e);
                         Vec::new()
                     }
                     Err(e) => {
@@ -110,7 +110,7 @@ where
         match state.machine.next_expiry() {
             Ok(next) => (next, shared),
             Err(e) if e.is_unavailable() => {
-                crate::log_unavailable(&e);
+                crate::state::log_unavailable(&e);
                 (None, true)
             }
             Err(e) => {

@@ -36,6 +36,7 @@
 //!   on, and the store takes writes again by itself once there is room.
 //! * [`Settings`] (`settings.rs`) is the `[state_store]` table of the configuration file.
 
+mod batch;
 mod cache;
 mod durable;
 mod expiry;
@@ -46,6 +47,7 @@ mod rpc;
 mod settings;
 mod shards;
 mod snapshot;
+mod state;
 
 use std::fmt::Debug;
 use std::sync::{Arc, OnceLock};
@@ -53,18 +55,19 @@ use std::time::{Duration, Instant, SystemTime};
 
 use bytes::Bytes;
 use statehub_broker::codec::{ByteString, Publish, PublishProperties, QoS};
-use statehub_broker::{BoxFuture, Broker, ClientInfo, LogLimit, Message, Service};
+use statehub_broker::{BoxFuture, Broker, ClientInfo, Message, Service};
 use statehub_state_store::{
-    unix_ms, AllowAll, Effect, FatalError, Machine, MemoryEngine, Request, TIMESTAMP_PROPERTY,
+    unix_ms, AllowAll, Effect, FatalError, Machine, MemoryEngine, TIMESTAMP_PROPERTY,
 };
-use statehub_state_store_durable::{is_no_space, Progress};
+use statehub_state_store_durable::Progress;
 use statehub_stats::Histogram;
 use tokio::sync::Notify;
 
-use cache::{CacheKey, CachedReply, Lookup, ResponseCache};
+use cache::{CacheKey, Lookup, ResponseCache};
 use durable::{Durability, FeedApplied, Next, Tracker};
 use offload::Offload;
 use shards::Shards;
+use state::Call;
 
 pub use rpc::{is_forbidden_response_topic, CONTENT_TYPE, PROTOCOL_VERSION};
 pub use settings::Settings;
@@ -90,7 +93,7 @@ pub struct StateStoreService<E = MemoryEngine, A = AllowAll> {
     latency: Histogram,
     /// Set for an engine that blocks on the network: the threads that make its calls
     /// (`offload.rs`), one per shard.
-    offload: OnceLock<Box<[Offload<Self>]>>,
+    offload: OnceLock<Box<[Offload<Self, batch::Queued>]>>,
 }
 
 /// The durable store cannot be opened.
@@ -282,18 +285,7 @@ where
                         access: from.access.as_deref().map(|a| a as &dyn Authorizer),
                     };
                     let (answer, effects) = state.execute(&call, publish.payload.clone());
-                    let reply = match answer {
-                        Answer::Ok(ok) => {
-                            let reply = ok.message_for(from.client_id.clone());
-                            state
-                                .cache
-                                .insert(at, lookup.client_id, ok, &reply, received);
-                            reply
-                        }
-                        // A failed store answers so for good, a full disk until there is
-                        // room: a resent request is answered anew, without the cache.
-                        Answer::Fault(fault) => Arc::new(fault.for_client(from.client_id.clone())),
-                    };
+                    let reply = state.record(answer, at, lookup, received);
                     (Some(reply), effects)
                 }
             };
@@ -358,146 +350,6 @@ where
                 }
                 Effect::ArmExpiry { .. } => self.rearm.notify_one(),
                 Effect::AwaitDurable(_) => {}
-            }
-        }
-    }
-}
-
-/// Logs that the engine's storage is out of reach (at most once every ten seconds).
-fn log_unavailable(error: &FatalError) {
-    static LOG: LogLimit = LogLimit::per_secs(10);
-    if let Some(left_out) = LOG.allow() {
-        let source = std::error::Error::source(error).and_then(std::error::Error::source);
-        tracing::warn!(
-            error = %error,
-            cause = source.map(ToString::to_string),
-            left_out,
-            "state store storage unavailable; requests are answered 503 until it is back"
-        );
-    }
-}
-
-/// A request as [`State::execute`] needs it besides its payload.
-#[derive(Clone, Copy)]
-struct Call<'a> {
-    client_id: &'a str,
-    props: &'a PublishProperties,
-    /// The user properties the store reads.
-    request: rpc::RequestProps<'a>,
-    /// The Response Topic.
-    topic: &'a str,
-    deadline: Instant,
-    /// Whether writes wait for disk space.
-    stalled: bool,
-    /// The requester's grants ([`ClientInfo::access`]).
-    access: Option<&'a dyn Authorizer>,
-}
-
-/// A request's response, as [`State::execute`] builds it.
-enum Answer {
-    /// `__stat=200`, with the store's reply: the cache keeps it.
-    Ok(CachedReply),
-    /// The store is unavailable. Boxed: a request's answer is moved a few times, and
-    /// this rare one would make every answer as large as a message.
-    Fault(Box<Message>),
-}
-
-impl<E, A> State<E, A> {
-    /// The engine failed: the store's state is unknown, so it answers 503 from now on and
-    /// forgets every cached answer (they may answer writes that are now lost). Logged once.
-    fn fail(&mut self, error: &dyn std::error::Error) {
-        if !self.failed {
-            tracing::error!(error = %error, "state store engine failed; the store now answers 503");
-            self.failed = true;
-            self.cache.clear();
-        }
-    }
-}
-
-impl<E: Engine, A: Authorizer> State<E, A> {
-    /// A cached reply re-sent reveals the current state: with a persistent engine it
-    /// waits for whatever is in flight.
-    fn resend_effects(&mut self, durable: bool) -> Vec<Effect> {
-        if !durable || self.failed {
-            return Vec::new();
-        }
-        match self.machine.pending_durability() {
-            Ok(seq) => seq.map(Effect::AwaitDurable).into_iter().collect(),
-            Err(e) => {
-                self.fail(&e);
-                Vec::new()
-            }
-        }
-    }
-
-    /// Runs one request in the machine and builds its response.
-    fn execute(&mut self, call: &Call<'_>, payload: Bytes) -> (Answer, Vec<Effect>) {
-        let Call {
-            client_id,
-            props,
-            request: user,
-            topic,
-            deadline,
-            stalled,
-            access,
-        } = *call;
-        let correlation = props.correlation_data.as_deref();
-        let fault = |fault: rpc::Fault| {
-            Answer::Fault(Box::new(rpc::fault_response(
-                topic.into(),
-                correlation.map(Bytes::copy_from_slice),
-                &fault,
-                deadline,
-            )))
-        };
-        if self.failed {
-            return (fault(rpc::Fault::unavailable()), Vec::new());
-        }
-        let now = unix_ms(SystemTime::now());
-        // While writes wait for disk space, expired keys are removed first, on their own:
-        // a write refused below would otherwise take their notifications with it.
-        let expiry = match stalled.then(|| self.machine.expire(now)) {
-            None => Vec::new(),
-            // Only its notifications reveal anything: without, it need not wait.
-            Some(Ok(effects)) if !effects.iter().any(|e| matches!(e, Effect::Notify(_))) => effects
-                .into_iter()
-                .filter(|e| !matches!(e, Effect::AwaitDurable(_)))
-                .collect(),
-            Some(Ok(effects)) => effects,
-            Some(Err(e)) => {
-                self.fail(&e);
-                return (fault(rpc::Fault::unavailable()), Vec::new());
-            }
-        };
-        let request = Request {
-            client_id,
-            payload,
-            timestamp: user.timestamp,
-            fencing_token: user.fencing_token,
-            access,
-        };
-        match self.machine.handle(request, now) {
-            Ok(outcome) => {
-                let parts = rpc::OkParts::new(topic, correlation, outcome.reply.version.as_ref());
-                let reply = CachedReply {
-                    parts,
-                    payload: outcome.reply.payload,
-                    deadline,
-                };
-                (Answer::Ok(reply), durable::merge(expiry, outcome.effects))
-            }
-            // The engine refused a write for want of disk space before changing anything:
-            // this request fails, the store goes on (`statehub_state_store_durable`).
-            Err(e) if is_no_space(&e) => (fault(rpc::Fault::no_space()), expiry),
-            // A networked engine's server is out of reach: this request fails, the next
-            // may succeed (the node keeps no state that the failure could have torn).
-            Err(e) if e.is_unavailable() => {
-                log_unavailable(&e);
-                (fault(rpc::Fault::unavailable()), expiry)
-            }
-            Err(e) => {
-                self.fail(&e);
-                (fault(rpc::Fault::unavailable()), Vec::new())
             }
         }
     }

@@ -10,6 +10,7 @@ use statehub_state_store::WriteSeq;
 use std::time::Instant;
 use tokio::sync::oneshot;
 
+use crate::batch::Queued;
 use crate::durable::Tracker;
 use crate::offload::{Busy, Offload};
 use crate::{refuse, Authorizer, Engine, StateStoreService};
@@ -57,7 +58,7 @@ where
     /// it has no room for is answered 503 at once.
     pub(crate) async fn handle_on_thread(
         &self,
-        offloads: &[Offload<Self>],
+        offloads: &[Offload<Self, Queued>],
         shard: usize,
         broker: &Broker,
         from: &ClientInfo,
@@ -73,16 +74,22 @@ where
     /// was answered 503 at once).
     fn queue_request(
         &self,
-        offloads: &[Offload<Self>],
+        offloads: &[Offload<Self, Queued>],
         shard: usize,
         broker: &Broker,
         from: &ClientInfo,
         publish: &Publish,
     ) -> Option<oneshot::Receiver<Option<(WriteSeq, Instant)>>> {
-        let job = (broker.clone(), from.clone(), publish.clone());
-        let run = move |service: &Self| service.handle(shard, &job.0, &job.1, &job.2);
-        match offloads.get(shard).ok_or(Busy).and_then(|o| o.run(run)) {
-            Ok(handled) => Some(handled),
+        let (answer, handled) = oneshot::channel();
+        let item = Queued {
+            shard,
+            broker: broker.clone(),
+            from: from.clone(),
+            publish: publish.clone(),
+            answer,
+        };
+        match offloads.get(shard).ok_or(Busy).and_then(|o| o.submit(item)) {
+            Ok(()) => Some(handled),
             Err(Busy) => {
                 refuse::busy(broker, from, publish);
                 None
@@ -91,30 +98,38 @@ where
     }
 
     /// [`Service::start_publish`](statehub_broker::Service::start_publish) for a store
-    /// on threads of its own whose replies wait for the change feed (Redis): the
-    /// request is queued on its client's thread now, in the order the connection
-    /// received it, and the future waits for its answer (and for the feed, as
-    /// [`StateStoreService::on_publish`] does). `None` for any other store (a disk's
-    /// admission may have to wait before a request is taken).
+    /// whose replies wait for something (the change feed, the disk): the request is
+    /// taken now, in the order the connection received it, and the future waits for
+    /// its answer and what it waits for, as [`StateStoreService::on_publish`] does. On
+    /// threads of its own (Redis) it is queued on its client's thread; on a data
+    /// directory it runs here, at once, if the store admits it without waiting (a
+    /// request whose admission must wait is awaited in place: the connection is then
+    /// not read, which is the admission's back-pressure). `None` for the embedded
+    /// store, which answers in place.
     pub(crate) fn start_on_thread(
         self: Arc<Self>,
         broker: &Broker,
         from: &ClientInfo,
         publish: &Publish,
     ) -> Option<BoxFuture<'static, ()>> {
-        let offloads = self.offload.get()?;
-        let durability = self.durability.as_ref()?;
-        if !matches!(durability.progress(), Tracker::Feed(_)) {
-            return None;
-        }
         let received = Instant::now();
         let shard = self.shards.index_of(&from.client_id);
-        let handled = self.queue_request(offloads, shard, broker, from, publish);
+        let taken = match (self.durability.as_ref()?.progress(), self.offload.get()) {
+            (Tracker::Feed(_), Some(offloads)) => {
+                let handled = self.queue_request(offloads, shard, broker, from, publish);
+                Taken::Queued(handled)
+            }
+            (Tracker::Storage(progress), None) if progress.admits() => {
+                Taken::Handled(self.handle(shard, broker, from, publish))
+            }
+            _ => return None,
+        };
         let broker = broker.clone();
         Some(Box::pin(async move {
-            let held = match handled {
-                Some(handled) => handled.await.ok().flatten(),
-                None => None,
+            let held = match taken {
+                Taken::Queued(Some(handled)) => handled.await.ok().flatten(),
+                Taken::Queued(None) => None,
+                Taken::Handled(held) => held,
             };
             if let (Some((seq, deadline)), Some(durability)) = (held, &self.durability) {
                 self.finish(&broker, durability, seq, Some(deadline)).await;
@@ -133,4 +148,12 @@ where
             tracing::warn!(client = client_id, error = %e, "observations dropped, engine not told");
         }
     }
+}
+
+/// A request [`StateStoreService::start_on_thread`] took.
+enum Taken {
+    /// Queued on its thread (`None`: refused, the queue full), its answer to come.
+    Queued(Option<oneshot::Receiver<Option<(WriteSeq, Instant)>>>),
+    /// Handled here: what its answer waits for, if anything.
+    Handled(Option<(WriteSeq, Instant)>),
 }

@@ -76,6 +76,7 @@
 //!   back.
 
 mod checked;
+mod op;
 
 use std::borrow::Cow;
 use std::collections::BTreeSet;
@@ -90,6 +91,7 @@ use crate::hlc::{Hlc, HlcClock, Stamp};
 use crate::value::Value;
 
 pub use checked::{check_quota, fence};
+pub use op::{Op, OpOutcome};
 
 /// A position in a persistent engine's stream of sealed writes (see [`Engine::seal`]).
 pub type WriteSeq = u64;
@@ -320,6 +322,22 @@ pub trait Engine {
     /// The last observer on this node of `key` left.
     fn forget_key(&mut self, _key: &[u8]) -> Result<(), EngineError> {
         Ok(())
+    }
+
+    /// Queues a request's one call ([`Op`]) to run with [`Engine::run_queued`], after the
+    /// calls queued before it and with what the engine carries for it now (the
+    /// request's stamp, the sweep before it), or gives it back (`false`, the default):
+    /// the machine then runs it at once ([`Op::run`]). An engine whose calls are round
+    /// trips queues them, so that several requests' calls travel together; it must
+    /// then run them, and have their effects, exactly in the order queued, as if each
+    /// had been made alone once the one before it returned.
+    fn queue(&mut self, _op: &Op) -> bool {
+        false
+    }
+
+    /// Runs the calls queued since the last run, in order: one outcome each, in order.
+    fn run_queued(&mut self) -> Vec<Result<OpOutcome, EngineError>> {
+        Vec::new()
     }
 }
 

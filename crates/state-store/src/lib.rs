@@ -37,13 +37,14 @@ pub mod value;
 pub use authz::{AllowAll, Authorizer, Operation};
 pub use command::{Command, SetCondition};
 pub use engine::{
-    Change, DelOutcome, Engine, Entry, Limits, MemoryEngine, ScanBatch, SetOutcome, SetRequest,
-    Stats, WriteSeq,
+    Change, DelOutcome, Engine, Entry, Limits, MemoryEngine, Op, OpOutcome, ScanBatch, SetOutcome,
+    SetRequest, Stats, WriteSeq,
 };
 pub use error::{EngineError, FatalError, Refusal};
 pub use hlc::{Hlc, HlcClock, Stamp};
 pub use machine::{
-    Config, Counts, Effect, Machine, Notification, Outcome, Reply, Request, COMMANDS, RESULTS,
+    Config, Counts, Effect, Machine, Notification, Outcome, Pending, Reply, Request, COMMANDS,
+    RESULTS,
 };
 pub use notify::{notify_topic, REQUEST_TOPIC};
 pub use value::Value;

@@ -19,12 +19,13 @@ mod commands;
 mod config;
 mod counts;
 mod observers;
+mod pipelined;
 
 use bytes::Bytes;
 
 use crate::authz::{AllowAll, Authorizer, Operation};
 use crate::command::Command;
-use crate::engine::{Change, Engine, MemoryEngine, WriteSeq};
+use crate::engine::{Change, Engine, MemoryEngine, Op, WriteSeq};
 use crate::error::{EngineError, FatalError, Refusal};
 use crate::hlc::{check_skew, Hlc, HlcClock, Stamp};
 use crate::notify;
@@ -32,6 +33,7 @@ use crate::resp::Response;
 pub use config::{defaults, Config};
 pub use counts::{Counts, COMMANDS, RESULTS};
 use observers::Observers;
+pub use pipelined::Pending;
 
 /// Most expired keys one call removes (a request or [`Machine::expire`]), so that a
 /// burst of expiries (100,000 keys took 50 ms in one go) never holds the store for long.
@@ -255,7 +257,19 @@ impl<E: Engine, A: Authorizer> Machine<E, A> {
         let mut effects = Vec::new();
         let backlog = self.remove_expired(now_ms, &mut effects)?;
         let mut command = counts::INVALID;
-        let reply = match self.execute(&request, now_ms, backlog, &mut effects, &mut command) {
+        let reply = self.execute(&request, now_ms, backlog, &mut effects, &mut command);
+        self.complete(command, reply, effects)
+    }
+
+    /// Counts a request's result and seals its writes: its outcome, or `Err` if the
+    /// engine failed.
+    fn complete(
+        &mut self,
+        command: usize,
+        result: Result<Reply, Failure>,
+        mut effects: Vec<Effect>,
+    ) -> Result<Outcome, FatalError> {
+        let reply = match result {
             Ok(reply) => {
                 self.counts.request(command, true);
                 reply
@@ -394,6 +408,38 @@ impl<E: Engine, A: Authorizer> Machine<E, A> {
         effects: &mut Vec<Effect>,
         counted_as: &mut usize,
     ) -> Result<Reply, Failure> {
+        let (command, fencing_token) = self.admit(request, now_ms, backlog, effects, counted_as)?;
+        let client = request.client_id;
+        let skip_due = backlog.then_some(now_ms);
+        match command {
+            Command::KeyNotify { key, stop } => self.key_notify(client, &key, stop),
+            Command::Scan { pattern, token } => {
+                self.scan(request, &pattern, token.as_deref(), skip_due)
+            }
+            command => {
+                let Some(op) = self.op_of(command, fencing_token, now_ms) else {
+                    return Err(Refusal::UnknownCommand.into());
+                };
+                if let Op::Get { key } = &op {
+                    // Borrowed from an in-memory engine: no copy of the entry.
+                    return Ok(commands::get_reply(self.engine.peek(key)?.as_deref()));
+                }
+                let outcome = op.run(&mut self.engine, &mut self.clock)?;
+                self.reply_to(&op, outcome, effects)
+            }
+        }
+    }
+
+    /// The generic checks of a request, in order (see the module docs), then its key's
+    /// expiry if due and its `__ts` merged: the command and its fencing token.
+    fn admit(
+        &mut self,
+        request: &Request<'_>,
+        now_ms: u64,
+        backlog: bool,
+        effects: &mut Vec<Effect>,
+        counted_as: &mut usize,
+    ) -> Result<(Command, Option<Hlc>), Failure> {
         let command = Command::parse(&request.payload)?;
         *counted_as = counts::index(&command);
         let timestamp = parse_hlc::<Stamp>(request.timestamp, |ts| *ts)?;
@@ -421,33 +467,7 @@ impl<E: Engine, A: Authorizer> Machine<E, A> {
         }
         self.engine
             .observe_request(&mut self.clock, timestamp, now_ms);
-        let client = request.client_id;
-        let skip_due = backlog.then_some(now_ms);
-        match command {
-            Command::Set {
-                key,
-                value,
-                condition,
-                px_ms,
-            } => self.set(
-                key,
-                &value,
-                condition,
-                px_ms,
-                fencing_token,
-                now_ms,
-                effects,
-            ),
-            Command::Get { key } => self.get(&key),
-            Command::Del { key } => self.del(&key, None, fencing_token, now_ms, effects),
-            Command::VDel { key, value } => {
-                self.del(&key, Some(&value), fencing_token, now_ms, effects)
-            }
-            Command::KeyNotify { key, stop } => self.key_notify(client, &key, stop),
-            Command::Scan { pattern, token } => {
-                self.scan(request, &pattern, token.as_deref(), skip_due)
-            }
-        }
+        Ok((command, fencing_token))
     }
 
     fn count_notifications(&mut self, effects: &[Effect]) {

@@ -10,38 +10,11 @@ mod store_client;
 
 use std::time::Duration;
 
-use bytes::Bytes;
-use statehub_broker::codec::{ByteString, Packet, PubResponse, QoS};
+use statehub_broker::codec::{Packet, QoS};
 use statehub_redis_common::test_server::RedisServer;
-use statehub_test_support::{opts, publish, resp, RawClient, V5};
-use store_client::{now_ts, Call, StoreClient, PATIENCE, REQUEST_TOPIC};
-
-/// Waits until at least `count` state store connections of `redis` (named
-/// `statehub-store:<node>...`) are held by `CLIENT PAUSE` on a script call at once
-/// (state store requests reached Redis and wait there).
-async fn script_calls_paused(redis: &RedisServer, count: usize) {
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    loop {
-        let list = redis.command(&["CLIENT", "LIST"]);
-        let paused = list
-            .lines()
-            .filter(|l| {
-                let flag = l.split(' ').find_map(|f| f.strip_prefix("flags="));
-                l.contains(" name=statehub-store:")
-                    && l.contains(" cmd=evalsha ")
-                    && flag.is_some_and(|f| f.contains('b'))
-            })
-            .count();
-        if paused >= count {
-            return;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "fewer than {count} state store requests reached the paused Redis at once:\n{list}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
+use statehub_test_support::{opts, publish, RawClient, V5};
+use store_client::raw::{acks_and_answers, request, script_calls_paused};
+use store_client::{Call, StoreClient, PATIENCE};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pub_sub_on_the_node_goes_on_while_its_state_store_waits_for_redis() {
@@ -153,22 +126,6 @@ async fn several_clients_requests_wait_in_redis_at_once() {
     }
 }
 
-/// A state store request as the SDKs send it, from a raw client: QoS 1, packet id and
-/// Correlation Data `id`, answered on `clients/{client}/response`.
-fn request(client: &str, id: u16, args: &[&[u8]]) -> Packet {
-    let mut p = publish(REQUEST_TOPIC, QoS::AtLeastOnce, &resp(args));
-    p.packet_id = Some(id);
-    let props = &mut p.properties;
-    props.response_topic = Some(ByteString::from(format!("clients/{client}/response")));
-    props.correlation_data = Some(Bytes::copy_from_slice(&id.to_be_bytes()));
-    props.message_expiry_interval = Some(60);
-    props.user_properties = vec![
-        ("__protVer".into(), "1.0".into()),
-        ("__ts".into(), now_ts().into()),
-    ];
-    Packet::Publish(p)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_clients_pipelined_requests_are_taken_while_its_first_waits_in_redis() {
     let redis = RedisServer::start();
@@ -203,21 +160,7 @@ async fn one_clients_pipelined_requests_are_taken_while_its_first_waits_in_redis
     c.expect_nothing(Duration::from_millis(300)).await;
 
     assert_eq!(redis.command(&["CLIENT", "UNPAUSE"]), "+OK\r\n");
-    let mut acked = Vec::new();
-    let mut answers = std::collections::BTreeMap::new();
-    while acked.len() < calls.len() || answers.len() < calls.len() {
-        match c.expect_within(PATIENCE).await {
-            Packet::PubAck(a) => acked.push(a.packet_id),
-            Packet::Publish(p) => {
-                let id = p.properties.correlation_data.as_deref().unwrap();
-                let id = u16::from_be_bytes(id.try_into().unwrap());
-                answers.insert(id, p.payload.to_vec());
-                c.send(&Packet::PubAck(PubResponse::ok(p.packet_id.unwrap())))
-                    .await;
-            }
-            other => panic!("expected PUBACKs and answers, got {other:?}"),
-        }
-    }
+    let (acked, answers) = acks_and_answers(&mut c, calls.len()).await;
     let ids: Vec<u16> = (1..=u16::try_from(calls.len()).unwrap()).collect();
     assert_eq!(acked, ids, "PUBACKs in the order of the requests");
     for (i, key) in keys.iter().enumerate() {

@@ -177,11 +177,13 @@ impl Shared {
     /// failed (the submit will say so) or writes wait for disk space (callers are to
     /// refuse new writes then, see [`Shared::stall_error`], and must not wait).
     pub(crate) async fn admit(self: &Arc<Self>) {
-        self.until(|| {
-            let full = self.pending_bytes.load(Ordering::Relaxed) > self.max_pending_bytes;
-            (!full || self.is_stalled() || self.poll(u64::MAX).is_some()).then_some(())
-        })
-        .await;
+        self.until(|| self.admits().then_some(())).await;
+    }
+
+    /// Whether [`Shared::admit`] would return at once.
+    pub(crate) fn admits(&self) -> bool {
+        let full = self.pending_bytes.load(Ordering::Relaxed) > self.max_pending_bytes;
+        !full || self.is_stalled() || self.poll(u64::MAX).is_some()
     }
 
     /// Whether writes wait for disk space.

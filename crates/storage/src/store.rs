@@ -214,6 +214,11 @@ impl Store {
         self.shared().admit().await;
     }
 
+    /// Whether [`Store::admit`] would return at once (nothing waits for it).
+    pub fn admits(&self) -> bool {
+        self.shared().admits()
+    }
+
     /// The sequence number of the last batch submitted (the last recovered at open if
     /// none since; 0 for a new store).
     pub fn last_seq(&self) -> u64 {

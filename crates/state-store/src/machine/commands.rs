@@ -8,8 +8,8 @@ use bytes::Bytes;
 
 use super::{Effect, Failure, Machine, Reply, Request};
 use crate::authz::{Authorizer, Operation};
-use crate::command::SetCondition;
-use crate::engine::{DelOutcome, Engine, Limits, SetOutcome, SetRequest};
+use crate::command::Command;
+use crate::engine::{DelOutcome, Engine, Entry, Limits, Op, OpOutcome, SetOutcome};
 use crate::error::{EngineError, Refusal};
 use crate::glob::Pattern;
 use crate::hlc::Hlc;
@@ -17,45 +17,107 @@ use crate::notify;
 use crate::resp::Response;
 
 impl<E: Engine, A: Authorizer> Machine<E, A> {
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn set(
-        &mut self,
-        key: Bytes,
-        value: &[u8],
-        condition: SetCondition,
-        px_ms: Option<u64>,
+    /// The one engine call of a SET, GET, DEL or VDEL; `None` for the other commands.
+    pub(super) fn op_of(
+        &self,
+        command: Command,
         fencing_token: Option<Hlc>,
         now_ms: u64,
+    ) -> Option<Op> {
+        Some(match command {
+            Command::Set {
+                key,
+                value,
+                condition,
+                px_ms,
+            } => Op::Set {
+                key,
+                value,
+                condition,
+                px_ms,
+                fencing_token,
+                now_ms,
+                limits: self.limits(),
+            },
+            Command::Get { key } => Op::Get { key },
+            Command::Del { key } => Op::Delete {
+                key,
+                expected: None,
+                fencing_token,
+                now_ms,
+            },
+            Command::VDel { key, value } => Op::Delete {
+                key,
+                expected: Some(value),
+                fencing_token,
+                now_ms,
+            },
+            Command::KeyNotify { .. } | Command::Scan { .. } => return None,
+        })
+    }
+
+    /// The reply to `op`'s request once the engine ran it.
+    pub(super) fn reply_to(
+        &mut self,
+        op: &Op,
+        outcome: OpOutcome,
         effects: &mut Vec<Effect>,
     ) -> Result<Reply, Failure> {
-        let request = SetRequest {
-            key: &key,
-            value,
-            condition,
-            px_ms,
-            fencing_token: fencing_token.as_ref(),
-            now_ms,
-        };
-        let limits = self.limits();
-        let version = match self
-            .engine
-            .set_checked(&mut self.clock, &request, &limits)?
-        {
+        match (op, outcome) {
+            (Op::Set { key, value, .. }, OpOutcome::Set(outcome)) => {
+                let expires = op.set_request().and_then(|(r, _)| r.expires_at_ms());
+                Ok(self.set_reply(key, value, expires, outcome, effects)?)
+            }
+            (Op::Get { .. }, OpOutcome::Get(entry)) => Ok(get_reply(entry.as_ref())),
+            (Op::Delete { key, .. }, OpOutcome::Delete(outcome)) => {
+                Ok(self.del_reply(key, outcome, effects)?)
+            }
+            _ => Err(EngineError::Backend("an outcome of another call".into()).into()),
+        }
+    }
+
+    fn set_reply(
+        &mut self,
+        key: &Bytes,
+        value: &[u8],
+        expires_at_ms: Option<u64>,
+        outcome: SetOutcome,
+        effects: &mut Vec<Effect>,
+    ) -> Result<Reply, Refusal> {
+        let version = match outcome {
             SetOutcome::Written(version) => version,
             SetOutcome::Kept(version) => {
                 return Ok(Reply::versioned(&Response::Integer(-1), version))
             }
-            SetOutcome::Refused(refusal) => return Err(refusal.into()),
+            SetOutcome::Refused(refusal) => return Err(refusal),
         };
         // `key` is a slice of the request: fine for effects, which do not outlive it long.
-        if let Some(at_ms) = request.expires_at_ms() {
+        if let Some(at_ms) = expires_at_ms {
             effects.push(Effect::ArmExpiry {
                 key: key.clone(),
                 at_ms,
             });
         }
-        self.notify(&key, || notify::set_payload(value), &version, effects);
+        self.notify(key, || notify::set_payload(value), &version, effects);
         Ok(Reply::versioned(&Response::Ok, version))
+    }
+
+    fn del_reply(
+        &mut self,
+        key: &Bytes,
+        outcome: DelOutcome,
+        effects: &mut Vec<Effect>,
+    ) -> Result<Reply, Refusal> {
+        let version = match outcome {
+            DelOutcome::Absent => return Ok(Reply::plain(&Response::Integer(0))),
+            DelOutcome::Kept(version) => {
+                return Ok(Reply::versioned(&Response::Integer(-1), version))
+            }
+            DelOutcome::Refused(refusal) => return Err(refusal),
+            DelOutcome::Deleted(version) => version,
+        };
+        self.notify(key, notify::delete_payload, &version, effects);
+        Ok(Reply::versioned(&Response::Integer(1), version))
     }
 
     /// The size limits and the store's quotas, for the engine's checked SET.
@@ -80,45 +142,6 @@ impl<E: Engine, A: Authorizer> Machine<E, A> {
     /// The longest key the store takes: the configured bound, or the engine's if lower.
     fn max_key_len(&self) -> usize {
         self.config.max_key_bytes.min(self.engine.max_key_len())
-    }
-
-    pub(super) fn get(&self, key: &[u8]) -> Result<Reply, Failure> {
-        Ok(match self.engine.peek(key)? {
-            // The stored frame is the reply: no copy of the value.
-            Some(entry) => Reply {
-                payload: entry.value.bulk(),
-                version: Some(entry.version.clone()),
-            },
-            None => Reply::plain(&Response::Null),
-        })
-    }
-
-    /// DEL, or VDEL when `expected` is given.
-    pub(super) fn del(
-        &mut self,
-        key: &Bytes,
-        expected: Option<&[u8]>,
-        fencing_token: Option<Hlc>,
-        now_ms: u64,
-        effects: &mut Vec<Effect>,
-    ) -> Result<Reply, Failure> {
-        let outcome = self.engine.delete_checked(
-            &mut self.clock,
-            key,
-            expected,
-            fencing_token.as_ref(),
-            now_ms,
-        )?;
-        let version = match outcome {
-            DelOutcome::Absent => return Ok(Reply::plain(&Response::Integer(0))),
-            DelOutcome::Kept(version) => {
-                return Ok(Reply::versioned(&Response::Integer(-1), version))
-            }
-            DelOutcome::Refused(refusal) => return Err(refusal.into()),
-            DelOutcome::Deleted(version) => version,
-        };
-        self.notify(key, notify::delete_payload, &version, effects);
-        Ok(Reply::versioned(&Response::Integer(1), version))
     }
 
     pub(super) fn key_notify(
@@ -213,5 +236,16 @@ impl<E: Engine, A: Authorizer> Machine<E, A> {
             keys,
             token: cursor,
         }))
+    }
+}
+
+/// A GET's reply: the stored frame is the reply (no copy of the value).
+pub(super) fn get_reply(entry: Option<&Entry>) -> Reply {
+    match entry {
+        Some(entry) => Reply {
+            payload: entry.value.bulk(),
+            version: Some(entry.version.clone()),
+        },
+        None => Reply::plain(&Response::Null),
     }
 }

@@ -22,6 +22,9 @@ pub const QUOTA: &[u8] = b"-ERR the quota has been exceeded\r\n";
 /// How long any one answer may take: generous, for a loaded machine.
 pub const PATIENCE: Duration = Duration::from_secs(30);
 
+pub mod held;
+pub mod raw;
+
 use crate::common::user_property;
 // Not every test file that includes this module uses every helper.
 #[allow(unused_imports)]
