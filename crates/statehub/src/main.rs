@@ -210,25 +210,54 @@ async fn serve(mut settings: Settings) -> std::io::Result<()> {
     ));
     let unready = on_shutdown(&shutdown, move || telemetry.set_ready(false));
     serve_mqtt(mqtt, grace).await;
-    for task in [unready, reloader, signals, expiry] {
-        task.abort();
+    Stopping {
+        aborted: [unready, reloader, signals, expiry],
+        wps_task,
+        workers,
+        mqtt_fabric,
+        storage,
+        http_task,
+        grace,
     }
-    if let Some(task) = wps_task {
-        if let Err(e) = task.await {
-            tracing::error!("web pubsub shutdown failed: {e}");
+    .finish()
+    .await
+}
+
+/// What runs once the MQTT listeners have stopped, ended in the order that leaves
+/// nothing half written: Web PubSub's hand-over first, then the MQTT workers, then
+/// what the persistent sessions still hold back, then the data directory.
+struct Stopping {
+    aborted: [JoinHandle<()>; 4],
+    wps_task: Option<JoinHandle<()>>,
+    workers: Workers,
+    mqtt_fabric: Option<statehub_broker_redis::RedisFabric>,
+    storage: Option<DataDir>,
+    http_task: JoinHandle<std::io::Result<()>>,
+    grace: Duration,
+}
+
+impl Stopping {
+    async fn finish(self) -> std::io::Result<()> {
+        for task in self.aborted {
+            task.abort();
         }
+        if let Some(task) = self.wps_task {
+            if let Err(e) = task.await {
+                tracing::error!("web pubsub shutdown failed: {e}");
+            }
+        }
+        self.workers.stop();
+        cluster_mqtt::flush_sessions(self.mqtt_fabric.as_ref(), self.grace).await;
+        if let Some(data_dir) = self.storage {
+            data_dir.close();
+        }
+        match self.http_task.await {
+            Ok(r) => r?,
+            Err(e) => tracing::error!("http task failed: {e}"),
+        }
+        tracing::info!("stopped");
+        Ok(())
     }
-    workers.stop();
-    cluster_mqtt::flush_sessions(mqtt_fabric.as_ref(), grace).await;
-    if let Some(data_dir) = storage {
-        data_dir.close();
-    }
-    match http_task.await {
-        Ok(r) => r?,
-        Err(e) => tracing::error!("http task failed: {e}"),
-    }
-    tracing::info!("stopped");
-    Ok(())
 }
 
 /// The broker, with the authorization rules installed and reloaded by `rules`.
