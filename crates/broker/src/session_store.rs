@@ -236,6 +236,11 @@ impl Gate {
         self.every_copy || (persistent && qos == QoS::ExactlyOnce)
     }
 
+    /// Whether it holds every copy ([`Gate::every_copy`]), not only stored QoS 2 ones.
+    pub(crate) fn takes_every_copy(&self) -> bool {
+        self.every_copy
+    }
+
     pub fn is_open(&self) -> bool {
         self.open.load(Ordering::Acquire)
     }
@@ -266,7 +271,10 @@ impl Gate {
     /// Lets the copies behind it go to their subscribers.
     pub fn open(&self) {
         self.open.store(true, Ordering::Release);
-        for session in self.waiting.lock().drain(..) {
+        // Woken outside the lock: a session queueing a copy takes its own lock, then
+        // this one ([`Gate::hold`]); one that holds after the take wakes itself.
+        let waiting = std::mem::take(&mut *self.waiting.lock());
+        for session in waiting {
             session.wake();
         }
     }

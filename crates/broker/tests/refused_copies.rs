@@ -226,3 +226,31 @@ async fn copies_of_a_qos1_publish_wait_for_its_forward_and_go_once_it_is_accepte
     assert_eq!(&s.clean.expect_publish_ack().await.payload[..], b"held");
     assert!(s.store.withdrawn.lock().unwrap().is_empty());
 }
+
+/// A publisher whose connection is lost while its forward is pending leaves the
+/// outcome unknown to this node: its copies are taken back as a refused one's, so the
+/// fabric gives them once if the message reaches the other nodes and none reach a
+/// subscriber here before that.
+#[tokio::test]
+async fn copies_of_a_publish_whose_connection_is_lost_before_its_outcome_are_taken_back() {
+    let mut s = setup(true).await;
+    s.fabric.set_outcome(ForwardOutcome::Hold);
+    let mut p = publish("r/1", QoS::AtLeastOnce, b"orphan");
+    p.packet_id = Some(1);
+    s.publ.send(&Packet::Publish(p)).await;
+    assert!(wait_until(WAIT, || s.fabric.held() == 1).await);
+    drop(s.publ);
+    let both = vec!["clean".to_owned(), "kept".to_owned()];
+    assert!(
+        wait_until(WAIT, || s.fabric.asked()
+            == [(b"orphan".to_vec(), both.clone())])
+        .await
+    );
+    s.kept.expect_nothing(QUIET).await;
+    s.clean.expect_nothing(QUIET).await;
+    assert_eq!(
+        s.store.withdrawn.lock().unwrap().len(),
+        1,
+        "kept's record goes"
+    );
+}

@@ -232,7 +232,7 @@ async fn via_d(redis: &RedisServer, con: &mut redis::Connection, from: &str, p: 
     let copy = {
         let state = d.inner.state.lock();
         let body = state.bodies.values().find(|b| b.id == p.held_origin);
-        body.expect("d has held")._msg.clone()
+        body.expect("d has held").msg.clone()
     };
     d.record(SessionChange::MessageDone {
         incarnation: 7,

@@ -71,7 +71,7 @@ struct Body {
     sent: bool,
     /// Keeps the address (the map's key) valid, and the data a record refused for
     /// want of its body is written again with (`writer.rs`).
-    _msg: Arc<Message>,
+    msg: Arc<Message>,
 }
 
 #[derive(Debug, Default)]
@@ -240,7 +240,7 @@ impl Inner {
                     id: id.clone(),
                     refs: 0,
                     sent: true,
-                    _msg: msg.clone(),
+                    msg: msg.clone(),
                 })
                 .refs += 1;
         }

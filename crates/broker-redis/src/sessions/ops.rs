@@ -33,7 +33,7 @@ impl Inner {
             id: num(format_args!("{:016x}", rand::random::<u64>())),
             refs: 0,
             sent: false,
-            _msg: msg.clone(),
+            msg: msg.clone(),
         })
     }
 
@@ -42,7 +42,7 @@ impl Inner {
         let msg = {
             let state = self.state.lock();
             let body = state.bodies.values().find(|b| b.id == id)?;
-            body._msg.clone()
+            body.msg.clone()
         };
         wire::encode(&msg, wire::Now::at(std::time::Instant::now())).ok()
     }

@@ -243,7 +243,7 @@ impl Inner {
             id: id.to_vec(),
             refs: 0,
             sent: false,
-            _msg: msg.clone(),
+            msg: msg.clone(),
         });
     }
 

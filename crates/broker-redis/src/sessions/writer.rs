@@ -262,14 +262,17 @@ impl Writer {
             .filter_map(|n| usize::try_from(*n).ok()?.checked_sub(1))
         {
             let Some(op) = ops.get(at) else { continue };
-            let deleted = ops[at + 1..].iter().any(|later| deletes(later, op));
-            let data = store.as_ref().and_then(|s| s.body_data(&op[4]));
-            if let Some(data) = data.filter(|_| !deleted && op.len() == 6) {
+            if op.len() != 6 || ops[at + 1..].iter().any(|later| deletes(later, op)) {
+                continue;
+            }
+            if let Some(data) = store.as_ref().and_then(|s| s.body_data(&op[4])) {
                 let mut op = op.clone();
                 op[5] = data;
                 again.push(op);
             }
         }
+        // Not kept alive by this thread while it retries below.
+        drop(store);
         let left = fenced.saturating_sub(bodiless.len() as u64);
         if again.is_empty() {
             return (left, None);

@@ -58,10 +58,15 @@ pub(super) enum Failed {
 /// unanswered, only once the store has every change recorded so far
 /// ([`SessionStore::open_when_stored`]): a copy given before its record is stored has
 /// a packet id no node the session moves to knows about, which it would give to
-/// another message that a QoS 2 receiver still holding the id then drops.
+/// another message that a QoS 2 receiver still holding the id then drops. A cluster
+/// gate ([`Gate::every_copy`]) dropped unanswered (its connection closed while the
+/// forward's outcome was unknown) has its copies taken back as a refused one's
+/// ([`crate::Broker::withdraw_refused`]): the fabric gives them if the message reaches
+/// the other nodes, so they go once either way, and none if it never does.
 pub(super) struct OpenOnDrop {
     gate: Option<Arc<Gate>>,
     store: Arc<dyn SessionStore>,
+    broker: crate::Broker,
 }
 
 impl std::fmt::Debug for OpenOnDrop {
@@ -73,10 +78,11 @@ impl std::fmt::Debug for OpenOnDrop {
 }
 
 impl OpenOnDrop {
-    pub fn new(gate: Arc<Gate>, store: Arc<dyn SessionStore>) -> Self {
+    pub fn new(gate: Arc<Gate>, store: Arc<dyn SessionStore>, broker: crate::Broker) -> Self {
         Self {
             gate: Some(gate),
             store,
+            broker,
         }
     }
 
@@ -91,16 +97,19 @@ impl OpenOnDrop {
     /// copies behind the gate are taken back if they can be given again should it
     /// reach them after all (`Broker::withdraw_refused`), the others wait until
     /// they are stored.
-    fn refused(mut self, broker: &crate::Broker) {
+    fn refused(mut self) {
         if let Some(gate) = self.gate.take() {
-            broker.withdraw_refused(&gate, &self.store);
+            self.broker.withdraw_refused(&gate, &self.store);
         }
     }
 }
 
 impl Drop for OpenOnDrop {
     fn drop(&mut self) {
-        if let Some(gate) = self.gate.take() {
+        let Some(gate) = self.gate.take() else { return };
+        if gate.takes_every_copy() {
+            self.broker.withdraw_refused(&gate, &self.store);
+        } else {
             gate.leave_to(&*self.store);
         }
     }
@@ -149,8 +158,8 @@ impl Wait {
 }
 
 /// One acknowledgement to send: what it answers and its packet id, the reason code it
-/// says if its wait succeeds, and the gate its message's stored QoS 2 copies wait
-/// behind (opened when this is dropped, sent or not).
+/// says if its wait succeeds, and the gate its message's held copies wait
+/// behind (see [`OpenOnDrop`]).
 pub(super) struct Ack {
     pub answers: Answers,
     pub pid: u16,
@@ -354,7 +363,7 @@ impl Conn {
     }
 
     /// Sends the acknowledgements whose waits are over, in order: a failed forward is
-    /// answered as [`Conn::cluster_refused`] says (and the QoS 2 copies it held back
+    /// answered as [`Conn::cluster_refused`] says (and the copies it held back
     /// are taken back, see [`OpenOnDrop::refused`]); any other failure closes the
     /// connection without the acknowledgement (the client resends), and nothing
     /// behind it is acknowledged.
@@ -364,7 +373,7 @@ impl Conn {
                 Ok(()) => Ok(ack.code),
                 Err(Failed::Forward(e)) => {
                     if let Some(gate) = ack.gate.take() {
-                        gate.refused(&self.broker);
+                        gate.refused();
                     }
                     self.cluster_refused(ack.answers.qos(), ack.pid, &e)
                 }
@@ -391,7 +400,7 @@ impl Conn {
     }
 
     /// Sends an acknowledgement whose wait is over (with `ack.code`); then a
-    /// message's stored QoS 2 copies may go to their subscribers, and a SUBACK's
+    /// message's held copies may go to their subscribers, and a SUBACK's
     /// retained messages are offered.
     fn send_answer(&mut self, ack: Ack) -> Result<(), Close> {
         match ack.reply {

@@ -193,7 +193,7 @@ impl Conn {
         let store = self.broker.session_store().filter(|_| gate.is_some());
         let open_when_done = (gate.clone())
             .zip(store)
-            .map(|(g, s)| OpenOnDrop::new(g, s));
+            .map(|(g, s)| OpenOnDrop::new(g, s, self.broker.clone()));
         let (code, wait) = if let Some(service) = service {
             (ReasonCode::SUCCESS, self.serve(service, &p, pid).await)
         } else {

@@ -28,7 +28,7 @@ use std::time::Duration;
 
 use bytes::BytesMut;
 use statehub_mqtt_codec::{
-    ByteString, Codec, DecodeError, EncodeError, LastWill, Packet, ProtocolVersion, QoS, ReasonCode,
+    ByteString, Codec, DecodeError, EncodeError, LastWill, Packet, ProtocolVersion, ReasonCode,
 };
 
 use crate::auth::{Authenticator, Peer};
@@ -292,7 +292,7 @@ impl Conn {
         Ok((deadlines, timer, far))
     }
 
-    /// What a turn of [`Connection::pump`] does before it waits: a pause settled,
+    /// What a turn of [`Conn::pump`] does before it waits: a pause settled,
     /// the queued deliveries drained and written while the socket is known to be
     /// writable, and (`yield_turn`, after a read that filled its room) the worker's
     /// other tasks let run.
@@ -476,7 +476,7 @@ impl Conn {
         let p = match self.problem_info {
             true => p,
             false => {
-                stripped = without_problem_info(p);
+                stripped = outbound::without_problem_info(p);
                 stripped.as_ref().unwrap_or(p)
             }
         };
@@ -493,27 +493,6 @@ impl Conn {
     }
 }
 
-impl Conn {
-    /// Appends a PUBACK (QoS 1) or PUBREC (QoS 2) saying Success, as [`Conn::send`]
-    /// would, without building the packet.
-    fn send_success_ack(&mut self, qos: QoS, packet_id: u16) -> Result<(), Close> {
-        tracing::trace!(client = %self.info.client_id, ?qos, packet_id, "sending success ack");
-        self.reserve_write();
-        let start = self.wbuf.len();
-        let encoded = self
-            .codec
-            .encode_success_ack(qos, packet_id, &mut self.wbuf);
-        encoded.map_err(|e| {
-            encode_failed(&self.broker, &self.info.client_id, "acknowledgement", &e);
-            Close::ByServer(ReasonCode::IMPLEMENTATION_SPECIFIC_ERROR, "encode failed")
-        })?;
-        let kind = if qos == QoS::ExactlyOnce { 5 } else { 4 };
-        let m = self.broker.metrics();
-        m.packets_out.add(kind, 1, self.wbuf.len() - start);
-        Ok(())
-    }
-}
-
 /// What [`Conn::step`] did with the next packet in the read buffer.
 enum Step<'a> {
     /// There is no whole packet in it.
@@ -522,28 +501,6 @@ enum Step<'a> {
     Handled,
     /// Its handling, which may wait.
     Wait(Pin<Box<dyn Future<Output = Result<(), Close>> + Send + 'a>>),
-}
-
-/// `p` without Reason String and User Properties, for a client that asked for no
-/// problem information; `None` if it may keep them (PUBLISH, CONNACK, DISCONNECT) or
-/// has none.
-fn without_problem_info(p: &Packet) -> Option<Packet> {
-    let mut p = p.clone();
-    let (reason, user) = match &mut p {
-        Packet::PubAck(a) | Packet::PubRec(a) | Packet::PubRel(a) | Packet::PubComp(a) => {
-            (&mut a.reason_string, &mut a.user_properties)
-        }
-        Packet::SubAck(a) => (&mut a.reason_string, &mut a.user_properties),
-        Packet::UnsubAck(a) => (&mut a.reason_string, &mut a.user_properties),
-        Packet::Auth(a) => (&mut a.reason_string, &mut a.user_properties),
-        _ => return None,
-    };
-    if reason.is_none() && user.is_empty() {
-        return None;
-    }
-    *reason = None;
-    user.clear();
-    Some(p)
 }
 
 /// Counts an outbound packet that could not be encoded and logs it, rate-limited:

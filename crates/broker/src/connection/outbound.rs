@@ -4,9 +4,9 @@
 
 use std::sync::atomic::Ordering;
 
-use statehub_mqtt_codec::{ByteString, Packet, PubResponse, PublishRef};
+use statehub_mqtt_codec::{ByteString, Packet, PubResponse, PublishRef, QoS, ReasonCode};
 
-use super::Conn;
+use super::{encode_failed, Close, Conn};
 use crate::session::Stage;
 use crate::topic;
 
@@ -123,4 +123,47 @@ impl Conn {
         self.out_aliases.insert(topic.clone(), next);
         (Some(next), false, Some(topic))
     }
+}
+
+impl Conn {
+    /// Appends a PUBACK (QoS 1) or PUBREC (QoS 2) saying Success, as [`Conn::send`]
+    /// would, without building the packet.
+    pub(super) fn send_success_ack(&mut self, qos: QoS, packet_id: u16) -> Result<(), Close> {
+        tracing::trace!(client = %self.info.client_id, ?qos, packet_id, "sending success ack");
+        self.reserve_write();
+        let start = self.wbuf.len();
+        let encoded = self
+            .codec
+            .encode_success_ack(qos, packet_id, &mut self.wbuf);
+        encoded.map_err(|e| {
+            encode_failed(&self.broker, &self.info.client_id, "acknowledgement", &e);
+            Close::ByServer(ReasonCode::IMPLEMENTATION_SPECIFIC_ERROR, "encode failed")
+        })?;
+        let kind = if qos == QoS::ExactlyOnce { 5 } else { 4 };
+        let m = self.broker.metrics();
+        m.packets_out.add(kind, 1, self.wbuf.len() - start);
+        Ok(())
+    }
+}
+
+/// `p` without Reason String and User Properties, for a client that asked for no
+/// problem information; `None` if it may keep them (PUBLISH, CONNACK, DISCONNECT) or
+/// has none.
+pub(super) fn without_problem_info(p: &Packet) -> Option<Packet> {
+    let mut p = p.clone();
+    let (reason, user) = match &mut p {
+        Packet::PubAck(a) | Packet::PubRec(a) | Packet::PubRel(a) | Packet::PubComp(a) => {
+            (&mut a.reason_string, &mut a.user_properties)
+        }
+        Packet::SubAck(a) => (&mut a.reason_string, &mut a.user_properties),
+        Packet::UnsubAck(a) => (&mut a.reason_string, &mut a.user_properties),
+        Packet::Auth(a) => (&mut a.reason_string, &mut a.user_properties),
+        _ => return None,
+    };
+    if reason.is_none() && user.is_empty() {
+        return None;
+    }
+    *reason = None;
+    user.clear();
+    Some(p)
 }
