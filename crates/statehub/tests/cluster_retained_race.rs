@@ -5,14 +5,20 @@
 
 mod common;
 
+use std::time::Duration;
+
 use common::cluster::{publish_acked, Pair};
 use common::lag::{head_and_position, until, PATIENCE};
 use common::Server;
 use statehub_broker::codec::{Packet, Publish, QoS, ReasonCode};
+use statehub_redis_common::test_server::RedisServer;
 use statehub_test_support::{opts, publish, RawClient, V5};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::watch;
+
+/// How long a subscriber hears nothing before it has no retained message.
+const QUIET: Duration = Duration::from_secs(1);
 
 fn contains(chunk: &[u8], what: &[u8]) -> bool {
     chunk.windows(what.len()).any(|w| w == what)
@@ -51,23 +57,33 @@ async fn hold_retained(client: TcpStream, upstream: TcpStream, mut stall: watch:
     }
 }
 
-/// The retained message a new subscriber to `topic` on `node` gets.
-async fn retained_on(node: &Server, id: &str, topic: &str) -> String {
+/// The retained message a new subscriber to `rt/race` on `node` gets, if any (none
+/// within a second).
+async fn retained_on(node: &Server, id: &str) -> Option<String> {
     let mut c = RawClient::connect(node.mqtt, V5, id).await;
-    c.subscribe(topic, opts(QoS::AtLeastOnce)).await;
-    let Packet::Publish(p) = c.expect_within(PATIENCE).await else {
+    c.subscribe("rt/race", opts(QoS::AtLeastOnce)).await;
+    let got = tokio::time::timeout(QUIET, c.expect_within(PATIENCE)).await;
+    let Packet::Publish(p) = got.ok()? else {
         panic!("expected the retained message");
     };
     assert!(p.retain);
     c.ack(&p).await;
-    String::from_utf8_lossy(&p.payload).into_owned()
+    Some(String::from_utf8_lossy(&p.payload).into_owned())
 }
 
-/// A sets `rt/race` (its append held at the proxy), B sets it after and its append
-/// lands first, A's reader reads B's entry; then A's append lands. The stream and the
-/// hash end with A's: new subscribers on both nodes get A's.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn concurrent_retained_changes_end_in_stream_order_on_every_node() {
+/// Redis's retained message of `rt/race`, if any.
+fn in_hash(redis: &RedisServer) -> Option<String> {
+    let value = redis.command(&["HGET", "{statehub}:mqtt:retained", "rt/race"]);
+    ["from-a", "from-b"]
+        .into_iter()
+        .find(|p| value.contains(p))
+        .map(str::to_owned)
+}
+
+/// A changes `rt/race` to `a_payload` (QoS 0; empty: clears it), its append held at
+/// the proxy; B sets it to `from-b` after, its append lands first and A's reader
+/// reads it; then A's append lands and both readers read it.
+async fn race(a_payload: &[u8]) -> Pair {
     // A held append must not time out: it would take the outage path.
     let pair = Pair::builder()
         .both("timeout_ms = 30000")
@@ -90,14 +106,14 @@ async fn concurrent_retained_changes_end_in_stream_order_on_every_node() {
     pair.proxy.stall.send_replace(true);
     let p = Publish {
         retain: true,
-        ..publish("rt/race", QoS::AtMostOnce, b"from-a")
+        ..publish("rt/race", QoS::AtMostOnce, a_payload)
     };
     on_a.send(&Packet::Publish(p)).await;
-    // Routed on A at once (made the retained message first), its append held.
+    // Routed on A at once (its retained change made first), its append held.
     let Packet::Publish(got) = look_a.expect_within(PATIENCE).await else {
         panic!("expected a's message");
     };
-    assert_eq!(&got.payload[..], b"from-a");
+    assert_eq!(&got.payload[..], a_payload);
     let p = Publish {
         retain: true,
         packet_id: Some(on_b.next_packet_id()),
@@ -106,6 +122,7 @@ async fn concurrent_retained_changes_end_in_stream_order_on_every_node() {
     on_b.send(&Packet::Publish(p)).await;
     on_b.expect_reply("PUBACK", |p| matches!(p, Packet::PubAck(_)))
         .await;
+    let (before, _) = head_and_position(redis, "a");
     until("a's reader read b's change", || {
         let (head, at_a) = head_and_position(redis, "a");
         at_a == Some(head)
@@ -118,16 +135,43 @@ async fn concurrent_retained_changes_end_in_stream_order_on_every_node() {
         || {
             let (head, at_a) = head_and_position(redis, "a");
             let (_, at_b) = head_and_position(redis, "b");
-            let hash = redis.command(&["HGET", "{statehub}:mqtt:retained", "rt/race"]);
-            hash.contains("from-a") && at_a == Some(head) && at_b == Some(head)
+            head > before && at_a == Some(head) && at_b == Some(head)
         },
     )
     .await;
+    pair
+}
 
-    assert_eq!(retained_on(a, "new-a", "rt/race").await, "from-a");
+/// A sets `rt/race`, B sets it after, B's append lands first: the stream and the hash
+/// end with A's, and new subscribers on both nodes get A's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_retained_changes_end_in_stream_order_on_every_node() {
+    let pair = race(b"from-a").await;
+    assert_eq!(in_hash(&pair.redis).as_deref(), Some("from-a"));
+    let on_a = retained_on(&pair.a, "new-a").await;
     assert_eq!(
-        retained_on(b, "new-b", "rt/race").await,
-        "from-a",
+        on_a.as_deref(),
+        Some("from-a"),
+        "a keeps its own, later change"
+    );
+    let on_b = retained_on(&pair.b, "new-b").await;
+    assert_eq!(
+        on_b.as_deref(),
+        Some("from-a"),
         "b holds the change the stream ordered last, as Redis's hash does"
     );
+}
+
+/// A clears `rt/race`, B sets it after, B's append lands first: the clear is the
+/// stream's last change, so neither node nor the hash holds a retained message.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clear_ordered_last_clears_the_topic_on_every_node() {
+    let pair = race(b"").await;
+    assert_eq!(in_hash(&pair.redis), None);
+    assert_eq!(
+        retained_on(&pair.a, "new-a").await,
+        None,
+        "a keeps its clear"
+    );
+    assert_eq!(retained_on(&pair.b, "new-b").await, None);
 }
