@@ -252,7 +252,13 @@ impl Reader {
             Some("p") if !ours => {
                 let sessions = &self.shared.sessions;
                 let held_by = field("o").map_or_else(Vec::new, |o| sessions.held_by(o));
-                self.deliver(broker, (field("m"), field("s")), &held_by, &entry.id, gate);
+                let msg = (field("m"), field("s"));
+                let expired = !self.deliver(broker, msg, &held_by, &entry.id, gate);
+                // Expired before it was read, a retained message still replaces the
+                // topic's older one (the hash's reads as none).
+                if let Some(topic) = text("rs").filter(|_| expired) {
+                    self.retained(broker, (Some(topic), None), (&entry.id, false));
+                }
             }
             // This node's own retained message, read back.
             Some("p") => {
@@ -360,7 +366,8 @@ impl Reader {
     }
 
     /// Delivers another node's message to this node's subscribers but the sessions
-    /// `held_by` names (they moved here holding it: `sessions/adopted.rs`).
+    /// `held_by` names (they moved here holding it: `sessions/adopted.rs`); false if
+    /// it had expired.
     fn deliver(
         &self,
         broker: &Broker,
@@ -368,7 +375,7 @@ impl Reader {
         held_by: &[Arc<str>],
         id: &str,
         gate: &Arc<Gate>,
-    ) {
+    ) -> bool {
         let now = wire::Now::at(broker.now());
         let decoded = msg
             .ok_or(wire::WireError::Malformed("no message"))
@@ -387,10 +394,11 @@ impl Reader {
                     skipped.fetch_add(held_by.len() as u64, Ordering::Relaxed);
                 }
             }
-            (Ok(None), _) => {}
+            (Ok(None), _) => return false,
             (Err(e), _) => self.malformed(id, &e),
             (_, Err(e)) => self.malformed(id, &e),
         }
+        true
     }
 
     /// Another node asks for `client`'s session (incarnation `asked`): it leaves this

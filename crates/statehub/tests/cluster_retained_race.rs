@@ -175,3 +175,56 @@ async fn a_clear_ordered_last_clears_the_topic_on_every_node() {
     );
     assert_eq!(retained_on(&pair.b, "new-b").await, None);
 }
+
+/// B sets `rt/race` with a message expiry while A's reader is held, and it expires
+/// before A reads it: A's older retained message goes, as the hash's expired value
+/// reads as none (a node started later has none either).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retained_change_that_expired_before_it_was_read_still_replaces_the_old_one() {
+    let pair = Pair::builder().start(common::lag::relay).await;
+    let (a, b, redis) = (&pair.a, &pair.b, &pair.redis);
+    let mut on_b = RawClient::connect(b.mqtt, V5, "on-b").await;
+    let old = Publish {
+        retain: true,
+        packet_id: Some(on_b.next_packet_id()),
+        ..publish("rt/race", QoS::AtLeastOnce, b"from-b-old")
+    };
+    on_b.send(&Packet::Publish(old)).await;
+    on_b.expect_reply("PUBACK", |p| matches!(p, Packet::PubAck(_)))
+        .await;
+    until("a's reader read the old one", || {
+        let (head, at_a) = head_and_position(redis, "a");
+        at_a == Some(head)
+    })
+    .await;
+    assert_eq!(
+        retained_on(a, "look-a").await.as_deref(),
+        Some("from-b-old")
+    );
+
+    pair.proxy.stall.send_replace(true);
+    let mut new = Publish {
+        retain: true,
+        packet_id: Some(on_b.next_packet_id()),
+        ..publish("rt/race", QoS::AtLeastOnce, b"from-b")
+    };
+    new.properties.message_expiry_interval = Some(1);
+    on_b.send(&Packet::Publish(new)).await;
+    on_b.expect_reply("PUBACK", |p| matches!(p, Packet::PubAck(_)))
+        .await;
+    // Its expiry is the time that must pass.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    pair.proxy.stall.send_replace(false);
+    until("a's reader read the new one", || {
+        let (head, at_a) = head_and_position(redis, "a");
+        at_a == Some(head)
+    })
+    .await;
+
+    assert_eq!(retained_on(b, "new-b").await, None, "expired on b");
+    assert_eq!(
+        retained_on(a, "new-a").await,
+        None,
+        "a keeps no older retained message than the stream's last"
+    );
+}
