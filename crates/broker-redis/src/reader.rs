@@ -256,7 +256,8 @@ impl Reader {
                 let expired = !self.deliver(broker, msg, &held_by, &entry.id, gate);
                 // Expired before it was read, a retained message still replaces the
                 // topic's older one (the hash's reads as none).
-                if let Some(topic) = text("rs").filter(|_| expired) {
+                let change = text("rs").or_else(|| text("rc"));
+                if let Some(topic) = change.filter(|_| expired) {
                     self.retained(broker, (Some(topic), None), (&entry.id, false));
                 }
             }
