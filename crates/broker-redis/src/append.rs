@@ -5,10 +5,12 @@ use redis::Pipeline;
 
 use crate::Keys;
 
-/// `KEYS` the stream and the counter; `ARGV` the stream's length, the number of
-/// entries, then for each entry its field count and its fields. Returns the last
-/// entry's number. A message's entry (10 fields) is appended without building a
-/// table: most entries are messages.
+/// `KEYS` the stream, the counter and the retained hash; `ARGV` the stream's length,
+/// the number of entries, then for each entry its field count and its fields. Returns
+/// the last entry's number. A message's entry (10 fields) is appended without building
+/// a table: most entries are messages. A retained message's (12 fields) ends with
+/// `rs` (set) or `rc` (clear) and its topic, and its hash write goes with it, so
+/// that the hash's last writer is the stream's last change of the topic.
 pub(crate) const SCRIPT: &str = r"
 local a = ARGV
 local n = tonumber(a[2])
@@ -26,6 +28,11 @@ while i <= #a do
     local args = {s, 'MAXLEN', '~', a[1], '*', 'q', q}
     for j = 1, k do args[#args + 1] = a[i + j] end
     redis.call('XADD', unpack(args))
+    if k == 12 and a[i + 11] == 'rs' then
+      redis.call('HSET', KEYS[3], a[i + 12], a[i + 6])
+    elseif k == 12 and a[i + 11] == 'rc' then
+      redis.call('HDEL', KEYS[3], a[i + 12])
+    end
   end
   i = i + k + 1
 end
@@ -56,9 +63,10 @@ impl<'a> Appends<'a> {
         }
         pipe.cmd("EVALSHA")
             .arg(script_hash())
-            .arg(2)
+            .arg(3)
             .arg(&keys.feed)
             .arg(&keys.seq)
+            .arg(&keys.retained)
             .arg(stream_len)
             .arg(self.entries.len());
         for fields in self.entries.drain(..) {

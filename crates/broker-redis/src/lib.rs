@@ -11,8 +11,9 @@
 //!   order it was appended, and a reconnecting reader loses nothing the stream still
 //!   holds.
 //! * **Retained messages** live in a hash (`{ns}:mqtt:retained`, [`retain`]), written
-//!   in the same ordered pipeline as the stream; every node keeps its own copy in
-//!   memory, loaded when it first connects and updated from the stream.
+//!   by the script that appends the change's entry; every node keeps its own copy in
+//!   memory, loaded when it first connects and updated from the stream in its order
+//!   ([`own_retained`]: not over a change of its own still to come).
 //! * **Shared groups** (`{ns}:mqtt:groups`, [`groups`]): each node's field lists its
 //!   groups; the publisher's node picks one node per matching group, round robin.
 //! * **Takeover**: a connection appends its client id; every other node ends its
@@ -24,6 +25,7 @@ mod flush;
 mod groups;
 mod lag;
 mod liveness;
+mod own_retained;
 mod reader;
 mod retain;
 mod sessions;
@@ -149,6 +151,10 @@ pub struct Counters {
     /// Those past the writer's bound on them (`queue` topics): they stay on this node
     /// only (logged).
     pub retained_unrestored: AtomicU64,
+    /// Retained changes made here past the bound on those still to come in the
+    /// stream (`own_retained.rs`; logged): another node's older change of the topic
+    /// may replace one here.
+    pub retained_untracked: AtomicU64,
 }
 
 /// The Redis keys of one namespace.
@@ -198,17 +204,21 @@ pub(crate) struct Shared {
     pub cut: Arc<Mutex<sessions::Cut>>,
     /// The writer's hold, as flushes see it.
     pub hold: Arc<flush::HoldState>,
-    /// Retained changes made here that the writer has not written yet.
-    pub unwritten: retain::Unwritten,
+    /// Retained changes made here that the reader has not read back yet.
+    pub own_retained: own_retained::OwnRetained,
 }
 
 impl Shared {
     /// Hands a command to the writer without waiting; `false` if its queue is full.
     pub(crate) fn send(&self, command: Command) -> bool {
-        match self.tx.try_send(command) {
-            Ok(()) => true,
-            Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => false,
-        }
+        self.send_or_return(command).is_ok()
+    }
+
+    /// [`Shared::send`], giving the command back if its queue is full.
+    pub(crate) fn send_or_return(&self, command: Command) -> Result<(), Command> {
+        self.tx.try_send(command).map_err(|e| match e {
+            TrySendError::Full(c) | TrySendError::Disconnected(c) => c,
+        })
     }
 
     /// The reader read back (or the writer failed to append) an announcement.
@@ -221,6 +231,14 @@ impl Shared {
             }
         }
     }
+}
+
+/// The bound on this node's retained changes still to come in the stream
+/// (`own_retained.rs`): the writer's queue and its backlog (`queue` each), and the
+/// stream a reader can be behind (`stream_len`).
+fn own_retained_limit(options: &Options) -> usize {
+    let stream = usize::try_from(options.stream_len).unwrap_or(usize::MAX);
+    options.queue.saturating_mul(2).saturating_add(stream)
 }
 
 /// The [`Fabric`] on Redis. Install it with [`RedisFabric::start`].
@@ -280,7 +298,9 @@ impl RedisFabric {
             sessions: sessions.clone(),
             cut,
             hold,
-            unwritten: retain::Unwritten::default(),
+            // What the writer's queue, its backlog and the stream a reader may be
+            // behind can hold.
+            own_retained: own_retained::OwnRetained::new(own_retained_limit(options)),
         });
         let fabric = RedisFabric { shared };
         broker.set_fabric(Arc::new(fabric.clone()));
@@ -349,17 +369,31 @@ impl Fabric for RedisFabric {
             Err(e) => {
                 tracing::warn!("message not forwarded: {e}");
                 shared.counters.malformed.fetch_add(1, Ordering::Relaxed);
+                if msg.retain && !statehub_broker::sys::is_sys(&msg.topic) {
+                    shared.own_retained.dropped(&msg.topic);
+                }
                 return Box::pin(async { Ok(()) });
             }
         };
+        // Counted as this node's own when it took effect (`RedisRetain::record`).
+        let retained = (msg.retain && !statehub_broker::sys::is_sys(&msg.topic))
+            .then(|| (msg.topic.to_string(), !msg.payload.is_empty()));
         let (reply, done) = oneshot::channel();
         let command = Command::Publish {
             msg: encoded,
             picks: wire::encode_picks(&picks),
             origin: shared.sessions.origin(msg),
+            retained,
             reply,
         };
-        if !shared.send(command) {
+        if let Err(command) = shared.send_or_return(command) {
+            if let Command::Publish {
+                retained: Some((topic, _)),
+                ..
+            } = command
+            {
+                shared.own_retained.dropped(&topic);
+            }
             shared.counters.dropped.fetch_add(1, Ordering::Relaxed);
             return Box::pin(async { Err(FabricError::Full) });
         }

@@ -2,7 +2,9 @@
 //! applies each entry in stream order: another node's message is delivered to this
 //! node's subscribers, another node's connection ends this node's session of the same
 //! client id, a change of any node's shared groups reloads the groups hash, a retained
-//! change written after Redis was out of reach (`retain.rs`) is applied.
+//! change (a retained message's, or one written after Redis was out of reach:
+//! `retain.rs`) of any node is applied, but not over one of this node's own still to
+//! come (`own_retained.rs`).
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -127,14 +129,14 @@ impl Reader {
         }
         if !self.loaded {
             // After positioning: a change made meanwhile is read from the stream again.
-            // Not over a change of this node's own on its way to Redis (`retain.rs`).
+            // Not over a change of this node's own still to come (`own_retained.rs`).
             let retained: Vec<(String, Vec<u8>)> = con.hgetall(&self.shared.keys.retained)?;
             let now = wire::Now::at(broker.now());
-            let unwritten = &self.shared.unwritten;
+            let own = &self.shared.own_retained;
             for (topic, value) in retained {
                 match wire::decode(&value, now) {
                     Ok(Some(msg)) => {
-                        broker.apply_retained_unless(&Arc::new(msg), |t| unwritten.holds(t));
+                        broker.apply_retained_unless(&Arc::new(msg), |t| own.holds(t));
                     }
                     Ok(None) => {}
                     Err(e) => self.malformed(&topic, &e),
@@ -250,7 +252,20 @@ impl Reader {
             Some("p") if !ours => {
                 let sessions = &self.shared.sessions;
                 let held_by = field("o").map_or_else(Vec::new, |o| sessions.held_by(o));
-                self.deliver(broker, (field("m"), field("s")), &held_by, &entry.id, gate);
+                let msg = (field("m"), field("s"));
+                let expired = !self.deliver(broker, msg, &held_by, &entry.id, gate);
+                // Expired before it was read, a retained message still replaces the
+                // topic's older one (the hash's reads as none).
+                let change = text("rs").or_else(|| text("rc"));
+                if let Some(topic) = change.filter(|_| expired) {
+                    self.retained(broker, (Some(topic), None), (&entry.id, false));
+                }
+            }
+            // This node's own retained message, read back.
+            Some("p") => {
+                if let Some(topic) = text("rs").or_else(|| text("rc")) {
+                    self.retained(broker, (Some(topic), field("m")), (&entry.id, true));
+                }
             }
             Some("k") => match (text("c"), ours) {
                 (Some(client), true) => self.shared.announced(client),
@@ -269,7 +284,7 @@ impl Reader {
                 (None, _) => self.malformed(&entry.id, &"no client id"),
             },
             Some("g") => self.reload_groups(con)?,
-            Some("r") => self.retained(broker, (text("c"), field("m")), &entry.id),
+            Some("r") => self.retained(broker, (text("c"), field("m")), (&entry.id, ours)),
             Some("h") if !ours => match text("c") {
                 Some(client) => self.hand_off(con, broker, client, (text("i"), &entry.id)),
                 None => self.malformed(&entry.id, &"no client id"),
@@ -279,19 +294,30 @@ impl Reader {
         Ok(())
     }
 
-    /// A retained change written once Redis was back (`retain.rs`), of any node, this
-    /// one included: applied in stream order, but not over a change this node made to
-    /// the topic that is still on its way to Redis (its entry comes later).
-    fn retained(&self, broker: &Broker, (topic, value): (Option<&str>, Option<&[u8]>), id: &str) {
+    /// A retained change of any node, this one's (`ours`) included: applied in stream
+    /// order, but not over a change this node made to the topic that is still to
+    /// come (`own_retained.rs`): that one is later in the stream. This node's own
+    /// changes are applied too, as its changes of one topic may reach the stream in
+    /// another order than they took effect here (two publishers).
+    fn retained(
+        &self,
+        broker: &Broker,
+        (topic, value): (Option<&str>, Option<&[u8]>),
+        (id, ours): (&str, bool),
+    ) {
         let Some(topic) = topic else {
             return self.malformed(id, &"no topic");
         };
+        let own = &self.shared.own_retained;
         match crate::retain::from_entry(topic, value, wire::Now::at(broker.now())) {
-            Ok(msg) => {
-                let unwritten = &self.shared.unwritten;
-                broker.apply_retained_unless(&msg, |topic| unwritten.holds(topic));
+            Ok(msg) if ours => broker.apply_retained_unless(&msg, |t| own.read_back(t)),
+            Ok(msg) => broker.apply_retained_unless(&msg, |t| own.holds(t)),
+            Err(e) => {
+                if ours {
+                    own.dropped(topic);
+                }
+                self.malformed(id, &e);
             }
-            Err(e) => self.malformed(id, &e),
         }
     }
 
@@ -341,7 +367,8 @@ impl Reader {
     }
 
     /// Delivers another node's message to this node's subscribers but the sessions
-    /// `held_by` names (they moved here holding it: `sessions/adopted.rs`).
+    /// `held_by` names (they moved here holding it: `sessions/adopted.rs`); false if
+    /// it had expired.
     fn deliver(
         &self,
         broker: &Broker,
@@ -349,7 +376,7 @@ impl Reader {
         held_by: &[Arc<str>],
         id: &str,
         gate: &Arc<Gate>,
-    ) {
+    ) -> bool {
         let now = wire::Now::at(broker.now());
         let decoded = msg
             .ok_or(wire::WireError::Malformed("no message"))
@@ -361,16 +388,18 @@ impl Reader {
                     .counters
                     .received
                     .fetch_add(1, Ordering::Relaxed);
-                broker.route_remote_gated(msg, (&picks, held_by), gate);
+                let own = &self.shared.own_retained;
+                broker.route_remote_gated_unless(msg, (&picks, held_by), gate, |t| own.holds(t));
                 if !held_by.is_empty() {
                     let skipped = &self.shared.sessions.counters.not_redelivered;
                     skipped.fetch_add(held_by.len() as u64, Ordering::Relaxed);
                 }
             }
-            (Ok(None), _) => {}
+            (Ok(None), _) => return false,
             (Err(e), _) => self.malformed(id, &e),
             (_, Err(e)) => self.malformed(id, &e),
         }
+        true
     }
 
     /// Another node asks for `client`'s session (incarnation `asked`): it leaves this
@@ -436,6 +465,8 @@ impl Reader {
             "mqtt cluster reader: entries were trimmed from the stream before this node read them (mqtt_stream_len); their messages are lost for this node's subscribers, its retained messages are reloaded"
         );
         self.loaded = false;
+        // This node's changes among the trimmed entries will never be read back.
+        self.shared.own_retained.clear();
     }
 
     /// Counts (and logs) entries trimmed after `last_id` before this reader read them:

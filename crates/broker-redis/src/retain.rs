@@ -1,29 +1,28 @@
-//! Retained messages in Redis: the broker's [`RetainStore`] hook writes each change into
-//! the retained hash through the writer, in order with the stream, and the PUBLISH is
-//! acknowledged once Redis has it. The other nodes learn of the change from the stream
-//! (the message carries its RETAIN flag) and a node that starts loads the hash.
+//! Retained messages in Redis: a retained PUBLISH's change takes effect on its node at
+//! once (the broker's [`RetainStore`] hook counts it as this node's own, still to come
+//! in the stream: `own_retained.rs`), and its message's stream entry carries the change:
+//! the script appending it writes the retained hash too, so the hash's last writer is
+//! the stream's last change of each topic. Every node applies the changes it reads in
+//! stream order, but not over a change of its own still to come (decision 0004,
+//! "Retained changes in stream order"); a node that starts loads the hash.
 //!
 //! While Redis is out of reach a change still takes effect on its node at once (a QoS
 //! 0 one is not refused; a QoS 1/2 one already delivered when its write failed was
 //! answered 0x80). So that every node holds the same retained messages once Redis is
 //! back, the writer keeps the changes it failed to write ([`Backlog`]: the latest per
 //! topic, in the order made) and writes them first when Redis answers again, each in
-//! one script call that sets the hash and appends an `r` entry. Every node (this one
-//! included) applies `r` entries in stream order, so the last one in the stream, which
-//! is the hash's value, wins everywhere; but a node does not let one replace a change
-//! of its own still on its way to Redis ([`Unwritten`]), whose entry comes later.
+//! one script call that sets the hash and appends an `r` entry, applied like any
+//! other change.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use parking_lot::Mutex;
 use redis::Pipeline;
-use statehub_broker::{BoxFuture, FabricError, Message, RetainStore, RetainStoreError};
-use tokio::sync::oneshot;
+use statehub_broker::{BoxFuture, Message, RetainStore, RetainStoreError};
 
-use crate::writer::Command;
+use crate::own_retained::OwnRetained;
 use crate::{wire, Counters, Keys, Shared};
 
 /// The retained-message store of a node in a cluster.
@@ -38,74 +37,22 @@ impl RedisRetain {
     }
 }
 
-fn failed(e: impl std::error::Error + Send + Sync + 'static) -> RetainStoreError {
-    RetainStoreError(Arc::new(e))
-}
-
 impl RetainStore for RedisRetain {
-    /// Called under the broker's retained lock, right after the change took effect here.
+    /// Called under the broker's retained lock, right after the change took effect
+    /// here. The change reaches Redis with its message's stream entry
+    /// (`Fabric::forward`), which the PUBLISH's acknowledgement waits for: nothing
+    /// more to wait for here.
     fn record(
         &self,
         msg: &Message,
-        now: Instant,
+        _now: Instant,
     ) -> BoxFuture<'static, Result<(), RetainStoreError>> {
-        let value = if msg.payload.is_empty() {
-            None
-        } else {
-            match wire::encode(msg, wire::Now::at(now)) {
-                Ok(encoded) => Some(encoded),
-                Err(e) => return Box::pin(async move { Err(failed(e)) }),
-            }
-        };
-        let (reply, done) = oneshot::channel();
-        let topic = msg.topic.to_string();
-        self.shared.unwritten.add(&topic);
-        let command = Command::Retain {
-            topic: topic.clone(),
-            value,
-            reply,
-        };
-        if !self.shared.send(command) {
-            self.shared.unwritten.written(&topic);
-            return Box::pin(async { Err(failed(FabricError::Full)) });
+        // A message for one recipient is not forwarded (`Broker::route_with`).
+        if msg.recipient.is_none() && !self.shared.own_retained.made(&msg.topic) {
+            let untracked = &self.shared.counters.retained_untracked;
+            untracked.fetch_add(1, Ordering::Relaxed);
         }
-        Box::pin(async move {
-            match done.await {
-                Ok(result) => result.map_err(failed),
-                Err(_) => Err(failed(FabricError::Unavailable("stopped".into()))),
-            }
-        })
-    }
-}
-
-/// This node's retained changes not written to Redis yet, counted per topic from the
-/// moment they take effect here (under the broker's retained lock) until the writer
-/// wrote them, or gave up on them. While a topic has one, no stream entry replaces it
-/// here: the change's own entry comes later in the stream.
-#[derive(Debug, Default)]
-pub(crate) struct Unwritten {
-    topics: Mutex<HashMap<String, u32>>,
-}
-
-impl Unwritten {
-    fn add(&self, topic: &str) {
-        *self.topics.lock().entry(topic.to_owned()).or_default() += 1;
-    }
-
-    /// One change of `topic` was written (or will never be).
-    pub(crate) fn written(&self, topic: &str) {
-        let mut topics = self.topics.lock();
-        if let Some(n) = topics.get_mut(topic) {
-            *n -= 1;
-            if *n == 0 {
-                topics.remove(topic);
-            }
-        }
-    }
-
-    /// Whether a change of `topic` made here is still on its way to Redis.
-    pub(crate) fn holds(&self, topic: &str) -> bool {
-        self.topics.lock().contains_key(topic)
+        Box::pin(async { Ok(()) })
     }
 }
 
@@ -159,16 +106,16 @@ impl Backlog {
     pub(crate) fn keep(
         &mut self,
         (topic, value): (&str, Option<&Vec<u8>>),
-        unwritten: &Unwritten,
+        own: &OwnRetained,
         counters: &Counters,
     ) {
         let replaced = self.at.remove(topic);
         if let Some(at) = replaced {
             self.changes.remove(&at);
             // The change it replaces will never be written.
-            unwritten.written(topic);
+            own.dropped(topic);
         } else if self.changes.len() >= self.limit {
-            unwritten.written(topic);
+            own.dropped(topic);
             counters.retained_unrestored.fetch_add(1, Ordering::Relaxed);
             let log = self
                 .logged
@@ -208,12 +155,10 @@ impl Backlog {
         }
     }
 
-    /// Every kept change was written.
-    pub(crate) fn written(&mut self, unwritten: &Unwritten, counters: &Counters) {
+    /// Every kept change was written (the reader reads each back).
+    pub(crate) fn written(&mut self, counters: &Counters) {
         let restored = self.changes.len() as u64;
-        for (topic, _) in std::mem::take(&mut self.changes).into_values() {
-            unwritten.written(&topic);
-        }
+        self.changes.clear();
         self.at.clear();
         if restored > 0 {
             counters
@@ -277,41 +222,34 @@ mod tests {
 
     #[test]
     fn a_backlog_keeps_the_latest_change_per_topic_in_the_order_made() {
-        let (unwritten, counters) = (Unwritten::default(), Counters::default());
+        let (own, counters) = (OwnRetained::new(10), Counters::default());
         let mut backlog = Backlog::new(10);
         for (topic, value) in [("rt/t1", "a"), ("rt/t2", "b"), ("rt/t1", "c")] {
-            unwritten.add(topic);
-            backlog.keep(
-                (topic, Some(&value.as_bytes().to_vec())),
-                &unwritten,
-                &counters,
-            );
+            own.made(topic);
+            backlog.keep((topic, Some(&value.as_bytes().to_vec())), &own, &counters);
         }
         assert_eq!(written_order(&backlog), ["rt/t2", "rt/t1"]);
-        assert!(unwritten.holds("rt/t1") && unwritten.holds("rt/t2"));
-        backlog.written(&unwritten, &counters);
-        assert!(backlog.is_empty());
+        assert!(own.holds("rt/t1") && own.holds("rt/t2"));
         assert!(
-            !unwritten.holds("rt/t1"),
-            "the replaced change counted off too"
+            !own.read_back("rt/t1"),
+            "the replaced change counted off: one entry to read back"
         );
-        assert!(!unwritten.holds("rt/t2"));
+        backlog.written(&counters);
+        assert!(backlog.is_empty());
+        assert!(own.holds("rt/t2"), "until the reader reads it back");
         assert_eq!(counters.retained_restored.load(Ordering::Relaxed), 2);
     }
 
     #[test]
     fn a_full_backlog_keeps_changes_of_its_topics_and_counts_a_new_topics() {
-        let (unwritten, counters) = (Unwritten::default(), Counters::default());
+        let (own, counters) = (OwnRetained::new(10), Counters::default());
         let mut backlog = Backlog::new(1);
         for topic in ["rt/t1", "rt/t2", "rt/t1"] {
-            unwritten.add(topic);
-            backlog.keep((topic, None), &unwritten, &counters);
+            own.made(topic);
+            backlog.keep((topic, None), &own, &counters);
         }
         assert_eq!(written_order(&backlog), ["rt/t1"]);
-        assert!(
-            !unwritten.holds("rt/t2"),
-            "not kept: no entry of it will come"
-        );
+        assert!(!own.holds("rt/t2"), "not kept: no entry of it will come");
         assert_eq!(counters.retained_unrestored.load(Ordering::Relaxed), 1);
     }
 }

@@ -32,17 +32,14 @@ type Reply = oneshot::Sender<Result<(), FabricError>>;
 #[derive(Debug)]
 pub(crate) enum Command {
     /// Append a message (encoded by `wire`) with its shared-group picks and its
-    /// origin (see `sessions/origins.rs`).
+    /// origin (see `sessions/origins.rs`); a retained one with its topic's change
+    /// (`retained`: whether it sets, not clears, the retained message), which the
+    /// same script writes to the retained hash.
     Publish {
         msg: Vec<u8>,
         picks: Vec<u8>,
         origin: Vec<u8>,
-        reply: Reply,
-    },
-    /// Set (or, without a value, clear) a topic's retained message.
-    Retain {
-        topic: String,
-        value: Option<Vec<u8>>,
+        retained: Option<(String, bool)>,
         reply: Reply,
     },
     /// Append a client id that connected here (`resumed`: without Clean Start).
@@ -153,7 +150,7 @@ impl Writer {
         self.backlog.add_to(&mut pipe, keys, node, self.stream_len);
         let mut appends = Appends::default();
         for command in &batch {
-            self.add(&mut pipe, command, &mut appends);
+            self.add(command, &mut appends);
         }
         if let Some(encoded) = &encoded_groups {
             let node = &*self.shared.node;
@@ -164,10 +161,8 @@ impl Writer {
         // Before the WAIT, whose reply comes last.
         let others = self.reader_keys();
         self.lag.probe(&mut pipe, &self.shared.keys.seq, &others);
-        let wait = self.wait_replicas > 0
-            && batch
-                .iter()
-                .any(|c| matches!(c, Command::Publish { .. } | Command::Retain { .. }));
+        let wait =
+            self.wait_replicas > 0 && batch.iter().any(|c| matches!(c, Command::Publish { .. }));
         if wait {
             Wait {
                 replicas: self.wait_replicas,
@@ -238,20 +233,25 @@ impl Writer {
     }
 
     /// Accounts for the retained changes of a batch (and of the backlog, if `backlog`
-    /// went with it): written, or kept in the backlog for the next attempt.
+    /// went with it): written (the reader reads them back), or kept in the backlog
+    /// for the next attempt.
     fn retained_written(&mut self, batch: &[Command], backlog: bool, ok: bool) {
-        let (unwritten, counters) = (&self.shared.unwritten, &self.shared.counters);
-        if ok && backlog {
-            self.backlog.written(unwritten, counters);
+        let (own, counters) = (&self.shared.own_retained, &self.shared.counters);
+        if ok {
+            if backlog {
+                self.backlog.written(counters);
+            }
+            return;
         }
         for command in batch {
-            if let Command::Retain { topic, value, .. } = command {
-                if ok {
-                    unwritten.written(topic);
-                } else {
-                    self.backlog
-                        .keep((topic, value.as_ref()), unwritten, counters);
-                }
+            if let Command::Publish {
+                msg,
+                retained: Some((topic, set)),
+                ..
+            } = command
+            {
+                let value = set.then_some(msg);
+                self.backlog.keep((topic, value), own, counters);
             }
         }
     }
@@ -290,23 +290,23 @@ impl Writer {
         }
     }
 
-    /// Adds `command` to the batch: its stream entry to `appends`, a retained change to
-    /// `pipe` after the entries before it.
-    fn add<'a>(&'a self, pipe: &mut Pipeline, command: &'a Command, appends: &mut Appends<'a>) {
-        let keys = &self.shared.keys;
+    /// Adds `command`'s stream entry (if any) to `appends`.
+    fn add<'a>(&'a self, command: &'a Command, appends: &mut Appends<'a>) {
         let node = self.shared.node.as_bytes();
         match command {
             Command::Publish {
-                msg, picks, origin, ..
-            } => appends.push(vec![
-                b"n", node, b"t", b"p", b"m", msg, b"s", picks, b"o", origin,
-            ]),
-            Command::Retain { topic, value, .. } => {
-                appends.flush(pipe, keys, self.stream_len);
-                match value {
-                    Some(value) => pipe.hset(&keys.retained, topic, value).ignore(),
-                    None => pipe.hdel(&keys.retained, topic).ignore(),
-                };
+                msg,
+                picks,
+                origin,
+                retained,
+                ..
+            } => {
+                let mut fields = vec![b"n", node, b"t", b"p", b"m", msg, b"s", picks, b"o", origin];
+                if let Some((topic, set)) = retained {
+                    let change: &[u8] = if *set { b"rs" } else { b"rc" };
+                    fields.extend([change, topic.as_bytes()]);
+                }
+                appends.push(fields);
             }
             Command::Announce {
                 client, resumed, ..
@@ -372,9 +372,6 @@ impl Writer {
                     if reply.send(replicated.clone()).is_err() && result.is_err() {
                         counters.dropped.fetch_add(1, Ordering::Relaxed);
                     }
-                }
-                Command::Retain { reply, .. } => {
-                    let _ = reply.send(replicated.clone());
                 }
                 Command::Announce { client, reply, .. } => {
                     if result.is_err() {

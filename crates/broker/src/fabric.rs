@@ -186,9 +186,22 @@ impl Broker {
         (picks, held_by): (&SharedPicks, &[Arc<str>]),
         gate: &Arc<Gate>,
     ) -> usize {
+        self.route_remote_gated_unless(msg, (picks, held_by), gate, |_| false)
+    }
+
+    /// [`Broker::route_remote_gated`], but a retained message does not become its
+    /// topic's if `skip(topic)`, asked under the retained lock
+    /// ([`Broker::apply_retained_unless`]): this node has a newer change of it.
+    pub fn route_remote_gated_unless(
+        &self,
+        msg: Message,
+        (picks, held_by): (&SharedPicks, &[Arc<str>]),
+        gate: &Arc<Gate>,
+        skip: impl FnOnce(&str) -> bool,
+    ) -> usize {
         let msg = Arc::new(msg);
         if msg.retain {
-            self.apply_retained(&msg);
+            self.apply_retained_unless(&msg, skip);
         }
         let remote = Remote {
             picks,

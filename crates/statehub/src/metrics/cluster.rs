@@ -101,6 +101,7 @@ fn mqtt_stream(e: &mut Enc<'_>, fabric: &RedisFabric) -> Result<(), Error> {
         ("statehub_cluster_mqtt_liveness_failures", "Liveness renewals that failed", n(&c.liveness_failures)),
         ("statehub_cluster_mqtt_retained_restored", "Retained changes made here while Redis was out of reach, written once it was back", n(&c.retained_restored)),
         ("statehub_cluster_mqtt_retained_unrestored", "Retained changes made here while Redis was out of reach past the bound on them (mqtt_queue topics): they stay on this node only", n(&c.retained_unrestored)),
+        ("statehub_cluster_mqtt_retained_untracked", "Retained changes made here past the bound on those still to come in the stream: another node's older change of the topic may replace one here", n(&c.retained_untracked)),
     ];
     for (name, help, v) in counters {
         e.counter(name, help, None, v)?;
