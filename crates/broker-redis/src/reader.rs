@@ -133,15 +133,24 @@ impl Reader {
             let retained: Vec<(String, Vec<u8>)> = con.hgetall(&self.shared.keys.retained)?;
             let now = wire::Now::at(broker.now());
             let own = &self.shared.own_retained;
+            let mut held = std::collections::HashSet::with_capacity(retained.len());
             for (topic, value) in retained {
                 match wire::decode(&value, now) {
                     Ok(Some(msg)) => {
                         broker.apply_retained_unless(&Arc::new(msg), |t| own.holds(t));
+                        held.insert(topic);
                     }
                     Ok(None) => {}
-                    Err(e) => self.malformed(&topic, &e),
+                    Err(e) => {
+                        self.malformed(&topic, &e);
+                        // Unreadable, not known to be gone: what this node has stays.
+                        held.insert(topic);
+                    }
                 }
             }
+            // What the hash no longer holds was cleared (or expired) in entries this
+            // node did not read, a trimmed gap's: gone here too.
+            broker.retain_only(|t| held.contains(t) || own.holds(t));
             self.reload_groups(con)?;
             self.loaded = true;
         }

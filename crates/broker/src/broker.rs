@@ -362,6 +362,20 @@ impl Broker {
         }
     }
 
+    /// Clears every retained message whose topic `keep` refuses, `$SYS` ones aside,
+    /// under the lock every change takes: a node that reloaded another store's whole
+    /// view drops what that view no longer holds. Returns how many it cleared.
+    pub fn retain_only(&self, keep: impl Fn(&str) -> bool) -> usize {
+        let mut retained = self.inner.retained.write();
+        let gone: Vec<_> = (retained.topics().into_iter())
+            .filter(|t| !crate::sys::is_sys(t) && !keep(t))
+            .collect();
+        for topic in &gone {
+            retained.remove(topic);
+        }
+        gone.len()
+    }
+
     /// Keeps retained messages in `store` from now on, starting from `loaded` (what it
     /// held at start-up). Call before accepting connections.
     pub fn set_retain_store(&self, store: Arc<dyn RetainStore>, loaded: Vec<Message>) {

@@ -64,6 +64,21 @@ impl RetainedIndex {
         }
     }
 
+    /// The topics of every retained message held (expired ones included).
+    pub fn topics(&self) -> Vec<Arc<str>> {
+        let mut topics = Vec::with_capacity(self.len);
+        let mut stack = vec![&self.root];
+        while let Some(node) = stack.pop() {
+            topics.extend(
+                node.msg
+                    .as_ref()
+                    .map(|m| Arc::<str>::from(m.topic.as_ref())),
+            );
+            stack.extend(node.children.values());
+        }
+        topics
+    }
+
     /// Clears `topic`'s retained message, and the nodes that then lead nowhere.
     pub fn remove(&mut self, topic: &str) -> bool {
         let mut node = &mut self.root;

@@ -189,3 +189,46 @@ async fn a_reader_past_a_gap_reloads_the_retained_messages() {
     assert!(got.retain, "{got:?}");
     assert_eq!(&got.payload[..], b"kept");
 }
+
+/// A retained message b has, cleared on a while b's reader is stuck past the node TTL
+/// and then trimmed from the stream before b read the clear: once b reads again it
+/// reloads the retained hash, which no longer holds it, and clears it too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reader_past_a_gap_drops_a_retained_message_cleared_in_the_trimmed_entries() {
+    const CLEARED: &str = "lag/cleared";
+    let redis = RedisServer::start();
+    let [a, b] = nodes(&redis, 1000).await;
+    let (mut publisher, _sub) = subscribed(&a, &b).await;
+    let mut retained = |payload: &'static [u8]| Publish {
+        retain: true,
+        packet_id: Some(publisher.next_packet_id()),
+        ..publish(CLEARED, QoS::AtLeastOnce, payload)
+    };
+    let (set, clear) = (retained(b"old"), retained(b""));
+    publisher.send(&Packet::Publish(set)).await;
+    publisher
+        .expect_reply("PUBACK", |p| matches!(p, Packet::PubAck(_)))
+        .await;
+    let mut early = RawClient::connect(b.mqtt, V5, "early").await;
+    early.subscribe(CLEARED, opts(QoS::AtLeastOnce)).await;
+    assert_eq!(&early.expect_publish_ack().await.payload[..], b"old");
+
+    b.hold_reader(true);
+    publisher.send(&Packet::Publish(clear)).await;
+    publisher
+        .expect_reply("PUBACK", |p| matches!(p, Packet::PubAck(_)))
+        .await;
+    let acks = publish_all(publisher, TOPIC, "", N, PATIENCE).await;
+    acks.task.await.unwrap();
+    b.hold_reader(false);
+    until("b read on past the gap", || {
+        let (head, at) = head_and_position(&redis, "b");
+        common::metric(b.http, "statehub_cluster_mqtt_stream_gaps") >= 1.0 && at == Some(head)
+    })
+    .await;
+
+    let mut late = RawClient::connect(b.mqtt, V5, "late").await;
+    late.subscribe(CLEARED, opts(QoS::AtLeastOnce)).await;
+    late.expect_nothing(std::time::Duration::from_millis(500))
+        .await;
+}
