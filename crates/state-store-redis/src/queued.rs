@@ -18,7 +18,7 @@
 //! Not with `WAIT` ([`crate::Options::wait`]): each write then waits for its replicas
 //! on its own, one round trip per call as before.
 
-use redis::{ConnectionLike, ErrorKind, RedisError, ScriptInvocation, Value};
+use redis::{ErrorKind, RedisError, ScriptInvocation, Value};
 use statehub_state_store::{Op, OpOutcome};
 
 use super::*;
@@ -54,31 +54,33 @@ impl RedisEngine {
             pipe.invoke_script(&self.invocation(op, carried));
         }
         let packed = pipe.get_packed_pipeline();
-        let count = pipe.len();
-        let replies = self
-            .link
-            .get_mut()
-            .run(|con| con.req_packed_commands(&packed, 0, count));
-        match replies {
-            Ok(values) if values.len() == count => {
-                let loaded = values[..skip]
-                    .iter()
-                    .all(|v| !matches!(v, Value::ServerError(_)));
-                if load && loaded {
-                    self.link.get_mut().scripts_loaded();
-                }
-                queued
-                    .iter()
-                    .zip(values.into_iter().skip(skip))
-                    .map(|((op, carried), value)| self.outcome(op, carried, value))
-                    .collect()
-            }
-            Ok(_) => self.failed(&queued, RedisEngineError::Corrupt("pipeline replies")),
-            Err(error) => self.failed(&queued, error),
+        let (values, failure) = self.link.get_mut().exchange(&packed, pipe.len());
+        if values.len() < skip {
+            let error = failure.unwrap_or(RedisEngineError::Corrupt("pipeline replies"));
+            return self.failed(&queued, error);
         }
+        let loaded = values[..skip]
+            .iter()
+            .all(|v| !matches!(v, Value::ServerError(_)));
+        if load && loaded {
+            self.link.get_mut().scripts_loaded();
+        }
+        let mut outcomes: Vec<_> = queued
+            .iter()
+            .zip(values.into_iter().skip(skip))
+            .map(|((op, carried), value)| self.outcome(op, carried, value))
+            .collect();
+        // The calls whose replies never came: Redis may or may not have run them, as
+        // for a single call in flight when its connection fails (503).
+        let answered = outcomes.len();
+        if let Some(error) = failure {
+            outcomes.extend(self.failed(&queued[answered..], error));
+        }
+        outcomes
     }
 
-    /// Every queued call failed with `error` (the first gets it, the others its text).
+    /// Every call of `queued` failed with `error` (the first gets it, the others its
+    /// text).
     fn failed(
         &mut self,
         queued: &[(Op, Carried)],
