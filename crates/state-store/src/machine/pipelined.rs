@@ -80,11 +80,14 @@ impl<E: Engine, A: Authorizer> Machine<E, A> {
             // `can_begin` let no other command through.
             Ok(None) => return Ok(None),
             Err(failure) => {
+                // Alone, its sweep would run in its own seal; in a run, the next
+                // script carries one, so it must not be left for another's seal.
+                self.engine.drop_sweep();
                 return Ok(Some(Pending {
                     command,
                     effects,
                     step: Step::Refused(failure),
-                }))
+                }));
             }
         };
         let step = if self.engine.queue(&op) {
