@@ -151,3 +151,39 @@ fn a_run_ending_with_a_refused_request_is_one_round_trip() {
         .to_vec();
     assert_eq!(replies, [b"+OK\r\n".to_vec(), alone]);
 }
+
+#[test]
+fn a_run_after_a_script_flush_loads_the_scripts_again_and_succeeds() {
+    let server = RedisServer::start();
+    let ns = fresh_namespace("round-trips-flush");
+    let mut node = machine(&server, &ns, "a", Config::default());
+    let stamp = ts(T0, 0);
+    let run = |node: &mut Node, keys: [&str; 3]| -> Vec<Vec<u8>> {
+        let begun: Vec<_> = keys
+            .iter()
+            .map(|key| {
+                let set = request(
+                    "client",
+                    &[b"SET", key.as_bytes(), b"v"],
+                    Some(&stamp),
+                    None,
+                );
+                node.begin(&set, T0).expect("begin").expect("begun")
+            })
+            .collect();
+        node.finish(begun)
+            .into_iter()
+            .map(|o| o.expect("answered, not 503").reply.payload.to_vec())
+            .collect()
+    };
+    // The scripts loaded on the connection by a first run.
+    assert_eq!(
+        run(&mut node, ["a", "b", "c"]),
+        vec![b"+OK\r\n".to_vec(); 3]
+    );
+    server.command(&["SCRIPT", "FLUSH"]);
+    assert_eq!(
+        run(&mut node, ["d", "e", "f"]),
+        vec![b"+OK\r\n".to_vec(); 3]
+    );
+}
