@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use redis::{Client, Connection, RedisResult};
+use redis::{Client, Connection, RedisError, RedisResult, Value};
 
 use crate::RedisEngineError;
 
@@ -82,6 +82,28 @@ impl Link {
         self.counters.calls.fetch_add(1, Ordering::Relaxed);
         let result = call(self.connected()?);
         self.ended(result)
+    }
+
+    /// Sends `packed` (`count` commands) and reads their replies one at a time, stopping
+    /// at the first that fails to arrive (an I/O error, the read timeout): the replies
+    /// read, and that failure. The connection is then dropped (replies may still be
+    /// due on it), so a stalled Redis costs one timeout, not one per command.
+    pub(crate) fn exchange(
+        &mut self,
+        packed: &[u8],
+        count: usize,
+    ) -> (Vec<Value>, Option<RedisEngineError>) {
+        self.counters.calls.fetch_add(1, Ordering::Relaxed);
+        let con = match self.connected() {
+            Ok(con) => con,
+            Err(error) => return (Vec::new(), Some(error)),
+        };
+        let (values, failure) = read_replies(con, packed, count);
+        let Some(error) = failure else {
+            return (values, None);
+        };
+        self.connection = None;
+        (values, self.ended::<()>(Err(error)).err())
     }
 
     /// Whether the scripts that pipelines send by their hash are known to be loaded
@@ -156,6 +178,27 @@ impl Link {
         }
         self.connection.as_mut().ok_or(RedisEngineError::Backoff)
     }
+}
+
+/// Sends `packed` and reads up to `count` replies (push messages skipped), stopping at
+/// the first read that fails.
+fn read_replies(
+    con: &mut Connection,
+    packed: &[u8],
+    count: usize,
+) -> (Vec<Value>, Option<RedisError>) {
+    if let Err(error) = con.send_packed_command(packed) {
+        return (Vec::new(), Some(error));
+    }
+    let mut values = Vec::with_capacity(count);
+    while values.len() < count {
+        match con.recv_response() {
+            Ok(Value::Push { .. }) => {}
+            Ok(value) => values.push(value),
+            Err(error) => return (values, Some(error)),
+        }
+    }
+    (values, None)
 }
 
 /// A new connection whose every read and write is bounded by `timeout`.

@@ -238,6 +238,10 @@ impl Engine for RedisEngine {
         true
     }
 
+    fn drop_sweep(&mut self) {
+        self.carry.get_mut().drop_sweep();
+    }
+
     fn set_checked(
         &mut self,
         _clock: &mut HlcClock,

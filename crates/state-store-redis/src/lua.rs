@@ -333,7 +333,8 @@ pub(crate) struct Scripts {
 
 impl Scripts {
     pub(crate) fn new() -> Self {
-        let with_prelude = |body: &str| Script::new(&format!("{PRELUDE}{body}"));
+        let code = |body: &str| format!("{PRELUDE}{body}");
+        let with_prelude = |body: &str| Script::new(&code(body));
         Self {
             set: with_prelude(SET),
             delete: with_prelude(DELETE),
@@ -343,7 +344,7 @@ impl Scripts {
             observe: Script::new(OBSERVE),
             get: with_prelude(GET),
             sweep: with_prelude(SWEEP),
-            pipelined: [SET, DELETE, GET].map(|body| format!("{PRELUDE}{body}")),
+            pipelined: [SET, DELETE, GET].map(code),
         }
     }
 }

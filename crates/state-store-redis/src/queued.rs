@@ -10,15 +10,17 @@
 //! leaves the stamps to the next write (which merges them again, changing nothing).
 //! A write whose script fails gives its stamps back for the next script.
 //!
-//! Scripts go by their hash, and a pipeline cannot load one Redis lacks and run it
-//! again in its place without running it after the scripts behind it: so the first
-//! pipeline on each connection, and the first after a `NOSCRIPT` (a `SCRIPT FLUSH`,
-//! which fails only the call it answers: 503 for its request), begins by loading them.
+//! Scripts go by their hash, so the first pipeline on each connection begins by
+//! loading them. A script Redis lacks answers `NOSCRIPT` and does nothing: when every
+//! script from the first such answered so (a `SCRIPT FLUSH`, a failover to a server
+//! without them), they are loaded and that tail is sent again, in order, once. A
+//! `NOSCRIPT` followed by a script that ran (another connection loaded them meanwhile)
+//! fails only its own request (503): resending it would run it after those behind it.
 //!
 //! Not with `WAIT` ([`crate::Options::wait`]): each write then waits for its replicas
-//! on its own, one round trip per call as before.
+//! on its own, one round trip per call.
 
-use redis::{ConnectionLike, ErrorKind, RedisError, ScriptInvocation, Value};
+use redis::{ErrorKind, RedisError, ScriptInvocation, Value};
 use statehub_state_store::{Op, OpOutcome};
 
 use super::*;
@@ -35,14 +37,53 @@ impl RedisEngine {
         true
     }
 
-    /// See [`statehub_state_store::Engine::run_queued`]: one pipeline, one round trip.
+    /// See [`statehub_state_store::Engine::run_queued`]: one pipeline, one round trip
+    /// (two when Redis lost the scripts).
     pub(crate) fn run_pipeline(&mut self) -> Vec<Result<OpOutcome, EngineError>> {
         let queued = std::mem::take(&mut self.queued);
         if queued.is_empty() {
             return Vec::new();
         }
-        // Loaded in the pipeline itself, before the scripts: in order, one round trip.
         let load = !self.link.get_mut().has_scripts();
+        let (mut replies, mut failure) = match self.send(&queued, load) {
+            Ok(sent) => sent,
+            Err(error) => return self.failed(&queued, error),
+        };
+        // A script answered NOSCRIPT did nothing: when every script from the first such
+        // answered so (a `SCRIPT FLUSH`, a failover to a server without them), they are
+        // loaded and that tail is sent again, in order, once.
+        if let (None, Some(first)) = (&failure, unloaded_tail(&replies)) {
+            replies.truncate(first);
+            match self.send(&queued[first..], true) {
+                Ok((tail, error)) => {
+                    replies.extend(tail);
+                    failure = error;
+                }
+                Err(error) => failure = Some(error),
+            }
+        }
+        let mut outcomes: Vec<_> = queued
+            .iter()
+            .zip(replies)
+            .map(|((op, carried), value)| self.outcome(op, carried, value))
+            .collect();
+        // The calls whose replies never came: Redis may or may not have run them, as
+        // for a single call in flight when its connection fails (503).
+        let answered = outcomes.len();
+        if let Some(error) = failure {
+            outcomes.extend(self.failed(&queued[answered..], error));
+        }
+        outcomes
+    }
+
+    /// Sends `queued`'s scripts in one pipeline, after loading them if `load` (in the
+    /// pipeline itself, before them: in order, one round trip): their replies, in
+    /// order, until one failed to arrive, and that failure. `Err`: none was sent.
+    fn send(
+        &mut self,
+        queued: &[(Op, Carried)],
+        load: bool,
+    ) -> Result<(Vec<Value>, Option<RedisEngineError>), RedisEngineError> {
         let mut pipe = redis::pipe();
         if load {
             for code in &self.scripts.pipelined {
@@ -50,35 +91,25 @@ impl RedisEngine {
             }
         }
         let skip = pipe.len();
-        for (op, carried) in &queued {
+        for (op, carried) in queued {
             pipe.invoke_script(&self.invocation(op, carried));
         }
         let packed = pipe.get_packed_pipeline();
-        let count = pipe.len();
-        let replies = self
-            .link
-            .get_mut()
-            .run(|con| con.req_packed_commands(&packed, 0, count));
-        match replies {
-            Ok(values) if values.len() == count => {
-                let loaded = values[..skip]
-                    .iter()
-                    .all(|v| !matches!(v, Value::ServerError(_)));
-                if load && loaded {
-                    self.link.get_mut().scripts_loaded();
-                }
-                queued
-                    .iter()
-                    .zip(values.into_iter().skip(skip))
-                    .map(|((op, carried), value)| self.outcome(op, carried, value))
-                    .collect()
-            }
-            Ok(_) => self.failed(&queued, RedisEngineError::Corrupt("pipeline replies")),
-            Err(error) => self.failed(&queued, error),
+        let (mut values, failure) = self.link.get_mut().exchange(&packed, pipe.len());
+        if values.len() < skip {
+            return Err(failure.unwrap_or(RedisEngineError::Corrupt("pipeline replies")));
         }
+        let loaded = values
+            .drain(..skip)
+            .all(|v| !matches!(v, Value::ServerError(_)));
+        if load && loaded {
+            self.link.get_mut().scripts_loaded();
+        }
+        Ok((values, failure))
     }
 
-    /// Every queued call failed with `error` (the first gets it, the others its text).
+    /// Every call of `queued` failed with `error` (the first gets it, the others its
+    /// text).
     fn failed(
         &mut self,
         queued: &[(Op, Carried)],
@@ -189,4 +220,11 @@ impl RedisEngine {
             }
         }
     }
+}
+
+/// Where the replies end in a run of `NOSCRIPT`s, if they do: the first of that run.
+fn unloaded_tail(replies: &[Value]) -> Option<usize> {
+    let unloaded = |v: &Value| matches!(v, Value::ServerError(e) if e.code() == "NOSCRIPT");
+    let first = replies.iter().position(unloaded)?;
+    replies[first..].iter().all(unloaded).then_some(first)
 }

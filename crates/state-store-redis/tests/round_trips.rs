@@ -119,3 +119,71 @@ fn a_get_sweeps_a_due_key_and_a_refused_request_at_its_seal() {
     assert_eq!(calls, 1, "the sweep on its own");
     assert_eq!(node.engine().stats().keys, 0, "c swept");
 }
+
+#[test]
+fn a_run_ending_with_a_refused_request_is_one_round_trip() {
+    let server = RedisServer::start();
+    let ns = fresh_namespace("round-trips-refused");
+    let mut node = machine(&server, &ns, "a", Config::default());
+    let counters = node.engine().counters();
+    // Connected, the scripts loaded.
+    run(&mut node, &counters, &[b"SET", b"warm", b"v"], T0);
+    let stamp = ts(T0, 0);
+    let ok = request("client", &[b"SET", b"k", b"v"], Some(&stamp), None);
+    let refused = request("client", &[b"SET", b"k2", b"v"], None, None);
+    let before = counters.calls.load(Ordering::Relaxed);
+    let begun = [ok, refused].map(|r| node.begin(&r, T0).expect("begin").expect("begun"));
+    let replies: Vec<Vec<u8>> = node
+        .finish(begun.into())
+        .into_iter()
+        .map(|o| o.expect("answered").reply.payload.to_vec())
+        .collect();
+    assert_eq!(
+        counters.calls.load(Ordering::Relaxed) - before,
+        1,
+        "the refused request's sweep is not left to run on its own"
+    );
+    let alone = node
+        .handle(request("client", &[b"SET", b"k3", b"v"], None, None), T0)
+        .expect("alone")
+        .reply
+        .payload
+        .to_vec();
+    assert_eq!(replies, [b"+OK\r\n".to_vec(), alone]);
+}
+
+#[test]
+fn a_run_after_a_script_flush_loads_the_scripts_again_and_succeeds() {
+    let server = RedisServer::start();
+    let ns = fresh_namespace("round-trips-flush");
+    let mut node = machine(&server, &ns, "a", Config::default());
+    let stamp = ts(T0, 0);
+    let run = |node: &mut Node, keys: [&str; 3]| -> Vec<Vec<u8>> {
+        let begun: Vec<_> = keys
+            .iter()
+            .map(|key| {
+                let set = request(
+                    "client",
+                    &[b"SET", key.as_bytes(), b"v"],
+                    Some(&stamp),
+                    None,
+                );
+                node.begin(&set, T0).expect("begin").expect("begun")
+            })
+            .collect();
+        node.finish(begun)
+            .into_iter()
+            .map(|o| o.expect("answered, not 503").reply.payload.to_vec())
+            .collect()
+    };
+    // The scripts loaded on the connection by a first run.
+    assert_eq!(
+        run(&mut node, ["a", "b", "c"]),
+        vec![b"+OK\r\n".to_vec(); 3]
+    );
+    server.command(&["SCRIPT", "FLUSH"]);
+    assert_eq!(
+        run(&mut node, ["d", "e", "f"]),
+        vec![b"+OK\r\n".to_vec(); 3]
+    );
+}

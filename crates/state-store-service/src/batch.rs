@@ -17,7 +17,7 @@ use std::collections::VecDeque;
 use std::fmt::Debug;
 use std::time::{Instant, SystemTime};
 
-use statehub_broker::codec::{Publish, QoS};
+use statehub_broker::codec::Publish;
 use statehub_broker::{Broker, ClientInfo};
 use statehub_state_store::{unix_ms, Machine, Pending, Request, WriteSeq};
 use tokio::sync::oneshot;
@@ -25,7 +25,7 @@ use tokio::sync::oneshot;
 use crate::cache::{CacheKey, Lookup, Vacancy};
 use crate::durable::Next;
 use crate::offload::Batches;
-use crate::{rpc, Authorizer, Call, Engine, State, StateStoreService};
+use crate::{refuse, rpc, Authorizer, Call, Engine, State, StateStoreService};
 
 /// A request queued on its shard's thread, and where its answer goes: what its
 /// connection's future waits for ([`StateStoreService::handle`]'s result).
@@ -118,14 +118,10 @@ where
     ) -> Option<(Begun, Pending)> {
         let publish = &item.publish;
         let props = &publish.properties;
-        let topic = props.response_topic.as_deref()?;
-        let user = rpc::RequestProps::of(props);
-        let plain = publish.qos != QoS::AtMostOnce
-            && !rpc::is_forbidden_response_topic(topic)
-            && rpc::check(props, &user).is_ok()
-            && !state.failed
-            && !self.stalled()
-            && Machine::<E, A>::can_begin(&publish.payload);
+        // Turned away: handled alone, which answers it.
+        let (_, user) = refuse::screen(publish).ok()?;
+        let plain =
+            !state.failed && !self.stalled() && Machine::<E, A>::can_begin(&publish.payload);
         if !plain {
             return None;
         }

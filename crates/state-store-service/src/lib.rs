@@ -53,7 +53,6 @@ use std::fmt::Debug;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant, SystemTime};
 
-use bytes::Bytes;
 use statehub_broker::codec::{ByteString, Publish, PublishProperties, QoS};
 use statehub_broker::{BoxFuture, Broker, ClientInfo, Message, Service};
 use statehub_state_store::{
@@ -238,29 +237,16 @@ where
     ) -> Option<(statehub_state_store::WriteSeq, Instant)> {
         let client_id = &*from.client_id;
         let props = &publish.properties;
-        let Some(response_topic) = props.response_topic.as_deref() else {
-            tracing::debug!(
-                client = client_id,
-                "state store request without Response Topic ignored"
-            );
-            return None;
+        let (response_topic, request) = match refuse::screen(publish) {
+            Ok(screened) => screened,
+            Err(why) => {
+                refuse::answer(broker, from, publish, why);
+                return None;
+            }
         };
-        if refuse::refused_up_front(broker, client_id, publish.qos, props, response_topic) {
-            return None;
-        }
         // The broker's clock, which its outboxes expire messages by.
         let received = broker.now();
         let deadline = rpc::deadline(props, received);
-        let request = rpc::RequestProps::of(props);
-        if let Err(fault) = rpc::check(props, &request) {
-            let correlation = props
-                .correlation_data
-                .as_deref()
-                .map(Bytes::copy_from_slice);
-            let fault = rpc::fault_response(response_topic.into(), correlation, &fault, deadline);
-            broker.publish(fault.for_client(from.client_id.clone()));
-            return None;
-        }
         // Looked up with the request's own Correlation Data (a slice of the read buffer);
         // stored under the reply's copy, so a cached entry never pins that buffer.
         let lookup = CacheKey {

@@ -53,7 +53,7 @@ pub(crate) struct Offload<S, I> {
     /// While any waits here no job is queued, so none overtakes them; the thread runs
     /// them once it has run every job queued before them. Only closed connections come
     /// here, so it holds at most one job per connection.
-    later: Arc<Mutex<VecDeque<Call<S>>>>,
+    later: Arc<Mutex<VecDeque<Job<S, I>>>>,
     /// Jobs refused because the queue was full.
     refused: AtomicU64,
 }
@@ -94,12 +94,11 @@ impl<S: Batches<I> + Send + Sync + 'static, I: Send + 'static> Offload<S, I> {
     /// apart, after every job queued before it, and no new job is queued until it ran.
     /// Never blocks the caller.
     pub(crate) fn run_later(&self, f: impl FnOnce(&S) + Send + 'static) {
-        let job: Call<S> = Box::new(f);
+        let job = Job::Call(Box::new(f));
         let mut later = self.later.lock();
         let job = match later.is_empty() {
-            true => match self.jobs.try_send(Job::Call(job)) {
-                Err(TrySendError::Full(Job::Call(job))) => job,
-                Err(TrySendError::Full(Job::Item(_))) => return,
+            true => match self.jobs.try_send(job) {
+                Err(TrySendError::Full(job)) => job,
                 // Queued; or the thread is gone with its service: nothing to do.
                 Ok(()) | Err(TrySendError::Disconnected(_)) => return,
             },
@@ -169,7 +168,7 @@ impl<S: Batches<I> + Send + Sync + 'static, I: Send + 'static> Offload<S, I> {
 fn serve<S: Batches<I>, I>(
     service: &Weak<S>,
     queue: &Receiver<Job<S, I>>,
-    later: &Mutex<VecDeque<Call<S>>>,
+    later: &Mutex<VecDeque<Job<S, I>>>,
 ) {
     let mut next = None;
     while let Some(job) = next.take().or_else(|| next_job(queue, later)) {
@@ -200,14 +199,14 @@ fn serve<S: Batches<I>, I>(
 /// ([`Offload::run_later`]); `None` when the service is gone.
 fn next_job<S, I>(
     queue: &Receiver<Job<S, I>>,
-    later: &Mutex<VecDeque<Call<S>>>,
+    later: &Mutex<VecDeque<Job<S, I>>>,
 ) -> Option<Job<S, I>> {
     match queue.try_recv() {
         Ok(job) => Some(job),
         Err(TryRecvError::Disconnected) => None,
         Err(TryRecvError::Empty) => {
             // Not in the match below: its lock would be held while waiting.
-            let waiting = later.lock().pop_front().map(Job::Call);
+            let waiting = later.lock().pop_front();
             waiting.or_else(|| queue.recv().ok())
         }
     }

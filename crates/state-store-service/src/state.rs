@@ -168,6 +168,11 @@ impl<E: Engine, A: Authorizer> State<E, A> {
                 call.deadline,
             )))
         };
+        // Failed since this request's call went out (an earlier request of its run,
+        // `batch.rs`): it answers as it would have had it come after that one alone.
+        if self.failed {
+            return (fault(rpc::Fault::unavailable()), Vec::new());
+        }
         match outcome {
             Ok(outcome) => {
                 let version = outcome.reply.version.as_ref();

@@ -68,3 +68,62 @@ async fn one_clients_requests_queued_behind_one_are_in_redis_together_and_answer
         assert_eq!(answers[&(set + 1)], got.as_bytes(), "the GET saw its SET");
     }
 }
+
+/// A request of a run whose reply shows the store corrupt fails the store: the ones
+/// after it in the same run answer 503, as each would alone once the store failed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_requests_of_a_run_after_one_that_fails_the_store_answer_503() {
+    let redis = RedisServer::start();
+    let proxy = HeldProxy::start(redis.port()).await;
+    let node = common::start_configured(
+        "[cluster]\ntimeout_ms = 600000\n[state_store]\nnetwork_threads = 2\n",
+        &["--redis", &proxy.url(), "--node-id", "a"],
+    );
+    let id = client_on_second_thread();
+    let mut c = RawClient::connect(node.mqtt, V5, &id).await;
+    c.subscribe(&format!("clients/{id}/response"), opts(QoS::AtLeastOnce))
+        .await;
+    c.send(&request(&id, 1, &[b"SET", b"first", b"v"])).await;
+    let (acked, _) = acks_and_answers(&mut c, 1).await;
+    assert_eq!(acked, [1]);
+    // An entry the engine never writes: its version is no number.
+    redis.command(&[
+        "HSET",
+        "{statehub}:e:bad",
+        "v",
+        "x",
+        "vw",
+        "garbage",
+        "vc",
+        "0",
+    ]);
+
+    proxy.hold(true);
+    c.send(&request(&id, 2, &[b"SET", b"w", b"0"])).await;
+    assert_eq!(until_held(&proxy, 1).await, 1, "the first request's script");
+    let calls: [&[&[u8]]; 4] = [
+        &[b"SET", b"k1", b"v"],
+        &[b"GET", b"bad"],
+        &[b"SET", b"k2", b"v"],
+        &[b"GET", b"k2"],
+    ];
+    for (i, args) in calls.iter().enumerate() {
+        c.send(&request(&id, u16::try_from(i + 3).unwrap(), args))
+            .await;
+    }
+    c.ping().await;
+    proxy.release();
+    assert_eq!(until_held(&proxy, calls.len()).await, calls.len());
+    proxy.hold(false);
+    proxy.release();
+
+    let (_, answers) = acks_and_answers(&mut c, calls.len() + 1).await;
+    assert_eq!(answers[&3], b"+OK\r\n");
+    for id in 4..=6 {
+        assert!(
+            answers[&id].is_empty(),
+            "request {id} answered 503, got {:?}",
+            String::from_utf8_lossy(&answers[&id])
+        );
+    }
+}

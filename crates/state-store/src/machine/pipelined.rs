@@ -61,8 +61,8 @@ impl<E: Engine, A: Authorizer> Machine<E, A> {
 
     /// Begins one request at `now_ms`: its engine call is queued behind those begun
     /// before (see the module docs), or, for an engine that does not queue, made now.
-    /// `None` for a request [`Machine::can_begin`] refuses: nothing was done; finish
-    /// what is begun, then [`Machine::handle`] it.
+    /// `None` for a request [`Machine::can_begin`] refuses (checked first): nothing was
+    /// done; finish what is begun, then [`Machine::handle`] it.
     pub fn begin(
         &mut self,
         request: &Request<'_>,
@@ -77,14 +77,23 @@ impl<E: Engine, A: Authorizer> Machine<E, A> {
         let admitted = self.admit(request, now_ms, backlog, &mut effects, &mut command);
         let op = match admitted.map(|(c, token)| self.op_of(c, token, now_ms)) {
             Ok(Some(op)) => op,
-            // `can_begin` let no other command through.
-            Ok(None) => return Ok(None),
-            Err(failure) => {
+            result => {
+                // Refused (no `__ts`, skew, authorization...): alone, its sweep would
+                // run in its own seal; in a run, the next script carries one, so it
+                // must not be left for another's seal.
+                self.engine.drop_sweep();
+                // `Ok(None)`: a command without its one call, which `can_begin` keeps
+                // out; failing loudly beats answering it from a half-begun state.
+                let failure = result.err().unwrap_or_else(|| {
+                    Failure::Fatal(
+                        EngineError::Backend("begun without an engine call".into()).into(),
+                    )
+                });
                 return Ok(Some(Pending {
                     command,
                     effects,
                     step: Step::Refused(failure),
-                }))
+                }));
             }
         };
         let step = if self.engine.queue(&op) {
