@@ -152,6 +152,40 @@ async fn a_held_reader_holds_its_own_nodes_publishers_too() {
     );
 }
 
+/// Sends `payload` retained on `topic` at QoS 1 and waits for its PUBACK.
+async fn retained(publisher: &mut RawClient, topic: &str, payload: &[u8]) {
+    let p = Publish {
+        retain: true,
+        packet_id: Some(publisher.next_packet_id()),
+        ..publish(topic, QoS::AtLeastOnce, payload)
+    };
+    publisher.send(&Packet::Publish(p)).await;
+    publisher
+        .expect_reply("PUBACK", |p| matches!(p, Packet::PubAck(_)))
+        .await;
+}
+
+/// With b's reader held, `publisher` (on a) sends a retained `payload` on `topic`,
+/// then enough messages, all acknowledged once b's position lapsed, to trim it from
+/// the stream; b then reads on past the gap.
+async fn trimmed_before_b_read(
+    redis: &RedisServer,
+    b: &LagNode,
+    mut publisher: RawClient,
+    (topic, payload): (&str, &[u8]),
+) {
+    b.hold_reader(true);
+    retained(&mut publisher, topic, payload).await;
+    let acks = publish_all(publisher, TOPIC, "", N, PATIENCE).await;
+    acks.task.await.unwrap();
+    b.hold_reader(false);
+    until("b read on past the gap", || {
+        let (head, at) = head_and_position(redis, "b");
+        common::metric(b.http, "statehub_cluster_mqtt_stream_gaps") >= 1.0 && at == Some(head)
+    })
+    .await;
+}
+
 /// With b's reader stuck past the node TTL, a's retained change and then enough
 /// messages to trim it from the stream before b read it: once b reads again it counts
 /// the gap and reloads the retained hash, so a new subscriber on b gets the retained
@@ -161,27 +195,8 @@ async fn a_reader_past_a_gap_reloads_the_retained_messages() {
     const RETAINED: &str = "lag/retained";
     let redis = RedisServer::start();
     let [a, b] = nodes(&redis, 1000).await;
-    let (mut publisher, _sub) = subscribed(&a, &b).await;
-
-    b.hold_reader(true);
-    let p = Publish {
-        retain: true,
-        packet_id: Some(publisher.next_packet_id()),
-        ..publish(RETAINED, QoS::AtLeastOnce, b"kept")
-    };
-    publisher.send(&Packet::Publish(p)).await;
-    publisher
-        .expect_reply("PUBACK", |p| matches!(p, Packet::PubAck(_)))
-        .await;
-    // All acknowledged once b's position lapsed: the stream is trimmed past b.
-    let acks = publish_all(publisher, TOPIC, "", N, PATIENCE).await;
-    acks.task.await.unwrap();
-    b.hold_reader(false);
-    until("b read on past the gap", || {
-        let (head, at) = head_and_position(&redis, "b");
-        common::metric(b.http, "statehub_cluster_mqtt_stream_gaps") >= 1.0 && at == Some(head)
-    })
-    .await;
+    let (publisher, _sub) = subscribed(&a, &b).await;
+    trimmed_before_b_read(&redis, &b, publisher, (RETAINED, b"kept")).await;
 
     let mut late = RawClient::connect(b.mqtt, V5, "late").await;
     late.subscribe(RETAINED, opts(QoS::AtLeastOnce)).await;
@@ -199,33 +214,11 @@ async fn a_reader_past_a_gap_drops_a_retained_message_cleared_in_the_trimmed_ent
     let redis = RedisServer::start();
     let [a, b] = nodes(&redis, 1000).await;
     let (mut publisher, _sub) = subscribed(&a, &b).await;
-    let mut retained = |payload: &'static [u8]| Publish {
-        retain: true,
-        packet_id: Some(publisher.next_packet_id()),
-        ..publish(CLEARED, QoS::AtLeastOnce, payload)
-    };
-    let (set, clear) = (retained(b"old"), retained(b""));
-    publisher.send(&Packet::Publish(set)).await;
-    publisher
-        .expect_reply("PUBACK", |p| matches!(p, Packet::PubAck(_)))
-        .await;
+    retained(&mut publisher, CLEARED, b"old").await;
     let mut early = RawClient::connect(b.mqtt, V5, "early").await;
     early.subscribe(CLEARED, opts(QoS::AtLeastOnce)).await;
     assert_eq!(&early.expect_publish_ack().await.payload[..], b"old");
-
-    b.hold_reader(true);
-    publisher.send(&Packet::Publish(clear)).await;
-    publisher
-        .expect_reply("PUBACK", |p| matches!(p, Packet::PubAck(_)))
-        .await;
-    let acks = publish_all(publisher, TOPIC, "", N, PATIENCE).await;
-    acks.task.await.unwrap();
-    b.hold_reader(false);
-    until("b read on past the gap", || {
-        let (head, at) = head_and_position(&redis, "b");
-        common::metric(b.http, "statehub_cluster_mqtt_stream_gaps") >= 1.0 && at == Some(head)
-    })
-    .await;
+    trimmed_before_b_read(&redis, &b, publisher, (CLEARED, b"")).await;
 
     let mut late = RawClient::connect(b.mqtt, V5, "late").await;
     late.subscribe(CLEARED, opts(QoS::AtLeastOnce)).await;

@@ -14,22 +14,15 @@ use std::time::Duration;
 use statehub_broker::codec::{Packet, QoS};
 use statehub_redis_common::test_server::RedisServer;
 use statehub_test_support::{opts, publish, RawClient, V5};
-use store_client::held::{client_on_second_thread, until_held, HeldProxy};
+use store_client::held::{held_node, until_held};
 use store_client::raw::{acks_and_answers, request};
 use store_client::{StoreClient, PATIENCE};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_socket_lost_while_its_requests_wait_in_redis_stalls_nothing_and_leaves_nothing() {
     let redis = RedisServer::start();
-    let proxy = HeldProxy::start(redis.port()).await;
-    let node = common::start_configured(
-        "[cluster]\ntimeout_ms = 600000\n[state_store]\nnetwork_threads = 2\n",
-        &["--redis", &proxy.url(), "--node-id", "a"],
-    );
-    let id = client_on_second_thread();
+    let (proxy, node, id, mut lost) = held_node(&redis).await;
     let response = format!("clients/{id}/response");
-    let mut lost = RawClient::connect(node.mqtt, V5, &id).await;
-    lost.subscribe(&response, opts(QoS::AtLeastOnce)).await;
     lost.send(&request(&id, 1, &[b"KEYNOTIFY", b"k"])).await;
     assert_eq!(acks_and_answers(&mut lost, 1).await.1[&1], b"+OK\r\n");
 

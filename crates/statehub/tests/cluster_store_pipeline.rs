@@ -6,25 +6,15 @@
 mod common;
 mod store_client;
 
-use statehub_broker::codec::QoS;
 use statehub_redis_common::test_server::RedisServer;
-use statehub_test_support::{opts, RawClient, V5};
-use store_client::held::{client_on_second_thread, until_held, HeldProxy};
+use store_client::held::{held_node, until_held};
 use store_client::raw::{acks_and_answers, request};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_clients_requests_queued_behind_one_are_in_redis_together_and_answered_in_order() {
     let redis = RedisServer::start();
-    let proxy = HeldProxy::start(redis.port()).await;
     // Two store threads: the client's requests queue on the second.
-    let node = common::start_configured(
-        "[cluster]\ntimeout_ms = 600000\n[state_store]\nnetwork_threads = 2\n",
-        &["--redis", &proxy.url(), "--node-id", "a"],
-    );
-    let id = client_on_second_thread();
-    let mut c = RawClient::connect(node.mqtt, V5, &id).await;
-    c.subscribe(&format!("clients/{id}/response"), opts(QoS::AtLeastOnce))
-        .await;
+    let (proxy, _node, id, mut c) = held_node(&redis).await;
     c.send(&request(&id, 1, &[b"SET", b"first", b"v"])).await;
     let (acked, _) = acks_and_answers(&mut c, 1).await;
     assert_eq!(acked, [1]);
@@ -74,15 +64,7 @@ async fn one_clients_requests_queued_behind_one_are_in_redis_together_and_answer
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_requests_of_a_run_after_one_that_fails_the_store_answer_503() {
     let redis = RedisServer::start();
-    let proxy = HeldProxy::start(redis.port()).await;
-    let node = common::start_configured(
-        "[cluster]\ntimeout_ms = 600000\n[state_store]\nnetwork_threads = 2\n",
-        &["--redis", &proxy.url(), "--node-id", "a"],
-    );
-    let id = client_on_second_thread();
-    let mut c = RawClient::connect(node.mqtt, V5, &id).await;
-    c.subscribe(&format!("clients/{id}/response"), opts(QoS::AtLeastOnce))
-        .await;
+    let (proxy, _node, id, mut c) = held_node(&redis).await;
     c.send(&request(&id, 1, &[b"SET", b"first", b"v"])).await;
     let (acked, _) = acks_and_answers(&mut c, 1).await;
     assert_eq!(acked, [1]);

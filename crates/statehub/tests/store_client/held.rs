@@ -139,3 +139,29 @@ impl HeldProxy {
         self.held.0.load(Ordering::SeqCst)
     }
 }
+
+/// A node on `redis` behind a proxy the test holds, with two store threads, and a
+/// client whose requests queue on the second ([`client_on_second_thread`]), connected
+/// and subscribed to its response topic.
+pub async fn held_node(
+    redis: &statehub_redis_common::test_server::RedisServer,
+) -> (
+    HeldProxy,
+    crate::common::Server,
+    String,
+    statehub_test_support::RawClient,
+) {
+    use statehub_test_support::{opts, RawClient, V5};
+    let proxy = HeldProxy::start(redis.port()).await;
+    let node = crate::common::start_configured(
+        "[cluster]\ntimeout_ms = 600000\n[state_store]\nnetwork_threads = 2\n",
+        &["--redis", &proxy.url(), "--node-id", "a"],
+    );
+    let id = client_on_second_thread();
+    let mut client = RawClient::connect(node.mqtt, V5, &id).await;
+    let response = format!("clients/{id}/response");
+    client
+        .subscribe(&response, opts(statehub_broker::codec::QoS::AtLeastOnce))
+        .await;
+    (proxy, node, id, client)
+}
