@@ -9,52 +9,25 @@ use std::time::Duration;
 
 use common::cluster::{publish_acked, Pair};
 use common::lag::{head_and_position, until, PATIENCE};
+use common::proxy::{contains, hold_while};
 use common::Server;
 use statehub_broker::codec::{Packet, Publish, QoS, ReasonCode};
 use statehub_redis_common::test_server::RedisServer;
 use statehub_test_support::{opts, publish, RawClient, V5};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::watch;
 
 /// How long a subscriber hears nothing before it has no retained message.
 const QUIET: Duration = Duration::from_secs(1);
 
-fn contains(chunk: &[u8], what: &[u8]) -> bool {
-    chunk.windows(what.len()).any(|w| w == what)
-}
-
 /// The relay of node a's Redis connections: while `stall` is set, what a connection
 /// sends that writes the retained hash (a's writer appending a retained change) is
 /// held, and everything after it on that connection.
-async fn hold_retained(client: TcpStream, upstream: TcpStream, mut stall: watch::Receiver<bool>) {
-    let (mut from_client, mut to_client) = client.into_split();
-    let (mut from_redis, mut to_redis) = upstream.into_split();
-    tokio::spawn(async move {
-        let mut buf = vec![0u8; 16 << 10];
-        while let Ok(n) = from_redis.read(&mut buf).await {
-            if n == 0 || to_client.write_all(&buf[..n]).await.is_err() {
-                break;
-            }
-        }
-    });
-    let mut buf = vec![0u8; 16 << 10];
-    while let Ok(n) = from_client.read(&mut buf).await {
-        if n == 0 {
-            return;
-        }
-        let chunk = &buf[..n];
-        if contains(chunk, b"mqtt:retained") && !contains(chunk, b"HGETALL") {
-            while *stall.borrow_and_update() {
-                if stall.changed().await.is_err() {
-                    return;
-                }
-            }
-        }
-        if to_redis.write_all(chunk).await.is_err() {
-            return;
-        }
-    }
+async fn hold_retained(client: TcpStream, upstream: TcpStream, stall: watch::Receiver<bool>) {
+    hold_while(client, upstream, stall, |chunk| {
+        contains(chunk, b"mqtt:retained") && !contains(chunk, b"HGETALL")
+    })
+    .await;
 }
 
 /// The retained message a new subscriber to `rt/race` on `node` gets, if any (none

@@ -6,10 +6,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::proxy::{contains, hold_while};
 use statehub_broker::codec::{Packet, QoS, ReasonCode};
 use statehub_redis_common::test_server::RedisServer;
 use statehub_test_support::{publish, RawClient};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::watch;
 
@@ -17,41 +17,14 @@ use tokio::sync::watch;
 /// timeouts; this bounds them on a loaded machine.
 pub const PATIENCE: Duration = Duration::from_secs(60);
 
-fn contains(chunk: &[u8], what: &[u8]) -> bool {
-    chunk.windows(what.len()).any(|w| w == what)
-}
-
 /// The proxy's relay between a node and redis-server: while `stall` is set, a
 /// connection that sends an `XREAD` of the MQTT stream is held: nothing it sends
 /// reaches Redis until `stall` is cleared.
-pub async fn relay(client: TcpStream, upstream: TcpStream, mut stall: watch::Receiver<bool>) {
-    let (mut from_client, mut to_client) = client.into_split();
-    let (mut from_redis, mut to_redis) = upstream.into_split();
-    tokio::spawn(async move {
-        let mut buf = vec![0u8; 16 << 10];
-        while let Ok(n) = from_redis.read(&mut buf).await {
-            if n == 0 || to_client.write_all(&buf[..n]).await.is_err() {
-                break;
-            }
-        }
-    });
-    let mut buf = vec![0u8; 16 << 10];
-    while let Ok(n) = from_client.read(&mut buf).await {
-        if n == 0 {
-            return;
-        }
-        let chunk = &buf[..n];
-        if contains(chunk, b"XREAD") && contains(chunk, b"mqtt:feed") {
-            while *stall.borrow_and_update() {
-                if stall.changed().await.is_err() {
-                    return;
-                }
-            }
-        }
-        if to_redis.write_all(chunk).await.is_err() {
-            return;
-        }
-    }
+pub async fn relay(client: TcpStream, upstream: TcpStream, stall: watch::Receiver<bool>) {
+    hold_while(client, upstream, stall, |chunk| {
+        contains(chunk, b"XREAD") && contains(chunk, b"mqtt:feed")
+    })
+    .await;
 }
 
 /// A publisher's PUBACKs, counted as they come by a task.

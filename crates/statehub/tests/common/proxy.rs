@@ -5,6 +5,7 @@
 use std::future::Future;
 use std::net::SocketAddr;
 
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
@@ -38,5 +39,48 @@ impl Proxy {
     /// `redis://` at the proxy.
     pub fn url(&self) -> String {
         format!("redis://{}", self.addr)
+    }
+}
+
+/// Whether `chunk` contains `what`.
+pub fn contains(chunk: &[u8], what: &[u8]) -> bool {
+    chunk.windows(what.len()).any(|w| w == what)
+}
+
+/// A relay between a node and redis-server: while `stall` is set, a chunk the node
+/// sends that `held` picks (and everything after it on that connection) waits until
+/// `stall` is cleared; replies always go back.
+pub async fn hold_while(
+    client: TcpStream,
+    upstream: TcpStream,
+    mut stall: watch::Receiver<bool>,
+    held: impl Fn(&[u8]) -> bool,
+) {
+    let (mut from_client, mut to_client) = client.into_split();
+    let (mut from_redis, mut to_redis) = upstream.into_split();
+    tokio::spawn(async move {
+        let mut buf = vec![0u8; 16 << 10];
+        while let Ok(n) = from_redis.read(&mut buf).await {
+            if n == 0 || to_client.write_all(&buf[..n]).await.is_err() {
+                break;
+            }
+        }
+    });
+    let mut buf = vec![0u8; 16 << 10];
+    while let Ok(n) = from_client.read(&mut buf).await {
+        if n == 0 {
+            return;
+        }
+        let chunk = &buf[..n];
+        if held(chunk) {
+            while *stall.borrow_and_update() {
+                if stall.changed().await.is_err() {
+                    return;
+                }
+            }
+        }
+        if to_redis.write_all(chunk).await.is_err() {
+            return;
+        }
     }
 }
