@@ -67,11 +67,8 @@ impl Engine for RedisEngine {
             .expires_at_ms
             .map_or_else(Vec::new, |x| x.to_string().into_bytes());
         let mut invocation = self.scripts.put.prepare_invoke();
-        invocation
-            .key(names.entry(key))
-            .key(&names.idx)
-            .key(&names.exp)
-            .key(&names.meta)
+        names
+            .entry_keys(&mut invocation, key)
             .arg(key)
             .arg(entry.value.as_bytes())
             .arg(version.wall_ms)
@@ -88,12 +85,7 @@ impl Engine for RedisEngine {
     fn remove(&mut self, key: &[u8]) -> Result<Option<Entry>, EngineError> {
         let names = &self.names;
         let mut invocation = self.scripts.remove.prepare_invoke();
-        invocation
-            .key(names.entry(key))
-            .key(&names.idx)
-            .key(&names.exp)
-            .key(&names.meta)
-            .arg(key);
+        names.entry_keys(&mut invocation, key).arg(key);
         let old = self.run(|con| invocation.invoke(con))?;
         self.entry(old)
     }

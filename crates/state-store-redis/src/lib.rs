@@ -149,6 +149,20 @@ impl Names {
     fn observers(&self, key: &[u8]) -> Vec<u8> {
         [&self.prefix[..], b"o:", key].concat()
     }
+
+    /// The keys every script about one entry starts with, in the order the scripts
+    /// name them: the entry, the key index, the expiry index, the store's meta hash.
+    fn entry_keys<'i, 's>(
+        &self,
+        invocation: &'i mut redis::ScriptInvocation<'s>,
+        key: &[u8],
+    ) -> &'i mut redis::ScriptInvocation<'s> {
+        invocation
+            .key(self.entry(key))
+            .key(&self.idx)
+            .key(&self.exp)
+            .key(&self.meta)
+    }
 }
 
 /// The state store kept in Redis. See the crate docs.
@@ -286,11 +300,8 @@ impl RedisEngine {
     ) -> redis::ScriptInvocation<'s> {
         let names = &self.names;
         let mut invocation = script.prepare_invoke();
-        invocation
-            .key(names.entry(key))
-            .key(&names.idx)
-            .key(&names.exp)
-            .key(&names.meta)
+        names
+            .entry_keys(&mut invocation, key)
             .key(names.observers(key))
             .key(&names.events);
         for arg in args {

@@ -162,11 +162,8 @@ impl RedisEngine {
     pub(crate) fn get_invocation(&self, key: &[u8]) -> ScriptInvocation<'_> {
         let names = &self.names;
         let mut invocation = self.scripts.get.prepare_invoke();
-        invocation
-            .key(names.entry(key))
-            .key(&names.idx)
-            .key(&names.exp)
-            .key(&names.meta)
+        names
+            .entry_keys(&mut invocation, key)
             .key(&names.events)
             .arg(key)
             .arg(self.feed_len);
