@@ -128,11 +128,6 @@ impl Carry {
         });
     }
 
-    /// Drops the sweep waiting for the next script (its request makes no call).
-    pub(crate) fn drop_sweep(&mut self) {
-        self.sweep = None;
-    }
-
     /// Whether a sweep waits for the next script.
     pub(crate) fn sweep_pending(&self) -> bool {
         self.sweep.is_some()

@@ -230,10 +230,6 @@ impl Engine for RedisEngine {
         true
     }
 
-    fn drop_sweep(&mut self) {
-        self.carry.get_mut().drop_sweep();
-    }
-
     fn set_checked(
         &mut self,
         _clock: &mut HlcClock,

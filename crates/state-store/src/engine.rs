@@ -303,12 +303,6 @@ pub trait Engine {
         false
     }
 
-    /// The request whose sweep [`Engine::carry_sweep`] just took over was refused and
-    /// makes no call: drop that sweep rather than run it on its own later, in another
-    /// request's [`Engine::seal`] (the next request's call carries a sweep of its own;
-    /// the expiry task removes what falls due meanwhile). Default: nothing to drop.
-    fn drop_sweep(&mut self) {}
-
     /// Whether the engine reports every change itself, as [`Change`]s fed to
     /// [`crate::Machine::apply_change`], in one order shared by every node. The machine
     /// then leaves notifying to that feed, so an observer learns of changes made through

@@ -78,10 +78,9 @@ impl<E: Engine, A: Authorizer> Machine<E, A> {
         let op = match admitted.map(|(c, token)| self.op_of(c, token, now_ms)) {
             Ok(Some(op)) => op,
             result => {
-                // Refused (no `__ts`, skew, authorization...): alone, its sweep would
-                // run in its own seal; in a run, the next script carries one, so it
-                // must not be left for another's seal.
-                self.engine.drop_sweep();
+                // Refused (no `__ts`, skew, authorization...): its sweep stays for
+                // the next seal, as alone, so the versions issued are the ones a
+                // request at a time gets (`differential.rs`).
                 // `Ok(None)`: a command without its one call, which `can_begin` keeps
                 // out; failing loudly beats answering it from a half-begun state.
                 let failure = result.err().unwrap_or_else(|| {
